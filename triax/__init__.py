@@ -1,0 +1,13 @@
+"""triax: distributed training for GPT-style and any PyTorch model."""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Doors are imported lazily so `import triax` stays cheap and `triax.horovod` users
+    # do not pay for the trainer.
+    if name == "Accelerator":
+        from triax.accelerate import Accelerator
+
+        return Accelerator
+    raise AttributeError(f"module 'triax' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from triax.cli import main
+
+sys.exit(main())

@@ -1,0 +1,82 @@
+"""The `triax` command: one entry point that hands each sub-command to its own module.
+
+Each sub-command lives in the module that owns the feature and exposes `main(argv) -> int`,
+so this file only routes; it never grows with features.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from triax.errors import TriaxError
+
+# sub-command -> (module with main(argv), one-line help)
+COMMANDS = {
+    "train": ("triax.train.commands:train_main", "train a GPT model from a Hydra config"),
+    "generate": ("triax.train.commands:generate_main", "sample text from a trained run"),
+    "export": ("triax.train.commands:export_main", "write a run's weights as one safetensors file"),
+    "plan": ("triax.parallel.plan:main", "list parallel layouts that fit a model on given devices"),
+    "config": ("triax.launch.config:main", "write the default launch configuration"),
+    "launch": ("triax.launch.launcher:main", "start a script on several processes (torchrun front end)"),
+    "env": ("triax.launch.env:main", "print versions, devices and config for bug reports"),
+    "horovodrun": ("triax.horovod.run:main", "horovodrun-compatible launcher on torchrun"),
+    "bench": ("triax.bench.cli:main", "measure throughput and scaling side by side"),
+}
+
+
+def debug_enabled(argv: list[str]) -> bool:
+    return "--debug" in argv or os.environ.get("TRIAX_DEBUG", "") not in ("", "0")
+
+
+def _usage() -> str:
+    lines = ["usage: triax COMMAND [args...]", "", "commands:"]
+    lines += [f"  {name:<11} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "add --debug (or set TRIAX_DEBUG=1) to see full tracebacks"]
+    return "\n".join(lines)
+
+
+def run_command(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("--version", "version"):
+        from triax import __version__
+
+        print(f"triax {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        raise TriaxError(f"unknown command {name!r}; commands are: {', '.join(COMMANDS)}")
+    target, _ = COMMANDS[name]
+    module_name, func_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and module_name.startswith(error.name):
+            raise TriaxError(f"'triax {name}' is not available in this build ({module_name} missing)") from None
+        raise
+    return int(getattr(module, func_name)(rest) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_enabled(argv)
+    if "--debug" in argv:
+        argv.remove("--debug")
+    try:
+        code = run_command(argv)
+    except TriaxError as error:
+        if debug:
+            raise
+        print(f"triax: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("triax: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
