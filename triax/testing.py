@@ -1,0 +1,54 @@
+"""Helpers for tests and benchmarks that start real processes.
+
+Kept in the package (not under tests/) so benchmarks and the bench command can use them too.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def quiet_env(**extra: str) -> dict[str, str]:
+    """Environment for child processes: one thread each (tests run 4 processes on 2 cores)."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               TORCH_CPP_LOG_LEVEL="ERROR")
+    env.update(extra)
+    return env
+
+
+def torchrun_command(nproc: int, args: list[str], max_restarts: int = 0) -> list[str]:
+    """`python -m torch.distributed.run` on loopback with a fresh port, then `args`
+    (a script path, or '-m', 'module', ...)."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+            "--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+            f"--max-restarts={max_restarts}", *args]
+
+
+def run(command: list[str], timeout: float = 300, env: dict[str, str] | None = None,
+        cwd: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a command, capture its output, and on failure raise with that output attached."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                            env=env or quiet_env(), cwd=cwd)
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"command failed with exit code {result.returncode}: {' '.join(command)}\n"
+            f"--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-4000:]}")
+    return result
+
+
+def run_torchrun(nproc: int, args: list[str], timeout: float = 300, max_restarts: int = 0,
+                 env: dict[str, str] | None = None, cwd: str | None = None,
+                 check: bool = True) -> subprocess.CompletedProcess:
+    return run(torchrun_command(nproc, args, max_restarts), timeout=timeout, env=env, cwd=cwd,
+               check=check)
