@@ -1,0 +1,140 @@
+"""Throughput, MFU, memory, and where they are written: console, progress bar, JSONL, TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+# Dense (no sparsity) peak tensor-core FLOP/s by GPU name fragment, for bf16/fp16 and for tf32
+# (fp32 matmuls run as tf32 when allowed). Figures from the vendors' data sheets.
+GPU_PEAK_FLOPS = {
+    # name fragment: (bf16/fp16, tf32)
+    "H200": (989e12, 494e12),
+    "H100 PCIe": (756e12, 378e12),
+    "H100": (989e12, 494e12),
+    "A100": (312e12, 156e12),
+    "L40S": (362e12, 183e12),
+    "L4": (121e12, 60e12),
+    "A10G": (70e12, 35e12),
+    "A10": (125e12, 62.5e12),
+    "V100": (125e12, 15.7e12),
+    "RTX 4090": (165e12, 82.6e12),
+    "RTX 3090": (71e12, 35.6e12),
+}
+
+
+def table_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for fragment, (half, tf32) in GPU_PEAK_FLOPS.items():
+        if fragment in name:
+            return half if dtype in (torch.bfloat16, torch.float16) else tf32
+    return None
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None = None,
+                       seconds: float = 0.3) -> float:
+    """FLOP/s of a square matmul in `dtype` on `device`: the best of several timed repeats."""
+    size = size or (4096 if device.type == "cuda" else 1024)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    torch.matmul(a, b)
+    sync()
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        sync()
+        best = max(best, 2 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """(peak FLOP/s, where the figure comes from): the data-sheet table for known GPUs,
+    else a measured matmul peak, labelled 'measured'."""
+    value = table_peak_flops(device, dtype)
+    if value is not None:
+        return value, f"table:{torch.cuda.get_device_name(device)}"
+    return measure_peak_flops(device, dtype), "measured"
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    # ru_maxrss is in KiB on Linux: the process's peak resident memory.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class MetricsLogger:
+    """Writes one record per logged step. Only the main process creates one with enabled=True;
+    the others get a silent logger so call sites need no rank checks."""
+
+    def __init__(self, run_dir: str | None, enabled: bool, total_steps: int | None = None,
+                 tensorboard: bool = True, progress: bool | None = None):
+        self.enabled = enabled and run_dir is not None
+        self._jsonl = None
+        self._tensorboard = None
+        self._bar = None
+        if not self.enabled:
+            return
+        os.makedirs(run_dir, exist_ok=True)
+        self._jsonl = open(os.path.join(run_dir, "metrics.jsonl"), "a", buffering=1)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tensorboard = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+            except ImportError:  # tensorboard is a dependency, but a trimmed install still trains
+                self._tensorboard = None
+        if progress is None:
+            progress = sys.stderr.isatty()
+        if progress and total_steps:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True, leave=False)
+
+    def advance(self, steps: int = 1, **postfix) -> None:
+        if self._bar is not None:
+            self._bar.update(steps)
+            if postfix:
+                self._bar.set_postfix(postfix, refresh=False)
+
+    def print(self, message: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def log(self, step: int, record: dict, console: str | None = None) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **record, "time": round(time.time(), 3)}
+        self._jsonl.write(json.dumps(record) + "\n")
+        if self._tensorboard is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("step", "time"):
+                    self._tensorboard.add_scalar(key, value, step)
+        if console:
+            self.print(console)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()

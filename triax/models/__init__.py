@@ -1,0 +1,3 @@
+from triax.models.gpt import GPT, GPTConfig, PRESETS
+
+__all__ = ["GPT", "GPTConfig", "PRESETS"]

@@ -1,0 +1,39 @@
+"""Data parallelism by PyTorch's DistributedDataParallel."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+from triax.runtime import is_distributed
+
+
+def apply_ddp(model: nn.Module, device: torch.device, process_group=None,
+              bucket_mb: float = 25.0) -> nn.Module:
+    """Wrap `model` in DDP when the job has more than one process; return it unchanged otherwise.
+
+    Gradients are averaged across processes in buckets of `bucket_mb` MB that start reducing while
+    backward is still running (DDP's overlap).
+    """
+    if not is_distributed():
+        return model
+    return DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        process_group=process_group,
+        bucket_cap_mb=bucket_mb,
+        # Parameters that already match the model's layout need no copy into buckets.
+        gradient_as_bucket_view=True,
+    )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model under DDP or torch.compile wrappers."""
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model

@@ -1,0 +1,177 @@
+"""The training configuration: typed dataclasses (the schema) composed by Hydra from YAML.
+
+`triax train model=gpt2 trainer.max_steps=100` composes triax/conf/config.yaml, the chosen model
+preset from triax/conf/model/, and the command-line overrides, then checks the result against
+these dataclasses: an unknown key or a value of the wrong type fails with a message naming it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from omegaconf import OmegaConf
+
+from triax.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    name: str = "gpt-micro"  # the preset this started from (informational once composed)
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads; must divide n_embd
+    n_embd: int = 128  # width of the residual stream
+    dropout: float = 0.0  # dropout on embeddings, attention weights and residual branches
+    bias: bool = True  # biases in Linear and LayerNorm layers
+    tie_embeddings: bool = False  # share the token embedding with the output head
+
+
+@dataclass
+class DataConfig:
+    path: Optional[str] = None  # fsspec URL of a UTF-8 text file; unset = built-in corpus
+    task: str = "char"  # char (next-character prediction) | addition (minGPT's a+b task)
+    block_size: int = 64  # context length in characters (addition: set from digits)
+    train_split: float = 0.9  # leading fraction of the text for training; the tail validates
+    truncate: float = 1.0  # use only this leading fraction of the text
+    digits: int = 2  # addition task: digits of each operand
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3  # peak learning rate, reached after warm-up
+    min_lr: float = 1e-4  # learning rate at the end of the cosine decay
+    warmup_steps: int = 20  # linear warm-up length in optimizer steps
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas
+    weight_decay: float = 0.1  # decoupled weight decay on Linear weights only
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: Optional[int] = 300  # optimizer steps; null to train by epochs only
+    max_epochs: Optional[int] = None  # passes over the training set; the first limit reached ends the run
+    batch_size: int = 32  # samples per data-parallel process per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    precision: str = "fp32"  # fp32 | bf16 (autocast, CPU too) | fp16 (autocast + GradScaler, CUDA)
+    seed: int = 1337  # seeds model init, data order and dropout
+    device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N
+    run_dir: str = "runs/gpt"  # where metrics, TensorBoard events and snapshots go
+    save_every: int = 0  # snapshot every N steps (0: only at the end)
+    eval_every: int = 100  # evaluate (and sample text) every N steps; 0 disables
+    eval_batches: int = 10  # validation batches per evaluation
+    log_every: int = 10  # log a line and a metrics.jsonl record every N steps
+    sample_tokens: int = 200  # characters of text sampled at each evaluation
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+_registered = False
+
+
+def _register_schema() -> None:
+    global _registered
+    if not _registered:
+        from hydra.core.config_store import ConfigStore
+
+        ConfigStore.instance().store(name="triax_schema", node=TrainConfig)
+        _registered = True
+
+
+def _model_presets() -> list[str]:
+    from triax.models.gpt import PRESETS
+
+    return list(PRESETS)
+
+
+def compose_config(overrides: list[str] | None = None) -> TrainConfig:
+    """Compose the bundled YAML with `key=value` overrides into a checked TrainConfig."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides or [])
+    for override in overrides:
+        match = re.fullmatch(r"\+?\+?~?model=(.*)", override)
+        if match and match.group(1) not in _model_presets():
+            raise ConfigError(f"unknown model preset {match.group(1)!r}; presets are: "
+                              f"{', '.join(_model_presets())}")
+    _register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="triax.conf", version_base=None):
+            composed = compose(config_name="config", overrides=overrides)
+        config = OmegaConf.to_object(composed)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ConfigError(_one_line(error)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    validate(config)
+    return config
+
+
+def _one_line(error: Exception) -> str:
+    """Hydra wraps OmegaConf's precise message ("Key 'foo' not in 'TrainerConfig'", "Value 'abc'
+    could not be converted to Integer") in a vaguer one; report the precise one with its key."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    text = str(cause).strip() or type(cause).__name__
+    first = text.splitlines()[0]
+    key = re.search(r"full_key: (\S+)", text)
+    if key:
+        first = f"{key.group(1)}: {first}"
+    if "not in" in first or "Could not override" in first:
+        first += "; run `triax train --help` to list the valid keys"
+    return f"config error: {first}"
+
+
+def validate(config: TrainConfig) -> None:
+    """Checks the types alone cannot express."""
+    trainer, data = config.trainer, config.data
+    if data.task not in ("char", "addition"):
+        raise ConfigError(f"data.task must be 'char' or 'addition', got {data.task!r}")
+    if trainer.max_steps is None and trainer.max_epochs is None:
+        raise ConfigError("set trainer.max_steps or trainer.max_epochs (both are null)")
+    for name in ("max_steps", "max_epochs"):
+        value = getattr(trainer, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"trainer.{name} must be positive, got {value}")
+    for name in ("batch_size", "grad_accum", "eval_batches", "log_every"):
+        if getattr(trainer, name) <= 0:
+            raise ConfigError(f"trainer.{name} must be positive, got {getattr(trainer, name)}")
+    for name in ("save_every", "eval_every"):
+        if getattr(trainer, name) < 0:
+            raise ConfigError(f"trainer.{name} must be >= 0, got {getattr(trainer, name)}")
+    if data.block_size <= 0:
+        raise ConfigError(f"data.block_size must be positive, got {data.block_size}")
+    if len(config.optim.betas) != 2:
+        raise ConfigError(f"optim.betas needs two values, got {config.optim.betas}")
+
+
+def to_dict(config: TrainConfig) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(config))
+
+
+def from_dict(values: dict) -> TrainConfig:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), values))
+
+
+def describe_keys() -> str:
+    """Every key with its default and comment, for `triax train --help`."""
+    import inspect
+
+    lines = []
+    for section, schema in (("model", ModelConfig), ("data", DataConfig), ("optim", OptimConfig),
+                            ("trainer", TrainerConfig)):
+        source = inspect.getsource(schema)
+        for match in re.finditer(r"^\s+(\w+): [^=]+= (.+?)(?:\s+#\s*(.*))?$", source, re.M):
+            name, default, comment = match.groups()
+            default = re.sub(r"field\(default_factory=lambda: (.*)\)", r"\1", default)
+            lines.append(f"  {section}.{name}={default:<14} {comment or ''}")
+    return "\n".join(lines)

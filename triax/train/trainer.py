@@ -1,0 +1,312 @@
+"""The trainer behind `triax train`: a thin door over the core (runtime, precision, data,
+parallel, checkpoint, metrics).
+
+Each step takes the next global batch in the data order (see triax.data.sampler), runs
+`grad_accum` micro-batches with gradient sync only on the last, then clips, steps and schedules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from triax import checkpoint
+from triax.data import GlobalSampler
+from triax.data.addition import IGNORE_INDEX, addition_accuracy
+from triax.errors import ConfigError
+from triax.metrics import MetricsLogger, peak_flops, peak_memory_mb
+from triax.models import GPT, GPTConfig
+from triax.optim import make_adamw, make_schedule
+from triax.parallel.ddp import apply_ddp, unwrap
+from triax.precision import Precision
+from triax.runtime import detect_place, init_distributed, is_distributed, pick_device, seed_everything
+from triax.train.config import TrainConfig, to_dict
+from triax.train.data import build_data
+
+
+def check_writable_directory(path: str, key: str) -> bool:
+    """Create `path` if needed and prove we can write there. Returns whether we created it (so a
+    failed start can remove it again and leave nothing behind)."""
+    existed = os.path.isdir(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write_probe_{os.getpid()}")
+        with open(probe, "w") as handle:
+            handle.write("ok")
+        os.remove(probe)
+    except OSError as error:
+        raise ConfigError(f"{key} {path!r} is not writable ({error.strerror}); "
+                          "choose a directory you can write to") from None
+    return not existed
+
+
+def mean_across_ranks(value: float, device: torch.device) -> float:
+    if not is_distributed():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.item() / dist.get_world_size()
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        trainer = config.trainer
+        # Everything that can be wrong with the input is checked before the process group
+        # exists, so a mistake is one message per rank, never a hang in a collective.
+        self.place = detect_place()
+        self.device = pick_device(trainer.device, self.place.local_rank)
+        self.precision = Precision(trainer.precision)
+        self.precision.check_device(self.device)
+        self.data = build_data(config.data)
+        model_config = GPTConfig(
+            vocab_size=self.data.vocab_size, block_size=self.data.block_size,
+            n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
+            dropout=config.model.dropout, bias=config.model.bias,
+            tie_embeddings=config.model.tie_embeddings)
+        self.global_micro_batch = trainer.batch_size * self.place.world_size
+        self.samples_per_step = self.global_micro_batch * trainer.grad_accum
+        self.steps_per_epoch = len(self.data.train) // self.samples_per_step
+        if self.steps_per_epoch == 0:
+            raise ConfigError(
+                f"one step needs {self.samples_per_step} samples (batch_size {trainer.batch_size} x "
+                f"{self.place.world_size} processes x grad_accum {trainer.grad_accum}) but the training "
+                f"set has {len(self.data.train)}; lower trainer.batch_size or grad_accum")
+        created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
+        try:
+            self.place = init_distributed(self.device, self.place)
+        except Exception:
+            if created_run_dir and self.place.is_main:
+                _remove_if_empty(trainer.run_dir)
+            raise
+        self.rank, self.world_size = self.place.rank, self.place.world_size
+        self.is_main = self.rank == 0
+
+        # Same seed everywhere so every rank builds identical initial weights...
+        seed_everything(trainer.seed)
+        model = GPT(model_config).to(self.device, dtype=self.precision.param_dtype)
+        self.model_config = model_config
+        self.raw_model = model
+        self.model = apply_ddp(model, self.device)
+        # ...then a different stream per rank, so dropout masks differ across ranks.
+        seed_everything(trainer.seed + 1000 * self.rank)
+
+        optim = config.optim
+        self.optimizer = make_adamw(self.raw_model, optim.lr, optim.weight_decay, optim.betas, self.device)
+        self.sampler = GlobalSampler(len(self.data.train), seed=trainer.seed)
+        self.total_steps = self._total_steps()
+        self.scheduler = make_schedule(self.optimizer, self.total_steps, optim.warmup_steps, optim.min_lr)
+        self.scaler = self.precision.make_scaler(self.device)
+
+        # The position in training: optimizer steps taken, epoch, and the global sample index
+        # within the epoch where the next step starts.
+        self.step = 0
+        self.epoch = 0
+        self.sample_index = 0
+        self.snapshot_root = os.path.join(trainer.run_dir, "snapshots")
+        self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
+        self.flops_per_token = self.raw_model.flops_per_token(self.data.block_size)
+        self._peak_flops: tuple[float, str] | None = None
+        if self.is_main:
+            self._write_run_files()
+        self._maybe_resume()
+
+    # ---- set-up helpers ------------------------------------------------------------------------
+
+    def _total_steps(self) -> int:
+        limits = []
+        if self.config.trainer.max_steps is not None:
+            limits.append(self.config.trainer.max_steps)
+        if self.config.trainer.max_epochs is not None:
+            limits.append(self.config.trainer.max_epochs * self.steps_per_epoch)
+        return min(limits)
+
+    def _write_run_files(self) -> None:
+        """What `triax generate` and `triax export` need besides the weights."""
+        import json
+
+        import yaml
+
+        run_dir = self.config.trainer.run_dir
+        with open(os.path.join(run_dir, "config.yaml"), "w") as handle:
+            yaml.safe_dump(to_dict(self.config), handle, sort_keys=False)
+        with open(os.path.join(run_dir, "model.json"), "w") as handle:
+            json.dump(self.model_config.__dict__, handle, indent=1)
+        if self.data.vocab is not None:
+            with open(os.path.join(run_dir, "vocab.json"), "w") as handle:
+                handle.write(self.data.vocab.to_json())
+
+    def _maybe_resume(self) -> None:
+        snapshot = checkpoint.latest_snapshot(self.snapshot_root)
+        if snapshot is None:
+            return
+        state = checkpoint.load_snapshot(snapshot, self.model, self.optimizer)
+        self.step, self.epoch, self.sample_index = state["step"], state["epoch"], state["sample_index"]
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.logger.print(f"resumed from {snapshot} at step {self.step} "
+                          f"(epoch {self.epoch}, sample {self.sample_index})")
+
+    def save(self) -> str:
+        state = {"epoch": self.epoch, "sample_index": self.sample_index,
+                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                 "config": to_dict(self.config)}
+        return checkpoint.save_snapshot(self.snapshot_root, self.step, self.model, self.optimizer, state)
+
+    # ---- the step ------------------------------------------------------------------------------
+
+    def _batch(self, dataset, indices: torch.Tensor):
+        x, y = dataset.batch(indices)
+        non_blocking = self.device.type == "cuda"
+        return x.to(self.device, non_blocking=non_blocking), y.to(self.device, non_blocking=non_blocking)
+
+    def _loss(self, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with self.precision.autocast(self.device):
+            logits = model(x)
+        # The loss in fp32 whatever the compute dtype: a bf16 softmax over the vocabulary loses digits.
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1),
+                               ignore_index=IGNORE_INDEX)
+
+    def train_step(self) -> tuple[float, float]:
+        """One optimizer step; returns (this rank's mean micro-batch loss, gradient norm)."""
+        trainer = self.config.trainer
+        if not self.sampler.fits(self.sample_index, self.samples_per_step):
+            self.epoch += 1
+            self.sample_index = 0
+        loss_sum = 0.0
+        for micro in range(trainer.grad_accum):
+            start = self.sample_index + micro * self.global_micro_batch
+            indices = self.sampler.rank_slice(self.epoch, start, trainer.batch_size, self.rank)
+            x, y = self._batch(self.data.train, indices)
+            last = micro == trainer.grad_accum - 1
+            # Gradients are all-reduced only on the last micro-batch; the others accumulate locally.
+            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+            with sync:
+                loss = self._loss(self.model, x, y)
+                self.scaler.scale(loss / trainer.grad_accum).backward()
+            loss_sum = loss_sum + loss.detach()
+        self.scaler.unscale_(self.optimizer)
+        max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        self.sample_index += self.samples_per_step
+        return float(loss_sum) / trainer.grad_accum, float(grad_norm)
+
+    # ---- evaluation ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Validation loss over `eval_batches` batches, averaged over all ranks (each rank takes
+        different batches of the held-out set)."""
+        trainer = self.config.trainer
+        self.model.eval()
+        val = self.data.val
+        batch = min(trainer.batch_size, len(val))
+        losses = []
+        for i in range(trainer.eval_batches):
+            start = ((i * self.world_size + self.rank) * batch) % max(1, len(val) - batch + 1)
+            indices = torch.arange(start, start + batch)
+            losses.append(self._loss(self.raw_model, *self._batch(val, indices)).item())
+        result = {"val_loss": mean_across_ranks(sum(losses) / len(losses), self.device)}
+        if self.config.data.task == "addition":
+            result["val_accuracy"] = addition_accuracy(self.raw_model, val, self.device)
+        self.model.train()
+        return result
+
+    @torch.no_grad()
+    def sample_text(self, prompt: str | None = None) -> str | None:
+        vocab = self.data.vocab
+        if vocab is None or self.config.trainer.sample_tokens <= 0:
+            return None
+        prompt = prompt or vocab.decode(self.data.val.ids[: min(16, self.data.block_size)])
+        idx = torch.tensor([vocab.encode(prompt)], device=self.device)
+        # The same generator seed on every rank: all ranks draw the same text (needed once the
+        # model is sharded and every rank must take part in each forward).
+        generator = torch.Generator(device=self.device).manual_seed(self.config.trainer.seed)
+        self.raw_model.eval()
+        with self.precision.autocast(self.device):
+            out = self.raw_model.generate(idx, self.config.trainer.sample_tokens, temperature=0.8,
+                                          top_k=20, generator=generator)
+        self.raw_model.train()
+        return vocab.decode(out[0].tolist())
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def _throughput(self, steps: int, seconds: float) -> dict:
+        tokens = steps * self.samples_per_step * self.data.block_size
+        tokens_per_s = tokens / max(seconds, 1e-9)
+        if self._peak_flops is None:
+            self._peak_flops = peak_flops(self.device, self.precision.compute_dtype)
+        peak, source = self._peak_flops
+        mfu = self.flops_per_token * tokens_per_s / (peak * self.world_size)
+        return {"tokens_per_s": round(tokens_per_s, 1), "mfu": round(mfu, 5), "peak_flops_source": source,
+                "step_time_s": round(seconds / max(steps, 1), 5)}
+
+    def fit(self) -> dict:
+        trainer = self.config.trainer
+        if self.is_main:
+            params = self.raw_model.num_params()
+            self.logger.print(
+                f"training {self.config.model.name} ({params / 1e6:.2f}M params) on {self.device} x "
+                f"{self.world_size} process(es), precision {self.precision.name}, "
+                f"{self.total_steps} steps of {self.samples_per_step} samples "
+                f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
+        last = {}
+        interval_start, interval_steps = time.perf_counter(), 0
+        self.model.train()
+        while self.step < self.total_steps:
+            loss, grad_norm = self.train_step()
+            interval_steps += 1
+            self.logger.advance(1, loss=f"{loss:.4f}")
+            record = None
+            if self.step % trainer.log_every == 0 or self.step == self.total_steps:
+                elapsed = time.perf_counter() - interval_start
+                record = {"loss": round(mean_across_ranks(loss, self.device), 6),
+                          "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(grad_norm, 5),
+                          "epoch": self.epoch, **self._throughput(interval_steps, elapsed),
+                          "peak_mem_mb": round(peak_memory_mb(self.device), 1)}
+            if trainer.eval_every and (self.step % trainer.eval_every == 0 or self.step == self.total_steps):
+                record = {**(record or {}), **self.evaluate()}
+                sample = self.sample_text()
+                if sample is not None:
+                    self.logger.print(f"--- sample at step {self.step} ---\n{sample}\n---")
+            if record is not None:
+                self.logger.log(self.step, record, console=self._console_line(record))
+                last = record
+                interval_start, interval_steps = time.perf_counter(), 0
+            if trainer.save_every and self.step % trainer.save_every == 0:
+                self.save()
+        if self.step == self.total_steps and not (trainer.save_every and self.step % trainer.save_every == 0):
+            self.save()
+        self.logger.close()
+        return last
+
+    def _console_line(self, record: dict) -> str:
+        parts = [f"step {self.step}/{self.total_steps}"]
+        if "loss" in record:
+            parts += [f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}", f"gnorm {record['grad_norm']:.3f}",
+                      f"{record['tokens_per_s']:.0f} tok/s",
+                      f"mfu {100 * record['mfu']:.2f}%{' (measured peak)' if record['peak_flops_source'] == 'measured' else ''}",
+                      f"mem {record['peak_mem_mb']:.0f}MB"]
+        if "val_loss" in record:
+            parts.append(f"val_loss {record['val_loss']:.4f}")
+        if "val_accuracy" in record:
+            parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
+        return " | ".join(parts)
+
+
+def _remove_if_empty(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
