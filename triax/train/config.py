@@ -65,11 +65,27 @@ class TrainerConfig:
 
 
 @dataclass
+class ParallelConfig:
+    dp_replicate: int = 1  # replicas of the model (DDP; with dp_shard > 1: HSDP); -1 = the rest
+    dp_shard: int = -1  # ranks one copy of the model is sharded over (FSDP2); -1 = the rest
+    tp: int = 1  # tensor-parallel degree (splits each layer); must divide n_head
+    pp: int = 1  # pipeline-parallel stages (splits the layer stack)
+    pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | zero_bubble
+    pp_microbatches: int = 0  # micro-batches per pipeline step; 0 = 2 x pp
+    activation_checkpointing: str = "none"  # none | full | selective
+    compile: bool = False  # torch.compile each transformer block
+    bucket_mb: float = 25.0  # gradient all-reduce bucket size in MB (DDP)
+    grad_compression: str = "none"  # none | bf16 | fp16 | powersgd: gradients on the wire
+    powersgd_rank: int = 2  # rank of PowerSGD's low-rank approximation
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 _registered = False
@@ -168,7 +184,7 @@ def describe_keys() -> str:
 
     lines = []
     for section, schema in (("model", ModelConfig), ("data", DataConfig), ("optim", OptimConfig),
-                            ("trainer", TrainerConfig)):
+                            ("trainer", TrainerConfig), ("parallel", ParallelConfig)):
         source = inspect.getsource(schema)
         for match in re.finditer(r"^\s+(\w+): [^=]+= (.+?)(?:\s+#\s*(.*))?$", source, re.M):
             name, default, comment = match.groups()

@@ -93,7 +93,7 @@ class Trainer:
         model = GPT(model_config).to(self.device, dtype=self.precision.param_dtype)
         self.model_config = model_config
         self.raw_model = model
-        self.model = apply_ddp(model, self.device)
+        self.model = apply_ddp(model, self.device, bucket_mb=config.parallel.bucket_mb)
         # ...then a different stream per rank, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
 

@@ -1,0 +1,19 @@
+import os
+
+import pytest
+
+# Tests run many processes on 2 cores: one thread each keeps them from fighting.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path):
+    """A small deterministic text file (no download, no dependence on ../shared)."""
+    import random
+
+    rng = random.Random(0)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "cat", "runs"]
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(600))
+    path = tmp_path / "corpus.txt"
+    path.write_text(text)
+    return str(path)

@@ -1,0 +1,42 @@
+"""Shared pieces of the trainer tests."""
+
+import os
+import sys
+
+from safetensors.torch import load_file
+
+from triax import checkpoint
+from triax.testing import run, run_torchrun
+
+
+def tiny_overrides(run_dir, corpus, **extra):
+    """A model and run small enough for a test: a few steps of gpt-nano-sized training."""
+    values = {
+        "model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32,
+        "data.path": corpus, "data.block_size": 16,
+        "trainer.max_steps": 6, "trainer.batch_size": 8, "trainer.eval_every": 0,
+        "trainer.log_every": 2, "trainer.run_dir": str(run_dir), "trainer.sample_tokens": 0,
+        "optim.warmup_steps": 2,
+    }
+    values.update(extra)
+    return [f"{key}={value}" for key, value in values.items()]
+
+
+def train(overrides, nproc=1, timeout=240, check=True):
+    if nproc == 1:
+        return run([sys.executable, "-m", "triax", "train", *overrides], timeout=timeout, check=check)
+    return run_torchrun(nproc, ["-m", "triax", "train", *overrides], timeout=timeout, check=check)
+
+
+def final_weights(run_dir):
+    snapshot = checkpoint.latest_snapshot(os.path.join(run_dir, "snapshots"))
+    assert snapshot is not None, f"no snapshot in {run_dir}"
+    return load_file(os.path.join(snapshot, "model.safetensors"))
+
+
+def assert_same_weights(a, b, atol=1e-6, rtol=1e-5):
+    import torch
+
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
