@@ -66,8 +66,8 @@ class TrainerConfig:
 
 @dataclass
 class ParallelConfig:
-    dp_replicate: int = 1  # replicas of the model (DDP; with dp_shard > 1: HSDP); -1 = the rest
-    dp_shard: int = -1  # ranks one copy of the model is sharded over (FSDP2); -1 = the rest
+    dp_replicate: int = -1  # replicas of the model (DDP; with dp_shard > 1: HSDP); -1 = the rest
+    dp_shard: int = 1  # ranks one copy of the model is sharded over (FSDP2); -1 = the rest
     tp: int = 1  # tensor-parallel degree (splits each layer); must divide n_head
     pp: int = 1  # pipeline-parallel stages (splits the layer stack)
     pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | zero_bubble
