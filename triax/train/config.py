@@ -189,5 +189,5 @@ def describe_keys() -> str:
         for match in re.finditer(r"^\s+(\w+): [^=]+= (.+?)(?:\s+#\s*(.*))?$", source, re.M):
             name, default, comment = match.groups()
             default = re.sub(r"field\(default_factory=lambda: (.*)\)", r"\1", default)
-            lines.append(f"  {section}.{name}={default:<14} {comment or ''}")
+            lines.append(f"  {section}.{name}={default}".ljust(44) + (comment or ""))
     return "\n".join(lines)

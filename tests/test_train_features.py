@@ -1,0 +1,86 @@
+"""bf16 on CPU, generate and export round-trips, the addition task, the built-in corpus."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from triax.cli import main as triax_main
+from triax.data import builtin_corpus
+from triax.models import GPT, GPTConfig
+
+from helpers import final_weights, tiny_overrides, train
+
+
+def losses(run_dir):
+    return [json.loads(line)["loss"] for line in open(run_dir / "metrics.jsonl") if '"loss"' in line]
+
+
+def test_bf16_trains_on_cpu(tmp_path, tiny_corpus):
+    run_dir = tmp_path / "bf16"
+    train(tiny_overrides(run_dir, tiny_corpus, **{"trainer.precision": "bf16", "trainer.max_steps": 20,
+                                                  "trainer.log_every": 5, "optim.lr": 0.003}))
+    history = losses(run_dir)
+    assert history[-1] < history[0] - 0.3, history
+    # Master weights stay fp32 under the bf16 autocast policy.
+    assert all(t.dtype == torch.float32 for t in final_weights(run_dir).values())
+
+
+def test_generate_and_export_round_trip(tmp_path, tiny_corpus, capsys):
+    run_dir = tmp_path / "run"
+    train(tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 4}))
+    assert triax_main(["generate", str(run_dir), "--prompt", "the ", "--tokens", "20", "--greedy"]) == 0
+    text = capsys.readouterr().out.rstrip("\n")
+    assert text.startswith("the ") and len(text) == 24
+
+    out = tmp_path / "model.safetensors"
+    assert triax_main(["export", str(run_dir), str(out)]) == 0
+    # Loadable with safetensors alone: plain names, plain tensors, config in the metadata.
+    tensors = load_file(str(out))
+    with safe_open(str(out), "pt") as handle:
+        metadata = handle.metadata()
+    config = json.loads(metadata["triax_model"])
+    assert config["n_embd"] == 32 and "tok_emb.weight" in tensors
+    # The exported weights reproduce the trained model exactly.
+    model = GPT(GPTConfig(**config))
+    model.load_state_dict(tensors)
+    for name, tensor in final_weights(run_dir).items():
+        assert torch.equal(model.state_dict()[name], tensor)
+
+
+def test_generate_on_a_directory_that_is_not_a_run(tmp_path, capsys):
+    assert triax_main(["generate", str(tmp_path)]) == 2
+    assert "not a triax run directory" in capsys.readouterr().err
+
+
+def test_addition_task_learns(tmp_path):
+    # A short run (600 steps) of minGPT's 2-digit addition, scored on held-out problems.
+    run_dir = tmp_path / "add"
+    train([f"trainer.run_dir={run_dir}", "data.task=addition", "model.n_layer=2", "model.n_head=4",
+           "model.n_embd=64", "trainer.max_steps=600", "trainer.batch_size=64", "trainer.eval_every=600",
+           "trainer.log_every=100", "optim.lr=0.003", "optim.warmup_steps=20", "optim.weight_decay=0",
+           "trainer.sample_tokens=0"],
+          timeout=400)
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    accuracy = [r["val_accuracy"] for r in records if "val_accuracy" in r][-1]
+    assert accuracy >= 0.9, accuracy  # exact match on 500 held-out problems
+
+
+def test_builtin_corpus_is_deterministic_and_large():
+    text = builtin_corpus()
+    assert text == builtin_corpus()
+    assert len(text) > 500_000
+
+
+@pytest.mark.parametrize("preset,expected_millions", [("gpt2", 124.4), ("gpt-nano", None)])
+def test_presets_and_parameter_count(preset, expected_millions):
+    config = GPTConfig.from_preset(preset, vocab_size=50257, block_size=1024, tie_embeddings=True)
+    if expected_millions is None:
+        assert config.n_layer == 3 and config.n_embd == 48
+        return
+    with torch.device("meta"):
+        model = GPT(config)
+    # GPT-2 small: 124M parameters with tied embeddings, counting position embeddings.
+    assert abs(model.num_params(exclude_position=False) / 1e6 - expected_millions) < 0.1

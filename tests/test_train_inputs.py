@@ -1,0 +1,69 @@
+"""Every bad input gives one clear line, a non-zero exit, no traceback, and leaves nothing behind."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from triax.cli import main as triax_main
+from triax.testing import quiet_env
+
+from helpers import tiny_overrides
+
+
+def run_cli(capsys, args):
+    code = triax_main(args)
+    captured = capsys.readouterr()
+    return code, captured.err.strip()
+
+
+@pytest.fixture
+def empty_file(tmp_path):
+    path = tmp_path / "empty.txt"
+    path.write_text("")
+    return str(path)
+
+
+CASES = {
+    # name: (overrides that break, words the message must contain)
+    "missing data file": (["data.path=/nonexistent/input.txt"], ["data.path", "/nonexistent/input.txt", "does not exist"]),
+    "block_size too large": (["data.block_size=100000"], ["data.block_size=100000", "smaller"]),
+    "n_embd not divisible": (["model.n_embd=30", "model.n_head=4"], ["n_embd=30", "n_head=4"]),
+    "unknown preset": (["model=gpt5"], ["gpt5", "presets are"]),
+    "unknown key": (["trainer.colour=red"], ["trainer.colour", "not in"]),
+    "wrong type": (["trainer.max_steps=many"], ["trainer.max_steps", "many"]),
+    "fp16 on cpu": (["trainer.precision=fp16", "trainer.device=cpu"], ["fp16", "bf16"]),
+    "unknown precision": (["trainer.precision=fp8"], ["fp8"]),
+    "unwritable run dir": (["trainer.run_dir=/proc/triax_run"], ["trainer.run_dir", "/proc/triax_run", "not writable"]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_gives_one_clear_line(name, capsys, tmp_path, tiny_corpus):
+    breaking, words = CASES[name]
+    run_dir = tmp_path / "run"
+    args = ["train", *tiny_overrides(run_dir, tiny_corpus), *breaking]
+    code, err = run_cli(capsys, args)
+    assert code != 0
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("triax: error:")
+    for word in words:
+        assert word in err, f"{word!r} missing from: {err}"
+    if "run_dir" not in " ".join(breaking):
+        assert not run_dir.exists(), "a failed start left a run directory behind"
+
+
+def test_empty_data_file(capsys, tmp_path, empty_file):
+    code, err = run_cli(capsys, ["train", *tiny_overrides(tmp_path / "run", empty_file)])
+    assert code != 0 and "is empty" in err and empty_file in err
+
+
+def test_real_command_exits_nonzero_without_traceback_and_debug_shows_it(tmp_path):
+    args = [sys.executable, "-m", "triax", "train", "data.path=/nonexistent.txt",
+            f"trainer.run_dir={tmp_path / 'run'}"]
+    result = subprocess.run(args, capture_output=True, text=True, env=quiet_env(), timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "/nonexistent.txt" in result.stderr
+    debug = subprocess.run(args + ["--debug"], capture_output=True, text=True, env=quiet_env(), timeout=120)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
