@@ -36,3 +36,15 @@ def test_metrics_jsonl_records_steps_and_eval(tmp_path, tiny_corpus):
     assert any("val_loss" in r for r in records)
     assert all({"loss", "lr", "grad_norm", "tokens_per_s", "mfu"} <= r.keys() for r in records if r["step"] % 2 == 0)
     assert os.listdir(tmp_path / "run" / "tensorboard")
+
+
+def test_epoch_based_run_covers_one_epoch(tmp_path, tiny_corpus):
+    # max_steps=null: the run length is one pass over the (truncated) training text.
+    run_dir = tmp_path / "epochs"
+    train(tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": "null", "trainer.max_epochs": 1,
+                                                  "data.truncate": 0.02, "trainer.log_every": 1000}))
+    text_length = len(open(tiny_corpus).read())
+    train_windows = int(int(text_length * 0.02) * 0.9) - 16
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert records[-1]["step"] == train_windows // 8
+    assert records[-1]["epoch"] == 0
