@@ -1,12 +1,17 @@
 """Pipe equals the plain nn.Sequential it was cut from: outputs, gradients, BatchNorm statistics."""
 
 import copy
+import functools
 
 import pytest
 import torch
 from torch import nn
 
 from triax.pipe import Pipe
+
+# Micro-batches are computed by other threads with their own intra-op thread count, so sums may be
+# rounded in another order than in the plain model: float32 rounding, nothing more.
+assert_close = functools.partial(torch.testing.assert_close, rtol=1e-4, atol=1e-5)
 
 
 def mlp() -> nn.Sequential:
@@ -32,11 +37,11 @@ def test_outputs_and_gradients_equal_plain_model(chunks, checkpoint):
     inputs = torch.randn(10, 6)  # 10 does not divide by 3 or 4: uneven micro-batches too
     expected = outputs_and_gradients(plain, inputs)
     got = outputs_and_gradients(pipe, inputs)
-    torch.testing.assert_close(got[0], expected[0])
-    torch.testing.assert_close(got[1], expected[1])
+    assert_close(got[0], expected[0])
+    assert_close(got[1], expected[1])
     assert len(got[2]) == len(expected[2])
     for got_grad, expected_grad in zip(got[2], expected[2]):
-        torch.testing.assert_close(got_grad, expected_grad)
+        assert_close(got_grad, expected_grad)
 
 
 def test_several_steps_of_training_equal_plain_model():
@@ -51,7 +56,7 @@ def test_several_steps_of_training_equal_plain_model():
             nn.functional.mse_loss(model(inputs), target).backward()
             optimizer.step()
     for got, expected in zip(pipe.parameters(), plain.parameters()):
-        torch.testing.assert_close(got, expected)
+        assert_close(got, expected)
 
 
 class CountingLinear(nn.Linear):
@@ -93,7 +98,7 @@ def test_no_grad_gives_plain_outputs():
     with torch.no_grad():
         output = pipe(inputs)
     assert output.grad_fn is None
-    torch.testing.assert_close(output, plain(inputs).detach())
+    assert_close(output, plain(inputs).detach())
 
 
 class AddPair(nn.Module):
@@ -127,10 +132,10 @@ def test_tuple_inputs_and_outputs(checkpoint):
         results.append((out_x, out_y, xs.grad, ys.grad, [p.grad for p in model.parameters()]))
     (ex, ey, exg, eyg, eparams), (gx, gy, gxg, gyg, gparams) = results
     for got, expected in [(gx, ex), (gy, ey), (gxg, exg), (gyg, eyg), *zip(gparams, eparams)]:
-        torch.testing.assert_close(got, expected)
+        assert_close(got, expected)
     # and a tuple can turn back into a tensor at the end
     merged = Pipe(nn.Sequential(copy.deepcopy(plain[0]), Merge()), balance=[1, 1], devices=["cpu", "cpu"], chunks=2)
-    torch.testing.assert_close(merged((x, y)), Merge()(plain[0]((x, y))))
+    assert_close(merged((x, y)), Merge()(plain[0]((x, y))))
 
 
 def bn_model(kind: str) -> nn.Sequential:
@@ -160,18 +165,18 @@ def test_deferred_batch_norm_running_statistics_match_unsplit_batch(checkpoint, 
             lambda x: torch.cat([reference(chunk) for chunk in x.chunk(4)]), inputs, reference.parameters())
         got = outputs_and_gradients(pipe, inputs)
         for got_part, expected_part in zip(got, expected):
-            torch.testing.assert_close(got_part, expected_part)
+            assert_close(got_part, expected_part)
         pipe.zero_grad()
         plain(inputs)  # the plain model sees the unsplit batch: one update per mini-batch
     plain_bn = [m for m in plain.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     pipe_bn = [m for m in pipe.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     assert len(pipe_bn) == len(plain_bn) == 1
-    torch.testing.assert_close(pipe_bn[0].running_mean, plain_bn[0].running_mean)
-    torch.testing.assert_close(pipe_bn[0].running_var, plain_bn[0].running_var)
+    assert_close(pipe_bn[0].running_mean, plain_bn[0].running_mean)
+    assert_close(pipe_bn[0].running_var, plain_bn[0].running_var)
     assert int(pipe_bn[0].num_batches_tracked) == int(plain_bn[0].num_batches_tracked) == 3
     plain.eval(), pipe.eval()
     inputs = torch.randn(6, 3, 5, 5)
-    torch.testing.assert_close(pipe(inputs), plain(inputs))
+    assert_close(pipe(inputs), plain(inputs))
 
 
 def test_plain_batch_norm_in_a_pipe_counts_micro_batches():
@@ -190,7 +195,7 @@ def test_dropout_masks_are_replayed_exactly_when_recomputing():
         inputs = (torch.rand(64, 256) + 1).requires_grad_()
         output = pipe(inputs)
         output.sum().backward()
-        torch.testing.assert_close(inputs.grad, output.detach() / inputs.detach())
+        assert_close(inputs.grad, output.detach() / inputs.detach())
 
 
 def test_to_dtype_converts_every_partition():

@@ -218,7 +218,7 @@ class Pipe(nn.Module):
 
         # outputs[i]: micro-batch i as far as it has gone through the pipe
         outputs = list(micro_batches)
-        with spawn_workers(num_partitions) as workers:
+        with spawn_workers(self.devices) as workers:
             for tick in clock_cycles(len(micro_batches), num_partitions):
                 for index, partition_index in tick:
                     workers[partition_index].submit(

@@ -42,13 +42,16 @@ def capture_caller_state() -> Callable[[], contextlib.AbstractContextManager]:
 class Worker:
     """A thread that runs the tasks put on its queue, in order, and queues their results."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, setup: Callable[[], None] | None = None):
         self._tasks: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
+        self._setup = setup
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
+        if self._setup is not None:
+            self._setup()
         while True:
             task = self._tasks.get()
             if task is None:
@@ -71,11 +74,25 @@ class Worker:
 
 
 @contextlib.contextmanager
-def spawn_workers(count: int, name: str = "triax-pipe"):
-    """Start `count` workers for the duration of one forward pass, and always stop them."""
-    workers = [Worker(f"{name}-{index}") for index in range(count)]
+def spawn_workers(devices: list[torch.device], name: str = "triax-pipe"):
+    """Start one worker per device entry for the duration of one forward pass; always stop them.
+
+    Partitions on the CPU share its cores. Left alone, each worker thread would start a full team of
+    intra-op threads (one per core) and the teams would fight over the cores, several times slower
+    than one thread; so each CPU worker gets an equal share of the caller's intra-op threads.
+    """
+    caller_threads = torch.get_num_threads()
+    cpu_workers = sum(device.type == "cpu" for device in devices)
+    share = max(1, caller_threads // max(cpu_workers, 1))
+    setup = (lambda: torch.set_num_threads(share)) if cpu_workers > 1 else None
+    workers = [Worker(f"{name}-{index}", setup if device.type == "cpu" else None)
+               for index, device in enumerate(devices)]
     try:
         yield workers
     finally:
         for worker in workers:
             worker.stop()
+        if setup is not None:
+            # torch.set_num_threads also sets process-wide defaults (MKL's, and those of threads started
+            # later); put back what the caller had, for its backward pass and for later threads.
+            torch.set_num_threads(caller_threads)
