@@ -45,6 +45,9 @@ def test_balance_cost_examples():
     assert balance_cost([1, 1, 1, 1, 4], 2) == [4, 1]
     assert balance_cost([3], 1) == [1]
     assert balance_cost([0, 0, 0], 3) == [1, 1, 1]
+    # the slowest partition costs 5 whatever happens; the others are then made as even as possible
+    assert balance_cost([5, 1, 1, 1, 1, 1], 3) == [1, 2, 3]
+    assert balance_cost([0.1, 0.2, 0.3], 2) == [2, 1]
 
 
 class Sleep(nn.Module):

@@ -28,16 +28,29 @@ from triax.pipe.microbatch import check_batch, split, tensors_of, to_device
 def balance_cost(costs: list[float], partitions: int) -> list[int]:
     """Cut `costs` into `partitions` non-empty contiguous runs minimising the largest run's sum.
 
-    Returns the length of each run. Exact: O(partitions * n^2) over the n layers.
+    Returns the length of each run. Among cuts with that smallest maximum, the most even one
+    (least sum of squared run costs) is returned, so partitions other than the slowest are not
+    needlessly lopsided. Exact: two dynamic programmes of O(partitions * n^2) over n layers.
     """
     layers = len(costs)
     _check_partitions(partitions, layers)
     prefix = [0.0]
     for cost in costs:
         prefix.append(prefix[-1] + float(cost))
+    bound, _ = _best_cut(prefix, partitions, score=lambda cost: cost, combine=max)
+    slack = 1e-9 * max(abs(bound), 1e-12)  # float sums of the same runs may differ in the last bit
+    _, sizes = _best_cut(prefix, partitions,
+                         score=lambda cost: cost * cost if cost <= bound + slack else float("inf"),
+                         combine=lambda total, part: total + part)
+    return sizes
+
+
+def _best_cut(prefix: list[float], partitions: int, score, combine) -> tuple[float, list[int]]:
+    """The cut of the layers into contiguous partitions with the least `combine` of `score(run cost)`."""
+    layers = len(prefix) - 1
     infinity = float("inf")
-    # best[p][k]: the smallest possible largest-partition cost when the first k layers form p partitions;
-    # last_start[p][k]: where the p-th partition starts in that best cut.
+    # best[p][k]: the least value for the first k layers cut into p partitions;
+    # last_start[p][k]: where the p-th partition starts in that cut.
     best = [[infinity] * (layers + 1) for _ in range(partitions + 1)]
     last_start = [[0] * (layers + 1) for _ in range(partitions + 1)]
     best[0][0] = 0.0
@@ -45,7 +58,7 @@ def balance_cost(costs: list[float], partitions: int) -> list[int]:
         # Leave at least one layer for each of the partitions still to come.
         for end in range(part, layers - (partitions - part) + 1):
             for start in range(part - 1, end):
-                candidate = max(best[part - 1][start], prefix[end] - prefix[start])
+                candidate = combine(best[part - 1][start], score(prefix[end] - prefix[start]))
                 if candidate < best[part][end]:
                     best[part][end] = candidate
                     last_start[part][end] = start
@@ -55,7 +68,7 @@ def balance_cost(costs: list[float], partitions: int) -> list[int]:
         start = last_start[part][end]
         sizes.append(end - start)
         end = start
-    return sizes[::-1]
+    return best[partitions][layers], sizes[::-1]
 
 
 def _check_partitions(partitions, layers: int) -> None:

@@ -67,6 +67,10 @@ class DeferredBatchNorm(_BatchNorm):
             self._accumulate(input)
         return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
 
+    def discard(self) -> None:
+        """Forget the statistics gathered since the last commit (the forward pass failed)."""
+        self._clear()
+
     @torch.no_grad()
     def commit(self) -> None:
         """Fold the statistics gathered since the last commit into the running estimates."""

@@ -218,22 +218,27 @@ class Pipe(nn.Module):
 
         # outputs[i]: micro-batch i as far as it has gone through the pipe
         outputs = list(micro_batches)
-        with spawn_workers(self.devices) as workers:
-            for tick in clock_cycles(len(micro_batches), num_partitions):
-                for index, partition_index in tick:
-                    workers[partition_index].submit(
-                        lambda i=index, j=partition_index, x=outputs[index]: task(i, j, x))
-                errors = []
-                for index, partition_index in tick:
-                    ok, value = workers[partition_index].result()
-                    if ok:
-                        outputs[index] = value
-                    else:
-                        errors.append(value)
-                if errors:
-                    raise errors[0]
+        deferred = [layer for layer in self.modules() if isinstance(layer, DeferredBatchNorm)]
+        try:
+            with spawn_workers(self.devices) as workers:
+                for tick in clock_cycles(len(micro_batches), num_partitions):
+                    for index, partition_index in tick:
+                        workers[partition_index].submit(
+                            lambda i=index, j=partition_index, x=outputs[index]: task(i, j, x))
+                    errors = []
+                    for index, partition_index in tick:
+                        ok, value = workers[partition_index].result()
+                        if ok:
+                            outputs[index] = value
+                        else:
+                            errors.append(value)
+                    if errors:
+                        raise errors[0]
+        except BaseException:
+            for layer in deferred:  # half a mini-batch must not leak into the next one's statistics
+                layer.discard()
+            raise
         if self.training:
-            for layer in self.modules():
-                if isinstance(layer, DeferredBatchNorm):
-                    layer.commit()
+            for layer in deferred:
+                layer.commit()
         return join(outputs)
