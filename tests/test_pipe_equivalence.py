@@ -212,3 +212,23 @@ def test_layers_are_reachable_like_a_sequential():
     assert len(pipe) == 7 and list(pipe) == layers and pipe[4] is layers[4] and pipe[-1] is layers[-1]
     assert [len(p) for p in pipe.partitions] == [3, 4]
     assert pipe.devices == [torch.device("cpu")] * 2
+
+
+def test_recomputation_leaves_plain_batch_norm_statistics_alone():
+    # Without deferred_batch_norm, statistics follow micro-batches, and checkpointing must not add to that.
+    pipes = {mode: Pipe(bn_model("2d"), balance=[2, 3], devices=["cpu", "cpu"], chunks=3, checkpoint=mode)
+             for mode in ("always", "never")}
+    inputs = torch.randn(9, 3, 5, 5)
+    for pipe in pipes.values():
+        pipe(inputs).sum().backward()
+    always, never = pipes["always"][2], pipes["never"][2]
+    assert int(always.num_batches_tracked) == int(never.num_batches_tracked) == 3
+    assert_close(always.running_mean, never.running_mean)
+    assert_close(always.running_var, never.running_var)
+
+
+def test_parameter_names_keep_the_sequential_names():
+    pipe = Pipe(mlp(), balance=[3, 4], devices=["cpu", "cpu"])
+    names = [name for name, _ in pipe.named_parameters()]
+    assert names[:2] == ["partitions.0.0.weight", "partitions.0.0.bias"]
+    assert names[-1] == "partitions.1.6.bias"

@@ -7,6 +7,8 @@ during backward to rebuild what the gradients need, trading compute for memory. 
 * Layers must know when they are being recomputed, so a `DeferredBatchNorm` does not count the
   same micro-batch twice. `is_recomputing()` answers that, per thread: recomputation runs in
   the backward thread while forward work runs in the partition workers.
+* A plain BatchNorm would update its running statistics a second time while being recomputed;
+  its statistics are put back afterwards, so checkpointing never changes them.
 * Random numbers. PyTorch's checkpoint saves the generator state when the forward starts and
   restores it when recomputing, so dropout draws the same mask twice. Partitions running at the
   same time in several threads share the CPU generator (and a CUDA device's generator when two
@@ -75,6 +77,21 @@ def generator_lock(device: torch.device) -> threading.Lock:
         return _generator_locks.setdefault(key, threading.Lock())
 
 
+@contextlib.contextmanager
+def _batch_norm_statistics_kept(partition: nn.Module):
+    """Undo what a recomputation does to the running statistics of plain BatchNorm layers."""
+    layers = [layer for layer in partition.modules()
+              if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.training and layer.track_running_stats]
+    saved = [[buffer.clone() for buffer in layer.buffers(recurse=False)] for layer in layers]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for layer, buffers in zip(layers, saved):
+                for buffer, value in zip(layer.buffers(recurse=False), buffers):
+                    buffer.copy_(value)
+
+
 def run_partition(partition: nn.Module, batch: Batch, checkpoint: bool) -> Batch:
     """Forward `batch` through `partition`, keeping activations or only the input (checkpoint)."""
     if not checkpoint:
@@ -85,7 +102,9 @@ def run_partition(partition: nn.Module, batch: Batch, checkpoint: bool) -> Batch
         # The first call is the forward pass; any later one is recomputation during backward.
         nonlocal calls
         calls += 1
-        with _recomputing(calls > 1):
+        if calls == 1:
+            return partition(rebuild(tensors, batch))
+        with _recomputing(True), _batch_norm_statistics_kept(partition):
             return partition(rebuild(tensors, batch))
 
     return torch_checkpoint(forward, *tensors_of(batch), use_reentrant=False, preserve_rng_state=True)

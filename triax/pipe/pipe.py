@@ -20,6 +20,7 @@ For pipelines across processes and machines, use the multi-process pipeline stag
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from typing import Iterable
 
 import torch
@@ -34,15 +35,16 @@ from triax.pipe.schedule import clock_cycles
 from triax.pipe.worker import capture_caller_state, spawn_workers
 
 
-def _check_module(module) -> list[nn.Module]:
+def _check_module(module) -> list[tuple[str, nn.Module]]:
     if not isinstance(module, nn.Sequential):
         raise TriaxError(f"Pipe needs an nn.Sequential to cut into partitions, got {type(module).__name__}; "
                          "write the model as nn.Sequential(layer1, layer2, ...)")
-    layers = list(module)  # iterating a Sequential does not skip a module listed twice
+    # (name, layer) pairs; unlike named_children(), _modules does not hide a module listed twice.
+    layers = list(module._modules.items())
     if not layers:
         raise TriaxError("Pipe got an empty nn.Sequential; give it at least one layer")
     first_seen: dict[int, int] = {}
-    for index, layer in enumerate(layers):
+    for index, (_, layer) in enumerate(layers):
         if id(layer) in first_seen:
             raise TriaxError(f"layers {first_seen[id(layer)]} and {index} of the nn.Sequential are the same "
                              f"module ({type(layer).__name__}); a layer can live on only one device, so "
@@ -112,11 +114,11 @@ def _resolve_devices(devices, num_partitions: int) -> list[torch.device]:
     return resolved[:num_partitions]
 
 
-def _check_no_shared_parameters(layers: list[nn.Module], balance: list[int]) -> None:
+def _check_no_shared_parameters(layers: list[tuple[str, nn.Module]], balance: list[int]) -> None:
     owner: dict[int, tuple[int, int]] = {}  # parameter id -> (layer index, partition index)
     layer_index = 0
     for partition_index, size in enumerate(balance):
-        for layer in layers[layer_index:layer_index + size]:
+        for _, layer in layers[layer_index:layer_index + size]:
             for parameter in layer.parameters():
                 seen = owner.setdefault(id(parameter), (layer_index, partition_index))
                 if seen[1] != partition_index:
@@ -152,11 +154,12 @@ class Pipe(nn.Module):
         self.balance = balance
         _check_no_shared_parameters(layers, balance)
         if deferred_batch_norm:
-            layers = [DeferredBatchNorm.convert_deferred_batch_norm(layer, chunks) for layer in layers]
+            layers = [(name, DeferredBatchNorm.convert_deferred_batch_norm(layer, chunks)) for name, layer in layers]
+        # Layers keep their names, so parameter names read partitions.<j>.<name in the Sequential>.<...>
         self.partitions = nn.ModuleList()
         start = 0
         for size, device in zip(balance, self.devices):
-            self.partitions.append(nn.Sequential(*layers[start:start + size]).to(device))
+            self.partitions.append(nn.Sequential(OrderedDict(layers[start:start + size])).to(device))
             start += size
 
     # -- the layers, as if this were still the Sequential -------------------------------------
