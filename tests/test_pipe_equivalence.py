@@ -232,3 +232,30 @@ def test_parameter_names_keep_the_sequential_names():
     names = [name for name, _ in pipe.named_parameters()]
     assert names[:2] == ["partitions.0.0.weight", "partitions.0.0.bias"]
     assert names[-1] == "partitions.1.6.bias"
+
+
+def test_caller_autocast_and_inference_mode_reach_the_partitions():
+    # Both are thread-local in PyTorch; the worker threads must run under the caller's modes.
+    plain = mlp()
+    pipe = Pipe(copy.deepcopy(plain), balance=[3, 4], devices=["cpu", "cpu"], chunks=2, checkpoint="always")
+    inputs = torch.randn(4, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, got = plain(inputs), pipe(inputs)
+    assert expected.dtype == got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected)
+    with torch.inference_mode():
+        output = pipe(inputs)
+    assert output.is_inference()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_partitions_equal_plain_model():
+    plain = mlp()
+    last = torch.cuda.device_count() - 1
+    pipe = Pipe(copy.deepcopy(plain), balance=[2, 3, 2], devices=[0, "cpu", f"cuda:{last}"], chunks=3)
+    inputs = torch.randn(10, 6)
+    expected = outputs_and_gradients(plain, inputs)
+    got = outputs_and_gradients(pipe, inputs)
+    assert got[0].device == torch.device("cuda", last)
+    for got_part, expected_part in zip(got, expected):
+        assert_close(got_part, expected_part, check_device=False)
