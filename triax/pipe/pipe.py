@@ -13,8 +13,9 @@ autograd walks the recorded graph in reverse, across the copies, recomputing che
 micro-batches as it reaches them. (On GPUs autograd runs each device's backward in its own
 thread, so backward overlaps too; several 'cpu' partitions share one backward thread.)
 
-For pipelines across processes and machines, use the multi-process pipeline stages of
-`triax.parallel`, which are built on `torch.distributed.pipelining`.
+This door is for scripts written for FairScale: one process, several devices. Pipelines across
+processes and machines belong to triax's multi-process pipeline stages, which compose
+`torch.distributed.pipelining` rather than this module.
 """
 
 from __future__ import annotations
@@ -200,6 +201,7 @@ class Pipe(nn.Module):
     # -- forward ------------------------------------------------------------------------------
 
     def forward(self, batch: Batch) -> Batch:
+        """Run a mini-batch (tensor or tuple of tensors) through the pipe; the output is on the last device."""
         check_batch(batch)
         micro_batches = split(batch, self.chunks)
         num_partitions = len(self.partitions)
