@@ -50,6 +50,8 @@ def step_seconds(model: nn.Module, inputs: torch.Tensor, repeats: int) -> float:
     for attempt in range(repeats + 1):
         began = time.perf_counter()
         model(inputs).sum().backward()
+        for index in range(torch.cuda.device_count()):  # GPU work is asynchronous: wait for it
+            torch.cuda.synchronize(index)
         if attempt:
             times.append(time.perf_counter() - began)
     return statistics.median(times)
@@ -150,8 +152,6 @@ def gpu_table(batch_size: int, repeats: int) -> None:
         for index in range(count):
             torch.cuda.reset_peak_memory_stats(index)
         x = inputs.to(first_device)
-        for index in range(count):
-            torch.cuda.synchronize(index)
         seconds = step_seconds(model, x, repeats)
         peaks = [torch.cuda.max_memory_allocated(index) / 2**30 for index in range(count)]
         return batch_size / seconds, peaks
