@@ -1,0 +1,249 @@
+"""`Pipe`: an `nn.Sequential` cut into partitions on several devices, fed micro-batches (GPipe).
+
+    model = nn.Sequential(a, b, c, d)
+    model = Pipe(model, balance=[2, 2], devices=["cuda:0", "cuda:1"], chunks=8)
+    output = model(input)          # lands on the last device
+    loss_fn(output, target.to(output.device)).backward()
+
+The API follows FairScale's `fairscale.nn.Pipe`, so scripts written for it run with only the
+import changed. One process drives all devices: each partition gets a worker thread, micro-batch
+i runs on partition j at clock tick i + j (see schedule.py), and tensors are copied between
+devices with ordinary `.to()`, which autograd records. Backward needs no scheduling of ours:
+autograd walks the recorded graph in reverse, across the copies, recomputing checkpointed
+micro-batches as it reaches them. (On GPUs autograd runs each device's backward in its own
+thread, so backward overlaps too; several 'cpu' partitions share one backward thread.)
+
+This door is for scripts written for FairScale: one process, several devices. Pipelines across
+processes and machines belong to triax's multi-process pipeline stages, which compose
+`torch.distributed.pipelining` rather than this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from triax.errors import TriaxError
+from triax.pipe.batchnorm import DeferredBatchNorm
+from triax.pipe.checkpoint import (CHECKPOINT_MODES, checkpoint_stop, draws_random_numbers,
+                                   generator_lock, run_partition)
+from triax.pipe.microbatch import Batch, check_batch, join, split, to_device
+from triax.pipe.schedule import clock_cycles
+from triax.pipe.worker import capture_caller_state, spawn_workers
+
+
+def _check_module(module) -> list[tuple[str, nn.Module]]:
+    if not isinstance(module, nn.Sequential):
+        raise TriaxError(f"Pipe needs an nn.Sequential to cut into partitions, got {type(module).__name__}; "
+                         "write the model as nn.Sequential(layer1, layer2, ...)")
+    # (name, layer) pairs; unlike named_children(), _modules does not hide a module listed twice.
+    layers = list(module._modules.items())
+    if not layers:
+        raise TriaxError("Pipe got an empty nn.Sequential; give it at least one layer")
+    first_seen: dict[int, int] = {}
+    for index, (_, layer) in enumerate(layers):
+        if id(layer) in first_seen:
+            raise TriaxError(f"layers {first_seen[id(layer)]} and {index} of the nn.Sequential are the same "
+                             f"module ({type(layer).__name__}); a layer can live on only one device, so "
+                             "use separate modules (copy.deepcopy) or one layer that loops inside")
+        first_seen[id(layer)] = index
+    return layers
+
+
+def _check_balance(balance, num_layers: int) -> list[int]:
+    if balance is None:
+        raise TriaxError("Pipe needs balance=[layers per partition], e.g. balance=[2, 2]; to compute one, "
+                         "use triax.pipe.balance_by_time(partitions, module, sample) or "
+                         "triax.pipe.balance_by_size(partitions, module, sample)")
+    if isinstance(balance, (str, bytes)) or not isinstance(balance, Iterable):
+        raise TriaxError(f"balance must be a list of layer counts, got {balance!r}; e.g. balance=[2, 2]")
+    balance = list(balance)
+    if not balance or any(isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in balance):
+        raise TriaxError(f"balance must list positive whole numbers of layers, got {balance}; "
+                         "every partition needs at least one layer")
+    if sum(balance) != num_layers:
+        raise TriaxError(f"balance {balance} adds up to {sum(balance)} layers but the module has {num_layers}; "
+                         f"make the counts sum to {num_layers}")
+    return balance
+
+
+def _check_chunks(chunks) -> int:
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise TriaxError(f"chunks must be a whole number of micro-batches >= 1, got {chunks!r}")
+    return chunks
+
+
+def _check_checkpoint(mode) -> str:
+    if mode not in CHECKPOINT_MODES:
+        raise TriaxError(f"checkpoint must be one of {', '.join(map(repr, CHECKPOINT_MODES))}, got {mode!r}")
+    return mode
+
+
+def _resolve_devices(devices, num_partitions: int) -> list[torch.device]:
+    if devices is None:
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise TriaxError(f"devices=None means the visible GPUs, and none is visible; pass "
+                             f"devices={['cpu'] * num_partitions} to run the {num_partitions} partitions on the CPU")
+        devices = list(range(count))
+    if isinstance(devices, (str, int, torch.device)):
+        raise TriaxError(f"devices must be a list with one device per partition, got {devices!r}; "
+                         f"e.g. devices={[str(devices)] * num_partitions}")
+    resolved = []
+    for entry in devices:
+        try:
+            device = torch.device("cuda", entry) if isinstance(entry, int) else torch.device(entry)
+        except (RuntimeError, TypeError):
+            raise TriaxError(f"devices entry {entry!r} is not a device; use 'cpu', 'cuda:0', 0, ...") from None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise TriaxError(f"devices entry {entry!r} asks for a GPU but none is visible; use 'cpu'")
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            if device.index >= torch.cuda.device_count():
+                raise TriaxError(f"devices entry {entry!r} names GPU {device.index} but only "
+                                 f"{torch.cuda.device_count()} are visible")
+        resolved.append(device)
+    if len(resolved) < num_partitions:
+        raise TriaxError(f"balance has {num_partitions} partitions but only {len(resolved)} devices were given "
+                         f"({[str(d) for d in resolved]}); give one device per partition (repeating one is allowed)")
+    # Like FairScale, extra devices are simply left unused.
+    return resolved[:num_partitions]
+
+
+def _check_no_shared_parameters(layers: list[tuple[str, nn.Module]], balance: list[int]) -> None:
+    owner: dict[int, tuple[int, int]] = {}  # parameter id -> (layer index, partition index)
+    layer_index = 0
+    for partition_index, size in enumerate(balance):
+        for _, layer in layers[layer_index:layer_index + size]:
+            for parameter in layer.parameters():
+                seen = owner.setdefault(id(parameter), (layer_index, partition_index))
+                if seen[1] != partition_index:
+                    raise TriaxError(f"layers {seen[0]} and {layer_index} share a parameter (tied weights) but "
+                                     f"balance {balance} puts them in partitions {seen[1]} and {partition_index}; "
+                                     "a parameter can live on only one device, so keep them in one partition")
+            layer_index += 1
+
+
+class Pipe(nn.Module):
+    """Pipeline-parallel wrapper of an `nn.Sequential` across devices of one process (GPipe).
+
+    Args:
+        module: the `nn.Sequential` to cut; its layers are moved onto `devices`.
+        balance: how many consecutive layers each partition takes, e.g. [3, 5].
+        devices: one device per partition ('cpu', 'cuda:1', 1, torch.device). Defaults to the
+            visible GPUs in order. A device may repeat.
+        chunks: how many micro-batches a mini-batch is cut into along dimension 0.
+        checkpoint: 'always', 'except_last' (all micro-batches but the last) or 'never': which
+            micro-batches keep only their inputs and are recomputed during backward. Ignored in
+            eval mode and when gradients are off.
+        deferred_batch_norm: update BatchNorm running statistics once per mini-batch.
+    """
+
+    def __init__(self, module: nn.Sequential, balance=None, *, devices=None, chunks: int = 1,
+                 checkpoint: str = "except_last", deferred_batch_norm: bool = False):
+        super().__init__()
+        layers = _check_module(module)
+        balance = _check_balance(balance, len(layers))
+        self.chunks = _check_chunks(chunks)
+        self.checkpoint = _check_checkpoint(checkpoint)
+        self.devices = _resolve_devices(devices, len(balance))
+        self.balance = balance
+        _check_no_shared_parameters(layers, balance)
+        if deferred_batch_norm:
+            layers = [(name, DeferredBatchNorm.convert_deferred_batch_norm(layer, chunks)) for name, layer in layers]
+        # Layers keep their names, so parameter names read partitions.<j>.<name in the Sequential>.<...>
+        self.partitions = nn.ModuleList()
+        start = 0
+        for size, device in zip(balance, self.devices):
+            self.partitions.append(nn.Sequential(OrderedDict(layers[start:start + size])).to(device))
+            start += size
+
+    # -- the layers, as if this were still the Sequential -------------------------------------
+
+    def __len__(self) -> int:
+        return sum(len(partition) for partition in self.partitions)
+
+    def __iter__(self):
+        for partition in self.partitions:
+            yield from partition
+
+    def __getitem__(self, index: int) -> nn.Module:
+        layers = list(self)
+        try:
+            return layers[index]
+        except (IndexError, TypeError):
+            raise IndexError(f"Pipe has {len(layers)} layers; no layer {index!r}") from None
+
+    # -- device moves are refused: partitions are pinned to their devices ----------------------
+
+    def _refuse_move(self, target) -> None:
+        raise TriaxError(f"a Pipe's partitions are pinned to devices {[str(d) for d in self.devices]}; moving "
+                         f"the whole Pipe to {target} would undo the split. Choose devices with "
+                         "Pipe(..., devices=[...]) instead (changing dtype with .to(torch.float16) is fine)")
+
+    def to(self, *args, **kwargs):
+        device, _dtype, _non_blocking, _memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None:
+            self._refuse_move(device)
+        return super().to(*args, **kwargs)
+
+    def cuda(self, device=None):
+        self._refuse_move("cuda" if device is None else f"cuda:{device}")
+
+    def cpu(self):
+        self._refuse_move("cpu")
+
+    # -- forward ------------------------------------------------------------------------------
+
+    def forward(self, batch: Batch) -> Batch:
+        """Run a mini-batch (tensor or tuple of tensors) through the pipe; the output is on the last device."""
+        check_batch(batch)
+        micro_batches = split(batch, self.chunks)
+        num_partitions = len(self.partitions)
+        stop = checkpoint_stop(self.checkpoint, len(micro_batches), self.training)
+        locks = [generator_lock(device) if draws_random_numbers(partition) else None
+                 for partition, device in zip(self.partitions, self.devices)]
+        caller_state = capture_caller_state()
+
+        def task(index: int, partition_index: int, micro_batch: Batch):
+            # Runs in the partition's worker thread.
+            device = self.devices[partition_index]
+            lock = locks[partition_index] or contextlib.nullcontext()
+            on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+            with caller_state(), on_device, lock:
+                micro_batch = to_device(micro_batch, device)
+                output = run_partition(self.partitions[partition_index], micro_batch, index < stop)
+            check_batch(output, f"output of partition {partition_index}")
+            return output
+
+        # outputs[i]: micro-batch i as far as it has gone through the pipe
+        outputs = list(micro_batches)
+        deferred = [layer for layer in self.modules() if isinstance(layer, DeferredBatchNorm)]
+        try:
+            with spawn_workers(self.devices) as workers:
+                for tick in clock_cycles(len(micro_batches), num_partitions):
+                    for index, partition_index in tick:
+                        workers[partition_index].submit(
+                            lambda i=index, j=partition_index, x=outputs[index]: task(i, j, x))
+                    errors = []
+                    for index, partition_index in tick:
+                        ok, value = workers[partition_index].result()
+                        if ok:
+                            outputs[index] = value
+                        else:
+                            errors.append(value)
+                    if errors:
+                        raise errors[0]
+        except BaseException:
+            for layer in deferred:  # half a mini-batch must not leak into the next one's statistics
+                layer.discard()
+            raise
+        if self.training:
+            for layer in deferred:
+                layer.commit()
+        return join(outputs)
