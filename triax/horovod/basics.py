@@ -104,7 +104,10 @@ def _next_store(place):
         os.environ.setdefault("MASTER_PORT", "29500")
         _base_store, _, _ = next(dist.rendezvous("env://", place.rank, place.world_size))
     _generation += 1
-    return dist.PrefixStore(f"triax-horovod-{_generation}", _base_store)
+    # torchrun's agent keeps its store across worker restarts: the restart count keeps a restarted
+    # worker from reading the keys the previous attempt left there.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"triax-horovod-{attempt}-{_generation}", _base_store)
 
 
 def shutdown() -> None:

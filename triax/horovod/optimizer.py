@@ -225,10 +225,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if cls is None:
         cls = type(type(optimizer).__name__, (_DistributedOptimizer, type(optimizer)), {})
         _classes[type(optimizer)] = cls
-    # An LR scheduler made before wrapping stored the unwrapped step on the instance; drop it so
-    # the class's step (which synchronizes) is the one that runs.
-    optimizer.__dict__.pop("step", None)
     optimizer.__class__ = cls
+    if "step" in optimizer.__dict__:
+        # An LR scheduler made before wrapping stored the unwrapped step on the instance. Route
+        # it to the class's step (which synchronizes), keeping the scheduler's marker.
+        owner_ref = weakref.ref(optimizer)
+
+        def step(*args, **kwargs):
+            opt = owner_ref()
+            return type(opt).step(opt, *args, **kwargs)
+
+        step._wrapped_by_lr_sched = True
+        optimizer.step = step
     optimizer.backward_passes_per_step = passes
     optimizer._hvd_names = names
     optimizer._hvd_buckets = buckets
