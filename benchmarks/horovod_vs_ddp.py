@@ -1,0 +1,138 @@
+"""Step time of one model trained with hvd.DistributedOptimizer against PyTorch DDP, side by side.
+
+    python benchmarks/horovod_vs_ddp.py            # starts itself on 2 processes with torchrun
+    python benchmarks/horovod_vs_ddp.py --width 1024 --depth 8 --rounds 7
+
+Every variant trains its own copy of the same model on the same data. Variants are timed in
+turns (round-robin), so load from other programs on the machine falls on all of them alike; the
+median step time of each is reported with its ratio to DDP:
+
+- ddp:            torch.nn.parallel.DistributedDataParallel (25 MB buckets, its default)
+- hvd:            hvd.DistributedOptimizer, Horovod's default 64 MB fusion, disagreement check on
+- hvd-nocheck:    the same with the per-step check round off (TRIAX_HOROVOD_CHECK=0)
+- hvd-25mb:       fusion threshold 25 MB, as DDP's buckets
+- hvd-per-param:  one allreduce per parameter (fusion off: HOROVOD_FUSION_THRESHOLD=0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--depth", type=int, default=16, help="linear layers (weight + bias each)")
+    parser.add_argument("--batch", type=int, default=64, help="per process")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per variant per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    return parser.parse_args(argv)
+
+
+def make_model(args):
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(args.depth - 1):
+        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+    layers.append(torch.nn.Linear(args.width, 1))
+    return torch.nn.Sequential(*layers)
+
+
+def build_variants(args, hvd):
+    from torch.nn.parallel import DistributedDataParallel
+
+    variants = {}
+    model = make_model(args)
+    variants["ddp"] = (DistributedDataParallel(model), torch.optim.SGD(model.parameters(), lr=1e-4), True)
+    for name, threshold, check in (("hvd", None, True), ("hvd-nocheck", None, False),
+                                   ("hvd-25mb", 25 * 1024 * 1024, True), ("hvd-per-param", 0, True)):
+        if threshold is None:
+            os.environ.pop("HOROVOD_FUSION_THRESHOLD", None)
+        else:
+            os.environ["HOROVOD_FUSION_THRESHOLD"] = str(threshold)
+        model = make_model(args)
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),
+                                             named_parameters=model.named_parameters())
+        variants[name] = (model, optimizer, check)
+    os.environ.pop("HOROVOD_FUSION_THRESHOLD", None)
+    return variants
+
+
+def time_steps(model, optimizer, batches, steps) -> float:
+    start = time.perf_counter()
+    for i in range(steps):
+        x, y = batches[i % len(batches)]
+        optimizer.zero_grad(set_to_none=False)
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return (time.perf_counter() - start) / steps
+
+
+def worker(args) -> None:
+    import triax.horovod as hvd
+
+    hvd.init()
+    torch.manual_seed(1 + hvd.rank())
+    batches = [(torch.randn(args.batch, args.width), torch.randn(args.batch, 1)) for _ in range(4)]
+    variants = build_variants(args, hvd)
+    times = {name: [] for name in variants}
+    for name, (model, optimizer, check) in variants.items():
+        hvd.set_disagreement_check(check)
+        time_steps(model, optimizer, batches, args.warmup)
+    for _ in range(args.rounds):
+        for name, (model, optimizer, check) in variants.items():
+            hvd.set_disagreement_check(check)
+            hvd.barrier()
+            times[name].append(time_steps(model, optimizer, batches, args.steps))
+    # Every variant trained the same model on the same data: they must agree (sanity check).
+    reference = [p.detach() for p in variants["ddp"][0].module.parameters()]
+    for name, (model, _, _) in variants.items():
+        params = model.module.parameters() if name == "ddp" else model.parameters()
+        drift = max((a - b).abs().max().item() for a, b in zip(reference, params))
+        assert drift < 1e-4, f"{name} drifted from ddp by {drift}"
+    if hvd.rank() == 0:
+        params = sum(p.numel() for p in variants["ddp"][0].parameters())
+        tensors = len(list(variants["ddp"][0].parameters()))
+        print(f"model: {args.depth} linear layers of {args.width}, {params / 1e6:.1f} M parameters "
+              f"({params * 4 / 2**20:.0f} MiB fp32) in {tensors} tensors; batch {args.batch} per process; "
+              f"{hvd.size()} processes, gloo, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+        print(f"median of {args.rounds} rounds x {args.steps} steps, variants interleaved")
+        base = statistics.median(times["ddp"])
+        print(f"{'variant':<15}{'step ms':>10}{'vs ddp':>9}   (min..max ms over rounds)")
+        for name, values in times.items():
+            median = statistics.median(values)
+            print(f"{name:<15}{median * 1e3:>10.1f}{median / base:>9.3f}   "
+                  f"({min(values) * 1e3:.1f}..{max(values) * 1e3:.1f})")
+        fused, per_param = statistics.median(times["hvd"]), statistics.median(times["hvd-per-param"])
+        print(f"fusion: one allreduce per parameter is {per_param / fused:.2f}x the fused step time")
+    hvd.shutdown()
+
+
+def main() -> int:
+    args = parse_args()
+    if "RANK" in os.environ:
+        worker(args)
+        return 0
+    # Not under a launcher yet: start this script on N processes.
+    from triax.testing import quiet_env, torchrun_command
+
+    env = quiet_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), env.get("PYTHONPATH", "")]))
+    command = torchrun_command(args.processes, [os.path.abspath(__file__), *sys.argv[1:]])
+    import subprocess
+
+    return subprocess.call(command, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
