@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-H", "--hosts", help="host:slots,... (default localhost:NP)")
     parser.add_argument("-hostfile", "--hostfile", help="file with 'host slots=N' lines")
     parser.add_argument("-p", "--ssh-port", type=int, help="ssh port for remote hosts")
-    parser.add_argument("--start-timeout", type=int, default=600, help="seconds to wait for all ranks")
+    parser.add_argument("--start-timeout", type=int, help=argparse.SUPPRESS)  # torchrun waits on its own
     parser.add_argument("--reset-limit", type=int, default=0, help="restarts allowed (torchrun --max-restarts)")
     parser.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
     parser.add_argument("--dry-run", action="store_true", help="print the torchrun command(s) and exit")
@@ -95,15 +95,16 @@ def place_processes(entries: list[tuple[str, int]], np: int) -> list[tuple[str, 
     return placed
 
 
-def torchrun_commands(placed, command, port, restarts, timeout) -> list[tuple[str, list[str]]]:
+def torchrun_commands(placed, command, port, restarts) -> list[tuple[str, list[str]]]:
     master = "127.0.0.1" if len(placed) == 1 else placed[0][0]
+    if len(placed) > 1 and master in _LOCAL_NAMES:
+        master = socket.getfqdn()  # "localhost" would point each remote host at itself
     commands = []
     for node_rank, (host, procs) in enumerate(placed):
         argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(placed)}",
                 f"--node-rank={node_rank}", f"--nproc-per-node={procs}", f"--master-addr={master}",
                 f"--master-port={port}", f"--max-restarts={restarts}", "--no-python", *command]
         commands.append((host, argv))
-    del timeout
     return commands
 
 
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         raise TriaxError(f"-np {np} must be at least 1")
     placed = place_processes(entries, np)
     port = args.master_port or free_port()
-    commands = torchrun_commands(placed, command, port, args.reset_limit, args.start_timeout)
+    commands = torchrun_commands(placed, command, port, args.reset_limit)
     launches = [(host, argv if host in _LOCAL_NAMES else _remote(host, argv, args.ssh_port))
                 for host, argv in commands]
     if args.dry_run or args.verbose:
