@@ -5,8 +5,8 @@
 
 Every variant trains its own copy of the same model on the same data. Variants are timed in
 turns (round-robin), so load from other programs on the machine falls on all of them alike; the
-median and the minimum step time of each are reported with their ratios to DDP (on a busy machine
-the minimum is the steadier figure):
+median and the minimum step time of each are reported with their ratios to DDP, and the CPU time
+per step (on a busy machine the wall-clock figures are noisy; CPU time shows the work each does):
 
 - ddp:            torch.nn.parallel.DistributedDataParallel (25 MB buckets, its default)
 - hvd:            hvd.DistributedOptimizer, Horovod's default 64 MB fusion, disagreement check on
@@ -68,14 +68,15 @@ def build_variants(args, hvd):
     return variants
 
 
-def time_steps(model, optimizer, batches, steps) -> float:
-    start = time.perf_counter()
+def time_steps(model, optimizer, batches, steps) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process, all threads) per step."""
+    start, start_cpu = time.perf_counter(), time.process_time()
     for i in range(steps):
         x, y = batches[i % len(batches)]
         optimizer.zero_grad(set_to_none=False)
         F.mse_loss(model(x), y).backward()
         optimizer.step()
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, (time.process_time() - start_cpu) / steps
 
 
 def worker(args) -> None:
@@ -86,6 +87,7 @@ def worker(args) -> None:
     batches = [(torch.randn(args.batch, args.width), torch.randn(args.batch, 1)) for _ in range(4)]
     variants = build_variants(args, hvd)
     times = {name: [] for name in variants}
+    cpu_times = {name: [] for name in variants}
     for name, (model, optimizer, check) in variants.items():
         hvd.set_disagreement_check(check)
         time_steps(model, optimizer, batches, args.warmup)
@@ -93,7 +95,9 @@ def worker(args) -> None:
         for name, (model, optimizer, check) in variants.items():
             hvd.set_disagreement_check(check)
             hvd.barrier()
-            times[name].append(time_steps(model, optimizer, batches, args.steps))
+            wall, cpu = time_steps(model, optimizer, batches, args.steps)
+            times[name].append(wall)
+            cpu_times[name].append(cpu)
     # Every variant trained the same model on the same data: they must agree (sanity check).
     reference = [p.detach() for p in variants["ddp"][0].module.parameters()]
     for name, (model, _, _) in variants.items():
@@ -109,11 +113,15 @@ def worker(args) -> None:
         print(f"median of {args.rounds} rounds x {args.steps} steps, variants interleaved")
         base = statistics.median(times["ddp"])
         base_min = min(times["ddp"])
-        print(f"{'variant':<15}{'median ms':>10}{'vs ddp':>8}{'min ms':>9}{'vs ddp':>8}{'max ms':>9}")
+        base_cpu = statistics.median(cpu_times["ddp"])
+        print(f"{'variant':<15}{'median ms':>10}{'vs ddp':>8}{'min ms':>9}{'vs ddp':>8}{'max ms':>9}"
+              f"{'cpu ms':>9}{'vs ddp':>8}")
         for name, values in times.items():
-            median = statistics.median(values)
+            median, cpu = statistics.median(values), statistics.median(cpu_times[name])
             print(f"{name:<15}{median * 1e3:>10.1f}{median / base:>8.3f}{min(values) * 1e3:>9.1f}"
-                  f"{min(values) / base_min:>8.3f}{max(values) * 1e3:>9.1f}")
+                  f"{min(values) / base_min:>8.3f}{max(values) * 1e3:>9.1f}{cpu * 1e3:>9.1f}{cpu / base_cpu:>8.3f}")
+        print("cpu ms: CPU time of rank 0's process per step (all threads), median; less sensitive "
+              "to other programs than wall time")
         fused, per_param = statistics.median(times["hvd"]), statistics.median(times["hvd-per-param"])
         print(f"fusion: one allreduce per parameter is {per_param / fused:.2f}x the fused step time (median), "
               f"{min(times['hvd-per-param']) / min(times['hvd']):.2f}x (min)")

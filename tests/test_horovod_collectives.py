@@ -13,6 +13,6 @@ from triax.testing import run_torchrun
 
 @pytest.mark.parametrize("processes, check", [(2, "0"), (3, "1")], ids=["2-procs-check-off", "3-procs-check-on"])
 def test_collectives_match_their_definitions(processes, check):
-    result = run_torchrun(processes, [str(WORKERS / "collectives.py")], timeout=240,
+    result = run_torchrun(processes, [str(WORKERS / "collectives.py")], timeout=300,
                           env=child_env(TRIAX_HOROVOD_CHECK=check))
     assert result.stdout.count("collectives ok") == processes, result.stdout[-2000:]

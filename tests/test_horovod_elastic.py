@@ -12,10 +12,10 @@ SCRIPT = str(WORKERS / "elastic_train.py")
 
 
 def test_restart_resumes_from_last_commit(tmp_path):
-    run([sys.executable, SCRIPT, "--out", str(tmp_path / "one.pt")], env=child_env(), timeout=240)
+    run([sys.executable, SCRIPT, "--out", str(tmp_path / "one.pt")], env=child_env(), timeout=300)
     marker = tmp_path / "crashed"
     run_torchrun(2, [SCRIPT, "--out", str(tmp_path / "two.pt"), "--crash-marker", str(marker)],
-                 max_restarts=1, env=child_env(), timeout=240)
+                 max_restarts=1, env=child_env(), timeout=300)
     assert marker.exists(), "the worker never crashed: the restart path was not exercised"
     one = torch.load(tmp_path / "one.pt", weights_only=False)
     two = torch.load(tmp_path / "two.pt", weights_only=False)

@@ -27,14 +27,14 @@ def max_difference(first: dict, second: dict) -> float:
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference") / "one.pt"
-    run([sys.executable, SCRIPT, "--out", str(out), "--base-lr", "0.02"], env=child_env(), timeout=240)
+    run([sys.executable, SCRIPT, "--out", str(out), "--base-lr", "0.02"], env=child_env(), timeout=300)
     return torch.load(out)["plain"]
 
 
 def test_two_processes_under_horovodrun_equal_one(one_process, tmp_path):
     out = tmp_path / "two.pt"
     run([sys.executable, "-m", "triax", "horovodrun", "-np", "2", sys.executable, SCRIPT,
-         "--out", str(out), "--variants", "plain,accumulate,fp16"], env=child_env(), timeout=240)
+         "--out", str(out), "--variants", "plain,accumulate,fp16"], env=child_env(), timeout=300)
     results = torch.load(out)
     # Same arithmetic in a different order (allreduce of two half-batch means): float32 rounding.
     assert max_difference(results["plain"]["model"], one_process["model"]) < 1e-5
@@ -53,5 +53,5 @@ def test_two_processes_under_mpirun_equal_one(one_process, tmp_path):
     forwarded = [arg for name in ("MASTER_ADDR", "MASTER_PORT", "PYTHONPATH", "OMP_NUM_THREADS")
                  for arg in ("-x", name)]
     run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", *forwarded,
-         sys.executable, SCRIPT, "--out", str(out)], env=env, timeout=240)
+         sys.executable, SCRIPT, "--out", str(out)], env=env, timeout=300)
     assert max_difference(torch.load(out)["plain"]["model"], one_process["model"]) < 1e-5

@@ -15,7 +15,7 @@ import triax.horovod as hvd
 from triax.errors import TriaxError
 
 # A hang becomes a traceback and a failure instead of a stuck test.
-faulthandler.dump_traceback_later(float(os.environ.get("WORKER_TIMEOUT", "90")), exit=True)
+faulthandler.dump_traceback_later(float(os.environ.get("WORKER_TIMEOUT", "240")), exit=True)
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 check_on = hvd.disagreement_check_enabled()

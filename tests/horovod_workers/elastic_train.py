@@ -20,7 +20,7 @@ parser.add_argument("--out", required=True)
 parser.add_argument("--crash-marker")
 parser.add_argument("--epochs", type=int, default=4)
 args = parser.parse_args()
-faulthandler.dump_traceback_later(120, exit=True)
+faulthandler.dump_traceback_later(240, exit=True)
 
 hvd.init()
 torch.manual_seed(1000 + hvd.rank())

@@ -23,7 +23,7 @@ parser.add_argument("--global-batch", type=int, default=16, help="samples per op
 parser.add_argument("--variants", default="plain", help="comma list of: plain, accumulate, fp16")
 parser.add_argument("--epochs", type=int, default=2)
 args = parser.parse_args()
-faulthandler.dump_traceback_later(120, exit=True)
+faulthandler.dump_traceback_later(240, exit=True)
 
 # variant -> (backward passes per step, compression, fusion groups)
 VARIANTS = {"plain": (1, "none", 0), "accumulate": (2, "none", 0), "fp16": (1, "fp16", 3)}

@@ -25,7 +25,7 @@ def _tensor(value, what: str) -> torch.Tensor:
     return value
 
 
-def _inplace(tensor: torch.Tensor, start, name: str):
+def _inplace(tensor: torch.Tensor, start):
     """Run `start(buffer)` on a contiguous buffer and copy the result back into `tensor`."""
     buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
     works, finish = start(buffer)
@@ -62,7 +62,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     require_global(process_set)
     op = reduce_ops.resolve(op, average)
     works, finish = _inplace(_tensor(tensor, "allreduce_async_"), lambda b: engine.start_allreduce(
-        b, op, prescale_factor, postscale_factor, name=name), name)
+        b, op, prescale_factor, postscale_factor, name=name))
     return handles.make(works, finish, name or "allreduce")
 
 
@@ -157,7 +157,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     require_global(process_set)
     works, finish = _inplace(_tensor(tensor, "broadcast_async_"),
-                             lambda b: engine.start_broadcast(b, root_rank, name), name)
+                             lambda b: engine.start_broadcast(b, root_rank, name))
     return handles.make(works, finish, name or "broadcast")
 
 

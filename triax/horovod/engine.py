@@ -37,8 +37,8 @@ def start_allreduce(buffer: torch.Tensor, op: int, prescale: float = 1.0, postsc
                     compression=NoneCompressor, name: str | None = None, extra: str = "",
                     agreement=_UNCHECKED):
     """Reduce `buffer` (contiguous) in place across ranks."""
-    if not buffer.is_contiguous():
-        raise TriaxError(f"allreduce {name or ''}: internal buffer must be contiguous")
+    if not buffer.is_contiguous():  # callers hand over their own contiguous copy
+        raise RuntimeError(f"allreduce {name or ''}: internal buffer must be contiguous")
     wire, ctx = compression.compress(buffer)
     # The check describes the tensor as it travels (a joined rank must send the same dtype);
     # the extra digest keeps the caller's own shape and dtype in the comparison.

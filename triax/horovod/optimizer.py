@@ -136,14 +136,13 @@ class _DistributedOptimizer:
         postscale = self._hvd_postscale
         if self._hvd_op == reduce_ops.Average:
             postscale /= self._hvd_contributors
-        reduce_ops.scale_(wire, postscale)
         flat = self._hvd_compression.decompress(wire, ctx)
         for param, offset in zip(bucket.params, bucket.offsets):
             reduced = flat[offset:offset + param.numel()].view_as(param)
             if param.grad is None or param.grad.is_sparse:
-                param.grad = reduced.clone()
-            else:
-                param.grad.copy_(reduced)
+                param.grad = torch.empty_like(param)
+            # Scale while copying back: one pass over the gradients instead of two.
+            torch.mul(reduced, postscale, out=param.grad)
         bucket.pending = None
         bucket.ready = 0
 
