@@ -108,11 +108,12 @@ def default_backend(device: torch.device) -> str:
 
 
 def init_distributed(device: torch.device, place: Place | None = None, backend: str | None = None,
-                     timeout_s: float = 600) -> Place:
+                     timeout_s: float = 600, store=None) -> Place:
     """Join the default process group if the job has more than one process.
 
     Works whether or not someone (torchrun's user script, the Accelerator's caller) already created
-    the group: an existing group is used as it is.
+    the group: an existing group is used as it is. `store` (a torch.distributed Store) replaces the
+    env:// rendezvous, e.g. to rejoin after a shutdown under a fresh key prefix.
     """
     place = place or detect_place()
     if place.world_size == 1 or dist.is_initialized():
@@ -129,6 +130,7 @@ def init_distributed(device: torch.device, place: Place | None = None, backend: 
         backend=backend, rank=place.rank, world_size=place.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
         device_id=device if device.type == "cuda" else None,
+        store=store,
     )
     return place
 

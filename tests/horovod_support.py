@@ -1,0 +1,21 @@
+"""Shared bits of the triax.horovod tests: where the worker scripts are, and an environment in
+which child processes import this checkout of triax."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from triax.testing import quiet_env
+
+REPO = Path(__file__).resolve().parents[1]
+WORKERS = REPO / "tests" / "horovod_workers"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = quiet_env(**extra)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    # A parent that called hvd.init() exported these; a child must find its own place.
+    for name in [n for n in env if n.startswith("HOROVOD_")]:
+        del env[name]
+    return env

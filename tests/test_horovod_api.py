@@ -1,0 +1,134 @@
+"""triax.horovod in one process: API errors, optimizer bookkeeping, launcher command mapping.
+
+These run inside the pytest process (world of one, no process group), so they are cheap; the
+multi-process behaviour is covered by the other test_horovod_* files.
+"""
+
+import os
+
+import pytest
+import torch
+
+import triax.horovod as hvd
+from triax.errors import TriaxError
+from triax.horovod import run as horovodrun
+
+
+@pytest.fixture
+def horovod(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    saved = dict(os.environ)
+    hvd.init()
+    yield hvd
+    hvd.shutdown()
+    os.environ.clear()  # init() exports HOROVOD_*; keep them out of later tests' children
+    os.environ.update(saved)
+
+
+def model_and_optimizer():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def test_topology_and_capabilities(horovod):
+    assert (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()) == (0, 1, 0, 1)
+    assert (hvd.cross_rank(), hvd.cross_size(), hvd.is_homogeneous()) == (0, 1, True)
+    assert os.environ["HOROVOD_RANK"] == "0" and os.environ["HOROVOD_SIZE"] == "1"
+    assert hvd.mpi_enabled() is False and hvd.mpi_built() is False
+    assert hvd.gloo_built() is True and hvd.gloo_enabled() is True
+    assert hvd.nccl_built() == torch.distributed.is_nccl_available()
+
+
+def test_init_after_shutdown(horovod):
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    with pytest.raises(TriaxError, match="hvd.init"):
+        hvd.size()
+    hvd.init()
+    assert hvd.is_initialized() and hvd.size() == 1
+
+
+def test_unnamed_and_duplicate_parameters_are_errors(horovod):
+    model, optimizer = model_and_optimizer()
+    with pytest.raises(TriaxError, match="missing from named_parameters"):
+        hvd.DistributedOptimizer(optimizer, named_parameters=list(model.named_parameters())[:2])
+    named = list(model.named_parameters())
+    duplicated = [("same", p) for _, p in named]
+    with pytest.raises(TriaxError, match="duplicate names"):
+        hvd.DistributedOptimizer(optimizer, named_parameters=duplicated)
+    with pytest.raises(TriaxError, match="pairs"):
+        hvd.DistributedOptimizer(optimizer, named_parameters=[p for _, p in named])
+
+
+def test_zero_grad_with_pending_allreduce_is_an_error(horovod):
+    model, optimizer = model_and_optimizer()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    model(torch.ones(2, 3)).sum().backward()  # hooks launch the (one-rank) allreduce
+    with pytest.raises(TriaxError, match="zero_grad"):
+        optimizer.zero_grad()
+    optimizer.step()
+    optimizer.zero_grad()  # fine once step() has synchronized
+
+
+def test_too_many_backward_passes_is_an_error(horovod):
+    model, optimizer = model_and_optimizer()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         backward_passes_per_step=2)
+    for _ in range(2):
+        model(torch.ones(2, 3)).sum().backward()
+    with pytest.raises(TriaxError, match="backward_passes_per_step=2"):
+        model(torch.ones(2, 3)).sum().backward()
+
+
+def test_wrapped_optimizer_keeps_identity_and_state(horovod):
+    model, optimizer = model_and_optimizer()
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    wrapped = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    assert wrapped is optimizer and isinstance(wrapped, torch.optim.SGD)
+    with pytest.raises(TriaxError, match="already"):
+        hvd.DistributedOptimizer(wrapped)
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.ones(2, 3)).sum().backward()
+    wrapped.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with wrapped.skip_synchronize():
+        wrapped.step()
+    scheduler.step()  # made before wrapping: must still drive the wrapped optimizer
+    assert wrapped.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_unsupported_options_say_what_to_do(horovod):
+    model, optimizer = model_and_optimizer()
+    with pytest.raises(TriaxError, match="Adasum"):
+        hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Adasum)
+    with pytest.raises(TriaxError, match="process_set"):
+        hvd.allreduce(torch.ones(2), process_set=object())
+    with pytest.raises(TriaxError, match="splits"):
+        hvd.alltoall(torch.ones(3), splits=[1, 1])
+
+
+def test_compression_round_trip():
+    tensor = torch.tensor([1.0, 2.5, -3.25], dtype=torch.float32)
+    for compressor, wire in ((hvd.Compression.fp16, torch.float16), (hvd.Compression.bf16, torch.bfloat16)):
+        sent, ctx = compressor.compress(tensor)
+        assert sent.dtype == wire
+        assert torch.equal(compressor.decompress(sent, ctx), tensor)
+    integers = torch.arange(3)
+    assert hvd.Compression.fp16.compress(integers)[0].dtype == torch.int64  # left alone
+
+
+def test_horovodrun_maps_hosts_onto_torchrun(capsys):
+    assert horovodrun.main(["-np", "3", "--dry-run", "python", "train.py"]) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert "--nproc-per-node=3" in line and "--nnodes=1" in line and line.endswith("--no-python python train.py")
+    assert horovodrun.main(["-np", "6", "-H", "node1:4,node2:4", "--master-port", "1234", "--dry-run",
+                            "python", "train.py"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("[node1] ssh") and "--nproc-per-node=4" in lines[0]
+    assert "--node-rank=1" in lines[1] and "--nproc-per-node=2" in lines[1]
+    assert all("--master-addr=node1" in line and "--master-port=1234" in line for line in lines)
+    with pytest.raises(TriaxError, match="slots"):
+        horovodrun.main(["-np", "9", "-H", "node1:4,node2:4", "python", "train.py"])

@@ -1,0 +1,18 @@
+"""Every triax.horovod collective against its definition, with real processes (gloo).
+
+One worker script per world size checks all collectives (see horovod_workers/collectives.py):
+2 processes with the disagreement check off, 3 with it on (which also covers the disagreement
+errors, hvd.join and init after shutdown).
+"""
+
+import pytest
+
+from horovod_support import WORKERS, child_env
+from triax.testing import run_torchrun
+
+
+@pytest.mark.parametrize("processes, check", [(2, "0"), (3, "1")], ids=["2-procs-check-off", "3-procs-check-on"])
+def test_collectives_match_their_definitions(processes, check):
+    result = run_torchrun(processes, [str(WORKERS / "collectives.py")], timeout=300,
+                          env=child_env(TRIAX_HOROVOD_CHECK=check))
+    assert result.stdout.count("collectives ok") == processes, result.stdout[-2000:]

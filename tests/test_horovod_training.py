@@ -1,0 +1,57 @@
+"""The classic Horovod training script: 2 processes end with the same model as 1 process that
+sees the same global batch.
+
+The reference runs as a plain `python train.py` (one process, no launcher). The script scales
+the learning rate by hvd.size(), so the reference gets base_lr x 2 to match the 2-process run.
+The 2-process runs start under `triax horovodrun` (plain, backward_passes_per_step=2, fp16
+compression) and under OpenMPI's `mpirun` when it is installed.
+"""
+
+import shutil
+import sys
+
+import pytest
+import torch
+
+from horovod_support import WORKERS, child_env
+from triax.testing import free_port, run
+
+SCRIPT = str(WORKERS / "train.py")
+
+
+def max_difference(first: dict, second: dict) -> float:
+    assert first.keys() == second.keys()
+    return max((first[k] - second[k]).abs().max().item() for k in first)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference") / "one.pt"
+    run([sys.executable, SCRIPT, "--out", str(out), "--base-lr", "0.02"], env=child_env(), timeout=300)
+    return torch.load(out)["plain"]
+
+
+def test_two_processes_under_horovodrun_equal_one(one_process, tmp_path):
+    out = tmp_path / "two.pt"
+    run([sys.executable, "-m", "triax", "horovodrun", "-np", "2", sys.executable, SCRIPT,
+         "--out", str(out), "--variants", "plain,accumulate,fp16"], env=child_env(), timeout=300)
+    results = torch.load(out)
+    # Same arithmetic in a different order (allreduce of two half-batch means): float32 rounding.
+    assert max_difference(results["plain"]["model"], one_process["model"]) < 1e-5
+    # backward_passes_per_step=2: two half-size backward passes per rank, one allreduce.
+    assert max_difference(results["accumulate"]["model"], one_process["model"]) < 1e-5
+    # fp16 on the wire rounds each gradient to ~3 significant digits.
+    assert max_difference(results["fp16"]["model"], one_process["model"]) < 2e-3
+    assert results["plain"]["loss"] == pytest.approx(one_process["loss"], rel=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None,
+                    reason="mpirun not installed (apt-get install openmpi-bin; see .ci/apt-packages.txt)")
+def test_two_processes_under_mpirun_equal_one(one_process, tmp_path):
+    out = tmp_path / "mpi.pt"
+    env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    forwarded = [arg for name in ("MASTER_ADDR", "MASTER_PORT", "PYTHONPATH", "OMP_NUM_THREADS")
+                 for arg in ("-x", name)]
+    run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", *forwarded,
+         sys.executable, SCRIPT, "--out", str(out)], env=env, timeout=300)
+    assert max_difference(torch.load(out)["plain"]["model"], one_process["model"]) < 1e-5

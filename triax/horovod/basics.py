@@ -1,0 +1,250 @@
+"""Lifecycle and topology: `hvd.init()`, `hvd.rank()`, `hvd.size()` and friends.
+
+Horovod keeps its own MPI/Gloo world; here the world is torch.distributed's default process group,
+found through `triax.runtime` (torchrun, `triax launch`, mpirun, Horovod's variables, Slurm).
+`init()` may be called again after `shutdown()`; every answer below is recomputed each time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from triax.errors import TriaxError
+from triax.runtime import detect_place, init_distributed, pick_device
+
+CHECK_ENV = "TRIAX_HOROVOD_CHECK"
+
+
+@dataclass
+class _World:
+    """What init() learned; replaced on every init()."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    homogeneous: bool
+    device: torch.device
+    check: bool  # the disagreement check before each collective
+    owns_group: bool  # we created the process group, so shutdown() destroys it
+
+
+_world: _World | None = None
+# The rendezvous store outlives shutdown(): every init() after the first joins under a new key
+# prefix on the same store. A fresh env:// rendezvous would race (a fast rank could reach the
+# previous store, or read the previous group's keys) and hang.
+_base_store = None
+_generation = 0
+
+
+def _check_from_env() -> bool:
+    return os.environ.get(CHECK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _backend_for(device: torch.device) -> str:
+    # Horovod scripts mix GPU tensors (gradients) and CPU tensors (metrics, objects) in collectives;
+    # one group with a backend per device type serves both.
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def init(comm=None, process_sets=None, check: bool | None = None) -> None:
+    """Join the job. `comm` and `process_sets` are accepted for Horovod compatibility; only the
+    global set of all processes is supported. `check` turns the disagreement check on or off
+    (default: on, unless TRIAX_HOROVOD_CHECK=0)."""
+    global _world
+    if comm is not None and not isinstance(comm, (list, tuple)):
+        raise TriaxError("hvd.init(comm=...) takes an MPI communicator in Horovod; triax has no MPI "
+                         "layer: call hvd.init() and start the processes with mpirun or torchrun")
+    if comm:
+        raise TriaxError(f"hvd.init(comm={comm!r}): sub-communicators are not supported; call hvd.init()")
+    if process_sets not in (None, "dynamic", []):
+        raise TriaxError("hvd.init(process_sets=...) is not supported by triax.horovod; "
+                         "only the global process set exists")
+    if _world is not None:
+        return  # Horovod allows repeated init(); the second call changes nothing
+    place = detect_place()
+    # The device Horovod scripts pin themselves (torch.cuda.set_device(hvd.local_rank())) is the
+    # one we pick too, so NCCL binds to the same GPU.
+    device = pick_device("cuda" if torch.cuda.is_available() else "cpu", place.local_rank)
+    owns_group = not dist.is_initialized()
+    if place.world_size > 1 or dist.is_initialized():
+        store = _next_store(place) if owns_group and place.world_size > 1 else None
+        place = init_distributed(device, place, backend=_backend_for(device), store=store)
+    rank, size = place.rank, place.world_size
+    local_rank, local_size = place.local_rank, place.local_world_size
+    cross_rank, cross_size, homogeneous = 0, 1, True
+    if size > 1:
+        # Horovod's cross communicator joins the ranks with the same local rank, one per node.
+        mine = [socket.gethostname(), local_rank, local_size]
+        everyone: list = [None] * size
+        dist.all_gather_object(everyone, mine)
+        same_local = [r for r, entry in enumerate(everyone) if entry[1] == local_rank]
+        cross_rank, cross_size = same_local.index(rank), len(same_local)
+        homogeneous = len({entry[2] for entry in everyone}) == 1
+    _world = _World(rank, size, local_rank, local_size, cross_rank, cross_size, homogeneous, device,
+                    _check_from_env() if check is None else bool(check), owns_group)
+    # Scripts written for horovodrun read these.
+    os.environ.update(HOROVOD_RANK=str(rank), HOROVOD_SIZE=str(size),
+                      HOROVOD_LOCAL_RANK=str(local_rank), HOROVOD_LOCAL_SIZE=str(local_size),
+                      HOROVOD_CROSS_RANK=str(cross_rank), HOROVOD_CROSS_SIZE=str(cross_size))
+
+
+def _next_store(place):
+    global _base_store, _generation
+    if _base_store is None:
+        # mpirun and Slurm set no rendezvous address; the job then runs on this machine.
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+        _base_store, _, _ = next(dist.rendezvous("env://", place.rank, place.world_size))
+    _generation += 1
+    # torchrun's agent keeps its store across worker restarts: the restart count keeps a restarted
+    # worker from reading the keys the previous attempt left there.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"triax-horovod-{attempt}-{_generation}", _base_store)
+
+
+def shutdown() -> None:
+    """Leave the job; `init()` may be called again afterwards."""
+    global _world
+    if _world is None:
+        return
+    from triax.horovod import handles
+
+    handles.forget_all()
+    if _world.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+    _world = None
+
+
+def is_initialized() -> bool:
+    return _world is not None
+
+
+def world() -> _World:
+    if _world is None:
+        raise TriaxError("Horovod has not been initialized; call hvd.init() first")
+    return _world
+
+
+def size() -> int:
+    return world().size
+
+
+def rank() -> int:
+    return world().rank
+
+
+def local_size() -> int:
+    return world().local_size
+
+
+def local_rank() -> int:
+    return world().local_rank
+
+
+def cross_size() -> int:
+    return world().cross_size
+
+
+def cross_rank() -> int:
+    return world().cross_rank
+
+
+def is_homogeneous() -> bool:
+    return world().homogeneous
+
+
+def set_disagreement_check(enabled: bool) -> None:
+    """Turn the metadata check before each collective on or off (must match on every rank)."""
+    world().check = bool(enabled)
+
+
+def disagreement_check_enabled() -> bool:
+    return world().check
+
+
+def is_distributed() -> bool:
+    return world().size > 1
+
+
+# Capability queries, answered for what triax actually runs on.
+def mpi_built() -> bool:
+    return False  # triax never links MPI; mpirun only starts the processes
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return dist.is_available() and dist.is_gloo_available()
+
+
+def gloo_enabled() -> bool:
+    return gloo_built() and is_initialized() and (not is_distributed() or "gloo" in str(dist.get_backend()))
+
+
+def nccl_built() -> bool:
+    return dist.is_available() and dist.is_nccl_available()
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return torch.version.cuda is not None
+
+
+def rocm_built() -> bool:
+    return getattr(torch.version, "hip", None) is not None
+
+
+class ProcessSet:
+    """Horovod's process sets; triax supports only the global one (every rank)."""
+
+    def __init__(self, ranks=None):
+        if ranks is not None:
+            raise TriaxError("hvd.ProcessSet(ranks) is not supported by triax.horovod; "
+                             "use hvd.global_process_set (all ranks)")
+
+    def size(self) -> int:
+        return size()
+
+    def rank(self) -> int:
+        return rank()
+
+    def included(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "ProcessSet(global)"
+
+
+global_process_set = ProcessSet()
+
+
+def add_process_set(process_set) -> None:
+    raise TriaxError("hvd.add_process_set is not supported by triax.horovod; "
+                     "collectives run on all ranks (hvd.global_process_set)")
+
+
+def require_global(process_set) -> None:
+    if process_set is not None and process_set is not global_process_set:
+        raise TriaxError(f"process_set={process_set!r} is not supported by triax.horovod; "
+                         "leave process_set at its default (all ranks)")

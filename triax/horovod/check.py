@@ -1,0 +1,176 @@
+"""The disagreement check: a small metadata allgather before each collective.
+
+If rank 0 allreduces a (2, 3) tensor while rank 1 allreduces a (3, 3) one, torch.distributed may
+hang or silently mix the buffers. Before each collective every rank shares a fixed-size row of
+integers (kind, dtype, op, root, shape, digests); all ranks receive the same rows, so they reach
+the same verdict and raise the same error together instead of hanging.
+
+The same round lets `hvd.join()` work: a joined rank submits a JOIN row and, seeing what the
+others submitted, takes part in their collective with neutral data (see joining.py).
+The check is on by default; `TRIAX_HOROVOD_CHECK=0` or `hvd.init(check=False)` turns it off.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from triax.errors import TriaxError
+from triax.horovod import basics, compat, reduce_ops
+
+KINDS = ["none", "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier",
+         "optimizer step", "broadcast_object", "allgather_object", "join", "optimizer layout"]
+KIND = {name: code for code, name in enumerate(KINDS)}
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
+          torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
+
+_ON_DEVICE = 100
+MAX_DIMS = 8
+# row: kind, dtype, op, root, ndim, dims[8], shape digest, extra digest
+SLOTS = 5 + MAX_DIMS + 2
+_DIMS = slice(5, 5 + MAX_DIMS)
+# Kinds where each rank may bring a different first dimension.
+_FREE_FIRST_DIM = {KIND["allgather"], KIND["alltoall"]}
+# Kinds where only the kind and root must match (object sizes differ by design).
+_OBJECT_KINDS = {KIND["broadcast_object"], KIND["allgather_object"], KIND["barrier"]}
+
+
+def digest(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+@dataclass
+class Agreement:
+    """What the check learned: every rank's row, and which ranks have joined."""
+
+    rows: torch.Tensor  # (size, SLOTS) int64
+    joined: list[int]
+
+    @property
+    def active_count(self) -> int:
+        return self.rows.shape[0] - len(self.joined)
+
+    def first_dims(self) -> list[int]:
+        return [int(d) if r not in self.joined else 0 for r, d in enumerate(self.rows[:, 5].tolist())]
+
+
+def make_row(kind: str, tensor: torch.Tensor | None = None, op: int = -1, root: int = -1,
+             extra: str | int = "", shape=None, dtype=None) -> torch.Tensor:
+    row = torch.zeros(SLOTS, dtype=torch.int64)
+    row[0] = KIND[kind]
+    shape = tuple(tensor.shape) if tensor is not None else (tuple(shape) if shape is not None else ())
+    dtype = tensor.dtype if tensor is not None else dtype
+    row[1] = DTYPES.index(dtype) if dtype in DTYPES else (-1 if dtype is None else 99)
+    if tensor is not None and tensor.device.type != "cpu":
+        row[1] += _ON_DEVICE  # a joined rank must serve GPU collectives with a GPU buffer
+    row[2], row[3], row[4] = op, root, len(shape)
+    dims = list(shape[:MAX_DIMS])
+    if len(shape) > MAX_DIMS:  # fold the tail so the dims still multiply to numel (join replays)
+        tail = 1
+        for d in shape[MAX_DIMS - 1:]:
+            tail *= d
+        dims[-1] = tail
+    row[5:5 + len(dims)] = torch.tensor(dims, dtype=torch.int64)
+    free_first = KIND[kind] in _FREE_FIRST_DIM
+    row[5 + MAX_DIMS] = digest(str(shape[1:] if free_first else shape))
+    row[6 + MAX_DIMS] = extra if isinstance(extra, int) else (digest(extra) if extra else 0)
+    return row
+
+
+def describe(row: torch.Tensor) -> str:
+    values = row.tolist()
+    kind = KINDS[values[0]] if 0 <= values[0] < len(KINDS) else f"kind {values[0]}"
+    if kind in ("join", "barrier"):
+        return kind
+    parts = []
+    ndim = values[4]
+    if kind not in ("broadcast_object", "allgather_object", "optimizer step", "optimizer layout"):
+        shape = values[5:5 + min(ndim, MAX_DIMS)]
+        parts.append(f"shape={tuple(shape)}{'+…' if ndim > MAX_DIMS else ''}")
+        dtype_code = values[1] % _ON_DEVICE
+        parts.append(f"dtype={str(DTYPES[dtype_code]).replace('torch.', '') if 0 <= dtype_code < len(DTYPES) else '?'}")
+    if values[2] >= 0:
+        parts.append(f"op={reduce_ops.NAMES.get(values[2], values[2])}")
+    if values[3] >= 0:
+        parts.append(f"root_rank={values[3]}")
+    if kind.startswith("optimizer"):
+        parts.append(f"layout={values[6 + MAX_DIMS]:08x}")
+    return f"{kind}({', '.join(parts)})"
+
+
+def _comparable(row: torch.Tensor) -> torch.Tensor:
+    row = row.clone()
+    if int(row[0]) in _FREE_FIRST_DIM:
+        row[5] = 0
+    if int(row[0]) in _OBJECT_KINDS:
+        row[1], row[4:5 + MAX_DIMS + 1] = 0, 0
+    return row
+
+
+_rounds = 0  # check rounds this process took part in; the same count on every rank
+
+
+def rounds() -> int:
+    return _rounds
+
+
+def replay_shape(row: torch.Tensor) -> tuple[int, ...]:
+    ndim = int(row[4])
+    return tuple(int(d) for d in row[5:5 + min(ndim, MAX_DIMS)])
+
+
+def replay_dtype(row: torch.Tensor) -> torch.dtype:
+    return DTYPES[int(row[1]) % _ON_DEVICE]
+
+
+def replay_device(row: torch.Tensor) -> torch.device:
+    return basics.world().device if int(row[1]) >= _ON_DEVICE else torch.device("cpu")
+
+
+def gather_rows(row: torch.Tensor) -> torch.Tensor:
+    global _rounds
+    _rounds += 1
+    size = basics.size()
+    device = basics.world().device if dist.get_backend() == "nccl" else torch.device("cpu")
+    rows = torch.empty(size * SLOTS, dtype=torch.int64, device=device)
+    compat.all_gather_single(rows, row.to(device))
+    return rows.view(size, SLOTS).cpu()
+
+
+def check_rows(rows: torch.Tensor, name: str | None) -> Agreement:
+    joined = [r for r in range(rows.shape[0]) if int(rows[r, 0]) == KIND["join"]]
+    active = [r for r in range(rows.shape[0]) if r not in joined]
+    if not active:
+        return Agreement(rows, joined)
+    reference = _comparable(rows[active[0]])
+    if any(not torch.equal(_comparable(rows[r]), reference) for r in active[1:]):
+        groups: dict[str, list[int]] = {}
+        for r in active:
+            groups.setdefault(describe(rows[r]), []).append(r)
+        found = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {what}"
+                          for what, rs in groups.items())
+        label = f" {name!r}" if name else ""
+        raise TriaxError(
+            f"Horovod collective{label}: ranks disagree — {found}. Every rank must call the same "
+            f"collective, in the same order, with the same shape (first dimension may differ only "
+            f"for allgather/alltoall), dtype, op and root_rank "
+            f"(set {basics.CHECK_ENV}=0 to skip this check)")
+    root = int(rows[active[0], 3])
+    if root in joined:
+        raise TriaxError(f"Horovod collective{' ' + repr(name) if name else ''}: root_rank={root} has "
+                         "already called hvd.join(); broadcast from a rank that has not joined")
+    return Agreement(rows, joined)
+
+
+def agree(kind: str, tensor: torch.Tensor | None = None, op: int = -1, root: int = -1,
+          name: str | None = None, extra: str = "", shape=None, dtype=None) -> Agreement | None:
+    """Run the check before a collective; None when it is off or there is only one process."""
+    world = basics.world()
+    if world.size == 1 or not world.check:
+        return None
+    rows = gather_rows(make_row(kind, tensor, op, root, extra, shape, dtype))
+    return check_rows(rows, name)

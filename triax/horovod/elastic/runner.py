@@ -1,0 +1,37 @@
+"""`@hvd.elastic.run`: start (or restart) the training function from the last committed state."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from triax.horovod import basics
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed because a peer is gone; torchrun restarts the processes."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Membership changed; under torchrun the agent restarts the processes instead."""
+
+
+def restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def run(func):
+    """Decorate `train(state, ...)`. On every (re)start: init, reload the last commit if this job
+    made one, sync all ranks from rank 0, call the reset callbacks after a restart, then train."""
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        if not basics.is_initialized():
+            basics.init()
+        state.load_committed()
+        state.sync()
+        if restart_count() > 0:
+            state.on_reset()
+        return func(state, *args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,82 @@
+"""`hvd.join()`: a rank that ran out of data keeps serving the others' collectives until all join.
+
+It relies on the check round (check.py): each collective starts with a metadata allgather. A
+joined rank submits a JOIN row in that round, reads what the active ranks are about to do, and
+takes part with neutral data: zeros for sums, ones for products, the dtype's extreme for min/max,
+no rows for allgather/alltoall. Averages divide by the number of ranks that did not join.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from triax.errors import TriaxError
+from triax.horovod import basics, check, compat, engine, reduce_ops
+
+# Layout digest -> DistributedOptimizer, so a joined rank can serve a gradient step (optimizer.py).
+optimizers_by_layout: dict = {}
+
+
+def join(device=-1) -> int:
+    """Block until every rank has called join(); return the rank that joined last."""
+    world = basics.world()
+    if world.size == 1:
+        return 0
+    if not world.check:
+        raise TriaxError(f"hvd.join() needs the per-collective check round, which is off "
+                         f"({basics.CHECK_ENV}=0 or hvd.init(check=False)); turn it back on to use join")
+    joined_at = check.rounds()
+    while True:
+        rows = check.gather_rows(check.make_row("join", root=world.rank, extra=joined_at))
+        agreement = check.check_rows(rows, "join")
+        if agreement.active_count == 0:
+            break
+        _serve(agreement)
+    # The rank that joined last submitted its first JOIN row in the latest round.
+    stamps = rows[:, 6 + check.MAX_DIMS].tolist()
+    latest = max(stamps)
+    return max(r for r, stamp in enumerate(stamps) if stamp == latest)
+
+
+def _serve(agreement: check.Agreement) -> None:
+    """Take part, with neutral data, in the collective the active ranks announced."""
+    active = [r for r in range(agreement.rows.shape[0]) if r not in agreement.joined]
+    row = agreement.rows[active[0]]
+    kind = check.KINDS[int(row[0])]
+    op, root = int(row[2]), int(row[3])
+    if kind == "allreduce":
+        buffer = reduce_ops.neutral_fill(torch.empty(check.replay_shape(row), dtype=check.replay_dtype(row), device=check.replay_device(row)), op)
+        dist.all_reduce(buffer, op=reduce_ops.torch_op(op))
+    elif kind == "reducescatter":
+        shape = check.replay_shape(row)
+        buffer = reduce_ops.neutral_fill(torch.empty(shape, dtype=check.replay_dtype(row), device=check.replay_device(row)), op)
+        output = buffer.new_empty((shape[0] // basics.size(),) + shape[1:])
+        compat.reduce_scatter_single(output, buffer, op=reduce_ops.torch_op(op))
+    elif kind == "allgather":
+        empty = torch.empty((0,) + check.replay_shape(row)[1:], dtype=check.replay_dtype(row), device=check.replay_device(row))
+        engine.wait(engine.start_allgather(empty, agreement=agreement))
+    elif kind == "alltoall":
+        empty = torch.empty((0,) + check.replay_shape(row)[1:], dtype=check.replay_dtype(row), device=check.replay_device(row))
+        engine.wait(engine.start_alltoall(empty, [0] * basics.size(), agreement=agreement))
+    elif kind == "broadcast":
+        buffer = torch.empty(check.replay_shape(row), dtype=check.replay_dtype(row), device=check.replay_device(row))
+        engine.wait(engine.start_broadcast(buffer, root, agreement=agreement))
+    elif kind == "barrier":
+        dist.barrier()
+    elif kind == "broadcast_object":
+        dist.broadcast_object_list([None], src=root)
+    elif kind == "allgather_object":
+        dist.all_gather_object([None] * basics.size(), None)
+    elif kind == "optimizer layout":
+        pass  # a DistributedOptimizer was built; nothing to exchange
+    elif kind == "optimizer step":
+        layout = int(row[6 + check.MAX_DIMS])
+        optimizer = optimizers_by_layout.get(layout)
+        optimizer = optimizer() if optimizer is not None else None
+        if optimizer is None:
+            raise TriaxError("hvd.join(): the other ranks are stepping a DistributedOptimizer this "
+                             "rank does not have; create the same optimizer on every rank")
+        optimizer._serve_joined_step()
+    else:
+        raise TriaxError(f"hvd.join(): cannot take part in {kind!r} while joined")

@@ -1,0 +1,34 @@
+"""Picklable Python objects across ranks: `broadcast_object` and `allgather_object`."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from triax.horovod import basics, check
+from triax.horovod.basics import global_process_set, require_global
+from triax.errors import TriaxError
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Every rank returns root_rank's `obj` (pickled on the way)."""
+    require_global(process_set)
+    size = basics.size()
+    if not 0 <= root_rank < size:
+        raise TriaxError(f"broadcast_object {name or ''}: root_rank={root_rank} is outside 0..{size - 1}")
+    if size == 1:
+        return obj
+    check.agree("broadcast_object", root=root_rank, name=name)
+    holder = [obj if basics.rank() == root_rank else None]
+    dist.broadcast_object_list(holder, src=root_rank)
+    return holder[0]
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """A list with every rank's `obj`, in rank order."""
+    require_global(process_set)
+    if basics.size() == 1:
+        return [obj]
+    check.agree("allgather_object", name=name)
+    everyone = [None] * basics.size()
+    dist.all_gather_object(everyone, obj)
+    return everyone
