@@ -9,6 +9,7 @@ JSON; cli.py turns them into the report.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -34,7 +35,8 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--impls", default=",".join(name for name in ADAPTERS),
-                        help=f"comma-separated ways of writing the step; of {', '.join(ADAPTERS)}")
+                        help=f"comma-separated ways of writing the step, of {', '.join(ADAPTERS)}; "
+                             "WAY:COMPRESSION[:BUCKET_MB] times a variant, e.g. triax:bf16 or ddp:none:5")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per way first")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per repeat")
     parser.add_argument("--repeats", type=int, default=3, help="timed blocks per way (spread is over these)")
@@ -77,12 +79,26 @@ def _time_block(step, steps: int, device: torch.device) -> tuple[float, float]:
     return elapsed.item() / steps, loss
 
 
+def parse_impl(label: str, setup: StepSetup) -> tuple[str, StepSetup]:
+    """'triax:bf16:5' -> ('triax', setup with grad_compression bf16 and 5 MB buckets)."""
+    name, *options = label.split(":")
+    if name not in ADAPTERS:
+        raise ValueError(f"unknown way {name!r}; choose from {', '.join(ADAPTERS)}")
+    changes = {}
+    if options and options[0]:
+        changes["grad_compression"] = options[0]
+    if len(options) > 1 and options[1]:
+        changes["bucket_mb"] = float(options[1])
+    return name, dataclasses.replace(setup, **changes)
+
+
 def measure(names: list[str], setup: StepSetup, args, results: dict) -> None:
     steps = {}
     for name in names:
         status, step = "ok", None
         try:
-            step = make_step(name, setup)
+            adapter, variant = parse_impl(name, setup)
+            step = make_step(adapter, variant)
         except Unavailable as reason:
             status = f"not available: {reason}"
         except Exception as error:  # noqa: BLE001 - a broken way is a row, not a crashed benchmark
@@ -131,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         peak_tensor /= dist.get_world_size()
 
     names = [name.strip() for name in args.impls.split(",") if name.strip()]
-    unknown = [name for name in names if name not in ADAPTERS]
+    unknown = [name for name in names if name.split(":")[0] not in ADAPTERS]
     if unknown:
         print(f"triax bench: unknown --impls {unknown}; choose from {', '.join(ADAPTERS)}", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@ same core pieces the trainer composes (apply_ddp, Precision, make_adamw)."""
 
 from __future__ import annotations
 
-import os
+import tempfile
 
 import torch
 
@@ -30,7 +30,7 @@ def _trainer_step(setup: StepSetup):
                   "betas": list(BETAS), "weight_decay": WEIGHT_DECAY},
         "trainer": {"max_steps": 10**9, "batch_size": setup.batch_size, "grad_clip": GRAD_CLIP,
                     "precision": setup.precision.name, "device": str(setup.device),
-                    "run_dir": os.path.join(setup.scratch_dir, "trainer"), "eval_every": 0,
+                    "run_dir": tempfile.mkdtemp(prefix="trainer-", dir=setup.scratch_dir), "eval_every": 0,
                     "log_every": 10**9, "sample_tokens": 0},
         "parallel": {"bucket_mb": setup.bucket_mb, "grad_compression": setup.grad_compression,
                      "powersgd_rank": setup.powersgd_rank},
