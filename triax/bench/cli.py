@@ -32,6 +32,25 @@ def parse_process_counts(text: str) -> list[int]:
     return counts
 
 
+def check_choices(args: argparse.Namespace) -> None:
+    """Mistakes found here cost nothing; found in the workers they cost a torchrun start each."""
+    from triax.bench.adapters import ADAPTERS
+    from triax.bench.models import model_names
+
+    if args.model not in model_names():
+        raise TriaxError(f"unknown --model {args.model!r}; choose one of {', '.join(model_names())}")
+    for label in args.impls.split(","):
+        name, *options = label.strip().split(":")
+        if name not in ADAPTERS:
+            raise TriaxError(f"unknown way {name!r} in --impls; choose from {', '.join(ADAPTERS)}")
+        if options and options[0] and options[0] not in ("none", "bf16", "fp16", "powersgd"):
+            raise TriaxError(f"unknown compression {options[0]!r} in --impls {label!r}; "
+                             "use none, bf16, fp16 or powersgd")
+    for name in ("batch_size", "steps", "repeats", "threads"):
+        if getattr(args, name) < 1:
+            raise TriaxError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+
+
 def worker_arguments(args: argparse.Namespace) -> list[str]:
     """The step arguments, passed on to each worker as they were given."""
     parser = argparse.ArgumentParser(add_help=False)
@@ -66,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per job")
     args = parser.parse_args(argv)
     counts = parse_process_counts(args.nproc)
+    check_choices(args)
     os.makedirs(args.out, exist_ok=True)
 
     records = []
