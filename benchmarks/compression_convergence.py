@@ -41,11 +41,14 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--powersgd-rank", type=int, default=2)
+    parser.add_argument("--compressions", default=",".join(COMPRESSIONS),
+                        help="which to run; 'none' is always run as the reference")
     parser.add_argument("--out", default="bench-results/convergence.json")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for compression in COMPRESSIONS:
+        chosen = ["none"] + [c for c in args.compressions.split(",") if c and c != "none"]
+        for compression in chosen:
             records = train(os.path.join(scratch, compression), args, compression)
             last = records[-1]
             # Training loss averaged over the last 5 logged steps: one batch is noisy.

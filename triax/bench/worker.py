@@ -37,7 +37,8 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--impls", default=",".join(name for name in ADAPTERS),
                         help=f"comma-separated ways of writing the step, of {', '.join(ADAPTERS)}; "
-                             "WAY:COMPRESSION[:BUCKET_MB] times a variant, e.g. triax:bf16 or ddp:none:5")
+                             "WAY:COMPRESSION[:BUCKET_MB[:POWERSGD_RANK]] times a variant, e.g. triax:bf16, "
+                             "ddp:none:5 or triax:powersgd::8")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per way first")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per repeat")
     parser.add_argument("--repeats", type=int, default=3, help="timed blocks per way (spread is over these)")
@@ -81,7 +82,8 @@ def _time_block(step, steps: int, device: torch.device) -> tuple[float, float]:
 
 
 def parse_impl(label: str, setup: StepSetup) -> tuple[str, StepSetup]:
-    """'triax:bf16:5' -> ('triax', setup with grad_compression bf16 and 5 MB buckets)."""
+    """'triax:bf16:5' -> ('triax', setup with grad_compression bf16 and 5 MB buckets);
+    'triax:powersgd::8' -> PowerSGD of rank 8 with the default buckets."""
     name, *options = label.split(":")
     if name not in ADAPTERS:
         raise ValueError(f"unknown way {name!r}; choose from {', '.join(ADAPTERS)}")
@@ -90,6 +92,8 @@ def parse_impl(label: str, setup: StepSetup) -> tuple[str, StepSetup]:
         changes["grad_compression"] = options[0]
     if len(options) > 1 and options[1]:
         changes["bucket_mb"] = float(options[1])
+    if len(options) > 2 and options[2]:
+        changes["powersgd_rank"] = int(options[2])
     return name, dataclasses.replace(setup, **changes)
 
 
