@@ -6,19 +6,23 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
+from triax.parallel.comm_hooks import check_compression, register_compression
 from triax.runtime import is_distributed
 
 
 def apply_ddp(model: nn.Module, device: torch.device, process_group=None,
-              bucket_mb: float = 25.0) -> nn.Module:
+              bucket_mb: float = 25.0, grad_compression: str = "none",
+              powersgd_rank: int = 2) -> nn.Module:
     """Wrap `model` in DDP when the job has more than one process; return it unchanged otherwise.
 
     Gradients are averaged across processes in buckets of `bucket_mb` MB that start reducing while
-    backward is still running (DDP's overlap).
+    backward is still running (DDP's overlap). `grad_compression` picks what goes on the wire
+    (see triax.parallel.comm_hooks); with one process nothing is sent, so it has no effect.
     """
+    check_compression(grad_compression, powersgd_rank)
     if not is_distributed():
         return model
-    return DistributedDataParallel(
+    ddp_model = DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
         process_group=process_group,
@@ -26,6 +30,8 @@ def apply_ddp(model: nn.Module, device: torch.device, process_group=None,
         # Parameters that already match the model's layout need no copy into buckets.
         gradient_as_bucket_view=True,
     )
+    register_compression(ddp_model, grad_compression, powersgd_rank, process_group)
+    return ddp_model
 
 
 def unwrap(model: nn.Module) -> nn.Module:

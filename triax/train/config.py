@@ -166,6 +166,9 @@ def validate(config: TrainConfig) -> None:
             raise ConfigError(f"trainer.{name} must be >= 0, got {getattr(trainer, name)}")
     if data.block_size <= 0:
         raise ConfigError(f"data.block_size must be positive, got {data.block_size}")
+    from triax.parallel.comm_hooks import check_compression
+
+    check_compression(config.parallel.grad_compression, config.parallel.powersgd_rank)
     if len(config.optim.betas) != 2:
         raise ConfigError(f"optim.betas needs two values, got {config.optim.betas}")
 

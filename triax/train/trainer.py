@@ -93,7 +93,9 @@ class Trainer:
         model = GPT(model_config).to(self.device, dtype=self.precision.param_dtype)
         self.model_config = model_config
         self.raw_model = model
-        self.model = apply_ddp(model, self.device, bucket_mb=config.parallel.bucket_mb)
+        self.model = apply_ddp(model, self.device, bucket_mb=config.parallel.bucket_mb,
+                               grad_compression=config.parallel.grad_compression,
+                               powersgd_rank=config.parallel.powersgd_rank)
         # ...then a different stream per rank, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
 

@@ -1,0 +1,48 @@
+"""Two simulated nodes (network namespaces joined through a rate-limited link) meet by torchrun's
+rendezvous across it and train: the result equals one process with the whole batch."""
+
+import os
+import subprocess
+
+import pytest
+
+from helpers import assert_same_weights, final_weights, tiny_overrides, train
+from triax.bench.netns import SimulatedNetwork, unavailable_reason
+from triax.testing import quiet_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REASON = unavailable_reason()
+
+
+def _namespaces() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.skipif(REASON is not None, reason=f"simulated network unavailable: {REASON}")
+def test_two_namespace_nodes_rendezvous_and_train(tmp_path, tiny_corpus):
+    overrides = tiny_overrides(tmp_path / "nodes", tiny_corpus, **{"trainer.batch_size": 4})
+    with SimulatedNetwork(nodes=2, rate="100mbit") as network:
+        assert network.namespace(1) in _namespaces()
+        network.torchrun(["-m", "triax", "train", *overrides], timeout=240,
+                         env=quiet_env(PYTHONPATH=REPO))
+        # The gradients really crossed the link: each node sent at least a few copies of them.
+        sent = [int(subprocess.run(["ip", "netns", "exec", network.namespace(node), "cat",
+                                    "/sys/class/net/eth0/statistics/tx_bytes"],
+                                   capture_output=True, text=True, check=True).stdout) for node in range(2)]
+    assert network.prefix not in _namespaces(), "the namespaces were not removed"
+    train(tiny_overrides(tmp_path / "single", tiny_corpus, **{"trainer.batch_size": 8}), nproc=1)
+    weights = final_weights(tmp_path / "nodes")
+    gradient_bytes = 4 * sum(tensor.numel() for tensor in weights.values())
+    assert min(sent) > gradient_bytes, (sent, gradient_bytes)
+    assert_same_weights(weights, final_weights(tmp_path / "single"))
+
+
+def test_network_is_removed_when_the_block_fails():
+    if REASON is not None:
+        pytest.skip(f"simulated network unavailable: {REASON}")
+    network = SimulatedNetwork(nodes=3, rate="1gbit")
+    with pytest.raises(RuntimeError, match="job failed"):
+        with network:
+            assert network.namespace(2) in _namespaces()
+            raise RuntimeError("job failed")
+    assert network.prefix not in _namespaces()

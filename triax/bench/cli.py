@@ -1,0 +1,118 @@
+"""`triax bench`: time one training step written several ways, for 1..N processes, side by side.
+
+    triax bench --model gpt-mini --nproc 1,2 --out bench-results
+
+starts one torchrun job per process count (each runs triax.bench.worker), prints the table and
+writes bench-results/bench.json and bench-results/bench.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+from triax.bench import report
+from triax.bench.worker import add_step_arguments
+from triax.errors import TriaxError
+from triax.testing import quiet_env, torchrun_command
+
+
+def parse_process_counts(text: str) -> list[int]:
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 1:
+        raise TriaxError(f"--nproc wants process counts like 1,2,4; got {text!r}")
+    return counts
+
+
+def check_choices(args: argparse.Namespace) -> None:
+    """Mistakes found here cost nothing; found in the workers they cost a torchrun start each."""
+    from triax.bench.adapters import ADAPTERS
+    from triax.bench.models import model_names
+
+    if args.model not in model_names():
+        raise TriaxError(f"unknown --model {args.model!r}; choose one of {', '.join(model_names())}")
+    for label in args.impls.split(","):
+        name, *options = label.strip().split(":")
+        if name not in ADAPTERS:
+            raise TriaxError(f"unknown way {name!r} in --impls; choose from {', '.join(ADAPTERS)}")
+        if options and options[0] and options[0] not in ("none", "bf16", "fp16", "powersgd"):
+            raise TriaxError(f"unknown compression {options[0]!r} in --impls {label!r}; "
+                             "use none, bf16, fp16 or powersgd")
+    for name in ("batch_size", "steps", "repeats", "threads"):
+        if getattr(args, name) < 1:
+            raise TriaxError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+
+
+def worker_arguments(args: argparse.Namespace) -> list[str]:
+    """The step arguments, passed on to each worker as they were given."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_step_arguments(parser)
+    argv = []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if value is None or value is False:
+            continue
+        argv += [action.option_strings[0]] if value is True else [action.option_strings[0], str(value)]
+    return argv
+
+
+def run_job(nproc: int, args: argparse.Namespace, out_path: str) -> dict:
+    command = torchrun_command(nproc, ["-m", "triax.bench.worker", *worker_arguments(args), "--out", out_path])
+    env = quiet_env(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
+    if result.returncode != 0 or not os.path.exists(out_path):
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
+        raise TriaxError(f"the {nproc}-process benchmark job failed (exit {result.returncode}); "
+                         f"its last output:\n{tail}")
+    with open(out_path) as handle:
+        return json.load(handle)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="triax bench", description=__doc__.split("\n\n")[0])
+    add_step_arguments(parser)
+    parser.add_argument("--nproc", default="1,2", help="process counts to run, e.g. 1,2,4 (default 1,2)")
+    parser.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
+    parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per job")
+    args = parser.parse_args(argv)
+    counts = parse_process_counts(args.nproc)
+    check_choices(args)
+    os.makedirs(args.out, exist_ok=True)
+
+    records = []
+    for nproc in counts:
+        print(f"triax bench: {args.model} on {nproc} process(es)...", flush=True)
+        started = time.perf_counter()
+        records.append(run_job(nproc, args, os.path.join(args.out, f"raw-{nproc}.json")))
+        print(f"  done in {time.perf_counter() - started:.0f}s", flush=True)
+    rows = report.summarize(records)
+    print(report.format_table(rows))
+
+    summary = {
+        "command": "triax bench " + " ".join(argv if argv is not None else sys.argv[2:]),
+        "model": args.model, "precision": args.precision, "batch_size_per_process": args.batch_size,
+        "block_size": args.block_size, "peak_flops": records[0]["peak_flops"],
+        "peak_flops_source": records[0]["peak_flops_source"], "host": platform.node(),
+        "cpu_count": os.cpu_count(), "torch": records[0]["torch"], "rows": rows, "raw": records,
+    }
+    json_path = os.path.join(args.out, "bench.json")
+    with open(json_path, "w") as handle:
+        json.dump(summary, handle, indent=1)
+    print(f"wrote {json_path}")
+    if not args.no_chart:
+        png_path = os.path.join(args.out, "bench.png")
+        title = f"triax bench: {args.model}, batch {args.batch_size}/process, {args.precision}"
+        if report.write_chart(rows, png_path, title):
+            print(f"wrote {png_path}")
+        else:
+            print("no chart: matplotlib is not installed (pip install 'triax[bench]')")
+    return 0
