@@ -1,7 +1,7 @@
 """A training loop written like seed 003's example, on synthetic data, for the Accelerator tests.
 
 python loop.py --out DIR [--batch-size 8] [--accumulate 1] [--epochs 2] [--dropout 0]
-               [--stop-after N --save DIR] [--resume DIR] [--eval]
+               [--save-at N --save DIR] [--resume DIR] [--eval]
 Writes DIR/rank_<r>.json (counters, gathered eval ids) and DIR/weights.safetensors (main process).
 """
 
@@ -42,7 +42,7 @@ def main():
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--stop-after", type=int, default=0, help="save_state after this many batches, then exit")
+    parser.add_argument("--save-at", type=int, default=0, help="save_state after this many batches (and go on)")
     parser.add_argument("--save", default=None)
     parser.add_argument("--resume", default=None)
     parser.add_argument("--eval", action="store_true")
@@ -75,10 +75,8 @@ def main():
                 optimizer.zero_grad()
             losses.append(loss.item())
             batches_done += 1
-            if args.stop_after and batches_done == args.stop_after:
+            if args.save_at and batches_done == args.save_at:
                 accelerator.save_state(args.save)
-                accelerator.end_training()
-                return
 
     gathered_ids = []
     if args.eval:

@@ -135,7 +135,10 @@ class PreparedDataLoader:
         start, self._start_batch = self._start_batch, 0
         epoch, total = self.epoch, len(self)
         batches = [self.batch_indices(epoch, batch) for batch in range(start, total)]
-        loader = DataLoader(self.dataset, batch_sampler=batches, **self._loader_options)
+        # Our own generator: creating a DataLoader iterator draws a seed from it, and drawing from
+        # the global one would shift the user's random stream (dropout...) after load_state.
+        generator = torch.Generator().manual_seed(self.sampler.seed * 1_000_003 + epoch)
+        loader = DataLoader(self.dataset, batch_sampler=batches, generator=generator, **self._loader_options)
         non_blocking = self.device is not None and self.device.type == "cuda"
         self.batch_in_epoch, self.at_end = start, start >= total
         self.gradient_state.active_loaders.append(self)

@@ -172,8 +172,8 @@ def main(argv: list[str]) -> int:
     try:
         run(parse_args(run_argv))
     except ChildFailedError as error:
-        failures = ", ".join(f"rank {failure.rank} (exit code {failure.exitcode})"
-                             for failure in error.failures.values())
+        failures = ", ".join(f"rank {global_rank} (exit code {failure.exitcode})"
+                             for global_rank, failure in error.failures.items())
         print(f"triax launch: {args.script} failed on {failures}; its output is above", file=sys.stderr)
         return 1
     return 0
