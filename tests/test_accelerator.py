@@ -89,3 +89,13 @@ def test_save_state_load_state_mid_epoch_is_bitwise(tmp_path):
         assert resumed["losses"] == full["losses"][5:]
         assert resumed["optimizer_steps"] == full["optimizer_steps"] == 8
         assert resumed["scheduler_steps"] == full["scheduler_steps"]
+
+
+def test_fsdp_two_processes_equals_one(tmp_path, one_process):
+    # parallel=fsdp reaches the Accelerator from `triax launch --parallel` through the environment.
+    run([sys.executable, "-m", "triax", "launch", "--num-processes", "2", "--main-process-port", "0",
+         "--parallel", "fsdp", LOOP, "--out", str(tmp_path / "out"), "--batch-size", "8", "--eval"],
+        env=env(tmp_path), timeout=240)
+    assert_close_weights(one_process, tmp_path / "out")
+    for record in records(tmp_path / "out"):
+        assert record["optimizer_steps"] == 8 and sorted(record["gathered_ids"]) == list(range(23))

@@ -46,9 +46,10 @@ def main():
     parser.add_argument("--save", default=None)
     parser.add_argument("--resume", default=None)
     parser.add_argument("--eval", action="store_true")
+    parser.add_argument("--parallel", default=None)
     args = parser.parse_args()
 
-    accelerator = Accelerator(gradient_accumulation_steps=args.accumulate)
+    accelerator = Accelerator(gradient_accumulation_steps=args.accumulate, parallel=args.parallel)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Dropout(args.dropout),
                                 torch.nn.Linear(32, 5))

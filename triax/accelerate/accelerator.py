@@ -49,7 +49,7 @@ class Accelerator:
     mixed_precision: "no" | "bf16" | "fp16" (also triax's "fp32", "bf16-pure"); default from
         $TRIAX_MIXED_PRECISION (set by `triax launch`), else "no".
     gradient_accumulation_steps: micro-steps per optimizer update inside `accumulate`.
-    parallel: "ddp" (default with more than one process), "fsdp" (not yet), or "none".
+    parallel: "ddp" (default with more than one process), "fsdp" (PyTorch's fully_shard), or "none".
     cpu: use the CPU even where a GPU exists.
     log_with: "tensorboard", "jsonl", "all", or a list of those, for init_trackers/log.
     project_dir: where trackers write and save_state() without a directory saves.
@@ -81,9 +81,6 @@ class Accelerator:
         if parallel not in PARALLEL_CHOICES:
             raise ConfigError(f"parallel={parallel!r} is not a layout the Accelerator knows; use one of "
                               f"{', '.join(PARALLEL_CHOICES)}")
-        if parallel == "fsdp":
-            raise TriaxError("parallel='fsdp' is not available in the Accelerator yet (it will use "
-                             "triax.parallel's FSDP2 once that lands); use parallel='ddp' for now")
         self.parallel = parallel
 
         cpu = cpu or _env_flag(ENV_USE_CPU)
@@ -110,6 +107,7 @@ class Accelerator:
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list = []
+        self._replaced_parameters: dict[int, torch.nn.Parameter] = {}  # FSDP: id(old) -> sharded
         self._save_count = 0
 
     # ---- who am I -------------------------------------------------------------------------------
@@ -248,11 +246,38 @@ class Accelerator:
         if self.precision.param_dtype != torch.float32:
             model = model.to(dtype=self.precision.param_dtype)
         trainable = any(p.requires_grad for p in model.parameters())
-        if self.use_distributed and self.parallel == "ddp" and trainable and not evaluation_mode:
-            model = apply_ddp(model, self.device)
+        if self.use_distributed and trainable and not evaluation_mode:
+            if self.parallel == "ddp":
+                model = apply_ddp(model, self.device)
+            elif self.parallel == "fsdp":
+                model = self._apply_fsdp(model)
         if self.precision.uses_autocast:
             self._autocast_forward(model)
         self._models.append(model)
+        return model
+
+    def _apply_fsdp(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Shard parameters, gradients and optimizer state with PyTorch's fully_shard (FSDP2).
+
+        Each block of a ModuleList/ModuleDict (a transformer's layers) becomes its own unit, so
+        only one block's full parameters exist at a time, then the root takes the rest.
+        fully_shard replaces parameters with DTensors: an optimizer made before prepare is
+        pointed at the new ones in prepare_optimizer, by parameter name.
+        """
+        # TODO(issue 4): use triax.parallel's FSDP2 plan (mesh, mixed precision) once it lands.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        before = dict(model.named_parameters())
+        mesh = init_device_mesh(self.device.type, (self.num_processes,))
+        for module in list(model.modules()):
+            if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+                for block in module.children():
+                    if any(p.requires_grad for p in block.parameters()):
+                        fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        after = dict(model.named_parameters())
+        self._replaced_parameters.update({id(before[name]): after[name] for name in before if name in after})
         return model
 
     def _autocast_forward(self, model: torch.nn.Module) -> None:
@@ -271,6 +296,12 @@ class Accelerator:
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None):
         if isinstance(optimizer, PreparedOptimizer):
             return optimizer
+        if self._replaced_parameters:
+            if optimizer.state:
+                raise TriaxError("with parallel='fsdp', prepare the optimizer before it has taken a "
+                                 "step (its state cannot follow the parameters into shards)")
+            for group in optimizer.param_groups:
+                group["params"] = [self._replaced_parameters.get(id(p), p) for p in group["params"]]
         if optimizer.state and device_placement is not False:
             # Optimizer.load_state_dict casts state onto each parameter's (new) device.
             optimizer.load_state_dict(optimizer.state_dict())

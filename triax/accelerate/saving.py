@@ -91,6 +91,16 @@ def resolve_snapshot(path: str) -> str:
     return snapshot
 
 
+def _in_snapshot(optimizer):
+    """The raw optimizer if its state goes into the snapshot's safetensors, else None.
+    An optimizer without per-parameter state (plain SGD) cannot go through
+    torch.distributed.checkpoint's loader, which needs a state tensor to find the device; its
+    hyper-parameters travel in the JSON state instead."""
+    if optimizer is None or not any(optimizer.optimizer.state.values()):
+        return None
+    return optimizer.optimizer
+
+
 def save_state(accelerator, root: str, step: int) -> str:
     models = accelerator._models
     if not models:
@@ -98,8 +108,8 @@ def save_state(accelerator, root: str, step: int) -> str:
     optimizers = pair_optimizers(models, accelerator._optimizers)
     snapshot_name = None
     for index in range(1, len(models)):
-        inner = optimizers[index].optimizer if optimizers[index] is not None else None
-        extra = save_snapshot(os.path.join(root, f"model_{index}"), step, models[index], inner, {})
+        extra = save_snapshot(os.path.join(root, f"model_{index}"), step, models[index],
+                              _in_snapshot(optimizers[index]), {})
         snapshot_name = os.path.basename(extra)
     state = {"accelerator": {
         "num_models": len(models),
@@ -109,9 +119,11 @@ def save_state(accelerator, root: str, step: int) -> str:
         "custom": [to_json(obj.state_dict()) for obj in accelerator._custom_objects],
         "optimizer_steps": [optimizer.num_steps for optimizer in accelerator._optimizers],
         "micro_step": accelerator.gradient_state.micro_step,
+        "stateless_optimizers": [to_json(optimizer.optimizer.state_dict())
+                                 if optimizer is not None and _in_snapshot(optimizer) is None else None
+                                 for optimizer in optimizers],
     }}
-    primary_optimizer = optimizers[0].optimizer if optimizers[0] is not None else None
-    path = save_snapshot(root, step, models[0], primary_optimizer, state)
+    path = save_snapshot(root, step, models[0], _in_snapshot(optimizers[0]), state)
     assert snapshot_name in (None, os.path.basename(path))
     return path
 
@@ -121,16 +133,28 @@ def load_state(accelerator, path: str) -> str:
     models = accelerator._models
     optimizers = pair_optimizers(models, accelerator._optimizers)
     root = os.path.dirname(snapshot)
-    for index in range(1, len(models)):
-        inner = optimizers[index].optimizer if optimizers[index] is not None else None
-        load_snapshot(os.path.join(root, f"model_{index}", os.path.basename(snapshot)), models[index],
-                      inner, restore_rng=False)
-    primary_optimizer = optimizers[0].optimizer if optimizers[0] is not None else None
-    # Last, so the random-number generators are left exactly as they were at save time.
-    record = load_snapshot(snapshot, models[0], primary_optimizer, restore_rng=True)
-    state = record.get("accelerator")
+    from triax.checkpoint import read_state
+
+    state = read_state(snapshot).get("accelerator")
     if state is None:
         raise TriaxError(f"{snapshot!r} is a triax snapshot but not one written by Accelerator.save_state")
+    if state["num_models"] != len(models):
+        raise TriaxError(f"{snapshot!r} holds {state['num_models']} models but this run prepared "
+                         f"{len(models)}; prepare the same objects before load_state")
+    stateless = state.get("stateless_optimizers", [None] * len(models))
+
+    def raw(index):
+        optimizer = optimizers[index]
+        return optimizer.optimizer if optimizer is not None and stateless[index] is None else None
+
+    for index in range(1, len(models)):
+        load_snapshot(os.path.join(root, f"model_{index}", os.path.basename(snapshot)), models[index],
+                      raw(index), restore_rng=False)
+    # Last, so the random-number generators are left exactly as they were at save time.
+    load_snapshot(snapshot, models[0], raw(0), restore_rng=True)
+    for optimizer, saved in zip(optimizers, stateless):
+        if optimizer is not None and saved is not None:
+            optimizer.optimizer.load_state_dict(from_json(saved))
     checks = [("models", state["num_models"], len(models)),
               ("schedulers", len(state["schedulers"]), len(accelerator._schedulers)),
               ("dataloaders", len(state["dataloaders"]), len(accelerator._dataloaders)),
