@@ -66,8 +66,10 @@ def test_launch_two_processes_equals_one_and_gathers_each_sample_once(tmp_path, 
 
 
 def test_accumulate_two_processes_four_steps_equals_one_large_batch(tmp_path, one_process):
-    # Plain torchrun (no triax launch): 2 processes x batch 2 x 4 micro-steps = global batch 16.
-    run_torchrun(2, [LOOP, "--out", str(tmp_path / "out"), "--batch-size", "2", "--accumulate", "4"],
+    # Plain torchrun (no triax launch), and the script creates the process group itself before
+    # the Accelerator: 2 processes x batch 2 x 4 micro-steps = global batch 16.
+    run_torchrun(2, [LOOP, "--out", str(tmp_path / "out"), "--batch-size", "2", "--accumulate", "4",
+                     "--init-group"],
                  env=env(tmp_path), timeout=240)
     assert_close_weights(one_process, tmp_path / "out")
     for record in records(tmp_path / "out"):

@@ -47,8 +47,12 @@ def main():
     parser.add_argument("--resume", default=None)
     parser.add_argument("--eval", action="store_true")
     parser.add_argument("--parallel", default=None)
+    parser.add_argument("--init-group", action="store_true",
+                        help="create the process group before the Accelerator, as some scripts do")
     args = parser.parse_args()
 
+    if args.init_group:
+        torch.distributed.init_process_group("gloo")
     accelerator = Accelerator(gradient_accumulation_steps=args.accumulate, parallel=args.parallel)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Dropout(args.dropout),

@@ -204,7 +204,8 @@ class Accelerator:
         return wrapper
 
     def print(self, *args, **kwargs) -> None:
-        if self.is_local_main_process:
+        """print on the main process only."""
+        if self.is_main_process:
             print(*args, **kwargs)
 
     # ---- prepare --------------------------------------------------------------------------------
