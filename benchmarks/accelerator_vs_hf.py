@@ -142,7 +142,9 @@ def main() -> None:
     cpu = {name: [] for name in frameworks}
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(args.rounds):
-            for name in frameworks:
+            # Rotate who goes first, so a drift in machine load does not favour one loop.
+            shift = round_index % len(frameworks)
+            for name in frameworks[shift:] + frameworks[:shift]:
                 step, cpu_step = launch(name, args, os.path.join(scratch, f"{name}_{round_index}.json"))
                 wall[name].append(step)
                 cpu[name].append(cpu_step)
