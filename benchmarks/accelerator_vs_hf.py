@@ -161,8 +161,12 @@ def main() -> None:
               f"{statistics.median(cpu[name]) * 1e3:>13.1f}   {rounds}")
     for other in ("hf", "torch"):
         if other in wall:
-            print(f"ratio triax / {labels[other]}: wall {statistics.median(wall['triax']) / statistics.median(wall[other]):.3f}, "
-                  f"cpu {statistics.median(cpu['triax']) / statistics.median(cpu[other]):.3f}")
+            # Ratios within each round (runs minutes apart) drift less than ratios of medians.
+            paired = sorted(a / b for a, b in zip(wall["triax"], wall[other]))
+            paired_cpu = sorted(a / b for a, b in zip(cpu["triax"], cpu[other]))
+            print(f"ratio triax / {labels[other]}: wall {statistics.median(paired):.3f} "
+                  f"(rounds {paired[0]:.2f}..{paired[-1]:.2f}), "
+                  f"cpu {statistics.median(paired_cpu):.3f} (rounds {paired_cpu[0]:.2f}..{paired_cpu[-1]:.2f})")
 
 
 if __name__ == "__main__":
