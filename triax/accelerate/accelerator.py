@@ -89,6 +89,10 @@ class Accelerator:
         # Uses a process group the script already created (e.g. under torchrun --standalone),
         # or creates one: the Accelerator works either way.
         self.place = init_distributed(self.device, place)
+        if self.precision.needs_loss_scaling and self.device.type != "cuda":
+            # precision.check_device would refuse too, in the trainer's words; say it in ours.
+            raise ConfigError(f"mixed_precision='fp16' needs a CUDA device (this process uses "
+                              f"{self.device.type}); use mixed_precision='bf16' on CPU")
         self.precision.check_device(self.device)
 
         self.gradient_state = GradientState(int(gradient_accumulation_steps))
