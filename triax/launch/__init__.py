@@ -1,0 +1,1 @@
+"""`triax config`, `triax launch`, `triax env`: start the user's own script on many processes."""

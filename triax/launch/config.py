@@ -1,0 +1,204 @@
+"""`triax config`: the launch configuration file that `triax launch` takes its defaults from.
+
+One small YAML file, by default ~/.cache/triax/default_config.yaml ($XDG_CACHE_HOME respected),
+or wherever $TRIAX_CONFIG_FILE points. `triax config` asks a few questions; `triax config
+--default` writes the defaults for this machine without asking. Unknown keys are errors, so a
+typo does not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+
+import yaml
+
+from triax.errors import ConfigError, TriaxError
+
+ENV_CONFIG_FILE = "TRIAX_CONFIG_FILE"
+MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
+PARALLEL_CHOICES = ("ddp", "fsdp", "none")
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+
+
+def _default_num_processes() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+
+
+@dataclass
+class LaunchConfig:
+    num_machines: int = 1
+    """Machines (nodes) in the job."""
+    num_processes: int = 1
+    """Processes per machine (one per GPU; on CPU, how many copies of the script)."""
+    machine_rank: int = 0
+    """This machine's index, 0 .. num_machines-1; machine 0 hosts the rendezvous."""
+    main_process_ip: str = "127.0.0.1"
+    """Address of machine 0, reachable from every machine (loopback when there is one machine)."""
+    main_process_port: int = 29500
+    """TCP port on machine 0 for the rendezvous; 0 picks a free one (single machine only)."""
+    mixed_precision: str = "no"
+    """no | bf16 | fp16, handed to the Accelerator through $TRIAX_MIXED_PRECISION."""
+    parallel: str = "ddp"
+    """ddp | fsdp | none, handed to the Accelerator through $TRIAX_PARALLEL."""
+    use_cpu: bool = False
+    """Train on the CPU even where GPUs exist."""
+    gradient_accumulation_steps: int = 1
+    """Default micro-steps per optimizer update for Accelerator.accumulate."""
+    max_restarts: int = 0
+    """How often torchrun restarts all workers after a failure."""
+    rdzv_backend: str = "static"
+    """static (fixed machines) or c10d / etcd (elastic) rendezvous of torchrun."""
+    rdzv_id: str = "none"
+    """Job id shared by the machines of one elastic job."""
+
+    def validate(self, source: str = "config") -> "LaunchConfig":
+        def need(ok: bool, key: str, what: str):
+            if not ok:
+                raise ConfigError(f"{source}: {key}={getattr(self, key)!r} is invalid; {what}")
+
+        for field in fields(self):
+            value = getattr(self, field.name)
+            expected = {"int": int, "str": str, "bool": bool}[field.type]
+            if expected is int and isinstance(value, bool) or not isinstance(value, expected):
+                raise ConfigError(f"{source}: {field.name}={value!r} should be a {field.type}")
+        need(self.num_machines >= 1, "num_machines", "use 1 or more")
+        need(self.num_processes >= 1, "num_processes", "use 1 or more")
+        need(0 <= self.machine_rank < self.num_machines, "machine_rank",
+             f"use 0 .. {self.num_machines - 1} (num_machines={self.num_machines})")
+        need(0 <= self.main_process_port < 65536, "main_process_port", "use 0 (pick a free one) .. 65535")
+        need(self.mixed_precision in MIXED_PRECISION_CHOICES, "mixed_precision",
+             f"use one of {', '.join(MIXED_PRECISION_CHOICES)}")
+        need(self.parallel in PARALLEL_CHOICES, "parallel", f"use one of {', '.join(PARALLEL_CHOICES)}")
+        need(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", "use 1 or more")
+        need(self.max_restarts >= 0, "max_restarts", "use 0 or more")
+        need(self.rdzv_backend in RDZV_BACKENDS, "rdzv_backend", f"use one of {', '.join(RDZV_BACKENDS)}")
+        return self
+
+
+def default_config() -> LaunchConfig:
+    return LaunchConfig(num_processes=_default_num_processes())
+
+
+def config_path() -> str:
+    explicit = os.environ.get(ENV_CONFIG_FILE)
+    if explicit:
+        return explicit
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "triax", "default_config.yaml")
+
+
+def load_config(path: str | None = None) -> LaunchConfig | None:
+    """The config at `path` (default: config_path()), or None if there is no file there."""
+    path = path or config_path()
+    if not os.path.exists(path):
+        return None
+    with open(path) as handle:
+        try:
+            data = yaml.safe_load(handle) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} should hold key: value pairs, found a {type(data).__name__}")
+    known = {field.name for field in fields(LaunchConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known keys are {', '.join(sorted(known))}")
+    return LaunchConfig(**data).validate(path)
+
+
+def write_config(config: LaunchConfig, path: str | None = None) -> str:
+    path = path or config_path()
+    config.validate()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write("# triax launch configuration (written by `triax config`)\n")
+        yaml.safe_dump(dataclasses.asdict(config), handle, sort_keys=False)
+    return path
+
+
+# ---- the questionnaire ---------------------------------------------------------------------------
+
+def _ask(prompt: str, default, convert=str, choices=None):
+    while True:
+        shown = ("yes" if default else "no") if isinstance(default, bool) else default
+        answer = input(f"{prompt} [{shown}]: ").strip()
+        if not answer:
+            return default
+        try:
+            value = convert(answer)
+        except ValueError:
+            print(f"  please answer with a {convert.__name__}")
+            continue
+        if choices and value not in choices:
+            print(f"  please answer one of: {', '.join(map(str, choices))}")
+            continue
+        return value
+
+
+def _yes_no(text: str) -> bool:
+    if text.lower() in ("y", "yes", "true", "1"):
+        return True
+    if text.lower() in ("n", "no", "false", "0"):
+        return False
+    raise ValueError(text)
+
+
+_yes_no.__name__ = "yes/no"
+
+
+def ask_config(start: LaunchConfig) -> LaunchConfig:
+    config = dataclasses.replace(start)
+    config.num_machines = _ask("How many machines (nodes)?", config.num_machines, int)
+    if config.num_machines > 1:
+        config.machine_rank = _ask("Rank of this machine?", config.machine_rank, int,
+                                   range(config.num_machines))
+        ip = "" if config.main_process_ip == "127.0.0.1" else config.main_process_ip
+        config.main_process_ip = _ask("IP address of machine 0?", ip or "10.0.0.1")
+        config.rdzv_backend = _ask("Rendezvous backend?", config.rdzv_backend, str, RDZV_BACKENDS)
+    else:
+        config.machine_rank, config.main_process_ip = 0, "127.0.0.1"
+    config.main_process_port = _ask("Rendezvous port (0 = pick a free one)?", config.main_process_port, int)
+    config.num_processes = _ask("How many processes per machine?", config.num_processes, int)
+    config.use_cpu = _ask("Use the CPU only (yes/no)?", config.use_cpu, _yes_no)
+    config.mixed_precision = _ask("Mixed precision?", config.mixed_precision, str, MIXED_PRECISION_CHOICES)
+    config.parallel = _ask("Parallel layout?", config.parallel, str, PARALLEL_CHOICES)
+    config.gradient_accumulation_steps = _ask("Gradient accumulation steps?",
+                                              config.gradient_accumulation_steps, int)
+    config.max_restarts = _ask("Restarts after a worker failure?", config.max_restarts, int)
+    return config.validate("answers")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="triax config", description=(
+        "Write the launch configuration `triax launch` takes its defaults from. "
+        f"File: ${ENV_CONFIG_FILE}, else ~/.cache/triax/default_config.yaml."))
+    parser.add_argument("--default", action="store_true", help="write the defaults without asking")
+    parser.add_argument("--config-file", help="where to write (default: %(default)s from the environment)")
+    parser.add_argument("--show", action="store_true", help="print the active configuration and exit")
+    args = parser.parse_args(argv)
+    path = args.config_file or config_path()
+    if args.show:
+        config = load_config(path)
+        if config is None:
+            raise TriaxError(f"no configuration at {path}; run `triax config` or `triax config --default`")
+        print(f"# {path}")
+        print(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False), end="")
+        return 0
+    if args.default:
+        config = default_config()
+    else:
+        # The questions start from the existing file's answers, so re-running edits it.
+        start = load_config(path) or default_config()
+        try:
+            config = ask_config(start)
+        except EOFError:
+            raise TriaxError("triax config ran out of answers (end of input); answer the questions "
+                             "in a terminal, or use `triax config --default`") from None
+    written = write_config(config, path)
+    print(f"configuration written to {written}")
+    return 0

@@ -1,0 +1,179 @@
+"""`triax launch`: start a script (or `-m module`) on many processes through torchrun.
+
+This is a front end to torch.distributed.run, not a replacement: it fills torchrun's options
+from the config file written by `triax config` (overridden by the command line), checks the
+rendezvous port before any worker starts, binds single-machine runs to loopback, hands the
+Accelerator its settings through environment variables, and then calls torchrun in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import os
+import shlex
+import socket
+import sys
+
+from triax.errors import TriaxError
+from triax.launch.config import (
+    MIXED_PRECISION_CHOICES,
+    PARALLEL_CHOICES,
+    RDZV_BACKENDS,
+    LaunchConfig,
+    config_path,
+    default_config,
+    load_config,
+)
+
+# Environment variables the Accelerator reads (triax/accelerate/accelerator.py).
+ACCELERATOR_ENV = {
+    "mixed_precision": "TRIAX_MIXED_PRECISION",
+    "parallel": "TRIAX_PARALLEL",
+    "use_cpu": "TRIAX_USE_CPU",
+    "gradient_accumulation_steps": "TRIAX_GRADIENT_ACCUMULATION_STEPS",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="triax launch", usage="triax launch [options] (script.py | -m module) [args...]",
+        description="Start a training script on several processes (a front end to torchrun). "
+                    "Options default to the file written by `triax config`.")
+
+    def option(name: str, **kwargs):
+        # Accept Accelerate's underscore spelling too (--num_processes), so its users' muscle
+        # memory works.
+        spellings = [f"--{name}"] + ([f"--{name.replace('-', '_')}"] if "-" in name else [])
+        parser.add_argument(*spellings, dest=name.replace("-", "_"), default=None, **kwargs)
+
+    option("config-file", help="launch configuration to read (default: $TRIAX_CONFIG_FILE or the cache dir)")
+    option("num-processes", type=int, help="processes per machine")
+    option("num-machines", type=int, help="machines in the job")
+    option("machine-rank", type=int, help="this machine's rank (0 hosts the rendezvous)")
+    option("main-process-ip", help="address of machine 0")
+    option("main-process-port", type=int, help="rendezvous port on machine 0; 0 picks a free one")
+    option("mixed-precision", choices=MIXED_PRECISION_CHOICES, help="passed to the Accelerator")
+    option("parallel", choices=PARALLEL_CHOICES, help="passed to the Accelerator")
+    option("gradient-accumulation-steps", type=int, help="passed to the Accelerator")
+    option("max-restarts", type=int, help="restarts of all workers after a failure (torchrun)")
+    option("rdzv-backend", choices=RDZV_BACKENDS, help="torchrun rendezvous backend")
+    option("rdzv-id", help="job id for an elastic (c10d/etcd) rendezvous")
+    option("rdzv-conf", help="extra rendezvous settings, key=value,... (torchrun --rdzv-conf)")
+    parser.add_argument("--cpu", action="store_true", default=None, help="train on the CPU only")
+    parser.add_argument("-m", "--module", action="store_true",
+                        help="run the target as a Python module (python -m)")
+    parser.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
+    parser.add_argument("script", help="training script (or module name with -m)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return parser
+
+
+def resolve_config(args) -> LaunchConfig:
+    """Command line over config file over built-in defaults."""
+    path = args.config_file or config_path()
+    if args.config_file and not os.path.exists(path):
+        raise TriaxError(f"--config-file {path} does not exist; run `triax config --config-file {path}` first")
+    config = load_config(path) or default_config()
+    overrides = {field.name: getattr(args, field.name, None) for field in dataclasses.fields(LaunchConfig)}
+    overrides["use_cpu"] = args.cpu
+    config = dataclasses.replace(config, **{key: value for key, value in overrides.items() if value is not None})
+    return config.validate("triax launch")
+
+
+def _port_is_free(port: int) -> bool:
+    # torchrun's TCPStore listens on every interface, so check the wildcard address: it also
+    # collides with a process that holds only the loopback address.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            if error.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+def check_port(config: LaunchConfig) -> LaunchConfig:
+    """Pick a free port for 0; refuse a busy one before any worker starts (on machine 0, which
+    hosts the rendezvous)."""
+    if config.main_process_port == 0:
+        if config.num_machines > 1:
+            raise TriaxError("--main-process-port 0 (pick a free port) only works on one machine: the "
+                             "other machines must know the port; give a fixed port such as 29500")
+        from triax.testing import free_port
+
+        return dataclasses.replace(config, main_process_port=free_port())
+    if config.machine_rank == 0 and not _port_is_free(config.main_process_port):
+        raise TriaxError(f"rendezvous port {config.main_process_port} is already in use on this machine "
+                         "(another training job?); pass --main-process-port 0 to pick a free port, "
+                         "or another port number")
+    return config
+
+
+def _loopback_interface() -> str | None:
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((name for name in names if name in ("lo", "lo0")), None)
+
+
+def torchrun_argv(config: LaunchConfig, script: str, script_args: list[str], module: bool,
+                  rdzv_conf: str | None = None) -> list[str]:
+    argv = [f"--nnodes={config.num_machines}", f"--nproc-per-node={config.num_processes}",
+            f"--max-restarts={config.max_restarts}"]
+    if config.rdzv_backend == "static":
+        argv += [f"--node-rank={config.machine_rank}", f"--master-addr={config.main_process_ip}",
+                 f"--master-port={config.main_process_port}"]
+    else:
+        argv += [f"--rdzv-backend={config.rdzv_backend}",
+                 f"--rdzv-endpoint={config.main_process_ip}:{config.main_process_port}",
+                 f"--rdzv-id={config.rdzv_id}"]
+        if config.num_machines == 1:
+            argv.append("--local-addr=127.0.0.1")
+    if rdzv_conf:
+        argv.append(f"--rdzv-conf={rdzv_conf}")
+    if module:
+        argv.append("--module")
+    return argv + [script, *script_args]
+
+
+def child_environment(config: LaunchConfig) -> dict[str, str]:
+    """Variables torchrun's workers inherit: the Accelerator's settings, and loopback for
+    single-machine collectives (no reliance on the hostname resolving to a reachable address)."""
+    env = {ACCELERATOR_ENV[key]: str(getattr(config, key)).lower() if key == "use_cpu"
+           else str(getattr(config, key)) for key in ACCELERATOR_ENV}
+    if config.num_machines == 1:
+        loopback = _loopback_interface()
+        if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+            env["GLOO_SOCKET_IFNAME"] = loopback
+    return env
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    config = resolve_config(args)
+    if config.num_machines == 1 and config.main_process_ip not in ("127.0.0.1", "localhost", "::1"):
+        # One machine: everything stays on loopback, whatever the config says.
+        config = dataclasses.replace(config, main_process_ip="127.0.0.1")
+    config = check_port(config)
+    run_argv = torchrun_argv(config, args.script, args.script_args, args.module, args.rdzv_conf)
+    env = child_environment(config)
+    if args.dry_run:
+        prefix = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
+        print(f"{prefix} {shlex.quote(sys.executable)} -m torch.distributed.run {shlex.join(run_argv)}")
+        return 0
+    os.environ.update(env)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(run_argv))
+    except ChildFailedError as error:
+        failures = ", ".join(f"rank {global_rank} (exit code {failure.exitcode})"
+                             for global_rank, failure in error.failures.items())
+        print(f"triax launch: {args.script} failed on {failures}; its output is above", file=sys.stderr)
+        return 1
+    return 0
