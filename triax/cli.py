@@ -26,8 +26,21 @@ COMMANDS = {
 }
 
 
-def debug_enabled(argv: list[str]) -> bool:
-    return "--debug" in argv or os.environ.get("TRIAX_DEBUG", "") not in ("", "0")
+# Commands whose remaining arguments belong to the user's script: a --debug there is the
+# script's own flag, not ours.
+PASS_THROUGH = {"launch", "horovodrun"}
+
+
+def take_debug_flag(argv: list[str]) -> bool:
+    """Remove triax's --debug from argv (in place) and say whether debugging is on."""
+    debug = os.environ.get("TRIAX_DEBUG", "") not in ("", "0")
+    while argv and argv[0] == "--debug":
+        argv.pop(0)
+        debug = True
+    if argv and argv[0] not in PASS_THROUGH and "--debug" in argv:
+        argv.remove("--debug")
+        debug = True
+    return debug
 
 
 def _usage() -> str:
@@ -62,9 +75,7 @@ def run_command(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = debug_enabled(argv)
-    if "--debug" in argv:
-        argv.remove("--debug")
+    debug = take_debug_flag(argv)
     try:
         code = run_command(argv)
     except TriaxError as error:
