@@ -142,6 +142,40 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def _collective_device() -> torch.device:
+    # NCCL only reduces CUDA tensors; gloo takes CPU ones.
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def max_across_ranks(value: int) -> int:
+    """The largest of every rank's `value` (a collective: all ranks call it). Used to agree on a
+    decision, e.g. "stop now" or "the snapshot write failed somewhere"."""
+    if not is_distributed():
+        return int(value)
+    tensor = torch.tensor([int(value)], dtype=torch.int64, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def any_rank(flag: bool) -> bool:
+    return max_across_ranks(int(bool(flag))) > 0
+
+
+def all_ranks(flag: bool) -> bool:
+    return not any_rank(not flag)
+
+
+def broadcast_int(value: int, src: int = 0) -> int:
+    """Rank `src`'s `value` on every rank (a collective)."""
+    if not is_distributed():
+        return int(value)
+    tensor = torch.tensor([int(value)], dtype=torch.int64, device=_collective_device())
+    dist.broadcast(tensor, src=src)
+    return int(tensor.item())
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
