@@ -125,12 +125,26 @@ def init_distributed(device: torch.device, place: Place | None = None, backend: 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     backend = backend or default_backend(device)
+    timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(
-        backend=backend, rank=place.rank, world_size=place.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=device if device.type == "cuda" else None,
+        backend=backend, rank=place.rank, world_size=place.world_size, timeout=timeout,
+        device_id=device if device.type == "cuda" else None, store=_restart_safe_store(place, timeout),
     )
     return place
+
+
+def _restart_safe_store(place: Place, timeout: datetime.timedelta):
+    """Under torchrun the workers share the agent's key-value store, which outlives a worker
+    restart (--max-restarts). The process group's keys from the failed attempt (e.g. gloo's
+    addresses of dead ranks) would still be there and the restarted workers would try to
+    connect to the dead ones. A prefix per attempt gives each attempt clean keys. Returns None
+    (the default env:// store) when not restarted by torchrun's agent."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), place.world_size,
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"triax/attempt_{attempt}", store)
 
 
 def shutdown_distributed() -> None:
