@@ -247,3 +247,22 @@ def test_snapshot_state_holds_what_exact_resume_needs(tmp_path, tiny_corpus):
     assert state["step"] == 3 and state["sample_index"] == 3 * 8
     rng = json.loads(open(os.path.join(trainer.last_snapshot, "rng", "rank_00000.json")).read())
     assert {"python", "numpy", "torch"} <= rng.keys()
+
+
+def test_trainer_falls_back_from_a_corrupted_snapshot_and_replays_bitwise(tmp_path, tiny_corpus, capsys):
+    overrides = tiny_overrides(tmp_path / "run", tiny_corpus, **{"trainer.save_every": 2, "model.dropout": 0.1})
+    first = run_trainer(overrides)
+    assert [checkpoint.snapshot_step(s) for s in checkpoint.list_snapshots(str(tmp_path / "run" / "snapshots"))] == [2, 4, 6]
+    expected = checkpoint.read_model_tensors(first.last_snapshot)
+    target = os.path.join(first.last_snapshot, "model.safetensors")
+    data = bytearray(open(target, "rb").read())
+    data[len(data) // 2] ^= 0x01  # one flipped bit in the newest snapshot's weights
+    open(target, "wb").write(bytes(data))
+    second = run_trainer(overrides)
+    captured = capsys.readouterr()
+    assert "fails its sha256 checksum" in captured.err and "trying the previous snapshot" in captured.err
+    assert "resuming from" in captured.out and "step 4/6" in captured.out
+    # Steps 5 and 6 were trained again from step 4, bitwise as the first time (dropout included).
+    replayed = checkpoint.read_model_tensors(second.last_snapshot)
+    assert all(torch.equal(replayed[k], expected[k]) for k in expected)
+    assert os.path.isdir(first.last_snapshot + ".corrupt")
