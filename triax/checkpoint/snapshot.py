@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors_from_bytes
-from safetensors.torch import save as save_tensors_to_bytes
+from safetensors.torch import load_file as load_tensors_from_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from triax.checkpoint.rng import capture_rng_state, restore_rng_state
-from triax.checkpoint.storage import Store, sha256
+from triax.checkpoint.storage import Store, file_sha256, sha256
 from triax.errors import TriaxError
 from triax.runtime import any_rank, broadcast_int
 
@@ -214,14 +214,18 @@ def _write_rank0_files(store: Store, work: str, final: str, step: int, world: in
         store.write(store.join(work, *relative.split("/")), data)
         files[relative] = {"bytes": len(data), "sha256": sha256(data)}
 
-    put("model.safetensors", save_tensors_to_bytes(_unshared(model_state)))
+    def put_tensors(relative: str, tensors: dict) -> None:
+        size, digest = store.write_tensors(store.join(work, relative), tensors)
+        files[relative] = {"bytes": size, "sha256": digest}
+
+    put_tensors("model.safetensors", _unshared(model_state))
     delay = float(os.environ.get(WRITE_DELAY_ENV, "0") or 0)
     if delay > 0:
         time.sleep(delay)
     meta = {}
     if optim_state is not None:
         tensors, meta = _flatten_optimizer(optim_state)
-        put("optimizer.safetensors", save_tensors_to_bytes(tensors))
+        put_tensors("optimizer.safetensors", tensors)
     record = dict(record, triax_version=__version__, optimizer=meta)
     put("state.json", json.dumps(record, indent=1).encode())
     # Each rank wrote its own RNG file; read them back so the manifest vouches for what is stored.
@@ -293,23 +297,43 @@ class _Reader:
     def has(self, relative: str) -> bool:
         return relative in self.manifest["files"]
 
-    def read(self, relative: str) -> bytes:
+    def _expected(self, relative: str) -> dict:
         expected = self.manifest["files"].get(relative)
         if expected is None:
             raise SnapshotCorruptError(f"snapshot {self.snapshot} has no {relative} in its manifest")
+        return expected
+
+    def _check(self, relative: str, size: int, digest: str) -> None:
+        expected = self._expected(relative)
+        if size != expected["bytes"]:
+            raise SnapshotCorruptError(f"snapshot {self.snapshot} is truncated: {relative} has {size} "
+                                       f"bytes, the manifest says {expected['bytes']}")
+        if digest != expected["sha256"]:
+            raise SnapshotCorruptError(f"snapshot {self.snapshot} is corrupt: {relative} fails its sha256 checksum")
+
+    def read(self, relative: str) -> bytes:
+        self._expected(relative)
         data = self._raw(relative)
         if self.verify:
-            if len(data) != expected["bytes"]:
-                raise SnapshotCorruptError(f"snapshot {self.snapshot} is truncated: {relative} has {len(data)} "
-                                           f"bytes, the manifest says {expected['bytes']}")
-            if sha256(data) != expected["sha256"]:
-                raise SnapshotCorruptError(f"snapshot {self.snapshot} is corrupt: {relative} fails its sha256 "
-                                           "checksum")
+            self._check(relative, len(data), sha256(data))
         return data
 
     def tensors(self, relative: str) -> dict:
         try:
-            return load_tensors_from_bytes(self.read(relative))
+            if not self.store.local:
+                return load_tensors_from_bytes(self.read(relative))
+            # Locally: hash the file in chunks, then map it and copy each tensor out, rather than
+            # holding the whole file as one bytes object and deserializing a second copy.
+            path = self.store.path(*relative.split("/"))
+            self._expected(relative)
+            if self.verify:
+                try:
+                    size, digest = file_sha256(path)
+                except FileNotFoundError:
+                    raise SnapshotCorruptError(f"snapshot {self.snapshot} is incomplete: {relative} is missing") from None
+                self._check(relative, size, digest)
+            # Copies, so nothing (optimizer state included) stays backed by the mapped file.
+            return {name: tensor.clone() for name, tensor in load_tensors_from_file(path).items()}
         except SafetensorError as error:
             raise SnapshotCorruptError(f"snapshot {self.snapshot}: {relative} is not valid safetensors ({error})") from None
 

@@ -14,10 +14,22 @@ import shutil
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+from safetensors.torch import save as save_tensors_to_bytes
+from safetensors.torch import save_file as save_tensors_to_file
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: str) -> tuple[int, str]:
+    """(size, sha256) of a local file, read in chunks."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(16 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 class Store:
@@ -67,6 +79,19 @@ class Store:
                 os.fsync(handle.fileno())
         else:
             self.fs.pipe_file(path, data)
+
+    def write_tensors(self, path: str, tensors: dict) -> tuple[int, str]:
+        """Write `tensors` as safetensors; returns (size in bytes, sha256). Locally safetensors
+        writes the file itself (no second in-memory copy of a multi-GB model), then it is fsynced
+        and hashed from the page cache."""
+        if not self.local:
+            data = save_tensors_to_bytes(tensors)
+            self.write(path, data)
+            return len(data), sha256(data)
+        save_tensors_to_file(tensors, path)
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+        return file_sha256(path)
 
     def read(self, path: str) -> bytes:
         if self.local:
