@@ -9,11 +9,13 @@
    each is compared, so a busy neighbour on a shared machine hurts both alike.
 
     OMP_NUM_THREADS=2 python benchmarks/snapshot_bench.py [--model gpt2] [--repeats 3] [--steps 200]
+        [--rounds 3] [--batch-size 8] [--skip-snapshot] [--skip-training]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -21,6 +23,8 @@ import tempfile
 import time
 
 import torch
+
+print = functools.partial(print, flush=True)  # noqa: A001 - progress shows up when piped to a file
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -76,7 +80,7 @@ def bench_snapshot(preset: str, repeats: int, root: str) -> None:
     print("  (loads read from the page cache: the files were just written)")
 
 
-def bench_training(steps: int, rounds: int, root: str) -> None:
+def bench_training(steps: int, rounds: int, batch_size: int, root: str) -> None:
     from triax.train.config import compose_config
     from triax.train.trainer import Trainer
 
@@ -84,6 +88,7 @@ def bench_training(steps: int, rounds: int, root: str) -> None:
         run_dir = os.path.join(root, f"run_{save_every}")
         shutil.rmtree(run_dir, ignore_errors=True)
         config = compose_config(["model=gpt-micro", f"trainer.max_steps={steps}", "trainer.eval_every=0",
+                                 f"trainer.batch_size={batch_size}",
                                  f"trainer.log_every={steps}", "trainer.sample_tokens=0",
                                  f"trainer.save_every={save_every}", f"trainer.run_dir={run_dir}"])
         trainer = Trainer(config)
@@ -96,7 +101,7 @@ def bench_training(steps: int, rounds: int, root: str) -> None:
         for save_every in (0, 50):
             times[save_every].append(run(save_every))
     base, saving = min(times[0]), min(times[50])
-    print(f"training gpt-micro for {steps} steps, best of {rounds} alternating runs:")
+    print(f"training gpt-micro (batch {batch_size}) for {steps} steps, best of {rounds} alternating runs:")
     print(f"  save only at the end:   {base:7.2f} s  ({[round(t, 2) for t in times[0]]})")
     print(f"  save_every=50:          {saving:7.2f} s  ({[round(t, 2) for t in times[50]]})")
     print(f"  slowdown: {100 * (saving / base - 1):+.1f}% ({steps // 50 - 1} extra snapshots)")
@@ -108,14 +113,17 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=8, help="training part: samples per step")
+    parser.add_argument("--skip-snapshot", action="store_true")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--skip-training", action="store_true")
     args = parser.parse_args()
     root = args.dir or tempfile.mkdtemp(prefix="triax-snapshot-bench-")
     try:
-        bench_snapshot(args.model, args.repeats, root)
+        if not args.skip_snapshot:
+            bench_snapshot(args.model, args.repeats, root)
         if not args.skip_training:
-            bench_training(args.steps, args.rounds, root)
+            bench_training(args.steps, args.rounds, args.batch_size, root)
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

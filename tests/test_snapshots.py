@@ -266,3 +266,14 @@ def test_trainer_falls_back_from_a_corrupted_snapshot_and_replays_bitwise(tmp_pa
     replayed = checkpoint.read_model_tensors(second.last_snapshot)
     assert all(torch.equal(replayed[k], expected[k]) for k in expected)
     assert os.path.isdir(first.last_snapshot + ".corrupt")
+
+
+def test_save_on_epoch_end_snapshots_each_epoch_boundary(tmp_path, tiny_corpus):
+    trainer = run_trainer(tiny_overrides(tmp_path / "run", tiny_corpus, **{
+        "data.truncate": 0.02, "trainer.batch_size": 32, "trainer.max_steps": "null", "trainer.max_epochs": 2,
+        "trainer.save_on_epoch_end": "true", "trainer.keep_last": 0}))
+    per_epoch = trainer.steps_per_epoch
+    snapshots = checkpoint.list_snapshots(str(tmp_path / "run" / "snapshots"))
+    assert [checkpoint.snapshot_step(s) for s in snapshots] == [per_epoch, 2 * per_epoch]
+    first = checkpoint.read_state(snapshots[0])
+    assert (first["epoch"], first["sample_index"]) == (0, per_epoch * 32)

@@ -151,10 +151,14 @@ def _outcome(error: str | None, doing: str) -> None:
 
 
 def _attempt(action: Callable[[], None]) -> str | None:
+    """Run one rank's part of a write; return what went wrong instead of raising, so the ranks can
+    agree on the outcome first (a rank raising alone would leave the others waiting forever)."""
     try:
         action()
     except OSError as error:
         return f"{type(error).__name__}: {error.strerror or error}"
+    except Exception as error:  # e.g. a caller's state that is not JSON: still agreed, then raised
+        return f"{type(error).__name__}: {error}"
     return None
 
 
@@ -318,7 +322,7 @@ class _Reader:
             self._check(relative, len(data), sha256(data))
         return data
 
-    def tensors(self, relative: str) -> dict:
+    def tensors(self, relative: str, copy: bool = True) -> dict:
         try:
             if not self.store.local:
                 return load_tensors_from_bytes(self.read(relative))
@@ -332,8 +336,10 @@ class _Reader:
                 except FileNotFoundError:
                     raise SnapshotCorruptError(f"snapshot {self.snapshot} is incomplete: {relative} is missing") from None
                 self._check(relative, size, digest)
-            # Copies, so nothing (optimizer state included) stays backed by the mapped file.
-            return {name: tensor.clone() for name, tensor in load_tensors_from_file(path).items()}
+            tensors = load_tensors_from_file(path)
+            # Copies, so nothing (optimizer state included) stays backed by the mapped file; the
+            # caller may skip them when it copies anyway (load_state_dict copies into parameters).
+            return {name: tensor.clone() for name, tensor in tensors.items()} if copy else tensors
         except SafetensorError as error:
             raise SnapshotCorruptError(f"snapshot {self.snapshot}: {relative} is not valid safetensors ({error})") from None
 
@@ -368,7 +374,7 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
     SnapshotCorruptError if a file is missing or fails its checksum."""
     reader = _open(snapshot, verify)
     state = reader.json("state.json")
-    model_state = reader.tensors("model.safetensors")
+    model_state = reader.tensors("model.safetensors", copy=False)
     optim_tensors = reader.tensors("optimizer.safetensors") if optimizer is not None and state.get("optimizer") else None
     rng_file = f"rng/rank_{_rank():05d}.json"
     rng_state = reader.json(rng_file) if restore_rng and reader.has(rng_file) else None
