@@ -41,8 +41,11 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, size: int | Non
                        seconds: float = 0.3) -> float:
     """FLOP/s of a square matmul in `dtype` on `device`: the best of several timed repeats."""
     size = size or (4096 if device.type == "cuda" else 1024)
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+    # A private generator: drawing from the global one would shift every later dropout mask, so a
+    # run that measures at a different step (e.g. after a resume) would not replay bitwise.
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
+    b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
 
     def sync():
         if device.type == "cuda":

@@ -126,13 +126,27 @@ def init_distributed(device: torch.device, place: Place | None = None, backend: 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     backend = backend or default_backend(device)
+    timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(
-        backend=backend, rank=place.rank, world_size=place.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        backend=backend, rank=place.rank, world_size=place.world_size, timeout=timeout,
         device_id=device if device.type == "cuda" else None,
-        store=store,
+        store=store if store is not None else _restart_safe_store(place, timeout),
     )
     return place
+
+
+def _restart_safe_store(place: Place, timeout: datetime.timedelta):
+    """Under torchrun the workers share the agent's key-value store, which outlives a worker
+    restart (--max-restarts). The process group's keys from the failed attempt (e.g. gloo's
+    addresses of dead ranks) would still be there and the restarted workers would try to
+    connect to the dead ones. A prefix per attempt gives each attempt clean keys. Returns None
+    (the default env:// store) when not restarted by torchrun's agent."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), place.world_size,
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"triax/attempt_{attempt}", store)
 
 
 def shutdown_distributed() -> None:
@@ -142,6 +156,40 @@ def shutdown_distributed() -> None:
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _collective_device() -> torch.device:
+    # NCCL only reduces CUDA tensors; gloo takes CPU ones.
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def max_across_ranks(value: int) -> int:
+    """The largest of every rank's `value` (a collective: all ranks call it). Used to agree on a
+    decision, e.g. "stop now" or "the snapshot write failed somewhere"."""
+    if not is_distributed():
+        return int(value)
+    tensor = torch.tensor([int(value)], dtype=torch.int64, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def any_rank(flag: bool) -> bool:
+    return max_across_ranks(int(bool(flag))) > 0
+
+
+def all_ranks(flag: bool) -> bool:
+    return not any_rank(not flag)
+
+
+def broadcast_int(value: int, src: int = 0) -> int:
+    """Rank `src`'s `value` on every rank (a collective)."""
+    if not is_distributed():
+        return int(value)
+    tensor = torch.tensor([int(value)], dtype=torch.int64, device=_collective_device())
+    dist.broadcast(tensor, src=src)
+    return int(tensor.item())
 
 
 def barrier() -> None:

@@ -44,8 +44,6 @@ def train_main(argv: list[str]) -> int:
 
 def load_run_model(run_dir: str, device: str = "cpu"):
     """The trained plain GPT of a run directory (latest snapshot) and its vocabulary."""
-    from safetensors.torch import load_file
-
     from triax import checkpoint
     from triax.data import Vocabulary
     from triax.models import GPT, GPTConfig
@@ -56,17 +54,31 @@ def load_run_model(run_dir: str, device: str = "cpu"):
                          "give the trainer.run_dir of a finished or running `triax train`")
     with open(model_file) as handle:
         model = GPT(GPTConfig(**json.load(handle)))
-    snapshot = checkpoint.latest_snapshot(os.path.join(run_dir, "snapshots"))
+    snapshot_root = _snapshot_root(run_dir)
+    snapshot = checkpoint.latest_snapshot(snapshot_root)
     if snapshot is None:
-        raise TriaxError(f"{run_dir!r} has no snapshot yet; wait for the first save "
+        raise TriaxError(f"{run_dir!r} has no snapshot yet in {snapshot_root}; wait for the first save "
                          "(trainer.save_every) or the end of training")
-    model.load_state_dict(load_file(os.path.join(snapshot, "model.safetensors")))
+    model.load_state_dict(checkpoint.read_model_tensors(snapshot))
     vocab = None
     vocab_file = os.path.join(run_dir, "vocab.json")
     if os.path.exists(vocab_file):
         with open(vocab_file) as handle:
             vocab = Vocabulary.from_json(handle.read())
     return model.to(device).eval(), vocab, snapshot
+
+
+def _snapshot_root(run_dir: str) -> str:
+    """trainer.snapshot_dir from the run's config.yaml, else <run_dir>/snapshots."""
+    import yaml
+
+    config_file = os.path.join(run_dir, "config.yaml")
+    if os.path.exists(config_file):
+        with open(config_file) as handle:
+            snapshot_dir = ((yaml.safe_load(handle) or {}).get("trainer") or {}).get("snapshot_dir")
+        if snapshot_dir:
+            return snapshot_dir
+    return os.path.join(run_dir, "snapshots")
 
 
 def generate_main(argv: list[str]) -> int:

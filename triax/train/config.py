@@ -57,7 +57,13 @@ class TrainerConfig:
     seed: int = 1337  # seeds model init, data order and dropout
     device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N
     run_dir: str = "runs/gpt"  # where metrics, TensorBoard events and snapshots go
-    save_every: int = 0  # snapshot every N steps (0: only at the end)
+    save_every: int = 0  # snapshot every N steps (0: only at the end, at epoch ends if asked, and when preempted)
+    save_on_epoch_end: bool = False  # also snapshot when an epoch of the training set ends
+    snapshot_dir: Optional[str] = None  # where snapshots go: a path or fsspec URL (s3://, memory://...); unset = <run_dir>/snapshots
+    keep_last: int = 3  # complete snapshots to keep; older ones are deleted after each save (0 keeps all)
+    resume: bool = True  # continue from the newest good snapshot if there is one; false starts fresh
+    overwrite: bool = False  # with resume=false, delete an existing run's snapshots instead of refusing to start
+    max_save_failures: int = 3  # consecutive failed snapshot writes (full or unwritable storage) before the run stops
     eval_every: int = 100  # evaluate (and sample text) every N steps; 0 disables
     eval_batches: int = 10  # validation batches per evaluation
     log_every: int = 10  # log a line and a metrics.jsonl record every N steps
@@ -161,7 +167,9 @@ def validate(config: TrainConfig) -> None:
     for name in ("batch_size", "grad_accum", "eval_batches", "log_every"):
         if getattr(trainer, name) <= 0:
             raise ConfigError(f"trainer.{name} must be positive, got {getattr(trainer, name)}")
-    for name in ("save_every", "eval_every"):
+    if trainer.max_save_failures <= 0:
+        raise ConfigError(f"trainer.max_save_failures must be positive, got {trainer.max_save_failures}")
+    for name in ("save_every", "eval_every", "keep_last"):
         if getattr(trainer, name) < 0:
             raise ConfigError(f"trainer.{name} must be >= 0, got {getattr(trainer, name)}")
     if data.block_size <= 0:

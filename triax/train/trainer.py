@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 
 import torch
@@ -25,9 +26,14 @@ from triax.models import GPT, GPTConfig
 from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import apply_ddp, unwrap
 from triax.precision import Precision
-from triax.runtime import detect_place, init_distributed, is_distributed, pick_device, seed_everything
+from triax.runtime import any_rank, barrier, detect_place, init_distributed, is_distributed, pick_device, seed_everything
 from triax.train.config import TrainConfig, to_dict
 from triax.train.data import build_data
+from triax.train.preemption import StopRequest
+
+# Test/debug hook: when set, each rank appends "<step> <epoch> <sample ids...>" per optimizer step
+# to "<value>.rank<N>", so a test can check which samples a (resumed) run consumed.
+SAMPLE_LOG_ENV = "TRIAX_SAMPLE_LOG"
 
 
 def check_writable_directory(path: str, key: str) -> bool:
@@ -79,6 +85,18 @@ class Trainer:
                 f"{self.place.world_size} processes x grad_accum {trainer.grad_accum}) but the training "
                 f"set has {len(self.data.train)}; lower trainer.batch_size or grad_accum")
         created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
+        self.snapshot_root = trainer.snapshot_dir or os.path.join(trainer.run_dir, "snapshots")
+        # A restart by torchrun (--max-restarts) continues this job's own snapshots whatever
+        # trainer.resume says: with resume=false the first attempt refused or cleared older ones.
+        self.restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+        self.resume = trainer.resume or self.restarted
+        if not self.resume and not trainer.overwrite:
+            existing = checkpoint.latest_snapshot(self.snapshot_root)
+            if existing is not None:
+                raise ConfigError(
+                    f"trainer.resume=false but {self.snapshot_root!r} already holds a run (newest snapshot "
+                    f"{existing}); resume it (trainer.resume=true), choose another trainer.run_dir, or add "
+                    "trainer.overwrite=true to delete its snapshots and start over")
         try:
             self.place = init_distributed(self.device, self.place)
         except Exception:
@@ -111,13 +129,24 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.sample_index = 0
-        self.snapshot_root = os.path.join(trainer.run_dir, "snapshots")
+        self.save_failures = 0  # consecutive failed snapshot writes
+        self.last_snapshot: str | None = None
+        self.saved_step: int | None = None  # the step of the newest snapshot this process wrote or loaded
+        self.stop_reason: str | None = None  # set when a signal stopped the run early
+        self.sample_log = None
+        if os.environ.get(SAMPLE_LOG_ENV):
+            self.sample_log = open(f"{os.environ[SAMPLE_LOG_ENV]}.rank{self.rank}", "a", buffering=1)
         self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
         self.flops_per_token = self.raw_model.flops_per_token(self.data.block_size)
         self._peak_flops: tuple[float, str] | None = None
         if self.is_main:
             self._write_run_files()
-        self._maybe_resume()
+        if self.resume:
+            self._maybe_resume()
+        elif trainer.overwrite:
+            if self.is_main:
+                checkpoint.remove_snapshots(self.snapshot_root)
+            barrier()
 
     # ---- set-up helpers ------------------------------------------------------------------------
 
@@ -144,22 +173,56 @@ class Trainer:
             with open(os.path.join(run_dir, "vocab.json"), "w") as handle:
                 handle.write(self.data.vocab.to_json())
 
+    def _warn(self, message: str) -> None:
+        if self.is_main:
+            print(f"triax: warning: {message}", file=sys.stderr, flush=True)
+
     def _maybe_resume(self) -> None:
-        snapshot = checkpoint.latest_snapshot(self.snapshot_root)
-        if snapshot is None:
+        found = checkpoint.load_latest_snapshot(self.snapshot_root, self.model, self.optimizer, report=self._warn)
+        if found is None:
+            if self.restarted:
+                self.logger.print(f"restart: no snapshot in {self.snapshot_root} yet, starting from step 0")
             return
-        state = checkpoint.load_snapshot(snapshot, self.model, self.optimizer)
+        snapshot, state = found
         self.step, self.epoch, self.sample_index = state["step"], state["epoch"], state["sample_index"]
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
-        self.logger.print(f"resumed from {snapshot} at step {self.step} "
-                          f"(epoch {self.epoch}, sample {self.sample_index})")
+        self.saved_step, self.last_snapshot = self.step, snapshot
+        saved_world = state.get("world_size", self.world_size)
+        layout = f", saved by {saved_world} process(es), now {self.world_size}" if saved_world != self.world_size else ""
+        self.logger.print(f"resuming from {snapshot}: step {self.step}/{self.total_steps}, epoch {self.epoch}, "
+                          f"global sample {self.sample_index}{layout}")
+        changed = _changed_keys(state.get("config", {}), to_dict(self.config))
+        if changed:
+            self.logger.print("config differs from the snapshot's: " + ", ".join(changed))
 
-    def save(self) -> str:
+    def save(self) -> str | None:
+        """Write a snapshot of this step. On a storage fault: report it, keep training, and return
+        None (the next interval retries); after trainer.max_save_failures failures in a row, raise."""
+        trainer = self.config.trainer
+        if self.saved_step == self.step:
+            return self.last_snapshot
         state = {"epoch": self.epoch, "sample_index": self.sample_index,
                  "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                  "config": to_dict(self.config)}
-        return checkpoint.save_snapshot(self.snapshot_root, self.step, self.model, self.optimizer, state)
+        try:
+            path = checkpoint.save_snapshot(self.snapshot_root, self.step, self.model, self.optimizer, state,
+                                            keep_last=trainer.keep_last)
+        except checkpoint.SnapshotWriteError as error:
+            self.save_failures += 1
+            last_good = self.last_snapshot or "none yet"
+            if self.save_failures >= trainer.max_save_failures:
+                raise checkpoint.SnapshotWriteError(
+                    f"{error}; {self.save_failures} snapshot attempts in a row failed (trainer.max_save_failures="
+                    f"{trainer.max_save_failures}), so the run stops rather than train unprotected. Free space or "
+                    f"fix permissions at {self.snapshot_root}, then start again; last good snapshot: {last_good}") from None
+            self._warn(f"{error}; training goes on and retries at the next save "
+                       f"({self.save_failures}/{trainer.max_save_failures} failures in a row; last good "
+                       f"snapshot: {last_good})")
+            return None
+        self.save_failures = 0
+        self.saved_step, self.last_snapshot = self.step, path
+        return path
 
     # ---- the step ------------------------------------------------------------------------------
 
@@ -182,9 +245,12 @@ class Trainer:
             self.epoch += 1
             self.sample_index = 0
         loss_sum = 0.0
+        consumed = []
         for micro in range(trainer.grad_accum):
             start = self.sample_index + micro * self.global_micro_batch
             indices = self.sampler.rank_slice(self.epoch, start, trainer.batch_size, self.rank)
+            if self.sample_log is not None:
+                consumed += indices.tolist()
             x, y = self._batch(self.data.train, indices)
             last = micro == trainer.grad_accum - 1
             # Gradients are all-reduced only on the last micro-batch; the others accumulate locally.
@@ -202,6 +268,8 @@ class Trainer:
         self.scheduler.step()
         self.step += 1
         self.sample_index += self.samples_per_step
+        if self.sample_log is not None:
+            self.sample_log.write(f"{self.step} {self.epoch} {' '.join(map(str, consumed))}\n")
         return float(loss_sum) / trainer.grad_accum, float(grad_norm)
 
     # ---- evaluation ----------------------------------------------------------------------------
@@ -263,9 +331,30 @@ class Trainer:
                 f"{self.world_size} process(es), precision {self.precision.name}, "
                 f"{self.total_steps} steps of {self.samples_per_step} samples "
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
+        self.model.train()
+        stop = StopRequest(self.rank).install()
+        try:
+            last = self._loop(stop)
+        finally:
+            stop.uninstall()
+        if self.stop_reason is not None:
+            path = self.save()
+            if path is None:
+                raise checkpoint.SnapshotWriteError(
+                    f"stopped by {self.stop_reason} after step {self.step} but its snapshot could not be written; "
+                    f"a restart resumes from {self.last_snapshot or 'the beginning'}")
+            self.logger.print(f"stopped by {self.stop_reason} after step {self.step}/{self.total_steps}; snapshot "
+                              f"{path} holds everything needed: start the same command again to resume from it")
+        elif self.step == self.total_steps and self.save() is None:
+            raise checkpoint.SnapshotWriteError(f"training finished but the final snapshot could not be written to "
+                                                f"{self.snapshot_root}; last good snapshot: {self.last_snapshot}")
+        self.logger.close()
+        return last
+
+    def _loop(self, stop: StopRequest) -> dict:
+        trainer = self.config.trainer
         last = {}
         interval_start, interval_steps = time.perf_counter(), 0
-        self.model.train()
         while self.step < self.total_steps:
             loss, grad_norm = self.train_step()
             interval_steps += 1
@@ -286,11 +375,16 @@ class Trainer:
                 self.logger.log(self.step, record, console=self._console_line(record))
                 last = record
                 interval_start, interval_steps = time.perf_counter(), 0
-            if trainer.save_every and self.step % trainer.save_every == 0:
+            epoch_ended = not self.sampler.fits(self.sample_index, self.samples_per_step)
+            if ((trainer.save_every and self.step % trainer.save_every == 0)
+                    or (trainer.save_on_epoch_end and epoch_ended)):
                 self.save()
-        if self.step == self.total_steps and not (trainer.save_every and self.step % trainer.save_every == 0):
-            self.save()
-        self.logger.close()
+            stop.after_step(self.step)
+            # One tiny all-reduce per step: a signal may reach one rank only, or ranks at different
+            # steps; agreeing here makes every rank stop after the same step.
+            if any_rank(stop.requested):
+                self.stop_reason = stop.reason or "a signal on another rank"
+                break
         return last
 
     def _console_line(self, record: dict) -> str:
@@ -305,6 +399,18 @@ class Trainer:
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
         return " | ".join(parts)
+
+
+def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """'key: old -> new' for every config value that differs (for the resume message)."""
+    changed = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed += _changed_keys(a, b, f"{prefix}{key}.")
+        elif a != b:
+            changed.append(f"{prefix}{key}: {a} -> {b}")
+    return changed
 
 
 def _remove_if_empty(path: str) -> None:
