@@ -134,17 +134,32 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    """(model state, optimizer state), full and keyed by parameter name, on rank 0 at least."""
+    model_state = get_model_state_dict(model, options=_FULL)
+    optim_state = get_optimizer_state_dict(model, optimizer, options=_FULL) if optimizer else None
+    return model_state, optim_state
+
+
+def apply_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                     model_state: dict, optim_state: dict | None) -> None:
+    set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
+    if optimizer is not None and optim_state is not None:
+        set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
+
+
 def save_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
-                  optimizer: torch.optim.Optimizer | None, state: dict) -> str:
+                  optimizer: torch.optim.Optimizer | None, state: dict, gather=gather_full_state) -> str:
     """Write a snapshot of `model`, `optimizer` and the JSON-able `state`. Collective: every rank
-    of the job calls it. The directory appears under its final name only when complete."""
+    of the job calls it. The directory appears under its final name only when complete.
+    `gather(model, optimizer)` collects the full state (a pipeline stage holds only part of it:
+    see triax.parallel.pipeline_checkpoint)."""
     rank = _rank()
     world = dist.get_world_size() if dist.is_initialized() else 1
     final = os.path.join(snapshot_root, snapshot_name(step))
     staging = final + ".tmp"
     # Gathering full state is collective for sharded models: every rank takes part.
-    model_state = get_model_state_dict(model, options=_FULL)
-    optim_state = get_optimizer_state_dict(model, optimizer, options=_FULL) if optimizer else None
+    model_state, optim_state = gather(model, optimizer)
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(os.path.join(staging, "rng"))
@@ -178,18 +193,20 @@ def read_state(snapshot: str) -> dict:
 
 
 def load_snapshot(snapshot: str, model: torch.nn.Module,
-                  optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = True) -> dict:
+                  optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = True,
+                  apply=apply_full_state) -> dict:
     """Load a snapshot into `model` (and `optimizer`), whatever layout either was saved or is
-    now in. Returns the JSON state. Tensors are read to CPU first, then placed by set_state_dict."""
+    now in. Returns the JSON state. Tensors are read to CPU first, then placed by
+    `apply(model, optimizer, model_state, optimizer_state)`."""
     if not os.path.exists(os.path.join(snapshot, "state.json")):
         raise TriaxError(f"{snapshot!r} is not a triax snapshot (no state.json)")
     state = read_state(snapshot)
     model_state = load_file(os.path.join(snapshot, "model.safetensors"))
-    set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
+    optim_state = None
     if optimizer is not None and state.get("optimizer"):
         tensors = load_file(os.path.join(snapshot, "optimizer.safetensors"))
-        set_optimizer_state_dict(model, optimizer, _unflatten_optimizer(tensors, state["optimizer"]),
-                                 options=StateDictOptions(full_state_dict=True))
+        optim_state = _unflatten_optimizer(tensors, state["optimizer"])
+    apply(model, optimizer, model_state, optim_state)
     if restore_rng:
         rng_file = os.path.join(snapshot, "rng", f"rank_{_rank():05d}.json")
         if os.path.exists(rng_file):  # a rank that did not exist when saving keeps its own seed
