@@ -39,12 +39,14 @@ class ParallelModel:
 
 
 def data_parallel_kind(layout: Layout) -> str:
-    """none | ddp | fsdp | hsdp. Replication alongside tensor parallelism goes through FSDP2's
-    HSDP with a shard group of one: DDP does not take the DTensor parameters TP makes."""
+    """none | ddp | fsdp | hsdp. Replication alongside tensor or pipeline parallelism goes through
+    FSDP2's HSDP with a shard group of one: DDP does not take the DTensor parameters TP makes, and
+    its bucket bookkeeping breaks when a pipeline schedule interleaves micro-batches' forwards and
+    backwards (an internal assert in the reducer)."""
     if layout.dp_shard > 1:
         return "hsdp" if layout.dp_replicate > 1 else "fsdp"
     if layout.dp_replicate > 1:
-        return "hsdp" if layout.tp > 1 else "ddp"
+        return "hsdp" if layout.tp > 1 or layout.pp > 1 else "ddp"
     return "none"
 
 
