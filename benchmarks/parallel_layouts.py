@@ -1,0 +1,73 @@
+"""Step time of each parallel layout relative to one process, side by side in one run.
+
+On this CPU machine with gloo this measures the *overhead* each layout adds (collectives,
+pipeline bubbles, sharding bookkeeping, processes sharing the cores), not a speed-up: all
+processes share the same few cores, so more processes never make a step faster here.
+
+    python benchmarks/parallel_layouts.py [--steps 12] [--layouts single ddp2 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from triax.testing import run, run_torchrun  # noqa: E402
+
+GLOBAL_BATCH = 16
+# name: (processes, per-data-parallel-rank batch, parallel.* settings)
+LAYOUTS = {
+    "single": (1, 16, {}),
+    "ddp2": (2, 8, {"parallel.dp_replicate": 2}),
+    "fsdp2": (2, 8, {"parallel.dp_shard": 2}),
+    "tp2": (2, 16, {"parallel.tp": 2}),
+    "pp2_gpipe": (2, 16, {"parallel.pp": 2, "parallel.pp_schedule": "gpipe"}),
+    "pp2_1f1b": (2, 16, {"parallel.pp": 2, "parallel.pp_schedule": "1f1b"}),
+    "fsdp2_tp2": (4, 8, {"parallel.dp_shard": 2, "parallel.tp": 2}),
+    "pp2_dp2": (4, 8, {"parallel.pp": 2, "parallel.dp_replicate": 2}),
+    "hsdp2x2": (4, 4, {"parallel.dp_replicate": 2, "parallel.dp_shard": 2}),
+}
+
+
+def step_time(name: str, steps: int, workdir: str, corpus: str | None) -> float:
+    nproc, batch, settings = LAYOUTS[name]
+    values = {"model.n_layer": 4, "model.n_head": 4, "model.n_embd": 128, "data.block_size": 64,
+              "trainer.max_steps": steps, "trainer.batch_size": batch, "trainer.eval_every": 0,
+              "trainer.log_every": steps // 2, "trainer.sample_tokens": 0,
+              "trainer.run_dir": os.path.join(workdir, name), "parallel.dp_replicate": 1, **settings}
+    if corpus:
+        values["data.path"] = corpus
+    args = ["-m", "triax", "train", *[f"{k}={v}" for k, v in values.items()]]
+    if nproc == 1:
+        run([sys.executable, *args], timeout=900)
+    else:
+        run_torchrun(nproc, args, timeout=900)
+    records = [json.loads(line) for line in open(os.path.join(workdir, name, "metrics.jsonl"))]
+    # The last interval only: the first includes start-up (shape inference, allocator warm-up).
+    return records[-1]["step_time_s"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    parser.add_argument("--corpus", default=None, help="text file (default: the built-in corpus)")
+    args = parser.parse_args()
+    names = ["single"] + [n for n in args.layouts if n != "single"]
+    with tempfile.TemporaryDirectory() as workdir:
+        times = {name: step_time(name, args.steps, workdir, args.corpus) for name in names}
+    print(f"GPT 4 layers x 128 wide, global batch {GLOBAL_BATCH} x 64 tokens, fp32, CPU gloo, "
+          f"{os.cpu_count()} cores (overhead, not speed-up)")
+    print(f"{'layout':<12} {'procs':>5} {'step s':>8} {'vs single':>10}")
+    for name in names:
+        print(f"{name:<12} {LAYOUTS[name][0]:>5} {times[name]:8.4f} {times[name] / times['single']:9.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
