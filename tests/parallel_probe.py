@@ -3,15 +3,19 @@ print what this rank really holds (parameter and optimizer-state values) next to
 formula for the same layout."""
 
 import json
+import os
 import sys
 
-import torch
-from torch.distributed.tensor import DTensor
+# Run by path, so put this checkout (not an installed triax) first on the path.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from triax.parallel.plan import ModelShape, local_parameter_count
-from triax.runtime import shutdown_distributed
-from triax.train.config import compose_config
-from triax.train.trainer import Trainer
+import torch  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+
+from triax.parallel.plan import ModelShape, local_parameter_count  # noqa: E402
+from triax.runtime import shutdown_distributed  # noqa: E402
+from triax.train.config import compose_config  # noqa: E402
+from triax.train.trainer import Trainer  # noqa: E402
 
 
 def local(tensor):
