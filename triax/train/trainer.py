@@ -78,7 +78,8 @@ class Trainer:
                         activation_checkpointing=parallel.activation_checkpointing,
                         tie_embeddings=config.model.tie_embeddings)
         model_config = GPTConfig(
-            vocab_size=padded_vocab_size(self.data.vocab_size, self.layout.tp), block_size=self.data.block_size,
+            vocab_size=padded_vocab_size(self.data.vocab_size, self.layout.tp, self._saved_vocab_rows()),
+            block_size=self.data.block_size,
             n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
             dropout=config.model.dropout, bias=config.model.bias,
             tie_embeddings=config.model.tie_embeddings)
@@ -140,6 +141,16 @@ class Trainer:
         self._maybe_resume()
 
     # ---- set-up helpers ------------------------------------------------------------------------
+
+    def _saved_vocab_rows(self) -> int | None:
+        """Embedding rows in the snapshot we will resume from (its vocabulary padding), if any."""
+        snapshot = checkpoint.latest_snapshot(os.path.join(self.config.trainer.run_dir, "snapshots"))
+        if snapshot is None:
+            return None
+        from safetensors import safe_open
+
+        with safe_open(os.path.join(snapshot, "model.safetensors"), framework="pt") as handle:
+            return handle.get_slice("tok_emb.weight").get_shape()[0] if "tok_emb.weight" in handle.keys() else None
 
     def _total_steps(self) -> int:
         limits = []
