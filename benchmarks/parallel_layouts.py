@@ -1,10 +1,16 @@
-"""Step time of each parallel layout relative to one process, side by side in one run.
+"""Cost of a training step in each parallel layout relative to one process, side by side in one run.
 
 On this CPU machine with gloo this measures the *overhead* each layout adds (collectives,
 pipeline bubbles, sharding bookkeeping, processes sharing the cores), not a speed-up: all
 processes share the same few cores, so more processes never make a step faster here.
 
-    python benchmarks/parallel_layouts.py [--steps 12] [--layouts single ddp2 ...]
+Two figures per layout:
+- CPU s/step: CPU time of all processes together per step, from the difference between a long
+  and a short run (so start-up cancels). It does not depend on how busy the machine is.
+- wall s/step: the trainer's own step time over the last logging interval. On a shared machine
+  a layout with more processes gets a larger share of the cores, so read it with care.
+
+    python benchmarks/parallel_layouts.py [--steps 4 16] [--layouts single ddp2 ...]
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 
@@ -34,38 +41,54 @@ LAYOUTS = {
 }
 
 
-def step_time(name: str, steps: int, workdir: str, corpus: str | None) -> float:
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def step_cost(name: str, steps: int, workdir: str, corpus: str | None) -> tuple[float, float]:
+    """(wall seconds per step of the last interval, CPU seconds of the whole run)."""
     nproc, batch, settings = LAYOUTS[name]
     values = {"model.n_layer": 4, "model.n_head": 4, "model.n_embd": 128, "data.block_size": 64,
               "trainer.max_steps": steps, "trainer.batch_size": batch, "trainer.eval_every": 0,
               "trainer.log_every": steps // 2, "trainer.sample_tokens": 0,
-              "trainer.run_dir": os.path.join(workdir, name), "parallel.dp_replicate": 1, **settings}
+              "trainer.run_dir": os.path.join(workdir, f"{name}_{steps}"), "parallel.dp_replicate": 1,
+              **settings}
     if corpus:
         values["data.path"] = corpus
     args = ["-m", "triax", "train", *[f"{k}={v}" for k, v in values.items()]]
+    before = children_cpu_s()
     if nproc == 1:
         run([sys.executable, *args], timeout=900)
     else:
         run_torchrun(nproc, args, timeout=900)
-    records = [json.loads(line) for line in open(os.path.join(workdir, name, "metrics.jsonl"))]
+    cpu = children_cpu_s() - before
+    records = [json.loads(line) for line in open(os.path.join(workdir, f"{name}_{steps}", "metrics.jsonl"))]
     # The last interval only: the first includes start-up (shape inference, allocator warm-up).
-    return records[-1]["step_time_s"]
+    return records[-1]["step_time_s"], cpu
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, nargs=2, default=[4, 16], help="a short and a long run")
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--corpus", default=None, help="text file (default: the built-in corpus)")
     args = parser.parse_args()
     names = ["single"] + [n for n in args.layouts if n != "single"]
+    short, long = args.steps
+    cpu, wall = {}, {}
     with tempfile.TemporaryDirectory() as workdir:
-        times = {name: step_time(name, args.steps, workdir, args.corpus) for name in names}
+        for name in names:
+            _, cpu_short = step_cost(name, short, workdir, args.corpus)
+            wall[name], cpu_long = step_cost(name, long, workdir, args.corpus)
+            cpu[name] = (cpu_long - cpu_short) / (long - short)
     print(f"GPT 4 layers x 128 wide, global batch {GLOBAL_BATCH} x 64 tokens, fp32, CPU gloo, "
-          f"{os.cpu_count()} cores (overhead, not speed-up)")
-    print(f"{'layout':<12} {'procs':>5} {'step s':>8} {'vs single':>10}")
+          f"{os.cpu_count()} cores, one thread per process (overhead, not speed-up)")
+    print(f"{'layout':<12} {'procs':>5} {'CPU s/step':>11} {'vs single':>10} {'wall s/step':>12} {'vs single':>10}")
     for name in names:
-        print(f"{name:<12} {LAYOUTS[name][0]:>5} {times[name]:8.4f} {times[name] / times['single']:9.2f}x")
+        print(f"{name:<12} {LAYOUTS[name][0]:>5} {cpu[name]:11.4f} {cpu[name] / cpu['single']:9.2f}x "
+              f"{wall[name]:12.4f} {wall[name] / wall['single']:9.2f}x")
+    print(f"load average during the run: {os.getloadavg()}")
     return 0
 
 
