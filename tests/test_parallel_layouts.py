@@ -1,6 +1,6 @@
 """Every parallel layout computes the same training run as one process.
 
-Same seed, data and global batch: the loss after K steps and the final (exported) parameters of
+Same seed, data and global batch: the training and validation loss after K steps and the final (exported) parameters of
 DDP, FSDP2, HSDP, tensor parallel, pipeline parallel (each schedule) and their mixes must equal the
 single-process run's to fp32 round-off. Checkpoints written in one layout resume in another.
 Kept cheap: a 4-layer, 32-wide model, 3 steps, a global batch of 8 that every degree divides.
@@ -37,15 +37,16 @@ def write_corpus(path):
 def overrides(run_dir, corpus, batch_size, **extra):
     values = {"model.n_layer": 4, "model.n_head": 2, "model.n_embd": 32, "data.path": corpus,
               "data.block_size": 16, "trainer.max_steps": STEPS, "trainer.batch_size": batch_size,
-              "trainer.eval_every": 0, "trainer.log_every": STEPS, "trainer.run_dir": str(run_dir),
+              "trainer.eval_every": STEPS, "trainer.eval_batches": 1, "trainer.log_every": STEPS,
+              "trainer.run_dir": str(run_dir),
               "trainer.sample_tokens": 0, "optim.warmup_steps": 2, "parallel.dp_replicate": 1}
     values.update(extra)
     return [f"{key}={value}" for key, value in values.items()]
 
 
-def final_loss(run_dir):
+def final_loss(run_dir, key="loss"):
     records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    return next(r["loss"] for r in records if r["step"] == STEPS)
+    return next(r[key] for r in records if r["step"] == STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,8 @@ def test_layout_equals_single_process(name, tmp_path, corpus, baseline):
     assert batch_size * nproc // _model_parallel(settings) == GLOBAL_BATCH
     train(overrides(tmp_path, corpus, batch_size, **settings), nproc=nproc)
     assert final_loss(tmp_path) == pytest.approx(final_loss(baseline), rel=1e-5)
+    # Evaluation too (through the pipeline schedule, or with vocabulary-sharded logits).
+    assert final_loss(tmp_path, "val_loss") == pytest.approx(final_loss(baseline, "val_loss"), rel=1e-5)
     assert_same_weights(final_weights(tmp_path), final_weights(baseline), atol=ATOL, rtol=RTOL)
     if name == "pp2_1f1b":
         # `triax export` consolidates the pipeline run into one plain file equal to the baseline.
