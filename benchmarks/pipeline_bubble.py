@@ -100,7 +100,8 @@ def main() -> int:
                                "--repeats", str(args.repeats)], timeout=600)
         line = next(line for line in out.stdout.splitlines() if line.startswith("RESULTS "))
         for r in json.loads(line[len("RESULTS "):]):
-            print(f"{r['p']:>2} {r['m']:>3} {r['schedule']:<8} {r['step_s']:7.3f} {r['measured']:9.3f} {r['formula']:14.3f}")
+            print(f"{r['p']:>2} {r['m']:>3} {r['schedule']:<8} {r['step_s']:7.3f} {r['measured']:9.3f} "
+                  f"{r['formula']:14.3f}")
     return 0
 
 

@@ -146,7 +146,8 @@ def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: s
     s, h, t = shape.block_size, shape.n_embd, layout.tp
     m = (microbatches or 2 * layout.pp) if layout.pp > 1 else 1
     b = batch_size / m
-    layers = math.ceil(shape.n_layer / num_stages(layout.pp, pp_schedule)) * (num_stages(layout.pp, pp_schedule) // layout.pp)
+    stages = num_stages(layout.pp, pp_schedule)
+    layers = math.ceil(shape.n_layer / stages) * (stages // layout.pp)  # layers on the busiest rank
     per_layer_full = 17 * s * b * h * act_bytes / t
     per_layer = {"none": per_layer_full, "selective": 10 * s * b * h * act_bytes / t,
                  "full": s * b * h * act_bytes}[checkpointing]
@@ -162,7 +163,8 @@ def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: s
     tp_comm = 0.0 if t == 1 else 8 * layers * s * b * h * act_bytes * (t - 1) / t * m / (bandwidth_gbs * 1e9)
     dp = layout.dp
     dp_factor = 3 if layout.dp_shard > 1 else 2
-    dp_comm = 0.0 if dp == 1 else dp_factor * local * layout.dp_shard * param_bytes * (dp - 1) / dp / (bandwidth_gbs * 1e9)
+    replica_bytes = local * layout.dp_shard * param_bytes  # one data-parallel replica's parameters
+    dp_comm = 0.0 if dp == 1 else dp_factor * replica_bytes * (dp - 1) / dp / (bandwidth_gbs * 1e9)
     return Estimate(layout, checkpointing, params, params, 2 * params, activations / gb,
                     max(compute, dp_comm) + tp_comm)
 
@@ -207,7 +209,7 @@ def main(argv: list[str]) -> int:
     from triax.models.gpt import PRESETS
 
     parser = argparse.ArgumentParser(prog="triax plan", description=__doc__.split("\n")[0],
-                                     epilog="Formulas: see `python -c \"import triax.parallel.plan as p; print(p.__doc__)\"`")
+                                     epilog="The formulas are in the docstring of triax/parallel/plan.py.")
     parser.add_argument("--model", default="gpt2", help=f"preset: {', '.join(PRESETS)}")
     parser.add_argument("--world", type=int, required=True, help="number of devices (processes)")
     parser.add_argument("--memory-gb", type=float, required=True, help="memory per device, GiB")
@@ -235,7 +237,8 @@ def main(argv: list[str]) -> int:
     if not results:
         print("no layout fits; add devices, lower --global-batch / --seq, or use --precision bf16-pure")
         return 1
-    header = f"{'layout':<36} {'ckpt':<9} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'total':>7} {'step s':>8}"
+    header = (f"{'layout':<36} {'ckpt':<9} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} "
+              f"{'total':>7} {'step s':>8}")
     print(header + "\n" + "-" * len(header))
     for e in results[: args.top]:
         print(f"{e.layout.describe():<36} {e.checkpointing:<9} {e.params_gb:7.2f} {e.grads_gb:7.2f} "
