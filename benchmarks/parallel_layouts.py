@@ -1,8 +1,9 @@
 """Cost of a training step in each parallel layout relative to one process, side by side in one run.
 
-On this CPU machine with gloo this measures the *overhead* each layout adds (collectives,
-pipeline bubbles, sharding bookkeeping, processes sharing the cores), not a speed-up: all
-processes share the same few cores, so more processes never make a step faster here.
+On a CPU machine with gloo this measures the *overhead* each layout adds (collectives, pipeline
+bubbles, sharding bookkeeping, processes sharing the cores), not the speed-up a GPU cluster would
+see: the processes share the machine's few cores (on 2 cores, two processes can each have one;
+four oversubscribe them).
 
 Two figures per layout:
 - CPU s/step: CPU time of all processes together per step, from the difference between a long
@@ -70,7 +71,7 @@ def step_cost(name: str, steps: int, workdir: str, corpus: str | None) -> tuple[
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, nargs=2, default=[4, 16], help="a short and a long run")
+    parser.add_argument("--steps", type=int, nargs=2, default=[4, 28], help="a short and a long run")
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--corpus", default=None, help="text file (default: the built-in corpus)")
     args = parser.parse_args()
