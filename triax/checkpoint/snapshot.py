@@ -162,21 +162,38 @@ def _attempt(action: Callable[[], None]) -> str | None:
     return None
 
 
+def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    """(model state, optimizer state), full and keyed by parameter name, on CPU. Collective for
+    sharded models (FSDP2, tensor parallel): every rank takes part."""
+    model_state = get_model_state_dict(model, options=_FULL)
+    optim_state = get_optimizer_state_dict(model, optimizer, options=_FULL) if optimizer else None
+    return model_state, optim_state
+
+
+def apply_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                     model_state: dict, optim_state: dict | None) -> None:
+    """Put full, name-keyed state into `model` / `optimizer` in whatever layout they are now."""
+    set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
+    if optimizer is not None and optim_state is not None:
+        set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
+
+
 def save_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
-                  optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0) -> str:
+                  optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
+                  gather=gather_full_state) -> str:
     """Write a snapshot of `model`, `optimizer`, the JSON-able `state` and every rank's RNG states;
     returns its path. Collective: every rank calls it. The snapshot counts as written only when
     complete; if storage fails, every rank raises SnapshotWriteError and earlier snapshots are
-    untouched. `keep_last` > 0 then deletes all but that many newest complete snapshots."""
+    untouched. `keep_last` > 0 then deletes all but that many newest complete snapshots.
+    `gather(model, optimizer)` collects the full state (a pipeline stage holds only part of it:
+    see triax.parallel.pipeline_checkpoint)."""
     rank, world = _rank(), _world()
     store = Store(snapshot_root)
     final = store.path(snapshot_name(step))
     # Locally we assemble under a temporary name and rename; object stores cannot rename, so
     # there the snapshot is written in place and only the manifest, written last, completes it.
     work = final + STAGING_SUFFIX if store.local else final
-    # Gathering full state is collective for sharded models: every rank takes part.
-    model_state = get_model_state_dict(model, options=_FULL)
-    optim_state = get_optimizer_state_dict(model, optimizer, options=_FULL) if optimizer else None
+    model_state, optim_state = gather(model, optimizer)
     try:
         error = _attempt(lambda: _prepare(store, work)) if rank == 0 else None
         _outcome(error, "creating the snapshot directory")
@@ -368,10 +385,11 @@ def read_model_tensors(snapshot: str, verify: bool = True) -> dict:
 
 
 def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                  restore_rng: bool = True, verify: bool = True) -> dict:
+                  restore_rng: bool = True, verify: bool = True, apply=apply_full_state) -> dict:
     """Load a snapshot into `model` (and `optimizer`), whatever layout either was saved or is
     now in, and restore this rank's RNG states. Returns the JSON state. Raises
-    SnapshotCorruptError if a file is missing or fails its checksum."""
+    SnapshotCorruptError if a file is missing or fails its checksum. `apply(model, optimizer,
+    model_state, optimizer_state)` places the full state (pipeline stages take only their keys)."""
     reader = _open(snapshot, verify)
     state = reader.json("state.json")
     model_state = reader.tensors("model.safetensors", copy=False)
@@ -379,10 +397,8 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
     rng_file = f"rng/rank_{_rank():05d}.json"
     rng_state = reader.json(rng_file) if restore_rng and reader.has(rng_file) else None
     try:
-        set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
-        if optim_tensors is not None:
-            set_optimizer_state_dict(model, optimizer, _unflatten_optimizer(optim_tensors, state["optimizer"]),
-                                     options=StateDictOptions(full_state_dict=True))
+        optim_state = _unflatten_optimizer(optim_tensors, state["optimizer"]) if optim_tensors is not None else None
+        apply(model, optimizer, model_state, optim_state)
     except (RuntimeError, KeyError, ValueError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SnapshotError(f"snapshot {snapshot} does not fit this model/optimizer ({first}); "
@@ -395,7 +411,8 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
 
 def load_latest_snapshot(snapshot_root: str, model: torch.nn.Module,
                          optimizer: torch.optim.Optimizer | None = None,
-                         report: Callable[[str], None] | None = None) -> tuple[str, dict] | None:
+                         report: Callable[[str], None] | None = None,
+                         apply=apply_full_state) -> tuple[str, dict] | None:
     """Load the newest snapshot that passes verification on every rank, falling back to older
     ones (each rejected one is reported in one line and moved aside). Collective. Returns
     (path, state), or None when there is no snapshot at all."""
@@ -415,7 +432,7 @@ def load_latest_snapshot(snapshot_root: str, model: torch.nn.Module,
         path = store.url_of(store.path(snapshot_name(step)))
         error = None
         try:
-            state = load_snapshot(path, model, optimizer)
+            state = load_snapshot(path, model, optimizer, apply=apply)
         except SnapshotCorruptError as failure:
             error = str(failure)
         if not any_rank(error is not None):

@@ -78,6 +78,7 @@ class ParallelConfig:
     pp: int = 1  # pipeline-parallel stages (splits the layer stack)
     pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | zero_bubble
     pp_microbatches: int = 0  # micro-batches per pipeline step; 0 = 2 x pp
+    pp_balance: List[int] = field(default_factory=list)  # layers per pipeline stage, e.g. [3,1]; empty = even
     activation_checkpointing: str = "none"  # none | full | selective
     compile: bool = False  # torch.compile each transformer block
     bucket_mb: float = 25.0  # gradient all-reduce bucket size in MB (DDP)

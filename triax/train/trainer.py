@@ -24,7 +24,10 @@ from triax.errors import ConfigError
 from triax.metrics import MetricsLogger, peak_flops, peak_memory_mb
 from triax.models import GPT, GPTConfig
 from triax.optim import make_adamw, make_schedule
-from triax.parallel.ddp import apply_ddp, unwrap
+from triax.parallel.ddp import unwrap
+from triax.parallel.grad_clip import clip_grad_norm
+from triax.parallel.mesh import build_mesh, padded_vocab_size, resolve_layout, validate_layout
+from triax.parallel.parallelize import parallelize
 from triax.precision import Precision
 from triax.runtime import any_rank, barrier, detect_place, init_distributed, is_distributed, pick_device, seed_everything
 from triax.train.config import TrainConfig, to_dict
@@ -71,18 +74,29 @@ class Trainer:
         self.precision = Precision(trainer.precision)
         self.precision.check_device(self.device)
         self.data = build_data(config.data)
+        parallel = config.parallel
+        self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
+                                     self.place.world_size)
+        validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
+                        block_size=self.data.block_size, batch_size=trainer.batch_size,
+                        grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
+                        pp_microbatches=parallel.pp_microbatches, pp_balance=list(parallel.pp_balance),
+                        activation_checkpointing=parallel.activation_checkpointing,
+                        tie_embeddings=config.model.tie_embeddings)
         model_config = GPTConfig(
-            vocab_size=self.data.vocab_size, block_size=self.data.block_size,
+            vocab_size=padded_vocab_size(self.data.vocab_size, self.layout.tp, self._saved_vocab_rows()),
+            block_size=self.data.block_size,
             n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
             dropout=config.model.dropout, bias=config.model.bias,
             tie_embeddings=config.model.tie_embeddings)
-        self.global_micro_batch = trainer.batch_size * self.place.world_size
+        # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
+        self.global_micro_batch = trainer.batch_size * self.layout.dp
         self.samples_per_step = self.global_micro_batch * trainer.grad_accum
         self.steps_per_epoch = len(self.data.train) // self.samples_per_step
         if self.steps_per_epoch == 0:
             raise ConfigError(
                 f"one step needs {self.samples_per_step} samples (batch_size {trainer.batch_size} x "
-                f"{self.place.world_size} processes x grad_accum {trainer.grad_accum}) but the training "
+                f"{self.layout.dp} data-parallel ranks x grad_accum {trainer.grad_accum}) but the training "
                 f"set has {len(self.data.train)}; lower trainer.batch_size or grad_accum")
         created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
         self.snapshot_root = trainer.snapshot_dir or os.path.join(trainer.run_dir, "snapshots")
@@ -105,20 +119,28 @@ class Trainer:
             raise
         self.rank, self.world_size = self.place.rank, self.place.world_size
         self.is_main = self.rank == 0
+        self.dp_rank = self.layout.dp_rank(self.rank)
 
         # Same seed everywhere so every rank builds identical initial weights...
         seed_everything(trainer.seed)
         model = GPT(model_config).to(self.device, dtype=self.precision.param_dtype)
         self.model_config = model_config
-        self.raw_model = model
-        self.model = apply_ddp(model, self.device, bucket_mb=config.parallel.bucket_mb,
-                               grad_compression=config.parallel.grad_compression,
-                               powersgd_rank=config.parallel.powersgd_rank)
+        self.num_params = model.num_params()
+        self.flops_per_token = model.flops_per_token(self.data.block_size)
+        self.mesh = build_mesh(self.layout, self.device.type)
+        self.parallel_model = parallelize(model, self.layout, self.mesh, self.precision, parallel, self.device,
+                                          loss_fn=self._pipeline_loss, rank=self.rank)
+        self.model = self.parallel_model.model
+        # The plain GPT to call for evaluation and sampling (sharded in place by TP/FSDP); a
+        # pipeline rank holds only stages of it and evaluates through the schedule instead.
+        self.raw_model = None if self.parallel_model.pipelined else unwrap(self.model)
+        self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # ...then a different stream per rank, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
 
         optim = config.optim
-        self.optimizer = make_adamw(self.raw_model, optim.lr, optim.weight_decay, optim.betas, self.device)
+        self.optimizer = make_adamw(self.raw_model if self.raw_model is not None else self.model,
+                                    optim.lr, optim.weight_decay, optim.betas, self.device)
         self.sampler = GlobalSampler(len(self.data.train), seed=trainer.seed)
         self.total_steps = self._total_steps()
         self.scheduler = make_schedule(self.optimizer, self.total_steps, optim.warmup_steps, optim.min_lr)
@@ -137,7 +159,6 @@ class Trainer:
         if os.environ.get(SAMPLE_LOG_ENV):
             self.sample_log = open(f"{os.environ[SAMPLE_LOG_ENV]}.rank{self.rank}", "a", buffering=1)
         self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
-        self.flops_per_token = self.raw_model.flops_per_token(self.data.block_size)
         self._peak_flops: tuple[float, str] | None = None
         if self.is_main:
             self._write_run_files()
@@ -149,6 +170,16 @@ class Trainer:
             barrier()
 
     # ---- set-up helpers ------------------------------------------------------------------------
+
+    def _saved_vocab_rows(self) -> int | None:
+        """Embedding rows in the snapshot we will resume from (its vocabulary padding), if any."""
+        snapshot = checkpoint.latest_snapshot(os.path.join(self.config.trainer.run_dir, "snapshots"))
+        if snapshot is None:
+            return None
+        from safetensors import safe_open
+
+        with safe_open(os.path.join(snapshot, "model.safetensors"), framework="pt") as handle:
+            return handle.get_slice("tok_emb.weight").get_shape()[0] if "tok_emb.weight" in handle.keys() else None
 
     def _total_steps(self) -> int:
         limits = []
@@ -178,7 +209,8 @@ class Trainer:
             print(f"triax: warning: {message}", file=sys.stderr, flush=True)
 
     def _maybe_resume(self) -> None:
-        found = checkpoint.load_latest_snapshot(self.snapshot_root, self.model, self.optimizer, report=self._warn)
+        found = checkpoint.load_latest_snapshot(self.snapshot_root, self.model, self.optimizer, report=self._warn,
+                                                  **self._state_functions("apply"))
         if found is None:
             if self.restarted:
                 self.logger.print(f"restart: no snapshot in {self.snapshot_root} yet, starting from step 0")
@@ -207,7 +239,7 @@ class Trainer:
                  "config": to_dict(self.config)}
         try:
             path = checkpoint.save_snapshot(self.snapshot_root, self.step, self.model, self.optimizer, state,
-                                            keep_last=trainer.keep_last)
+                                            keep_last=trainer.keep_last, **self._state_functions("gather"))
         except checkpoint.SnapshotWriteError as error:
             self.save_failures += 1
             last_good = self.last_snapshot or "none yet"
@@ -224,6 +256,17 @@ class Trainer:
         self.saved_step, self.last_snapshot = self.step, path
         return path
 
+    def _state_functions(self, which: str) -> dict:
+        """Pipeline ranks hold part of the model: they gather / pick their keys themselves."""
+        if not self.parallel_model.pipelined:
+            return {}
+        from triax.parallel.pipeline_checkpoint import pipeline_state_functions
+
+        coords = self.layout.coordinates(self.rank)
+        leader = coords["tp"] == 0 and self.dp_rank == 0
+        gather, apply = pipeline_state_functions(self.pp_group, leader)
+        return {"gather": gather} if which == "gather" else {"apply": apply}
+
     # ---- the step ------------------------------------------------------------------------------
 
     def _batch(self, dataset, indices: torch.Tensor):
@@ -234,9 +277,48 @@ class Trainer:
     def _loss(self, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.precision.autocast(self.device):
             logits = model(x)
+        return self._cross_entropy(logits, y)
+
+    @staticmethod
+    def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # The loss in fp32 whatever the compute dtype: a bf16 softmax over the vocabulary loses digits.
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1),
                                ignore_index=IGNORE_INDEX)
+
+    def _pipeline_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # The schedule runs backward on what this returns: scale it here for fp16.
+        return self.scaler.scale(self._cross_entropy(logits, y))
+
+    def _loss_context(self):
+        """Tensor parallelism leaves the logits vocabulary-sharded: the loss and its backward then
+        run under loss_parallel, which computes the softmax without gathering the vocabulary."""
+        if self.parallel_model.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def _pipeline_forward(self, x: torch.Tensor, y: torch.Tensor, train: bool) -> torch.Tensor:
+        """Run the pipeline schedule on one batch (forward and, if `train`, backward); returns the
+        mean micro-batch loss, on every rank (the last stage broadcasts it down the pipeline)."""
+        pm = self.parallel_model
+        losses: list[torch.Tensor] = []
+        inputs = (x,) if pm.is_first_stage else ()
+        target = y if pm.is_last_stage else None
+        with self.precision.autocast(self.device):
+            if train:
+                pm.schedule.step(*inputs, target=target, losses=losses)
+            else:
+                pm.schedule.eval(*inputs, target=target, losses=losses)
+        if pm.is_last_stage:
+            loss = torch.stack([item.detach().float() for item in losses]).mean()
+            if self.scaler.is_enabled():
+                loss = loss / self.scaler.get_scale()
+        else:
+            loss = torch.zeros((), device=self.device)
+        last_rank = dist.get_global_rank(self.pp_group, self.layout.pp - 1)
+        dist.broadcast(loss, src=last_rank, group=self.pp_group)
+        return loss
 
     def train_step(self) -> tuple[float, float]:
         """One optimizer step; returns (this rank's mean micro-batch loss, gradient norm)."""
@@ -246,22 +328,26 @@ class Trainer:
             self.sample_index = 0
         loss_sum = 0.0
         consumed = []
-        for micro in range(trainer.grad_accum):
+        if self.parallel_model.pipelined:
+            indices = self.sampler.rank_slice(self.epoch, self.sample_index, trainer.batch_size, self.dp_rank)
+            if self.sample_log is not None:
+                consumed += indices.tolist()
+            loss_sum = self._pipeline_forward(*self._batch(self.data.train, indices), train=True)
+        for micro in range(0 if self.parallel_model.pipelined else trainer.grad_accum):
             start = self.sample_index + micro * self.global_micro_batch
-            indices = self.sampler.rank_slice(self.epoch, start, trainer.batch_size, self.rank)
+            indices = self.sampler.rank_slice(self.epoch, start, trainer.batch_size, self.dp_rank)
             if self.sample_log is not None:
                 consumed += indices.tolist()
             x, y = self._batch(self.data.train, indices)
             last = micro == trainer.grad_accum - 1
-            # Gradients are all-reduced only on the last micro-batch; the others accumulate locally.
-            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
-            with sync:
+            # Gradients are synchronised only on the last micro-batch; the others accumulate locally.
+            with self._sync_context(last), self._loss_context():
                 loss = self._loss(self.model, x, y)
                 self.scaler.scale(loss / trainer.grad_accum).backward()
             loss_sum = loss_sum + loss.detach()
         self.scaler.unscale_(self.optimizer)
         max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = clip_grad_norm(list(self.model.parameters()), max_norm, self.pp_group)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -271,6 +357,23 @@ class Trainer:
         if self.sample_log is not None:
             self.sample_log.write(f"{self.step} {self.epoch} {' '.join(map(str, consumed))}\n")
         return float(loss_sum) / trainer.grad_accum, float(grad_norm)
+
+    def _sync_context(self, last: bool):
+        if last:
+            return contextlib.nullcontext()
+        if hasattr(self.model, "no_sync"):  # DDP
+            return self.model.no_sync()
+        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: skip the reduce-scatter
+
+            @contextlib.contextmanager
+            def no_fsdp_sync():
+                self.model.set_requires_gradient_sync(False)
+                try:
+                    yield
+                finally:
+                    self.model.set_requires_gradient_sync(True)
+            return no_fsdp_sync()
+        return contextlib.nullcontext()
 
     # ---- evaluation ----------------------------------------------------------------------------
 
@@ -284,11 +387,15 @@ class Trainer:
         batch = min(trainer.batch_size, len(val))
         losses = []
         for i in range(trainer.eval_batches):
-            start = ((i * self.world_size + self.rank) * batch) % max(1, len(val) - batch + 1)
+            start = ((i * self.layout.dp + self.dp_rank) * batch) % max(1, len(val) - batch + 1)
             indices = torch.arange(start, start + batch)
-            losses.append(self._loss(self.raw_model, *self._batch(val, indices)).item())
+            if self.parallel_model.pipelined:
+                losses.append(self._pipeline_forward(*self._batch(val, indices), train=False).item())
+                continue
+            with self._loss_context():
+                losses.append(self._loss(self.raw_model, *self._batch(val, indices)).item())
         result = {"val_loss": mean_across_ranks(sum(losses) / len(losses), self.device)}
-        if self.config.data.task == "addition":
+        if self.config.data.task == "addition" and self._can_generate():
             result["val_accuracy"] = addition_accuracy(self.raw_model, val, self.device)
         self.model.train()
         return result
@@ -296,7 +403,7 @@ class Trainer:
     @torch.no_grad()
     def sample_text(self, prompt: str | None = None) -> str | None:
         vocab = self.data.vocab
-        if vocab is None or self.config.trainer.sample_tokens <= 0:
+        if vocab is None or self.config.trainer.sample_tokens <= 0 or not self._can_generate():
             return None
         prompt = prompt or vocab.decode(self.data.val.ids[: min(16, self.data.block_size)])
         idx = torch.tensor([vocab.encode(prompt)], device=self.device)
@@ -309,6 +416,11 @@ class Trainer:
                                           top_k=20, generator=generator)
         self.raw_model.train()
         return vocab.decode(out[0].tolist())
+
+    def _can_generate(self) -> bool:
+        """Token-by-token generation needs the whole model and full logits on one rank: not
+        available with pipeline stages or vocabulary-sharded logits (`triax generate` after the run is)."""
+        return not self.parallel_model.pipelined and not self.parallel_model.loss_parallel
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -325,10 +437,10 @@ class Trainer:
     def fit(self) -> dict:
         trainer = self.config.trainer
         if self.is_main:
-            params = self.raw_model.num_params()
+            params = self.num_params
             self.logger.print(
                 f"training {self.config.model.name} ({params / 1e6:.2f}M params) on {self.device} x "
-                f"{self.world_size} process(es), precision {self.precision.name}, "
+                f"{self.world_size} process(es) ({self.layout.describe()}), precision {self.precision.name}, "
                 f"{self.total_steps} steps of {self.samples_per_step} samples "
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
         self.model.train()

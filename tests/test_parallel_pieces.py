@@ -1,0 +1,90 @@
+"""The single-process pieces of triax.parallel: checkpointing, compile, the pipeline cut, the plan."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from triax.models import GPT, GPTConfig
+from triax.parallel.activation_checkpoint import apply_activation_checkpointing
+from triax.parallel.mesh import Layout
+from triax.parallel.pipeline_parallel import build_stage_modules, split_layers
+from triax.parallel.plan import ModelShape, estimate, local_parameter_count, plan
+
+CONFIG = GPTConfig(vocab_size=28, block_size=16, n_layer=4, n_head=2, n_embd=32)
+
+
+def loss_and_grads(model, x, y):
+    model.zero_grad()
+    loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_changes_memory_not_results(mode):
+    torch.manual_seed(0)
+    plain = GPT(CONFIG)
+    checkpointed = GPT(CONFIG)
+    checkpointed.load_state_dict(plain.state_dict())
+    apply_activation_checkpointing(checkpointed, mode)
+    # Names are unchanged, so snapshots of checkpointed models load anywhere.
+    assert list(dict(checkpointed.named_parameters())) == list(dict(plain.named_parameters()))
+    x = torch.randint(0, 28, (4, 16))
+    y = torch.randint(0, 28, (4, 16))
+    loss_a, grads_a = loss_and_grads(plain, x, y)
+    loss_b, grads_b = loss_and_grads(checkpointed, x, y)
+    torch.testing.assert_close(loss_a, loss_b)
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], msg=name)
+
+
+def test_split_layers_even_and_balanced():
+    assert split_layers(4, 2) == [[0, 1], [2, 3]]
+    assert split_layers(5, 3) == [[0, 1], [2, 3], [4]]
+    assert split_layers(4, 3) == [[0], [1, 2], [3]]  # the extra layer goes to the middle
+    assert split_layers(4, 2, [3, 1]) == [[0, 1, 2], [3]]
+
+
+def test_stages_keep_global_names_and_compose_to_the_model():
+    torch.manual_seed(0)
+    model = GPT(CONFIG)
+    x = torch.randint(0, 28, (2, 16))
+    expected = model(x)
+    stages = [module for rank in range(2) for _, module in build_stage_modules(model, rank, 2, "1f1b")]
+    assert set(stages[0].state_dict()) | set(stages[1].state_dict()) == set(model.state_dict())
+    assert "layers.3.mlp.up_proj.weight" in stages[1].state_dict()
+    assert stages[0].lm_head is None and stages[1].tok_emb is None
+    torch.testing.assert_close(stages[1](stages[0](x)), expected)
+
+
+def test_interleaved_ranks_hold_two_looped_stages():
+    model = GPT(CONFIG)
+    held = build_stage_modules(model, 0, 2, "interleaved_1f1b")
+    assert [stage_id for stage_id, _ in held] == [0, 2]
+    assert list(held[1][1].layers.keys()) == ["2"]
+
+
+def test_plan_counts_a_pipeline_stage_exactly():
+    model = GPT(CONFIG)
+    shape = ModelShape(4, 2, 32, 28, 16)
+    assert shape.num_params() == sum(p.numel() for p in model.parameters())
+    for rank in range(2):
+        (_, stage), = build_stage_modules(model, rank, 2, "1f1b")
+        counted = local_parameter_count(shape, Layout(pp=2), "1f1b", stage=rank)
+        assert counted == sum(p.numel() for p in stage.parameters())
+
+
+def test_plan_memory_shrinks_with_sharding_and_ranks_fastest_first():
+    shape = ModelShape(12, 12, 768, 50257, 1024)
+    one = estimate(shape, Layout(), batch_size=8)
+    sharded = estimate(shape, Layout(dp_shard=4), batch_size=8)
+    assert sharded.params_gb == pytest.approx(one.params_gb / 4, rel=0.01)
+    assert sharded.optimizer_gb == pytest.approx(2 * sharded.params_gb)
+    selective = estimate(shape, Layout(), batch_size=8, checkpointing="selective")
+    full = estimate(shape, Layout(), batch_size=8, checkpointing="full")
+    assert full.activations_gb < selective.activations_gb < one.activations_gb
+    assert full.step_s > selective.step_s > one.step_s  # recomputation costs time
+    results = plan(shape, 8, 16.0, 32)
+    assert results and [r.step_s for r in results] == sorted(r.step_s for r in results)
+    assert all(r.total_gb <= 16.0 for r in results)
+    assert plan(shape, 1, 0.5, 32) == []

@@ -1,0 +1,68 @@
+"""A bad layout is refused before any collective, with a message naming the key and the fix."""
+
+import pytest
+
+from triax.errors import ConfigError
+from triax.parallel.mesh import Layout, padded_vocab_size, resolve_layout, validate_layout
+from triax.testing import run_torchrun
+
+GPT = dict(n_layer=4, n_head=4, block_size=16, batch_size=8)
+
+
+def check(layout, **kwargs):
+    validate_layout(layout, **{**GPT, **kwargs})
+
+
+def test_minus_one_fills_the_rest():
+    assert resolve_layout(-1, 2, 1, 1, 8) == Layout(pp=1, dp_replicate=4, dp_shard=2, tp=1)
+    assert resolve_layout(1, -1, 2, 2, 8) == Layout(pp=2, dp_replicate=1, dp_shard=2, tp=2)
+
+
+@pytest.mark.parametrize("degrees, world, message", [
+    ((1, 2, 2, 1), 2, "multiply to 4 but the job has 2"),
+    ((-1, -1, 1, 1), 4, "only one parallel degree may be -1"),
+    ((-1, 1, 3, 1), 4, "not divisible by the product 3"),
+    ((1, 0, 1, 1), 1, "parallel.dp_shard=0 is invalid"),
+])
+def test_bad_degrees(degrees, world, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_layout(*degrees, world)
+
+
+@pytest.mark.parametrize("layout, kwargs, message", [
+    (Layout(tp=3), {}, r"parallel.tp=3 does not divide model.n_head=4"),
+    (Layout(tp=4), {"block_size": 18, "n_head": 8}, r"does not divide the sequence length 18"),
+    (Layout(pp=8), {}, r"parallel.pp=8 needs 8 pipeline stages but the model has only 4 layers"),
+    (Layout(pp=4), {"pp_schedule": "interleaved_1f1b"}, r"needs 8 pipeline stages but the model has only 4"),
+    (Layout(pp=2), {"pp_microbatches": 3}, r"pp_microbatches=3 does not divide trainer.batch_size=8"),
+    (Layout(pp=4), {"pp_microbatches": 2, "pp_schedule": "1f1b"}, r"1f1b needs at least pp=4 micro-batches"),
+    (Layout(pp=2), {"pp_microbatches": 1, "pp_schedule": "zero_bubble"}, r"zero_bubble needs a multiple of pp=2"),
+    (Layout(pp=2), {"pp_schedule": "dualpipe"}, r"pp_schedule='dualpipe' is unknown"),
+    (Layout(pp=2), {"grad_accum": 2}, r"grad_accum=2 is not used with parallel.pp > 1"),
+    (Layout(pp=2), {"pp_balance": [3, 2]}, r"pp_balance=\[3, 2\] must give 2 positive layer counts"),
+    (Layout(pp=2), {"tie_embeddings": True}, r"tie_embeddings=true is not supported with parallel.pp"),
+    (Layout(), {"activation_checkpointing": "some"}, r"activation_checkpointing='some' is unknown"),
+])
+def test_bad_layouts(layout, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        check(layout, **kwargs)
+
+
+def test_vocabulary_is_padded_to_a_multiple_of_tp():
+    assert padded_vocab_size(65, 1) == 65
+    assert padded_vocab_size(65, 2) == 66
+    assert padded_vocab_size(65, 4) == 68
+    # Resuming keeps the snapshot's padding, which the new tp must divide.
+    assert padded_vocab_size(65, 1, saved_rows=66) == 66
+    with pytest.raises(ConfigError, match="padded to 66 rows, which parallel.tp=4 does not divide"):
+        padded_vocab_size(65, 4, saved_rows=66)
+
+
+def test_every_rank_reports_a_bad_layout_and_none_hangs(tmp_path):
+    # tp=4 on 2 processes: each rank must print the one-line error and exit, within seconds.
+    result = run_torchrun(2, ["-m", "triax", "train", "parallel.tp=4", "parallel.dp_replicate=1",
+                              f"trainer.run_dir={tmp_path}", "trainer.max_steps=1"], timeout=120, check=False)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if "parallel degrees" in line]
+    assert len(lines) == 2, result.stderr[-2000:]
+    assert all("multiply to 4 but the job has 2 process(es)" in line for line in lines)

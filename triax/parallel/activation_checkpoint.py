@@ -1,0 +1,45 @@
+"""Activation checkpointing: trade recomputation in backward for activation memory.
+
+- full: keep only each block's input; its whole forward is recomputed during backward.
+- selective: keep the outputs of the expensive ops (matmuls, attention) and recompute only the
+  cheap element-wise ones (LayerNorm, GELU, dropout, adds), which hold most activation bytes per FLOP.
+
+The block's forward is wrapped in place rather than the block replaced by a wrapper module, so
+parameter names (and therefore checkpoints) do not change.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+# Ops whose outputs selective checkpointing keeps: recomputing them would cost a matmul.
+_SAVE_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+
+
+def _policy(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
+    if mode == "none":
+        return model
+    context_fn = (functools.partial(create_selective_checkpoint_contexts, _policy)
+                  if mode == "selective" else None)
+    for block in model.layers.values():
+        forward = block.forward
+        kwargs = {"use_reentrant": False}
+        if context_fn is not None:
+            kwargs["context_fn"] = context_fn
+        block.forward = functools.partial(checkpoint, forward, **kwargs)
+    return model

@@ -1,0 +1,177 @@
+"""The layout of a job (how many ways each kind of parallelism cuts it) and its DeviceMesh.
+
+Every check here is arithmetic on the configuration alone, so it runs on every rank *before* the
+process group exists: a bad layout is the same one-line error on each rank, never a hang in a
+collective that some ranks reached and others did not.
+
+Rank order on the mesh is (pp, dp_replicate, dp_shard, tp) with tp innermost: tensor-parallel
+peers exchange activations every layer, so they get neighbouring ranks (the same node, NVLink);
+pipeline stages exchange one activation per micro-batch, so they may sit furthest apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from triax.errors import ConfigError
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
+# Schedules that put several (virtual) stages on each rank.
+MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
+STAGES_PER_RANK_INTERLEAVED = 2
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
+
+
+@dataclass(frozen=True)
+class Layout:
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many different batches one step sees."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """This rank's index along each mesh dimension (row-major, tp innermost)."""
+        coords = {}
+        for name, size in reversed(list(zip(MESH_DIMS, self.shape))):
+            coords[name] = rank % size
+            rank //= size
+        return coords
+
+    def dp_rank(self, rank: int) -> int:
+        """Which slice of the global batch this rank reads (tp and pp peers read the same one)."""
+        c = self.coordinates(rank)
+        return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
+
+    def describe(self) -> str:
+        parts = [f"{name}={size}" for name, size in zip(MESH_DIMS, self.shape) if size > 1]
+        return ", ".join(parts) or "single process"
+
+
+def resolve_layout(dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int) -> Layout:
+    """Fill in the one degree given as -1 and check that the degrees multiply to the world size."""
+    given = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": pp}
+    for name, value in given.items():
+        if value == 0 or value < -1:
+            raise ConfigError(f"parallel.{name}={value} is invalid; use a positive degree or -1 for "
+                              "'the remaining processes'")
+    unknown = [name for name, value in given.items() if value == -1]
+    if len(unknown) > 1:
+        raise ConfigError(f"only one parallel degree may be -1, got {', '.join(f'parallel.{n}=-1' for n in unknown)}; "
+                          "give the others explicitly")
+    known = math.prod(value for value in given.values() if value != -1)
+    if unknown:
+        if world_size % known != 0:
+            raise ConfigError(f"the world size {world_size} is not divisible by the product {known} of the given "
+                              f"degrees ({_degrees(given)}), so parallel.{unknown[0]}=-1 cannot fill the rest; "
+                              "change the degrees or the number of processes")
+        given[unknown[0]] = world_size // known
+    layout = Layout(pp=given["pp"], dp_replicate=given["dp_replicate"], dp_shard=given["dp_shard"], tp=given["tp"])
+    if layout.world_size != world_size:
+        raise ConfigError(f"parallel degrees {_degrees(given)} multiply to {layout.world_size} but the job has "
+                          f"{world_size} process(es); make the product equal the world size (or set one degree to -1)")
+    return layout
+
+
+def _degrees(given: dict) -> str:
+    return " x ".join(f"{name}={value}" for name, value in given.items())
+
+
+def pipeline_microbatches(requested: int, pp: int) -> int:
+    return requested if requested > 0 else 2 * pp
+
+
+def validate_layout(layout: Layout, *, n_layer: int, n_head: int, block_size: int, batch_size: int,
+                    grad_accum: int = 1, pp_schedule: str = "1f1b", pp_microbatches: int = 0,
+                    pp_balance: list[int] | None = None, activation_checkpointing: str = "none",
+                    tie_embeddings: bool = False) -> None:
+    """Every check a layout must pass for a GPT of this shape; raises ConfigError naming the key."""
+    if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+        raise ConfigError(f"parallel.activation_checkpointing={activation_checkpointing!r} is unknown; "
+                          f"choose one of {', '.join(ACTIVATION_CHECKPOINTING)}")
+    if layout.tp > 1:
+        if n_head % layout.tp != 0:
+            raise ConfigError(f"parallel.tp={layout.tp} does not divide model.n_head={n_head}; tensor parallelism "
+                              "splits attention by heads, so choose tp among the divisors of n_head")
+        if block_size % layout.tp != 0:
+            raise ConfigError(f"parallel.tp={layout.tp} does not divide the sequence length {block_size} "
+                              "(data.block_size); sequence parallelism splits it, so make it a multiple of tp")
+        if tie_embeddings:
+            raise ConfigError("model.tie_embeddings=true is not supported with parallel.tp > 1; "
+                              "set model.tie_embeddings=false")
+    if pp_schedule not in PP_SCHEDULES:
+        raise ConfigError(f"parallel.pp_schedule={pp_schedule!r} is unknown; choose one of {', '.join(PP_SCHEDULES)}")
+    if layout.pp == 1:
+        return
+    if tie_embeddings:
+        raise ConfigError("model.tie_embeddings=true is not supported with parallel.pp > 1 (the embedding and "
+                          "the head live on different stages); set model.tie_embeddings=false")
+    stages = num_stages(layout.pp, pp_schedule)
+    if stages > n_layer:
+        what = (f"parallel.pp={layout.pp}" if stages == layout.pp else
+                f"parallel.pp={layout.pp} x {STAGES_PER_RANK_INTERLEAVED} stages per rank ({pp_schedule})")
+        raise ConfigError(f"{what} needs {stages} pipeline stages but the model has only {n_layer} layers "
+                          f"(model.n_layer); lower parallel.pp or use a deeper model")
+    if pp_balance:
+        if len(pp_balance) != stages or sum(pp_balance) != n_layer or min(pp_balance) < 1:
+            raise ConfigError(f"parallel.pp_balance={list(pp_balance)} must give {stages} positive layer counts that "
+                              f"sum to model.n_layer={n_layer}")
+    if grad_accum != 1:
+        raise ConfigError(f"trainer.grad_accum={grad_accum} is not used with parallel.pp > 1; the pipeline's "
+                          "micro-batches are the accumulation: set grad_accum=1 and raise parallel.pp_microbatches")
+    micro = pipeline_microbatches(pp_microbatches, layout.pp)
+    if pp_microbatches < 0:
+        raise ConfigError(f"parallel.pp_microbatches={pp_microbatches} must be >= 0 (0 means 2 x pp)")
+    if batch_size % micro != 0:
+        raise ConfigError(f"parallel.pp_microbatches={micro} does not divide trainer.batch_size={batch_size} "
+                          "(samples per data-parallel rank); choose a divisor of the batch size")
+    if pp_schedule == "1f1b" and micro < layout.pp:
+        raise ConfigError(f"parallel.pp_schedule=1f1b needs at least pp={layout.pp} micro-batches, got "
+                          f"parallel.pp_microbatches={micro}; raise it (and keep it dividing trainer.batch_size)")
+    if pp_schedule in MULTI_STAGE_SCHEDULES:
+        rounds = max(1, micro // layout.pp)
+        if micro % rounds != 0 or micro < layout.pp:
+            raise ConfigError(f"parallel.pp_schedule={pp_schedule} needs a multiple of pp={layout.pp} micro-batches, "
+                              f"got parallel.pp_microbatches={micro}; use e.g. {2 * layout.pp}")
+
+
+def num_stages(pp: int, pp_schedule: str) -> int:
+    return pp * (STAGES_PER_RANK_INTERLEAVED if pp_schedule in MULTI_STAGE_SCHEDULES else 1)
+
+
+def padded_vocab_size(vocab_size: int, tp: int, saved_rows: int | None = None) -> int:
+    """Round the vocabulary up to a multiple of tp (as Megatron does) so the embedding and head
+    split evenly; the extra rows are classes no target ever names, so training pushes them down.
+
+    `saved_rows`: the embedding rows of the snapshot a run resumes from. Its padding is kept (the
+    padded rows are part of the trained model), so it must split evenly over the new tp too."""
+    if saved_rows is None or saved_rows < vocab_size:
+        return -(-vocab_size // tp) * tp
+    if saved_rows % tp != 0:
+        raise ConfigError(f"the snapshot's vocabulary is padded to {saved_rows} rows, which parallel.tp={tp} does "
+                          f"not divide; resume with a tp that divides {saved_rows}")
+    return saved_rows
+
+
+def build_mesh(layout: Layout, device_type: str):
+    """The 4-D DeviceMesh (pp, dp_replicate, dp_shard, tp); size-1 dimensions are kept so the same
+    names exist in every layout. None for a single process."""
+    if layout.world_size == 1:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, layout.shape, mesh_dim_names=MESH_DIMS)

@@ -1,0 +1,102 @@
+"""Apply a layout to a plain GPT: tensor parallel, activation checkpointing, compile, then data
+parallel (FSDP2 / HSDP / DDP) — always in this order (DESIGN.md) — on each pipeline stage.
+
+Why this order: FSDP must wrap modules whose parameters are already DTensors sharded by TP (it
+then shards them again over the data-parallel mesh: 2-D parameters); checkpointing and compile
+act on a block's forward and must sit inside FSDP's per-block all-gather hooks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from triax.parallel.activation_checkpoint import apply_activation_checkpointing
+from triax.parallel.compile import apply_compile
+from triax.parallel.mesh import Layout, pipeline_microbatches
+from triax.precision import Precision
+
+
+@dataclass
+class ParallelModel:
+    """What a rank holds after parallelization."""
+
+    layout: Layout
+    mesh: object | None  # the DeviceMesh, None for one process
+    parts: list[nn.Module]  # this rank's modules (one; two per rank for interleaved schedules)
+    model: nn.Module  # pp == 1: the module to call; pp > 1: a ModuleList of `parts`
+    loss_parallel: bool = False  # logits are vocabulary-sharded DTensors (compute the loss in loss_parallel())
+    schedule: object | None = None  # the pipeline schedule when pp > 1
+    stage_ids: list[int] = field(default_factory=list)
+    is_first_stage: bool = True
+    is_last_stage: bool = True
+
+    @property
+    def pipelined(self) -> bool:
+        return self.schedule is not None
+
+
+def data_parallel_kind(layout: Layout) -> str:
+    """none | ddp | fsdp | hsdp. Replication alongside tensor or pipeline parallelism goes through
+    FSDP2's HSDP with a shard group of one: DDP does not take the DTensor parameters TP makes, and
+    its bucket bookkeeping breaks when a pipeline schedule interleaves micro-batches' forwards and
+    backwards (an internal assert in the reducer)."""
+    if layout.dp_shard > 1:
+        return "hsdp" if layout.dp_replicate > 1 else "fsdp"
+    if layout.dp_replicate > 1:
+        return "hsdp" if layout.tp > 1 or layout.pp > 1 else "ddp"
+    return "none"
+
+
+def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precision, parallel,
+                      device: torch.device, loss_parallel: bool) -> nn.Module:
+    from triax.parallel.ddp import apply_ddp
+    from triax.parallel.fsdp import apply_fsdp
+    from triax.parallel.tensor_parallel import apply_tensor_parallel
+
+    if layout.tp > 1:
+        apply_tensor_parallel(part, mesh["tp"], loss_parallel=loss_parallel)
+    apply_activation_checkpointing(part, parallel.activation_checkpointing)
+    if parallel.compile:
+        apply_compile(part)
+    kind = data_parallel_kind(layout)
+    if kind == "fsdp":
+        return apply_fsdp(part, mesh["dp_shard"], precision, reshard_after_forward=layout.pp == 1)
+    if kind == "hsdp":
+        return apply_fsdp(part, mesh["dp_replicate", "dp_shard"], precision, reshard_after_forward=layout.pp == 1)
+    if kind == "ddp":
+        return apply_ddp(part, device, process_group=mesh["dp_replicate"].get_group(), bucket_mb=parallel.bucket_mb,
+                         grad_compression=parallel.grad_compression, powersgd_rank=parallel.powersgd_rank)
+    return part
+
+
+def parallelize(full_model: nn.Module, layout: Layout, mesh, precision: Precision, parallel,
+                device: torch.device, loss_fn=None, rank: int = 0) -> ParallelModel:
+    """Cut (pp), shard (tp, fsdp) and wrap (ddp) `full_model` for this rank.
+
+    `parallel` is a triax.train.config.ParallelConfig; `loss_fn(logits, targets)` is needed for pp > 1.
+    """
+    if layout.pp == 1:
+        # Vocabulary-parallel loss when TP shards the head (and no pipeline needs plain outputs).
+        loss_parallel = layout.tp > 1
+        model = _parallelize_part(full_model, layout, mesh, precision, parallel, device, loss_parallel)
+        return ParallelModel(layout, mesh, [model], model, loss_parallel=loss_parallel)
+
+    from triax.parallel.pipeline_parallel import build_schedule, build_stage_modules
+    from triax.parallel.mesh import num_stages
+
+    pp_rank = layout.coordinates(rank)["pp"]
+    stage_modules = build_stage_modules(full_model, pp_rank, layout.pp, parallel.pp_schedule,
+                                        list(parallel.pp_balance) or None)
+    wrapped = [(stage_id, _parallelize_part(module, layout, mesh, precision, parallel, device, False))
+               for stage_id, module in stage_modules]
+    microbatches = pipeline_microbatches(parallel.pp_microbatches, layout.pp)
+    schedule = build_schedule(wrapped, layout.pp, parallel.pp_schedule, microbatches, loss_fn, device,
+                              mesh["pp"].get_group())
+    stage_ids = [stage_id for stage_id, _ in wrapped]
+    parts = [module for _, module in wrapped]
+    return ParallelModel(layout, mesh, parts, nn.ModuleList(parts), schedule=schedule, stage_ids=stage_ids,
+                         is_first_stage=0 in stage_ids,
+                         is_last_stage=num_stages(layout.pp, parallel.pp_schedule) - 1 in stage_ids)

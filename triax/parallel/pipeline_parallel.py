@@ -1,0 +1,92 @@
+"""Pipeline parallelism by `torch.distributed.pipelining`: the layer stack cut into stages.
+
+Every rank builds the whole plain GPT from the same seed (so its weights equal the single-process
+model's), then each stage keeps only its own layers: the first stage also keeps the embeddings,
+the last the final LayerNorm and head. Layers live in a ModuleDict, so a kept layer keeps its name
+("layers.5") and a stage's state dict is a subset of the full model's.
+
+Schedules: gpipe (all forwards, then all backwards), 1f1b (one forward one backward in steady
+state: at most pp micro-batches of activations alive), interleaved_1f1b and zero_bubble (two
+stages per rank, looped: stage r and r + pp; zero_bubble also splits each backward into input-
+and weight-gradient parts to fill the bubble).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
+
+from triax.parallel.mesh import num_stages
+
+SCHEDULES = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved_1f1b": ScheduleInterleaved1F1B,
+    "zero_bubble": ScheduleInterleavedZeroBubble,
+}
+
+
+def split_layers(n_layer: int, stages: int, balance: list[int] | None = None) -> list[list[int]]:
+    """Layer numbers of each stage: `balance[s]` layers for stage s if given, else as even as
+    possible, with any extra layers on the middle stages (the ends also run embedding / head)."""
+    if not balance:
+        base, extra = divmod(n_layer, stages)
+        # Extra layers go to the middle stages: the ends already carry the embedding / head.
+        order = sorted(range(stages), key=lambda s: abs(s - (stages - 1) / 2))
+        balance = [base + (1 if s in order[:extra] else 0) for s in range(stages)]
+    ranges, start = [], 0
+    for count in balance:
+        ranges.append(list(range(start, start + count)))
+        start += count
+    return ranges
+
+
+def stage_ids_for_rank(pp_rank: int, pp: int, schedule: str) -> list[int]:
+    """Looped placement: rank r runs stages r, r + pp, ..."""
+    return list(range(pp_rank, num_stages(pp, schedule), pp))
+
+
+def cut_stage(full_model: nn.Module, layers: list[int], first: bool, last: bool) -> nn.Module:
+    """A copy of `full_model` holding only `layers` (and the embeddings if first, the head if last)."""
+    stage = copy.deepcopy(full_model)
+    for name in list(stage.layers.keys()):
+        if int(name) not in layers:
+            del stage.layers[name]
+    if not first:
+        stage.tok_emb = None
+        stage.pos_emb = None
+    if not last:
+        stage.ln_f = None
+        stage.lm_head = None
+    return stage
+
+
+def build_stage_modules(full_model: nn.Module, pp_rank: int, pp: int, schedule: str,
+                        balance: list[int] | None = None) -> list[tuple[int, nn.Module]]:
+    """(stage index, module) for each stage this rank runs."""
+    total = num_stages(pp, schedule)
+    ranges = split_layers(full_model.config.n_layer, total, balance)
+    return [(stage_id, cut_stage(full_model, ranges[stage_id], stage_id == 0, stage_id == total - 1))
+            for stage_id in stage_ids_for_rank(pp_rank, pp, schedule)]
+
+
+def build_schedule(stage_modules: list[tuple[int, nn.Module]], pp: int, schedule: str, microbatches: int,
+                   loss_fn, device: torch.device, pp_group):
+    """The pipeline schedule over this rank's stages; `stage_modules` may already be wrapped
+    (FSDP, DDP, compiled blocks) — PipelineStage knows to delay their gradient sync."""
+    total = num_stages(pp, schedule)
+    stages = [PipelineStage(module, stage_id, total, device, group=pp_group)
+              for stage_id, module in stage_modules]
+    cls = SCHEDULES[schedule]
+    if len(stages) == 1:
+        return cls(stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
+    return cls(stages, n_microbatches=microbatches, loss_fn=loss_fn)

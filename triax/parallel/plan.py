@@ -1,0 +1,247 @@
+"""`triax plan`: which layouts fit a model on given devices, and which should be fastest.
+
+Per-device memory, by formula (B = bytes per value of the parameter dtype: 4 fp32, 2 bf16-pure):
+- parameters:  sum over this device's tensors of their local size x B. A tensor split by tensor
+  parallelism (q/k/v/up/head/embeddings along dim 0, out/down projections along dim 1) holds
+  ceil(n/tp) of that dimension; FSDP then keeps ceil(dim0/dp_shard) rows of what is left; a
+  pipeline stage holds only its layers (plus embeddings first, final norm and head last). The
+  figure is for the most loaded device (the first stage, rank 0 of each group).
+- gradients:   as parameters (same shards, same dtype: FSDP reduces in fp32 for mixed precision).
+- optimizer:   AdamW's exp_avg and exp_avg_sq: 2 x parameters.
+- activations: per layer and micro-batch of b sequences of length s, width h, in the compute
+  dtype (A bytes): none 17·s·b·h·A/tp (Korthikanti et al. 2022, 34·s·b·h bytes at A = 2, without
+  the attention-score term a fused attention kernel does not store); selective 10·s·b·h·A/tp (the
+  matmul and attention outputs); full s·b·h·A (each layer's input) plus one layer's 17·s·b·h·A/tp
+  being recomputed. Micro-batches alive on the first stage: m for gpipe, min(m, pp) for 1f1b-style
+  schedules. Plus the fp32 logits and their gradient, 2·s·b·V·4/tp, on the last stage.
+Step time, by formula: compute 6·N·T + 12·L·h·s·T FLOPs (T tokens per step) over world x
+--tflops, x 4/3 for full recomputation (x 1.1 selective), / (1 - (pp-1)/(m+pp-1)) for the
+pipeline bubble; plus tensor-parallel traffic 8·L·s·b·h·A·(tp-1)/tp per micro-batch per device
+(4 all-gather/reduce-scatter pairs per layer, forward and backward) at --bandwidth; data-parallel
+traffic (3 x parameter bytes for FSDP, 2 x for replication, x (n-1)/n) is assumed to overlap with
+compute, so the step takes the longer of the two. These are estimates to rank layouts, not promises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+from triax.errors import ConfigError
+from triax.parallel.mesh import MULTI_STAGE_SCHEDULES, Layout, num_stages, padded_vocab_size
+
+# Parameter-name endings and the dimension tensor parallelism splits (see tensor_parallel.py).
+_TP_SPLIT_DIM = {
+    "q_proj.weight": 0, "q_proj.bias": 0, "k_proj.weight": 0, "k_proj.bias": 0,
+    "v_proj.weight": 0, "v_proj.bias": 0, "up_proj.weight": 0, "up_proj.bias": 0,
+    "out_proj.weight": 1, "down_proj.weight": 1,
+    "tok_emb.weight": 0, "pos_emb.weight": 0, "lm_head.weight": 0,
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    vocab_size: int
+    block_size: int
+    bias: bool = True
+
+    def parameter_shapes(self, tp: int = 1) -> dict[str, tuple[int, ...]]:
+        """Name -> full shape of every parameter of the GPT (vocabulary padded for tp)."""
+        h, v = self.n_embd, padded_vocab_size(self.vocab_size, tp)
+        shapes = {"tok_emb.weight": (v, h), "pos_emb.weight": (self.block_size, h)}
+        for i in range(self.n_layer):
+            p = f"layers.{i}."
+            layer = {"ln_1.weight": (h,), "attn.q_proj.weight": (h, h), "attn.k_proj.weight": (h, h),
+                     "attn.v_proj.weight": (h, h), "attn.out_proj.weight": (h, h), "ln_2.weight": (h,),
+                     "mlp.up_proj.weight": (4 * h, h), "mlp.down_proj.weight": (h, 4 * h)}
+            if self.bias:
+                layer.update({"ln_1.bias": (h,), "attn.q_proj.bias": (h,), "attn.k_proj.bias": (h,),
+                              "attn.v_proj.bias": (h,), "attn.out_proj.bias": (h,), "ln_2.bias": (h,),
+                              "mlp.up_proj.bias": (4 * h,), "mlp.down_proj.bias": (h,)})
+            shapes.update({p + name: shape for name, shape in layer.items()})
+        shapes["ln_f.weight"] = (h,)
+        if self.bias:
+            shapes["ln_f.bias"] = (h,)
+        shapes["lm_head.weight"] = (v, h)
+        return shapes
+
+    def num_params(self) -> int:
+        return sum(math.prod(s) for s in self.parameter_shapes().values())
+
+    def flops_per_token(self) -> float:
+        n = self.num_params() - self.block_size * self.n_embd
+        return 6 * n + 12 * self.n_layer * self.n_embd * self.block_size
+
+
+def stage_parameter_names(shape: ModelShape, layout: Layout, pp_schedule: str, stage: int = 0,
+                          balance: list[int] | None = None) -> list[str]:
+    from triax.parallel.pipeline_parallel import split_layers
+
+    names = list(shape.parameter_shapes(layout.tp))
+    if layout.pp == 1:
+        return names
+    total = num_stages(layout.pp, pp_schedule)
+    stages = [stage + k * layout.pp for k in range(total // layout.pp)]  # looped placement
+    ranges = split_layers(shape.n_layer, total, balance)
+    owned_layers = {layer for s in stages for layer in ranges[s]}
+    kept = []
+    for name in names:
+        if name.startswith("layers."):
+            keep = int(name.split(".")[1]) in owned_layers
+        elif name.startswith(("tok_emb", "pos_emb")):
+            keep = 0 in stages
+        else:
+            keep = total - 1 in stages
+        if keep:
+            kept.append(name)
+    return kept
+
+
+def local_numel(name: str, full: tuple[int, ...], tp: int, dp_shard: int) -> int:
+    """Values of this parameter on the most loaded device (rank 0 of its tp and dp_shard groups)."""
+    local = list(full)
+    for ending, dim in _TP_SPLIT_DIM.items():
+        if name.endswith(ending) and tp > 1:
+            local[dim] = -(-local[dim] // tp)
+    if dp_shard > 1:
+        local[0] = -(-local[0] // dp_shard)
+    return math.prod(local)
+
+
+def local_parameter_count(shape: ModelShape, layout: Layout, pp_schedule: str = "1f1b", stage: int = 0,
+                          balance: list[int] | None = None) -> int:
+    shapes = shape.parameter_shapes(layout.tp)
+    return sum(local_numel(name, shapes[name], layout.tp, layout.dp_shard)
+               for name in stage_parameter_names(shape, layout, pp_schedule, stage, balance))
+
+
+@dataclass
+class Estimate:
+    layout: Layout
+    checkpointing: str
+    params_gb: float
+    grads_gb: float
+    optimizer_gb: float
+    activations_gb: float
+    step_s: float
+
+    @property
+    def total_gb(self) -> float:
+        return self.params_gb + self.grads_gb + self.optimizer_gb + self.activations_gb
+
+
+def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: str = "bf16",
+             checkpointing: str = "none", pp_schedule: str = "1f1b", microbatches: int = 0,
+             tflops: float = 100.0, bandwidth_gbs: float = 100.0) -> Estimate:
+    """Per-device memory and step time of one layout; `batch_size` is per data-parallel rank."""
+    param_bytes = 2 if precision == "bf16-pure" else 4
+    act_bytes = 4 if precision == "fp32" else 2
+    gb = 1024 ** 3
+    local = local_parameter_count(shape, layout, pp_schedule)
+    params = local * param_bytes / gb
+    s, h, t = shape.block_size, shape.n_embd, layout.tp
+    m = (microbatches or 2 * layout.pp) if layout.pp > 1 else 1
+    b = batch_size / m
+    stages = num_stages(layout.pp, pp_schedule)
+    layers = math.ceil(shape.n_layer / stages) * (stages // layout.pp)  # layers on the busiest rank
+    per_layer_full = 17 * s * b * h * act_bytes / t
+    per_layer = {"none": per_layer_full, "selective": 10 * s * b * h * act_bytes / t,
+                 "full": s * b * h * act_bytes}[checkpointing]
+    alive = m if (layout.pp == 1 or pp_schedule == "gpipe") else min(m, layout.pp)
+    activations = alive * layers * per_layer + (per_layer_full if checkpointing == "full" else 0)
+    activations += 2 * s * b * padded_vocab_size(shape.vocab_size, t) * 4 / t  # fp32 logits + grad
+    # Step time.
+    tokens = batch_size * layout.dp * s
+    compute = shape.flops_per_token() * tokens / (layout.world_size * tflops * 1e12)
+    compute *= {"none": 1.0, "selective": 1.1, "full": 4 / 3}[checkpointing]
+    if layout.pp > 1:
+        compute /= 1 - (layout.pp - 1) / (m + layout.pp - 1)
+    tp_comm = 0.0 if t == 1 else 8 * layers * s * b * h * act_bytes * (t - 1) / t * m / (bandwidth_gbs * 1e9)
+    dp = layout.dp
+    dp_factor = 3 if layout.dp_shard > 1 else 2
+    replica_bytes = local * layout.dp_shard * param_bytes  # one data-parallel replica's parameters
+    dp_comm = 0.0 if dp == 1 else dp_factor * replica_bytes * (dp - 1) / dp / (bandwidth_gbs * 1e9)
+    return Estimate(layout, checkpointing, params, params, 2 * params, activations / gb,
+                    max(compute, dp_comm) + tp_comm)
+
+
+def candidate_layouts(world: int, shape: ModelShape) -> list[Layout]:
+    layouts = []
+    for pp in range(1, world + 1):
+        for tp in range(1, world // pp + 1):
+            for dp_shard in range(1, world // (pp * tp) + 1):
+                rest = world // (pp * tp * dp_shard)
+                if pp * tp * dp_shard * rest != world:
+                    continue
+                if shape.n_head % tp or pp > shape.n_layer or shape.block_size % tp:
+                    continue
+                layouts.append(Layout(pp=pp, dp_replicate=rest, dp_shard=dp_shard, tp=tp))
+    return layouts
+
+
+def plan(shape: ModelShape, world: int, memory_gb: float, global_batch: int, **kwargs) -> list[Estimate]:
+    """The layouts that fit in `memory_gb` per device (each with the least checkpointing that
+    makes it fit), fastest first, for `global_batch` sequences per step whatever the layout."""
+    fitting = []
+    for layout in candidate_layouts(world, shape):
+        if global_batch % layout.dp:
+            continue
+        batch_size = global_batch // layout.dp
+        schedule = kwargs.get("pp_schedule", "1f1b")
+        if layout.pp > 1 and schedule in MULTI_STAGE_SCHEDULES and 2 * layout.pp > shape.n_layer:
+            continue
+        micro = kwargs.get("microbatches", 0) or 2 * layout.pp
+        if layout.pp > 1 and batch_size % micro:
+            continue
+        for checkpointing in ("none", "selective", "full"):
+            result = estimate(shape, layout, batch_size=batch_size, checkpointing=checkpointing, **kwargs)
+            if result.total_gb <= memory_gb:
+                fitting.append(result)
+                break
+    return sorted(fitting, key=lambda e: (e.step_s, e.total_gb))
+
+
+def main(argv: list[str]) -> int:
+    from triax.models.gpt import PRESETS
+
+    parser = argparse.ArgumentParser(prog="triax plan", description=__doc__.split("\n")[0],
+                                     epilog="The formulas are in the docstring of triax/parallel/plan.py.")
+    parser.add_argument("--model", default="gpt2", help=f"preset: {', '.join(PRESETS)}")
+    parser.add_argument("--world", type=int, required=True, help="number of devices (processes)")
+    parser.add_argument("--memory-gb", type=float, required=True, help="memory per device, GiB")
+    parser.add_argument("--global-batch", type=int, default=32, help="sequences per optimizer step (all ranks)")
+    parser.add_argument("--seq", type=int, default=1024, help="sequence length (block size)")
+    parser.add_argument("--vocab", type=int, default=50257, help="vocabulary size")
+    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16", "bf16-pure"])
+    parser.add_argument("--pp-schedule", default="1f1b")
+    parser.add_argument("--microbatches", type=int, default=0, help="pipeline micro-batches (0: 2 x pp)")
+    parser.add_argument("--tflops", type=float, default=100.0, help="sustained TFLOP/s per device")
+    parser.add_argument("--bandwidth", type=float, default=100.0, help="GB/s between devices")
+    parser.add_argument("--top", type=int, default=15, help="show this many layouts")
+    args = parser.parse_args(argv)
+    if args.model not in PRESETS:
+        raise ConfigError(f"unknown model preset {args.model!r}; presets are: {', '.join(PRESETS)}")
+    if args.world <= 0 or args.memory_gb <= 0:
+        raise ConfigError(f"--world and --memory-gb must be positive, got {args.world} and {args.memory_gb}")
+    n_layer, n_head, n_embd = PRESETS[args.model]
+    shape = ModelShape(n_layer, n_head, n_embd, args.vocab, args.seq)
+    results = plan(shape, args.world, args.memory_gb, args.global_batch, precision=args.precision,
+                   pp_schedule=args.pp_schedule, microbatches=args.microbatches, tflops=args.tflops,
+                   bandwidth_gbs=args.bandwidth)
+    print(f"{args.model}: {shape.num_params() / 1e6:.1f}M parameters, {args.world} devices x {args.memory_gb:g} GiB, "
+          f"{args.global_batch} x {args.seq} tokens per step, {args.precision}")
+    if not results:
+        print("no layout fits; add devices, lower --global-batch / --seq, or use --precision bf16-pure")
+        return 1
+    header = (f"{'layout':<36} {'ckpt':<9} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} "
+              f"{'total':>7} {'step s':>8}")
+    print(header + "\n" + "-" * len(header))
+    for e in results[: args.top]:
+        print(f"{e.layout.describe():<36} {e.checkpointing:<9} {e.params_gb:7.2f} {e.grads_gb:7.2f} "
+              f"{e.optimizer_gb:7.2f} {e.activations_gb:7.2f} {e.total_gb:7.2f} {e.step_s:8.3f}")
+    print("memory in GiB per device (most loaded device); formulas: triax/parallel/plan.py docstring")
+    return 0

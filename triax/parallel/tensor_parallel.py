@@ -1,0 +1,91 @@
+"""Tensor and sequence parallelism for the GPT, by DTensor's `parallelize_module`.
+
+The plan (Megatron-LM's, expressed in PyTorch's parallel styles):
+- q/k/v projections and the MLP up-projection are column-parallel: each rank computes some heads /
+  some hidden units, with no communication;
+- the attention output projection and the MLP down-projection are row-parallel: partial sums that
+  are reduce-scattered along the sequence;
+- LayerNorms and dropout run sequence-parallel: between the parallel regions each rank holds a
+  slice of the sequence, so their activations are not replicated tp times;
+- the token embedding is vocabulary-parallel (each rank holds 1/tp of the rows) and the head
+  is column-parallel over the vocabulary. With `loss_parallel` the logits stay sharded and the
+  cross-entropy is computed without ever gathering the (batch, seq, vocab) tensor.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+
+def block_plan() -> dict:
+    """The plan for one transformer Block; names are relative to the block."""
+    gather_sequence = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    return {
+        "ln_1": SequenceParallel(),
+        "attn": gather_sequence,
+        "attn.q_proj": ColwiseParallel(),
+        "attn.k_proj": ColwiseParallel(),
+        "attn.v_proj": ColwiseParallel(),
+        "attn.out_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "ln_2": SequenceParallel(),
+        "mlp": gather_sequence,
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool) -> nn.Module:
+    """Shard `model` (a GPT, or a pipeline stage of one) over `tp_mesh` in place.
+
+    `loss_parallel`: leave the logits sharded over the vocabulary as a DTensor; the caller must then
+    compute the loss (and run backward) inside `torch.distributed.tensor.parallel.loss_parallel()`.
+    Otherwise the logits are gathered and every rank gets the full (batch, seq, vocab) tensor.
+    """
+    top = {}
+    if model.tok_emb is not None:
+        # Embedding outputs go straight into the sequence-parallel region: sharded along the sequence.
+        top["tok_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        # The position table is indexed by position: its output's dim 0 is the sequence.
+        top["pos_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
+    else:
+        # A later pipeline stage receives full hidden states; cut them along the sequence.
+        model.register_forward_pre_hook(_shard_sequence_hook(tp_mesh))
+    if model.ln_f is not None:
+        top["ln_f"] = SequenceParallel()
+    if model.lm_head is not None:
+        top["lm_head"] = ColwiseParallel(input_layouts=Shard(1),
+                                         output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                         use_local_output=not loss_parallel)
+    elif model.ln_f is None:
+        # A middle pipeline stage sends full hidden states on to the next stage.
+        model.register_forward_hook(_gather_sequence_hook(tp_mesh))
+    parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, block_plan())
+    return model
+
+
+def _shard_sequence_hook(tp_mesh):
+    from torch.distributed.tensor import DTensor
+
+    def hook(module, args):
+        (hidden,) = args
+        return (DTensor.from_local(hidden, tp_mesh, [Replicate()], run_check=False)
+                .redistribute(tp_mesh, [Shard(1)]).to_local(),)
+    return hook
+
+
+def _gather_sequence_hook(tp_mesh):
+    from torch.distributed.tensor import DTensor
+
+    def hook(module, args, output):
+        return DTensor.from_local(output, tp_mesh, [Shard(1)], run_check=False).full_tensor()
+    return hook
