@@ -165,12 +165,27 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
+_decision_buffers: dict = {}
+
+
+def _decision_buffer(value: int) -> torch.Tensor:
+    # One long-lived tensor per device, reused. A fresh tensor per call can have its last reference
+    # dropped by gloo's worker thread, which then needs the GIL; if that happens while the main
+    # thread tears the process group down (holding the GIL), the process hangs at exit.
+    device = _collective_device()
+    buffer = _decision_buffers.get(device)
+    if buffer is None:
+        buffer = _decision_buffers[device] = torch.zeros(1, dtype=torch.int64, device=device)
+    buffer.fill_(int(value))
+    return buffer
+
+
 def max_across_ranks(value: int) -> int:
     """The largest of every rank's `value` (a collective: all ranks call it). Used to agree on a
     decision, e.g. "stop now" or "the snapshot write failed somewhere"."""
     if not is_distributed():
         return int(value)
-    tensor = torch.tensor([int(value)], dtype=torch.int64, device=_collective_device())
+    tensor = _decision_buffer(value)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return int(tensor.item())
 
@@ -187,7 +202,7 @@ def broadcast_int(value: int, src: int = 0) -> int:
     """Rank `src`'s `value` on every rank (a collective)."""
     if not is_distributed():
         return int(value)
-    tensor = torch.tensor([int(value)], dtype=torch.int64, device=_collective_device())
+    tensor = _decision_buffer(value)
     dist.broadcast(tensor, src=src)
     return int(tensor.item())
 
