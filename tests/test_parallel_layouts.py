@@ -113,7 +113,7 @@ def test_snapshot_resumes_in_another_layout(tmp_path, corpus, baseline):
         shutil.copytree(first, resumed)
         os.remove(resumed / "metrics.jsonl")
         result = train(overrides(resumed, corpus, 8, **settings), nproc=nproc)
-        assert "resumed from" in result.stdout + result.stderr
+        assert "resuming from" in result.stdout + result.stderr
         assert final_loss(resumed) == pytest.approx(final_loss(baseline), rel=1e-5)
         assert_same_weights(final_weights(resumed), final_weights(baseline), atol=ATOL, rtol=RTOL)
 
