@@ -29,7 +29,9 @@ def train_main(argv: list[str]) -> int:
 
         print(TRAIN_HELP + describe_keys())
         return 0
-    from triax.runtime import shutdown_distributed
+    import time
+
+    from triax.runtime import barrier, shutdown_distributed
     from triax.train.config import compose_config
     from triax.train.trainer import Trainer
 
@@ -37,6 +39,12 @@ def train_main(argv: list[str]) -> int:
     try:
         trainer = Trainer(config)
         trainer.fit()
+        # Free the DDP model while the process group is still registered, then let gloo's worker
+        # threads finish with their last work items (sleeping releases the GIL) before the group
+        # is torn down: tearing it down while a worker still needs the GIL can hang at exit.
+        del trainer
+        barrier()
+        time.sleep(0.05)
     finally:
         shutdown_distributed()
     return 0
