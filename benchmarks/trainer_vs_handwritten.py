@@ -97,11 +97,11 @@ def compare(rounds: int, steps: int) -> dict:
             "handwritten_spread_s": [min(hand_times), max(hand_times)]}
 
 
-def precision_figures(steps: int) -> dict:
+def precision_figures(steps: int, model: str) -> dict:
     results = {}
     for precision in ("fp32", "bf16"):
         with tempfile.TemporaryDirectory() as run_dir:
-            trainer = trainer_for(run_dir, precision)
+            trainer = trainer_for(run_dir, precision, extra=[f"model={model}"])
             for _ in range(3):
                 trainer.train_step()
             seconds = time_block(trainer.train_step, steps)
@@ -129,6 +129,13 @@ def addition_accuracy_figure(steps: int) -> dict:
     return {"steps": steps, "held_out_problems": 500, "exact_match": accuracy, "train_seconds": round(seconds, 1)}
 
 
+def print_precision(report: dict, args) -> None:
+    report["precision"] = precision_figures(args.steps * 2, args.precision_model)
+    for precision, r in report["precision"].items():
+        print(f"{args.precision_model} {precision}: {r['tokens_per_s']:.0f} tokens/s, {1000 * r['step_s']:.0f} ms/step, "
+              f"MFU {100 * r['mfu']:.1f}% of a measured {r['measured_peak_gflops']:.0f} GFLOP/s {precision} matmul peak")
+
+
 def worker(args) -> None:
     from triax.runtime import shutdown_distributed
 
@@ -147,6 +154,9 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write all figures to this file")
+    parser.add_argument("--precision-model", default="gpt-micro",
+                        help="preset for the fp32/bf16 tokens/s and MFU figures")
+    parser.add_argument("--only-precision", action="store_true", help="skip the other parts")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps = 4, 5
@@ -159,7 +169,10 @@ def main() -> None:
     torch.set_num_threads(threads)
     print(f"machine: {os.cpu_count()} CPU cores, torch {torch.__version__}; model gpt-micro "
           f"(triax train defaults: block 64, batch 32), fp32", flush=True)
-    report = {"single": compare(args.rounds, args.steps)}
+    report = {}
+    if args.only_precision:
+        return print_precision(report, args)
+    report["single"] = compare(args.rounds, args.steps)
     with tempfile.NamedTemporaryFile(suffix=".json") as output:
         # Two processes share the cores: one thread each.
         run_torchrun(2, [__file__, "--worker", "--rounds", str(args.rounds), "--steps", str(args.steps),
@@ -169,10 +182,7 @@ def main() -> None:
         r = report[name]
         print(f"{label:<22} triax {1000 * r['triax_step_s']:.1f} ms/step, hand-written "
               f"{1000 * r['handwritten_step_s']:.1f} ms/step, ratio triax/hand-written {r['ratio']:.3f}")
-    report["precision"] = precision_figures(args.steps * 2)
-    for precision, r in report["precision"].items():
-        print(f"{precision}: {r['tokens_per_s']:.0f} tokens/s, MFU {100 * r['mfu']:.1f}% of a measured "
-              f"{r['measured_peak_gflops']:.0f} GFLOP/s {precision} matmul peak")
+    print_precision(report, args)
     report["addition"] = addition_accuracy_figure(300 if args.quick else 600)
     r = report["addition"]
     print(f"addition (2 digits): exact match {100 * r['exact_match']:.1f}% on {r['held_out_problems']} "

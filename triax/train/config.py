@@ -48,7 +48,7 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: Optional[int] = 300  # optimizer steps; null to train by epochs only
+    max_steps: Optional[int] = 500  # optimizer steps; null to train by epochs only
     max_epochs: Optional[int] = None  # passes over the training set; the first limit reached ends the run
     batch_size: int = 32  # samples per data-parallel process per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
