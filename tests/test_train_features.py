@@ -84,3 +84,16 @@ def test_presets_and_parameter_count(preset, expected_millions):
         model = GPT(config)
     # GPT-2 small: 124M parameters with tied embeddings, counting position embeddings.
     assert abs(model.num_params(exclude_position=False) / 1e6 - expected_millions) < 0.1
+
+
+def test_generate_never_draws_padding_ids():
+    # A vocabulary padded to a multiple of tp has rows no character maps to; make them the most
+    # likely ids and check sampling still stays below the real vocabulary.
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=12, block_size=8, n_layer=1, n_head=1, n_embd=8))
+    with torch.no_grad():
+        model.lm_head.weight[10:] = 5.0
+    out = model.generate(torch.zeros(4, 1, dtype=torch.long), 20, vocab_limit=10)
+    assert out.max() < 10
+    unlimited = model.generate(torch.zeros(4, 1, dtype=torch.long), 20)
+    assert unlimited.max() >= 10  # without the limit the padded rows do get drawn

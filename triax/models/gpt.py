@@ -191,13 +191,16 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, greedy: bool = False,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
-        """Extend `idx` (batch, seq) by `max_new_tokens`, one token at a time."""
+                 generator: torch.Generator | None = None, vocab_limit: int | None = None) -> torch.Tensor:
+        """Extend `idx` (batch, seq) by `max_new_tokens`, one token at a time. `vocab_limit`: only
+        ids below it are drawn (a vocabulary padded for tensor parallelism has unused rows)."""
         if temperature <= 0 and not greedy:
             raise ValueError(f"temperature must be > 0 (got {temperature}); use greedy=True instead")
         for _ in range(max_new_tokens):
             context = idx[:, -self.config.block_size:]
             logits = self(context)[:, -1, :].float()
+            if vocab_limit is not None:
+                logits[:, vocab_limit:] = float("-inf")
             if greedy:
                 next_id = logits.argmax(dim=-1, keepdim=True)
             else:

@@ -108,6 +108,7 @@ def generate_main(argv: list[str]) -> int:
     idx = torch.tensor([vocab.encode(args.prompt)], device=args.device)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k,
+                         vocab_limit=len(vocab),
                          greedy=args.greedy, generator=generator)
     print(vocab.decode(out[0].tolist()))
     return 0

@@ -413,7 +413,7 @@ class Trainer:
         self.raw_model.eval()
         with self.precision.autocast(self.device):
             out = self.raw_model.generate(idx, self.config.trainer.sample_tokens, temperature=0.8,
-                                          top_k=20, generator=generator)
+                                          top_k=20, generator=generator, vocab_limit=len(vocab))
         self.raw_model.train()
         return vocab.decode(out[0].tolist())
 
