@@ -23,6 +23,11 @@ def quiet_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                TORCH_CPP_LOG_LEVEL="ERROR")
+    # Children import the same triax as this process, not whichever checkout pip installed.
+    import triax
+
+    source_root = os.path.dirname(os.path.dirname(os.path.abspath(triax.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [source_root, env.get("PYTHONPATH")]))
     env.update(extra)
     return env
 
