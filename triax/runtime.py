@@ -190,6 +190,15 @@ def max_across_ranks(value: int) -> int:
     return int(tensor.item())
 
 
+def mean_across_ranks(value: float) -> float:
+    """The mean of every rank's `value` (a collective), e.g. a loss for logging."""
+    if not is_distributed():
+        return float(value)
+    tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(tensor)
+    return tensor.item() / dist.get_world_size()
+
+
 def any_rank(flag: bool) -> bool:
     return max_across_ranks(int(bool(flag))) > 0
 

@@ -29,7 +29,8 @@ from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.mesh import build_mesh, padded_vocab_size, resolve_layout, validate_layout
 from triax.parallel.parallelize import parallelize
 from triax.precision import Precision
-from triax.runtime import any_rank, barrier, detect_place, init_distributed, is_distributed, pick_device, seed_everything
+from triax.runtime import (any_rank, barrier, detect_place, init_distributed, mean_across_ranks, pick_device,
+                           seed_everything)
 from triax.train.config import TrainConfig, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
@@ -53,14 +54,6 @@ def check_writable_directory(path: str, key: str) -> bool:
         raise ConfigError(f"{key} {path!r} is not writable ({error.strerror}); "
                           "choose a directory you can write to") from None
     return not existed
-
-
-def mean_across_ranks(value: float, device: torch.device) -> float:
-    if not is_distributed():
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    return tensor.item() / dist.get_world_size()
 
 
 class Trainer:
@@ -394,7 +387,7 @@ class Trainer:
                 continue
             with self._loss_context():
                 losses.append(self._loss(self.raw_model, *self._batch(val, indices)).item())
-        result = {"val_loss": mean_across_ranks(sum(losses) / len(losses), self.device)}
+        result = {"val_loss": mean_across_ranks(sum(losses) / len(losses))}
         if self.config.data.task == "addition" and self._can_generate():
             result["val_accuracy"] = addition_accuracy(self.raw_model, val, self.device)
         self.model.train()
@@ -474,7 +467,7 @@ class Trainer:
             record = None
             if self.step % trainer.log_every == 0 or self.step == self.total_steps:
                 elapsed = time.perf_counter() - interval_start
-                record = {"loss": round(mean_across_ranks(loss, self.device), 6),
+                record = {"loss": round(mean_across_ranks(loss), 6),
                           "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(grad_norm, 5),
                           "epoch": self.epoch, **self._throughput(interval_steps, elapsed),
                           "peak_mem_mb": round(peak_memory_mb(self.device), 1)}
