@@ -1,4 +1,5 @@
 import os
+import random
 
 import pytest
 
@@ -6,14 +7,13 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-@pytest.fixture
-def tiny_corpus(tmp_path):
-    """A small deterministic text file (no download, no dependence on ../shared)."""
-    import random
-
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    """A small deterministic text file (no download, no dependence on files outside the repo).
+    Shared by the whole session: tests read it and never write it."""
     rng = random.Random(0)
     words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "cat", "runs"]
     text = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(600))
-    path = tmp_path / "corpus.txt"
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text(text)
     return str(path)

@@ -6,9 +6,9 @@ import os
 import sys
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
+from helpers import adam_tolerance, assert_bitwise_equal, assert_weights_close
 from triax.testing import quiet_env, run, run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,14 +33,16 @@ def records(out):
     return [json.load(open(os.path.join(out, name))) for name in sorted(os.listdir(out)) if name.endswith(".json")]
 
 
+# loop.py: AdamW at lr 1e-2 / (1 + step), 8 optimizer steps.
+LOOP_LEARNING_RATES = [1e-2 / (1 + step) for step in range(8)]
+
+
 def assert_close_weights(a_dir, b_dir, exact=False):
     a, b = load_file(os.path.join(a_dir, "weights.safetensors")), load_file(os.path.join(b_dir, "weights.safetensors"))
-    assert a.keys() == b.keys()
-    for name in a:
-        if exact:
-            assert torch.equal(a[name], b[name]), f"{name} differs: max {(a[name] - b[name]).abs().max()}"
-        else:
-            torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+    if exact:
+        assert_bitwise_equal(a, b)
+    else:
+        assert_weights_close(a, b, *adam_tolerance(LOOP_LEARNING_RATES))
 
 
 @pytest.fixture(scope="module")

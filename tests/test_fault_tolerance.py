@@ -13,9 +13,8 @@ import subprocess
 import time
 
 import pytest
-import torch
 
-from helpers import assert_same_weights, final_weights, tiny_overrides, train
+from helpers import assert_bitwise_equal, assert_same_training, final_weights, tiny_overrides, train
 from triax import checkpoint
 from triax.testing import quiet_env, run_torchrun, torchrun_command
 from triax.train.config import compose_config
@@ -28,26 +27,11 @@ CHAOS = {"model.dropout": 0.1, "trainer.batch_size": 4, "trainer.max_steps": STE
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(0)
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "cat", "runs"]
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(600)))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, corpus):
+def reference(tmp_path_factory, tiny_corpus):
     """The uninterrupted 2-process run every interrupted one must equal."""
     run_dir = tmp_path_factory.mktemp("reference")
-    train(tiny_overrides(run_dir, corpus, **CHAOS), nproc=2)
+    train(tiny_overrides(run_dir, tiny_corpus, **CHAOS), nproc=2)
     return final_weights(run_dir)
-
-
-def assert_bitwise_equal(a, b):
-    assert a.keys() == b.keys()
-    different = [name for name in a if not torch.equal(a[name], b[name])]
-    assert not different, f"not bitwise equal: {different}"
 
 
 # ---- watching a running torchrun job ------------------------------------------------------------
@@ -139,13 +123,13 @@ def staging_directory(snapshot_root):
 
 # ---- the tests ----------------------------------------------------------------------------------
 
-def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, corpus, reference):
+def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, tiny_corpus, reference):
     """Several SIGKILLs at random moments, one in the middle of a snapshot write; torchrun restarts
     the workers each time and the run ends bitwise equal to the uninterrupted one."""
     run_dir, log = tmp_path / "chaos", tmp_path / "samples"
     snapshot_root = str(run_dir / "snapshots")
     rng = random.Random(int(os.environ.get("TRIAX_CHAOS_SEED", time.time_ns() % 10_000)))
-    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, corpus, **CHAOS)],
+    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **CHAOS)],
                                max_restarts=5)
     # Snapshot writes pause 0.3 s half-way, so a kill can land inside one.
     with started(command, log, TRIAX_TEST_SNAPSHOT_WRITE_DELAY_S="0.3") as job:
@@ -184,9 +168,9 @@ def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, corpus, referenc
     assert sorted(os.listdir(snapshot_root)) == [checkpoint.snapshot_name(s) for s in (21, STEPS)]
 
 
-def test_sigterm_on_one_rank_snapshots_exits_zero_and_resumes(tmp_path, corpus, reference):
+def test_sigterm_on_one_rank_snapshots_exits_zero_and_resumes(tmp_path, tiny_corpus, reference):
     run_dir, log = tmp_path / "term", tmp_path / "samples"
-    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, corpus, **CHAOS)])
+    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **CHAOS)])
     with started(command, log, TRIAX_TEST_SNAPSHOT_WRITE_DELAY_S="0.3") as job:
         assert wait_until(lambda: last_step(log) >= 4 and len(worker_pids(job.pid)) == 2, job, what="step 4")
         os.kill(worker_pids(job.pid)[1], signal.SIGTERM)  # a preemption notice to one rank only
@@ -199,7 +183,7 @@ def test_sigterm_on_one_rank_snapshots_exits_zero_and_resumes(tmp_path, corpus, 
     for rank in (0, 1):
         steps = [int(line.split()[0]) for line in open(f"{log}.rank{rank}")]
         assert steps == list(range(1, stopped_at + 1))
-    result = train(tiny_overrides(run_dir, corpus, **CHAOS), nproc=2)
+    result = train(tiny_overrides(run_dir, tiny_corpus, **CHAOS), nproc=2)
     assert f"resuming from {run_dir / 'snapshots' / checkpoint.snapshot_name(stopped_at)}" in result.stdout
     assert_bitwise_equal(final_weights(run_dir), reference)
 
@@ -217,21 +201,21 @@ def read_sample_log(prefix, world):
     return {step: sorted(ids) for step, ids in steps.items()}
 
 
-def test_resume_with_fewer_processes_continues_the_sample_sequence(tmp_path, corpus, monkeypatch):
+def test_resume_with_fewer_processes_continues_the_sample_sequence(tmp_path, tiny_corpus, monkeypatch):
     """Saved by 2 processes x 4 samples at step 3, resumed by 1 process x 8: the same global batches
     in the same order, none skipped or repeated, and the same weights as a 1-process run."""
     base = {"trainer.max_steps": 6, "trainer.save_every": 0}
     env = quiet_env(TRIAX_SAMPLE_LOG=str(tmp_path / "split"), TRIAX_TEST_PREEMPT_AT_STEP="3")
-    run_torchrun(2, ["-m", "triax", "train", *tiny_overrides(tmp_path / "split", corpus, **base,
+    run_torchrun(2, ["-m", "triax", "train", *tiny_overrides(tmp_path / "split", tiny_corpus, **base,
                                                              **{"trainer.batch_size": 4})], env=env)
     assert checkpoint.snapshot_step(checkpoint.latest_snapshot(str(tmp_path / "split" / "snapshots"))) == 3
     # The 1-process runs go in this process (cheaper than starting one).
     monkeypatch.setenv("TRIAX_SAMPLE_LOG", str(tmp_path / "split"))
-    resumed = Trainer(compose_config(tiny_overrides(tmp_path / "split", corpus, **base, **{"trainer.batch_size": 8})))
+    resumed = Trainer(compose_config(tiny_overrides(tmp_path / "split", tiny_corpus, **base, **{"trainer.batch_size": 8})))
     assert (resumed.step, resumed.sample_index) == (3, 24)
     resumed.fit()
     monkeypatch.setenv("TRIAX_SAMPLE_LOG", str(tmp_path / "whole"))
-    Trainer(compose_config(tiny_overrides(tmp_path / "whole", corpus, **base, **{"trainer.batch_size": 8}))).fit()
+    Trainer(compose_config(tiny_overrides(tmp_path / "whole", tiny_corpus, **base, **{"trainer.batch_size": 8}))).fit()
 
     whole = read_sample_log(tmp_path / "whole", 1)
     split = read_sample_log(tmp_path / "split", 2)  # rank 1 wrote steps 1-3 only
@@ -239,4 +223,4 @@ def test_resume_with_fewer_processes_continues_the_sample_sequence(tmp_path, cor
     assert split == whole
     consumed = [i for step in sorted(whole) for i in whole[step]]
     assert len(consumed) == len(set(consumed)) == 6 * 8  # nothing repeated, nothing skipped
-    assert_same_weights(final_weights(tmp_path / "split"), final_weights(tmp_path / "whole"))
+    assert_same_training(tmp_path / "split", tmp_path / "whole")

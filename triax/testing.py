@@ -19,10 +19,12 @@ def free_port() -> int:
 
 
 def quiet_env(**extra: str) -> dict[str, str]:
-    """Environment for child processes: one thread each (tests run 4 processes on 2 cores)."""
+    """Environment for child processes: one thread each unless OMP_NUM_THREADS is set (tests run
+    4 processes on 2 cores; setting it lets the suite be checked at other thread counts)."""
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               TORCH_CPP_LOG_LEVEL="ERROR")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", env["OMP_NUM_THREADS"])
+    env.update(PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR")
     # Children import the same triax as this process, not whichever checkout pip installed.
     import triax
 
