@@ -11,6 +11,9 @@ from safetensors.torch import load_file
 from helpers import adam_tolerance, assert_bitwise_equal, assert_weights_close
 from triax.testing import quiet_env, run, run_torchrun
 
+# Every test here starts processes (torchrun, launchers, scripts).
+pytestmark = pytest.mark.multiprocess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOP = os.path.join(ROOT, "tests", "accelerate_scripts", "loop.py")
 

@@ -22,6 +22,7 @@ def compression_runs(tmp_path_factory):
     return torch.load(out)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name, unit_roundoff", [("bf16", 2.0**-8), ("fp16", 2.0**-11)])
 def test_cast_compression_equals_uncompressed_within_rounding(compression_runs, name, unit_roundoff):
     exact, compressed = compression_runs["none"]["grads"], compression_runs[name]["grads"]
@@ -38,6 +39,7 @@ def test_cast_compression_equals_uncompressed_within_rounding(compression_runs, 
     assert compression_runs[name]["losses"][-1] == pytest.approx(compression_runs["none"]["losses"][-1], rel=1e-3)
 
 
+@pytest.mark.multiprocess
 def test_powersgd_converges_like_uncompressed(compression_runs):
     exact, powersgd = compression_runs["none"], compression_runs["powersgd"]
     # The first steps are plain all-reduce (PowerSGD's warm-up)...
@@ -50,6 +52,7 @@ def test_powersgd_converges_like_uncompressed(compression_runs):
     assert progress > 0.8, f"PowerSGD made {progress:.0%} of the uncompressed loss decrease"
 
 
+@pytest.mark.multiprocess
 def test_trainer_passes_compression_to_ddp(tmp_path, tiny_corpus):
     # 2 processes with bf16 gradients vs 1 process (which sends nothing, so is exact): close, not equal.
     train(tiny_overrides(tmp_path / "bf16", tiny_corpus, **{"trainer.batch_size": 4,

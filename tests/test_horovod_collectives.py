@@ -10,6 +10,9 @@ import pytest
 from horovod_support import WORKERS, child_env
 from triax.testing import run_torchrun
 
+# Every test here starts processes (torchrun, launchers, scripts).
+pytestmark = pytest.mark.multiprocess
+
 
 @pytest.mark.parametrize("processes, check", [(2, "0"), (3, "1")], ids=["2-procs-check-off", "3-procs-check-on"])
 def test_collectives_match_their_definitions(processes, check):

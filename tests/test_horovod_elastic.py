@@ -3,10 +3,15 @@ ends where a run without the failure (one process, same global batch) ends."""
 
 import sys
 
+import pytest
+
 import torch
 
 from horovod_support import WORKERS, child_env
 from triax.testing import run, run_torchrun
+
+# Every test here starts processes (torchrun, launchers, scripts).
+pytestmark = pytest.mark.multiprocess
 
 SCRIPT = str(WORKERS / "elastic_train.py")
 

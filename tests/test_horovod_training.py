@@ -17,6 +17,9 @@ from helpers import adam_tolerance, assert_weights_close
 from horovod_support import WORKERS, child_env
 from triax.testing import free_port, run
 
+# Every test here starts processes (torchrun, launchers, scripts).
+pytestmark = pytest.mark.multiprocess
+
 SCRIPT = str(WORKERS / "train.py")
 
 

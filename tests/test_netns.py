@@ -10,6 +10,9 @@ from helpers import assert_same_training, final_weights, tiny_overrides, train
 from triax.bench.netns import SimulatedNetwork, unavailable_reason
 from triax.testing import quiet_env
 
+# Every test here starts processes (torchrun, launchers, scripts).
+pytestmark = pytest.mark.multiprocess
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REASON = unavailable_reason()
 

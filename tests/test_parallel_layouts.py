@@ -18,6 +18,9 @@ from safetensors.torch import load_file
 from helpers import assert_bitwise_equal, assert_same_training, final_weights, train
 from triax.testing import run, run_torchrun
 
+# Every test here starts processes (torchrun, launchers, scripts).
+pytestmark = pytest.mark.multiprocess
+
 STEPS = 3
 GLOBAL_BATCH = 8
 # Losses after a few steps: the weights agree to helpers.adam_tolerance (~1e-6 here), which moves

@@ -58,6 +58,7 @@ def test_vocabulary_is_padded_to_a_multiple_of_tp():
         padded_vocab_size(65, 4, saved_rows=66)
 
 
+@pytest.mark.multiprocess
 def test_every_rank_reports_a_bad_layout_and_none_hangs(tmp_path):
     # tp=4 on 2 processes: each rank must print the one-line error and exit, within seconds.
     result = run_torchrun(2, ["-m", "triax", "train", "parallel.tp=4", "parallel.dp_replicate=1",

@@ -50,6 +50,7 @@ def test_classifier_training_through_pipe_equals_plain_training(one_thread):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.multiprocess
 def test_example_script_learns_its_batches():
     env = quiet_env(PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     result = run([sys.executable, str(EXAMPLE), "--steps", "6", "--batch-size", "8", "--repeat", "2"],

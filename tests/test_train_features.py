@@ -18,6 +18,7 @@ def losses(run_dir):
     return [json.loads(line)["loss"] for line in open(run_dir / "metrics.jsonl") if '"loss"' in line]
 
 
+@pytest.mark.multiprocess
 def test_bf16_trains_on_cpu(tmp_path, tiny_corpus):
     run_dir = tmp_path / "bf16"
     train(tiny_overrides(run_dir, tiny_corpus, **{"trainer.precision": "bf16", "trainer.max_steps": 20,
@@ -28,6 +29,7 @@ def test_bf16_trains_on_cpu(tmp_path, tiny_corpus):
     assert all(t.dtype == torch.float32 for t in final_weights(run_dir).values())
 
 
+@pytest.mark.multiprocess
 def test_generate_and_export_round_trip(tmp_path, tiny_corpus, capsys):
     run_dir = tmp_path / "run"
     train(tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 4}))
@@ -55,6 +57,7 @@ def test_generate_on_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert "not a triax run directory" in capsys.readouterr().err
 
 
+@pytest.mark.multiprocess
 def test_addition_task_learns(tmp_path):
     # A short run (600 steps) of minGPT's 2-digit addition, scored on held-out problems.
     run_dir = tmp_path / "add"

@@ -59,6 +59,7 @@ def test_empty_data_file(capsys, tmp_path, empty_file):
     assert code != 0 and "is empty" in err and empty_file in err
 
 
+@pytest.mark.multiprocess
 def test_real_command_exits_nonzero_without_traceback_and_debug_shows_it(tmp_path):
     args = [sys.executable, "-m", "triax", "train", "data.path=/nonexistent.txt",
             f"trainer.run_dir={tmp_path / 'run'}"]

@@ -45,6 +45,7 @@ def test_two_processes_equal_one_process_with_double_batch(tmp_path, tiny_corpus
     assert not torch.allclose(moved["lm_head.weight"], single["lm_head.weight"])
 
 
+@pytest.mark.multiprocess
 def test_grad_accumulation_equals_large_batch(tmp_path, tiny_corpus):
     train(tiny_overrides(tmp_path / "accum", tiny_corpus,
                          **{"trainer.batch_size": 4, "trainer.grad_accum": 2}))
@@ -52,6 +53,7 @@ def test_grad_accumulation_equals_large_batch(tmp_path, tiny_corpus):
     assert_same_training(tmp_path / "accum", tmp_path / "big")
 
 
+@pytest.mark.multiprocess
 def test_metrics_jsonl_records_steps_and_eval(tmp_path, tiny_corpus):
     train(tiny_overrides(tmp_path / "run", tiny_corpus, **{"trainer.eval_every": 3}))
     records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
@@ -62,6 +64,7 @@ def test_metrics_jsonl_records_steps_and_eval(tmp_path, tiny_corpus):
     assert os.listdir(tmp_path / "run" / "tensorboard")
 
 
+@pytest.mark.multiprocess
 def test_epoch_based_run_covers_one_epoch(tmp_path, tiny_corpus):
     # max_steps=null: the run length is one pass over the (truncated) training text.
     run_dir = tmp_path / "epochs"
