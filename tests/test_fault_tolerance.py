@@ -43,7 +43,7 @@ def reference(tmp_path_factory, tiny_corpus):
 def started(command, log_prefix, **env):
     """Start a job in the background; its output goes to a file (a pipe nobody reads would fill
     up and block it) that `finish` reads back."""
-    env = quiet_env(TRIAX_SAMPLE_LOG=str(log_prefix), **env)
+    env = quiet_env(**env)
     output = open(f"{log_prefix}.output", "w+")
     # Its own session, so whatever happens the test ends torchrun *and* its workers (stop_job).
     job = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True, env=env,
@@ -136,8 +136,8 @@ def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, tiny_corpus, ref
     seed = int(os.environ.get("TRIAX_CHAOS_SEED") or time.time_ns() % 10_000)
     print(f"chaos seed {seed}: replay with TRIAX_CHAOS_SEED={seed} pytest {__file__}::test_sigkill_chaos_under_torchrun_resumes_bitwise")
     rng = random.Random(seed)
-    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **CHAOS)],
-                               max_restarts=5)
+    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **CHAOS),
+                                   f"debug.sample_log={log}"], max_restarts=5)
     # Snapshot writes pause 0.3 s half-way, so a kill can land inside one.
     with started(command, log, TRIAX_TEST_SNAPSHOT_WRITE_DELAY_S="0.3") as job:
         kills = []
@@ -177,7 +177,8 @@ def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, tiny_corpus, ref
 
 def test_sigterm_on_one_rank_snapshots_exits_zero_and_resumes(tmp_path, tiny_corpus, reference):
     run_dir, log = tmp_path / "term", tmp_path / "samples"
-    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **CHAOS)])
+    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **CHAOS),
+                                   f"debug.sample_log={log}"])
     with started(command, log, TRIAX_TEST_SNAPSHOT_WRITE_DELAY_S="0.3") as job:
         assert wait_until(lambda: last_step(log) >= 4 and len(worker_pids(job.pid)) == 2, job, what="step 4")
         os.kill(worker_pids(job.pid)[1], signal.SIGTERM)  # a preemption notice to one rank only
@@ -208,21 +209,20 @@ def read_sample_log(prefix, world):
     return {step: sorted(ids) for step, ids in steps.items()}
 
 
-def test_resume_with_fewer_processes_continues_the_sample_sequence(tmp_path, tiny_corpus, monkeypatch):
+def test_resume_with_fewer_processes_continues_the_sample_sequence(tmp_path, tiny_corpus):
     """Saved by 2 processes x 4 samples at step 3, resumed by 1 process x 8: the same global batches
     in the same order, none skipped or repeated, and the same weights as a 1-process run."""
     base = {"trainer.max_steps": 6, "trainer.save_every": 0}
-    env = quiet_env(TRIAX_SAMPLE_LOG=str(tmp_path / "split"), TRIAX_TEST_PREEMPT_AT_STEP="3")
-    run_torchrun(2, ["-m", "triax", "train", *tiny_overrides(tmp_path / "split", tiny_corpus, **base,
-                                                             **{"trainer.batch_size": 4})], env=env)
+    split = {**base, "debug.sample_log": tmp_path / "split"}
+    run_torchrun(2, ["-m", "triax", "train", *tiny_overrides(tmp_path / "split", tiny_corpus, **split, **{
+        "trainer.batch_size": 4, "debug.preempt_at_step": 3})])
     assert checkpoint.snapshot_step(checkpoint.latest_snapshot(str(tmp_path / "split" / "snapshots"))) == 3
     # The 1-process runs go in this process (cheaper than starting one).
-    monkeypatch.setenv("TRIAX_SAMPLE_LOG", str(tmp_path / "split"))
-    resumed = Trainer(compose_config(tiny_overrides(tmp_path / "split", tiny_corpus, **base, **{"trainer.batch_size": 8})))
+    resumed = Trainer(compose_config(tiny_overrides(tmp_path / "split", tiny_corpus, **split, **{"trainer.batch_size": 8})))
     assert (resumed.step, resumed.sample_index) == (3, 24)
     resumed.fit()
-    monkeypatch.setenv("TRIAX_SAMPLE_LOG", str(tmp_path / "whole"))
-    Trainer(compose_config(tiny_overrides(tmp_path / "whole", tiny_corpus, **base, **{"trainer.batch_size": 8}))).fit()
+    Trainer(compose_config(tiny_overrides(tmp_path / "whole", tiny_corpus, **base, **{
+        "trainer.batch_size": 8, "debug.sample_log": tmp_path / "whole"}))).fit()
 
     whole = read_sample_log(tmp_path / "whole", 1)
     split = read_sample_log(tmp_path / "split", 2)  # rank 1 wrote steps 1-3 only

@@ -144,16 +144,14 @@ def run_trainer(overrides):
     return trainer
 
 
-def test_memory_snapshot_location_end_to_end(tmp_path, tiny_corpus, monkeypatch):
+def test_memory_snapshot_location_end_to_end(tmp_path, tiny_corpus):
     """Snapshots on fsspec's memory:// store: preempted at step 2, resumed, and bitwise equal to an
     uninterrupted run (dropout on)."""
     extra = {"model.dropout": 0.1, "trainer.max_steps": 4, "trainer.save_every": 3}
     url = f"memory://triax-test-{os.getpid()}/{tmp_path.name}/snapshots"
     overrides = tiny_overrides(tmp_path / "memory", tiny_corpus, **extra, **{"trainer.snapshot_dir": url})
-    monkeypatch.setenv("TRIAX_TEST_PREEMPT_AT_STEP", "2")
-    assert triax_main(["train", *overrides]) == 0
+    assert triax_main(["train", *overrides, "debug.preempt_at_step=2"]) == 0
     assert [checkpoint.snapshot_step(s) for s in checkpoint.list_snapshots(url)] == [2]
-    monkeypatch.delenv("TRIAX_TEST_PREEMPT_AT_STEP")
     resumed = run_trainer(overrides)
     assert resumed.last_snapshot == checkpoint.latest_snapshot(url) and resumed.last_snapshot.startswith("memory://")
     assert [checkpoint.snapshot_step(s) for s in checkpoint.list_snapshots(url)] == [2, 3, 4]

@@ -87,12 +87,30 @@ class ParallelConfig:
 
 
 @dataclass
+class DebugConfig:
+    """Debugging and fault injection: for reproducing a failure or checking a run's data order.
+    Everything here is off by default; none of it belongs in a production run."""
+
+    sample_log: Optional[str] = None
+    """Record the global sample ids each step consumed, one line per step ("step epoch id id ..."),
+    in the file <sample_log>.rank<N> of each rank; unset = no record."""
+
+    preempt_at_step: Optional[int] = None
+    """Act as if SIGTERM reached rank debug.preempt_rank right after this step: every rank stops after
+    it, writes a snapshot and exits 0, exactly as on a real preemption; unset = never."""
+
+    preempt_rank: int = 0
+    """The rank that receives the injected preemption of debug.preempt_at_step."""
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
 
 
 _registered = False
@@ -178,6 +196,11 @@ def validate(config: TrainConfig) -> None:
     from triax.parallel.comm_hooks import check_compression
 
     check_compression(config.parallel.grad_compression, config.parallel.powersgd_rank)
+    debug = config.debug
+    if debug.preempt_at_step is not None and debug.preempt_at_step <= 0:
+        raise ConfigError(f"debug.preempt_at_step must be a positive step, got {debug.preempt_at_step}")
+    if debug.preempt_rank < 0:
+        raise ConfigError(f"debug.preempt_rank must be >= 0, got {debug.preempt_rank}")
     if len(config.optim.betas) != 2:
         raise ConfigError(f"optim.betas needs two values, got {config.optim.betas}")
 

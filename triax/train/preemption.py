@@ -7,25 +7,20 @@ exits. A second Ctrl-C interrupts at once.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
 
-# Test-only: behave as if a signal arrived on rank TRIAX_TEST_PREEMPT_RANK (default 0) right after
-# step TRIAX_TEST_PREEMPT_AT_STEP, so a test can stop a run at an exact step.
-PREEMPT_AT_STEP_ENV = "TRIAX_TEST_PREEMPT_AT_STEP"
-PREEMPT_RANK_ENV = "TRIAX_TEST_PREEMPT_RANK"
-
 
 class StopRequest:
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, preempt_at_step: int | None = None, preempt_rank: int = 0):
+        """`preempt_at_step`/`preempt_rank` (the config's debug section): behave as if a signal
+        reached rank `preempt_rank` right after step `preempt_at_step`, to stop a run at an exact step."""
         self.rank = rank
         self.reason: str | None = None
         self._previous: dict = {}
-        at_step = os.environ.get(PREEMPT_AT_STEP_ENV, "")
-        self._test_step = int(at_step) if at_step else None
-        self._test_rank = int(os.environ.get(PREEMPT_RANK_ENV, "0") or 0)
+        self._injected_step = preempt_at_step
+        self._injected_rank = preempt_rank
 
     @property
     def requested(self) -> bool:
@@ -52,5 +47,5 @@ class StopRequest:
                   "a snapshot (Ctrl-C again to abort without one)", file=sys.stderr, flush=True)
 
     def after_step(self, step: int) -> None:
-        if self._test_step is not None and step == self._test_step and self.rank == self._test_rank:
-            self.reason = self.reason or f"{PREEMPT_AT_STEP_ENV}={step}"
+        if step == self._injected_step and self.rank == self._injected_rank:
+            self.reason = self.reason or f"debug.preempt_at_step={step}"

@@ -34,10 +34,10 @@ from triax.runtime import (any_rank, barrier, detect_place, init_distributed, me
 from triax.train.config import TrainConfig, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
+from triax.train.sample_log import SampleLog
 
 # Test/debug hook: when set, each rank appends "<step> <epoch> <sample ids...>" per optimizer step
 # to "<value>.rank<N>", so a test can check which samples a (resumed) run consumed.
-SAMPLE_LOG_ENV = "TRIAX_SAMPLE_LOG"
 
 
 def check_writable_directory(path: str, key: str) -> bool:
@@ -148,9 +148,7 @@ class Trainer:
         self.last_snapshot: str | None = None
         self.saved_step: int | None = None  # the step of the newest snapshot this process wrote or loaded
         self.stop_reason: str | None = None  # set when a signal stopped the run early
-        self.sample_log = None
-        if os.environ.get(SAMPLE_LOG_ENV):
-            self.sample_log = open(f"{os.environ[SAMPLE_LOG_ENV]}.rank{self.rank}", "a", buffering=1)
+        self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
         self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
         self._peak_flops: tuple[float, str] | None = None
         if self.is_main:
@@ -348,7 +346,7 @@ class Trainer:
         self.step += 1
         self.sample_index += self.samples_per_step
         if self.sample_log is not None:
-            self.sample_log.write(f"{self.step} {self.epoch} {' '.join(map(str, consumed))}\n")
+            self.sample_log.record(self.step, self.epoch, consumed)
         return float(loss_sum) / trainer.grad_accum, float(grad_norm)
 
     def _sync_context(self, last: bool):
@@ -437,11 +435,14 @@ class Trainer:
                 f"{self.total_steps} steps of {self.samples_per_step} samples "
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
         self.model.train()
-        stop = StopRequest(self.rank).install()
+        debug = self.config.debug
+        stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank).install()
         try:
             last = self._loop(stop)
         finally:
             stop.uninstall()
+            if self.sample_log is not None:
+                self.sample_log.close()
         if self.stop_reason is not None:
             path = self.save()
             if path is None:
