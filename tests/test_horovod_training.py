@@ -15,7 +15,8 @@ import torch
 
 from helpers import adam_tolerance, assert_weights_close
 from horovod_support import WORKERS, child_env
-from triax.testing import free_port, run
+from triax.runtime import free_port
+from triax.testing import run
 
 # Every test here starts processes (torchrun, launchers, scripts).
 pytestmark = pytest.mark.multiprocess

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -122,9 +123,7 @@ def init_distributed(device: torch.device, place: Place | None = None, backend: 
             return Place(dist.get_rank(), dist.get_world_size(), place.local_rank,
                          place.local_world_size, place.launcher)
         return place
-    # mpirun and Slurm do not set a rendezvous address; default to this machine.
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
+    set_rendezvous_defaults()
     backend = backend or default_backend(device)
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(
@@ -143,10 +142,43 @@ def _restart_safe_store(place: Place, timeout: datetime.timedelta):
     (the default env:// store) when not restarted by torchrun's agent."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), place.world_size,
                           is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"triax/attempt_{attempt}", store)
+    return attempt_store(store, "triax")
+
+
+# ---- rendezvous: one home for the rules every door follows ------------------------------------
+
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+DEFAULT_MASTER_PORT = 29500
+
+
+def restart_count(env=None) -> int:
+    """How many times torchrun's agent has restarted this job's workers (--max-restarts); 0 for a
+    first attempt or a process torchrun did not start."""
+    env = os.environ if env is None else env
+    return _int_env("TORCHELASTIC_RESTART_COUNT", env) or 0
+
+
+def set_rendezvous_defaults() -> None:
+    """mpirun, Slurm and a plain process set no rendezvous address: the job then meets on this
+    machine, at torch's usual port, unless MASTER_ADDR/MASTER_PORT say otherwise."""
+    os.environ.setdefault("MASTER_ADDR", DEFAULT_MASTER_ADDR)
+    os.environ.setdefault("MASTER_PORT", str(DEFAULT_MASTER_PORT))
+
+
+def attempt_store(store, scope: str):
+    """`store` seen through a key prefix of its own for this restart attempt. torchrun's agent keeps
+    its store across worker restarts, so keys a failed attempt left there (gloo's addresses of dead
+    ranks, a half-finished barrier) would otherwise be read by the restarted workers."""
+    return dist.PrefixStore(f"{scope}/attempt_{restart_count()}", store)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that was free a moment ago (for a rendezvous on this machine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def shutdown_distributed() -> None:

@@ -6,16 +6,10 @@ Kept in the package (not under tests/) so benchmarks and the bench command can u
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
-
-def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from triax.runtime import free_port
 
 
 def quiet_env(**extra: str) -> dict[str, str]:

@@ -27,21 +27,12 @@ from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
 from triax.errors import ConfigError, TriaxError
 from triax.parallel.ddp import apply_ddp, unwrap
 from triax.precision import Precision
+from triax.launch import settings as launch_settings
 from triax.runtime import barrier, detect_place, init_distributed, is_distributed, pick_device
 
-# Accelerate's names for precision -> triax's policy names (triax's own names are accepted too).
-PRECISION_ALIASES = {"no": "fp32", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "bf16-pure": "bf16-pure"}
-PARALLEL_CHOICES = ("ddp", "fsdp", "none")
-
-# Environment variables `triax launch` sets from its options and config file.
-ENV_MIXED_PRECISION = "TRIAX_MIXED_PRECISION"
-ENV_PARALLEL = "TRIAX_PARALLEL"
-ENV_USE_CPU = "TRIAX_USE_CPU"
-ENV_GRADIENT_ACCUMULATION = "TRIAX_GRADIENT_ACCUMULATION_STEPS"
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+# What `triax launch` hands over (names, choices, environment variables): triax/launch/settings.py.
+PRECISION_ALIASES = launch_settings.PRECISION_POLICIES
+PARALLEL_CHOICES = launch_settings.PARALLEL_CHOICES
 
 
 class Accelerator:
@@ -68,22 +59,22 @@ class Accelerator:
                  split_batches: bool = False, even_batches: bool = True,
                  step_scheduler_with_optimizer: bool = True, device_placement: bool = True,
                  seed: int | None = None):
-        mixed_precision = mixed_precision or os.environ.get(ENV_MIXED_PRECISION) or "no"
+        mixed_precision = mixed_precision or launch_settings.from_environment("mixed_precision") or "no"
         if mixed_precision not in PRECISION_ALIASES:
             raise ConfigError(f"mixed_precision={mixed_precision!r} is not supported; use one of "
                               f"{', '.join(PRECISION_ALIASES)}")
         self.precision = Precision(PRECISION_ALIASES[mixed_precision])
         if gradient_accumulation_steps is None:
-            gradient_accumulation_steps = int(os.environ.get(ENV_GRADIENT_ACCUMULATION, "1"))
+            gradient_accumulation_steps = int(launch_settings.from_environment("gradient_accumulation_steps") or 1)
         if int(gradient_accumulation_steps) < 1:
             raise ConfigError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be 1 or more")
-        parallel = parallel or os.environ.get(ENV_PARALLEL) or "ddp"
+        parallel = parallel or launch_settings.from_environment("parallel") or "ddp"
         if parallel not in PARALLEL_CHOICES:
             raise ConfigError(f"parallel={parallel!r} is not a layout the Accelerator knows; use one of "
                               f"{', '.join(PARALLEL_CHOICES)}")
         self.parallel = parallel
 
-        cpu = cpu or _env_flag(ENV_USE_CPU)
+        cpu = cpu or launch_settings.flag_from_environment("use_cpu")
         place = detect_place()
         self.device = pick_device("cpu" if cpu else None, place.local_rank)
         # Uses a process group the script already created (e.g. under torchrun --standalone),

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from triax.errors import TriaxError
+from triax import runtime
 from triax.runtime import detect_place, init_distributed, pick_device
 
 CHECK_ENV = "TRIAX_HOROVOD_CHECK"
@@ -99,15 +100,11 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
 def _next_store(place):
     global _base_store, _generation
     if _base_store is None:
-        # mpirun and Slurm set no rendezvous address; the job then runs on this machine.
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
+        runtime.set_rendezvous_defaults()
         _base_store, _, _ = next(dist.rendezvous("env://", place.rank, place.world_size))
     _generation += 1
-    # torchrun's agent keeps its store across worker restarts: the restart count keeps a restarted
-    # worker from reading the keys the previous attempt left there.
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"triax-horovod-{attempt}-{_generation}", _base_store)
+    # A fresh prefix per init() (generation) and per torchrun restart attempt (runtime.attempt_store).
+    return runtime.attempt_store(_base_store, f"triax-horovod/{_generation}")
 
 
 def shutdown() -> None:

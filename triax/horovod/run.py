@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 from triax.errors import TriaxError
-from triax.testing import free_port
+from triax.runtime import free_port
 
 _LOCAL_NAMES = {"localhost", "127.0.0.1", socket.gethostname()}
 # Variables handed to remote hosts (horovodrun forwards the environment the same way).

@@ -16,10 +16,9 @@ from dataclasses import dataclass, fields
 import yaml
 
 from triax.errors import ConfigError, TriaxError
+from triax.launch.settings import MIXED_PRECISION_CHOICES, PARALLEL_CHOICES
 
 ENV_CONFIG_FILE = "TRIAX_CONFIG_FILE"
-MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
-PARALLEL_CHOICES = ("ddp", "fsdp", "none")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 
 
@@ -42,9 +41,9 @@ class LaunchConfig:
     main_process_port: int = 29500
     """TCP port on machine 0 for the rendezvous; 0 picks a free one (single machine only)."""
     mixed_precision: str = "no"
-    """no | bf16 | fp16, handed to the Accelerator through $TRIAX_MIXED_PRECISION."""
+    """no | bf16 | fp16, handed to the Accelerator through the environment (triax/launch/settings.py)."""
     parallel: str = "ddp"
-    """ddp | fsdp | none, handed to the Accelerator through $TRIAX_PARALLEL."""
+    """ddp | fsdp | none, handed to the Accelerator through the environment (triax/launch/settings.py)."""
     use_cpu: bool = False
     """Train on the CPU even where GPUs exist."""
     gradient_accumulation_steps: int = 1

@@ -17,9 +17,8 @@ import socket
 import sys
 
 from triax.errors import TriaxError
+from triax.launch import settings
 from triax.launch.config import (
-    MIXED_PRECISION_CHOICES,
-    PARALLEL_CHOICES,
     RDZV_BACKENDS,
     LaunchConfig,
     config_path,
@@ -27,13 +26,6 @@ from triax.launch.config import (
     load_config,
 )
 
-# Environment variables the Accelerator reads (triax/accelerate/accelerator.py).
-ACCELERATOR_ENV = {
-    "mixed_precision": "TRIAX_MIXED_PRECISION",
-    "parallel": "TRIAX_PARALLEL",
-    "use_cpu": "TRIAX_USE_CPU",
-    "gradient_accumulation_steps": "TRIAX_GRADIENT_ACCUMULATION_STEPS",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     option("machine-rank", type=int, help="this machine's rank (0 hosts the rendezvous)")
     option("main-process-ip", help="address of machine 0")
     option("main-process-port", type=int, help="rendezvous port on machine 0; 0 picks a free one")
-    option("mixed-precision", choices=MIXED_PRECISION_CHOICES, help="passed to the Accelerator")
-    option("parallel", choices=PARALLEL_CHOICES, help="passed to the Accelerator")
+    option("mixed-precision", choices=settings.MIXED_PRECISION_CHOICES, help="passed to the Accelerator")
+    option("parallel", choices=settings.PARALLEL_CHOICES, help="passed to the Accelerator")
     option("gradient-accumulation-steps", type=int, help="passed to the Accelerator")
     option("max-restarts", type=int, help="restarts of all workers after a failure (torchrun)")
     option("rdzv-backend", choices=RDZV_BACKENDS, help="torchrun rendezvous backend")
@@ -102,7 +94,7 @@ def check_port(config: LaunchConfig) -> LaunchConfig:
         if config.num_machines > 1:
             raise TriaxError("--main-process-port 0 (pick a free port) only works on one machine: the "
                              "other machines must know the port; give a fixed port such as 29500")
-        from triax.testing import free_port
+        from triax.runtime import free_port
 
         return dataclasses.replace(config, main_process_port=free_port())
     if config.machine_rank == 0 and not _port_is_free(config.main_process_port):
@@ -143,8 +135,7 @@ def torchrun_argv(config: LaunchConfig, script: str, script_args: list[str], mod
 def child_environment(config: LaunchConfig) -> dict[str, str]:
     """Variables torchrun's workers inherit: the Accelerator's settings, and loopback for
     single-machine collectives (no reliance on the hostname resolving to a reachable address)."""
-    env = {ACCELERATOR_ENV[key]: str(getattr(config, key)).lower() if key == "use_cpu"
-           else str(getattr(config, key)) for key in ACCELERATOR_ENV}
+    env = settings.to_environment(config)
     if config.num_machines == 1:
         loopback = _loopback_interface()
         if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:

@@ -1,7 +1,7 @@
 """The training configuration: typed dataclasses (the schema) composed by Hydra from YAML.
 
 `triax train model=gpt2 trainer.max_steps=100` composes triax/conf/config.yaml, the chosen model
-preset from triax/conf/model/, and the command-line overrides, then checks the result against
+preset (triax.models.gpt.PRESETS), and the command-line overrides, then checks the result against
 these dataclasses: an unknown key or a value of the wrong type fails with a message naming it.
 """
 
@@ -117,11 +117,19 @@ _registered = False
 
 
 def _register_schema() -> None:
+    """The schema, and the `model=<preset>` group made from triax.models.gpt.PRESETS (their one
+    home; there are no YAML files for them)."""
     global _registered
     if not _registered:
         from hydra.core.config_store import ConfigStore
 
-        ConfigStore.instance().store(name="triax_schema", node=TrainConfig)
+        from triax.models.gpt import PRESETS
+
+        store = ConfigStore.instance()
+        store.store(name="triax_schema", node=TrainConfig)
+        for name, (n_layer, n_head, n_embd) in PRESETS.items():
+            store.store(group="model", name=name,
+                        node={"name": name, "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd})
         _registered = True
 
 

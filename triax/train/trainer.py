@@ -30,7 +30,7 @@ from triax.parallel.mesh import build_mesh, padded_vocab_size, resolve_layout, v
 from triax.parallel.parallelize import parallelize
 from triax.precision import Precision
 from triax.runtime import (any_rank, barrier, detect_place, init_distributed, mean_across_ranks, pick_device,
-                           seed_everything)
+                           restart_count, seed_everything)
 from triax.train.config import TrainConfig, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
@@ -95,7 +95,7 @@ class Trainer:
         self.snapshot_root = trainer.snapshot_dir or os.path.join(trainer.run_dir, "snapshots")
         # A restart by torchrun (--max-restarts) continues this job's own snapshots whatever
         # trainer.resume says: with resume=false the first attempt refused or cleared older ones.
-        self.restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+        self.restarted = restart_count() > 0
         self.resume = trainer.resume or self.restarted
         if not self.resume and not trainer.overwrite:
             existing = checkpoint.latest_snapshot(self.snapshot_root)

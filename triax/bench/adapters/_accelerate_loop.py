@@ -7,10 +7,11 @@ import torch
 
 from triax.bench.adapters import BETAS, GRAD_CLIP, LEARNING_RATE, WEIGHT_DECAY, StepSetup
 from triax.bench.models import loss_of
+from triax.launch.settings import accelerate_precision_name
 
 
 def mixed_precision_name(setup: StepSetup) -> str:
-    return {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[setup.precision.name]
+    return accelerate_precision_name(setup.precision.name)
 
 
 def accelerate_step(accelerator, setup: StepSetup):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
-import os
 
+from triax import runtime
 from triax.horovod import basics
 
 
@@ -14,10 +14,6 @@ class HorovodInternalError(RuntimeError):
 
 class HostsUpdatedInterrupt(RuntimeError):
     """Membership changed; under torchrun the agent restarts the processes instead."""
-
-
-def restart_count() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 def run(func):
@@ -30,7 +26,7 @@ def run(func):
             basics.init()
         state.load_committed()
         state.sync()
-        if restart_count() > 0:
+        if runtime.restart_count() > 0:
             state.on_reset()
         return func(state, *args, **kwargs)
 
