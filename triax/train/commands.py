@@ -53,7 +53,6 @@ def train_main(argv: list[str]) -> int:
 def load_run_model(run_dir: str, device: str = "cpu"):
     """The trained plain GPT of a run directory (latest snapshot) and its vocabulary."""
     from triax import checkpoint
-    from triax.data import Vocabulary
     from triax.models import GPT, GPTConfig
 
     model_file = os.path.join(run_dir, "model.json")
@@ -68,12 +67,25 @@ def load_run_model(run_dir: str, device: str = "cpu"):
         raise TriaxError(f"{run_dir!r} has no snapshot yet in {snapshot_root}; wait for the first save "
                          "(trainer.save_every) or the end of training")
     model.load_state_dict(checkpoint.read_model_tensors(snapshot))
+    vocab = load_run_vocab(run_dir)
+    return model.to(device).eval(), vocab, snapshot
+
+
+def load_run_vocab(run_dir: str):
+    """The run's text codec: its tokenizer.json (data.task=tokens) or vocab.json (characters), else None."""
+    from triax.data import Vocabulary
+
+    tokenizer_file = os.path.join(run_dir, "tokenizer.json")
+    if os.path.exists(tokenizer_file):
+        from triax.data.tokenizer import BPETokenizer
+
+        return BPETokenizer.from_file(tokenizer_file)
     vocab = None
     vocab_file = os.path.join(run_dir, "vocab.json")
     if os.path.exists(vocab_file):
         with open(vocab_file) as handle:
             vocab = Vocabulary.from_json(handle.read())
-    return model.to(device).eval(), vocab, snapshot
+    return vocab
 
 
 def _snapshot_root(run_dir: str) -> str:
@@ -95,7 +107,7 @@ def generate_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="triax generate", description="sample text from a trained run")
     parser.add_argument("run_dir")
     parser.add_argument("--prompt", default="\n")
-    parser.add_argument("--tokens", type=int, default=300, help="characters to generate")
+    parser.add_argument("--tokens", type=int, default=300, help="tokens (characters for a char run) to generate")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--greedy", action="store_true", help="always take the most likely character")
@@ -104,11 +116,15 @@ def generate_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     model, vocab, _ = load_run_model(args.run_dir, args.device)
     if vocab is None:
-        raise TriaxError(f"{args.run_dir!r} was not trained on text (no vocab.json); nothing to generate")
-    idx = torch.tensor([vocab.encode(args.prompt)], device=args.device)
+        raise TriaxError(f"{args.run_dir!r} has no vocab.json or tokenizer.json (trained on ids without a "
+                         "tokenizer, or on the addition task); nothing to decode text with")
+    prompt_ids = vocab.encode(args.prompt)
+    if not prompt_ids:
+        raise TriaxError(f"--prompt {args.prompt!r} encodes to no tokens; give at least one character")
+    idx = torch.tensor([prompt_ids], device=args.device)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k,
-                         vocab_limit=len(vocab),
+                         vocab_limit=min(len(vocab), model.config.vocab_size),
                          greedy=args.greedy, generator=generator)
     print(vocab.decode(out[0].tolist()))
     return 0
