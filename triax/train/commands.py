@@ -132,10 +132,14 @@ def generate_main(argv: list[str]) -> int:
 
 def export_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="triax export",
-                                     description="write a run's trained weights as one safetensors file")
+                                     description="write a run's trained weights as one safetensors file, or "
+                                                 "(--format hf) a directory transformers' GPT2LMHeadModel loads")
     parser.add_argument("run_dir")
-    parser.add_argument("output", help="path of the .safetensors file to write")
+    parser.add_argument("output", help="path of the .safetensors file to write (--format hf: a new directory)")
+    parser.add_argument("--format", choices=("safetensors", "hf"), default="safetensors")
     args = parser.parse_args(argv)
+    if args.format == "hf":
+        return export_hf_main(args.run_dir, args.output)
     from safetensors.torch import save_file
 
     model, vocab, snapshot = load_run_model(args.run_dir)
@@ -153,4 +157,29 @@ def export_main(argv: list[str]) -> int:
     os.replace(tmp, args.output)  # never a half-written export under the final name
     print(f"wrote {len(tensors)} tensors ({sum(t.numel() for t in tensors.values()) / 1e6:.2f}M values) "
           f"from {snapshot} to {args.output}")
+    return 0
+
+
+def export_hf_main(run_dir: str, out_dir: str) -> int:
+    from triax import checkpoint
+    from triax.models import GPTConfig
+    from triax.train.hf_export import export_hf
+
+    model_file = os.path.join(run_dir, "model.json")
+    if not os.path.exists(model_file):
+        raise TriaxError(f"{run_dir!r} is not a triax run directory (no model.json); "
+                         "give the trainer.run_dir of a finished or running `triax train`")
+    with open(model_file) as handle:
+        config = GPTConfig(**json.load(handle))
+    snapshot = checkpoint.latest_snapshot(_snapshot_root(run_dir))
+    if snapshot is None:
+        raise TriaxError(f"{run_dir!r} has no snapshot yet; wait for the first save or the end of training")
+    # The converter takes any name -> tensor source; today the snapshot's tensors, read whole.
+    source = checkpoint.read_model_tensors(snapshot)
+    tokenizer = os.path.join(run_dir, "tokenizer.json")
+    tokenizer = tokenizer if os.path.exists(tokenizer) else None
+    values = export_hf(config, source, out_dir, tokenizer)
+    note = " with its tokenizer" if tokenizer else (" (character vocabulary: no Hugging Face tokenizer written)"
+                                                    if os.path.exists(os.path.join(run_dir, "vocab.json")) else "")
+    print(f"wrote a transformers GPT-2 ({values / 1e6:.2f}M values) from {snapshot} to {out_dir}{note}")
     return 0
