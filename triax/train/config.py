@@ -29,12 +29,14 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    path: Optional[str] = None  # fsspec URL of a UTF-8 text file; unset = built-in corpus
-    task: str = "char"  # char (next-character prediction) | addition (minGPT's a+b task)
-    block_size: int = 64  # context length in characters (addition: set from digits)
-    train_split: float = 0.9  # leading fraction of the text for training; the tail validates
-    truncate: float = 1.0  # use only this leading fraction of the text
+    path: Optional[str] = None  # char: fsspec URL of a UTF-8 text file (unset = built-in corpus); tokens: directory (or URL) with train.bin, val.bin, meta.json
+    task: str = "char"  # char (next-character prediction) | tokens (token files, nanoGPT layout) | addition (minGPT's a+b task)
+    block_size: int = 64  # context length in characters or tokens (addition: set from digits)
+    train_split: float = 0.9  # char: leading fraction of the text for training; the tail validates
+    truncate: float = 1.0  # char: use only this leading fraction of the text
     digits: int = 2  # addition task: digits of each operand
+    vocab_size: Optional[int] = None  # tokens: token ids are < this; required when the directory has no meta.json
+    token_dtype: Optional[str] = None  # tokens: uint16 | uint32 | int32 | ... of train.bin/val.bin; unset = meta.json's, else uint16
 
 
 @dataclass
@@ -183,8 +185,14 @@ def _one_line(error: Exception) -> str:
 def validate(config: TrainConfig) -> None:
     """Checks the types alone cannot express."""
     trainer, data = config.trainer, config.data
-    if data.task not in ("char", "addition"):
-        raise ConfigError(f"data.task must be 'char' or 'addition', got {data.task!r}")
+    if data.task not in ("char", "tokens", "addition"):
+        raise ConfigError(f"data.task must be 'char', 'tokens' or 'addition', got {data.task!r}")
+    if data.vocab_size is not None and data.vocab_size <= 0:
+        raise ConfigError(f"data.vocab_size must be positive, got {data.vocab_size}")
+    from triax.data.tokens import TOKEN_DTYPES
+
+    if data.token_dtype is not None and data.token_dtype not in TOKEN_DTYPES:
+        raise ConfigError(f"data.token_dtype must be one of {', '.join(TOKEN_DTYPES)}, got {data.token_dtype!r}")
     if trainer.max_steps is None and trainer.max_epochs is None:
         raise ConfigError("set trainer.max_steps or trainer.max_epochs (both are null)")
     for name in ("max_steps", "max_epochs"):

@@ -191,7 +191,11 @@ class Trainer:
             yaml.safe_dump(to_dict(self.config), handle, sort_keys=False)
         with open(os.path.join(run_dir, "model.json"), "w") as handle:
             json.dump(self.model_config.__dict__, handle, indent=1)
-        if self.data.vocab is not None:
+        if self.data.tokenizer_path is not None:
+            # The run carries its tokenizer, so generate/export need nothing but the run dir.
+            with open(os.path.join(run_dir, "tokenizer.json"), "w", encoding="utf-8") as handle:
+                handle.write(self.data.vocab.json_text)
+        elif self.data.vocab is not None:
             with open(os.path.join(run_dir, "vocab.json"), "w") as handle:
                 handle.write(self.data.vocab.to_json())
 
@@ -396,7 +400,8 @@ class Trainer:
         vocab = self.data.vocab
         if vocab is None or self.config.trainer.sample_tokens <= 0 or not self._can_generate():
             return None
-        prompt = prompt or vocab.decode(self.data.val.ids[: min(16, self.data.block_size)])
+        first_window = self.data.val.batch(torch.zeros(1, dtype=torch.long))[0][0]
+        prompt = prompt or vocab.decode(first_window[: min(16, self.data.block_size)].tolist())
         idx = torch.tensor([vocab.encode(prompt)], device=self.device)
         # The same generator seed on every rank: all ranks draw the same text (needed once the
         # model is sharded and every rank must take part in each forward).
