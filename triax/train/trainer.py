@@ -91,7 +91,6 @@ class Trainer:
                 f"one step needs {self.samples_per_step} samples (batch_size {trainer.batch_size} x "
                 f"{self.layout.dp} data-parallel ranks x grad_accum {trainer.grad_accum}) but the training "
                 f"set has {len(self.data.train)}; lower trainer.batch_size or grad_accum")
-        created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
         self.snapshot_root = trainer.snapshot_dir or os.path.join(trainer.run_dir, "snapshots")
         # A restart by torchrun (--max-restarts) continues this job's own snapshots whatever
         # trainer.resume says: with resume=false the first attempt refused or cleared older ones.
@@ -104,6 +103,8 @@ class Trainer:
                     f"trainer.resume=false but {self.snapshot_root!r} already holds a run (newest snapshot "
                     f"{existing}); resume it (trainer.resume=true), choose another trainer.run_dir, or add "
                     "trainer.overwrite=true to delete its snapshots and start over")
+        # Created only once every check above passed: a refused start leaves no empty run directory.
+        created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
         try:
             self.place = init_distributed(self.device, self.place)
         except Exception:
