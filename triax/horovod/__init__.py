@@ -20,6 +20,7 @@ from triax.horovod.collectives import (
     synchronize,
 )
 from triax.horovod.compression import Compression, Compressor
+from triax.horovod.errors import HorovodInternalError, HostsUpdatedInterrupt
 from triax.horovod.joining import join
 from triax.horovod.objects import allgather_object, broadcast_object
 from triax.horovod.optimizer import DistributedOptimizer

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from triax.errors import TriaxError
+from triax.horovod.errors import HorovodTypeError, HorovodValueError
 from triax.runtime import detect_place, init_distributed, pick_device
 
 CHECK_ENV = "TRIAX_HOROVOD_CHECK"
@@ -60,12 +60,12 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
     (default: on, unless TRIAX_HOROVOD_CHECK=0)."""
     global _world
     if comm is not None and not isinstance(comm, (list, tuple)):
-        raise TriaxError("hvd.init(comm=...) takes an MPI communicator in Horovod; triax has no MPI "
+        raise HorovodTypeError("hvd.init(comm=...) takes an MPI communicator in Horovod; triax has no MPI "
                          "layer: call hvd.init() and start the processes with mpirun or torchrun")
     if comm:
-        raise TriaxError(f"hvd.init(comm={comm!r}): sub-communicators are not supported; call hvd.init()")
+        raise HorovodValueError(f"hvd.init(comm={comm!r}): sub-communicators are not supported; call hvd.init()")
     if process_sets not in (None, "dynamic", []):
-        raise TriaxError("hvd.init(process_sets=...) is not supported by triax.horovod; "
+        raise HorovodValueError("hvd.init(process_sets=...) is not supported by triax.horovod; "
                          "only the global process set exists")
     if _world is not None:
         return  # Horovod allows repeated init(); the second call changes nothing
@@ -129,7 +129,7 @@ def is_initialized() -> bool:
 
 def world() -> _World:
     if _world is None:
-        raise TriaxError("Horovod has not been initialized; call hvd.init() first")
+        raise HorovodValueError("Horovod has not been initialized; use hvd.init() first")
     return _world
 
 
@@ -220,7 +220,7 @@ class ProcessSet:
 
     def __init__(self, ranks=None):
         if ranks is not None:
-            raise TriaxError("hvd.ProcessSet(ranks) is not supported by triax.horovod; "
+            raise HorovodValueError("hvd.ProcessSet(ranks) is not supported by triax.horovod; "
                              "use hvd.global_process_set (all ranks)")
 
     def size(self) -> int:
@@ -240,11 +240,11 @@ global_process_set = ProcessSet()
 
 
 def add_process_set(process_set) -> None:
-    raise TriaxError("hvd.add_process_set is not supported by triax.horovod; "
+    raise HorovodValueError("hvd.add_process_set is not supported by triax.horovod; "
                      "collectives run on all ranks (hvd.global_process_set)")
 
 
 def require_global(process_set) -> None:
     if process_set is not None and process_set is not global_process_set:
-        raise TriaxError(f"process_set={process_set!r} is not supported by triax.horovod; "
+        raise HorovodValueError(f"process_set={process_set!r} is not supported by triax.horovod; "
                          "leave process_set at its default (all ranks)")

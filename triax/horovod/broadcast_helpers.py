@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from triax.errors import TriaxError
+from triax.horovod.errors import HorovodTypeError
 from triax.horovod import basics, engine
 from triax.horovod.objects import broadcast_object
 
@@ -37,14 +37,14 @@ def broadcast_parameters(params, root_rank=0, prefix=None):
     else:
         items = list(params)
         if any(not (isinstance(item, (tuple, list)) and len(item) == 2) for item in items):
-            raise TriaxError("broadcast_parameters takes model.state_dict() or "
+            raise HorovodTypeError("broadcast_parameters takes model.state_dict() or "
                              "model.named_parameters() (name, tensor) pairs")
     tensors = []
     for name, value in items:
         if value is None:
             continue
         if not torch.is_tensor(value):
-            raise TriaxError(f"broadcast_parameters: {name!r} is a {type(value).__name__}, not a tensor; "
+            raise HorovodTypeError(f"broadcast_parameters: {name!r} is a {type(value).__name__}, not a tensor; "
                              "use hvd.broadcast_object for other values")
         tensors.append(value.data if isinstance(value, torch.nn.Parameter) else value)
     _broadcast_tensors_(tensors, root_rank, "broadcast_parameters" + (f" {prefix}" if prefix else ""))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from triax.errors import TriaxError
+from triax.horovod.errors import HorovodInternalError
 from triax.horovod import basics, compat, reduce_ops
 
 KINDS = ["none", "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier",
@@ -30,8 +30,10 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uin
 
 _ON_DEVICE = 100
 MAX_DIMS = 8
-# row: kind, dtype, op, root, ndim, dims[8], shape digest, extra digest
-SLOTS = 5 + MAX_DIMS + 2
+# row: kind, dtype, op, root, ndim, dims[8], shape digest, extra digest, problem flag
+SLOTS = 5 + MAX_DIMS + 3
+PROBLEM = SLOTS - 1  # 1 when this rank refused its own arguments (see agree(problem=...))
+_PROBLEM_BYTES = 512
 _DIMS = slice(5, 5 + MAX_DIMS)
 # Kinds where each rank may bring a different first dimension.
 _FREE_FIRST_DIM = {KIND["allgather"], KIND["alltoall"]}
@@ -141,7 +143,30 @@ def gather_rows(row: torch.Tensor) -> torch.Tensor:
     return rows.view(size, SLOTS).cpu()
 
 
-def check_rows(rows: torch.Tensor, name: str | None) -> Agreement:
+def _shared_problem(problem: str | None, rows: torch.Tensor, name: str | None) -> str:
+    """One message, built identically on every rank, from what each refusing rank reported."""
+    size = rows.shape[0]
+    mine = torch.zeros(_PROBLEM_BYTES, dtype=torch.uint8)
+    if problem:
+        encoded = problem.encode()[:_PROBLEM_BYTES]
+        mine[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+    device = basics.world().device if dist.get_backend() == "nccl" else torch.device("cpu")
+    everyone = torch.empty(size * _PROBLEM_BYTES, dtype=torch.uint8, device=device)
+    compat.all_gather_single(everyone, mine.to(device))
+    everyone = everyone.view(size, _PROBLEM_BYTES).cpu()
+    reports = []
+    for r in range(size):
+        if int(rows[r, PROBLEM]):
+            text = bytes(everyone[r].tolist()).rstrip(b"\0").decode(errors="replace")
+            reports.append(f"rank {r}: {text}")
+    label = f" {name!r}" if name else ""
+    return f"Horovod collective{label} refused on every rank, nothing was exchanged — " + "; ".join(reports)
+
+
+def check_rows(rows: torch.Tensor, name: str | None, problem: str | None = None) -> Agreement:
+    if bool(rows[:, PROBLEM].any()):
+        # Some rank refused its arguments before moving data: all raise together, same message.
+        raise HorovodInternalError(_shared_problem(problem, rows, name))
     joined = [r for r in range(rows.shape[0]) if int(rows[r, 0]) == KIND["join"]]
     active = [r for r in range(rows.shape[0]) if r not in joined]
     if not active:
@@ -154,23 +179,31 @@ def check_rows(rows: torch.Tensor, name: str | None) -> Agreement:
         found = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {what}"
                           for what, rs in groups.items())
         label = f" {name!r}" if name else ""
-        raise TriaxError(
+        raise HorovodInternalError(
             f"Horovod collective{label}: ranks disagree — {found}. Every rank must call the same "
             f"collective, in the same order, with the same shape (first dimension may differ only "
             f"for allgather/alltoall), dtype, op and root_rank "
             f"(set {basics.CHECK_ENV}=0 to skip this check)")
     root = int(rows[active[0], 3])
     if root in joined:
-        raise TriaxError(f"Horovod collective{' ' + repr(name) if name else ''}: root_rank={root} has "
+        raise HorovodInternalError(f"Horovod collective{' ' + repr(name) if name else ''}: root_rank={root} has "
                          "already called hvd.join(); broadcast from a rank that has not joined")
     return Agreement(rows, joined)
 
 
 def agree(kind: str, tensor: torch.Tensor | None = None, op: int = -1, root: int = -1,
-          name: str | None = None, extra: str = "", shape=None, dtype=None) -> Agreement | None:
-    """Run the check before a collective; None when it is off or there is only one process."""
+          name: str | None = None, extra: str = "", shape=None, dtype=None,
+          problem: str | None = None) -> Agreement | None:
+    """Run the check before a collective; None when it is off or there is only one process.
+
+    `problem`: what is wrong with this rank's own arguments, if anything. It is raised on every
+    rank (not only here), so no rank is left waiting in a collective the others abandoned.
+    """
     world = basics.world()
     if world.size == 1 or not world.check:
+        if problem:
+            raise HorovodInternalError(problem)
         return None
-    rows = gather_rows(make_row(kind, tensor, op, root, extra, shape, dtype))
-    return check_rows(rows, name)
+    row = make_row(kind, tensor if problem is None else None, op, root, extra, shape, dtype)
+    row[PROBLEM] = 1 if problem else 0
+    return check_rows(gather_rows(row), name, problem)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from triax.errors import TriaxError
+from triax.horovod.errors import HorovodTypeError
 from triax.horovod import autograd, basics, engine, handles, reduce_ops
 from triax.horovod.basics import global_process_set, require_global
 from triax.horovod.compression import Compression
@@ -19,7 +19,7 @@ synchronize = handles.synchronize
 
 def _tensor(value, what: str) -> torch.Tensor:
     if not torch.is_tensor(value):
-        raise TriaxError(f"hvd.{what} takes a torch.Tensor, got {type(value).__name__}; "
+        raise HorovodTypeError(f"hvd.{what} takes a torch.Tensor, got {type(value).__name__}; "
                          "wrap the value with torch.tensor(...)")
     basics.world()  # raises a clear error before init()
     return value
@@ -75,7 +75,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 # ---- grouped allreduce (one fused allreduce per dtype) ----------------------------------------
 def _tensors(values, what):
     if not isinstance(values, (list, tuple)) or not values:
-        raise TriaxError(f"hvd.{what} takes a non-empty list of tensors, got {type(values).__name__}")
+        raise HorovodTypeError(f"hvd.{what} takes a non-empty list of tensors, got {type(values).__name__}")
     return [_tensor(v, what) for v in values]
 
 

@@ -28,3 +28,7 @@ class HorovodValueError(TriaxError, ValueError):
 
 class HorovodTypeError(TriaxError, TypeError):
     """An argument of the wrong type (not a tensor, not an optimizer, ...)."""
+
+
+class HorovodAssertionError(TriaxError, AssertionError):
+    """Misuse of DistributedOptimizer's step protocol, where Horovod raises AssertionError."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from triax.errors import TriaxError
+from triax.horovod.errors import HorovodInternalError, HorovodValueError
 from triax.horovod import basics, check, compat, engine, reduce_ops
 
 # Layout digest -> DistributedOptimizer, so a joined rank can serve a gradient step (optimizer.py).
@@ -24,7 +24,7 @@ def join(device=-1) -> int:
     if world.size == 1:
         return 0
     if not world.check:
-        raise TriaxError(f"hvd.join() needs the per-collective check round, which is off "
+        raise HorovodValueError(f"hvd.join() needs the per-collective check round, which is off "
                          f"({basics.CHECK_ENV}=0 or hvd.init(check=False)); turn it back on to use join")
     joined_at = check.rounds()
     while True:
@@ -47,10 +47,10 @@ def _serve(agreement: check.Agreement) -> None:
     op, root = int(row[2]), int(row[3])
     if kind == "allreduce":
         buffer = reduce_ops.neutral_fill(torch.empty(check.replay_shape(row), dtype=check.replay_dtype(row), device=check.replay_device(row)), op)
-        dist.all_reduce(buffer, op=reduce_ops.torch_op(op))
+        dist.all_reduce(engine.to_wire(buffer), op=reduce_ops.torch_op(op))
     elif kind == "reducescatter":
         shape = check.replay_shape(row)
-        buffer = reduce_ops.neutral_fill(torch.empty(shape, dtype=check.replay_dtype(row), device=check.replay_device(row)), op)
+        buffer = engine.to_wire(reduce_ops.neutral_fill(torch.empty(shape, dtype=check.replay_dtype(row), device=check.replay_device(row)), op))
         output = buffer.new_empty((shape[0] // basics.size(),) + shape[1:])
         compat.reduce_scatter_single(output, buffer, op=reduce_ops.torch_op(op))
     elif kind == "allgather":
@@ -75,8 +75,8 @@ def _serve(agreement: check.Agreement) -> None:
         optimizer = optimizers_by_layout.get(layout)
         optimizer = optimizer() if optimizer is not None else None
         if optimizer is None:
-            raise TriaxError("hvd.join(): the other ranks are stepping a DistributedOptimizer this "
+            raise HorovodInternalError("hvd.join(): the other ranks are stepping a DistributedOptimizer this "
                              "rank does not have; create the same optimizer on every rank")
         optimizer._serve_joined_step()
     else:
-        raise TriaxError(f"hvd.join(): cannot take part in {kind!r} while joined")
+        raise HorovodInternalError(f"hvd.join(): cannot take part in {kind!r} while joined")

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from triax.horovod import basics, check
+from triax.horovod import basics, check, engine
 from triax.horovod.basics import global_process_set, require_global
-from triax.errors import TriaxError
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Every rank returns root_rank's `obj` (pickled on the way)."""
     require_global(process_set)
-    size = basics.size()
-    if not 0 <= root_rank < size:
-        raise TriaxError(f"broadcast_object {name or ''}: root_rank={root_rank} is outside 0..{size - 1}")
-    if size == 1:
+    problem = engine.root_problem("broadcast_object", root_rank, name)
+    check.agree("broadcast_object", root=root_rank if problem is None else -1, name=name, problem=problem)
+    if basics.size() == 1:
         return obj
-    check.agree("broadcast_object", root=root_rank, name=name)
     holder = [obj if basics.rank() == root_rank else None]
     dist.broadcast_object_list(holder, src=root_rank)
     return holder[0]

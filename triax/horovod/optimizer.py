@@ -18,7 +18,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from triax.errors import TriaxError
+from triax.horovod.errors import HorovodAssertionError, HorovodTypeError, HorovodValueError
 from triax.horovod import basics, check, fusion, joining, reduce_ops
 from triax.horovod.basics import global_process_set, require_global
 from triax.horovod.compression import Compression
@@ -38,7 +38,7 @@ class _DistributedOptimizer:
 
     def zero_grad(self, set_to_none: bool = True):
         if any(bucket.pending is not None for bucket in self._hvd_buckets):
-            raise TriaxError("optimizer.zero_grad() was called while the gradient allreduces of the "
+            raise HorovodAssertionError("optimizer.zero_grad() was called while the gradient allreduces of the "
                              "last loss.backward() are still in flight; call optimizer.step() (or "
                              "optimizer.synchronize()) first, then zero_grad()")
         return super().zero_grad(set_to_none=set_to_none)
@@ -78,7 +78,7 @@ class _DistributedOptimizer:
         self._hvd_passes[key] = count
         self._hvd_synchronized = False
         if count > self.backward_passes_per_step:
-            raise TriaxError(
+            raise HorovodAssertionError(
                 f"parameter {self._hvd_names[key]!r} got a gradient {count} times before "
                 f"optimizer.step(), but backward_passes_per_step={self.backward_passes_per_step}; "
                 f"call step() after every {self.backward_passes_per_step} backward pass(es), or pass "
@@ -120,7 +120,7 @@ class _DistributedOptimizer:
                 continue
             if grad.is_sparse:
                 if not self._hvd_sparse_as_dense:
-                    raise TriaxError(f"parameter {self._hvd_names[id(param)]!r} has a sparse gradient; "
+                    raise HorovodValueError(f"parameter {self._hvd_names[id(param)]!r} has a sparse gradient; "
                                      "pass sparse_as_dense=True to DistributedOptimizer")
                 grad = grad.to_dense()
             target.copy_(grad.reshape(-1))
@@ -157,7 +157,7 @@ class _DistributedOptimizer:
 
 def _check_passes(passes) -> int:
     if not isinstance(passes, int) or passes < 1:
-        raise TriaxError(f"backward_passes_per_step={passes!r} must be a positive integer")
+        raise HorovodValueError(f"backward_passes_per_step={passes!r} must be a positive integer")
     return passes
 
 
@@ -167,12 +167,12 @@ def _parameter_names(params: list, named_parameters) -> dict[int, str]:
     named = list(named_parameters)
     if any(not (isinstance(item, (tuple, list)) and len(item) == 2 and torch.is_tensor(item[1]))
            for item in named):
-        raise TriaxError("named_parameters must be (name, parameter) pairs, usually "
+        raise HorovodValueError("named_parameters must be (name, parameter) pairs, usually "
                          "model.named_parameters()")
     names = [name for name, _ in named]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
-        raise TriaxError(f"named_parameters has duplicate names {duplicates[:5]}; each parameter "
+        raise HorovodValueError(f"named_parameters has duplicate names {duplicates[:5]}; each parameter "
                          "needs a unique name (pass model.named_parameters())")
     by_id: dict[int, str] = {}
     for name, param in named:
@@ -180,7 +180,7 @@ def _parameter_names(params: list, named_parameters) -> dict[int, str]:
     unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
     if unnamed:
         shapes = [tuple(params[i].shape) for i in unnamed[:3]]
-        raise TriaxError(f"{len(unnamed)} optimizer parameter(s) are missing from named_parameters "
+        raise HorovodValueError(f"{len(unnamed)} optimizer parameter(s) are missing from named_parameters "
                          f"(shapes {shapes}); pass named_parameters of the model the optimizer was "
                          "built from, covering every parameter it optimizes")
     return by_id
@@ -197,15 +197,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     require_global(process_set)
     world = basics.world()
     if isinstance(optimizer, _DistributedOptimizer):
-        raise TriaxError("this optimizer is already a hvd.DistributedOptimizer; wrap it only once")
+        raise HorovodValueError("this optimizer is already a hvd.DistributedOptimizer; wrap it only once")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TriaxError(f"DistributedOptimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        raise HorovodTypeError(f"DistributedOptimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
     op = reduce_ops.resolve(op)
     if op not in (reduce_ops.Average, reduce_ops.Sum):
-        raise TriaxError(f"DistributedOptimizer(op={reduce_ops.NAMES[op]}) is not supported; use "
+        raise HorovodValueError(f"DistributedOptimizer(op={reduce_ops.NAMES[op]}) is not supported; use "
                          "hvd.Average or hvd.Sum")
     if gradient_predivide_factor != 1.0 and op != reduce_ops.Average:
-        raise TriaxError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=hvd.Average")
+        raise HorovodValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=hvd.Average")
     passes = _check_passes(backward_passes_per_step)
 
     seen, params = set(), []
