@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import functools
-import os
 
 from triax.horovod import basics
+from triax.horovod.elastic.state import restart_count
 from triax.horovod.errors import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401  (hvd.elastic.*)
 
 
-def restart_count() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 def run(func):
