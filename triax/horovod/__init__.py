@@ -9,7 +9,7 @@ from triax.horovod.basics import (
     ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
     disagreement_check_enabled, global_process_set, gloo_built, gloo_enabled, init, is_homogeneous,
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-    nccl_built, rank, rocm_built, set_disagreement_check, shutdown, size,
+    nccl_built, rank, rocm_built, set_disagreement_check, shutdown, size, start_timeline, stop_timeline,
 )
 from triax.horovod.broadcast_helpers import broadcast_optimizer_state, broadcast_parameters
 from triax.horovod.collectives import (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -172,6 +173,18 @@ def disagreement_check_enabled() -> bool:
 
 def is_distributed() -> bool:
     return world().size > 1
+
+
+def start_timeline(file_path, mark_cycles: bool = False) -> None:
+    """Horovod writes a Chrome-trace timeline; triax does not. Use torch.profiler instead."""
+    world()
+    warnings.warn(f"hvd.start_timeline({file_path!r}) does nothing in triax.horovod; record a trace with "
+                  "torch.profiler.profile(...) instead", stacklevel=2)
+
+
+def stop_timeline() -> None:
+    world()
+    warnings.warn("hvd.stop_timeline() does nothing in triax.horovod (no timeline is recorded)", stacklevel=2)
 
 
 # Capability queries, answered for what triax actually runs on.
