@@ -154,12 +154,51 @@ def errors_are_horovods_and_the_same_on_every_rank():
 
 
 @test
+def process_sets_like_horovod():
+    evens = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    odds = hvd.add_process_set(hvd.ProcessSet([r for r in range(size) if r % 2 == 1]))
+    mine, other = (evens, odds) if rank % 2 == 0 else (odds, evens)
+    members = [r for r in range(size) if r % 2 == rank % 2]
+    root = members[-1]
+    summed = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum, process_set=mine)
+    gathered = hvd.allgather(torch.tensor([rank]), process_set=mine)
+    broadcast = hvd.broadcast(torch.tensor([rank]), root_rank=root, process_set=mine)
+    obj = hvd.broadcast_object({"from": rank}, root_rank=root, process_set=mine)
+    hvd.barrier(process_set=mine)
+    x = torch.ones(2, requires_grad=True)
+    hvd.allreduce(x, op=hvd.Sum, process_set=mine).sum().backward()
+    layer = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(layer.weight)
+    hvd.broadcast_parameters(layer.state_dict(), root_rank=root, process_set=mine)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=1.0),
+                                         named_parameters=layer.named_parameters(), process_set=mine)
+    layer(torch.full((1, 1), float(rank))).sum().backward()
+    optimizer.step()
+    outside = raised(lambda: hvd.allreduce(torch.ones(1), process_set=other))
+    described = (mine.size(), mine.rank(), mine.included(), other.included())
+    removed = [hvd.remove_process_set(odds), hvd.remove_process_set(odds), hvd.remove_process_set(evens)]
+    after = raised(lambda: hvd.allreduce(torch.ones(1), process_set=mine))
+    assert described == (len(members), members.index(rank), True, False), described
+    same(summed, torch.tensor([float(sum(members))]))
+    same(gathered, torch.tensor(members))
+    same(broadcast, torch.tensor([root]))
+    assert obj == {"from": root}
+    same(x.grad, torch.full((2,), float(len(members))))
+    same(layer.weight.detach(), torch.full((1, 1), -sum(members) / len(members)))
+    assert isinstance(outside, ValueError) and "not in" in str(outside), outside
+    assert removed == [True, False, True] and isinstance(after, ValueError), (removed, after)
+    assert mine.size() is None  # no longer registered
+
+
+@test
 def lifecycle_like_horovod():
     hvd.shutdown()
     before = raised(hvd.size)
     initialized = hvd.is_initialized()
-    hvd.init()
+    ends = hvd.ProcessSet([0, size - 1])
+    hvd.init(process_sets=[ends])
     again = (hvd.rank(), hvd.size())
+    in_ends = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=ends) if rank in (0, size - 1) else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hvd.start_timeline("/tmp/timeline.json")
@@ -168,6 +207,8 @@ def lifecycle_like_horovod():
     assert isinstance(before, ValueError) and "hvd.init" in str(before) and not initialized
     assert again == (rank, size) and len(caught) == 2
     same(summed, torch.full((1,), float(size)))
+    if in_ends is not None:
+        same(in_ends, torch.full((1,), 2.0))
 
 
 failed = 0

@@ -6,8 +6,8 @@ collectives are torch.distributed's, gloo on CPU and NCCL on GPU).
 """
 
 from triax.horovod.basics import (
-    ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-    disagreement_check_enabled, global_process_set, gloo_built, gloo_enabled, init, is_homogeneous,
+    ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+    disagreement_check_enabled, gloo_built, gloo_enabled, init, is_homogeneous,
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
     nccl_built, rank, rocm_built, set_disagreement_check, shutdown, size, start_timeline, stop_timeline,
 )
@@ -23,6 +23,7 @@ from triax.horovod.compression import Compression, Compressor
 from triax.horovod.errors import HorovodInternalError, HostsUpdatedInterrupt
 from triax.horovod.joining import join
 from triax.horovod.objects import allgather_object, broadcast_object
+from triax.horovod.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from triax.horovod.optimizer import DistributedOptimizer
 from triax.horovod.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from triax.horovod.sync_batchnorm import SyncBatchNorm

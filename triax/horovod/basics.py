@@ -56,8 +56,8 @@ def _backend_for(device: torch.device) -> str:
 
 
 def init(comm=None, process_sets=None, check: bool | None = None) -> None:
-    """Join the job. `comm` and `process_sets` are accepted for Horovod compatibility; only the
-    global set of all processes is supported. `check` turns the disagreement check on or off
+    """Join the job. `process_sets`: hvd.ProcessSet objects to register, in order, on every rank
+    ("dynamic" or None: none now; add them later with hvd.add_process_set). `check` turns the disagreement check on or off
     (default: on, unless TRIAX_HOROVOD_CHECK=0)."""
     global _world
     if comm is not None and not isinstance(comm, (list, tuple)):
@@ -65,9 +65,6 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
                          "layer: call hvd.init() and start the processes with mpirun or torchrun")
     if comm:
         raise HorovodValueError(f"hvd.init(comm={comm!r}): sub-communicators are not supported; call hvd.init()")
-    if process_sets not in (None, "dynamic", []):
-        raise HorovodValueError("hvd.init(process_sets=...) is not supported by triax.horovod; "
-                         "only the global process set exists")
     if _world is not None:
         return  # Horovod allows repeated init(); the second call changes nothing
     place = detect_place()
@@ -95,6 +92,9 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
     os.environ.update(HOROVOD_RANK=str(rank), HOROVOD_SIZE=str(size),
                       HOROVOD_LOCAL_RANK=str(local_rank), HOROVOD_LOCAL_SIZE=str(local_size),
                       HOROVOD_CROSS_RANK=str(cross_rank), HOROVOD_CROSS_SIZE=str(cross_size))
+    from triax.horovod import process_sets as sets
+
+    sets.register_at_init(process_sets)
 
 
 def _next_store(place):
@@ -118,7 +118,10 @@ def shutdown() -> None:
         return
     from triax.horovod import handles
 
+    from triax.horovod import process_sets
+
     handles.forget_all()
+    process_sets.forget_all()
     if _world.owns_group and dist.is_initialized():
         dist.destroy_process_group()
     _world = None
@@ -226,38 +229,3 @@ def cuda_built() -> bool:
 
 def rocm_built() -> bool:
     return getattr(torch.version, "hip", None) is not None
-
-
-class ProcessSet:
-    """Horovod's process sets; triax supports only the global one (every rank)."""
-
-    def __init__(self, ranks=None):
-        if ranks is not None:
-            raise HorovodValueError("hvd.ProcessSet(ranks) is not supported by triax.horovod; "
-                             "use hvd.global_process_set (all ranks)")
-
-    def size(self) -> int:
-        return size()
-
-    def rank(self) -> int:
-        return rank()
-
-    def included(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return "ProcessSet(global)"
-
-
-global_process_set = ProcessSet()
-
-
-def add_process_set(process_set) -> None:
-    raise HorovodValueError("hvd.add_process_set is not supported by triax.horovod; "
-                     "collectives run on all ranks (hvd.global_process_set)")
-
-
-def require_global(process_set) -> None:
-    if process_set is not None and process_set is not global_process_set:
-        raise HorovodValueError(f"process_set={process_set!r} is not supported by triax.horovod; "
-                         "leave process_set at its default (all ranks)")

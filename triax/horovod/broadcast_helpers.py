@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from triax.horovod.errors import HorovodTypeError
-from triax.horovod import basics, engine
+from triax.horovod import basics, engine, process_sets
+from triax.horovod.process_sets import global_process_set, in_process_set
 from triax.horovod.objects import broadcast_object
 
 
@@ -28,9 +29,10 @@ def _broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int, label: str)
                 offset += tensor.numel()
 
 
-def broadcast_parameters(params, root_rank=0, prefix=None):
+@in_process_set
+def broadcast_parameters(params, root_rank=0, prefix=None, process_set=global_process_set):
     """`params`: a state_dict (dict name -> tensor) or `model.named_parameters()` pairs."""
-    if basics.size() == 1:
+    if process_sets.active_size() == 1:
         return
     if isinstance(params, dict):
         items = sorted(params.items())
@@ -88,14 +90,15 @@ def _placeholders(value, found: list):
     return found
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
+@in_process_set
+def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=global_process_set):
     """Every rank's optimizer takes root_rank's state and hyperparameters (lr, momentum, ...).
 
     Works when the state is still empty (before the first step): the empty state is what is
     broadcast, so no dummy step is needed. The layout travels as one pickled object; the tensors
     travel as fused broadcasts.
     """
-    if basics.size() == 1:
+    if process_sets.active_size() == 1:
         return
     state = optimizer.state_dict() if basics.rank() == root_rank else None
     tensors: list[torch.Tensor] = []

@@ -19,10 +19,11 @@ import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodInternalError
-from triax.horovod import basics, compat, reduce_ops
+from triax.horovod import basics, compat, process_sets, reduce_ops
 
 KINDS = ["none", "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier",
-         "optimizer step", "broadcast_object", "allgather_object", "join", "optimizer layout"]
+         "optimizer step", "broadcast_object", "allgather_object", "join", "optimizer layout",
+         "process set"]
 KIND = {name: code for code, name in enumerate(KINDS)}
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
@@ -38,7 +39,7 @@ _DIMS = slice(5, 5 + MAX_DIMS)
 # Kinds where each rank may bring a different first dimension.
 _FREE_FIRST_DIM = {KIND["allgather"], KIND["alltoall"]}
 # Kinds where only the kind and root must match (object sizes differ by design).
-_OBJECT_KINDS = {KIND["broadcast_object"], KIND["allgather_object"], KIND["barrier"]}
+_OBJECT_KINDS = {KIND["broadcast_object"], KIND["allgather_object"], KIND["barrier"], KIND["process set"]}
 
 
 def digest(text: str) -> int:
@@ -90,7 +91,7 @@ def describe(row: torch.Tensor) -> str:
         return kind
     parts = []
     ndim = values[4]
-    if kind not in ("broadcast_object", "allgather_object", "optimizer step", "optimizer layout"):
+    if kind not in ("broadcast_object", "allgather_object", "optimizer step", "optimizer layout", "process set"):
         shape = values[5:5 + min(ndim, MAX_DIMS)]
         parts.append(f"shape={tuple(shape)}{'+…' if ndim > MAX_DIMS else ''}")
         dtype_code = values[1] % _ON_DEVICE
@@ -99,7 +100,7 @@ def describe(row: torch.Tensor) -> str:
         parts.append(f"op={reduce_ops.NAMES.get(values[2], values[2])}")
     if values[3] >= 0:
         parts.append(f"root_rank={values[3]}")
-    if kind.startswith("optimizer"):
+    if kind.startswith("optimizer") or kind == "process set":
         parts.append(f"layout={values[6 + MAX_DIMS]:08x}")
     return f"{kind}({', '.join(parts)})"
 
@@ -136,10 +137,10 @@ def replay_device(row: torch.Tensor) -> torch.device:
 def gather_rows(row: torch.Tensor) -> torch.Tensor:
     global _rounds
     _rounds += 1
-    size = basics.size()
+    size = process_sets.active_size()
     device = basics.world().device if dist.get_backend() == "nccl" else torch.device("cpu")
     rows = torch.empty(size * SLOTS, dtype=torch.int64, device=device)
-    compat.all_gather_single(rows, row.to(device))
+    compat.all_gather_single(rows, row.to(device), group=process_sets.active_group())
     return rows.view(size, SLOTS).cpu()
 
 
@@ -152,13 +153,13 @@ def _shared_problem(problem: str | None, rows: torch.Tensor, name: str | None) -
         mine[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
     device = basics.world().device if dist.get_backend() == "nccl" else torch.device("cpu")
     everyone = torch.empty(size * _PROBLEM_BYTES, dtype=torch.uint8, device=device)
-    compat.all_gather_single(everyone, mine.to(device))
+    compat.all_gather_single(everyone, mine.to(device), group=process_sets.active_group())
     everyone = everyone.view(size, _PROBLEM_BYTES).cpu()
     reports = []
     for r in range(size):
         if int(rows[r, PROBLEM]):
             text = bytes(everyone[r].tolist()).rstrip(b"\0").decode(errors="replace")
-            reports.append(f"rank {r}: {text}")
+            reports.append(f"rank {process_sets.active_ranks()[r]}: {text}")
     label = f" {name!r}" if name else ""
     return f"Horovod collective{label} refused on every rank, nothing was exchanged — " + "; ".join(reports)
 
@@ -174,8 +175,9 @@ def check_rows(rows: torch.Tensor, name: str | None, problem: str | None = None)
     reference = _comparable(rows[active[0]])
     if any(not torch.equal(_comparable(rows[r]), reference) for r in active[1:]):
         groups: dict[str, list[int]] = {}
+        ranks = process_sets.active_ranks()  # rows are in set order; name ranks globally
         for r in active:
-            groups.setdefault(describe(rows[r]), []).append(r)
+            groups.setdefault(describe(rows[r]), []).append(ranks[r])
         found = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {what}"
                           for what, rs in groups.items())
         label = f" {name!r}" if name else ""
@@ -185,7 +187,7 @@ def check_rows(rows: torch.Tensor, name: str | None, problem: str | None = None)
             f"for allgather/alltoall), dtype, op and root_rank "
             f"(set {basics.CHECK_ENV}=0 to skip this check)")
     root = int(rows[active[0], 3])
-    if root in joined:
+    if root >= 0 and root in [process_sets.active_ranks()[j] for j in joined]:
         raise HorovodInternalError(f"Horovod collective{' ' + repr(name) if name else ''}: root_rank={root} has "
                          "already called hvd.join(); broadcast from a rank that has not joined")
     return Agreement(rows, joined)
@@ -200,7 +202,7 @@ def agree(kind: str, tensor: torch.Tensor | None = None, op: int = -1, root: int
     rank (not only here), so no rank is left waiting in a collective the others abandoned.
     """
     world = basics.world()
-    if world.size == 1 or not world.check:
+    if process_sets.active_size() == 1 or not world.check:
         if problem:
             raise HorovodInternalError(problem)
         return None

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodInternalError
-from triax.horovod import basics, check, compat, reduce_ops
+from triax.horovod import basics, check, compat, process_sets, reduce_ops
 from triax.horovod.compression import NoneCompressor
 
 _UNCHECKED = object()  # sentinel: run the check here
@@ -35,7 +35,11 @@ def _agree(agreement, kind, tensor=None, problem=None, **fields):
 
 
 def _distributed() -> bool:
-    return basics.size() > 1
+    return process_sets.active_size() > 1
+
+
+def _group():
+    return process_sets.active_group()
 
 
 # dtypes gloo (and NCCL) cannot move, and the wider type they travel as. Integers widen and narrow
@@ -68,11 +72,11 @@ def start_allreduce(buffer: torch.Tensor, op: int, prescale: float = 1.0, postsc
     # the extra digest keeps the caller's own shape and dtype in the comparison.
     agreement = _agree(agreement, "allreduce", wire, op=op, name=name,
                        extra=f"{extra}|{buffer.dtype}")
-    contributors = agreement.active_count if agreement is not None else basics.size()
+    contributors = agreement.active_count if agreement is not None else process_sets.active_size()
     divisor, postscale = _average_divisor(wire, op, contributors, postscale)
     reduce_ops.scale_(wire, prescale)
     sent = to_wire(wire)
-    works = [dist.all_reduce(sent, op=reduce_ops.torch_op(op), async_op=True)] if _distributed() else []
+    works = [dist.all_reduce(sent, op=reduce_ops.torch_op(op), group=_group(), async_op=True)] if _distributed() else []
 
     def finish():
         if divisor != 1:
@@ -132,8 +136,8 @@ def start_allgather(tensor: torch.Tensor, name: str | None = None, agreement=_UN
     if agreement is not None:
         first_dims = agreement.first_dims()
     else:
-        dims = torch.empty(basics.size(), dtype=torch.int64)
-        compat.all_gather_single(dims, torch.tensor([tensor.shape[0]], dtype=torch.int64))
+        dims = torch.empty(process_sets.active_size(), dtype=torch.int64)
+        compat.all_gather_single(dims, torch.tensor([tensor.shape[0]], dtype=torch.int64), group=_group())
         first_dims = dims.tolist()
     longest, rest = max(first_dims), tuple(tensor.shape[1:])
     sent = to_wire(tensor)
@@ -143,7 +147,7 @@ def start_allgather(tensor: torch.Tensor, name: str | None = None, agreement=_UN
     else:
         padded = sent
     gathered = sent.new_empty((longest * len(first_dims),) + rest)
-    works = [compat.all_gather_single(gathered, padded, async_op=True)]
+    works = [compat.all_gather_single(gathered, padded, group=_group(), async_op=True)]
 
     def finish():
         rows = gathered
@@ -162,7 +166,7 @@ def start_broadcast(buffer: torch.Tensor, root_rank: int, name: str | None = Non
     if not _distributed():
         return [], lambda: buffer
     sent = to_wire(buffer)
-    works = [dist.broadcast(sent, src=root_rank, async_op=True)]
+    works = [dist.broadcast(sent, src=root_rank, group=_group(), async_op=True)]
 
     def finish():
         if sent is not buffer:
@@ -173,9 +177,10 @@ def start_broadcast(buffer: torch.Tensor, root_rank: int, name: str | None = Non
 
 
 def root_problem(what: str, root_rank, name: str | None) -> str | None:
-    size = basics.size()
-    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or not 0 <= root_rank < size:
-        return f"{what} {name or ''}: root_rank={root_rank!r} is not a rank in 0..{size - 1}"
+    ranks = process_sets.active_ranks()  # root_rank is a global rank, in the set (as Horovod's)
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank not in ranks:
+        where = f"0..{len(ranks) - 1}" if process_sets.current().ranks is None else f"the process set {ranks}"
+        return f"{what} {name or ''}: root_rank={root_rank!r} is not a rank in {where}"
     return None
 
 
@@ -205,19 +210,19 @@ def _checked_splits(tensor, splits, size: int, name: str | None):
 def start_alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,
                    agreement=_UNCHECKED):
     """Send rows splits[r] to rank r; returns (received rows, received splits)."""
-    size = basics.size()
+    size = process_sets.active_size()
     tensor = tensor.contiguous()
     splits, problem = _checked_splits(tensor, splits, size, name)
     _agree(agreement, "alltoall", tensor, problem, name=name)
     if not _distributed():
         return [], lambda: (tensor.clone(), torch.tensor(splits, dtype=torch.int32))
     received = torch.empty(size, dtype=torch.int64)
-    dist.all_to_all_single(received, torch.tensor(splits, dtype=torch.int64))
+    dist.all_to_all_single(received, torch.tensor(splits, dtype=torch.int64), group=_group())
     received_splits = received.tolist()
     sent = to_wire(tensor)
     output = sent.new_empty((sum(received_splits),) + tuple(tensor.shape[1:]))
     works = [dist.all_to_all_single(output, sent, output_split_sizes=received_splits,
-                                    input_split_sizes=splits, async_op=True)]
+                                    input_split_sizes=splits, group=_group(), async_op=True)]
     return works, lambda: (output.to(tensor.dtype), received.to(torch.int32))
 
 
@@ -225,7 +230,7 @@ def start_reducescatter(tensor: torch.Tensor, op: int = reduce_ops.Average, pres
                         postscale: float = 1.0, compression=NoneCompressor, name: str | None = None,
                         agreement=_UNCHECKED):
     """Reduce across ranks, each keeping its share of dim 0 (Horovod's uneven split)."""
-    size, rank = basics.size(), basics.rank()
+    size, rank = process_sets.active_size(), process_sets.active_rank()
     if tensor.dim() == 0:  # refused on every rank, before any data moves
         _agree(agreement, "reducescatter", tensor, problem=f"reducescatter {name or ''}: a 0-dim tensor "
                "cannot be scattered; reshape it to at least one dimension")
@@ -246,7 +251,8 @@ def start_reducescatter(tensor: torch.Tensor, op: int = reduce_ops.Average, pres
     sent = to_wire(wire)
     output = sent.new_empty((chunk,) + rest)
     if _distributed():
-        works = [compat.reduce_scatter_single(output, sent, op=reduce_ops.torch_op(op), async_op=True)]
+        works = [compat.reduce_scatter_single(output, sent, op=reduce_ops.torch_op(op), group=_group(),
+                                              async_op=True)]
     else:
         works, output = [], sent
 
@@ -263,4 +269,4 @@ def start_barrier(agreement=_UNCHECKED):
     if not _distributed():
         return [], lambda: None
     _agree(agreement, "barrier")
-    return [dist.barrier(async_op=True)], lambda: None
+    return [dist.barrier(group=_group(), async_op=True)], lambda: None

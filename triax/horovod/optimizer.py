@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from triax.horovod.errors import HorovodAssertionError, HorovodTypeError, HorovodValueError
 from triax.horovod import basics, check, fusion, joining, reduce_ops
-from triax.horovod.basics import global_process_set, require_global
+from triax.horovod import process_sets
+from triax.horovod.process_sets import global_process_set
 from triax.horovod.compression import Compression
 
 
@@ -96,8 +97,9 @@ class _DistributedOptimizer:
         # One small metadata round per step (when the check is on): catches ranks whose models
         # differ and tells joined ranks (hvd.join) that a gradient exchange follows.
         self._hvd_step_started = True
-        agreement = check.agree("optimizer step", extra=self._hvd_layout, name="DistributedOptimizer")
-        self._hvd_contributors = agreement.active_count if agreement is not None else basics.size()
+        with process_sets.scoped(self._hvd_process_set):
+            agreement = check.agree("optimizer step", extra=self._hvd_layout, name="DistributedOptimizer")
+            self._hvd_contributors = agreement.active_count if agreement is not None else process_sets.active_size()
 
     def _hvd_launch_ready(self):
         buckets = self._hvd_buckets
@@ -126,7 +128,8 @@ class _DistributedOptimizer:
             target.copy_(grad.reshape(-1))
         wire, ctx = self._hvd_compression.compress(bucket.flat)
         reduce_ops.scale_(wire, self._hvd_prescale)
-        works = [dist.all_reduce(wire, async_op=True)] if basics.size() > 1 else []
+        group_size = len(self._hvd_process_set.ranks) if self._hvd_process_set.ranks else basics.size()
+        works = [dist.all_reduce(wire, group=self._hvd_process_set._group, async_op=True)] if group_size > 1 else []
         bucket.pending = (works, wire, ctx)
 
     def _hvd_finish(self, bucket):
@@ -152,7 +155,7 @@ class _DistributedOptimizer:
             first = bucket.params[0]
             zeros = torch.zeros(bucket.numel, dtype=first.dtype, device=first.device)
             wire, _ = self._hvd_compression.compress(zeros)
-            dist.all_reduce(wire)
+            dist.all_reduce(wire, group=self._hvd_process_set._group)
 
 
 def _check_passes(passes) -> int:
@@ -194,8 +197,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=global_process_set):
     """Wrap `optimizer` so gradients are averaged (op=Average) or summed across ranks."""
-    require_global(process_set)
     world = basics.world()
+    with process_sets.scoped(process_set) as process_set:  # registered, and this rank is in it
+        group_size = process_sets.active_size()
     if isinstance(optimizer, _DistributedOptimizer):
         raise HorovodValueError("this optimizer is already a hvd.DistributedOptimizer; wrap it only once")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -250,7 +254,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     optimizer._hvd_step_started = False
     optimizer._hvd_synchronized = False
     optimizer._hvd_should_synchronize = True
-    optimizer._hvd_contributors = world.size
+    optimizer._hvd_contributors = group_size
+    optimizer._hvd_process_set = process_set
     layout = "|".join(b.describe() for b in buckets)
     layout += f"|{getattr(compression, '__name__', type(compression).__name__)}|{op}|{passes}"
     optimizer._hvd_layout = check.digest(layout)
@@ -265,5 +270,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     optimizer._hvd_hook_handles = [p.register_post_accumulate_grad_hook(on_gradient) for p in trainable]
     # Same model, same order, same options on every rank? One round now rather than a hang later.
-    check.agree("optimizer layout", extra=optimizer._hvd_layout, name="DistributedOptimizer")
+    with process_sets.scoped(process_set):
+        check.agree("optimizer layout", extra=optimizer._hvd_layout, name="DistributedOptimizer")
     return optimizer
