@@ -190,6 +190,35 @@ def process_sets_like_horovod():
     assert mine.size() is None  # no longer registered
 
 
+def adasum_reference(vectors):
+    """The published rule, written out: halves combined recursively, lower half first."""
+    if len(vectors) == 1:
+        return vectors[0]
+    a, b = adasum_reference(vectors[:len(vectors) // 2]), adasum_reference(vectors[len(vectors) // 2:])
+    dot = float((a * b).sum())
+    return (1 - dot / (2 * float((a * a).sum()))) * a + (1 - dot / (2 * float((b * b).sum()))) * b
+
+
+@test
+def adasum_like_horovod():
+    vectors = [torch.tensor([r + 1.0, 1.0, -float(r), 2.0], dtype=torch.float64) for r in range(size)]
+    result = raised(lambda: hvd.allreduce(vectors[rank], op=hvd.Adasum))
+    if size & (size - 1):
+        assert isinstance(result, NotImplementedError) and "power-of-two" in str(result), repr(result)
+        return
+    result = hvd.allreduce(vectors[rank], op=hvd.Adasum)
+    layer = torch.nn.Linear(4, 1, bias=False, dtype=torch.float64)
+    torch.nn.init.zeros_(layer.weight)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=1.0),
+                                         named_parameters=layer.named_parameters(), op=hvd.Adasum)
+    layer(vectors[rank][None]).sum().backward()  # this rank's gradient is its vector
+    optimizer.step()
+    parallel = hvd.allreduce(torch.full((3,), 2.0, dtype=torch.float64), op=hvd.Adasum)
+    torch.testing.assert_close(result, adasum_reference(vectors), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(layer.weight.detach()[0], -adasum_reference(vectors), rtol=1e-12, atol=1e-12)
+    same(parallel, torch.full((3,), 2.0, dtype=torch.float64))  # equal gradients: their average
+
+
 @test
 def lifecycle_like_horovod():
     hvd.shutdown()

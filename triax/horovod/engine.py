@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodInternalError
-from triax.horovod import basics, check, compat, process_sets, reduce_ops
+from triax.horovod import adasum, basics, check, compat, process_sets, reduce_ops
 from triax.horovod.compression import NoneCompressor
 
 _UNCHECKED = object()  # sentinel: run the check here
@@ -67,6 +67,8 @@ def start_allreduce(buffer: torch.Tensor, op: int, prescale: float = 1.0, postsc
     """Reduce `buffer` (contiguous) in place across ranks."""
     if not buffer.is_contiguous():  # callers hand over their own contiguous copy
         raise RuntimeError(f"allreduce {name or ''}: internal buffer must be contiguous")
+    if op == reduce_ops.Adasum:
+        return _start_adasum(buffer, prescale, postscale, compression, name, extra, agreement)
     wire, ctx = compression.compress(buffer)
     # The check describes the tensor as it travels (a joined rank must send the same dtype);
     # the extra digest keeps the caller's own shape and dtype in the comparison.
@@ -92,6 +94,27 @@ def start_allreduce(buffer: torch.Tensor, op: int, prescale: float = 1.0, postsc
     return works, finish
 
 
+def _start_adasum(buffer, prescale, postscale, compression, name, extra, agreement):
+    """Adasum runs to completion here (a butterfly of sends, see adasum.py); nothing stays in flight."""
+    problem = adasum.power_of_two_problem(process_sets.active_size())
+    if problem is None and not buffer.is_floating_point():
+        problem = f"allreduce {name or ''}: op=hvd.Adasum combines floating-point gradients, got {buffer.dtype}"
+    wire, ctx = compression.compress(buffer)
+    agreement = _agree(agreement, "allreduce", wire, problem, op=reduce_ops.Adasum, name=name,
+                       extra=f"{extra}|{buffer.dtype}")
+    if agreement is not None and agreement.joined:
+        raise HorovodInternalError(f"allreduce {name or ''}: op=hvd.Adasum cannot run while ranks "
+                                   f"{agreement.joined} have joined")
+    reduce_ops.scale_(wire, prescale)
+    if _distributed():
+        adasum.adasum_(wire)
+    reduce_ops.scale_(wire, postscale)
+    result = compression.decompress(wire, ctx)
+    if result.data_ptr() != buffer.data_ptr():
+        buffer.copy_(result)
+    return [], lambda: buffer
+
+
 def start_grouped_allreduce(buffers: list[torch.Tensor], op: int, prescale: float = 1.0,
                             postscale: float = 1.0, compression=NoneCompressor,
                             name: str | None = None):
@@ -100,6 +123,8 @@ def start_grouped_allreduce(buffers: list[torch.Tensor], op: int, prescale: floa
     for index, tensor in enumerate(buffers):
         groups.setdefault((tensor.dtype, tensor.device), []).append(index)
     works, finishes = [], []
+    if op == reduce_ops.Adasum:  # Adasum combines each tensor on its own, as Horovod's does
+        groups = {(i,): [i] for i in range(len(buffers))}
     for indices in groups.values():
         flat = torch.cat([buffers[i].reshape(-1) for i in indices])
         shapes = ";".join(str(tuple(buffers[i].shape)) for i in indices)
@@ -231,6 +256,9 @@ def start_reducescatter(tensor: torch.Tensor, op: int = reduce_ops.Average, pres
                         agreement=_UNCHECKED):
     """Reduce across ranks, each keeping its share of dim 0 (Horovod's uneven split)."""
     size, rank = process_sets.active_size(), process_sets.active_rank()
+    if op == reduce_ops.Adasum:  # as in Horovod
+        _agree(agreement, "reducescatter", tensor, problem=f"reducescatter {name or ''}: op=hvd.Adasum is "
+               "not supported for reducescatter; use op=hvd.Sum or hvd.Average")
     if tensor.dim() == 0:  # refused on every rank, before any data moves
         _agree(agreement, "reducescatter", tensor, problem=f"reducescatter {name or ''}: a 0-dim tensor "
                "cannot be scattered; reshape it to at least one dimension")

@@ -32,3 +32,7 @@ class HorovodTypeError(TriaxError, TypeError):
 
 class HorovodAssertionError(TriaxError, AssertionError):
     """Misuse of DistributedOptimizer's step protocol, where Horovod raises AssertionError."""
+
+
+class HorovodNotImplementedError(TriaxError, NotImplementedError):
+    """Something Horovod itself does not support either (e.g. Adasum on 3 ranks)."""

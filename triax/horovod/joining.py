@@ -47,6 +47,8 @@ def _serve(agreement: check.Agreement) -> None:
     row = agreement.rows[active[0]]
     kind = check.KINDS[int(row[0])]
     op, root = int(row[2]), int(row[3])
+    if kind == "allreduce" and op == reduce_ops.Adasum:
+        raise HorovodInternalError("allreduce: op=hvd.Adasum cannot run while ranks have joined")
     if kind == "allreduce":
         buffer = reduce_ops.neutral_fill(torch.empty(check.replay_shape(row), dtype=check.replay_dtype(row), device=check.replay_device(row)), op)
         dist.all_reduce(engine.to_wire(buffer), op=reduce_ops.torch_op(op), group=process_sets.active_group())

@@ -18,8 +18,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from triax.horovod.errors import HorovodAssertionError, HorovodTypeError, HorovodValueError
-from triax.horovod import basics, check, fusion, joining, reduce_ops
+from triax.horovod.errors import HorovodAssertionError, HorovodNotImplementedError, HorovodTypeError, HorovodValueError
+from triax.horovod import adasum, basics, check, fusion, joining, reduce_ops
 from triax.horovod import process_sets
 from triax.horovod.process_sets import global_process_set
 from triax.horovod.compression import Compression
@@ -129,7 +129,10 @@ class _DistributedOptimizer:
         wire, ctx = self._hvd_compression.compress(bucket.flat)
         reduce_ops.scale_(wire, self._hvd_prescale)
         group_size = len(self._hvd_process_set.ranks) if self._hvd_process_set.ranks else basics.size()
-        works = [dist.all_reduce(wire, group=self._hvd_process_set._group, async_op=True)] if group_size > 1 else []
+        if self._hvd_op == reduce_ops.Adasum:
+            works = []  # combined parameter by parameter in _hvd_finish
+        else:
+            works = [dist.all_reduce(wire, group=self._hvd_process_set._group, async_op=True)] if group_size > 1 else []
         bucket.pending = (works, wire, ctx)
 
     def _hvd_finish(self, bucket):
@@ -139,6 +142,11 @@ class _DistributedOptimizer:
         postscale = self._hvd_postscale
         if self._hvd_op == reduce_ops.Average:
             postscale /= self._hvd_contributors
+        if self._hvd_op == reduce_ops.Adasum and basics.size() > 1:
+            # Adasum's coefficients come from each gradient's own dot products: one tensor at a time.
+            with process_sets.scoped(self._hvd_process_set):
+                for param, offset in zip(bucket.params, bucket.offsets):
+                    adasum.adasum_(wire[offset:offset + param.numel()])
         flat = self._hvd_compression.decompress(wire, ctx)
         for param, offset in zip(bucket.params, bucket.offsets):
             reduced = flat[offset:offset + param.numel()].view_as(param)
@@ -205,9 +213,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise HorovodTypeError(f"DistributedOptimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
     op = reduce_ops.resolve(op)
-    if op not in (reduce_ops.Average, reduce_ops.Sum):
+    if op not in (reduce_ops.Average, reduce_ops.Sum, reduce_ops.Adasum):
         raise HorovodValueError(f"DistributedOptimizer(op={reduce_ops.NAMES[op]}) is not supported; use "
-                         "hvd.Average or hvd.Sum")
+                                "hvd.Average, hvd.Sum or hvd.Adasum")
+    if op == reduce_ops.Adasum:
+        problem = adasum.power_of_two_problem(group_size)
+        if problem:
+            raise HorovodNotImplementedError(problem)
     if gradient_predivide_factor != 1.0 and op != reduce_ops.Average:
         raise HorovodValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=hvd.Average")
     passes = _check_passes(backward_passes_per_step)
