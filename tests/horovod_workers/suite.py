@@ -190,6 +190,28 @@ def process_sets_like_horovod():
     assert mine.size() is None  # no longer registered
 
 
+@test
+def sparse_allreduce_and_sparse_gradients():
+    rows = torch.tensor([[rank, rank + 1]])
+    sparse = torch.sparse_coo_tensor(rows, torch.tensor([1.0, 2.0]) * (rank + 1), (size + 1,))
+    summed = hvd.synchronize(hvd.sparse_allreduce_async(sparse, name="s", op=hvd.Sum))
+    averaged = hvd.synchronize(hvd.sparse_allreduce_async(sparse, name="a"))
+    embedding = torch.nn.Embedding(size + 1, 2, sparse=True)
+    torch.nn.init.zeros_(embedding.weight)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=1.0),
+                                         named_parameters=embedding.named_parameters())
+    embedding(torch.tensor([rank])).sum().backward()  # gradient 1 on row `rank`, this rank only
+    optimizer.step()
+    dense = sum(torch.sparse_coo_tensor(torch.tensor([[r, r + 1]]), torch.tensor([1.0, 2.0]) * (r + 1),
+                                        (size + 1,)).to_dense() for r in range(size))
+    assert summed.is_sparse and averaged.is_sparse
+    same(summed.to_dense(), dense)
+    torch.testing.assert_close(averaged.to_dense(), dense / size)  # divided before the sum: rounding
+    expected = torch.zeros(size + 1, 2)
+    expected[:size] = -1.0 / size  # each row got one rank's gradient, averaged over all ranks
+    same(embedding.weight.detach(), expected)
+
+
 def adasum_reference(vectors):
     """The published rule, written out: halves combined recursively, lower half first."""
     if len(vectors) == 1:

@@ -17,6 +17,7 @@ from triax.horovod.collectives import (
     alltoall_async, barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
     grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
     grouped_allreduce_async_, grouped_reducescatter, poll, reducescatter, reducescatter_async,
+    sparse_allreduce_async,
     synchronize,
 )
 from triax.horovod.compression import Compression, Compressor

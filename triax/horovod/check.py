@@ -155,11 +155,13 @@ def _shared_problem(problem: str | None, rows: torch.Tensor, name: str | None) -
     everyone = torch.empty(size * _PROBLEM_BYTES, dtype=torch.uint8, device=device)
     compat.all_gather_single(everyone, mine.to(device), group=process_sets.active_group())
     everyone = everyone.view(size, _PROBLEM_BYTES).cpu()
-    reports = []
+    reports: dict[str, list[int]] = {}  # problem text -> ranks that reported it
     for r in range(size):
         if int(rows[r, PROBLEM]):
             text = bytes(everyone[r].tolist()).rstrip(b"\0").decode(errors="replace")
-            reports.append(f"rank {process_sets.active_ranks()[r]}: {text}")
+            reports.setdefault(text, []).append(process_sets.active_ranks()[r])
+    reports = [f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}: {text}"
+               for text, ranks in reports.items()]
     label = f" {name!r}" if name else ""
     return f"Horovod collective{label} refused on every rank, nothing was exchanged — " + "; ".join(reports)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from triax.horovod.errors import HorovodTypeError
-from triax.horovod import autograd, basics, engine, handles, reduce_ops
+from triax.horovod.errors import HorovodTypeError, HorovodValueError
+from triax.horovod import autograd, basics, engine, handles, process_sets, reduce_ops
 from triax.horovod.process_sets import global_process_set, in_process_set
 from triax.horovod.compression import Compression
 
@@ -142,6 +142,34 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 @in_process_set
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     return [allgather(t, name, process_set) for t in _tensors(tensors, "grouped_allgather")]
+
+
+# ---- sparse allreduce: every rank's (indices, values), gathered ---------------------------------
+@in_process_set
+def sparse_allreduce_async(tensor, name=None, op=reduce_ops.Average, process_set=global_process_set):
+    """Sum (or average) sparse COO tensors by gathering every rank's indices and values.
+
+    Returns a handle; synchronize() gives an uncoalesced sparse tensor of the same size, as in
+    Horovod (coalesce() it to add up entries several ranks share).
+    """
+    if not torch.is_tensor(tensor) or not tensor.is_sparse:
+        raise HorovodTypeError(f"hvd.sparse_allreduce_async takes a sparse COO tensor, got "
+                               f"{type(tensor).__name__ if not torch.is_tensor(tensor) else tensor.layout}")
+    op = reduce_ops.resolve(op)
+    if op not in (reduce_ops.Average, reduce_ops.Sum):
+        raise HorovodValueError(f"sparse allreduce supports op=hvd.Sum and hvd.Average, not {reduce_ops.NAMES[op]}")
+    indices, values = tensor._indices(), tensor._values()
+    if op == reduce_ops.Average:
+        values = values / process_sets.active_size()
+    # allgather concatenates along dim 0: gather the indices as (nnz, sparse_dims) rows.
+    index_works, indices_done = engine.start_allgather(indices.t().contiguous(), f"{name or 'sparse'}.indices")
+    value_works, values_done = engine.start_allgather(values.detach().contiguous(), f"{name or 'sparse'}.values")
+    shape = tensor.shape
+
+    def finish():
+        return torch.sparse_coo_tensor(indices_done().t(), values_done(), shape)
+
+    return handles.make(index_works + value_works, finish, name or "sparse_allreduce")
 
 
 # ---- broadcast --------------------------------------------------------------------------------

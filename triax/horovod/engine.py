@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from triax.horovod.errors import HorovodInternalError
+from triax.horovod.errors import HorovodInternalError, HorovodNotImplementedError
 from triax.horovod import adasum, basics, check, compat, process_sets, reduce_ops
 from triax.horovod.compression import NoneCompressor
 
@@ -96,8 +96,11 @@ def start_allreduce(buffer: torch.Tensor, op: int, prescale: float = 1.0, postsc
 
 def _start_adasum(buffer, prescale, postscale, compression, name, extra, agreement):
     """Adasum runs to completion here (a butterfly of sends, see adasum.py); nothing stays in flight."""
-    problem = adasum.power_of_two_problem(process_sets.active_size())
-    if problem is None and not buffer.is_floating_point():
+    size_problem = adasum.power_of_two_problem(process_sets.active_size())
+    if size_problem:  # the same size on every rank of the set: all raise here, Horovod's class
+        raise HorovodNotImplementedError(size_problem)
+    problem = None
+    if not buffer.is_floating_point():
         problem = f"allreduce {name or ''}: op=hvd.Adasum combines floating-point gradients, got {buffer.dtype}"
     wire, ctx = compression.compress(buffer)
     agreement = _agree(agreement, "allreduce", wire, problem, op=reduce_ops.Adasum, name=name,

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodAssertionError, HorovodNotImplementedError, HorovodTypeError, HorovodValueError
-from triax.horovod import adasum, basics, check, fusion, joining, reduce_ops
+from triax.horovod import adasum, basics, check, collectives, fusion, joining, reduce_ops
 from triax.horovod import process_sets
 from triax.horovod.process_sets import global_process_set
 from triax.horovod.compression import Compression
@@ -122,8 +122,12 @@ class _DistributedOptimizer:
                 continue
             if grad.is_sparse:
                 if not self._hvd_sparse_as_dense:
-                    raise HorovodValueError(f"parameter {self._hvd_names[id(param)]!r} has a sparse gradient; "
-                                     "pass sparse_as_dense=True to DistributedOptimizer")
+                    # As Horovod: gather every rank's (indices, values) instead of densifying.
+                    target.zero_()
+                    op = reduce_ops.Sum if self._hvd_op == reduce_ops.Sum else reduce_ops.Average
+                    self._hvd_sparse[id(param)] = collectives.sparse_allreduce_async(
+                        grad, name=self._hvd_names[id(param)], op=op, process_set=self._hvd_process_set)
+                    continue
                 grad = grad.to_dense()
             target.copy_(grad.reshape(-1))
         wire, ctx = self._hvd_compression.compress(bucket.flat)
@@ -149,6 +153,10 @@ class _DistributedOptimizer:
                     adasum.adasum_(wire[offset:offset + param.numel()])
         flat = self._hvd_compression.decompress(wire, ctx)
         for param, offset in zip(bucket.params, bucket.offsets):
+            sparse = self._hvd_sparse.pop(id(param), None)
+            if sparse is not None:
+                param.grad = collectives.synchronize(sparse)
+                continue
             reduced = flat[offset:offset + param.numel()].view_as(param)
             if param.grad is None or param.grad.is_sparse:
                 param.grad = torch.empty_like(param)
@@ -261,6 +269,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     optimizer._hvd_prescale = 1.0 / gradient_predivide_factor
     optimizer._hvd_postscale = gradient_predivide_factor
     optimizer._hvd_sparse_as_dense = sparse_as_dense
+    optimizer._hvd_sparse = {}  # id(param) -> handle of its sparse allreduce in flight
     optimizer._hvd_passes = {}
     optimizer._hvd_next_bucket = 0
     optimizer._hvd_step_started = False
