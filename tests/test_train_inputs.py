@@ -31,7 +31,7 @@ CASES = {
     "block_size too large": (["data.block_size=100000"], ["data.block_size=100000", "smaller"]),
     "n_embd not divisible": (["model.n_embd=30", "model.n_head=4"], ["n_embd=30", "n_head=4"]),
     "unknown preset": (["model=gpt5"], ["gpt5", "presets are"]),
-    "unknown key": (["trainer.colour=red"], ["trainer.colour", "not in"]),
+    "unknown key": (["trainer.colour=red"], ["unknown key trainer.colour"]),
     "wrong type": (["trainer.max_steps=many"], ["trainer.max_steps", "many"]),
     "fp16 on cpu": (["trainer.precision=fp16", "trainer.device=cpu"], ["fp16", "bf16"]),
     "unknown precision": (["trainer.precision=fp8"], ["fp8"]),

@@ -16,7 +16,8 @@ from triax.errors import TriaxError
 COMMANDS = {
     "train": ("triax.train.commands:train_main", "train a GPT model from a Hydra config"),
     "generate": ("triax.train.commands:generate_main", "sample text from a trained run"),
-    "export": ("triax.train.commands:export_main", "write a run's weights as one safetensors file"),
+    "export": ("triax.train.commands:export_main", "write a run's weights as one safetensors file (or --format hf)"),
+    "tokenize": ("triax.data.tokenize_files:main", "text files -> BPE token files for data.task=tokens"),
     "plan": ("triax.parallel.plan:main", "list parallel layouts that fit a model on given devices"),
     "config": ("triax.launch.config:main", "write the default launch configuration"),
     "launch": ("triax.launch.launcher:main", "start a script on several processes (torchrun front end)"),

@@ -12,3 +12,7 @@ class TriaxError(Exception):
 
 class ConfigError(TriaxError):
     """The configuration is invalid: names the key, the value, and what to do instead."""
+
+
+class UsageError(TriaxError, ValueError):
+    """A command-line argument is malformed or out of range: names the option and the value."""

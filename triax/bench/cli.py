@@ -12,13 +12,15 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
 
 from triax.bench import report
 from triax.bench.worker import add_step_arguments
-from triax.errors import TriaxError
+from triax.arguments import ArgumentParser, at_least, check_device, need, positive
+from triax.errors import TriaxError, UsageError
 from triax.testing import quiet_env, torchrun_command
 
 
@@ -46,9 +48,43 @@ def check_choices(args: argparse.Namespace) -> None:
         if options and options[0] and options[0] not in ("none", "bf16", "fp16", "powersgd"):
             raise TriaxError(f"unknown compression {options[0]!r} in --impls {label!r}; "
                              "use none, bf16, fp16 or powersgd")
-    for name in ("batch_size", "steps", "repeats", "threads"):
-        if getattr(args, name) < 1:
-            raise TriaxError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    for name in ("batch_size", "block_size", "steps", "repeats", "threads", "powersgd_rank"):
+        at_least(f"--{name.replace('_', '-')}", getattr(args, name), 1)
+    at_least("--warmup", args.warmup, 0)
+    positive("--bucket-mb", args.bucket_mb)
+    positive("--timeout", args.timeout)
+    check_device("--device", args.device)
+    check_out_directory(args.out, args.force)
+
+
+# What `triax bench` writes into --out; a file of these names triax did not write is not replaced.
+def _is_bench_json(path: str) -> bool:
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and ("rows" in data or "peak_flops" in data)
+
+
+def check_out_directory(out: str, force: bool) -> None:
+    """--out is a directory (created if missing); refuse an existing file there, or result files
+    triax did not write, unless --force."""
+    need(out.strip() != "", "--out", out, "give a directory")
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out {out!r} exists and is not a directory; give a directory for bench.json "
+                         "and bench.png")
+    if force or not os.path.isdir(out):
+        return
+    ours = ["bench.json", *(name for name in os.listdir(out) if re.fullmatch(r"raw-\d+\.json", name))]
+    for name in ours:
+        path = os.path.join(out, name)
+        if os.path.lexists(path) and not _is_bench_json(path):
+            raise UsageError(f"--out {out!r} already holds {name}, which triax bench did not write; choose "
+                             "another directory, or add --force to replace it")
+    if os.path.lexists(os.path.join(out, "bench.png")) and not _is_bench_json(os.path.join(out, "bench.json")):
+        raise UsageError(f"--out {out!r} already holds bench.png, which triax bench did not write; choose "
+                         "another directory, or add --force to replace it")
 
 
 def worker_arguments(args: argparse.Namespace) -> list[str]:
@@ -77,12 +113,14 @@ def run_job(nproc: int, args: argparse.Namespace, out_path: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="triax bench", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="triax bench", description=__doc__.split("\n\n")[0])
     add_step_arguments(parser)
     parser.add_argument("--nproc", default="1,2", help="process counts to run, e.g. 1,2,4 (default 1,2)")
     parser.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per job")
+    parser.add_argument("--force", action="store_true",
+                        help="replace result files in --out that triax bench did not write")
     args = parser.parse_args(argv)
     counts = parse_process_counts(args.nproc)
     check_choices(args)

@@ -8,7 +8,6 @@ typo does not silently fall back to a default.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, fields
@@ -96,11 +95,17 @@ def load_config(path: str | None = None) -> LaunchConfig | None:
     path = path or config_path()
     if not os.path.exists(path):
         return None
-    with open(path) as handle:
-        try:
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path} is not a file (a directory?); give the path of a launch configuration file")
+    try:
+        if os.path.getsize(path) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path} is too large to be a launch configuration ({os.path.getsize(path)} bytes)")
+        with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle) or {}
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read {path} ({getattr(error, 'strerror', None) or error})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} should hold key: value pairs, found a {type(data).__name__}")
     known = {field.name for field in fields(LaunchConfig)}
@@ -110,12 +115,45 @@ def load_config(path: str | None = None) -> LaunchConfig | None:
     return LaunchConfig(**data).validate(path)
 
 
+HEADER = "# triax launch configuration (written by `triax config`)"
+MAX_CONFIG_BYTES = 2**20  # a launch configuration is a dozen lines
+
+
+def written_by_triax(path: str) -> bool:
+    """Whether `path` is a regular file starting with the header `triax config` writes."""
+    try:
+        if not os.path.isfile(path) or os.path.islink(path):
+            return False
+        with open(path, "rb") as handle:
+            return handle.read(len(HEADER)) == HEADER.encode()
+    except OSError:
+        return False
+
+
+def check_config_file(path: str, force: bool = False) -> None:
+    """Where `triax config` may write: not a directory, not a file triax did not write (unless
+    `force`), in a directory that exists or can be created."""
+    if not path.strip():
+        raise ConfigError("--config-file is empty; give the path of a file")
+    if os.path.isdir(path):
+        raise ConfigError(f"--config-file {path} is a directory; give the path of a file, e.g. "
+                          f"{os.path.join(path, 'default_config.yaml')}")
+    if os.path.lexists(path) and not force and not written_by_triax(path):
+        raise ConfigError(f"{path} exists and was not written by `triax config`; choose another --config-file, "
+                          "or add --force to replace it")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise ConfigError(f"cannot create {path}: {parent} is not a writable directory")
+
+
 def write_config(config: LaunchConfig, path: str | None = None) -> str:
     path = path or config_path()
     config.validate()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as handle:
-        handle.write("# triax launch configuration (written by `triax config`)\n")
+        handle.write(HEADER + "\n")
         yaml.safe_dump(dataclasses.asdict(config), handle, sort_keys=False)
     return path
 
@@ -173,14 +211,19 @@ def ask_config(start: LaunchConfig) -> LaunchConfig:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="triax config", description=(
+    from triax.arguments import ArgumentParser
+
+    parser = ArgumentParser(prog="triax config", description=(
         "Write the launch configuration `triax launch` takes its defaults from. "
         f"File: ${ENV_CONFIG_FILE}, else ~/.cache/triax/default_config.yaml."))
     parser.add_argument("--default", action="store_true", help="write the defaults without asking")
     parser.add_argument("--config-file", help="where to write (default: %(default)s from the environment)")
     parser.add_argument("--show", action="store_true", help="print the active configuration and exit")
+    parser.add_argument("--force", action="store_true", help="replace a --config-file triax did not write")
     args = parser.parse_args(argv)
     path = args.config_file or config_path()
+    if not args.show:
+        check_config_file(path, args.force)  # before any question is asked
     if args.show:
         config = load_config(path)
         if config is None:
@@ -192,7 +235,7 @@ def main(argv: list[str]) -> int:
         config = default_config()
     else:
         # The questions start from the existing file's answers, so re-running edits it.
-        start = load_config(path) or default_config()
+        start = (load_config(path) if written_by_triax(path) else None) or default_config()
         try:
             config = ask_config(start)
         except EOFError:

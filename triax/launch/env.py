@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -67,7 +66,9 @@ def collect() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="triax env", description="Print what a bug report needs.")
+    from triax.arguments import ArgumentParser
+
+    parser = ArgumentParser(prog="triax env", description="Print what a bug report needs.")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     info = collect()

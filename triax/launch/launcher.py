@@ -16,7 +16,8 @@ import shlex
 import socket
 import sys
 
-from triax.errors import TriaxError
+from triax.arguments import ArgumentParser
+from triax.errors import TriaxError, UsageError
 from triax.launch import settings
 from triax.launch.config import (
     RDZV_BACKENDS,
@@ -29,7 +30,7 @@ from triax.launch.config import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="triax launch", usage="triax launch [options] (script.py | -m module) [args...]",
         description="Start a training script on several processes (a front end to torchrun). "
                     "Options default to the file written by `triax config`.")
@@ -143,9 +144,40 @@ def child_environment(config: LaunchConfig) -> dict[str, str]:
     return env
 
 
+def check_target(script: str, module: bool) -> None:
+    """The script (or module) must exist before torchrun starts N copies that would each fail."""
+    if module:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(script) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise UsageError(f"module {script!r} cannot be found from here (python -m {script} would fail); "
+                             "check the name and the current directory / PYTHONPATH")
+    elif not os.path.isfile(script):
+        what = "is a directory" if os.path.isdir(script) else "does not exist"
+        raise UsageError(f"training script {script!r} {what}; give the path of a Python file "
+                         "(or -m module.name)")
+
+
+def check_rdzv_conf(text: str | None) -> None:
+    if text is None:
+        return
+    for item in text.split(","):
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip() or not value.strip():
+            raise UsageError(f"--rdzv-conf {text!r} is invalid; write key=value pairs separated by commas, "
+                             "e.g. join_timeout=600,read_timeout=60")
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    check_rdzv_conf(args.rdzv_conf)
     config = resolve_config(args)
+    if not args.dry_run:  # a dry run only prints the command: its script may live on another machine
+        check_target(args.script, args.module)
     if config.num_machines == 1 and config.main_process_ip not in ("127.0.0.1", "localhost", "::1"):
         # One machine: everything stays on loopback, whatever the config says.
         config = dataclasses.replace(config, main_process_ip="127.0.0.1")

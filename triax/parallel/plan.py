@@ -24,12 +24,13 @@ compute, so the step takes the longer of the two. These are estimates to rank la
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 
 from triax.errors import ConfigError
-from triax.parallel.mesh import MULTI_STAGE_SCHEDULES, Layout, num_stages, padded_vocab_size
+from triax.parallel.mesh import MULTI_STAGE_SCHEDULES, PP_SCHEDULES, Layout, num_stages, padded_vocab_size
+
+MAX_WORLD = 2**16  # the layout search grows with world x its divisors: beyond this it takes minutes
 
 # Parameter-name endings and the dimension tensor parallelism splits (see tensor_parallel.py).
 _TP_SPLIT_DIM = {
@@ -208,7 +209,9 @@ def plan(shape: ModelShape, world: int, memory_gb: float, global_batch: int, **k
 def main(argv: list[str]) -> int:
     from triax.models.gpt import PRESETS
 
-    parser = argparse.ArgumentParser(prog="triax plan", description=__doc__.split("\n")[0],
+    from triax.arguments import ArgumentParser, at_least, positive
+
+    parser = ArgumentParser(prog="triax plan", description=__doc__.split("\n")[0],
                                      epilog="The formulas are in the docstring of triax/parallel/plan.py.")
     parser.add_argument("--model", default="gpt2", help=f"preset: {', '.join(PRESETS)}")
     parser.add_argument("--world", type=int, required=True, help="number of devices (processes)")
@@ -217,7 +220,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seq", type=int, default=1024, help="sequence length (block size)")
     parser.add_argument("--vocab", type=int, default=50257, help="vocabulary size")
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16", "bf16-pure"])
-    parser.add_argument("--pp-schedule", default="1f1b")
+    parser.add_argument("--pp-schedule", default="1f1b", choices=PP_SCHEDULES)
     parser.add_argument("--microbatches", type=int, default=0, help="pipeline micro-batches (0: 2 x pp)")
     parser.add_argument("--tflops", type=float, default=100.0, help="sustained TFLOP/s per device")
     parser.add_argument("--bandwidth", type=float, default=100.0, help="GB/s between devices")
@@ -225,8 +228,18 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.model not in PRESETS:
         raise ConfigError(f"unknown model preset {args.model!r}; presets are: {', '.join(PRESETS)}")
-    if args.world <= 0 or args.memory_gb <= 0:
-        raise ConfigError(f"--world and --memory-gb must be positive, got {args.world} and {args.memory_gb}")
+    # Every number is checked before any arithmetic: a zero rate would divide by zero, a negative
+    # size would print negative GiB, a huge world would make the layout search run for hours.
+    at_least("--world", args.world, 1)
+    if args.world > MAX_WORLD:
+        raise ConfigError(f"--world {args.world} is beyond what plan searches (at most {MAX_WORLD} devices)")
+    for option, value in (("--memory-gb", args.memory_gb), ("--tflops", args.tflops),
+                          ("--bandwidth", args.bandwidth)):
+        positive(option, value)
+    for option, value in (("--global-batch", args.global_batch), ("--seq", args.seq), ("--vocab", args.vocab),
+                          ("--top", args.top)):
+        at_least(option, value, 1)
+    at_least("--microbatches", args.microbatches, 0)
     n_layer, n_head, n_embd = PRESETS[args.model]
     shape = ModelShape(n_layer, n_head, n_embd, args.vocab, args.seq)
     results = plan(shape, args.world, args.memory_gb, args.global_batch, precision=args.precision,

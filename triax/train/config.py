@@ -7,6 +7,7 @@ these dataclasses: an unknown key or a value of the wrong type fails with a mess
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -14,6 +15,7 @@ from typing import List, Optional
 from omegaconf import OmegaConf
 
 from triax.errors import ConfigError
+from triax.train.strict import check_composed, check_overrides, schema_keys, unknown_key_error
 
 
 @dataclass
@@ -29,12 +31,14 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    path: Optional[str] = None  # fsspec URL of a UTF-8 text file; unset = built-in corpus
-    task: str = "char"  # char (next-character prediction) | addition (minGPT's a+b task)
-    block_size: int = 64  # context length in characters (addition: set from digits)
-    train_split: float = 0.9  # leading fraction of the text for training; the tail validates
-    truncate: float = 1.0  # use only this leading fraction of the text
+    path: Optional[str] = None  # char: fsspec URL of a UTF-8 text file (unset = built-in corpus); tokens: directory (or URL) with train.bin, val.bin, meta.json
+    task: str = "char"  # char (next-character prediction) | tokens (token files, nanoGPT layout) | addition (minGPT's a+b task)
+    block_size: int = 64  # context length in characters or tokens (addition: set from digits)
+    train_split: float = 0.9  # char: leading fraction of the text for training; the tail validates
+    truncate: float = 1.0  # char: use only this leading fraction of the text
     digits: int = 2  # addition task: digits of each operand
+    vocab_size: Optional[int] = None  # tokens: token ids are < this; required when the directory has no meta.json
+    token_dtype: Optional[str] = None  # tokens: uint16 | uint32 | int32 | ... of train.bin/val.bin; unset = meta.json's, else uint16
 
 
 @dataclass
@@ -152,11 +156,13 @@ def compose_config(overrides: list[str] | None = None) -> TrainConfig:
         if match and match.group(1) not in _model_presets():
             raise ConfigError(f"unknown model preset {match.group(1)!r}; presets are: "
                               f"{', '.join(_model_presets())}")
+    check_overrides(overrides, TrainConfig)
     _register_schema()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="triax.conf", version_base=None):
             composed = compose(config_name="config", overrides=overrides)
+        check_composed(composed, TrainConfig)
         config = OmegaConf.to_object(composed)
     except (HydraException, OmegaConfBaseException) as error:
         raise ConfigError(_one_line(error)) from None
@@ -168,49 +174,127 @@ def compose_config(overrides: list[str] | None = None) -> TrainConfig:
 
 def _one_line(error: Exception) -> str:
     """Hydra wraps OmegaConf's precise message ("Key 'foo' not in 'TrainerConfig'", "Value 'abc'
-    could not be converted to Integer") in a vaguer one; report the precise one with its key."""
-    cause = error.__cause__ if error.__cause__ is not None else error
+    could not be converted to Integer") in vaguer ones; report the innermost one with its key."""
+    chain = [error]
+    while (chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 20:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    keyed = [item for item in chain if "full_key:" in str(item)]
+    cause = keyed[-1] if keyed else chain[min(1, len(chain) - 1)]
     text = str(cause).strip() or type(cause).__name__
     first = text.splitlines()[0]
     key = re.search(r"full_key: (\S+)", text)
+    if key and re.match(r"Key '.*' not in", first):
+        return str(unknown_key_error(key.group(1), sorted(schema_keys(TrainConfig))))
     if key:
         first = f"{key.group(1)}: {first}"
-    if "not in" in first or "Could not override" in first:
+    options = re.search(r"Available options in '[^']*':\n((?:\t\S+\n?)+)", text)
+    if options:
+        first += "; available: " + ", ".join(options.group(1).split())
+    if "Could not override" in first:
         first += "; run `triax train --help` to list the valid keys"
     return f"config error: {first}"
 
 
+def _need(ok: bool, key: str, value, what: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is invalid; {what}")
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+DEVICE_HELP = "use auto, cpu, cuda or cuda:N"
+
+
+def _check_device(requested: str) -> None:
+    """Syntax only (auto | cpu | cuda | cuda:N); whether CUDA exists is checked where it is used."""
+    if requested == "auto":
+        return
+    import torch
+
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    _need(device is not None and device.type in ("cpu", "cuda"), "trainer.device", requested, DEVICE_HELP)
+
+
 def validate(config: TrainConfig) -> None:
-    """Checks the types alone cannot express."""
-    trainer, data = config.trainer, config.data
-    if data.task not in ("char", "addition"):
-        raise ConfigError(f"data.task must be 'char' or 'addition', got {data.task!r}")
+    """Every value's range, checked here once, before any file or process group exists."""
+    from triax.parallel.comm_hooks import check_compression
+    from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
+    from triax.precision import POLICY_NAMES
+
+    model, data, optim, trainer, parallel = config.model, config.data, config.optim, config.trainer, config.parallel
+    for name in ("n_layer", "n_head", "n_embd"):
+        _need(getattr(model, name) >= 1, f"model.{name}", getattr(model, name), "use 1 or more")
+    _need(_finite(model.dropout) and 0 <= model.dropout < 1, "model.dropout", model.dropout, "use 0 <= dropout < 1")
+
+    _need(data.task in ("char", "tokens", "addition"), "data.task", data.task, "use char, tokens or addition")
+    _need(data.vocab_size is None or data.vocab_size >= 1, "data.vocab_size", data.vocab_size,
+          "use 1 or more (or leave it unset to take meta.json's)")
+    from triax.data.tokens import TOKEN_DTYPES
+
+    _need(data.token_dtype is None or data.token_dtype in TOKEN_DTYPES, "data.token_dtype", data.token_dtype,
+          f"use one of {', '.join(TOKEN_DTYPES)}")
+    _need(data.path is None or data.path.strip() != "", "data.path", data.path,
+          "give a file (or leave it unset for the built-in corpus)")
+    _need(data.block_size >= 1, "data.block_size", data.block_size, "use 1 or more")
+    _need(_finite(data.train_split) and 0 < data.train_split < 1, "data.train_split", data.train_split,
+          "use a fraction between 0 and 1 (the tail is the validation set)")
+    _need(_finite(data.truncate) and 0 < data.truncate <= 1, "data.truncate", data.truncate, "use 0 < truncate <= 1")
+    _need(data.digits >= 1, "data.digits", data.digits, "use 1 or more")
+
+    _need(_finite(optim.lr) and optim.lr > 0, "optim.lr", optim.lr, "use a positive learning rate such as 1e-3")
+    _need(_finite(optim.min_lr) and 0 <= optim.min_lr <= optim.lr, "optim.min_lr", optim.min_lr,
+          f"use 0 <= min_lr <= optim.lr ({optim.lr})")
+    _need(optim.warmup_steps >= 0, "optim.warmup_steps", optim.warmup_steps, "use 0 or more")
+    _need(len(optim.betas) == 2, "optim.betas", optim.betas, "give two values, e.g. [0.9,0.95]")
+    _need(all(_finite(beta) and 0 <= beta < 1 for beta in optim.betas), "optim.betas", optim.betas,
+          "each beta must be in [0, 1)")
+    _need(_finite(optim.weight_decay) and optim.weight_decay >= 0, "optim.weight_decay", optim.weight_decay,
+          "use 0 or more")
+
     if trainer.max_steps is None and trainer.max_epochs is None:
         raise ConfigError("set trainer.max_steps or trainer.max_epochs (both are null)")
     for name in ("max_steps", "max_epochs"):
         value = getattr(trainer, name)
-        if value is not None and value <= 0:
-            raise ConfigError(f"trainer.{name} must be positive, got {value}")
-    for name in ("batch_size", "grad_accum", "eval_batches", "log_every"):
-        if getattr(trainer, name) <= 0:
-            raise ConfigError(f"trainer.{name} must be positive, got {getattr(trainer, name)}")
-    if trainer.max_save_failures <= 0:
-        raise ConfigError(f"trainer.max_save_failures must be positive, got {trainer.max_save_failures}")
-    for name in ("save_every", "eval_every", "keep_last"):
-        if getattr(trainer, name) < 0:
-            raise ConfigError(f"trainer.{name} must be >= 0, got {getattr(trainer, name)}")
-    if data.block_size <= 0:
-        raise ConfigError(f"data.block_size must be positive, got {data.block_size}")
-    from triax.parallel.comm_hooks import check_compression
+        _need(value is None or value >= 1, f"trainer.{name}", value, "use 1 or more (or null)")
+    for name in ("batch_size", "grad_accum", "eval_batches", "log_every", "max_save_failures"):
+        _need(getattr(trainer, name) >= 1, f"trainer.{name}", getattr(trainer, name), "use 1 or more")
+    for name in ("save_every", "eval_every", "keep_last", "sample_tokens"):
+        _need(getattr(trainer, name) >= 0, f"trainer.{name}", getattr(trainer, name), "use 0 or more")
+    _need(_finite(trainer.grad_clip) and trainer.grad_clip >= 0, "trainer.grad_clip", trainer.grad_clip,
+          "use 0 (no clipping) or a positive norm")
+    _need(trainer.precision in POLICY_NAMES, "trainer.precision", trainer.precision,
+          f"use one of {', '.join(POLICY_NAMES)}")
+    _need(0 <= trainer.seed < 2**63, "trainer.seed", trainer.seed, "use 0 .. 2**63-1")
+    _check_device(trainer.device)
+    _need(trainer.run_dir.strip() != "", "trainer.run_dir", trainer.run_dir, "give a directory")
+    _need(trainer.snapshot_dir is None or trainer.snapshot_dir.strip() != "", "trainer.snapshot_dir",
+          trainer.snapshot_dir, "give a directory or URL, or leave it unset for <run_dir>/snapshots")
 
-    check_compression(config.parallel.grad_compression, config.parallel.powersgd_rank)
+    for name in ("dp_replicate", "dp_shard"):
+        value = getattr(parallel, name)
+        _need(value == -1 or value >= 1, f"parallel.{name}", value, "use 1 or more, or -1 for the rest")
+    for name in ("tp", "pp"):
+        _need(getattr(parallel, name) >= 1, f"parallel.{name}", getattr(parallel, name), "use 1 or more")
+    _need(parallel.pp_schedule in PP_SCHEDULES, "parallel.pp_schedule", parallel.pp_schedule,
+          f"use one of {', '.join(PP_SCHEDULES)}")
+    _need(parallel.pp_microbatches >= 0, "parallel.pp_microbatches", parallel.pp_microbatches,
+          "use 0 (2 x pp) or more")
+    _need(all(layers >= 1 for layers in parallel.pp_balance), "parallel.pp_balance", parallel.pp_balance,
+          "every stage needs 1 or more layers")
+    _need(parallel.activation_checkpointing in ACTIVATION_CHECKPOINTING, "parallel.activation_checkpointing",
+          parallel.activation_checkpointing, f"use one of {', '.join(ACTIVATION_CHECKPOINTING)}")
+    _need(_finite(parallel.bucket_mb) and parallel.bucket_mb > 0, "parallel.bucket_mb", parallel.bucket_mb,
+          "use a positive size in MB")
+    check_compression(parallel.grad_compression, parallel.powersgd_rank)
     debug = config.debug
-    if debug.preempt_at_step is not None and debug.preempt_at_step <= 0:
-        raise ConfigError(f"debug.preempt_at_step must be a positive step, got {debug.preempt_at_step}")
-    if debug.preempt_rank < 0:
-        raise ConfigError(f"debug.preempt_rank must be >= 0, got {debug.preempt_rank}")
-    if len(config.optim.betas) != 2:
-        raise ConfigError(f"optim.betas needs two values, got {config.optim.betas}")
+    _need(debug.preempt_at_step is None or debug.preempt_at_step >= 1, "debug.preempt_at_step",
+          debug.preempt_at_step, "use a positive step (or null)")
+    _need(debug.preempt_rank >= 0, "debug.preempt_rank", debug.preempt_rank, "use 0 or more")
 
 
 def to_dict(config: TrainConfig) -> dict:

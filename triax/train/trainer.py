@@ -91,7 +91,6 @@ class Trainer:
                 f"one step needs {self.samples_per_step} samples (batch_size {trainer.batch_size} x "
                 f"{self.layout.dp} data-parallel ranks x grad_accum {trainer.grad_accum}) but the training "
                 f"set has {len(self.data.train)}; lower trainer.batch_size or grad_accum")
-        created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
         self.snapshot_root = trainer.snapshot_dir or os.path.join(trainer.run_dir, "snapshots")
         # A restart by torchrun (--max-restarts) continues this job's own snapshots whatever
         # trainer.resume says: with resume=false the first attempt refused or cleared older ones.
@@ -104,6 +103,8 @@ class Trainer:
                     f"trainer.resume=false but {self.snapshot_root!r} already holds a run (newest snapshot "
                     f"{existing}); resume it (trainer.resume=true), choose another trainer.run_dir, or add "
                     "trainer.overwrite=true to delete its snapshots and start over")
+        # Created only once every check above passed: a refused start leaves no empty run directory.
+        created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
         try:
             self.place = init_distributed(self.device, self.place)
         except Exception:
@@ -191,7 +192,11 @@ class Trainer:
             yaml.safe_dump(to_dict(self.config), handle, sort_keys=False)
         with open(os.path.join(run_dir, "model.json"), "w") as handle:
             json.dump(self.model_config.__dict__, handle, indent=1)
-        if self.data.vocab is not None:
+        if self.data.tokenizer_path is not None:
+            # The run carries its tokenizer, so generate/export need nothing but the run dir.
+            with open(os.path.join(run_dir, "tokenizer.json"), "w", encoding="utf-8") as handle:
+                handle.write(self.data.vocab.json_text)
+        elif self.data.vocab is not None:
             with open(os.path.join(run_dir, "vocab.json"), "w") as handle:
                 handle.write(self.data.vocab.to_json())
 
@@ -396,7 +401,8 @@ class Trainer:
         vocab = self.data.vocab
         if vocab is None or self.config.trainer.sample_tokens <= 0 or not self._can_generate():
             return None
-        prompt = prompt or vocab.decode(self.data.val.ids[: min(16, self.data.block_size)])
+        first_window = self.data.val.batch(torch.zeros(1, dtype=torch.long))[0][0]
+        prompt = prompt or vocab.decode(first_window[: min(16, self.data.block_size)].tolist())
         idx = torch.tensor([vocab.encode(prompt)], device=self.device)
         # The same generator seed on every rank: all ranks draw the same text (needed once the
         # model is sharded and every rank must take part in each forward).

@@ -1,0 +1,334 @@
+"""Hostile and careless input on every command: one line, exit code 2, no traceback, nothing changed.
+
+Each case runs the CLI's main in-process inside a sandbox: its own temp dir ($TMPDIR and
+tempfile's), home and cache dir, and working directory, all under one root. The whole root is
+listed before and after, so "nothing outside the run directory changed" covers the temp dir, the
+run dir's parent and the default config location at once.
+"""
+
+import os
+import tempfile
+
+import pytest
+
+from triax.cli import main as triax_main
+
+from helpers import tiny_overrides
+
+
+def tree_listing(root):
+    """Every path under root with its size and modification time (files) or a marker (dirs)."""
+    listing = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs:
+            listing[os.path.relpath(os.path.join(directory, name), root)] = "dir"
+        for name in files:
+            path = os.path.join(directory, name)
+            stat = os.lstat(path)
+            listing[os.path.relpath(path, root)] = (stat.st_size, stat.st_mtime_ns)
+    return listing
+
+
+class Sandbox:
+    def __init__(self, root, capsys):
+        self.root, self.capsys = root, capsys
+        self.tmp = root / "tmp"
+        self.work = root / "work"
+        for path in (self.tmp, self.work, root / "home"):
+            path.mkdir()
+
+    def refused(self, argv, *words):
+        """Run `triax argv`; assert the refusal and return the one line."""
+        self.capsys.readouterr()
+        before = tree_listing(self.root)
+        code = triax_main(list(argv))
+        captured = self.capsys.readouterr()
+        err = captured.err.strip()
+        assert code == 2, (code, err)
+        assert "Traceback" not in err, err
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith("triax: error:"), err
+        for word in words:
+            assert word in err, f"{word!r} missing from: {err}"
+        assert tree_listing(self.root) == before, "a refused command changed files"
+        return err
+
+
+@pytest.fixture
+def sandbox(tmp_path, capsys, monkeypatch):
+    (tmp_path / "sandbox").mkdir()
+    box = Sandbox(tmp_path / "sandbox", capsys)
+    monkeypatch.setenv("TMPDIR", str(box.tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(box.tmp))
+    monkeypatch.setenv("HOME", str(box.root / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(box.root / "home" / ".cache"))
+    monkeypatch.delenv("TRIAX_CONFIG_FILE", raising=False)
+    monkeypatch.delenv("TRIAX_DEBUG", raising=False)
+    monkeypatch.chdir(box.work)
+    return box
+
+
+# ---- triax train: config strictness and value ranges ------------------------------------------------
+
+TRAIN_CASES = {
+    # name: (overrides, words the line must contain)
+    "typo with +": (["+trainer.max_step=5"], ["unknown key trainer.max_step", "did you mean trainer.max_steps?"]),
+    "typo with ++": (["++trainer.max_step=5"], ["unknown key trainer.max_step", "did you mean trainer.max_steps?"]),
+    "typo without +": (["trainer.max_step=5"], ["unknown key trainer.max_step", "did you mean trainer.max_steps?"]),
+    "key in the wrong section": (["trainer.lr=0.1"], ["unknown key trainer.lr", "did you mean optim.lr?"]),
+    "new top-level key": (["+foo.bar=1"], ["unknown key foo.bar"]),
+    "key below a value": (["+model.n_head.x=1"], ["unknown key model.n_head.x"]),
+    "env interpolation": (["trainer.seed=${oc.env:HOME}"], ["trainer.seed", "interpolations"]),
+    "interpolation in a list": (["optim.betas=[${optim.lr},0.9]"], ["optim.betas.0", "interpolations"]),
+    "deleting a key": (["~trainer.max_steps"], ["deletes a key"]),
+    "hydra setting": (["hydra.run.dir=elsewhere"], ["hydra.run.dir", "no effect"]),
+    "package override": (["trainer@x.max_steps=3"], ["package"]),
+    "unparsable override": (["trainer.max_steps=="], ["cannot read the override"]),
+    "negative lr": (["optim.lr=-1"], ["optim.lr=-1.0", "positive"]),
+    "nan lr": (["optim.lr=nan"], ["optim.lr=nan"]),
+    "min_lr above lr": (["optim.min_lr=1"], ["optim.min_lr"]),
+    "beta of 1": (["optim.betas=[0.9,1.0]"], ["optim.betas"]),
+    "bogus device": (["trainer.device=bogus"], ["trainer.device='bogus'", "cuda:N"]),
+    "dropout of 1": (["model.dropout=1.0"], ["model.dropout"]),
+    "zero layers": (["model.n_layer=0"], ["model.n_layer=0"]),
+    "negative grad_clip": (["trainer.grad_clip=-1"], ["trainer.grad_clip"]),
+    "train_split of 1": (["data.train_split=1"], ["data.train_split"]),
+    "negative seed": (["trainer.seed=-1"], ["trainer.seed"]),
+    "zero tp": (["parallel.tp=0"], ["parallel.tp=0"]),
+    "unknown schedule": (["parallel.pp_schedule=zigzag"], ["parallel.pp_schedule"]),
+    "zero bucket": (["parallel.bucket_mb=0"], ["parallel.bucket_mb"]),
+    "empty run dir name": (["trainer.run_dir=''"], ["trainer.run_dir"]),
+}
+
+
+@pytest.mark.parametrize("name", list(TRAIN_CASES))
+def test_train_refuses(name, sandbox, tiny_corpus):
+    overrides, words = TRAIN_CASES[name]
+    run_dir = sandbox.work / "runs" / "a"
+    sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus), *overrides], *words)
+    assert not (sandbox.work / "runs").exists()
+
+
+def test_experiment_file_from_searchpath_is_checked_too(sandbox, tiny_corpus):
+    """hydra.searchpath is accepted (documented); the files it finds meet the same schema."""
+    experiments = sandbox.root / "home" / "conf" / "experiment"
+    experiments.mkdir(parents=True)
+    (experiments / "typo.yaml").write_text("# @package _global_\ntrainer:\n  max_stepz: 3\n")
+    (experiments / "env.yaml").write_text("# @package _global_\ntrainer:\n  snapshot_dir: ${oc.env:HOME}\n")
+    base = [*tiny_overrides(sandbox.work / "run", tiny_corpus), f"hydra.searchpath=[file://{experiments.parent}]"]
+    sandbox.refused(["train", *base, "+experiment=typo"], "unknown key trainer.max_stepz",
+                    "did you mean trainer.max_steps?")
+    sandbox.refused(["train", *base, "+experiment=env"], "trainer.snapshot_dir", "interpolations")
+    sandbox.refused(["train", *base, "+experiment=absent"], "experiment/absent", "available: env, gpt2_train_cfg, typo")
+
+
+def test_searchpath_experiment_is_used(sandbox):
+    from triax.train.config import compose_config
+
+    experiments = sandbox.root / "home" / "conf" / "experiment"
+    experiments.mkdir(parents=True)
+    (experiments / "short.yaml").write_text("# @package _global_\ntrainer:\n  max_steps: 7\n")
+    config = compose_config([f"hydra.searchpath=[file://{experiments.parent}]", "+experiment=short"])
+    assert config.trainer.max_steps == 7
+
+
+# ---- triax generate / export: arguments and a damaged run directory ----------------------------------
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """One tiny finished run, trained in-process once for every generate/export case."""
+    import random
+
+    root = tmp_path_factory.mktemp("trained")
+    rng = random.Random(0)
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(["ab", "cd", "ef"]) for _ in range(10)) for _ in range(200)))
+    run_dir = root / "run"
+    assert triax_main(["train", *tiny_overrides(run_dir, corpus, **{"trainer.max_steps": 2})]) == 0
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(trained_run, sandbox):
+    """A copy of the trained run inside the sandbox, free to damage."""
+    import shutil
+
+    return shutil.copytree(trained_run, sandbox.work / "run")
+
+
+GENERATE_CASES = {
+    "zero temperature": (["--temperature", "0"], ["--temperature 0.0", "--greedy"]),
+    "negative temperature": (["--temperature", "-1"], ["--temperature -1.0"]),
+    "nan temperature": (["--temperature", "nan"], ["--temperature nan"]),
+    "zero top-k": (["--top-k", "0"], ["--top-k 0"]),
+    "empty prompt": (["--prompt", ""], ["--prompt ''"]),
+    "prompt outside the vocabulary": (["--prompt", "XYZ"], ["'XYZ'", "not in the training vocabulary"]),
+    "bogus device": (["--device", "bogus"], ["--device 'bogus'"]),
+    "negative tokens": (["--tokens", "-5"], ["--tokens -5"]),
+    "negative seed": (["--seed", "-1"], ["--seed -1"]),
+    "malformed number": (["--top-k", "many"], ["--top-k", "many"]),
+    "unknown option": (["--colour", "red"], ["--colour"]),
+}
+
+
+@pytest.mark.parametrize("name", list(GENERATE_CASES))
+def test_generate_refuses(name, sandbox, run_copy):
+    options, words = GENERATE_CASES[name]
+    sandbox.refused(["generate", str(run_copy), *options], *words)
+
+
+def test_generate_works_on_the_copy(sandbox, run_copy, capsys):
+    """The cases above fail for their argument alone: the same run generates fine."""
+    assert triax_main(["generate", str(run_copy), "--prompt", "ab", "--tokens", "5", "--top-k", "2"]) == 0
+    assert capsys.readouterr().out.startswith("ab")
+
+
+DAMAGED_MODEL_JSON = {
+    "huge n_embd": ('{"vocab_size": 65, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 1048576}',
+                    ["model.json", "stores only"]),
+    "beyond any limit": ('{"vocab_size": 65, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 10000000000}',
+                         ["model.json", "n_embd=10000000000"]),
+    "not JSON": ("{nope", ["model.json", "damaged"]),
+    "a list": ("[]", ["model.json", "damaged"]),
+    "wrong type": ('{"vocab_size": "65", "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32}',
+                   ["vocab_size='65'"]),
+    "unknown key": ('{"vocab_size": 65, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, "evil": 1}',
+                    ["unknown key(s) evil"]),
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGED_MODEL_JSON))
+@pytest.mark.parametrize("command", ["generate", "export"])
+def test_damaged_model_json_is_refused_before_allocating(name, command, sandbox, run_copy):
+    text, words = DAMAGED_MODEL_JSON[name]
+    (run_copy / "model.json").write_text(text)
+    extra = [str(sandbox.work / "out.safetensors")] if command == "export" else []
+    sandbox.refused([command, str(run_copy), *extra], *words)
+
+
+def test_damaged_vocabulary_is_refused(sandbox, run_copy):
+    (run_copy / "vocab.json").write_text('{"chars": 5}')
+    sandbox.refused(["generate", str(run_copy)], "vocab.json", "damaged")
+
+
+def test_not_a_run_directory(sandbox):
+    sandbox.refused(["generate", str(sandbox.work)], "not a triax run directory")
+
+
+def test_export_to_a_directory(sandbox, run_copy):
+    (sandbox.work / "exports").mkdir()
+    sandbox.refused(["export", str(run_copy), str(sandbox.work / "exports")], "is a directory")
+
+
+def test_export_into_a_missing_directory(sandbox, run_copy):
+    sandbox.refused(["export", str(run_copy), str(sandbox.work / "nowhere" / "m.safetensors")], "does not exist")
+
+
+def test_export_over_the_snapshot_own_file(sandbox, run_copy):
+    from triax import checkpoint
+
+    snapshot = checkpoint.latest_snapshot(str(run_copy / "snapshots"))
+    target = os.path.join(snapshot, "model.safetensors")
+    sandbox.refused(["export", str(run_copy), target, "--force"], "inside the run's snapshots")
+
+
+def test_export_over_the_run_model_json(sandbox, run_copy):
+    sandbox.refused(["export", str(run_copy), str(run_copy / "model.json"), "--force"], "run's own model.json")
+
+
+def test_export_over_a_file_triax_did_not_write_needs_force(sandbox, run_copy, capsys):
+    precious = sandbox.work / "notes.txt"
+    precious.write_text("mine")
+    sandbox.refused(["export", str(run_copy), str(precious)], "not written by triax", "--force")
+    assert precious.read_text() == "mine"
+    # An earlier export is triax's own: replaced without --force; a foreign file with --force.
+    out = sandbox.work / "model.safetensors"
+    assert triax_main(["export", str(run_copy), str(out)]) == 0
+    assert triax_main(["export", str(run_copy), str(out)]) == 0
+    assert triax_main(["export", str(run_copy), str(precious), "--force"]) == 0
+    leftovers = [name for name in os.listdir(sandbox.work) if name.endswith(".tmp")]
+    assert leftovers == []
+
+
+# ---- triax plan / bench / config / launch / env ---------------------------------------------------
+
+PLAN = ["plan", "--world", "4", "--memory-gb", "16", "--model", "gpt-nano"]
+PLAN_CASES = {
+    "zero tflops": (["--tflops", "0"], ["--tflops 0.0"]),
+    "nan bandwidth": (["--bandwidth", "nan"], ["--bandwidth nan"]),
+    "negative batch": (["--global-batch", "-8"], ["--global-batch -8"]),
+    "negative sequence": (["--seq", "-1"], ["--seq -1"]),
+    "zero vocabulary": (["--vocab", "0"], ["--vocab 0"]),
+    "negative microbatches": (["--microbatches", "-1"], ["--microbatches -1"]),
+    "huge world": (["--world", "100000000"], ["--world 100000000"]),
+    "unknown schedule": (["--pp-schedule", "zigzag"], ["zigzag"]),
+    "zero world": (["--world", "0"], ["--world 0"]),
+}
+
+
+@pytest.mark.parametrize("name", list(PLAN_CASES))
+def test_plan_refuses(name, sandbox):
+    options, words = PLAN_CASES[name]
+    sandbox.refused([*PLAN, *options], *words)
+
+
+BENCH_CASES = {
+    "zero block size": (["--block-size", "0"], ["--block-size 0"]),
+    "zero batch": (["--batch-size", "0"], ["--batch-size 0"]),
+    "negative warmup": (["--warmup", "-1"], ["--warmup -1"]),
+    "bogus device": (["--device", "tpu9"], ["--device 'tpu9'"]),
+    "zero timeout": (["--timeout", "0"], ["--timeout 0.0"]),
+}
+
+
+@pytest.mark.parametrize("name", list(BENCH_CASES))
+def test_bench_refuses_before_torchrun(name, sandbox):
+    options, words = BENCH_CASES[name]
+    sandbox.refused(["bench", "--out", str(sandbox.work / "results"), *options], *words)
+
+
+def test_bench_out_existing_file(sandbox):
+    (sandbox.work / "results").write_text("mine")
+    sandbox.refused(["bench", "--out", str(sandbox.work / "results")], "not a directory")
+
+
+def test_bench_out_with_foreign_results_needs_force(sandbox):
+    (sandbox.work / "results").mkdir()
+    (sandbox.work / "results" / "bench.json").write_text("my own notes")
+    sandbox.refused(["bench", "--out", str(sandbox.work / "results")], "bench.json", "--force")
+
+
+def test_config_file_that_is_a_directory(sandbox):
+    (sandbox.work / "configs").mkdir()
+    sandbox.refused(["config", "--default", "--config-file", str(sandbox.work / "configs")], "is a directory")
+    sandbox.refused(["config", "--show", "--config-file", str(sandbox.work / "configs")], "not a file")
+    sandbox.refused(["launch", "--config-file", str(sandbox.work / "configs"), "x.py"], "not a file")
+
+
+def test_config_never_overwrites_a_foreign_file_without_force(sandbox, capsys):
+    precious = sandbox.work / "settings.yaml"
+    precious.write_text("mine: 1\n")
+    sandbox.refused(["config", "--default", "--config-file", str(precious)], "not written by `triax config`")
+    assert triax_main(["config", "--default", "--config-file", str(precious), "--force"]) == 0
+    assert triax_main(["config", "--default", "--config-file", str(precious)]) == 0  # now triax's own
+
+
+LAUNCH_CASES = {
+    "missing script": (["missing.py"], ["'missing.py' does not exist"]),
+    "script is a directory": ([".."], ["is a directory"]),
+    "missing module": (["-m", "no_such_module_xyz"], ["no_such_module_xyz"]),
+    "zero processes": (["--num-processes", "0", "x.py"], ["num_processes=0"]),
+    "negative restarts": (["--max-restarts", "-1", "x.py"], ["max_restarts=-1"]),
+    "bad rdzv conf": (["--rdzv-conf", "oops", "x.py"], ["--rdzv-conf 'oops'"]),
+    "malformed port": (["--main-process-port", "http", "x.py"], ["--main-process-port", "http"]),
+}
+
+
+@pytest.mark.parametrize("name", list(LAUNCH_CASES))
+def test_launch_refuses_before_torchrun(name, sandbox):
+    options, words = LAUNCH_CASES[name]
+    sandbox.refused(["launch", *options], *words)
+
+
+def test_env_unknown_option(sandbox):
+    sandbox.refused(["env", "--jsn"], "--jsn")

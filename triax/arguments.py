@@ -1,0 +1,88 @@
+"""Command-line arguments of every `triax` command: parsing and range checks, before any work.
+
+argparse prints a usage block and exits on a malformed argument; triax's commands instead fail
+like every other triax error: one line (`triax: error: ...`) and exit code 2, from the CLI's
+main, so a script or a test sees the same shape of failure whatever was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+from triax.errors import UsageError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad argument raises UsageError (one line) instead of exiting."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def need(ok: bool, option: str, value, what: str) -> None:
+    """Raise UsageError naming `option` and `value` unless `ok`."""
+    if not ok:
+        raise UsageError(f"{option} {value!r} is invalid; {what}")
+
+
+def at_least(option: str, value, minimum) -> None:
+    need(isinstance(value, (int, float)) and math.isfinite(value) and value >= minimum, option, value,
+         f"use {minimum} or more")
+
+
+def positive(option: str, value) -> None:
+    """A finite number above zero (a rate, a size, a temperature)."""
+    need(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, option, value,
+         "use a number above 0")
+
+
+def check_device(option: str, requested: str, allow_auto: bool = True) -> None:
+    """cpu | cuda | cuda:N (| auto): the spelling only; whether CUDA exists is checked where it is used."""
+    import torch
+
+    if allow_auto and requested == "auto":
+        return
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    need(device is not None and device.type in ("cpu", "cuda"), option, requested,
+         "use cpu, cuda or cuda:N" + (" (or auto)" if allow_auto else ""))
+
+
+def written_by_triax_safetensors(path: str) -> bool:
+    """Whether `path` is a regular file (not a link) holding a safetensors header whose metadata
+    carries triax's model description: an export triax may replace. Reads only the header."""
+    import json
+    import stat
+    import struct
+
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > 100 * 2**20:
+                return False
+            header = json.loads(handle.read(length))
+    except (OSError, struct.error, ValueError, UnicodeDecodeError):
+        return False
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return isinstance(metadata, dict) and "triax_model" in metadata
+
+
+def check_output_file(option: str, path: str, force: bool, written_by_triax) -> None:
+    """An output file may be created, or replace a file triax wrote; anything else needs --force."""
+    need(path.strip() != "", option, path, "give a file name")
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path!r} is a directory; give the path of a file to write")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UsageError(f"{option} {path!r}: its directory {directory!r} does not exist; create it first")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"{option} {path!r}: cannot write in {directory!r}")
+    if os.path.lexists(path) and not force and not written_by_triax(path):
+        raise UsageError(f"{option} {path!r} already exists and was not written by triax; "
+                         "choose another path, or add --force to replace it")

@@ -1,0 +1,203 @@
+"""`triax tokenize`: text files -> a token directory (train.bin, val.bin, tokenizer.json, meta.json).
+
+Trains a byte-level BPE with Hugging Face `tokenizers` on the inputs (or uses a given
+tokenizer.json), then encodes them. Both passes stream: text is read in chunks cut at line ends and
+token ids are appended to the output files chunk by chunk, so inputs may be larger than memory.
+The last `--val-fraction` of the text (by bytes, cut at a chunk boundary) becomes val.bin, as the
+char task validates on the tail of its text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import posixpath
+
+import numpy as np
+
+from triax.data.errors import DataError
+
+# Progress bars (tqdm, disable=None) show only when stderr is a terminal: logs and pipes get one line.
+CHUNK_CHARACTERS = 1 << 20  # text handed to the tokenizer at once; bounds memory whatever the input size
+MIN_VOCAB_SIZE = 256  # byte-level BPE starts from the 256 byte symbols
+OUTPUT_FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit status 2 (through triax.cli), instead of usage + message
+        raise DataError(f"{self.prog}: {message} (see --help)")
+
+
+def expand_inputs(inputs: list[str]) -> list[tuple[object, str, int]]:
+    """(filesystem, path, size in bytes) of every file the inputs name: paths, globs or fsspec URLs."""
+    import fsspec
+
+    files = []
+    for item in inputs:
+        fs, path = fsspec.core.url_to_fs(item)
+        if any(character in path for character in "*?["):
+            matches = sorted(match for match in fs.glob(path) if fs.isfile(match))
+            if not matches:
+                raise DataError(f"input {item!r} matches no file")
+        elif fs.isfile(path):
+            matches = [path]
+        elif fs.isdir(path):
+            raise DataError(f"input {item!r} is a directory; give its text files (a glob like {item.rstrip('/')}/*.txt works)")
+        else:
+            raise DataError(f"input {item!r} does not exist")
+        files += [(fs, match, fs.size(match)) for match in matches]
+    if sum(size for _, _, size in files) == 0:
+        raise DataError(f"the inputs hold no text ({len(files)} empty file(s)); nothing to tokenize")
+    return files
+
+
+def read_chunks(files, progress=None):
+    """The text of all files, as chunks of about CHUNK_CHARACTERS that end at a line end (a line
+    longer than a chunk is cut where the chunk is full). Yields (chunk, bytes read so far)."""
+    for fs, path, _ in files:
+        carry = ""
+        with fs.open(path, "rb") as raw:
+            import io
+
+            handle = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+            position = 0
+            while True:
+                try:
+                    text = handle.read(CHUNK_CHARACTERS)
+                except UnicodeDecodeError as error:
+                    raise DataError(f"input {path!r} is not UTF-8 text ({error.reason} near byte "
+                                      f"{position + error.start})") from None
+                if not text:
+                    break
+                before = position
+                position = raw.tell() if hasattr(raw, "tell") else position + len(text.encode())
+                text = carry + text
+                cut = text.rfind("\n") + 1
+                if cut == 0:
+                    cut = len(text) if len(text) >= CHUNK_CHARACTERS else 0
+                chunk, carry = text[:cut], text[cut:]
+                if progress is not None:
+                    progress.update(position - before)
+                if chunk:
+                    yield chunk
+            if carry:
+                yield carry
+
+
+def train_bpe(files, vocab_size: int):
+    from triax.data.tokenizer import require_tokenizers
+
+    tokenizers = require_tokenizers()
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from tqdm import tqdm
+
+    # Byte-level: every string is some sequence of the 256 byte symbols, so any text encodes (no
+    # unknown token) and decode(encode(text)) == text.
+    tokenizer = tokenizers.Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    total = sum(size for _, _, size in files)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="train BPE", leave=False, disable=None) as progress:
+        tokenizer.train_from_iterator(read_chunks(files, progress), trainer=trainer)
+    return tokenizer.to_str()
+
+
+def split_point(data: bytes, at: int) -> int:
+    """Where to cut UTF-8 `data` near byte `at`: after the next newline, else at a character start."""
+    newline = data.find(b"\n", at)
+    if newline >= 0:
+        return newline + 1
+    while at < len(data) and (data[at] & 0xC0) == 0x80:  # a continuation byte: not a character start
+        at += 1
+    return at
+
+
+def encode_files(files, tokenizer, out_fs, out_dir: str, dtype: str, val_fraction: float) -> tuple[int, int]:
+    """Encode all text into train.bin then val.bin (the tail); returns their token counts."""
+    from tqdm import tqdm
+
+    total = sum(size for _, _, size in files)
+    train_bytes = total * (1.0 - val_fraction)
+    counts = {"train": 0, "val": 0}
+    handles = {split: out_fs.open(posixpath.join(out_dir, f"{split}.bin.tmp"), "wb") for split in counts}
+    seen = 0
+    try:
+        with tqdm(total=total, unit="B", unit_scale=True, desc="encode", leave=False, disable=None) as progress:
+            for chunk in read_chunks(files, progress):
+                data = chunk.encode("utf-8")
+                parts = {"train": b"", "val": b""}
+                if seen + len(data) <= train_bytes:
+                    parts["train"] = data
+                elif seen >= train_bytes:
+                    parts["val"] = data
+                else:  # the chunk crosses the boundary: cut it at the next line end (else a character boundary)
+                    cut = split_point(data, int(train_bytes - seen))
+                    parts["train"], parts["val"] = data[:cut], data[cut:]
+                seen += len(data)
+                for split, part in parts.items():
+                    if part:
+                        ids = np.asarray(tokenizer.encode(part.decode("utf-8")), dtype=dtype)
+                        handles[split].write(ids.tobytes())
+                        counts[split] += len(ids)
+    finally:
+        for handle in handles.values():
+            handle.close()
+    return counts["train"], counts["val"]
+
+
+def main(argv: list[str]) -> int:
+    parser = _Parser(prog="triax tokenize",
+                     description="train a byte-level BPE (or use a tokenizer.json) and write a token "
+                                 "directory for `triax train data.task=tokens`")
+    parser.add_argument("inputs", nargs="+", help="text files, globs or fsspec URLs (UTF-8)")
+    parser.add_argument("--out", required=True, help="directory to write train.bin, val.bin, tokenizer.json, meta.json")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--vocab-size", type=int, default=None, help="train a BPE with this many tokens (default 4096)")
+    which.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="tail of the text kept for val.bin")
+    parser.add_argument("--overwrite", action="store_true", help="replace the token files of an existing --out")
+    args = parser.parse_args(argv)
+    if not 0.0 < args.val_fraction < 1.0:
+        raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+    if args.vocab_size is not None and args.vocab_size < MIN_VOCAB_SIZE:
+        raise DataError(f"--vocab-size must be at least {MIN_VOCAB_SIZE} (the byte alphabet), got {args.vocab_size}")
+    from triax.data.tokenizer import BPETokenizer, require_tokenizers
+
+    require_tokenizers()
+    import fsspec
+
+    out_fs, out_dir = fsspec.core.url_to_fs(args.out)
+    if out_fs.isfile(out_dir):
+        raise DataError(f"--out {args.out!r} is a file; give a directory")
+    existing = [name for name in OUTPUT_FILES if out_fs.exists(posixpath.join(out_dir, name))]
+    if existing and not args.overwrite:
+        raise DataError(f"--out {args.out!r} already holds {', '.join(existing)}; pass --overwrite or choose another directory")
+    files = expand_inputs(args.inputs)
+    if args.tokenizer:
+        tokenizer = BPETokenizer.from_file(args.tokenizer)
+    else:
+        tokenizer = BPETokenizer(train_bpe(files, args.vocab_size or 4096))
+    vocab_size = len(tokenizer)
+    dtype = "uint16" if vocab_size <= 1 << 16 else "uint32"
+    out_fs.makedirs(out_dir, exist_ok=True)
+    train_tokens, val_tokens = encode_files(files, tokenizer, out_fs, out_dir, dtype, args.val_fraction)
+    if val_tokens == 0 or train_tokens == 0:
+        for split in ("train", "val"):
+            out_fs.rm(posixpath.join(out_dir, f"{split}.bin.tmp"))
+        raise DataError(f"the inputs are too small to split: {train_tokens} train / {val_tokens} val tokens "
+                          f"with --val-fraction {args.val_fraction}; give more text or change --val-fraction")
+    for split in ("train", "val"):
+        out_fs.mv(posixpath.join(out_dir, f"{split}.bin.tmp"), posixpath.join(out_dir, f"{split}.bin"))
+    with out_fs.open(posixpath.join(out_dir, "tokenizer.json"), "wb") as handle:
+        handle.write(tokenizer.json_text.encode("utf-8"))
+    meta = {"vocab_size": vocab_size, "dtype": dtype, "tokenizer": "tokenizer.json",
+            "train_tokens": train_tokens, "val_tokens": val_tokens}
+    with out_fs.open(posixpath.join(out_dir, "meta.json"), "wb") as handle:  # last: marks the directory complete
+        handle.write(json.dumps(meta, indent=1).encode("utf-8"))
+    total_bytes = sum(size for _, _, size in files)
+    print(f"wrote {train_tokens} train + {val_tokens} val tokens ({dtype}, vocabulary {vocab_size}) from "
+          f"{len(files)} file(s), {total_bytes / 1e6:.2f} MB, to {args.out} "
+          f"({total_bytes / max(train_tokens + val_tokens, 1):.2f} bytes/token)")
+    return 0

@@ -1,0 +1,150 @@
+"""`triax export RUN_DIR OUT_DIR --format hf`: a directory Hugging Face transformers loads with
+`GPT2LMHeadModel.from_pretrained(OUT_DIR)`, computing the same logits as triax's GPT.
+
+The mapping is exact because triax's GPT is GPT-2's architecture: pre-LayerNorm blocks (eps 1e-5),
+GELU with the tanh approximation (transformers' "gelu_new"), attention scaled by 1/sqrt(head size),
+learned position embeddings. What differs is layout only:
+- q/k/v are three Linears in triax (so tensor parallelism can split heads); GPT-2 has one fused
+  c_attn. Its weight is their concatenation.
+- GPT-2's projections are Conv1D modules storing weight as (in, out): the transpose of a Linear's.
+- bias=false has no GPT-2 switch, but a zero bias is the same function, so zeros are written.
+
+The converter reads a name -> tensor source (anything with `keys()` and `[name]`) and converts one
+output tensor at a time, so it works the same over a dict in memory or a lazy snapshot reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import fields
+from typing import Callable, Iterator, Mapping
+
+import torch
+
+from triax.errors import TriaxError
+
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which triax's GPT uses
+# GPTConfig fields the GPT-2 config can express. A field added to GPTConfig later must be mapped
+# here (or left at its default) before export accepts it, so nothing is silently dropped.
+MAPPED_FIELDS = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_embeddings"}
+
+
+class ExportError(TriaxError, ValueError):
+    """The run cannot be written in the requested format (an option without an equivalent, a bad target)."""
+
+
+def check_mappable(config) -> None:
+    for field in fields(config):
+        if field.name not in MAPPED_FIELDS and getattr(config, field.name) != field.default:
+            raise ExportError(f"model option {field.name}={getattr(config, field.name)!r} has no equivalent in "
+                              "transformers' GPT-2; export this run with the plain safetensors format instead")
+
+
+def hf_config(config) -> dict:
+    """config.json for transformers' GPT2LMHeadModel."""
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": config.vocab_size, "n_positions": config.block_size, "n_ctx": config.block_size,
+        "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": 4 * config.n_embd,
+        "activation_function": "gelu_new", "layer_norm_epsilon": LAYER_NORM_EPS,
+        "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": bool(config.tie_embeddings),
+        "bos_token_id": None, "eos_token_id": None, "torch_dtype": "float32",
+    }
+
+
+def hf_tensors(config, source: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, Callable[[], torch.Tensor], tuple]]:
+    """(transformers name, a function that builds that tensor from `source`, its shape), in order.
+
+    Each builder reads only the one to three source tensors it needs, when called."""
+    e, v = config.n_embd, config.vocab_size
+
+    def copy(name):
+        return lambda: source[name]
+
+    def conv1d(name):  # Linear (out, in) -> Conv1D (in, out)
+        return lambda: source[name].t()
+
+    def bias_or_zeros(name, size, like):
+        # bias=false: GPT-2 always has biases; zeros compute the same function.
+        return lambda: source[name] if config.bias else torch.zeros(size, dtype=source[like].dtype)
+
+    yield "transformer.wte.weight", copy("tok_emb.weight"), (v, e)
+    yield "transformer.wpe.weight", copy("pos_emb.weight"), (config.block_size, e)
+    for i in range(config.n_layer):
+        ours, theirs = f"layers.{i}.", f"transformer.h.{i}."
+        attention = [f"{ours}attn.{p}_proj" for p in "qkv"]
+        for norm in ("ln_1", "ln_2"):
+            yield f"{theirs}{norm}.weight", copy(f"{ours}{norm}.weight"), (e,)
+            yield f"{theirs}{norm}.bias", bias_or_zeros(f"{ours}{norm}.bias", e, f"{ours}{norm}.weight"), (e,)
+        yield (f"{theirs}attn.c_attn.weight",
+               lambda names=attention: torch.cat([source[f"{n}.weight"] for n in names], dim=0).t(), (e, 3 * e))
+        yield (f"{theirs}attn.c_attn.bias",
+               (lambda names=attention: torch.cat([source[f"{n}.bias"] for n in names]))
+               if config.bias else (lambda name=f"{ours}ln_1.weight": torch.zeros(3 * e, dtype=source[name].dtype)),
+               (3 * e,))
+        for mine, hf, shape in (("attn.out_proj", "attn.c_proj", (e, e)), ("mlp.up_proj", "mlp.c_fc", (e, 4 * e)),
+                                ("mlp.down_proj", "mlp.c_proj", (4 * e, e))):
+            yield f"{theirs}{hf}.weight", conv1d(f"{ours}{mine}.weight"), shape
+            yield f"{theirs}{hf}.bias", bias_or_zeros(f"{ours}{mine}.bias", shape[1], f"{ours}{mine}.weight"), (shape[1],)
+    yield "transformer.ln_f.weight", copy("ln_f.weight"), (e,)
+    yield "transformer.ln_f.bias", bias_or_zeros("ln_f.bias", e, "ln_f.weight"), (e,)
+    if not config.tie_embeddings:  # tied: transformers ties lm_head to wte itself
+        yield "lm_head.weight", copy("lm_head.weight"), (v, e)
+
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+
+
+def write_safetensors_streaming(path: str, entries, dtype: torch.dtype) -> int:
+    """Write a .safetensors file one tensor at a time: the header (names, shapes, offsets) is known
+    from the shapes alone, so no more than one tensor is ever held. Returns the number of values."""
+    if dtype not in _SAFETENSORS_DTYPES:
+        raise ExportError(f"weights of dtype {dtype} cannot be exported; expected one of {list(_SAFETENSORS_DTYPES)}")
+    entries = list(entries)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, _, shape in entries:
+        size = itemsize * int(torch.Size(shape).numel())
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    values = 0
+    with open(path, "wb") as handle:
+        handle.write(len(encoded).to_bytes(8, "little"))
+        handle.write(encoded)
+        for name, build, shape in entries:
+            tensor = build().detach().to("cpu")
+            if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+                raise ExportError(f"{name}: the snapshot gives shape {tuple(tensor.shape)} {tensor.dtype}, expected "
+                                  f"{tuple(shape)} {dtype}; the snapshot does not match the run's model.json")
+            # Little-endian raw bytes in C order, as the format specifies (uint8 view avoids numpy's bf16 gap).
+            handle.write(tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            values += tensor.numel()
+    return values
+
+
+def export_hf(config, source: Mapping[str, torch.Tensor], out_dir: str, tokenizer_file: str | None = None) -> int:
+    """Write config.json, model.safetensors and (if given) the tokenizer into `out_dir`."""
+    check_mappable(config)
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        raise ExportError(f"{out_dir!r} already exists and is not an empty directory; choose a new OUT_DIR")
+    entries = list(hf_tensors(config, source))
+    dtype = source["tok_emb.weight"].dtype
+    os.makedirs(out_dir, exist_ok=True)
+    values = write_safetensors_streaming(os.path.join(out_dir, "model.safetensors.tmp"), entries, dtype)
+    os.replace(os.path.join(out_dir, "model.safetensors.tmp"), os.path.join(out_dir, "model.safetensors"))
+    hf = hf_config(config)
+    hf["torch_dtype"] = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")
+    with open(os.path.join(out_dir, "config.json"), "w") as handle:
+        json.dump(hf, handle, indent=1)
+    if tokenizer_file is not None:
+        shutil.copyfile(tokenizer_file, os.path.join(out_dir, "tokenizer.json"))
+        # PreTrainedTokenizerFast reads tokenizer.json as it is: AutoTokenizer.from_pretrained(OUT_DIR) works.
+        with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as handle:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.block_size}, handle, indent=1)
+    return values

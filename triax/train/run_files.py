@@ -1,0 +1,121 @@
+"""The small files of a run directory that `triax generate` and `triax export` read before the
+weights (model.json, vocab.json), checked before anything is allocated.
+
+A run directory is user-writable: a damaged or hostile model.json (say n_embd=10**9) must not
+make triax try to allocate terabytes. The model it describes is bounded by what the snapshot
+actually stores: every parameter is saved at 2 bytes or more (bf16), so a model needing more than
+half the snapshot's bytes in parameters cannot be the one that was saved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from triax.errors import TriaxError
+
+# Far beyond any model triax trains, small enough that arithmetic on them stays exact and cheap.
+SIZE_LIMITS = {"vocab_size": 2**24, "block_size": 2**24, "n_layer": 2**16, "n_head": 2**16, "n_embd": 2**20}
+MIN_BYTES_PER_PARAMETER = 2
+MAX_SMALL_FILE_BYTES = 64 * 2**20  # model.json / vocab.json are kilobytes; never read a huge one whole
+
+
+def _read_small_json(path: str, what: str):
+    try:
+        if os.path.getsize(path) > MAX_SMALL_FILE_BYTES:
+            raise TriaxError(f"{path} is too large to be a triax {what} ({os.path.getsize(path)} bytes)")
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        raise TriaxError(f"{path} is damaged ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                         f"it is the run's {what}, written by `triax train`") from None
+
+
+def parameter_count(values: dict) -> int:
+    """Parameters of the GPT that model.json describes (the layout of triax.models.gpt), by arithmetic."""
+    v, s, h, layers = values["vocab_size"], values["block_size"], values["n_embd"], values["n_layer"]
+    bias = values.get("bias", True)
+    # q, k, v, out (4h^2) + up, down (8h^2); two norms (2h) and, with bias, 11h of biases
+    per_layer = 12 * h * h + (13 * h if bias else 2 * h)
+    head = 0 if values.get("tie_embeddings", False) else v * h
+    return (v + s) * h + layers * per_layer + (2 * h if bias else h) + head
+
+
+def snapshot_bytes(snapshot: str) -> int | None:
+    """Bytes of the regular files of a local snapshot directory (None for a remote URL)."""
+    if "://" in snapshot or not os.path.isdir(snapshot):
+        return None
+    total = 0
+    for directory, _, files in os.walk(snapshot):  # does not follow symlinked directories
+        for name in files:
+            path = os.path.join(directory, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                total += os.path.getsize(path)
+    return total
+
+
+def read_model_config(run_dir: str, snapshot: str | None = None):
+    """model.json as a GPTConfig, checked: known keys, types, sizes, and (with `snapshot`) a model
+    no larger than what the snapshot stores."""
+    from dataclasses import fields
+
+    from triax.models import GPTConfig
+
+    path = os.path.join(run_dir, "model.json")
+    values = _read_small_json(path, "model description")
+    known = {field.name for field in fields(GPTConfig)}
+    if not isinstance(values, dict):
+        raise TriaxError(f"{path} is damaged: it should hold an object of {', '.join(sorted(known))}")
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TriaxError(f"{path} is damaged: unknown key(s) {', '.join(map(str, unknown))}")
+    for name, limit in SIZE_LIMITS.items():
+        value = values.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+            raise TriaxError(f"{path} is damaged: {name}={value!r} (expected an integer 1 .. {limit})")
+    dropout = values.get("dropout", 0.0)
+    if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not (math.isfinite(dropout)
+                                                                                  and 0 <= dropout < 1):
+        raise TriaxError(f"{path} is damaged: dropout={dropout!r} (expected 0 <= dropout < 1)")
+    for name in ("bias", "tie_embeddings"):
+        if name in values and not isinstance(values[name], bool):
+            raise TriaxError(f"{path} is damaged: {name}={values[name]!r} (expected true or false)")
+    if snapshot is not None:
+        stored = snapshot_bytes(snapshot)
+        needed = parameter_count(values) * MIN_BYTES_PER_PARAMETER
+        if stored is not None and needed > stored:
+            raise TriaxError(f"{path} describes a model of {parameter_count(values):,} parameters but snapshot "
+                             f"{snapshot} stores only {stored:,} bytes: model.json does not belong to it "
+                             "(damaged or replaced); restore it from the run's config")
+    return GPTConfig(**values)
+
+
+def read_vocabulary(run_dir: str, vocab_size: int | None = None):
+    """The run's text codec, checked: its tokenizer.json (data.task=tokens) as a BPETokenizer, else
+    vocab.json (characters) as a Vocabulary; None when the run was not trained on text."""
+    from triax.data import Vocabulary
+
+    tokenizer_path = os.path.join(run_dir, "tokenizer.json")
+    if os.path.exists(tokenizer_path):
+        from triax.data.tokenizer import BPETokenizer
+
+        if not os.path.isfile(tokenizer_path) or os.path.getsize(tokenizer_path) > MAX_SMALL_FILE_BYTES:
+            raise TriaxError(f"{tokenizer_path} is damaged: not a regular file of at most "
+                             f"{MAX_SMALL_FILE_BYTES} bytes")
+        tokenizer = BPETokenizer.from_file(tokenizer_path)
+        if vocab_size is not None and len(tokenizer) > vocab_size:
+            raise TriaxError(f"{tokenizer_path} is damaged: {len(tokenizer)} tokens but the model has only "
+                             f"{vocab_size} token ids")
+        return tokenizer
+    path = os.path.join(run_dir, "vocab.json")
+    if not os.path.exists(path):
+        return None
+    values = _read_small_json(path, "vocabulary")
+    chars = values.get("chars") if isinstance(values, dict) else None
+    if not isinstance(chars, list) or not chars or not all(isinstance(ch, str) and len(ch) == 1 for ch in chars) \
+            or len(set(chars)) != len(chars):
+        raise TriaxError(f"{path} is damaged: it should hold {{\"chars\": [distinct single characters]}}")
+    if vocab_size is not None and len(chars) > vocab_size:
+        raise TriaxError(f"{path} is damaged: {len(chars)} characters but the model has only {vocab_size} token ids")
+    return Vocabulary(chars)

@@ -1,0 +1,125 @@
+"""Strict checks of `triax train`'s overrides and composed config, before anything runs.
+
+Hydra's `+key=value` and `++key=value` add keys the schema does not have, and OmegaConf then drops
+them silently: `+trainer.max_step=5` would train the default 500 steps. So every key, from the
+command line or from a YAML file, must name a field of the dataclasses in triax/train/config.py.
+
+Interpolations (`${oc.env:HOME}`, `${now:...}`, `${trainer.seed}`) are refused in every value: a
+value that changes with the environment would be stored resolved in the snapshot and differ on a
+resume, and one that reads the environment is a way for a config file to pull in secrets. Write the
+value itself (your shell can expand variables: `trainer.run_dir=$HOME/runs/a`).
+
+`hydra.searchpath=[file://DIR]` is the one Hydra setting accepted: it lets `+experiment=NAME` find
+DIR/experiment/NAME.yaml (checked like any other key). Other `hydra.*` keys would have no effect
+(triax composes the config itself, it does not run a Hydra app), so they are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+
+from triax.errors import ConfigError
+
+# Config groups chosen with `group=option` rather than keys of the schema.
+CONFIG_GROUPS = ("model", "experiment")
+ACCEPTED_HYDRA_KEYS = ("hydra.searchpath",)
+
+
+def schema_keys(schema) -> dict[str, object]:
+    """Every dotted key of a dataclass schema -> its type hint (sections included)."""
+    keys: dict[str, object] = {}
+    for name, hint in typing.get_type_hints(schema).items():
+        keys[name] = hint
+        if dataclasses.is_dataclass(hint):
+            keys.update({f"{name}.{inner}": inner_hint for inner, inner_hint in schema_keys(hint).items()})
+    return keys
+
+
+def closest_key(key: str, keys: list[str]) -> str | None:
+    """The valid key a typo most likely meant: a similar spelling in the same section
+    (`trainer.max_step` -> `trainer.max_steps`), else the same word in another section
+    (`trainer.lr` -> `optim.lr`), else a similar whole key."""
+    section, _, leaf = key.rpartition(".")
+    siblings = {candidate.rpartition(".")[2]: candidate for candidate in keys
+                if candidate.rpartition(".")[0] == section}
+    matches = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.7)
+    if matches:
+        return siblings[matches[0]]
+    same_leaf = [candidate for candidate in keys if candidate.rpartition(".")[2] == leaf and candidate != key]
+    if same_leaf:
+        return same_leaf[0]
+    matches = difflib.get_close_matches(key, keys, n=1, cutoff=0.85)
+    return matches[0] if matches else None
+
+
+def unknown_key_error(key: str, keys: list[str]) -> ConfigError:
+    guess = closest_key(key, keys)
+    hint = f" (did you mean {guess}?)" if guess else ""
+    return ConfigError(f"unknown key {key}{hint}; `triax train --help` lists every key")
+
+
+def _is_list_index(schema: dict, key: str) -> bool:
+    """`optim.betas.0=0.8` sets one item of a list field."""
+    parent, _, last = key.rpartition(".")
+    return last.isdigit() and typing.get_origin(schema.get(parent)) in (list, typing.List)
+
+
+def check_overrides(overrides: list[str], schema) -> None:
+    """Refuse, one line each, an override whose key is not in the schema (with or without `+`),
+    a deletion (`~key`), and Hydra settings other than hydra.searchpath."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    keys = schema_keys(schema)
+    known = sorted(keys)
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+        except HydraException as error:
+            raise ConfigError(f"cannot read the override {text!r}: {str(error).strip().splitlines()[0]}; "
+                              "write key=value (e.g. trainer.max_steps=100)") from None
+        key = override.key_or_group
+        if override.package is not None:
+            raise ConfigError(f"override {text!r} names a package (@...); triax configs have none: write key=value")
+        if override.is_delete():
+            raise ConfigError(f"override {text!r} deletes a key; every key of the schema must stay: "
+                              "set it to another value (or null where the default is null) instead")
+        if key.split(".")[0] == "hydra":
+            if key not in ACCEPTED_HYDRA_KEYS:
+                raise ConfigError(f"{key} has no effect in triax train (the only Hydra setting it takes is "
+                                  "hydra.searchpath, to find your own +experiment files); use trainer.run_dir "
+                                  "for where output goes")
+            continue
+        if key in CONFIG_GROUPS:
+            continue
+        if key not in keys and not _is_list_index(keys, key):
+            raise unknown_key_error(key, known)
+
+
+def check_composed(composed, schema, path: str = "") -> None:
+    """Walk the composed config: every key must be in `schema`, no value may be an interpolation.
+    Catches what YAML files (an experiment, a file on hydra.searchpath) bring in, too."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    keys = schema_keys(schema)
+    known = sorted(keys)
+
+    def walk(node, prefix: str) -> None:
+        items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else None
+        names = [name for name, _ in items] if items is not None else range(len(node))
+        for name in names:
+            key = f"{prefix}{name}"
+            if isinstance(node, DictConfig) and key not in keys and not _is_list_index(keys, key):
+                raise unknown_key_error(key, known)
+            if OmegaConf.is_interpolation(node, name):
+                raw = node._get_node(name)._value()
+                raise ConfigError(f"{key}={raw}: interpolations (${{...}}) are not accepted in triax configs; "
+                                  "write the value itself (your shell can expand $VARIABLES)")
+            child = node._get_node(name)
+            if isinstance(child, (DictConfig, ListConfig)) and not child._is_none():
+                walk(child, f"{key}.")
+
+    walk(composed, path)
