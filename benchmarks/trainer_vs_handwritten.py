@@ -1,13 +1,12 @@
 """triax's training step against a minimal hand-written PyTorch loop, side by side.
 
-Same model, same data, same optimizer, same process; the two are timed in alternating blocks so
-load from anything else on the machine falls on both alike. Then tokens/s and MFU for fp32 and
-bf16, and the addition task's accuracy after a short run.
+Same model, same data, same optimizer: the step-time comparison is `triax bench --impls ddp,triax`
+(the two loops live in triax/bench/adapters/; they are timed in alternating blocks so load from
+anything else on the machine falls on both alike). Then tokens/s and MFU for fp32 and bf16 through
+the Trainer, and the addition task's accuracy after a short run.
 
     python benchmarks/trainer_vs_handwritten.py            # single process, 2-process DDP, precisions, addition
     python benchmarks/trainer_vs_handwritten.py --quick    # fewer rounds
-
-The 2-process part re-runs this file under torchrun with --worker.
 """
 
 from __future__ import annotations
@@ -15,14 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import sys
 import tempfile
 import time
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
 
 def trainer_for(run_dir: str, precision: str = "fp32", extra: list[str] | None = None):
@@ -36,38 +31,23 @@ def trainer_for(run_dir: str, precision: str = "fp32", extra: list[str] | None =
     return trainer
 
 
-class HandWritten:
-    """The loop a PyTorch user writes by hand: model, DDP, AdamW, clip, step."""
+def compare(rounds: int, steps: int, process_counts: str, out_dir: str) -> dict:
+    """triax's step against the hand-written DDP loop, timed by `triax bench` (the same two loops:
+    triax/bench/adapters/triax_trainer.py and plain_ddp.py), round-robin in one job per count."""
+    from triax.bench.cli import main as bench
 
-    def __init__(self, trainer):
-        from triax.models import GPT
-
-        torch.manual_seed(0)
-        self.device = trainer.device
-        self.model = GPT(trainer.model_config).to(self.device)
-        self.ddp = self.model
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, bucket_cap_mb=25,
-                                                                 gradient_as_bucket_view=True)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
-        self.data = trainer.data.train
-        self.batch = trainer.config.trainer.batch_size
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
-        self.order = torch.randperm(len(self.data), generator=torch.Generator().manual_seed(0))
-        self.position = 0
-
-    def train_step(self):
-        start = self.position + self.rank * self.batch
-        x, y = self.data.batch(self.order[start:start + self.batch])
-        self.position += self.batch * self.world
-        logits = self.ddp(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+    bench(["--model", "gpt-micro", "--block-size", "64", "--batch-size", "32", "--impls", "ddp,triax",
+           "--nproc", process_counts, "--repeats", str(rounds), "--steps", str(steps),
+           "--threads", "1", "--no-chart", "--out", out_dir])
+    with open(os.path.join(out_dir, "bench.json")) as handle:
+        rows = json.load(handle)["rows"]
+    result = {}
+    for processes in sorted({row["processes"] for row in rows}):
+        by_impl = {row["impl"]: row for row in rows if row["processes"] == processes}
+        triax, hand = by_impl["triax"], by_impl["ddp"]
+        result[processes] = {"triax_step_s": triax["step_time_s"], "handwritten_step_s": hand["step_time_s"],
+                             "ratio": triax["step_time_s"] / hand["step_time_s"]}
+    return result
 
 
 def time_block(step, steps: int) -> float:
@@ -75,26 +55,6 @@ def time_block(step, steps: int) -> float:
     for _ in range(steps):
         step()
     return (time.perf_counter() - start) / steps
-
-
-def compare(rounds: int, steps: int) -> dict:
-    with tempfile.TemporaryDirectory() as run_dir:
-        triax = trainer_for(run_dir)
-        hand = HandWritten(triax)
-        for _ in range(3):  # warm-up: allocator, thread pools, DDP buckets
-            triax.train_step()
-            hand.train_step()
-        triax_times, hand_times = [], []
-        for round_index in range(rounds):
-            # Alternate which goes first so neither always follows the other.
-            pair = [(triax_times, triax.train_step), (hand_times, hand.train_step)]
-            for times, step in (pair if round_index % 2 == 0 else pair[::-1]):
-                times.append(time_block(step, steps))
-    triax_median, hand_median = statistics.median(triax_times), statistics.median(hand_times)
-    return {"triax_step_s": triax_median, "handwritten_step_s": hand_median,
-            "ratio": triax_median / hand_median,
-            "triax_spread_s": [min(triax_times), max(triax_times)],
-            "handwritten_spread_s": [min(hand_times), max(hand_times)]}
 
 
 def precision_figures(steps: int, model: str) -> dict:
@@ -136,23 +96,12 @@ def print_precision(report: dict, args) -> None:
               f"MFU {100 * r['mfu']:.1f}% of a measured {r['measured_peak_gflops']:.0f} GFLOP/s {precision} matmul peak")
 
 
-def worker(args) -> None:
-    from triax.runtime import shutdown_distributed
-
-    result = compare(args.rounds, args.steps)
-    if dist.get_rank() == 0:
-        with open(args.output, "w") as handle:
-            json.dump(result, handle)
-    shutdown_distributed()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=10, help="steps per timed block")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--output", help=argparse.SUPPRESS)
+    parser.add_argument("--nproc", default="1,2", help="process counts for the step-time comparison")
     parser.add_argument("--json", help="also write all figures to this file")
     parser.add_argument("--precision-model", default="gpt-micro",
                         help="preset for the fp32/bf16 tokens/s and MFU figures")
@@ -160,11 +109,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps = 4, 5
-    if args.worker:
-        return worker(args)
-
-    from triax.testing import quiet_env, run_torchrun
-
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
     print(f"machine: {os.cpu_count()} CPU cores, torch {torch.__version__}; model gpt-micro "
@@ -172,15 +116,10 @@ def main() -> None:
     report = {}
     if args.only_precision:
         return print_precision(report, args)
-    report["single"] = compare(args.rounds, args.steps)
-    with tempfile.NamedTemporaryFile(suffix=".json") as output:
-        # Two processes share the cores: one thread each.
-        run_torchrun(2, [__file__, "--worker", "--rounds", str(args.rounds), "--steps", str(args.steps),
-                         "--output", output.name], timeout=1800, env=quiet_env())
-        report["ddp2"] = json.load(open(output.name))
-    for name, label in (("single", "1 process"), ("ddp2", "2-process DDP (gloo)")):
-        r = report[name]
-        print(f"{label:<22} triax {1000 * r['triax_step_s']:.1f} ms/step, hand-written "
+    with tempfile.TemporaryDirectory() as out_dir:
+        report["step_time"] = compare(args.rounds, args.steps, args.nproc, out_dir)
+    for processes, r in report["step_time"].items():
+        print(f"{processes} process(es): triax {1000 * r['triax_step_s']:.1f} ms/step, hand-written "
               f"{1000 * r['handwritten_step_s']:.1f} ms/step, ratio triax/hand-written {r['ratio']:.3f}")
     print_precision(report, args)
     report["addition"] = addition_accuracy_figure(300 if args.quick else 600)

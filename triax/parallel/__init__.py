@@ -1,4 +1,4 @@
-"""Parallelism applied from outside a plain model (DESIGN.md): one file per technique.
+"""Parallelism applied from outside a plain model (docs/architecture.md): one file per technique.
 
     mesh.py                  layouts (pp x dp_replicate x dp_shard x tp), their checks, the DeviceMesh
     tensor_parallel.py       tensor + sequence parallel plan of the GPT (DTensor parallelize_module)

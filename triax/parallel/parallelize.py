@@ -1,5 +1,5 @@
 """Apply a layout to a plain GPT: tensor parallel, activation checkpointing, compile, then data
-parallel (FSDP2 / HSDP / DDP) — always in this order (DESIGN.md) — on each pipeline stage.
+parallel (FSDP2 / HSDP / DDP) — always in this order (docs/architecture.md) — on each pipeline stage.
 
 Why this order: FSDP must wrap modules whose parameters are already DTensors sharded by TP (it
 then shards them again over the data-parallel mesh: 2-D parameters); checkpointing and compile

@@ -20,74 +20,186 @@ from triax.train.strict import check_composed, check_overrides, schema_keys, unk
 
 @dataclass
 class ModelConfig:
-    name: str = "gpt-micro"  # the preset this started from (informational once composed)
-    n_layer: int = 4  # transformer blocks
-    n_head: int = 4  # attention heads; must divide n_embd
-    n_embd: int = 128  # width of the residual stream
-    dropout: float = 0.0  # dropout on embeddings, attention weights and residual branches
-    bias: bool = True  # biases in Linear and LayerNorm layers
-    tie_embeddings: bool = False  # share the token embedding with the output head
+    """The GPT's shape: start from a preset (model=NAME), then change any key."""
+
+    name: str = "gpt-micro"
+    """The preset this started from (informational once composed)."""
+
+    n_layer: int = 4
+    """Transformer blocks."""
+
+    n_head: int = 4
+    """Attention heads; must divide n_embd."""
+
+    n_embd: int = 128
+    """Width of the residual stream."""
+
+    dropout: float = 0.0
+    """Dropout on embeddings, attention weights and residual branches."""
+
+    bias: bool = True
+    """Biases in Linear and LayerNorm layers."""
+
+    tie_embeddings: bool = False
+    """Share the token embedding with the output head."""
 
 
 @dataclass
 class DataConfig:
-    path: Optional[str] = None  # char: fsspec URL of a UTF-8 text file (unset = built-in corpus); tokens: directory (or URL) with train.bin, val.bin, meta.json
-    task: str = "char"  # char (next-character prediction) | tokens (token files, nanoGPT layout) | addition (minGPT's a+b task)
-    block_size: int = 64  # context length in characters or tokens (addition: set from digits)
-    train_split: float = 0.9  # char: leading fraction of the text for training; the tail validates
-    truncate: float = 1.0  # char: use only this leading fraction of the text
-    digits: int = 2  # addition task: digits of each operand
-    vocab_size: Optional[int] = None  # tokens: token ids are < this; required when the directory has no meta.json
-    token_dtype: Optional[str] = None  # tokens: uint16 | uint32 | int32 | ... of train.bin/val.bin; unset = meta.json's, else uint16
+    """What the model learns from and how it is cut into samples."""
+
+    path: Optional[str] = None
+    """task=char: fsspec URL of a UTF-8 text file (unset = the built-in corpus); task=tokens: a
+    directory (or URL) with train.bin, val.bin and meta.json."""
+
+    task: str = "char"
+    """What to learn: char (next-character prediction) | tokens (token files, nanoGPT layout) |
+    addition (minGPT's a+b task)."""
+
+    block_size: int = 64
+    """Context length in characters or tokens (addition: set from digits)."""
+
+    train_split: float = 0.9
+    """task=char: leading fraction of the text for training; the tail validates."""
+
+    truncate: float = 1.0
+    """task=char: use only this leading fraction of the text."""
+
+    digits: int = 2
+    """task=addition: digits of each operand."""
+
+    vocab_size: Optional[int] = None
+    """task=tokens: token ids are < this; required when the directory has no meta.json."""
+
+    token_dtype: Optional[str] = None
+    """task=tokens: uint16 | uint32 | int32 | ... of train.bin/val.bin; unset = meta.json's, else
+    uint16."""
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3  # peak learning rate, reached after warm-up
-    min_lr: float = 1e-4  # learning rate at the end of the cosine decay
-    warmup_steps: int = 20  # linear warm-up length in optimizer steps
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas
-    weight_decay: float = 0.1  # decoupled weight decay on Linear weights only
+    """AdamW and its learning-rate schedule (linear warm-up, then cosine decay)."""
+
+    lr: float = 1e-3
+    """Peak learning rate, reached after warm-up."""
+
+    min_lr: float = 1e-4
+    """Learning rate at the end of the cosine decay."""
+
+    warmup_steps: int = 20
+    """Linear warm-up length in optimizer steps."""
+
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW betas."""
+
+    weight_decay: float = 0.1
+    """Decoupled weight decay on Linear weights only."""
 
 
 @dataclass
 class TrainerConfig:
-    max_steps: Optional[int] = 500  # optimizer steps; null to train by epochs only
-    max_epochs: Optional[int] = None  # passes over the training set; the first limit reached ends the run
-    batch_size: int = 32  # samples per data-parallel process per micro-batch
-    grad_accum: int = 1  # micro-batches per optimizer step
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
-    precision: str = "fp32"  # fp32 | bf16 (autocast, CPU too) | fp16 (autocast + GradScaler, CUDA)
-    seed: int = 1337  # seeds model init, data order and dropout
-    device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N
-    run_dir: str = "runs/gpt"  # where metrics, TensorBoard events and snapshots go
-    save_every: int = 0  # snapshot every N steps (0: only at the end, at epoch ends if asked, and when preempted)
-    save_on_epoch_end: bool = False  # also snapshot when an epoch of the training set ends
-    snapshot_dir: Optional[str] = None  # where snapshots go: a path or fsspec URL (s3://, memory://...); unset = <run_dir>/snapshots
-    keep_last: int = 3  # complete snapshots to keep; older ones are deleted after each save (0 keeps all)
-    resume: bool = True  # continue from the newest good snapshot if there is one; false starts fresh
-    overwrite: bool = False  # with resume=false, delete an existing run's snapshots instead of refusing to start
-    max_save_failures: int = 3  # consecutive failed snapshot writes (full or unwritable storage) before the run stops
-    eval_every: int = 100  # evaluate (and sample text) every N steps; 0 disables
-    eval_batches: int = 10  # validation batches per evaluation
-    log_every: int = 10  # log a line and a metrics.jsonl record every N steps
-    sample_tokens: int = 200  # characters of text sampled at each evaluation
+    """The run: its length, batches, precision, evaluation, logging and snapshots."""
+
+    max_steps: Optional[int] = 500
+    """Optimizer steps; null to train by epochs only."""
+
+    max_epochs: Optional[int] = None
+    """Passes over the training set; the first limit reached ends the run."""
+
+    batch_size: int = 32
+    """Samples per data-parallel process per micro-batch."""
+
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 disables clipping."""
+
+    precision: str = "fp32"
+    """fp32 | bf16 (autocast, CPU too) | fp16 (autocast + GradScaler, CUDA)."""
+
+    seed: int = 1337
+    """Seeds model init, data order and dropout."""
+
+    device: str = "auto"
+    """auto (CUDA if present, else CPU) | cpu | cuda | cuda:N."""
+
+    run_dir: str = "runs/gpt"
+    """Where metrics, TensorBoard events and snapshots go."""
+
+    save_every: int = 0
+    """Snapshot every N steps (0: only at the end, at epoch ends if asked, and when preempted)."""
+
+    save_on_epoch_end: bool = False
+    """Also snapshot when an epoch of the training set ends."""
+
+    snapshot_dir: Optional[str] = None
+    """Where snapshots go: a path or fsspec URL (s3://, memory://...); unset = <run_dir>/snapshots."""
+
+    keep_last: int = 3
+    """Complete snapshots to keep; older ones are deleted after each save (0 keeps all)."""
+
+    resume: bool = True
+    """Continue from the newest good snapshot if there is one; false starts fresh."""
+
+    overwrite: bool = False
+    """With resume=false, delete an existing run's snapshots instead of refusing to start."""
+
+    max_save_failures: int = 3
+    """Consecutive failed snapshot writes (full or unwritable storage) before the run stops."""
+
+    eval_every: int = 100
+    """Evaluate (and sample text) every N steps; 0 disables."""
+
+    eval_batches: int = 10
+    """Validation batches per evaluation."""
+
+    log_every: int = 10
+    """Log a line and a metrics.jsonl record every N steps."""
+
+    sample_tokens: int = 200
+    """Characters of text sampled at each evaluation."""
 
 
 @dataclass
 class ParallelConfig:
-    dp_replicate: int = -1  # replicas of the model (DDP; with dp_shard > 1: HSDP); -1 = the rest
-    dp_shard: int = 1  # ranks one copy of the model is sharded over (FSDP2); -1 = the rest
-    tp: int = 1  # tensor-parallel degree (splits each layer); must divide n_head
-    pp: int = 1  # pipeline-parallel stages (splits the layer stack)
-    pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | zero_bubble
-    pp_microbatches: int = 0  # micro-batches per pipeline step; 0 = 2 x pp
-    pp_balance: List[int] = field(default_factory=list)  # layers per pipeline stage, e.g. [3,1]; empty = even
-    activation_checkpointing: str = "none"  # none | full | selective
-    compile: bool = False  # torch.compile each transformer block
-    bucket_mb: float = 25.0  # gradient all-reduce bucket size in MB (DDP)
-    grad_compression: str = "none"  # none | bf16 | fp16 | powersgd: gradients on the wire
-    powersgd_rank: int = 2  # rank of PowerSGD's low-rank approximation
+    """How the processes share the work: data, fully sharded, tensor and pipeline parallel."""
+
+    dp_replicate: int = -1
+    """Replicas of the model (DDP; with dp_shard > 1: HSDP); -1 = the rest."""
+
+    dp_shard: int = 1
+    """Ranks one copy of the model is sharded over (FSDP2); -1 = the rest."""
+
+    tp: int = 1
+    """Tensor-parallel degree (splits each layer); must divide n_head."""
+
+    pp: int = 1
+    """Pipeline-parallel stages (splits the layer stack)."""
+
+    pp_schedule: str = "1f1b"
+    """Pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zero_bubble."""
+
+    pp_microbatches: int = 0
+    """Micro-batches per pipeline step; 0 = 2 x pp."""
+
+    pp_balance: List[int] = field(default_factory=list)
+    """Layers per pipeline stage, e.g. [3,1]; empty = even."""
+
+    activation_checkpointing: str = "none"
+    """Recompute activations in backward to save memory: none | full | selective."""
+
+    compile: bool = False
+    """torch.compile each transformer block."""
+
+    bucket_mb: float = 25.0
+    """Gradient all-reduce bucket size in MB (DDP)."""
+
+    grad_compression: str = "none"
+    """Gradients on the wire: none | bf16 | fp16 | powersgd."""
+
+    powersgd_rank: int = 2
+    """Rank of PowerSGD's low-rank approximation."""
 
 
 @dataclass
@@ -109,6 +221,8 @@ class DebugConfig:
 
 @dataclass
 class TrainConfig:
+    """Everything `triax train` reads; each section below is one dataclass."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -305,16 +419,64 @@ def from_dict(values: dict) -> TrainConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), values))
 
 
-def describe_keys() -> str:
-    """Every key with its default and comment, for `triax train --help`."""
+def field_docs(schema: type) -> dict[str, str]:
+    """{field name: its docstring} of a config dataclass: the string literal written right under
+    each field (torchtitan's style). Read from the class's syntax tree, so the documentation lives
+    in one place, next to the field it describes."""
+    import ast
     import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(schema)))
+    except (OSError, TypeError):  # no source (a frozen build): fields stay undocumented
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)):
+            docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def _default(item) -> object:
+    import dataclasses
+
+    if item.default is not dataclasses.MISSING:
+        return item.default
+    if item.default_factory is not dataclasses.MISSING:
+        return item.default_factory()
+    return None
+
+
+def _format_value(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value).replace(" ", "")
+
+
+def describe_keys(width: int = 100) -> str:
+    """Every key of TrainConfig with its default and docstring, section by section, for
+    `triax train --help`; generated from the dataclasses themselves."""
+    import dataclasses
+    import inspect
+    import textwrap
 
     lines = []
-    for section, schema in (("model", ModelConfig), ("data", DataConfig), ("optim", OptimConfig),
-                            ("trainer", TrainerConfig), ("parallel", ParallelConfig)):
-        source = inspect.getsource(schema)
-        for match in re.finditer(r"^\s+(\w+): [^=]+= (.+?)(?:\s+#\s*(.*))?$", source, re.M):
-            name, default, comment = match.groups()
-            default = re.sub(r"field\(default_factory=lambda: (.*)\)", r"\1", default)
-            lines.append(f"  {section}.{name}={default}".ljust(44) + (comment or ""))
+    for section in dataclasses.fields(TrainConfig):
+        schema = section.type if isinstance(section.type, type) else _default(section).__class__
+        title = " ".join((inspect.getdoc(schema) or "").split())
+        if title.startswith(f"{schema.__name__}("):  # dataclass's generated signature, not a docstring
+            title = ""
+        lines += textwrap.wrap(f"{section.name}: {title}", width=width, subsequent_indent="  ") or [section.name]
+        docs = field_docs(schema)
+        for item in dataclasses.fields(schema):
+            key = f"  {section.name}.{item.name}={_format_value(_default(item))}"
+            doc = textwrap.wrap(docs.get(item.name, ""), width=max(40, width - 44)) or [""]
+            lines.append(key.ljust(44) + (" " if len(key) >= 44 else "") + doc[0])
+            lines += [" " * 44 + more for more in doc[1:]]
     return "\n".join(lines)

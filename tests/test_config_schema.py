@@ -1,0 +1,84 @@
+"""The rules written once: config documentation from the dataclasses, the debug section, model
+presets, the restart count and the launch -> Accelerator settings. No processes are started."""
+
+import dataclasses
+
+import pytest
+
+from triax.errors import ConfigError, TriaxError
+from triax.launch import settings
+from triax.launch.config import LaunchConfig
+from triax.models.gpt import PRESETS
+from triax.runtime import restart_count
+from triax.train.config import TrainConfig, compose_config, describe_keys, field_docs
+
+
+def sections():
+    return [(section.name, section.default_factory) for section in dataclasses.fields(TrainConfig)]
+
+
+def test_every_config_field_has_a_docstring():
+    for name, schema in sections():
+        docs = field_docs(schema)
+        missing = [item.name for item in dataclasses.fields(schema) if not docs.get(item.name)]
+        assert not missing, f"{name}: fields without a docstring under them: {missing}"
+    assert not [item.name for item in dataclasses.fields(LaunchConfig) if not field_docs(LaunchConfig).get(item.name)]
+
+
+def test_help_lists_every_key_with_default_and_docstring():
+    text = describe_keys()
+    for name, schema in sections():
+        docs = field_docs(schema)
+        for item in dataclasses.fields(schema):
+            line = next((line for line in text.splitlines() if line.startswith(f"  {name}.{item.name}=")), None)
+            assert line is not None, f"{name}.{item.name} missing from --help"
+            assert docs[item.name].split()[0] in line
+    assert "  trainer.max_steps=500 " in text and "  data.path=null " in text
+    assert "  optim.betas=[0.9,0.95] " in text
+    debug_title = next(line for line in text.splitlines() if line.startswith("debug:"))
+    assert "fault injection" in debug_title.lower()
+
+
+def test_debug_section_is_typed_and_checked():
+    config = compose_config(["debug.preempt_at_step=3", "debug.sample_log=/tmp/x"])
+    assert config.debug.preempt_at_step == 3 and config.debug.sample_log == "/tmp/x"
+    assert compose_config([]).debug.preempt_at_step is None
+    with pytest.raises(ConfigError, match="debug.preempt_at_step"):
+        compose_config(["debug.preempt_at_step=0"])
+    with pytest.raises(ConfigError):
+        compose_config(["debug.preempt_at_step=soon"])
+
+
+def test_model_presets_come_from_one_table():
+    from hydra.core.config_store import ConfigStore
+
+    model = compose_config(["model=gpt2"]).model
+    assert (model.name, model.n_layer, model.n_head, model.n_embd) == ("gpt2", *PRESETS["gpt2"])
+    group = ConfigStore.instance().list("model")
+    assert sorted(group) == sorted(f"{name}.yaml" for name in PRESETS)
+    with pytest.raises(ConfigError, match="unknown model preset"):
+        compose_config(["model=gpt5"])
+
+
+def test_restart_count():
+    assert restart_count({}) == 0
+    assert restart_count({"TORCHELASTIC_RESTART_COUNT": "3"}) == 3
+    with pytest.raises(TriaxError, match="TORCHELASTIC_RESTART_COUNT"):
+        restart_count({"TORCHELASTIC_RESTART_COUNT": "x"})
+
+
+def test_launch_settings_reach_the_accelerator(monkeypatch):
+    config = LaunchConfig(mixed_precision="bf16", parallel="none", use_cpu=True, gradient_accumulation_steps=3)
+    env = settings.to_environment(config)
+    assert set(env) == set(settings.ENVIRONMENT.values())
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    from triax import Accelerator
+
+    accelerator = Accelerator()
+    assert accelerator.precision.name == "bf16"
+    assert accelerator.parallel == "none"
+    assert accelerator.device.type == "cpu"
+    assert accelerator.gradient_accumulation_steps == 3
+    # An argument wins over what the launcher set.
+    assert Accelerator(mixed_precision="no", gradient_accumulation_steps=1).precision.name == "fp32"
