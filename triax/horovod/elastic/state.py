@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 
 from triax.horovod import basics
