@@ -68,6 +68,7 @@ class TrainerConfig:
     eval_batches: int = 10  # validation batches per evaluation
     log_every: int = 10  # log a line and a metrics.jsonl record every N steps
     sample_tokens: int = 200  # characters of text sampled at each evaluation
+    collective_timeout: Optional[float] = None  # seconds a step phase may stall before the watchdog names the rank and exits (slow phases: 5x); unset = $TRIAX_COLLECTIVE_TIMEOUT, else 120
 
 
 @dataclass
@@ -173,6 +174,10 @@ def validate(config: TrainConfig) -> None:
     for name in ("save_every", "eval_every", "keep_last"):
         if getattr(trainer, name) < 0:
             raise ConfigError(f"trainer.{name} must be >= 0, got {getattr(trainer, name)}")
+    if trainer.collective_timeout is not None:
+        from triax.watchdog import collective_timeout
+
+        collective_timeout(trainer.collective_timeout)  # raises with the key and value if not positive
     if data.block_size <= 0:
         raise ConfigError(f"data.block_size must be positive, got {data.block_size}")
     from triax.parallel.comm_hooks import check_compression
