@@ -188,3 +188,81 @@ def test_a_rank_that_never_arrives_is_named_at_start_up(tmp_path, tiny_corpus):
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "start-up: rank 1 of 2 did not arrive within 10 s (arrived: rank 0 on" in output, output[-3000:]
+
+
+# ---- a cut link between two simulated nodes ---------------------------------------------------------
+
+def _records(path):
+    try:
+        return [json.loads(line) for line in open(path) if line.strip()]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+
+
+@pytest.mark.multiprocess
+def test_a_cut_link_is_named_and_the_job_shrinks_to_one_node(tmp_path, tiny_corpus):
+    """Two simulated nodes under an elastic torchrun (--nnodes=1:2). Node 1's link goes down at
+    step 10: within the timeout node 0 names the silent rank, exits, re-rendezvouses alone,
+    resumes from the last snapshot and finishes."""
+    from triax.bench.netns import SimulatedNetwork, unavailable_reason
+    from triax.testing import quiet_env
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"simulated network unavailable: {reason}")
+    import subprocess
+    import uuid
+
+    timeout_s = 5
+    run_dir = tmp_path / "run"
+    # Every batch takes 0.1 s longer, so the cut lands mid-run whatever the machine's speed.
+    overrides = tiny_overrides(run_dir, tiny_corpus, **{
+        "trainer.collective_timeout": timeout_s, "trainer.log_every": 1, "trainer.max_steps": 50,
+        "trainer.save_every": 5, "trainer.batch_size": 4})
+    args = [WORKER, json.dumps({"slow_data": {"seconds": 0.1}}), *overrides]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = SimulatedNetwork.environment(quiet_env(PYTHONPATH=repo))
+    with SimulatedNetwork(nodes=2, rate="1gbit") as network:
+        run_id = uuid.uuid4().hex[:8]
+        # Dead agents are dropped from the rendezvous after 3 missed 1 s keep-alives.
+        conf = "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=3"
+        logs = [open(tmp_path / f"node{node}.log", "w+") for node in range(2)]
+        jobs = [subprocess.Popen(network.torchrun_command(node, args, run_id=run_id, nnodes="1:2", max_restarts=2,
+                                                          rdzv_conf=conf),
+                                 stdout=logs[node], stderr=subprocess.STDOUT, text=True, env=env)
+                for node in range(2)]
+        try:
+            deadline = time.monotonic() + 300
+            while not any(len(r["rank_data_time_s"]) == 2 and r["step"] >= 10 for r in _records(run_dir / "metrics.jsonl")):
+                assert time.monotonic() < deadline and jobs[0].poll() is None, "the 2-node run did not reach step 10"
+                time.sleep(0.05)
+            network.cut_link(1)
+            cut_at = time.time()
+            jobs[0].wait(timeout=300)
+            finished_at = time.time()
+        finally:
+            for job in jobs:
+                if job.poll() is None:
+                    job.kill()
+                job.wait()
+        outputs = []
+        for log in logs:
+            log.seek(0)
+            outputs.append(log.read())
+            log.close()
+    node0, node1 = outputs
+    assert jobs[0].returncode == 0, node0[-4000:]
+    # Node 1's rank knows it is the one cut off; node 0 names that rank as silent.
+    isolated = [line for line in node1.splitlines() if "lost contact with the job's store" in line]
+    assert isolated, node1[-3000:]
+    silent_rank = isolated[0].split("triax: rank ")[1].split()[0]
+    verdicts = [line for line in node0.splitlines() if "stopped responding during" in line]
+    assert verdicts and f"rank {silent_rank} on " in verdicts[0], node0[-4000:]
+    report = verdicts[0].split("report: ")[1].rstrip("/")
+    detected = os.stat(os.path.join(report, "verdict.json")).st_mtime - cut_at
+    assert detected <= timeout_s + 3 * heartbeat_interval(timeout_s) + 2, detected
+    assert "saved by 2 process(es), now 1" in node0, node0[-4000:]
+    assert _records(run_dir / "metrics.jsonl")[-1]["step"] == 50
+    # The restart (a fresh interpreter, rendezvous, resume) and 40 steps: bounded, not 600 s.
+    print(f"cut link: named after {detected:.1f} s, finished {finished_at - cut_at:.0f} s after the cut")
+    assert finished_at - cut_at < timeout_s + 180
