@@ -181,9 +181,15 @@ class Watchdog:
             # beats instead of blocking, and a blocked main thread cannot hold it.
             host, port = self._address or (os.environ.get("MASTER_ADDR", "127.0.0.1"),
                                            int(os.environ.get("MASTER_PORT", "29500")))
-            store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                                  timeout=datetime.timedelta(seconds=max(2 * self.interval_s, 1.0)))
-            self._address = (host, port)
+            try:
+                store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                                      timeout=datetime.timedelta(seconds=max(2 * self.interval_s, 1.0)))
+                self._address = (host, port)
+            except (RuntimeError, ValueError):
+                if not dist.is_initialized():
+                    raise
+                # A process group made by the caller with its own store: share that one.
+                store = dist.distributed_c10d._get_default_store()
         # torchrun's agent keeps its store across restarts: every attempt gets fresh keys.
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
