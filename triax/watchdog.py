@@ -95,6 +95,10 @@ def _describe_phase(phase: str, step: int) -> str:
     return phase if phase in ("startup", "finish") else f"{phase} of step {step}"
 
 
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
 def _rank_list(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
@@ -221,7 +225,7 @@ class Watchdog:
                 where = ", ".join(f"rank {rank} on {json.loads(h)['host']}" for rank, h in zip(arrived, hosts))
                 raise HangDetected(
                     f"start-up: {_rank_list(missing)} of {self.world_size} did not arrive within "
-                    f"{self.slow_timeout_s:.0f} s (arrived: {where}); check that process's output and "
+                    f"{self.slow_timeout_s:g} s (arrived: {where}); check that process's output and "
                     f"host (it may have crashed or be stuck before training started)")
             time.sleep(min(0.1, self.interval_s))
         now = time.monotonic()
@@ -271,7 +275,7 @@ class Watchdog:
                 self._fire({
                     "author": self.rank, "kind": "isolated", "ranks": [self.rank], "step": step,
                     "message": f"rank {self.rank} on {self.host} lost contact with the job's store at "
-                               f"{host}:{port} for {silent_for:.0f} s during {_describe_phase(name, step)} "
+                               f"{host}:{port} for {_seconds(silent_for)} during {_describe_phase(name, step)} "
                                "(this host's network is down, or the store's host is gone)"})
                 return
 
@@ -287,7 +291,7 @@ class Watchdog:
             return {"author": self.rank, "kind": "silent", "ranks": silent, "step": first["step"],
                     "message": f"{_rank_list(silent)} on {', '.join(hosts)} stopped responding during "
                                f"{_describe_phase(first['phase'], first['step'])} "
-                               f"(no heartbeat for {quiet:.0f} s)"}
+                               f"(no heartbeat for {_seconds(quiet)})"}
         if not running:
             return None
 
@@ -306,8 +310,8 @@ class Watchdog:
         waiting = "" if len(stuck) == len(running) else "; the other ranks wait for it"
         return {"author": self.rank, "kind": "stuck", "ranks": stuck, "step": first["step"],
                 "message": f"{_rank_list(stuck)} on {', '.join(hosts)} stuck in "
-                           f"{_describe_phase(first['phase'], first['step'])} for {first['age']:.0f} s "
-                           f"(allowed {first['allowance']:.0f} s; its heartbeat still beats{waiting})"}
+                           f"{_describe_phase(first['phase'], first['step'])} for {_seconds(first['age'])} "
+                           f"(allowed {_seconds(first['allowance'])}; its heartbeat still beats{waiting})"}
 
     def _fire(self, verdict: dict) -> None:
         """Write this rank's report, let the other live ranks write theirs, exit."""
