@@ -65,14 +65,36 @@ def test_launch_exports_the_timeout_to_the_workers(capsys, tmp_path):
 
 def test_horovod_reads_its_gloo_timeout(monkeypatch):
     from triax.horovod.basics import _gloo_timeout
+    from triax.horovod.run import main as horovodrun
 
-    monkeypatch.delenv("HOROVOD_GLOO_TIMEOUT_SECONDS", raising=False)
+    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "")  # unset (and restored after the test)
     assert _gloo_timeout() is None  # then the runtime's default applies
-    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "90")
+    assert horovodrun(["-np", "2", "--gloo-timeout-seconds", "90", "--dry-run", "python", "train.py"]) == 0
     assert _gloo_timeout() == 90
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "-3")
     with pytest.raises(ValueError, match="HOROVOD_GLOO_TIMEOUT_SECONDS=-3.0"):
         _gloo_timeout()
+
+
+def test_the_process_group_of_every_door_takes_the_timeout(monkeypatch):
+    """init_distributed (the Accelerator's, Horovod's and scripts' way in) uses the launch knob."""
+    import torch
+    import torch.distributed as dist
+
+    from triax import runtime
+
+    seen = []
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: seen.append(kwargs["timeout"].total_seconds()))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(runtime, "_restart_safe_store", lambda place, timeout: None)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    two = runtime.Place(rank=0, world_size=2)
+    monkeypatch.setenv(ENV_COLLECTIVE_TIMEOUT, "45")
+    runtime.init_distributed(torch.device("cpu"), two)
+    runtime.init_distributed(torch.device("cpu"), two, timeout_s=7)  # e.g. InitProcessGroupKwargs
+    monkeypatch.delenv(ENV_COLLECTIVE_TIMEOUT)
+    runtime.init_distributed(torch.device("cpu"), two)
+    assert seen == [45, 7, 600]
 
 
 # ---- the judgement, without processes --------------------------------------------------------------
