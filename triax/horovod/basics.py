@@ -76,7 +76,7 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
     owns_group = not dist.is_initialized()
     if place.world_size > 1 or dist.is_initialized():
         store = _next_store(place) if owns_group and place.world_size > 1 else None
-        place = init_distributed(device, place, backend=_backend_for(device), store=store)
+        place = init_distributed(device, place, backend=_backend_for(device), store=store, timeout_s=_gloo_timeout())
     rank, size = place.rank, place.world_size
     local_rank, local_size = place.local_rank, place.local_world_size
     cross_rank, cross_size, homogeneous = 0, 1, True
@@ -97,6 +97,21 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
     from triax.horovod import process_sets as sets
 
     sets.register_at_init(process_sets)
+
+
+def _gloo_timeout() -> float | None:
+    """Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS bounds every collective; unset: triax's default
+    ($TRIAX_COLLECTIVE_TIMEOUT from `triax launch --collective-timeout`, else 600 s)."""
+    text = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "").strip()
+    if not text:
+        return None
+    from triax.watchdog import collective_timeout
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = text
+    return collective_timeout(value, source="HOROVOD_GLOO_TIMEOUT_SECONDS")
 
 
 def _next_store(place):

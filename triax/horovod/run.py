@@ -80,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--start-timeout", type=_count(0), help=argparse.SUPPRESS)  # torchrun waits on its own
     parser.add_argument("--reset-limit", type=_count(0), default=0, help="restarts allowed (torchrun --max-restarts)")
     parser.add_argument("--master-port", type=_port, help="rendezvous port (default: a free one)")
+    parser.add_argument("--gloo-timeout-seconds", type=float,
+                        help="seconds a collective may wait before failing (HOROVOD_GLOO_TIMEOUT_SECONDS)")
     parser.add_argument("--dry-run", action="store_true", help="print the torchrun command(s) and exit")
     parser.add_argument("--verbose", action="store_true")
     # Accepted so existing command lines keep working; they select engines triax does not have.
@@ -256,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     entries = parse_hosts(args.hosts, args.hostfile, args.np)
     np = args.np if args.np is not None else sum(slots for _, slots in entries)
     placed = place_processes(entries, np)
+    if args.gloo_timeout_seconds is not None:
+        from triax.watchdog import collective_timeout
+
+        # Exported before the workers start: local ones inherit it, remote ones get HOROVOD_* forwarded.
+        seconds = collective_timeout(args.gloo_timeout_seconds, "--gloo-timeout-seconds")
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = f"{seconds:g}"
     port = args.master_port or free_port()
     commands = torchrun_commands(placed, command, port, args.reset_limit)
     launches = []
