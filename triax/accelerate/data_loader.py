@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from triax.accelerate.operations import broadcast_object_list, send_to_device, slice_for_process
+from triax.accelerate.operations import broadcast_object_list, send_to_device
 from triax.data.sampler import GlobalSampler
 from triax.errors import TriaxError
 
@@ -66,8 +66,20 @@ class PreparedDataLoader:
     # ---- sizes and positions -------------------------------------------------------------------
 
     def __len__(self) -> int:
+        """Batches this process gets per epoch (with even_batches=False the last, partial global
+        batch may give some processes one fewer)."""
         full, rest = divmod(self.num_samples, self.total_batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        if not rest or self.drop_last:
+            return full
+        if self.even_batches:
+            return full + 1
+        return full + (1 if rest > self.process_index * self.batch_size else 0)
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch (0 when the dataset divides evenly), as
+        Accelerate's GradientState.remainder."""
+        return 0 if self.drop_last else self.num_samples % self.total_batch_size
 
     @property
     def padding_in_last_batch(self) -> int:
@@ -121,7 +133,10 @@ class PreparedDataLoader:
             return order[begin:begin + self.batch_size].tolist()
         real = order[start:]
         if not self.even_batches:
-            return slice_for_process(real, self.process_index, self.num_processes).tolist()
+            # As Accelerate: the short global batch is cut into per-process batches in process
+            # order, so the last processes may get a short batch or none.
+            begin = self.process_index * self.batch_size
+            return real[begin:begin + self.batch_size].tolist()
         # Even batches: fill the last global batch from the start of the epoch's order, so every
         # process steps the same number of times; gather_for_metrics drops the repeats again.
         repeats = -(-(self.total_batch_size - len(real)) // len(order))
