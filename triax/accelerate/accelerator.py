@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections import OrderedDict
 
 import torch
 from torch.utils.data import DataLoader
@@ -18,7 +19,7 @@ from torch.utils.hooks import RemovableHandle
 
 from triax.accelerate import checkpoints, operations
 from triax.accelerate.data_loader import PreparedDataLoader, SkipFirstBatches, skip_first_batches
-from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError
+from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
 from triax.accelerate.options import PRECISION_ALIASES, refuse_unsupported, resolve, unsupported
 from triax.accelerate.saving import load_state as _load_state
 from triax.accelerate.saving import save_state as _save_state
@@ -113,8 +114,9 @@ class Accelerator:
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list = []
         self._replaced_parameters: dict[int, torch.nn.Parameter] = {}  # FSDP: id(old) -> sharded
-        self._save_model_state_pre_hook: dict = {}
-        self._load_model_state_pre_hook: dict = {}
+        # OrderedDicts: torch's RemovableHandle keeps a weak reference to them (plain dicts refuse).
+        self._save_model_state_pre_hook: OrderedDict = OrderedDict()
+        self._load_model_state_pre_hook: OrderedDict = OrderedDict()
         self._trigger = False
         self._save_count = 0
 
@@ -518,13 +520,9 @@ class Accelerator:
             try:
                 path = _write_weights(state, save_directory, safe_serialization)
             except OSError as failure:
-                error = failure
-        if any_rank(error is not None):
-            from triax.accelerate.errors import AcceleratorRuntimeError
-
-            reason = f"{type(error).__name__}: {error}" if error is not None else "see the main process's output"
-            raise AcceleratorRuntimeError(f"save_model could not write to {save_directory!r} on the main "
-                                          f"process ({reason})") from error
+                error = AcceleratorRuntimeError(f"save_model could not write to {save_directory!r} "
+                                                f"({type(failure).__name__}: {failure.strerror or failure})")
+        operations.raise_together(error, "save_model")
         return path
 
     def save(self, obj, path: str, safe_serialization: bool = False) -> None:

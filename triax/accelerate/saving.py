@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from triax.accelerate.errors import AcceleratorRuntimeError, StateCorruptError
+from triax.accelerate.operations import raise_together
 from triax.checkpoint import latest_snapshot, load_snapshot, read_state, save_snapshot
 from triax.errors import TriaxError
-from triax.runtime import any_rank
 
 # Tensors a state dict may hold (optimizer steps, scaler scale, RNG-like buffers); anything else in
 # a file is corruption, never a name to look up on the torch module.
@@ -227,12 +227,9 @@ def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
 
 def _agree(error: Exception | None, doing: str) -> None:
     """Every process raises if any failed `doing` (none is left waiting in a later collective)."""
-    if any_rank(error is not None):
-        if isinstance(error, TriaxError):
-            raise error
-        if error is not None:
-            raise AcceleratorRuntimeError(f"load_state failed while {doing}: {type(error).__name__}: {error}") from error
-        raise AcceleratorRuntimeError(f"load_state failed on another process while {doing}; see its output")
+    if error is not None and not isinstance(error, TriaxError):
+        error = AcceleratorRuntimeError(f"load_state failed while {doing}: {type(error).__name__}: {error}")
+    raise_together(error, f"load_state ({doing})")
 
 
 def _check_counts(accelerator, state: dict, snapshot: str, loaded: list[int]) -> None:
@@ -254,7 +251,10 @@ def load_state(accelerator, path: str, loaded: list[int]) -> str:
     error, snapshot, state = None, None, None
     try:
         snapshot = resolve_snapshot(path)
-        document = read_state(snapshot)
+        try:
+            document = read_state(snapshot)
+        except RecursionError:
+            raise StateCorruptError(f"snapshot {snapshot}: state.json is nested too deeply to be a saved state") from None
         section = document.get("accelerator") if isinstance(document, dict) else None
         if section is None:
             raise StateCorruptError(f"{snapshot!r} is a triax snapshot but not one written by "

@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from triax.accelerate.dataclasses import DistributedType
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
-from triax.runtime import any_rank, barrier, detect_place, init_distributed, is_distributed, pick_device
+from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate.operations import raise_together
+from triax.runtime import barrier, detect_place, init_distributed, is_distributed, pick_device
 
 
 class PartialState:
@@ -112,22 +113,20 @@ class PartialState:
 
     @contextlib.contextmanager
     def _first(self, leader: bool, who: str):
-        # One all-reduce of "did a leader fail?" replaces the barrier: the leaders contribute after
+        # One agreement on "did a leader fail?" replaces the barrier: the leaders take part after
         # their block, the others before theirs. A leader's exception is then raised on every
         # process instead of leaving the others blocked in a barrier until the timeout.
+        doing = f"the block inside {who.replace(' ', '_')}_process_first"
         if not leader:
-            if any_rank(False):
-                raise AcceleratorRuntimeError(f"the {who} process failed inside {who.replace(' ', '_')}"
-                                              "_process_first (its error is in its own output); "
-                                              "stopping this process too")
+            raise_together(None, doing)
             yield
             return
         try:
             yield
-        except BaseException:
-            any_rank(True)
+        except BaseException as error:
+            raise_together(error, doing)
             raise
-        any_rank(False)
+        raise_together(None, doing)
 
     # ---- run on some processes only -------------------------------------------------------------
 
