@@ -56,6 +56,9 @@ def test_surface_matches_accelerate_documented_behaviour(triax_records):
         assert record["accumulate"]["stepped"] == record["accumulate"]["syncs"] == record["accumulate"]["grads_equal"]
         assert record["accumulate_no_dataloader_sync"]["syncs"] == [False, True, False, True, False]
         assert record["accumulate_no_dataloader_sync"]["grads_equal"] == [False, True, False, True, False]
+        # sync_each_batch: gradients are reduced on every micro-step, the optimizer still waits.
+        assert record["accumulate_sync_each_batch"]["grads_equal"] == [True] * 5
+        assert record["accumulate_sync_each_batch"]["stepped"] == [False, True, False, True, True]
         # triax steps a prepared scheduler once per real optimizer step.
         assert record["accumulate"]["scheduler_steps"] == 3
         assert record["accumulate_no_dataloader_sync"]["scheduler_steps"] == 2
@@ -108,7 +111,7 @@ def test_same_records_and_weights_as_hf_accelerate(triax_records, tmp_path):
                 # the prepared dataloaders, but on this setup its loader still pads (2 batches on
                 # both processes); triax follows the documentation (checked above).
                 continue
-            if key in ("accumulate", "accumulate_no_dataloader_sync"):
+            if key.startswith("accumulate"):
                 # Accelerate steps the scheduler num_processes times per real step (its batch is
                 # num_processes times larger); triax steps once. Everything else is the same.
                 assert value["scheduler_steps"] == 2 * ours[key]["scheduler_steps"]

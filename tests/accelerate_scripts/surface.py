@@ -120,6 +120,7 @@ def accumulation(plugin):
 record["accumulate"] = accumulation(GradientAccumulationPlugin(num_steps=2))
 record["accumulate_no_dataloader_sync"] = accumulation(GradientAccumulationPlugin(num_steps=2,
                                                                                   sync_with_dataloader=False))
+record["accumulate_sync_each_batch"] = accumulation(GradientAccumulationPlugin(num_steps=2, sync_each_batch=True))
 
 # ---- no_sync and trigger_sync_in_backward ------------------------------------------------------------
 accelerator = Accelerator()

@@ -23,7 +23,7 @@ from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeErro
 from triax.accelerate.options import PRECISION_ALIASES, refuse_unsupported, resolve, unsupported
 from triax.accelerate.saving import load_state as _load_state
 from triax.accelerate.saving import save_state as _save_state
-from triax.accelerate.state import AcceleratorState, GradientState, PartialState
+from triax.accelerate.state import AcceleratorState, GradientState
 from triax.accelerate.tracking import Trackers, parse_log_with
 from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
 from triax.parallel.ddp import apply_ddp, unwrap

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
+from triax.accelerate.errors import AcceleratorValueError
 from triax.accelerate.operations import broadcast_object_list, send_to_device
 from triax.data.sampler import GlobalSampler
-from triax.errors import TriaxError
 
 
 class PreparedDataLoader:
@@ -22,13 +22,13 @@ class PreparedDataLoader:
                  num_processes: int, gradient_state, seed: int, split_batches: bool = False,
                  even_batches: bool = True):
         if isinstance(dataloader.dataset, IterableDataset):
-            raise TriaxError("prepare got a DataLoader over an IterableDataset; triax shards map-style "
+            raise AcceleratorValueError("prepare got a DataLoader over an IterableDataset; triax shards map-style "
                              "datasets (with __len__ and __getitem__) only, so wrap yours in one")
         if dataloader.batch_size is None:
-            raise TriaxError("prepare got a DataLoader built with batch_sampler=...; pass batch_size= "
+            raise AcceleratorValueError("prepare got a DataLoader built with batch_sampler=...; pass batch_size= "
                              "(and shuffle= or sampler=) instead so triax can shard it by sample index")
         if split_batches and dataloader.batch_size % num_processes:
-            raise TriaxError(f"split_batches=True needs a batch_size divisible by the {num_processes} "
+            raise AcceleratorValueError(f"split_batches=True needs a batch_size divisible by the {num_processes} "
                              f"processes, got batch_size={dataloader.batch_size}")
         self.base_dataloader = dataloader
         self.dataset = dataloader.dataset
@@ -102,10 +102,10 @@ class PreparedDataLoader:
         (or batch size) resumes from the same sample when the index falls on a batch boundary."""
         global_index = state["batch"] * state["total_batch_size"]
         if global_index % self.total_batch_size:
-            raise TriaxError(f"cannot resume at global sample {global_index}: it is not a multiple of "
+            raise AcceleratorValueError(f"cannot resume at global sample {global_index}: it is not a multiple of "
                              f"this run's global batch {self.total_batch_size}; keep the global batch size")
         if state["num_samples"] != self.num_samples:
-            raise TriaxError(f"the saved dataloader had {state['num_samples']} samples, this one has "
+            raise AcceleratorValueError(f"the saved dataloader had {state['num_samples']} samples, this one has "
                              f"{self.num_samples}; resume with the same dataset")
         self.sampler = GlobalSampler(self.num_samples, state["seed"], shuffle=self.sampler.shuffle)
         self.epoch = state["epoch"]

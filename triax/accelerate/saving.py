@@ -21,7 +21,12 @@ import os
 import numpy as np
 import torch
 
-from triax.accelerate.errors import AcceleratorRuntimeError, StateCorruptError
+from triax.accelerate.errors import (
+    AcceleratorRuntimeError,
+    AcceleratorTypeError,
+    AcceleratorValueError,
+    StateCorruptError,
+)
 from triax.accelerate.operations import raise_together
 from triax.checkpoint import latest_snapshot, load_snapshot, read_state, save_snapshot
 from triax.errors import TriaxError
@@ -56,7 +61,7 @@ def to_json(value):
         return [to_json(item) for item in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise TriaxError(f"save_state cannot store a {type(value).__name__} ({value!r:.60}) from a "
+    raise AcceleratorTypeError(f"save_state cannot store a {type(value).__name__} ({value!r:.60}) from a "
                      "state_dict; keep state dicts to tensors, numbers, strings, lists and dicts")
 
 
@@ -154,7 +159,7 @@ def pair_optimizers(models: list, optimizers: list) -> list:
         params = {id(p) for group in optimizer.param_groups for p in group["params"]}
         owners = [i for i, model in enumerate(models) if params & {id(p) for p in model.parameters()}]
         if len(owners) != 1 or pairs[owners[0]] is not None:
-            raise TriaxError("save_state supports one optimizer per prepared model, each holding that "
+            raise AcceleratorValueError("save_state supports one optimizer per prepared model, each holding that "
                              f"model's parameters; found an optimizer matching models {owners}")
         pairs[owners[0]] = optimizer
     return pairs
@@ -166,7 +171,7 @@ def resolve_snapshot(path: str) -> str:
         return path
     snapshot = latest_snapshot(path)
     if snapshot is None:
-        raise TriaxError(f"load_state found no snapshot in {path!r}; pass the directory save_state "
+        raise AcceleratorValueError(f"load_state found no snapshot in {path!r}; pass the directory save_state "
                          "wrote to (or one of its step_* folders)")
     return snapshot
 
@@ -241,7 +246,7 @@ def _check_counts(accelerator, state: dict, snapshot: str, loaded: list[int]) ->
               ("model optimizers", len(state["stateless_optimizers"]), max(len(loaded), 1))]
     for what, saved, now in checks:
         if saved != now:
-            raise TriaxError(f"{snapshot!r} holds {what} {saved} but this run has {now}; prepare (and "
+            raise AcceleratorValueError(f"{snapshot!r} holds {what} {saved} but this run has {now}; prepare (and "
                              "register, and hook) the same objects before load_state")
 
 

@@ -12,7 +12,6 @@ import contextlib
 import datetime
 import functools
 
-import torch
 import torch.distributed as dist
 
 from triax.accelerate.dataclasses import DistributedType
