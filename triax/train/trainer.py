@@ -27,6 +27,7 @@ from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.mesh import build_mesh, padded_vocab_size, resolve_layout, validate_layout
+from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import parallelize
 from triax.precision import Precision
 from triax.runtime import (any_rank, barrier, detect_place, gather_floats, init_distributed, mean_across_ranks,
@@ -393,21 +394,7 @@ class Trainer:
         return float(loss_sum) / trainer.grad_accum, float(grad_norm)
 
     def _sync_context(self, last: bool):
-        if last:
-            return contextlib.nullcontext()
-        if hasattr(self.model, "no_sync"):  # DDP
-            return self.model.no_sync()
-        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: skip the reduce-scatter
-
-            @contextlib.contextmanager
-            def no_fsdp_sync():
-                self.model.set_requires_gradient_sync(False)
-                try:
-                    yield
-                finally:
-                    self.model.set_requires_gradient_sync(True)
-            return no_fsdp_sync()
-        return contextlib.nullcontext()
+        return contextlib.nullcontext() if last else no_sync(self.model)
 
     # ---- evaluation ----------------------------------------------------------------------------
 
