@@ -5,16 +5,11 @@ same environment variables torchrun sets, so the function's Accelerator works un
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError, UnsupportedFeatureError
-
-
-def _free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
+from triax.launch import settings as launch_settings
+from triax.runtime import free_port
 
 
 def _worker(local_rank: int, function, args: tuple, environment: dict) -> None:
@@ -38,10 +33,10 @@ def notebook_launcher(function, args: tuple = (), num_processes: int | None = No
         if value not in (None, "", 0, "static", "none", 0.1):
             raise UnsupportedFeatureError(f"notebook_launcher({name}={value!r}) is not supported; use "
                                           "`triax launch` for elastic or multi-machine runs")
-    if mixed_precision not in ("no", "fp16", "bf16", "fp32", "bf16-pure"):
+    if mixed_precision not in launch_settings.PRECISION_POLICIES:
         raise AcceleratorValueError(f"notebook_launcher(mixed_precision={mixed_precision!r}); use no, fp16 or bf16")
     if num_processes is None or num_processes == 1:
-        os.environ.setdefault("TRIAX_MIXED_PRECISION", mixed_precision)
+        os.environ.setdefault(launch_settings.ENVIRONMENT["mixed_precision"], mixed_precision)
         function(*args)
         return
     if not isinstance(num_processes, int) or num_processes < 1:
@@ -53,9 +48,10 @@ def notebook_launcher(function, args: tuple = (), num_processes: int | None = No
         raise AcceleratorRuntimeError("notebook_launcher was called after a process group was created in this "
                                       "process (an Accelerator was made here?); restart the notebook kernel "
                                       "and call notebook_launcher before creating one")
-    port = int(use_port) if use_port not in (None, "") else _free_port(master_addr)
+    port = int(use_port) if use_port not in (None, "") else free_port(master_addr)
     environment = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "WORLD_SIZE": str(num_processes),
-                   "LOCAL_WORLD_SIZE": str(num_processes), "TRIAX_MIXED_PRECISION": mixed_precision}
+                   "LOCAL_WORLD_SIZE": str(num_processes),
+                   launch_settings.ENVIRONMENT["mixed_precision"]: mixed_precision}
     method = start_method or ("spawn" if sys.platform == "win32" else "fork")
     try:
         multiprocessing.start_processes(_worker, args=(function, tuple(args), environment), nprocs=num_processes,
