@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -121,6 +122,10 @@ class Trainer:
                                           timeout_s=slow_phase_timeout(self.collective_timeout))
             if self.watchdog is not None and not self.watchdog.started:
                 self.watchdog.start()
+            if self.watchdog is not None:
+                # Stopped when this trainer goes away, even if the rest of __init__ fails and the
+                # caller goes on: a forgotten watchdog would end the process later.
+                weakref.finalize(self, self.watchdog.stop)
         except Exception:
             if self.watchdog is not None:
                 self.watchdog.stop()
