@@ -183,8 +183,10 @@ class Watchdog:
         if store is None:
             # A connection of our own to the job's store: its operations time out after a few
             # beats instead of blocking, and a blocked main thread cannot hold it.
-            host, port = self._address or (os.environ.get("MASTER_ADDR", "127.0.0.1"),
-                                           int(os.environ.get("MASTER_PORT", "29500")))
+            from triax.runtime import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT
+
+            host, port = self._address or (os.environ.get("MASTER_ADDR", DEFAULT_MASTER_ADDR),
+                                           int(os.environ.get("MASTER_PORT", str(DEFAULT_MASTER_PORT))))
             try:
                 store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
                                       timeout=datetime.timedelta(seconds=max(2 * self.interval_s, 1.0)))
@@ -194,10 +196,11 @@ class Watchdog:
                     raise
                 # A process group made by the caller with its own store: share that one.
                 store = dist.distributed_c10d._get_default_store()
+        from triax.runtime import attempt_store
+
         # torchrun's agent keeps its store across restarts: every attempt gets fresh keys.
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-        return dist.PrefixStore(f"triax/watchdog/{run_id}/{attempt}/{generation}", store)
+        return attempt_store(store, f"triax/watchdog/{run_id}/{generation}")
 
     def _heartbeat(self, finished: bool = False) -> dict:
         name, step, micro, entered, slow = self._current
