@@ -84,4 +84,10 @@ def test_export_command_carries_the_tokenizer(tmp_path, capsys):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     assert tokenizer.decode(tokenizer("the lazy dog")["input_ids"]) == "the lazy dog"
-    transformers.GPT2LMHeadModel.from_pretrained(str(out))
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(out)).eval()
+    from triax.train.commands import load_run_model
+
+    model, _, _ = load_run_model(str(run_dir))
+    idx = torch.tensor([tokenizer("the quick brown fox jumps")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, model(idx), atol=1e-5, rtol=1e-5)

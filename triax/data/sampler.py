@@ -25,6 +25,8 @@ class GlobalSampler:
         self.shuffle = shuffle
         self._permutation: FeistelPermutation | None = None
         self._permutation_epoch: int | None = None
+        self._order: torch.Tensor | None = None
+        self._order_epoch: int | None = None
 
     def _epoch_permutation(self, epoch: int) -> FeistelPermutation:
         if self._permutation_epoch != epoch:
@@ -41,8 +43,11 @@ class GlobalSampler:
         return torch.from_numpy(self._epoch_permutation(epoch)(range(start, start + count)))
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
-        """The whole order of `epoch` (O(num_samples) memory: for small datasets and tests only)."""
-        return self.positions(epoch, 0, self.num_samples)
+        """The whole order of `epoch` (O(num_samples) memory: for small datasets and tests only).
+        Kept for the last epoch asked, as callers that slice it per batch ask again and again."""
+        if self._order_epoch != epoch:
+            self._order, self._order_epoch = self.positions(epoch, 0, self.num_samples), epoch
+        return self._order
 
     def rank_slice(self, epoch: int, global_start: int, local_batch: int, rank: int) -> torch.Tensor:
         """The sample ids rank `rank` takes from the global batch that starts at `global_start`."""

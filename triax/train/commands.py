@@ -18,6 +18,7 @@ examples:
   triax train
   triax train model=gpt-mini trainer.max_steps=1000 data.path=input.txt
   triax train data.task=addition trainer.max_steps=2000
+  triax train data.task=tokens data.path=tokens/   # a directory from `triax tokenize` or nanoGPT
   torchrun --nproc-per-node 4 -m triax train trainer.precision=bf16
 
 keys (default, meaning):
