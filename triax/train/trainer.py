@@ -29,8 +29,8 @@ from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.mesh import build_mesh, padded_vocab_size, resolve_layout, validate_layout
 from triax.parallel.parallelize import parallelize
 from triax.precision import Precision
-from triax.runtime import (any_rank, barrier, detect_place, init_distributed, mean_across_ranks, pick_device,
-                           seed_everything)
+from triax.runtime import (any_rank, detect_place, init_distributed, mean_across_ranks, pick_device,
+                           raise_together, seed_everything)
 from triax.train.config import TrainConfig, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
@@ -152,16 +152,19 @@ class Trainer:
         self.sample_log = None
         if os.environ.get(SAMPLE_LOG_ENV):
             self.sample_log = open(f"{os.environ[SAMPLE_LOG_ENV]}.rank{self.rank}", "a", buffering=1)
-        self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
         self._peak_flops: tuple[float, str] | None = None
-        if self.is_main:
-            self._write_run_files()
+        # Rank 0 alone writes these; the ranks agree before the next collective (the resume), so
+        # a failure there stops every rank at once instead of leaving the others waiting.
+        with raise_together(f"writing the run files in {trainer.run_dir}"):
+            self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
+            if self.is_main:
+                self._write_run_files()
         if self.resume:
             self._maybe_resume()
         elif trainer.overwrite:
-            if self.is_main:
-                checkpoint.remove_snapshots(self.snapshot_root)
-            barrier()
+            with raise_together(f"deleting the old snapshots in {self.snapshot_root}"):
+                if self.is_main:
+                    checkpoint.remove_snapshots(self.snapshot_root)
 
     # ---- set-up helpers ------------------------------------------------------------------------
 
@@ -454,7 +457,8 @@ class Trainer:
         elif self.step == self.total_steps and self.save() is None:
             raise checkpoint.SnapshotWriteError(f"training finished but the final snapshot could not be written to "
                                                 f"{self.snapshot_root}; last good snapshot: {self.last_snapshot}")
-        self.logger.close()
+        with raise_together("closing the metrics files"):  # rank 0's files; the others wait at exit
+            self.logger.close()
         return last
 
     def _loop(self, stop: StopRequest) -> dict:
@@ -478,7 +482,8 @@ class Trainer:
                 if sample is not None:
                     self.logger.print(f"--- sample at step {self.step} ---\n{sample}\n---")
             if record is not None:
-                self.logger.log(self.step, record, console=self._console_line(record))
+                with raise_together(f"writing the metrics of step {self.step}"):  # rank 0 writes, all agree
+                    self.logger.log(self.step, record, console=self._console_line(record))
                 last = record
                 interval_start, interval_steps = time.perf_counter(), 0
             epoch_ended = not self.sampler.fits(self.sample_index, self.samples_per_step)
