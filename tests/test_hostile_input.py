@@ -407,3 +407,21 @@ def test_trainer_rank_0_failing_to_write_run_files_stops_every_rank(tmp_path, ti
     code, _, err = results[1]
     assert code == 2 and "Traceback" not in err, err
     assert "rank 0 failed while writing the run files" in err, err
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("argv", [["train", "+trainer.max_step=5"], ["plan", "--world", "2", "--memory-gb", "8",
+                                                                      "--tflops", "0"]])
+def test_real_process_exits_2_with_one_line(argv, tmp_path):
+    """The same refusals from a real `python -m triax`: exit status 2, one line, no traceback,
+    nothing written in the working directory."""
+    import subprocess
+    import sys
+
+    from triax.testing import quiet_env
+
+    result = subprocess.run([sys.executable, "-m", "triax", *argv], capture_output=True, text=True,
+                            env=quiet_env(TMPDIR=str(tmp_path)), cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert os.listdir(tmp_path) == []
