@@ -177,6 +177,20 @@ def test_generate_refuses(name, sandbox, run_copy):
     sandbox.refused(["generate", str(run_copy), *options], *words)
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_generate_on_cuda_without_cuda(sandbox, run_copy):
+    sandbox.refused(["generate", str(run_copy), "--device", "cuda"], "CUDA is not available")
+
+
+def test_train_refusing_an_existing_run_leaves_no_new_run_dir(sandbox, run_copy, tiny_corpus):
+    """resume=false next to existing snapshots is refused before the new run dir is created."""
+    new_run = sandbox.work / "new-run"
+    overrides = tiny_overrides(new_run, tiny_corpus, **{"trainer.snapshot_dir": run_copy / "snapshots",
+                                                        "trainer.resume": "false"})
+    sandbox.refused(["train", *overrides], "already holds a run")
+    assert not new_run.exists()
+
+
 def test_generate_works_on_the_copy(sandbox, run_copy, capsys):
     """The cases above fail for their argument alone: the same run generates fine."""
     assert triax_main(["generate", str(run_copy), "--prompt", "ab", "--tokens", "5", "--top-k", "2"]) == 0
