@@ -156,9 +156,13 @@ class Trainer:
         # Rank 0 alone writes these; the ranks agree before the next collective (the resume), so
         # a failure there stops every rank at once instead of leaving the others waiting.
         with raise_together(f"writing the run files in {trainer.run_dir}"):
-            self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
-            if self.is_main:
-                self._write_run_files()
+            try:
+                self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
+                if self.is_main:
+                    self._write_run_files()
+            except OSError as error:
+                raise ConfigError(f"cannot write {error.filename or 'the run files'} in trainer.run_dir "
+                                  f"({error.strerror or error}); fix it or choose another run directory") from None
         if self.resume:
             self._maybe_resume()
         elif trainer.overwrite:
