@@ -81,6 +81,7 @@ TRAIN_CASES = {
     "env interpolation": (["trainer.seed=${oc.env:HOME}"], ["trainer.seed", "interpolations"]),
     "interpolation in a list": (["optim.betas=[${optim.lr},0.9]"], ["optim.betas.0", "interpolations"]),
     "deleting a key": (["~trainer.max_steps"], ["deletes a key"]),
+    "experiment as a path": (["+experiment=../model/gpt2"], ["not a plain experiment name"]),
     "hydra setting": (["hydra.run.dir=elsewhere"], ["hydra.run.dir", "no effect"]),
     "package override": (["trainer@x.max_steps=3"], ["package"]),
     "unparsable override": (["trainer.max_steps=="], ["cannot read the override"]),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 
 from triax.errors import ConfigError
@@ -94,6 +95,10 @@ def check_overrides(overrides: list[str], schema) -> None:
                                   "for where output goes")
             continue
         if key in CONFIG_GROUPS:
+            value = override.value()
+            if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value) or ".." in value:
+                raise ConfigError(f"{key}={value!r} is not a plain {key} name (no paths); "
+                                  f"give a name such as {'gpt2' if key == 'model' else 'gpt2_train_cfg'}")
             continue
         if key not in keys and not _is_list_index(keys, key):
             raise unknown_key_error(key, known)
