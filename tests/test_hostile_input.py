@@ -81,6 +81,7 @@ TRAIN_CASES = {
     "env interpolation": (["trainer.seed=${oc.env:HOME}"], ["trainer.seed", "interpolations"]),
     "interpolation in a list": (["optim.betas=[${optim.lr},0.9]"], ["optim.betas.0", "interpolations"]),
     "deleting a key": (["~trainer.max_steps"], ["deletes a key"]),
+    "experiment as a path": (["+experiment=../model/gpt2"], ["not a plain experiment name"]),
     "hydra setting": (["hydra.run.dir=elsewhere"], ["hydra.run.dir", "no effect"]),
     "package override": (["trainer@x.max_steps=3"], ["package"]),
     "unparsable override": (["trainer.max_steps=="], ["cannot read the override"]),
@@ -175,6 +176,20 @@ GENERATE_CASES = {
 def test_generate_refuses(name, sandbox, run_copy):
     options, words = GENERATE_CASES[name]
     sandbox.refused(["generate", str(run_copy), *options], *words)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_generate_on_cuda_without_cuda(sandbox, run_copy):
+    sandbox.refused(["generate", str(run_copy), "--device", "cuda"], "CUDA is not available")
+
+
+def test_train_refusing_an_existing_run_leaves_no_new_run_dir(sandbox, run_copy, tiny_corpus):
+    """resume=false next to existing snapshots is refused before the new run dir is created."""
+    new_run = sandbox.work / "new-run"
+    overrides = tiny_overrides(new_run, tiny_corpus, **{"trainer.snapshot_dir": run_copy / "snapshots",
+                                                        "trainer.resume": "false"})
+    sandbox.refused(["train", *overrides], "already holds a run")
+    assert not new_run.exists()
 
 
 def test_generate_works_on_the_copy(sandbox, run_copy, capsys):
@@ -332,3 +347,96 @@ def test_launch_refuses_before_torchrun(name, sandbox):
 
 def test_env_unknown_option(sandbox):
     sandbox.refused(["env", "--jsn"], "--jsn")
+
+
+# ---- one rank fails, every rank stops together (plain processes: no torchrun agent to kill them) ------
+
+def start_ranks(command, tmp_path, world=2, **env):
+    """Start `world` plain processes of `command` as ranks of one job; return their outputs."""
+    import subprocess
+
+    from triax.testing import free_port, quiet_env
+
+    port = str(free_port())
+    processes = []
+    for rank in range(world):
+        rank_env = quiet_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                             LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                             GLOO_SOCKET_IFNAME="lo", **env)
+        processes.append(subprocess.Popen(command, env=rank_env, cwd=tmp_path, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    results = []
+    try:
+        for process in processes:
+            # Far below the 120 s collective timeout the workers use: a rank left waiting fails this.
+            out, err = process.communicate(timeout=90)
+            results.append((process.returncode, out, err))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    return results
+
+
+AGREEMENT_WORKER = os.path.join(os.path.dirname(__file__), "workers", "agreement_worker.py")
+
+
+@pytest.mark.multiprocess
+def test_raise_together_stops_every_rank(tmp_path):
+    import sys
+
+    results = start_ranks([sys.executable, AGREEMENT_WORKER, "generic", str(tmp_path)], tmp_path)
+    assert "rank 0: OSError: disk full" in results[0][1], results[0]
+    assert "rank 1: RankFailedError: rank 0 failed while writing a file on rank 0" in results[1][1], results[1]
+
+
+@pytest.mark.multiprocess
+def test_one_rank_damaged_rng_file_makes_every_rank_fall_back(tmp_path):
+    import sys
+
+    results = start_ranks([sys.executable, AGREEMENT_WORKER, "rng", str(tmp_path)], tmp_path)
+    for rank, (code, out, err) in enumerate(results):
+        assert code == 0, err
+        assert f"rank {rank}: loaded step_00000001" in out, (out, err)
+    assert os.path.isdir(tmp_path / "snapshots" / "step_00000002.corrupt")
+
+
+@pytest.mark.multiprocess
+def test_one_rank_failing_to_load_stops_every_rank(tmp_path):
+    import sys
+
+    results = start_ranks([sys.executable, AGREEMENT_WORKER, "fatal", str(tmp_path)], tmp_path)
+    assert "rank 1: SnapshotError" in results[1][1] and "does not fit" in results[1][1], results[1]
+    assert "rank 0: SnapshotError" in results[0][1] and "failed on another rank" in results[0][1], results[0]
+
+
+@pytest.mark.multiprocess
+def test_trainer_rank_0_failing_to_write_run_files_stops_every_rank(tmp_path, tiny_corpus):
+    import sys
+
+    run_dir = tmp_path / "run"
+    (run_dir / "metrics.jsonl").mkdir(parents=True)  # rank 0 alone opens it, and cannot
+    results = start_ranks([sys.executable, "-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus)], tmp_path)
+    for rank, (code, _, err) in enumerate(results):
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, (rank, err)
+    assert "cannot write" in results[0][2] and "metrics.jsonl" in results[0][2], results[0]
+    assert "rank 0 failed while writing the run files" in results[1][2], results[1]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("argv", [["train", "+trainer.max_step=5"], ["plan", "--world", "2", "--memory-gb", "8",
+                                                                      "--tflops", "0"]])
+def test_real_process_exits_2_with_one_line(argv, tmp_path):
+    """The same refusals from a real `python -m triax`: exit status 2, one line, no traceback,
+    nothing written in the working directory."""
+    import subprocess
+    import sys
+
+    from triax.testing import quiet_env
+
+    result = subprocess.run([sys.executable, "-m", "triax", *argv], capture_output=True, text=True,
+                            env=quiet_env(TMPDIR=str(tmp_path)), cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert os.listdir(tmp_path) == []

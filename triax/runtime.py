@@ -7,6 +7,7 @@ launcher or as a plain `python script.py` finds its rank the same way.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -249,6 +250,31 @@ def any_rank(flag: bool) -> bool:
 
 def all_ranks(flag: bool) -> bool:
     return not any_rank(not flag)
+
+
+class RankFailedError(TriaxError, RuntimeError):
+    """Another rank failed in a step every rank had to finish; that rank reports its own error."""
+
+
+@contextlib.contextmanager
+def raise_together(doing: str):
+    """Run a block that may fail on some ranks only (rank 0 writing a file, one rank reading its
+    own RNG file), then agree on the outcome (a collective: every rank must enter it): if the block
+    failed anywhere, every rank raises, the failing ranks their own error and the others
+    RankFailedError naming the rank. Without this a rank that raises alone leaves the others
+    waiting in their next collective until the process-group timeout."""
+    failure = None
+    try:
+        yield
+    except Exception as error:  # agreed on below, then raised again unchanged
+        failure = error
+    rank = dist.get_rank() if is_distributed() else 0
+    failed_rank = max_across_ranks(rank + 1 if failure is not None else 0) - 1
+    if failure is not None:
+        raise failure
+    if failed_rank >= 0:
+        raise RankFailedError(f"rank {failed_rank} failed while {doing} (its error is in its own output); "
+                              "every rank stops")
 
 
 def broadcast_int(value: int, src: int = 0) -> int:

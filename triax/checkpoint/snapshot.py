@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 from triax.checkpoint.rng import capture_rng_state, restore_rng_state
 from triax.checkpoint.storage import Store, file_sha256, sha256
 from triax.errors import TriaxError
-from triax.runtime import any_rank, broadcast_int
+from triax.runtime import any_rank, broadcast_int, max_across_ranks
 
 SNAPSHOT_PREFIX = "step_"
 MANIFEST = "manifest.json"
@@ -405,7 +405,12 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
                             "resume with the model config it was saved with") from None
     # A rank that did not exist when saving (resuming on more processes) keeps its own seed.
     if rng_state is not None:
-        restore_rng_state(rng_state)
+        try:
+            restore_rng_state(rng_state)
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
+            # Corrupt rather than a crash, so the ranks agree on it and fall back together.
+            raise SnapshotCorruptError(f"snapshot {snapshot}: {rng_file} does not hold RNG states "
+                                       f"({type(error).__name__}: {error})") from None
     return state
 
 
@@ -430,12 +435,17 @@ def load_latest_snapshot(snapshot_root: str, model: torch.nn.Module,
                                     "trainer.overwrite=true")
             return None
         path = store.url_of(store.path(snapshot_name(step)))
-        error = None
+        error, fatal = None, None
         try:
             state = load_snapshot(path, model, optimizer, apply=apply)
         except SnapshotCorruptError as failure:
             error = str(failure)
-        if not any_rank(error is not None):
+        except Exception as failure:  # not a bad file (e.g. another model's snapshot): all ranks stop
+            fatal = failure
+        outcome = max_across_ranks(2 if fatal is not None else 1 if error is not None else 0)
+        if outcome == 2:
+            raise fatal or SnapshotError(f"loading snapshot {path} failed on another rank; every rank stops")
+        if outcome == 0:
             return path, state
         rejected += 1
         if rank == 0:

@@ -21,6 +21,9 @@ examples:
   triax train data.task=tokens data.path=tokens/   # a directory from `triax tokenize` or nanoGPT
   torchrun --nproc-per-node 4 -m triax train trainer.precision=bf16
 
+Only the keys below exist (with or without +); values are literal (no ${...} interpolation).
+hydra.searchpath=[file://DIR] lets +experiment=NAME read your own DIR/experiment/NAME.yaml.
+
 keys (default, meaning):
 """
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 
 from triax.errors import ConfigError
@@ -94,32 +95,36 @@ def check_overrides(overrides: list[str], schema) -> None:
                                   "for where output goes")
             continue
         if key in CONFIG_GROUPS:
+            value = override.value()
+            if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value) or ".." in value:
+                raise ConfigError(f"{key}={value!r} is not a plain {key} name (no paths); "
+                                  f"give a name such as {'gpt2' if key == 'model' else 'gpt2_train_cfg'}")
             continue
         if key not in keys and not _is_list_index(keys, key):
             raise unknown_key_error(key, known)
 
 
-def check_composed(composed, schema, path: str = "") -> None:
+def check_composed(composed, schema) -> None:
     """Walk the composed config: every key must be in `schema`, no value may be an interpolation.
     Catches what YAML files (an experiment, a file on hydra.searchpath) bring in, too."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf import OmegaConf
 
     keys = schema_keys(schema)
     known = sorted(keys)
 
-    def walk(node, prefix: str) -> None:
-        items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else None
-        names = [name for name, _ in items] if items is not None else range(len(node))
-        for name in names:
-            key = f"{prefix}{name}"
-            if isinstance(node, DictConfig) and key not in keys and not _is_list_index(keys, key):
-                raise unknown_key_error(key, known)
-            if OmegaConf.is_interpolation(node, name):
-                raw = node._get_node(name)._value()
-                raise ConfigError(f"{key}={raw}: interpolations (${{...}}) are not accepted in triax configs; "
-                                  "write the value itself (your shell can expand $VARIABLES)")
-            child = node._get_node(name)
-            if isinstance(child, (DictConfig, ListConfig)) and not child._is_none():
-                walk(child, f"{key}.")
+    def walk(value, key: str) -> None:
+        if isinstance(value, dict):
+            free_form = typing.get_origin(keys.get(key)) in (dict, typing.Dict)  # a Dict field: any keys
+            for name, inner in value.items():
+                inner_key = f"{key}.{name}" if key else str(name)
+                if inner_key not in keys and not free_form:
+                    raise unknown_key_error(inner_key, known)
+                walk(inner, inner_key)
+        elif isinstance(value, list):
+            for index, inner in enumerate(value):
+                walk(inner, f"{key}.{index}")
+        elif isinstance(value, str) and "${" in value:
+            raise ConfigError(f"{key}={value}: interpolations (${{...}}) are not accepted in triax configs; "
+                              "write the value itself (your shell can expand $VARIABLES)")
 
-    walk(composed, path)
+    walk(OmegaConf.to_container(composed, resolve=False), "")

@@ -31,8 +31,8 @@ from triax.parallel.mesh import build_mesh, padded_vocab_size, resolve_layout, v
 from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import parallelize
 from triax.precision import Precision
-from triax.runtime import (any_rank, barrier, detect_place, gather_floats, init_distributed, mean_across_ranks,
-                           pick_device, restart_count, seed_everything)
+from triax.runtime import (any_rank, detect_place, gather_floats, init_distributed, mean_across_ranks,
+                           pick_device, raise_together, restart_count, seed_everything)
 from triax.stragglers import StragglerCheck
 from triax.train.config import TrainConfig, to_dict
 from triax.train.data import build_data
@@ -174,16 +174,23 @@ class Trainer:
         self.timing = {"step": 0.0, "data": 0.0, "forward": 0.0}  # this rank's seconds in the log interval
         self.stragglers = StragglerCheck()
         self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
-        self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
         self._peak_flops: tuple[float, str] | None = None
-        if self.is_main:
-            self._write_run_files()
+        # Rank 0 alone writes these; the ranks agree before the next collective (the resume), so
+        # a failure there stops every rank at once instead of leaving the others waiting.
+        with raise_together(f"writing the run files in {trainer.run_dir}"):
+            try:
+                self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
+                if self.is_main:
+                    self._write_run_files()
+            except OSError as error:
+                raise ConfigError(f"cannot write {error.filename or 'the run files'} in trainer.run_dir "
+                                  f"({error.strerror or error}); fix it or choose another run directory") from None
         if self.resume:
             self._maybe_resume()
         elif trainer.overwrite:
-            if self.is_main:
-                checkpoint.remove_snapshots(self.snapshot_root)
-            barrier()
+            with raise_together(f"deleting the old snapshots in {self.snapshot_root}"):
+                if self.is_main:
+                    checkpoint.remove_snapshots(self.snapshot_root)
 
     # ---- set-up helpers ------------------------------------------------------------------------
 
@@ -482,7 +489,8 @@ class Trainer:
                 self.sample_log.close()
             if self.watchdog is not None:
                 self.watchdog.stop()
-        self.logger.close()
+        with raise_together("closing the metrics files"):  # rank 0's files; the others wait at exit
+            self.logger.close()
         return last
 
     def _finish(self) -> None:
@@ -524,7 +532,8 @@ class Trainer:
                 if sample is not None:
                     self.logger.print(f"--- sample at step {self.step} ---\n{sample}\n---")
             if record is not None:
-                self.logger.log(self.step, record, console=self._console_line(record))
+                with raise_together(f"writing the metrics of step {self.step}"):  # rank 0 writes, all agree
+                    self.logger.log(self.step, record, console=self._console_line(record))
                 last = record
                 interval_start, interval_steps = time.perf_counter(), 0
             epoch_ended = not self.sampler.fits(self.sample_index, self.samples_per_step)
