@@ -22,8 +22,8 @@ def test_restart_resumes_from_last_commit(tmp_path):
     run_torchrun(2, [SCRIPT, "--out", str(tmp_path / "two.pt"), "--crash-marker", str(marker)],
                  max_restarts=1, env=child_env(), timeout=300)
     assert marker.exists(), "the worker never crashed: the restart path was not exercised"
-    one = torch.load(tmp_path / "one.pt", weights_only=False)
-    two = torch.load(tmp_path / "two.pt", weights_only=False)
+    one = torch.load(tmp_path / "one.pt", weights_only=True)
+    two = torch.load(tmp_path / "two.pt", weights_only=True)
     # epochs 0-1 ran in the first attempt, 2-3 after the restart, none twice
     assert two["history"] == [("0", 0), ("0", 1), ("1", 2), ("1", 3)]
     assert two["resets"] == [2]

@@ -16,7 +16,7 @@ from triax.data.tokens import load_token_datasets
 from triax.train.config import compose_config
 from triax.train.trainer import Trainer
 
-from helpers import assert_same_weights, final_weights, tiny_overrides, train
+from helpers import assert_same_training, final_weights, tiny_overrides, train
 
 VOCAB = 61
 
@@ -76,7 +76,7 @@ def test_two_processes_equal_one_on_token_files(tmp_path, token_dir):
     same = {"model.dropout": 0.0, "model.bias": "false"}
     train(token_overrides(tmp_path / "ddp", token_dir, **{"trainer.batch_size": 4, **same}), nproc=2)
     train(token_overrides(tmp_path / "single", token_dir, **{"trainer.batch_size": 8, **same}))
-    assert_same_weights(final_weights(tmp_path / "ddp"), final_weights(tmp_path / "single"))
+    assert_same_training(tmp_path / "ddp", tmp_path / "single")
 
 
 def test_memory_url_directory_reads_by_range_and_equals_local(tmp_path, token_dir):

@@ -108,9 +108,21 @@ def default_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+DEFAULT_PROCESS_GROUP_TIMEOUT_S = 600.0
+
+
+def process_group_timeout() -> float:
+    """$TRIAX_COLLECTIVE_TIMEOUT (`triax launch --collective-timeout`) if set, else 600 s."""
+    from triax.watchdog import ENV_COLLECTIVE_TIMEOUT, collective_timeout
+
+    return collective_timeout() if os.environ.get(ENV_COLLECTIVE_TIMEOUT, "").strip() else DEFAULT_PROCESS_GROUP_TIMEOUT_S
+
+
 def init_distributed(device: torch.device, place: Place | None = None, backend: str | None = None,
-                     timeout_s: float = 600, store=None) -> Place:
+                     timeout_s: float | None = None, store=None) -> Place:
     """Join the default process group if the job has more than one process.
+
+    `timeout_s` bounds every collective (and the start-up rendezvous); default: process_group_timeout().
 
     Works whether or not someone (torchrun's user script, the Accelerator's caller) already created
     the group: an existing group is used as it is. `store` (a torch.distributed Store) replaces the
@@ -125,7 +137,7 @@ def init_distributed(device: torch.device, place: Place | None = None, backend: 
         return place
     set_rendezvous_defaults()
     backend = backend or default_backend(device)
-    timeout = datetime.timedelta(seconds=timeout_s)
+    timeout = datetime.timedelta(seconds=process_group_timeout() if timeout_s is None else timeout_s)
     dist.init_process_group(
         backend=backend, rank=place.rank, world_size=place.world_size, timeout=timeout,
         device_id=device if device.type == "cuda" else None,
@@ -261,3 +273,13 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+def gather_floats(values: list[float]) -> list[list[float]]:
+    """Every rank's `values` (the same length on every rank), indexed by rank (a collective)."""
+    if not is_distributed():
+        return [list(map(float, values))]
+    local = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return [tensor.tolist() for tensor in gathered]

@@ -146,7 +146,8 @@ assert_close(hvd.synchronize(hvd.reducescatter_async(scattered_inputs[rank], op=
              scattered_inputs[-1][start:start + shares[rank]])
 x = scattered_inputs[rank].clone().requires_grad_()
 hvd.reducescatter(x, op=hvd.Sum).sum().mul(rank + 1).backward()
-assert_close(x.grad, torch.cat([torch.full((shares[r], 2), float(r + 1)) for r in range(size)]))
+# Horovod's gradient: the gathered upstream gradients, times size for op=Sum
+assert_close(x.grad, torch.cat([torch.full((shares[r], 2), float((r + 1) * size)) for r in range(size)]))
 
 # ---- objects and barrier ----------------------------------------------------------------------
 assert hvd.broadcast_object({"from": rank, "list": [rank] * 3}, root_rank=root) == {"from": root, "list": [root] * 3}

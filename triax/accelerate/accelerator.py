@@ -1,6 +1,6 @@
 """triax.Accelerator: keep your own training loop; triax places, wraps, shards and saves.
 
-A thin façade over the triax core (docs/architecture.md, "The doors", "The core"):
+A thin façade over the triax core (DESIGN.md, "one core, several front doors"):
 runtime (rank, device, process group), precision (autocast, loss scaling), parallel (DDP),
 data (GlobalSampler order), checkpoint (snapshots) and metrics (JSONL, TensorBoard).
 Names and behaviour follow Hugging Face Accelerate's Accelerator so its users feel at home.
@@ -11,90 +11,101 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections import OrderedDict
 
 import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
 
-from triax.accelerate import operations
+from triax.accelerate import checkpoints, operations
 from triax.accelerate.data_loader import PreparedDataLoader, SkipFirstBatches, skip_first_batches
+from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
+from triax.accelerate.options import PRECISION_ALIASES, refuse_unsupported, resolve, unsupported
 from triax.accelerate.saving import load_state as _load_state
 from triax.accelerate.saving import save_state as _save_state
-from triax.accelerate.state import GradientState
+from triax.accelerate.state import AcceleratorState, GradientState
 from triax.accelerate.tracking import Trackers, parse_log_with
 from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
-from triax.errors import ConfigError, TriaxError
 from triax.parallel.ddp import apply_ddp, unwrap
+from triax.parallel.fsdp import apply_fsdp_by_blocks
+from triax.parallel.grad_clip import clip_grad_norm
+from triax.parallel.no_sync import no_sync, sync_in_backward
 from triax.precision import Precision
-from triax.launch import settings as launch_settings
-from triax.runtime import barrier, detect_place, init_distributed, is_distributed, pick_device
+from triax.runtime import any_rank
 
-# What `triax launch` hands over (names, choices, environment variables): triax/launch/settings.py.
-PRECISION_ALIASES = launch_settings.PRECISION_POLICIES
-PARALLEL_CHOICES = launch_settings.PARALLEL_CHOICES
+__all__ = ["Accelerator", "SkipFirstBatches", "PRECISION_ALIASES"]
 
 
 class Accelerator:
-    """
+    """Accelerate's Accelerator, on triax's core. Arguments as in Accelerate:
+
+    device_placement: move prepared models and batches to `device`.
+    split_batches, even_batches: shortcuts for the DataLoaderConfiguration fields of those names.
     mixed_precision: "no" | "bf16" | "fp16" (also triax's "fp32", "bf16-pure"); default from
-        $TRIAX_MIXED_PRECISION (set by `triax launch`), else "no".
-    gradient_accumulation_steps: micro-steps per optimizer update inside `accumulate`.
-    parallel: "ddp" (default with more than one process), "fsdp" (PyTorch's fully_shard), or "none".
+        $TRIAX_MIXED_PRECISION (set by `triax launch`) or $ACCELERATE_MIXED_PRECISION, else "no".
+    gradient_accumulation_steps: micro-steps per optimizer update inside `accumulate`
+        (or gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=...)).
     cpu: use the CPU even where a GPU exists.
+    dataloader_config: DataLoaderConfiguration (split_batches, even_batches, use_seedable_sampler...).
+    fsdp_plugin: any value selects parallel='fsdp' (PyTorch's fully_shard through triax.parallel).
     log_with: "tensorboard", "jsonl", "all", or a list of those, for init_trackers/log.
-    project_dir: where trackers write and save_state() without a directory saves.
-    split_batches: a dataloader's batch_size is the global batch (divided among processes)
-        instead of the per-process batch.
-    even_batches: pad the last global batch by repeating samples from the start, so every process
-        steps equally often; gather_for_metrics removes the repeats.
+    project_dir / project_config: where save_state and trackers write (ProjectConfiguration adds
+        automatic checkpoint naming and total_limit).
     step_scheduler_with_optimizer: a prepared scheduler steps only when the optimizer really did.
-    seed: seed of the dataloaders' shuffling; default: the DataLoader's generator seed, else
-        torch.initial_seed() of process 0.
+    kwargs_handlers: DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs.
+    triax's own: parallel ("ddp" default, "fsdp", "none"), logging_dir, seed (of the dataloaders'
+        order; default: the DataLoader's generator seed, else torch.initial_seed() of process 0).
+    DeepSpeed, Megatron-LM, XLA, fp8, ParallelismConfig and dynamo_backend raise
+    UnsupportedFeatureError here, naming what to use instead.
     """
 
-    def __init__(self, mixed_precision: str | None = None, gradient_accumulation_steps: int | None = None,
-                 parallel: str | None = None, cpu: bool = False, log_with=None,
-                 project_dir: str | None = None, logging_dir: str | None = None,
-                 split_batches: bool = False, even_batches: bool = True,
-                 step_scheduler_with_optimizer: bool = True, device_placement: bool = True,
-                 seed: int | None = None):
-        mixed_precision = mixed_precision or launch_settings.from_environment("mixed_precision") or "no"
-        if mixed_precision not in PRECISION_ALIASES:
-            raise ConfigError(f"mixed_precision={mixed_precision!r} is not supported; use one of "
-                              f"{', '.join(PRECISION_ALIASES)}")
-        self.precision = Precision(PRECISION_ALIASES[mixed_precision])
-        if gradient_accumulation_steps is None:
-            gradient_accumulation_steps = int(launch_settings.from_environment("gradient_accumulation_steps") or 1)
-        if int(gradient_accumulation_steps) < 1:
-            raise ConfigError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be 1 or more")
-        parallel = parallel or launch_settings.from_environment("parallel") or "ddp"
-        if parallel not in PARALLEL_CHOICES:
-            raise ConfigError(f"parallel={parallel!r} is not a layout the Accelerator knows; use one of "
-                              f"{', '.join(PARALLEL_CHOICES)}")
-        self.parallel = parallel
+    def __init__(self, device_placement: bool = True, split_batches: bool | None = None,
+                 mixed_precision: str | None = None, gradient_accumulation_steps: int | None = None,
+                 cpu: bool = False, dataloader_config=None, deepspeed_plugin=None, fsdp_plugin=None,
+                 torch_tp_plugin=None, megatron_lm_plugin=None, rng_types=None, log_with=None,
+                 project_dir: str | None = None, project_config=None, gradient_accumulation_plugin=None,
+                 step_scheduler_with_optimizer: bool = True, kwargs_handlers=None, dynamo_backend=None,
+                 dynamo_plugin=None, deepspeed_plugins=None, parallelism_config=None,
+                 even_batches: bool | None = None, parallel: str | None = None,
+                 logging_dir: str | None = None, seed: int | None = None):
+        refuse_unsupported(mixed_precision, deepspeed_plugin, megatron_lm_plugin, parallelism_config,
+                           dynamo_backend, dynamo_plugin, torch_tp_plugin, deepspeed_plugins)
+        options = resolve(
+            mixed_precision=mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_accumulation_plugin=gradient_accumulation_plugin, cpu=cpu, parallel=parallel,
+            fsdp_plugin=fsdp_plugin, dataloader_config=dataloader_config, split_batches=split_batches,
+            even_batches=even_batches, project_config=project_config, project_dir=project_dir,
+            logging_dir=logging_dir, kwargs_handlers=kwargs_handlers)
+        self.precision = Precision(options.precision_policy)
+        self.parallel = options.parallel
+        self.dataloader_config = options.dataloader
+        self.project_configuration = options.project
+        self._ddp_options = options.ddp_options
+        self._grad_compression = options.grad_compression
 
-        cpu = cpu or launch_settings.flag_from_environment("use_cpu")
-        place = detect_place()
-        self.device = pick_device("cpu" if cpu else None, place.local_rank)
-        # Uses a process group the script already created (e.g. under torchrun --standalone),
-        # or creates one: the Accelerator works either way.
-        self.place = init_distributed(self.device, place)
+        # Joins the process group (or uses the one the script created) once per process.
+        self.state = AcceleratorState(mixed_precision={"fp32": "no"}.get(self.precision.name, self.precision.name),
+                                      cpu=options.cpu, timeout=options.init_timeout, backend=options.init_backend)
+        self.state.fsdp = self.parallel == "fsdp"
+        self.device = self.state.device
+        self.place = self.state.place
         if self.precision.needs_loss_scaling and self.device.type != "cuda":
             # precision.check_device would refuse too, in the trainer's words; say it in ours.
-            raise ConfigError(f"mixed_precision='fp16' needs a CUDA device (this process uses "
-                              f"{self.device.type}); use mixed_precision='bf16' on CPU")
+            raise AcceleratorValueError(f"mixed_precision='fp16' needs a CUDA device (this process uses "
+                                        f"{self.device.type}); use mixed_precision='bf16' on CPU")
         self.precision.check_device(self.device)
 
-        self.gradient_state = GradientState(int(gradient_accumulation_steps))
+        plugin = options.accumulation
+        self.gradient_state = GradientState(plugin.num_steps, sync_with_dataloader=plugin.sync_with_dataloader,
+                                            sync_each_batch=plugin.sync_each_batch,
+                                            adjust_scheduler=plugin.adjust_scheduler)
         self.scaler = self.precision.make_scaler(self.device)
-        self.project_dir = project_dir
-        self.logging_dir = logging_dir or project_dir
-        self.split_batches = split_batches
-        self.even_batches = even_batches
+        if self.scaler.is_enabled() and options.scaler_options:
+            self.scaler = torch.amp.GradScaler(self.device.type, **options.scaler_options)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.device_placement = device_placement
-        self.seed = seed
+        self.seed = seed if seed is not None else self.dataloader_config.data_seed
+        self.rng_types = rng_types
         self.log_with = parse_log_with(log_with)
         self.trackers: Trackers | None = None
         self._models: list[torch.nn.Module] = []
@@ -103,47 +114,55 @@ class Accelerator:
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list = []
         self._replaced_parameters: dict[int, torch.nn.Parameter] = {}  # FSDP: id(old) -> sharded
+        # OrderedDicts: torch's RemovableHandle keeps a weak reference to them (plain dicts refuse).
+        self._save_model_state_pre_hook: OrderedDict = OrderedDict()
+        self._load_model_state_pre_hook: OrderedDict = OrderedDict()
+        self._trigger = False
         self._save_count = 0
 
-    # ---- who am I -------------------------------------------------------------------------------
+    # ---- who am I (PartialState's answers) ------------------------------------------------------
 
-    @property
-    def num_processes(self) -> int:
-        return dist.get_world_size() if is_distributed() else 1
-
-    @property
-    def process_index(self) -> int:
-        return dist.get_rank() if is_distributed() else 0
-
-    @property
-    def local_process_index(self) -> int:
-        return self.place.local_rank
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.process_index == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.local_process_index == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.process_index == self.num_processes - 1
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.num_processes > 1
-
-    @property
-    def distributed_type(self) -> str:
-        if not self.use_distributed:
-            return "NO"
-        return "MULTI_GPU" if self.device.type == "cuda" else "MULTI_CPU"
+    num_processes = property(lambda self: self.state.num_processes)
+    process_index = property(lambda self: self.state.process_index)
+    local_process_index = property(lambda self: self.state.local_process_index)
+    is_main_process = property(lambda self: self.state.is_main_process)
+    is_local_main_process = property(lambda self: self.state.is_local_main_process)
+    is_last_process = property(lambda self: self.state.is_last_process)
+    use_distributed = property(lambda self: self.state.use_distributed)
+    distributed_type = property(lambda self: self.state.distributed_type)
+    multi_device = use_distributed
 
     @property
     def mixed_precision(self) -> str:
         return {"fp32": "no"}.get(self.precision.name, self.precision.name)
+
+    @property
+    def native_amp(self) -> bool:
+        return self.precision.uses_autocast
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.project_configuration.iteration
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -157,61 +176,70 @@ class Accelerator:
     def sync_gradients(self) -> bool:
         return self.gradient_state.sync_gradients
 
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = value
+
     def wait_for_everyone(self) -> None:
-        barrier()
+        self.state.wait_for_everyone()
 
-    @contextlib.contextmanager
     def main_process_first(self):
-        """The main process runs the block first (e.g. to download or preprocess), then the rest."""
-        with self._first(self.is_main_process):
-            yield
+        """The main process runs the block first (e.g. to download or preprocess), then the rest.
+        If it raises there, every process raises (none waits for the timeout)."""
+        return self.state.main_process_first()
 
-    @contextlib.contextmanager
     def local_main_process_first(self):
-        with self._first(self.is_local_main_process):
-            yield
+        return self.state.local_main_process_first()
 
-    @contextlib.contextmanager
-    def _first(self, leader: bool):
-        if not leader:
-            barrier()
-        yield
-        if leader:
-            barrier()
+    def split_between_processes(self, inputs, apply_padding: bool = False):
+        """This process's share of `inputs` (list, tuple, tensor, or dict of them)."""
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
+    # The on_* decorators: run the function on some processes only (the others get None).
     def on_main_process(self, function):
-        """Decorator: run `function` on the main process only (others get None)."""
-        return self._only_on(lambda: self.is_main_process, function)
+        return self.state.on_main_process(function)
 
     def on_local_main_process(self, function):
-        return self._only_on(lambda: self.is_local_main_process, function)
+        return self.state.on_local_main_process(function)
 
-    def on_process(self, function=None, process_index: int = 0):
-        if function is None:
-            return functools.partial(self.on_process, process_index=process_index)
-        return self._only_on(lambda: self.process_index == process_index, function)
+    def on_last_process(self, function):
+        return self.state.on_last_process(function)
 
-    @staticmethod
-    def _only_on(condition, function):
-        @functools.wraps(function)
-        def wrapper(*args, **kwargs):
-            return function(*args, **kwargs) if condition() else None
-        return wrapper
+    def on_process(self, function=None, process_index: int | None = None):
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function=None, local_process_index: int | None = None):
+        return self.state.on_local_process(function, local_process_index=local_process_index)
 
     def print(self, *args, **kwargs) -> None:
-        """print on the main process only."""
-        if self.is_main_process:
-            print(*args, **kwargs)
+        """print once per machine."""
+        self.state.print(*args, **kwargs)
+
+    # ---- stopping together ----------------------------------------------------------------------
+
+    def set_trigger(self) -> None:
+        """Mark that this process wants everyone to act (e.g. stop); see check_trigger."""
+        self._trigger = True
+
+    def check_trigger(self) -> bool:
+        """True on every process if any process called set_trigger since the last check (which
+        resets it). A collective: call it on every process at the same point."""
+        fired = any_rank(self._trigger)
+        if fired:
+            self._trigger = False
+        return fired
 
     # ---- prepare --------------------------------------------------------------------------------
 
     def prepare(self, *objects, device_placement: list[bool] | None = None):
         """Models, optimizers, dataloaders and LR schedulers in any order; returned in that order.
         Models go first (optimizers and schedulers refer to their parameters), then optimizers,
-        dataloaders, and schedulers last (they wrap prepared optimizers)."""
+        dataloaders, and schedulers last (they wrap prepared optimizers). Preparing an object a
+        second time returns the prepared one unchanged."""
         placement = device_placement or [self.device_placement] * len(objects)
         if len(placement) != len(objects):
-            raise TriaxError(f"prepare got {len(objects)} objects but device_placement has {len(placement)} entries")
+            raise AcceleratorValueError(f"prepare got {len(objects)} objects but device_placement has "
+                                        f"{len(placement)} entries")
         results = list(objects)
         kinds = [self._kind(obj) for obj in objects]
         for kind in ("model", "optimizer", "dataloader", "scheduler"):
@@ -226,15 +254,29 @@ class Accelerator:
             return "model"
         if isinstance(obj, torch.optim.Optimizer):
             return "optimizer"
-        if isinstance(obj, DataLoader):
+        if isinstance(obj, (DataLoader, PreparedDataLoader)):
             return "dataloader"
-        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, PreparedScheduler)) or (
                 hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "state_dict")):
             return "scheduler"
         return None
 
+    def _already_prepared(self, obj, prepared: list, raw_attribute: str | None = None):
+        """The prepared object for `obj` if it (or what it wraps) was prepared before, else None."""
+        for item in prepared:
+            if item is obj or (raw_attribute and getattr(item, raw_attribute, None) is obj):
+                return item
+        return None
+
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
+        already = self._already_prepared(model, self._models) or next(
+            (m for m in self._models if unwrap(m) is model), None)
+        if already is not None:
+            return already  # a second prepare of the same model: registering it twice would break save_state
+        device_map = getattr(model, "hf_device_map", None)
+        if isinstance(device_map, dict) and len({str(d) for d in device_map.values()}) > 1:
+            raise unsupported("device maps", "prepare got a model loaded with a device_map over several devices")
         if device_placement is None:
             device_placement = self.device_placement
         if device_placement:
@@ -244,7 +286,8 @@ class Accelerator:
         trainable = any(p.requires_grad for p in model.parameters())
         if self.use_distributed and trainable and not evaluation_mode:
             if self.parallel == "ddp":
-                model = apply_ddp(model, self.device)
+                model = apply_ddp(model, self.device, grad_compression=self._grad_compression,
+                                  ddp_options=self._ddp_options)
             elif self.parallel == "fsdp":
                 model = self._apply_fsdp(model)
         if self.precision.uses_autocast:
@@ -253,28 +296,14 @@ class Accelerator:
         return model
 
     def _apply_fsdp(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Shard parameters, gradients and optimizer state with PyTorch's fully_shard (FSDP2).
-
-        Each block of a ModuleList/ModuleDict (a transformer's layers) becomes its own unit, so
-        only one block's full parameters exist at a time, then the root takes the rest.
+        """Shard parameters, gradients and optimizer state with FSDP2 (triax.parallel.fsdp).
         fully_shard replaces parameters with DTensors: an optimizer made before prepare is
-        pointed at the new ones in prepare_optimizer, by parameter name.
-        """
-        # Not triax.parallel.fsdp.apply_fsdp: that one knows the GPT's layout (model.layers) and
-        # casts parameters through FSDP's MixedPrecisionPolicy, while a user's model can be any
-        # nn.Module and the Accelerator's precision comes from autocast around forward. Merging the
-        # two (a generic unit finder + one precision rule) is open work.
+        pointed at the new ones in prepare_optimizer, by parameter name."""
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
 
         before = dict(model.named_parameters())
         mesh = init_device_mesh(self.device.type, (self.num_processes,))
-        for module in list(model.modules()):
-            if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
-                for block in module.children():
-                    if any(p.requires_grad for p in block.parameters()):
-                        fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        apply_fsdp_by_blocks(model, mesh, self.precision)
         after = dict(model.named_parameters())
         self._replaced_parameters.update({id(before[name]): after[name] for name in before if name in after})
         return model
@@ -293,12 +322,13 @@ class Accelerator:
         model.forward = forward
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None):
-        if isinstance(optimizer, PreparedOptimizer):
-            return optimizer
+        already = self._already_prepared(optimizer, self._optimizers, "optimizer")
+        if already is not None:
+            return already
         if self._replaced_parameters:
             if optimizer.state:
-                raise TriaxError("with parallel='fsdp', prepare the optimizer before it has taken a "
-                                 "step (its state cannot follow the parameters into shards)")
+                raise AcceleratorValueError("with parallel='fsdp', prepare the optimizer before it has taken a "
+                                            "step (its state cannot follow the parameters into shards)")
             for group in optimizer.param_groups:
                 group["params"] = [self._replaced_parameters.get(id(p), p) for p in group["params"]]
         if optimizer.state and device_placement is not False:
@@ -309,6 +339,9 @@ class Accelerator:
         return prepared
 
     def prepare_scheduler(self, scheduler, device_placement: bool | None = None):
+        already = self._already_prepared(scheduler, self._schedulers, "scheduler")
+        if already is not None:
+            return already
         owners = [opt for opt in self._optimizers
                   if scheduler.optimizer is opt or scheduler.optimizer is opt.optimizer]
         prepared = PreparedScheduler(scheduler, owners, self.gradient_state, self.step_scheduler_with_optimizer)
@@ -316,17 +349,21 @@ class Accelerator:
         return prepared
 
     def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None):
+        already = self._already_prepared(dataloader, self._dataloaders, "base_dataloader")
+        if already is not None:
+            return already
         seed = self.seed
         if seed is None:
             generator = getattr(dataloader, "generator", None)
             seed = generator.initial_seed() if generator is not None else torch.initial_seed()
         # Every process must draw the same order: process 0's seed wins.
         seed = operations.broadcast_object_list([int(seed) % 2**31])[0]
+        config = self.dataloader_config
         prepared = PreparedDataLoader(
             dataloader, device=self.device if device_placement is not False else None,
             process_index=self.process_index, num_processes=self.num_processes,
-            gradient_state=self.gradient_state, seed=seed, split_batches=self.split_batches,
-            even_batches=self.even_batches)
+            gradient_state=self.gradient_state, seed=seed, split_batches=config.split_batches,
+            even_batches=config.even_batches)
         self._dataloaders.append(prepared)
         return prepared
 
@@ -347,30 +384,57 @@ class Accelerator:
     @contextlib.contextmanager
     def accumulate(self, *models):
         """One micro-step: gradients are synchronised (and the optimizer/scheduler step) only on
-        every gradient_accumulation_steps-th micro-step and on the last batch of an epoch."""
-        sync = self.gradient_state.next_micro_step()
+        every gradient_accumulation_steps-th micro-step and, with sync_with_dataloader (the
+        default), on the last batch of a dataloader. sync_each_batch reduces gradients on every
+        micro-step but still steps only on those."""
+        sync = self.gradient_state.next_micro_step() or self.gradient_state.sync_each_batch
         with contextlib.ExitStack() as stack:
             if not sync:
                 for model in models:
-                    stack.enter_context(self.no_sync(model))
+                    stack.enter_context(no_sync(model))
             yield
+
+    def no_sync(self, model):
+        """Skip the gradient all-reduce for backward passes in this block (DDP's no_sync; FSDP2
+        skips its reduce-scatter)."""
+        return no_sync(model)
+
+    @staticmethod
+    def trigger_sync_in_backward(model):
+        """The backward inside this block reduces gradients even after forwards under no_sync."""
+        return sync_in_backward(model)
 
     @contextlib.contextmanager
-    def no_sync(self, model):
-        """Skip the gradient all-reduce for backward passes in this block (DDP's no_sync)."""
-        if isinstance(model, DistributedDataParallel):
-            with model.no_sync():
-                yield
-        elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-            model.set_requires_gradient_sync(False)
-            try:
-                yield
-            finally:
-                model.set_requires_gradient_sync(True)
-        else:
-            yield
+    def join_uneven_inputs(self, joinables, even_batches: bool | None = None):
+        """Train or evaluate on data that gives processes different numbers of batches: processes
+        that run out shadow the others' collectives (torch.distributed.algorithms.Join).
+        even_batches overrides the prepared dataloaders' setting inside the block (pass False to
+        stop padding the last batch); Join is on only when batches are not evened out."""
+        from torch.distributed.algorithms.join import Join, Joinable
 
-    def autocast(self):
+        if not self.use_distributed:
+            yield
+            return
+        saved = [(loader, loader.even_batches) for loader in self._dataloaders]
+        if even_batches is not None:
+            for loader in self._dataloaders:
+                loader.even_batches = even_batches
+        else:
+            even_batches = self.even_batches
+        items = [getattr(item, "optimizer", item) if isinstance(item, PreparedOptimizer) else item
+                 for item in joinables]
+        items = [item for item in items if isinstance(item, Joinable)]
+        try:
+            if items and not even_batches:
+                with Join(items, enable=True, throw_on_early_termination=False):
+                    yield
+            else:
+                yield
+        finally:
+            for loader, value in saved:
+                loader.even_batches = value
+
+    def autocast(self, autocast_handler=None):
         """Forward under the mixed-precision policy's autocast (no-op for fp32)."""
         return self.precision.autocast(self.device)
 
@@ -386,8 +450,10 @@ class Accelerator:
                 target.gradients_unscaled = True
 
     def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2):
+        """Clip to a global norm across processes and layouts (triax.parallel.grad_clip); returns
+        the norm before clipping."""
         self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return clip_grad_norm(list(parameters), float(max_norm), norm_type=norm_type)
 
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         self.unscale_gradients()
@@ -414,7 +480,7 @@ class Accelerator:
             data = operations.gather(input_data)
         padding = self.gradient_state.padding_in_last_batch
         if padding and self.gradient_state.end_of_dataloader:
-            keep = self.gradient_state.active_loader.total_batch_size - padding
+            keep = self.gradient_state.remainder
             if isinstance(data, list):
                 return data[:keep]
             return operations.map_tensors(lambda t: t[:keep], data)
@@ -428,11 +494,6 @@ class Accelerator:
 
     def broadcast(self, tensor, from_process: int = 0):
         return operations.broadcast(tensor, from_process=from_process)
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs, apply_padding: bool = False):
-        """This process's share of `inputs` (list, tuple, tensor, or dict of them)."""
-        yield operations.slice_for_process(inputs, self.process_index, self.num_processes, apply_padding)
 
     # ---- models and state -----------------------------------------------------------------------
 
@@ -451,24 +512,20 @@ class Accelerator:
 
     def save_model(self, model: torch.nn.Module, save_directory: str, safe_serialization: bool = True,
                    **unused) -> str | None:
-        """Write the model's full weights to save_directory/model.safetensors (main process)."""
+        """Write the model's full weights to save_directory/model.safetensors (main process).
+        A collective: if the main process cannot write, every process raises."""
         state = self.get_state_dict(model)
-        path = None
+        path, error = None, None
         if self.is_main_process:
-            os.makedirs(save_directory, exist_ok=True)
-            if safe_serialization:
-                from safetensors.torch import save_file
-
-                path = os.path.join(save_directory, "model.safetensors")
-                # Tied weights share storage, which safetensors refuses: give each name a copy.
-                save_file({name: tensor.detach().clone().contiguous() for name, tensor in state.items()}, path)
-            else:
-                path = os.path.join(save_directory, "pytorch_model.bin")
-                torch.save(state, path)
-        self.wait_for_everyone()
+            try:
+                path = _write_weights(state, save_directory, safe_serialization)
+            except OSError as failure:
+                error = AcceleratorRuntimeError(f"save_model could not write to {save_directory!r} "
+                                                f"({type(failure).__name__}: {failure.strerror or failure})")
+        operations.raise_together(error, "save_model")
         return path
 
-    def save(self, obj, path: str) -> None:
+    def save(self, obj, path: str, safe_serialization: bool = False) -> None:
         """torch.save on the main process only."""
         if self.is_main_process:
             torch.save(obj, path)
@@ -476,29 +533,70 @@ class Accelerator:
     def register_for_checkpointing(self, *objects) -> None:
         for obj in objects:
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TriaxError(f"register_for_checkpointing needs objects with state_dict() and "
-                                 f"load_state_dict(); got a {type(obj).__name__}")
+                raise AcceleratorTypeError(f"register_for_checkpointing needs objects with state_dict() and "
+                                           f"load_state_dict(); got a {type(obj).__name__}")
         self._custom_objects.extend(objects)
 
-    def _checkpoint_root(self, directory: str | None) -> str:
-        if directory is not None:
-            return directory
-        if self.project_dir is None:
-            raise TriaxError("save_state/load_state without a directory need Accelerator(project_dir=...)")
-        return os.path.join(self.project_dir, "checkpoints")
+    def register_save_state_pre_hook(self, hook):
+        """hook(models, weights, output_dir) runs in save_state before anything is written. A hook
+        that saves a model its own way removes it from `models` (or its entry from `weights`);
+        save_state then leaves that model out. Returns a handle whose remove() unregisters it."""
+        handle = RemovableHandle(self._save_model_state_pre_hook)
+        self._save_model_state_pre_hook[handle.id] = hook
+        return handle
 
-    def save_state(self, output_dir: str | None = None, **unused) -> str:
+    def register_load_state_pre_hook(self, hook):
+        """hook(models, input_dir) runs in load_state before anything is read; a model the hook
+        loads itself is removed from `models` (it must have been left out of save_state too)."""
+        handle = RemovableHandle(self._load_model_state_pre_hook)
+        self._load_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def _checkpoint_root(self, directory: str | None, for_save: bool) -> str:
+        if directory is not None:
+            return os.path.expanduser(str(directory))
+        project = self.project_configuration
+        if project.automatic_checkpoint_naming:
+            if for_save:
+                return checkpoints.next_automatic_dir(project, self.is_main_process)
+            return checkpoints.latest_automatic_dir(project)
+        if project.project_dir is None:
+            raise AcceleratorValueError("save_state/load_state without a directory need "
+                                        "Accelerator(project_dir=...) or automatic_checkpoint_naming")
+        return os.path.join(project.project_dir, "checkpoints")
+
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **unused) -> str:
         """Snapshot everything needed to continue: models, optimizers, schedulers, scaler,
         dataloader positions, RNG states, registered objects. Collective: call on every process.
-        Writes <output_dir>/step_<optimizer steps>/ and returns that path."""
+        Writes <root>/step_<optimizer steps>/ and returns that path; the root is output_dir,
+        <project_dir>/checkpoints, or with automatic_checkpoint_naming
+        <project_dir>/checkpoints/checkpoint_<iteration> (keeping at most total_limit)."""
+        root = self._checkpoint_root(output_dir, for_save=True)
+        models = list(self._models)
+        weights = [model.state_dict() for model in self._models]
+        for hook in self._save_model_state_pre_hook.values():
+            hook(models, weights, root)
+        kept_weights = {id(weight) for weight in weights}
+        saved = [index for index, model in enumerate(self._models)
+                 if any(model is m for m in models) and id(weights[index]) in kept_weights]
         steps = max((opt.num_steps for opt in self._optimizers), default=self._save_count)
         self._save_count += 1
-        return _save_state(self, self._checkpoint_root(output_dir), steps)
+        path = _save_state(self, root, steps, saved)
+        self.project_configuration.iteration += 1
+        return path
 
     def load_state(self, input_dir: str | None = None, **unused) -> str:
-        """Restore what save_state wrote (a step_* folder, or the latest one under a root).
+        """Restore what save_state wrote (a step_* folder, or the latest one under a root; with
+        automatic_checkpoint_naming and no directory, the newest checkpoint_<n>).
         Prepare the same objects first; the dataloaders' next pass continues the saved epoch."""
-        return _load_state(self, self._checkpoint_root(input_dir))
+        if input_dir is not None and not os.path.isdir(os.path.expanduser(str(input_dir))):
+            raise AcceleratorValueError(f"load_state: {input_dir!r} is not a directory")
+        root = self._checkpoint_root(input_dir, for_save=False)
+        models = list(self._models)
+        for hook in self._load_model_state_pre_hook.values():
+            hook(models, root)
+        loaded = [index for index, model in enumerate(self._models) if any(model is m for m in models)]
+        return _load_state(self, root, loaded)
 
     # ---- tracking -------------------------------------------------------------------------------
 
@@ -506,9 +604,9 @@ class Accelerator:
         root = self.logging_dir or "."
         self.trackers = Trackers(self.log_with, os.path.join(root, project_name), self.is_main_process, config)
 
-    def get_tracker(self, name: str):
+    def get_tracker(self, name: str, unwrap: bool = False):
         if self.trackers is None or name not in self.trackers.names:
-            raise TriaxError(f"no tracker {name!r}; pass log_with=[{name!r}] and call init_trackers first")
+            raise AcceleratorValueError(f"no tracker {name!r}; pass log_with=[{name!r}] and call init_trackers first")
         return self.trackers.logger
 
     def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
@@ -521,13 +619,29 @@ class Accelerator:
             self.trackers = None
         self.wait_for_everyone()
 
-    def free_memory(self) -> None:
+    def free_memory(self, *objects):
+        """Forget every prepared object (and empty the CUDA cache); returns `objects` as Nones."""
         self._models.clear()
         self._optimizers.clear()
         self._schedulers.clear()
         self._dataloaders.clear()
+        self._replaced_parameters.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        return [None] * len(objects) if len(objects) != 1 else None
+
+    clear = free_memory
 
 
-__all__ = ["Accelerator", "SkipFirstBatches"]
+def _write_weights(state: dict, save_directory: str, safe_serialization: bool) -> str:
+    os.makedirs(save_directory, exist_ok=True)
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        path = os.path.join(save_directory, "model.safetensors")
+        # Tied weights share storage, which safetensors refuses: give each name a copy.
+        save_file({name: tensor.detach().clone().contiguous() for name, tensor in state.items()}, path)
+    else:
+        path = os.path.join(save_directory, "pytorch_model.bin")
+        torch.save(state, path)
+    return path

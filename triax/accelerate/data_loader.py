@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from triax.accelerate.operations import broadcast_object_list, send_to_device, slice_for_process
+from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate.operations import broadcast_object_list, send_to_device
 from triax.data.sampler import GlobalSampler
-from triax.errors import TriaxError
 
 
 class PreparedDataLoader:
@@ -22,13 +22,13 @@ class PreparedDataLoader:
                  num_processes: int, gradient_state, seed: int, split_batches: bool = False,
                  even_batches: bool = True):
         if isinstance(dataloader.dataset, IterableDataset):
-            raise TriaxError("prepare got a DataLoader over an IterableDataset; triax shards map-style "
+            raise AcceleratorValueError("prepare got a DataLoader over an IterableDataset; triax shards map-style "
                              "datasets (with __len__ and __getitem__) only, so wrap yours in one")
         if dataloader.batch_size is None:
-            raise TriaxError("prepare got a DataLoader built with batch_sampler=...; pass batch_size= "
+            raise AcceleratorValueError("prepare got a DataLoader built with batch_sampler=...; pass batch_size= "
                              "(and shuffle= or sampler=) instead so triax can shard it by sample index")
         if split_batches and dataloader.batch_size % num_processes:
-            raise TriaxError(f"split_batches=True needs a batch_size divisible by the {num_processes} "
+            raise AcceleratorValueError(f"split_batches=True needs a batch_size divisible by the {num_processes} "
                              f"processes, got batch_size={dataloader.batch_size}")
         self.base_dataloader = dataloader
         self.dataset = dataloader.dataset
@@ -66,8 +66,20 @@ class PreparedDataLoader:
     # ---- sizes and positions -------------------------------------------------------------------
 
     def __len__(self) -> int:
+        """Batches this process gets per epoch (with even_batches=False the last, partial global
+        batch may give some processes one fewer)."""
         full, rest = divmod(self.num_samples, self.total_batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        if not rest or self.drop_last:
+            return full
+        if self.even_batches:
+            return full + 1
+        return full + (1 if rest > self.process_index * self.batch_size else 0)
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch (0 when the dataset divides evenly), as
+        Accelerate's GradientState.remainder."""
+        return 0 if self.drop_last else self.num_samples % self.total_batch_size
 
     @property
     def padding_in_last_batch(self) -> int:
@@ -90,10 +102,10 @@ class PreparedDataLoader:
         (or batch size) resumes from the same sample when the index falls on a batch boundary."""
         global_index = state["batch"] * state["total_batch_size"]
         if global_index % self.total_batch_size:
-            raise TriaxError(f"cannot resume at global sample {global_index}: it is not a multiple of "
+            raise AcceleratorValueError(f"cannot resume at global sample {global_index}: it is not a multiple of "
                              f"this run's global batch {self.total_batch_size}; keep the global batch size")
         if state["num_samples"] != self.num_samples:
-            raise TriaxError(f"the saved dataloader had {state['num_samples']} samples, this one has "
+            raise AcceleratorValueError(f"the saved dataloader had {state['num_samples']} samples, this one has "
                              f"{self.num_samples}; resume with the same dataset")
         self.sampler = GlobalSampler(self.num_samples, state["seed"], shuffle=self.sampler.shuffle)
         self.epoch = state["epoch"]
@@ -121,7 +133,10 @@ class PreparedDataLoader:
             return order[begin:begin + self.batch_size].tolist()
         real = order[start:]
         if not self.even_batches:
-            return slice_for_process(real, self.process_index, self.num_processes).tolist()
+            # As Accelerate: the short global batch is cut into per-process batches in process
+            # order, so the last processes may get a short batch or none.
+            begin = self.process_index * self.batch_size
+            return real[begin:begin + self.batch_size].tolist()
         # Even batches: fill the last global batch from the start of the epoch's order, so every
         # process steps the same number of times; gather_for_metrics drops the repeats again.
         repeats = -(-(self.total_batch_size - len(real)) // len(order))

@@ -7,10 +7,12 @@ all_gather_into_tensor for every dtype, so the list form of all_gather is used t
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 import torch.distributed as dist
 
-from triax.errors import TriaxError
+from triax.accelerate.errors import AcceleratorValueError
 from triax.runtime import is_distributed
 
 
@@ -29,6 +31,105 @@ def map_tensors(function, data):
     return data
 
 
+def _is_mapping(data) -> bool:
+    return isinstance(data, dict) or (hasattr(data, "to") and callable(data.to) and hasattr(data, "keys"))
+
+
+def signature(data, full_shape: bool) -> list[str]:
+    """One line per node of a nested structure: container kinds with their keys or lengths, and
+    each tensor's dtype and shape (the first dimension as * unless `full_shape`; with
+    full_shape=None only the number of dimensions counts)."""
+    lines: list[str] = []
+
+    def visit(value, path: str) -> None:
+        if isinstance(value, torch.Tensor):
+            shape = list(value.shape) if value.dim() else [1]
+            shown = {True: shape, False: ["*", *shape[1:]], None: ["*"] * len(shape)}[full_shape]
+            lines.append(f"{path}: {str(value.dtype).removeprefix('torch.')} tensor {shown}".replace("'", ""))
+        elif _is_mapping(value):
+            keys = list(value.keys())
+            lines.append(f"{path}: {type(value).__name__} with keys {keys}")
+            for key in keys:
+                visit(value[key], f"{path}[{key!r}]")
+        elif isinstance(value, (list, tuple)):
+            lines.append(f"{path}: {type(value).__name__} of {len(value)}")
+            for index, item in enumerate(value):
+                visit(item, f"{path}[{index}]")
+        else:
+            lines.append(f"{path}: {type(value).__name__}")
+
+    visit(data, "data")
+    return lines
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _all_gather_bytes(payload: bytes, device: torch.device) -> list[bytes]:
+    """Every process's bytes (lengths first, then padded to the longest), without pickling."""
+    world = dist.get_world_size()
+    length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    lengths = [torch.zeros_like(length) for _ in range(world)]
+    dist.all_gather(lengths, length)
+    longest = max(int(n) for n in lengths)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=device)
+    mine[:len(payload)] = torch.tensor(list(payload), dtype=torch.uint8, device=device)
+    everyone = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine)
+    return [bytes(item[:int(n)].cpu().tolist()) for item, n in zip(everyone, lengths)]
+
+
+def check_same_everywhere(data, what: str, full_shape: bool = False) -> None:
+    """Raise the same AcceleratorValueError on every process if the structure, keys, dtypes or
+    shapes of `data` differ between processes, before any data moves (a mismatched all_gather can
+    abort the process inside the backend). Costs one all_gather of a 32-byte digest."""
+    if not is_distributed():
+        return
+    lines = signature(data, full_shape)
+    text = "\n".join(lines).encode()
+    device = _collective_device()
+    digest = torch.tensor(list(hashlib.sha256(text).digest()), dtype=torch.uint8, device=device)
+    digests = [torch.zeros_like(digest) for _ in range(dist.get_world_size())]
+    dist.all_gather(digests, digest)
+    if all(torch.equal(item, digests[0]) for item in digests):
+        return
+    texts = [payload.decode().split("\n") for payload in _all_gather_bytes(text, device)]
+    reference = texts[0]
+    for rank, other in enumerate(texts[1:], start=1):
+        for mine, theirs in zip(reference + ["(nothing)"] * len(other), other + ["(nothing)"] * len(reference)):
+            if mine != theirs:
+                raise AcceleratorValueError(
+                    f"{what} got different data on different processes: process 0 has {mine!r:.200}, "
+                    f"process {rank} has {theirs!r:.200}; every process must pass the same structure "
+                    f"(keys, dtypes and shapes{'' if full_shape else ' except the first dimension'})")
+    raise AcceleratorValueError(f"{what} got different data on different processes")  # digest differed only
+
+
+def raise_together(error: BaseException | None, doing: str) -> None:
+    """A collective: if `error` is set on any process, every process raises. The failing process
+    re-raises its own error; the others raise AcceleratorRuntimeError quoting the first failure,
+    so none is left waiting in a later collective until the timeout."""
+    from triax.accelerate.errors import AcceleratorRuntimeError
+    from triax.runtime import any_rank
+
+    if not any_rank(error is not None):
+        return
+    message = "" if error is None else f"{type(error).__name__}: {error}"
+    if is_distributed():
+        messages = [item.decode(errors="replace") for item in _all_gather_bytes(message.encode()[:2000],
+                                                                                _collective_device())]
+    else:
+        messages = [message]
+    if error is not None:
+        raise error
+    rank, first = next((rank, text) for rank, text in enumerate(messages) if text)
+    raise AcceleratorRuntimeError(f"{doing} failed on process {rank} ({first.splitlines()[0] if first else '?'}); "
+                                  "stopping this process too")
+
+
 def send_to_device(data, device: torch.device, non_blocking: bool = False):
     return map_tensors(lambda tensor: tensor.to(device, non_blocking=non_blocking), data)
 
@@ -44,7 +145,7 @@ def _sizes_along(tensor: torch.Tensor, dim: int) -> list[int]:
     dist.all_gather(everyone, mine)
     ranks = {int(item[1]) for item in everyone}
     if len(ranks) != 1:
-        raise TriaxError(f"gather got tensors with different numbers of dimensions across processes "
+        raise AcceleratorValueError(f"gather got tensors with different numbers of dimensions across processes "
                          f"({sorted(ranks)}); give every process tensors of the same rank")
     return [int(item[0]) for item in everyone]
 
@@ -77,6 +178,7 @@ def gather(data):
     Scalars become 1-element tensors first."""
     if not is_distributed():
         return map_tensors(lambda tensor: tensor[None] if tensor.dim() == 0 else tensor, data)
+    check_same_everywhere(data, "gather")
     return map_tensors(_gather_one, data)
 
 
@@ -93,6 +195,7 @@ def pad_across_processes(data, dim: int = 0, pad_index=0, pad_first: bool = Fals
     """Pad each tensor along `dim` to the largest size any process has, so they can be gathered."""
     if not is_distributed():
         return data
+    check_same_everywhere(data, "pad_across_processes", full_shape=None)
 
     def pad(tensor):
         if dim >= tensor.dim() or dim < -tensor.dim():
@@ -105,7 +208,9 @@ def pad_across_processes(data, dim: int = 0, pad_index=0, pad_first: bool = Fals
 def reduce(data, reduction: str = "sum", scale: float = 1.0):
     """Sum ("sum") or average ("mean") each tensor over processes; "none" leaves it. Returns copies."""
     if reduction not in ("sum", "mean", "none"):
-        raise TriaxError(f"reduce got reduction={reduction!r}; use 'sum', 'mean' or 'none'")
+        raise AcceleratorValueError(f"reduce got reduction={reduction!r}; use 'sum', 'mean' or 'none'")
+    if reduction != "none":
+        check_same_everywhere(data, "reduce", full_shape=True)
 
     def one(tensor):
         result = tensor.clone()
@@ -122,6 +227,7 @@ def broadcast(data, from_process: int = 0):
     """Every process gets process `from_process`'s tensors (same shapes required), in place."""
     if not is_distributed():
         return data
+    check_same_everywhere(data, "broadcast", full_shape=True)
 
     def one(tensor):
         dist.broadcast(tensor, src=from_process)

@@ -5,7 +5,12 @@ states per rank: triax.checkpoint). Everything else a run needs to continue exac
 the loss scaler, each dataloader's position, objects given to register_for_checkpointing, further
 models — rides along in the snapshot's JSON state, or, for further models, in sibling snapshots
 `<root>/model_<i>/step_<n>` written *before* the main one, whose appearance marks completion.
-Nothing is pickled.
+Nothing is pickled, and nothing read is trusted: the Accelerator's part of state.json is checked
+against a schema (types, sizes, tensor dtypes from a fixed list, byte counts that match shapes)
+before anything is applied, and every process agrees on the outcome before any collective.
+
+Storage seam: `_write_snapshot` and `_read_snapshot` are the only calls into the snapshot format;
+switching to another format (e.g. sharded snapshots) means changing those two and nothing above.
 """
 
 from __future__ import annotations
@@ -16,8 +21,22 @@ import os
 import numpy as np
 import torch
 
-from triax.checkpoint import latest_snapshot, load_snapshot, save_snapshot
+from triax.accelerate.errors import (
+    AcceleratorRuntimeError,
+    AcceleratorTypeError,
+    AcceleratorValueError,
+    StateCorruptError,
+)
+from triax.accelerate.operations import raise_together
+from triax.checkpoint import latest_snapshot, load_snapshot, read_state, save_snapshot
 from triax.errors import TriaxError
+
+# Tensors a state dict may hold (optimizer steps, scaler scale, RNG-like buffers); anything else in
+# a file is corruption, never a name to look up on the torch module.
+TENSOR_DTYPES = {name: getattr(torch, name) for name in (
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+    "complex64", "complex128")}
+MAX_DIMS = 16
 
 # ---- JSON for state dicts (tensors, tuples, non-string keys) without pickle ---------------------
 
@@ -42,26 +61,92 @@ def to_json(value):
         return [to_json(item) for item in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise TriaxError(f"save_state cannot store a {type(value).__name__} ({value!r:.60}) from a "
+    raise AcceleratorTypeError(f"save_state cannot store a {type(value).__name__} ({value!r:.60}) from a "
                      "state_dict; keep state dicts to tensors, numbers, strings, lists and dicts")
 
 
-def from_json(value):
+def from_json(value, where: str = "state"):
+    """The inverse of to_json, for data read from a file: raises SnapshotCorruptError on anything
+    to_json could not have written."""
+    try:
+        return _from_json(value, where)
+    except RecursionError:
+        raise StateCorruptError(f"{where} is nested too deeply to be a saved state") from None
+
+
+def _from_json(value, where: str):
     if isinstance(value, list):
-        return [from_json(item) for item in value]
+        return [_from_json(item, where) for item in value]
     if not isinstance(value, dict):
         return value
     if "__tensor__" in value:
-        dtype = getattr(torch, value["dtype"])
-        raw = bytearray(base64.b64decode(value["__tensor__"]))
-        if not raw:
-            return torch.empty(value["shape"], dtype=dtype)
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(value["shape"]).clone()
+        return _tensor_from_json(value, where)
     if "__tuple__" in value:
-        return tuple(from_json(item) for item in value["__tuple__"])
+        _expect(isinstance(value["__tuple__"], list), where, "a tuple that is not a list")
+        return tuple(_from_json(item, where) for item in value["__tuple__"])
     if "__items__" in value:
-        return {from_json(key): from_json(item) for key, item in value["__items__"]}
-    return {key: from_json(item) for key, item in value.items()}
+        items = value["__items__"]
+        _expect(isinstance(items, list) and all(isinstance(i, list) and len(i) == 2 for i in items),
+                where, "a mapping whose items are not [key, value] pairs")
+        keys = [_from_json(key, where) for key, _ in items]
+        _expect(all(isinstance(key, (int, float, str, bool, type(None), tuple)) for key in keys),
+                where, "a mapping key that cannot be a key")
+        return {key: _from_json(item, where) for key, (_, item) in zip(keys, items)}
+    return {key: _from_json(item, where) for key, item in value.items()}
+
+
+def _tensor_from_json(value: dict, where: str) -> torch.Tensor:
+    dtype, shape, data = value.get("dtype"), value.get("shape"), value.get("__tensor__")
+    _expect(dtype in TENSOR_DTYPES, where, f"a tensor of dtype {dtype!r:.40}")
+    _expect(isinstance(shape, list) and len(shape) <= MAX_DIMS
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape),
+            where, f"a tensor shape {shape!r:.60}")
+    _expect(isinstance(data, str), where, "tensor data that is not a string")
+    dtype = TENSOR_DTYPES[dtype]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    count = 1
+    for size in shape:
+        count *= size
+    # The bytes must be there for every element: a shape can never ask for more memory than the
+    # file itself holds.
+    _expect(len(data) * 3 // 4 + 3 >= count * itemsize, where, f"a tensor of shape {shape} with too little data")
+    try:
+        raw = bytearray(base64.b64decode(data, validate=True))
+    except ValueError:
+        raise StateCorruptError(f"{where} holds tensor data that is not base64") from None
+    _expect(len(raw) == count * itemsize, where, f"a tensor of shape {shape} and {len(raw)} bytes")
+    if not raw:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape).clone()
+
+
+def _expect(condition: bool, where: str, what: str) -> None:
+    if not condition:
+        raise StateCorruptError(f"{where} is corrupt: it holds {what}")
+
+
+def _is_int(value, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def validate_state(state, snapshot: str) -> dict:
+    """The Accelerator's part of state.json, checked for shape and types before anything uses it."""
+    where = f"snapshot {snapshot}: state.json"
+    _expect(isinstance(state, dict), where, "no 'accelerator' section of the right kind")
+    lists = ("schedulers", "dataloaders", "custom", "optimizer_steps", "stateless_optimizers", "saved_models")
+    for key in lists:
+        _expect(isinstance(state.get(key), list), where, f"no list {key!r}")
+    _expect(_is_int(state.get("num_models")) and _is_int(state.get("micro_step")), where,
+            "num_models or micro_step that are not non-negative integers")
+    _expect(all(_is_int(i) for i in state["saved_models"]) and state["num_models"] == len(state["saved_models"]),
+            where, "a saved_models list that does not match num_models")
+    _expect(all(_is_int(n) for n in state["optimizer_steps"]), where, "optimizer step counts that are not integers")
+    loader_keys = {"epoch": 0, "batch": 0, "num_samples": 0, "total_batch_size": 1, "seed": 0}
+    for loader in state["dataloaders"]:
+        _expect(isinstance(loader, dict) and all(_is_int(loader.get(k), low) for k, low in loader_keys.items()),
+                where, "a dataloader position without non-negative integer epoch/batch/num_samples/seed")
+    _expect(isinstance(state.get("scaler"), dict), where, "no loss-scaler state")
+    return state
 
 
 # ---- pairing optimizers with the models whose parameters they hold ------------------------------
@@ -74,7 +159,7 @@ def pair_optimizers(models: list, optimizers: list) -> list:
         params = {id(p) for group in optimizer.param_groups for p in group["params"]}
         owners = [i for i, model in enumerate(models) if params & {id(p) for p in model.parameters()}]
         if len(owners) != 1 or pairs[owners[0]] is not None:
-            raise TriaxError("save_state supports one optimizer per prepared model, each holding that "
+            raise AcceleratorValueError("save_state supports one optimizer per prepared model, each holding that "
                              f"model's parameters; found an optimizer matching models {owners}")
         pairs[owners[0]] = optimizer
     return pairs
@@ -86,7 +171,7 @@ def resolve_snapshot(path: str) -> str:
         return path
     snapshot = latest_snapshot(path)
     if snapshot is None:
-        raise TriaxError(f"load_state found no snapshot in {path!r}; pass the directory save_state "
+        raise AcceleratorValueError(f"load_state found no snapshot in {path!r}; pass the directory save_state "
                          "wrote to (or one of its step_* folders)")
     return snapshot
 
@@ -101,18 +186,35 @@ def _in_snapshot(optimizer):
     return optimizer.optimizer
 
 
-def save_state(accelerator, root: str, step: int) -> str:
-    models = accelerator._models
-    if not models:
-        raise TriaxError("save_state needs at least one prepared model; call accelerator.prepare(model, ...)")
-    optimizers = pair_optimizers(models, accelerator._optimizers)
+# ---- the storage seam: the only two calls into the snapshot format -------------------------------
+
+
+def _write_snapshot(root: str, step: int, model, optimizer, state: dict) -> str:
+    return save_snapshot(root, step, model, optimizer, state)
+
+
+def _read_snapshot(snapshot: str, model, optimizer, restore_rng: bool) -> None:
+    load_snapshot(snapshot, model, optimizer, restore_rng=restore_rng)
+
+
+# ---- save and load --------------------------------------------------------------------------------
+
+
+def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
+    """Write the models at indices `saved` of accelerator._models (those no save hook took over)
+    with their optimizers, and everything else as JSON. Collective."""
+    optimizers = pair_optimizers(accelerator._models, accelerator._optimizers)
+    # With every model taken over by hooks, the snapshot still carries the rest of the state.
+    models = [accelerator._models[i] for i in saved] or [torch.nn.Module()]
+    model_optimizers = [optimizers[i] for i in saved] or [None]
     snapshot_name = None
     for index in range(1, len(models)):
-        extra = save_snapshot(os.path.join(root, f"model_{index}"), step, models[index],
-                              _in_snapshot(optimizers[index]), {})
+        extra = _write_snapshot(os.path.join(root, f"model_{index}"), step, models[index],
+                                _in_snapshot(model_optimizers[index]), {})
         snapshot_name = os.path.basename(extra)
     state = {"accelerator": {
-        "num_models": len(models),
+        "num_models": len(saved),
+        "saved_models": list(saved),
         "schedulers": [to_json(scheduler.state_dict()) for scheduler in accelerator._schedulers],
         "scaler": to_json(accelerator.scaler.state_dict()),
         "dataloaders": [loader.state_dict() for loader in accelerator._dataloaders],
@@ -121,55 +223,86 @@ def save_state(accelerator, root: str, step: int) -> str:
         "micro_step": accelerator.gradient_state.micro_step,
         "stateless_optimizers": [to_json(optimizer.optimizer.state_dict())
                                  if optimizer is not None and _in_snapshot(optimizer) is None else None
-                                 for optimizer in optimizers],
+                                 for optimizer in model_optimizers],
     }}
-    path = save_snapshot(root, step, models[0], _in_snapshot(optimizers[0]), state)
+    path = _write_snapshot(root, step, models[0], _in_snapshot(model_optimizers[0]), state)
     assert snapshot_name in (None, os.path.basename(path))
     return path
 
 
-def load_state(accelerator, path: str) -> str:
-    snapshot = resolve_snapshot(path)
-    models = accelerator._models
-    optimizers = pair_optimizers(models, accelerator._optimizers)
-    root = os.path.dirname(snapshot)
-    from triax.checkpoint import read_state
+def _agree(error: Exception | None, doing: str) -> None:
+    """Every process raises if any failed `doing` (none is left waiting in a later collective)."""
+    if error is not None and not isinstance(error, TriaxError):
+        error = AcceleratorRuntimeError(f"load_state failed while {doing}: {type(error).__name__}: {error}")
+    raise_together(error, f"load_state ({doing})")
 
-    state = read_state(snapshot).get("accelerator")
-    if state is None:
-        raise TriaxError(f"{snapshot!r} is a triax snapshot but not one written by Accelerator.save_state")
-    if state["num_models"] != len(models):
-        raise TriaxError(f"{snapshot!r} holds {state['num_models']} models but this run prepared "
-                         f"{len(models)}; prepare the same objects before load_state")
-    stateless = state.get("stateless_optimizers", [None] * len(models))
 
-    def raw(index):
-        optimizer = optimizers[index]
-        return optimizer.optimizer if optimizer is not None and stateless[index] is None else None
-
-    for index in range(1, len(models)):
-        load_snapshot(os.path.join(root, f"model_{index}", os.path.basename(snapshot)), models[index],
-                      raw(index), restore_rng=False)
-    # Last, so the random-number generators are left exactly as they were at save time.
-    load_snapshot(snapshot, models[0], raw(0), restore_rng=True)
-    for optimizer, saved in zip(optimizers, stateless):
-        if optimizer is not None and saved is not None:
-            optimizer.optimizer.load_state_dict(from_json(saved))
-    checks = [("models", state["num_models"], len(models)),
+def _check_counts(accelerator, state: dict, snapshot: str, loaded: list[int]) -> None:
+    checks = [("models", state["saved_models"], loaded),
               ("schedulers", len(state["schedulers"]), len(accelerator._schedulers)),
               ("dataloaders", len(state["dataloaders"]), len(accelerator._dataloaders)),
-              ("registered objects", len(state["custom"]), len(accelerator._custom_objects))]
+              ("registered objects", len(state["custom"]), len(accelerator._custom_objects)),
+              ("optimizers", len(state["optimizer_steps"]), len(accelerator._optimizers)),
+              ("model optimizers", len(state["stateless_optimizers"]), max(len(loaded), 1))]
     for what, saved, now in checks:
         if saved != now:
-            raise TriaxError(f"{snapshot!r} holds {saved} {what} but this run prepared {now}; "
-                             "prepare (and register) the same objects before load_state")
-    for scheduler, saved in zip(accelerator._schedulers, state["schedulers"]):
-        scheduler.load_state_dict(from_json(saved))
-    accelerator.scaler.load_state_dict(from_json(state["scaler"]))
-    for loader, saved in zip(accelerator._dataloaders, state["dataloaders"]):
-        loader.load_state_dict(saved)
-    for obj, saved in zip(accelerator._custom_objects, state["custom"]):
-        obj.load_state_dict(from_json(saved))
+            raise AcceleratorValueError(f"{snapshot!r} holds {what} {saved} but this run has {now}; prepare (and "
+                             "register, and hook) the same objects before load_state")
+
+
+def load_state(accelerator, path: str, loaded: list[int]) -> str:
+    # First everything that can fail locally (a missing or hostile file, a mismatch with what was
+    # prepared), agreed on by every process before any collective or any change to the run.
+    error, snapshot, state = None, None, None
+    try:
+        snapshot = resolve_snapshot(path)
+        try:
+            document = read_state(snapshot)
+        except RecursionError:
+            raise StateCorruptError(f"snapshot {snapshot}: state.json is nested too deeply to be a saved state") from None
+        section = document.get("accelerator") if isinstance(document, dict) else None
+        if section is None:
+            raise StateCorruptError(f"{snapshot!r} is a triax snapshot but not one written by "
+                                    "Accelerator.save_state")
+        state = validate_state(section, snapshot)
+        _check_counts(accelerator, state, snapshot, loaded)
+        decoded = {key: [from_json(item, f"snapshot {snapshot}: state.json {key}") for item in state[key]]
+                   for key in ("schedulers", "custom", "stateless_optimizers")}
+        decoded["scaler"] = from_json(state["scaler"], f"snapshot {snapshot}: state.json scaler")
+    except Exception as failure:  # agreed first, then raised as it is (or wrapped) on every process
+        error = failure
+    _agree(error, "reading the saved state")
+
+    optimizers = pair_optimizers(accelerator._models, accelerator._optimizers)
+    models = [accelerator._models[i] for i in loaded] or [torch.nn.Module()]
+    model_optimizers = [optimizers[i] for i in loaded] or [None]
+    stateless = decoded["stateless_optimizers"]
+
+    def raw(index):
+        optimizer = model_optimizers[index]
+        return optimizer.optimizer if optimizer is not None and stateless[index] is None else None
+
+    root = os.path.dirname(snapshot)
+    error = None
+    try:
+        for index in range(1, len(models)):
+            _read_snapshot(os.path.join(root, f"model_{index}", os.path.basename(snapshot)), models[index],
+                           raw(index), restore_rng=False)
+        # Last, so the random-number generators are left exactly as they were at save time.
+        _read_snapshot(snapshot, models[0], raw(0), restore_rng=True)
+        for optimizer, saved in zip(model_optimizers, stateless):
+            if optimizer is not None and saved is not None:
+                optimizer.optimizer.load_state_dict(saved)
+        for scheduler, saved in zip(accelerator._schedulers, decoded["schedulers"]):
+            scheduler.load_state_dict(saved)
+        accelerator.scaler.load_state_dict(decoded["scaler"])
+        for loader, saved in zip(accelerator._dataloaders, state["dataloaders"]):
+            loader.load_state_dict(saved)
+        for obj, saved in zip(accelerator._custom_objects, decoded["custom"]):
+            obj.load_state_dict(saved)
+    except Exception as failure:
+        error = failure
+    _agree(error, "loading the saved state")
     for optimizer, steps in zip(accelerator._optimizers, state["optimizer_steps"]):
         optimizer.num_steps = steps
     accelerator.gradient_state.micro_step = state["micro_step"]

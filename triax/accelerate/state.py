@@ -1,28 +1,238 @@
-"""What the Accelerator, its dataloaders, optimizers and schedulers share during a step.
+"""Who this process is (PartialState, AcceleratorState) and what a step shares (GradientState).
 
-One small object instead of a process-wide singleton: the dataloader says when an epoch ends,
-`accumulate` decides whether this micro-step synchronises gradients, and the optimizer and
-scheduler wrappers read that decision.
+PartialState is Accelerate's process-wide view of the job: every instance shares one state, so
+`PartialState()` anywhere in a script (before or after the Accelerator) answers the same, and the
+first one joins the process group (triax.runtime). Its helpers — main_process_first, the on_*
+decorators, split_between_processes — are also the Accelerator's, which delegates here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import functools
+
+import torch.distributed as dist
+
+from triax.accelerate.dataclasses import DistributedType
+from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate.operations import raise_together
+from triax.runtime import barrier, detect_place, init_distributed, is_distributed, pick_device
+
+
+class PartialState:
+    """Process information, shared by every instance (Accelerate's `PartialState`).
+
+    cpu: use the CPU even where a GPU exists. timeout: the process group's collective timeout
+    (used only when this call creates the group)."""
+
+    _shared_state: dict = {}
+
+    def __init__(self, cpu: bool = False, timeout: datetime.timedelta | None = None, backend: str | None = None,
+                 **unused):
+        self.__dict__ = self._shared_state
+        if self._shared_state.get("_initialized"):
+            return  # the job's state exists already: this instance shares it
+        place = detect_place()
+        self.device = pick_device("cpu" if cpu else None, place.local_rank)
+        # Uses a process group the script already created (e.g. under torchrun), or creates one.
+        timeout_s = timeout.total_seconds() if timeout is not None else 600
+        self.place = init_distributed(self.device, place, backend=backend, timeout_s=timeout_s)
+        self.backend = dist.get_backend() if dist.is_initialized() else None
+        self.fsdp = False  # the Accelerator sets this for parallel='fsdp' (distributed_type FSDP)
+        self._initialized = True
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Forget the shared state (the process group stays); for starting over in one process."""
+        cls._shared_state.clear()
+
+    @property
+    def initialized(self) -> bool:
+        return self.__dict__.get("_initialized", False)
+
+    # ---- who am I -------------------------------------------------------------------------------
+
+    @property
+    def num_processes(self) -> int:
+        return dist.get_world_size() if is_distributed() else 1
+
+    @property
+    def process_index(self) -> int:
+        return dist.get_rank() if is_distributed() else 0
+
+    @property
+    def local_process_index(self) -> int:
+        return self.place.local_rank
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if not self.use_distributed:
+            return DistributedType.NO
+        if self.fsdp:
+            return DistributedType.FSDP
+        return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+
+    def wait_for_everyone(self) -> None:
+        barrier()
+
+    def print(self, *args, **kwargs) -> None:
+        """print once per machine (on each machine's local main process), as Accelerate does."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    # ---- one process first ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def main_process_first(self):
+        """The main process runs the block first (e.g. to download or preprocess), then the rest."""
+        with self._first(self.is_main_process, "main"):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self):
+        with self._first(self.is_local_main_process, "local main"):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, leader: bool, who: str):
+        # One agreement on "did a leader fail?" replaces the barrier: the leaders take part after
+        # their block, the others before theirs. A leader's exception is then raised on every
+        # process instead of leaving the others blocked in a barrier until the timeout.
+        doing = f"the block inside {who.replace(' ', '_')}_process_first"
+        if not leader:
+            raise_together(None, doing)
+            yield
+            return
+        try:
+            yield
+        except BaseException as error:
+            raise_together(error, doing)
+            raise
+        raise_together(None, doing)
+
+    # ---- run on some processes only -------------------------------------------------------------
+
+    def on_main_process(self, function):
+        """Decorator: run `function` on the main process only (the others get None)."""
+        return _only_on(lambda: self.is_main_process, function)
+
+    def on_local_main_process(self, function):
+        return _only_on(lambda: self.is_local_main_process, function)
+
+    def on_last_process(self, function):
+        return _only_on(lambda: self.is_last_process, function)
+
+    def on_process(self, function=None, process_index: int | None = None):
+        if process_index is None:
+            raise AcceleratorValueError("on_process needs process_index=<int>")
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return _only_on(lambda: self.process_index == process_index, function)
+
+    def on_local_process(self, function=None, local_process_index: int | None = None):
+        if local_process_index is None:
+            raise AcceleratorValueError("on_local_process needs local_process_index=<int>")
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return _only_on(lambda: self.local_process_index == local_process_index, function)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs, apply_padding: bool = False):
+        """This process's share of `inputs` (list, tuple, tensor, or dict of them)."""
+        from triax.accelerate.operations import slice_for_process
+
+        yield slice_for_process(inputs, self.process_index, self.num_processes, apply_padding)
+
+    def destroy_process_group(self, group=None) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group(group)
+
+    def __repr__(self) -> str:
+        return (f"Distributed environment: {self.distributed_type}\nNum processes: {self.num_processes}\n"
+                f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
+                f"Device: {self.device}\n")
+
+
+def _only_on(condition, function):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        return function(*args, **kwargs) if condition() else None
+    return wrapper
+
+
+class AcceleratorState(PartialState):
+    """PartialState plus what the Accelerator chose: mixed precision and the layout."""
+
+    def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs):
+        super().__init__(cpu=cpu, **kwargs)
+        if mixed_precision is not None:
+            self.mixed_precision = mixed_precision
+        self.__dict__.setdefault("mixed_precision", "no")
+
+    @property
+    def use_fp16(self) -> bool:
+        return self.mixed_precision != "no"
+
 
 class GradientState:
-    def __init__(self, accumulation_steps: int = 1):
+    """What the Accelerator, its dataloaders, optimizers and schedulers share during a step.
+
+    The dataloader says when an epoch ends, `accumulate` decides whether this micro-step
+    synchronises gradients, and the optimizer and scheduler wrappers read that decision.
+    """
+
+    def __init__(self, accumulation_steps: int = 1, sync_with_dataloader: bool = True,
+                 sync_each_batch: bool = False, adjust_scheduler: bool = True):
         self.accumulation_steps = accumulation_steps
+        self.sync_with_dataloader = sync_with_dataloader
+        self.sync_each_batch = sync_each_batch
+        self.adjust_scheduler = adjust_scheduler
         self.sync_gradients = True
         self.micro_step = 0  # micro-steps since the last synchronising one, inside `accumulate`
         self.active_loaders: list = []  # innermost (currently iterated) dataloader last
 
     @property
+    def num_steps(self) -> int:
+        return self.accumulation_steps
+
+    @property
     def active_loader(self):
         return self.active_loaders[-1] if self.active_loaders else None
+
+    active_dataloader = active_loader
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self.active_loader is not None
 
     @property
     def end_of_dataloader(self) -> bool:
         loader = self.active_loader
         return bool(loader is not None and loader.at_end)
+
+    @property
+    def remainder(self) -> int:
+        """Accelerate's meaning: how many real samples the last global batch holds (0 when the
+        dataset divides evenly, -1 outside a dataloader)."""
+        loader = self.active_loader
+        return loader.remainder if loader is not None else -1
 
     @property
     def padding_in_last_batch(self) -> int:
@@ -32,10 +242,11 @@ class GradientState:
 
     def next_micro_step(self) -> bool:
         """Advance `accumulate`'s counter; True when this micro-step must synchronise: every
-        `accumulation_steps`-th one, and always the last batch of an epoch (so no gradient
-        is carried across epochs)."""
+        `accumulation_steps`-th one, and (sync_with_dataloader) the last batch of a dataloader,
+        so no gradient is carried across epochs."""
         self.micro_step += 1
-        self.sync_gradients = (self.micro_step % self.accumulation_steps == 0) or self.end_of_dataloader
+        self.sync_gradients = (self.micro_step % self.accumulation_steps == 0) or (
+            self.sync_with_dataloader and self.end_of_dataloader)
         if self.sync_gradients:
             self.micro_step = 0
         return self.sync_gradients

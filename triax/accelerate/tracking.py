@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from triax.errors import ConfigError
+from triax.accelerate.errors import AcceleratorValueError
 from triax.metrics import MetricsLogger
 
 TRACKERS = ("tensorboard", "jsonl")
@@ -22,7 +22,7 @@ def parse_log_with(log_with) -> list[str]:
         return list(TRACKERS)
     for name in names:
         if name not in TRACKERS:
-            raise ConfigError(f"log_with={name!r} is not a tracker triax has; use one of "
+            raise AcceleratorValueError(f"log_with={name!r} is not a tracker triax has; use one of "
                               f"{', '.join(TRACKERS)} or 'all'")
     return names
 

@@ -66,19 +66,31 @@ class SimulatedNetwork:
         return f"{self.prefix}-n{node}"
 
     def torchrun_command(self, node: int, args: list[str], nproc_per_node: int = 1,
-                         run_id: str = "triax") -> list[str]:
+                         run_id: str = "triax", nnodes: str | None = None, max_restarts: int = 0,
+                         rdzv_conf: str = "") -> list[str]:
+        """`nnodes` e.g. "1:2" for an elastic job that may shrink; `rdzv_conf` extra key=value,..."""
+        conf = f"is_host={1 if node == 0 else 0}" + (f",{rdzv_conf}" if rdzv_conf else "")
         return ["ip", "netns", "exec", self.namespace(node), sys.executable, "-m", "torch.distributed.run",
-                f"--nnodes={self.nodes}", f"--nproc-per-node={nproc_per_node}",
+                f"--nnodes={nnodes or self.nodes}", f"--nproc-per-node={nproc_per_node}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={self.address(0)}:{RENDEZVOUS_PORT}",
-                f"--rdzv-id={run_id}", f"--rdzv-conf=is_host={1 if node == 0 else 0}",
-                f"--local-addr={self.address(node)}", "--max-restarts=0", *args]
+                f"--rdzv-id={run_id}", f"--rdzv-conf={conf}",
+                f"--local-addr={self.address(node)}", f"--max-restarts={max_restarts}", *args]
+
+    def cut_link(self, node: int) -> None:
+        """Take node `node`'s link down: its peers get no reset, it just stops answering."""
+        subprocess.run(["ip", "-n", self.namespace(node), "link", "set", "eth0", "down"], check=True)
+
+    @staticmethod
+    def environment(env: dict[str, str] | None = None) -> dict[str, str]:
+        """Collectives must use the namespace's eth0, not whatever the host name resolves to."""
+        env = dict(env or quiet_env())
+        env.update(GLOO_SOCKET_IFNAME="eth0", NCCL_SOCKET_IFNAME="eth0", TP_SOCKET_IFNAME="eth0")
+        return env
 
     def torchrun(self, args: list[str], nproc_per_node: int = 1, timeout: float = 600,
                  env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
         """Start one torchrun agent per node and wait for all; raise with their output if any fails."""
-        env = dict(env or quiet_env())
-        # Collectives must use the namespace's eth0, not whatever the host name resolves to.
-        env.update(GLOO_SOCKET_IFNAME="eth0", NCCL_SOCKET_IFNAME="eth0", TP_SOCKET_IFNAME="eth0")
+        env = self.environment(env)
         run_id = uuid.uuid4().hex[:8]
         processes = [subprocess.Popen(self.torchrun_command(node, args, nproc_per_node, run_id),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

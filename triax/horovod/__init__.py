@@ -6,10 +6,10 @@ collectives are torch.distributed's, gloo on CPU and NCCL on GPU).
 """
 
 from triax.horovod.basics import (
-    ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-    disagreement_check_enabled, global_process_set, gloo_built, gloo_enabled, init, is_homogeneous,
+    ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+    disagreement_check_enabled, gloo_built, gloo_enabled, init, is_homogeneous,
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-    nccl_built, rank, rocm_built, set_disagreement_check, shutdown, size,
+    nccl_built, rank, rocm_built, set_disagreement_check, shutdown, size, start_timeline, stop_timeline,
 )
 from triax.horovod.broadcast_helpers import broadcast_optimizer_state, broadcast_parameters
 from triax.horovod.collectives import (
@@ -17,11 +17,14 @@ from triax.horovod.collectives import (
     alltoall_async, barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
     grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
     grouped_allreduce_async_, grouped_reducescatter, poll, reducescatter, reducescatter_async,
+    sparse_allreduce_async,
     synchronize,
 )
 from triax.horovod.compression import Compression, Compressor
+from triax.horovod.errors import HorovodInternalError, HostsUpdatedInterrupt
 from triax.horovod.joining import join
 from triax.horovod.objects import allgather_object, broadcast_object
+from triax.horovod.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from triax.horovod.optimizer import DistributedOptimizer
 from triax.horovod.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from triax.horovod.sync_batchnorm import SyncBatchNorm

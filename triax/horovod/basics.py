@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from triax.errors import TriaxError
 from triax import runtime
+from triax.errors import TriaxError
+from triax.horovod.errors import HorovodTypeError, HorovodValueError
 from triax.runtime import detect_place, init_distributed, pick_device
 
 CHECK_ENV = "TRIAX_HOROVOD_CHECK"
@@ -56,18 +58,15 @@ def _backend_for(device: torch.device) -> str:
 
 
 def init(comm=None, process_sets=None, check: bool | None = None) -> None:
-    """Join the job. `comm` and `process_sets` are accepted for Horovod compatibility; only the
-    global set of all processes is supported. `check` turns the disagreement check on or off
+    """Join the job. `process_sets`: hvd.ProcessSet objects to register, in order, on every rank
+    ("dynamic" or None: none now; add them later with hvd.add_process_set). `check` turns the disagreement check on or off
     (default: on, unless TRIAX_HOROVOD_CHECK=0)."""
     global _world
     if comm is not None and not isinstance(comm, (list, tuple)):
-        raise TriaxError("hvd.init(comm=...) takes an MPI communicator in Horovod; triax has no MPI "
+        raise HorovodTypeError("hvd.init(comm=...) takes an MPI communicator in Horovod; triax has no MPI "
                          "layer: call hvd.init() and start the processes with mpirun or torchrun")
     if comm:
-        raise TriaxError(f"hvd.init(comm={comm!r}): sub-communicators are not supported; call hvd.init()")
-    if process_sets not in (None, "dynamic", []):
-        raise TriaxError("hvd.init(process_sets=...) is not supported by triax.horovod; "
-                         "only the global process set exists")
+        raise HorovodValueError(f"hvd.init(comm={comm!r}): sub-communicators are not supported; call hvd.init()")
     if _world is not None:
         return  # Horovod allows repeated init(); the second call changes nothing
     place = detect_place()
@@ -77,7 +76,7 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
     owns_group = not dist.is_initialized()
     if place.world_size > 1 or dist.is_initialized():
         store = _next_store(place) if owns_group and place.world_size > 1 else None
-        place = init_distributed(device, place, backend=_backend_for(device), store=store)
+        place = init_distributed(device, place, backend=_backend_for(device), store=store, timeout_s=_gloo_timeout())
     rank, size = place.rank, place.world_size
     local_rank, local_size = place.local_rank, place.local_world_size
     cross_rank, cross_size, homogeneous = 0, 1, True
@@ -95,6 +94,24 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
     os.environ.update(HOROVOD_RANK=str(rank), HOROVOD_SIZE=str(size),
                       HOROVOD_LOCAL_RANK=str(local_rank), HOROVOD_LOCAL_SIZE=str(local_size),
                       HOROVOD_CROSS_RANK=str(cross_rank), HOROVOD_CROSS_SIZE=str(cross_size))
+    from triax.horovod import process_sets as sets
+
+    sets.register_at_init(process_sets)
+
+
+def _gloo_timeout() -> float | None:
+    """Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS bounds every collective; unset: triax's default
+    ($TRIAX_COLLECTIVE_TIMEOUT from `triax launch --collective-timeout`, else 600 s)."""
+    text = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "").strip()
+    if not text:
+        return None
+    from triax.watchdog import collective_timeout
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = text
+    return collective_timeout(value, source="HOROVOD_GLOO_TIMEOUT_SECONDS")
 
 
 def _next_store(place):
@@ -114,7 +131,10 @@ def shutdown() -> None:
         return
     from triax.horovod import handles
 
+    from triax.horovod import process_sets
+
     handles.forget_all()
+    process_sets.forget_all()
     if _world.owns_group and dist.is_initialized():
         dist.destroy_process_group()
     _world = None
@@ -126,7 +146,7 @@ def is_initialized() -> bool:
 
 def world() -> _World:
     if _world is None:
-        raise TriaxError("Horovod has not been initialized; call hvd.init() first")
+        raise HorovodValueError("Horovod has not been initialized; use hvd.init() first")
     return _world
 
 
@@ -171,6 +191,18 @@ def is_distributed() -> bool:
     return world().size > 1
 
 
+def start_timeline(file_path, mark_cycles: bool = False) -> None:
+    """Horovod writes a Chrome-trace timeline; triax does not. Use torch.profiler instead."""
+    world()
+    warnings.warn(f"hvd.start_timeline({file_path!r}) does nothing in triax.horovod; record a trace with "
+                  "torch.profiler.profile(...) instead", stacklevel=2)
+
+
+def stop_timeline() -> None:
+    world()
+    warnings.warn("hvd.stop_timeline() does nothing in triax.horovod (no timeline is recorded)", stacklevel=2)
+
+
 # Capability queries, answered for what triax actually runs on.
 def mpi_built() -> bool:
     return False  # triax never links MPI; mpirun only starts the processes
@@ -210,38 +242,3 @@ def cuda_built() -> bool:
 
 def rocm_built() -> bool:
     return getattr(torch.version, "hip", None) is not None
-
-
-class ProcessSet:
-    """Horovod's process sets; triax supports only the global one (every rank)."""
-
-    def __init__(self, ranks=None):
-        if ranks is not None:
-            raise TriaxError("hvd.ProcessSet(ranks) is not supported by triax.horovod; "
-                             "use hvd.global_process_set (all ranks)")
-
-    def size(self) -> int:
-        return size()
-
-    def rank(self) -> int:
-        return rank()
-
-    def included(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return "ProcessSet(global)"
-
-
-global_process_set = ProcessSet()
-
-
-def add_process_set(process_set) -> None:
-    raise TriaxError("hvd.add_process_set is not supported by triax.horovod; "
-                     "collectives run on all ranks (hvd.global_process_set)")
-
-
-def require_global(process_set) -> None:
-    if process_set is not None and process_set is not global_process_set:
-        raise TriaxError(f"process_set={process_set!r} is not supported by triax.horovod; "
-                         "leave process_set at its default (all ranks)")

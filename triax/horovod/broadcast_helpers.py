@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from triax.errors import TriaxError
-from triax.horovod import basics, engine
+from triax.horovod.errors import HorovodTypeError
+from triax.horovod import basics, engine, process_sets
+from triax.horovod.process_sets import global_process_set, in_process_set
 from triax.horovod.objects import broadcast_object
 
 
@@ -28,23 +29,24 @@ def _broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int, label: str)
                 offset += tensor.numel()
 
 
-def broadcast_parameters(params, root_rank=0, prefix=None):
+@in_process_set
+def broadcast_parameters(params, root_rank=0, prefix=None, process_set=global_process_set):
     """`params`: a state_dict (dict name -> tensor) or `model.named_parameters()` pairs."""
-    if basics.size() == 1:
+    if process_sets.active_size() == 1:
         return
     if isinstance(params, dict):
         items = sorted(params.items())
     else:
         items = list(params)
         if any(not (isinstance(item, (tuple, list)) and len(item) == 2) for item in items):
-            raise TriaxError("broadcast_parameters takes model.state_dict() or "
+            raise HorovodTypeError("broadcast_parameters takes model.state_dict() or "
                              "model.named_parameters() (name, tensor) pairs")
     tensors = []
     for name, value in items:
         if value is None:
             continue
         if not torch.is_tensor(value):
-            raise TriaxError(f"broadcast_parameters: {name!r} is a {type(value).__name__}, not a tensor; "
+            raise HorovodTypeError(f"broadcast_parameters: {name!r} is a {type(value).__name__}, not a tensor; "
                              "use hvd.broadcast_object for other values")
         tensors.append(value.data if isinstance(value, torch.nn.Parameter) else value)
     _broadcast_tensors_(tensors, root_rank, "broadcast_parameters" + (f" {prefix}" if prefix else ""))
@@ -88,14 +90,15 @@ def _placeholders(value, found: list):
     return found
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
+@in_process_set
+def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=global_process_set):
     """Every rank's optimizer takes root_rank's state and hyperparameters (lr, momentum, ...).
 
     Works when the state is still empty (before the first step): the empty state is what is
     broadcast, so no dummy step is needed. The layout travels as one pickled object; the tensors
     travel as fused broadcasts.
     """
-    if basics.size() == 1:
+    if process_sets.active_size() == 1:
         return
     state = optimizer.state_dict() if basics.rank() == root_rank else None
     tensors: list[torch.Tensor] = []

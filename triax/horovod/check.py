@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from triax.errors import TriaxError
-from triax.horovod import basics, compat, reduce_ops
+from triax.horovod.errors import HorovodInternalError
+from triax.horovod import basics, compat, process_sets, reduce_ops
 
 KINDS = ["none", "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier",
-         "optimizer step", "broadcast_object", "allgather_object", "join", "optimizer layout"]
+         "optimizer step", "broadcast_object", "allgather_object", "join", "optimizer layout",
+         "process set"]
 KIND = {name: code for code, name in enumerate(KINDS)}
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
@@ -30,13 +31,15 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uin
 
 _ON_DEVICE = 100
 MAX_DIMS = 8
-# row: kind, dtype, op, root, ndim, dims[8], shape digest, extra digest
-SLOTS = 5 + MAX_DIMS + 2
+# row: kind, dtype, op, root, ndim, dims[8], shape digest, extra digest, problem flag
+SLOTS = 5 + MAX_DIMS + 3
+PROBLEM = SLOTS - 1  # 1 when this rank refused its own arguments (see agree(problem=...))
+_PROBLEM_BYTES = 512
 _DIMS = slice(5, 5 + MAX_DIMS)
 # Kinds where each rank may bring a different first dimension.
 _FREE_FIRST_DIM = {KIND["allgather"], KIND["alltoall"]}
 # Kinds where only the kind and root must match (object sizes differ by design).
-_OBJECT_KINDS = {KIND["broadcast_object"], KIND["allgather_object"], KIND["barrier"]}
+_OBJECT_KINDS = {KIND["broadcast_object"], KIND["allgather_object"], KIND["barrier"], KIND["process set"]}
 
 
 def digest(text: str) -> int:
@@ -88,7 +91,7 @@ def describe(row: torch.Tensor) -> str:
         return kind
     parts = []
     ndim = values[4]
-    if kind not in ("broadcast_object", "allgather_object", "optimizer step", "optimizer layout"):
+    if kind not in ("broadcast_object", "allgather_object", "optimizer step", "optimizer layout", "process set"):
         shape = values[5:5 + min(ndim, MAX_DIMS)]
         parts.append(f"shape={tuple(shape)}{'+…' if ndim > MAX_DIMS else ''}")
         dtype_code = values[1] % _ON_DEVICE
@@ -97,7 +100,7 @@ def describe(row: torch.Tensor) -> str:
         parts.append(f"op={reduce_ops.NAMES.get(values[2], values[2])}")
     if values[3] >= 0:
         parts.append(f"root_rank={values[3]}")
-    if kind.startswith("optimizer"):
+    if kind.startswith("optimizer") or kind == "process set":
         parts.append(f"layout={values[6 + MAX_DIMS]:08x}")
     return f"{kind}({', '.join(parts)})"
 
@@ -134,14 +137,39 @@ def replay_device(row: torch.Tensor) -> torch.device:
 def gather_rows(row: torch.Tensor) -> torch.Tensor:
     global _rounds
     _rounds += 1
-    size = basics.size()
+    size = process_sets.active_size()
     device = basics.world().device if dist.get_backend() == "nccl" else torch.device("cpu")
     rows = torch.empty(size * SLOTS, dtype=torch.int64, device=device)
-    compat.all_gather_single(rows, row.to(device))
+    compat.all_gather_single(rows, row.to(device), group=process_sets.active_group())
     return rows.view(size, SLOTS).cpu()
 
 
-def check_rows(rows: torch.Tensor, name: str | None) -> Agreement:
+def _shared_problem(problem: str | None, rows: torch.Tensor, name: str | None) -> str:
+    """One message, built identically on every rank, from what each refusing rank reported."""
+    size = rows.shape[0]
+    mine = torch.zeros(_PROBLEM_BYTES, dtype=torch.uint8)
+    if problem:
+        encoded = problem.encode()[:_PROBLEM_BYTES]
+        mine[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+    device = basics.world().device if dist.get_backend() == "nccl" else torch.device("cpu")
+    everyone = torch.empty(size * _PROBLEM_BYTES, dtype=torch.uint8, device=device)
+    compat.all_gather_single(everyone, mine.to(device), group=process_sets.active_group())
+    everyone = everyone.view(size, _PROBLEM_BYTES).cpu()
+    reports: dict[str, list[int]] = {}  # problem text -> ranks that reported it
+    for r in range(size):
+        if int(rows[r, PROBLEM]):
+            text = bytes(everyone[r].tolist()).rstrip(b"\0").decode(errors="replace")
+            reports.setdefault(text, []).append(process_sets.active_ranks()[r])
+    reports = [f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}: {text}"
+               for text, ranks in reports.items()]
+    label = f" {name!r}" if name else ""
+    return f"Horovod collective{label} refused on every rank, nothing was exchanged — " + "; ".join(reports)
+
+
+def check_rows(rows: torch.Tensor, name: str | None, problem: str | None = None) -> Agreement:
+    if bool(rows[:, PROBLEM].any()):
+        # Some rank refused its arguments before moving data: all raise together, same message.
+        raise HorovodInternalError(_shared_problem(problem, rows, name))
     joined = [r for r in range(rows.shape[0]) if int(rows[r, 0]) == KIND["join"]]
     active = [r for r in range(rows.shape[0]) if r not in joined]
     if not active:
@@ -149,28 +177,37 @@ def check_rows(rows: torch.Tensor, name: str | None) -> Agreement:
     reference = _comparable(rows[active[0]])
     if any(not torch.equal(_comparable(rows[r]), reference) for r in active[1:]):
         groups: dict[str, list[int]] = {}
+        ranks = process_sets.active_ranks()  # rows are in set order; name ranks globally
         for r in active:
-            groups.setdefault(describe(rows[r]), []).append(r)
+            groups.setdefault(describe(rows[r]), []).append(ranks[r])
         found = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {what}"
                           for what, rs in groups.items())
         label = f" {name!r}" if name else ""
-        raise TriaxError(
+        raise HorovodInternalError(
             f"Horovod collective{label}: ranks disagree — {found}. Every rank must call the same "
             f"collective, in the same order, with the same shape (first dimension may differ only "
             f"for allgather/alltoall), dtype, op and root_rank "
             f"(set {basics.CHECK_ENV}=0 to skip this check)")
     root = int(rows[active[0], 3])
-    if root in joined:
-        raise TriaxError(f"Horovod collective{' ' + repr(name) if name else ''}: root_rank={root} has "
+    if root >= 0 and root in [process_sets.active_ranks()[j] for j in joined]:
+        raise HorovodInternalError(f"Horovod collective{' ' + repr(name) if name else ''}: root_rank={root} has "
                          "already called hvd.join(); broadcast from a rank that has not joined")
     return Agreement(rows, joined)
 
 
 def agree(kind: str, tensor: torch.Tensor | None = None, op: int = -1, root: int = -1,
-          name: str | None = None, extra: str = "", shape=None, dtype=None) -> Agreement | None:
-    """Run the check before a collective; None when it is off or there is only one process."""
+          name: str | None = None, extra: str = "", shape=None, dtype=None,
+          problem: str | None = None) -> Agreement | None:
+    """Run the check before a collective; None when it is off or there is only one process.
+
+    `problem`: what is wrong with this rank's own arguments, if anything. It is raised on every
+    rank (not only here), so no rank is left waiting in a collective the others abandoned.
+    """
     world = basics.world()
-    if world.size == 1 or not world.check:
+    if process_sets.active_size() == 1 or not world.check:
+        if problem:
+            raise HorovodInternalError(problem)
         return None
-    rows = gather_rows(make_row(kind, tensor, op, root, extra, shape, dtype))
-    return check_rows(rows, name)
+    row = make_row(kind, tensor if problem is None else None, op, root, extra, shape, dtype)
+    row[PROBLEM] = 1 if problem else 0
+    return check_rows(gather_rows(row), name, problem)

@@ -1,16 +1,16 @@
 """Horovod's collectives: synchronous, `_async` (a handle for poll/synchronize) and in-place `_`.
 
-Every function accepts Horovod's `name=` (used in error messages) and `process_set=` (only the
-global set). Out-of-place synchronous forms go through autograd functions so gradients flow.
+Every function accepts Horovod's `name=` (used in error messages) and `process_set=` (a set
+registered with hvd.init(process_sets=...) or hvd.add_process_set; see process_sets.py). Out-of-place synchronous forms go through autograd functions so gradients flow.
 """
 
 from __future__ import annotations
 
 import torch
 
-from triax.errors import TriaxError
-from triax.horovod import autograd, basics, engine, handles, reduce_ops
-from triax.horovod.basics import global_process_set, require_global
+from triax.horovod.errors import HorovodTypeError, HorovodValueError
+from triax.horovod import autograd, basics, engine, handles, process_sets, reduce_ops
+from triax.horovod.process_sets import global_process_set, in_process_set
 from triax.horovod.compression import Compression
 
 poll = handles.poll
@@ -19,7 +19,7 @@ synchronize = handles.synchronize
 
 def _tensor(value, what: str) -> torch.Tensor:
     if not torch.is_tensor(value):
-        raise TriaxError(f"hvd.{what} takes a torch.Tensor, got {type(value).__name__}; "
+        raise HorovodTypeError(f"hvd.{what} takes a torch.Tensor, got {type(value).__name__}; "
                          "wrap the value with torch.tensor(...)")
     basics.world()  # raises a clear error before init()
     return value
@@ -40,32 +40,33 @@ def _inplace(tensor: torch.Tensor, start):
 
 
 # ---- allreduce -------------------------------------------------------------------------------
+@in_process_set
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    require_global(process_set)
     op = reduce_ops.resolve(op, average)
     return autograd.AllreduceFunction.apply(_tensor(tensor, "allreduce"), op, prescale_factor,
                                             postscale_factor, compression, name)
 
 
+@in_process_set
 def allreduce_async(tensor, average=None, name=None, compression=Compression.none, op=None,
                     prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    require_global(process_set)
     op = reduce_ops.resolve(op, average)
     buffer = _tensor(tensor, "allreduce_async").detach().clone(memory_format=torch.contiguous_format)
     works, finish = engine.start_allreduce(buffer, op, prescale_factor, postscale_factor, compression, name)
     return handles.make(works, finish, name or "allreduce")
 
 
+@in_process_set
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
-    require_global(process_set)
     op = reduce_ops.resolve(op, average)
     works, finish = _inplace(_tensor(tensor, "allreduce_async_"), lambda b: engine.start_allreduce(
         b, op, prescale_factor, postscale_factor, name=name))
     return handles.make(works, finish, name or "allreduce")
 
 
+@in_process_set
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
@@ -75,23 +76,23 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 # ---- grouped allreduce (one fused allreduce per dtype) ----------------------------------------
 def _tensors(values, what):
     if not isinstance(values, (list, tuple)) or not values:
-        raise TriaxError(f"hvd.{what} takes a non-empty list of tensors, got {type(values).__name__}")
+        raise HorovodTypeError(f"hvd.{what} takes a non-empty list of tensors, got {type(values).__name__}")
     return [_tensor(v, what) for v in values]
 
 
+@in_process_set
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    require_global(process_set)
     op = reduce_ops.resolve(op, average)
     return list(autograd.GroupedAllreduceFunction.apply(
         op, prescale_factor, postscale_factor, compression, name,
         *_tensors(tensors, "grouped_allreduce")))
 
 
+@in_process_set
 def grouped_allreduce_async(tensors, average=None, name=None, compression=Compression.none,
                             op=None, prescale_factor=1.0, postscale_factor=1.0,
                             process_set=global_process_set):
-    require_global(process_set)
     op = reduce_ops.resolve(op, average)
     buffers = [t.detach().clone(memory_format=torch.contiguous_format)
                for t in _tensors(tensors, "grouped_allreduce_async")]
@@ -100,9 +101,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, compression=Compre
     return handles.make(works, finish, name or "grouped_allreduce")
 
 
+@in_process_set
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
-    require_global(process_set)
     op = reduce_ops.resolve(op, average)
     tensors = _tensors(tensors, "grouped_allreduce_async_")
     buffers = [t if t.is_contiguous() else t.contiguous() for t in tensors]
@@ -119,6 +120,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return handles.make(works, done, name or "grouped_allreduce")
 
 
+@in_process_set
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
@@ -126,78 +128,109 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 # ---- allgather --------------------------------------------------------------------------------
+@in_process_set
 def allgather(tensor, name=None, process_set=global_process_set):
-    require_global(process_set)
     return autograd.AllgatherFunction.apply(_tensor(tensor, "allgather"), name)
 
 
+@in_process_set
 def allgather_async(tensor, name=None, process_set=global_process_set):
-    require_global(process_set)
     works, finish = engine.start_allgather(_tensor(tensor, "allgather_async").detach(), name)
     return handles.make(works, finish, name or "allgather")
 
 
+@in_process_set
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     return [allgather(t, name, process_set) for t in _tensors(tensors, "grouped_allgather")]
 
 
+# ---- sparse allreduce: every rank's (indices, values), gathered ---------------------------------
+@in_process_set
+def sparse_allreduce_async(tensor, name=None, op=reduce_ops.Average, process_set=global_process_set):
+    """Sum (or average) sparse COO tensors by gathering every rank's indices and values.
+
+    Returns a handle; synchronize() gives an uncoalesced sparse tensor of the same size, as in
+    Horovod (coalesce() it to add up entries several ranks share).
+    """
+    if not torch.is_tensor(tensor) or not tensor.is_sparse:
+        raise HorovodTypeError(f"hvd.sparse_allreduce_async takes a sparse COO tensor, got "
+                               f"{type(tensor).__name__ if not torch.is_tensor(tensor) else tensor.layout}")
+    op = reduce_ops.resolve(op)
+    if op not in (reduce_ops.Average, reduce_ops.Sum):
+        raise HorovodValueError(f"sparse allreduce supports op=hvd.Sum and hvd.Average, not {reduce_ops.NAMES[op]}")
+    indices, values = tensor._indices(), tensor._values()
+    if op == reduce_ops.Average:
+        values = values / process_sets.active_size()
+    # allgather concatenates along dim 0: gather the indices as (nnz, sparse_dims) rows.
+    index_works, indices_done = engine.start_allgather(indices.t().contiguous(), f"{name or 'sparse'}.indices")
+    value_works, values_done = engine.start_allgather(values.detach().contiguous(), f"{name or 'sparse'}.values")
+    shape = tensor.shape
+
+    def finish():
+        return torch.sparse_coo_tensor(indices_done().t(), values_done(), shape)
+
+    return handles.make(index_works + value_works, finish, name or "sparse_allreduce")
+
+
 # ---- broadcast --------------------------------------------------------------------------------
+@in_process_set
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    require_global(process_set)
     return autograd.BroadcastFunction.apply(_tensor(tensor, "broadcast"), root_rank, name)
 
 
+@in_process_set
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
-    require_global(process_set)
     buffer = _tensor(tensor, "broadcast_async").detach().clone(memory_format=torch.contiguous_format)
     works, finish = engine.start_broadcast(buffer, root_rank, name)
     return handles.make(works, finish, name or "broadcast")
 
 
+@in_process_set
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    require_global(process_set)
     works, finish = _inplace(_tensor(tensor, "broadcast_async_"),
                              lambda b: engine.start_broadcast(b, root_rank, name))
     return handles.make(works, finish, name or "broadcast")
 
 
+@in_process_set
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 # ---- alltoall ---------------------------------------------------------------------------------
+@in_process_set
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Returns the received tensor; with `splits`, also how many rows came from each rank."""
-    require_global(process_set)
     output, received = autograd.AlltoallFunction.apply(_tensor(tensor, "alltoall"), splits, name)
     return output if splits is None else (output, received)
 
 
+@in_process_set
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    require_global(process_set)
     works, finish = engine.start_alltoall(_tensor(tensor, "alltoall_async").detach(), splits, name)
     result = finish if splits is not None else (lambda: finish()[0])
     return handles.make(works, result, name or "alltoall")
 
 
 # ---- reducescatter ----------------------------------------------------------------------------
+@in_process_set
 def reducescatter(tensor, name=None, compression=Compression.none, op=reduce_ops.Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    require_global(process_set)
     op = reduce_ops.resolve(op)
     return autograd.ReducescatterFunction.apply(_tensor(tensor, "reducescatter"), op, prescale_factor,
                                                 postscale_factor, compression, name)
 
 
+@in_process_set
 def reducescatter_async(tensor, name=None, compression=Compression.none, op=reduce_ops.Average,
                         process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    require_global(process_set)
     op = reduce_ops.resolve(op)
     works, finish = engine.start_reducescatter(_tensor(tensor, "reducescatter_async").detach(), op,
                                                prescale_factor, postscale_factor, compression, name)
     return handles.make(works, finish, name or "reducescatter")
 
 
+@in_process_set
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=reduce_ops.Average,
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     return [reducescatter(t, name, compression, op, process_set, prescale_factor, postscale_factor)
@@ -205,7 +238,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=r
 
 
 # ---- barrier ----------------------------------------------------------------------------------
+@in_process_set
 def barrier(process_set=global_process_set):
-    require_global(process_set)
     basics.world()
     engine.wait(engine.start_barrier())

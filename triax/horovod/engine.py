@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from triax.errors import TriaxError
-from triax.horovod import basics, check, compat, reduce_ops
+from triax.horovod.errors import HorovodInternalError, HorovodNotImplementedError
+from triax.horovod import adasum, basics, check, compat, process_sets, reduce_ops
 from triax.horovod.compression import NoneCompressor
 
 _UNCHECKED = object()  # sentinel: run the check here
@@ -25,12 +25,40 @@ def wait(works_and_finish):
     return finish()
 
 
-def _agree(agreement, kind, tensor=None, **fields):
-    return check.agree(kind, tensor, **fields) if agreement is _UNCHECKED else agreement
+def _agree(agreement, kind, tensor=None, problem=None, **fields):
+    """The check round (or the one a joined rank already did); a `problem` raises on every rank."""
+    if agreement is _UNCHECKED:
+        return check.agree(kind, tensor, problem=problem, **fields)
+    if problem:
+        raise HorovodInternalError(problem)
+    return agreement
 
 
 def _distributed() -> bool:
-    return basics.size() > 1
+    return process_sets.active_size() > 1
+
+
+def _group():
+    return process_sets.active_group()
+
+
+# dtypes gloo (and NCCL) cannot move, and the wider type they travel as. Integers widen and narrow
+# back bit-exactly: a sum that overflows int16 wraps exactly as it would have in int16.
+_WIRE_DTYPES = {torch.int16: torch.int32}
+
+
+def to_wire(tensor: torch.Tensor) -> torch.Tensor:
+    wider = _WIRE_DTYPES.get(tensor.dtype)
+    return tensor if wider is None else tensor.to(wider)
+
+
+def _average_divisor(tensor: torch.Tensor, op: int, contributors: int, postscale: float):
+    """Horovod averages floats by scaling and integers by floor division: (divisor, postscale)."""
+    if op != reduce_ops.Average:
+        return 1, postscale
+    if tensor.is_floating_point() or tensor.is_complex():
+        return 1, postscale / contributors
+    return contributors, postscale
 
 
 def start_allreduce(buffer: torch.Tensor, op: int, prescale: float = 1.0, postscale: float = 1.0,
@@ -39,25 +67,55 @@ def start_allreduce(buffer: torch.Tensor, op: int, prescale: float = 1.0, postsc
     """Reduce `buffer` (contiguous) in place across ranks."""
     if not buffer.is_contiguous():  # callers hand over their own contiguous copy
         raise RuntimeError(f"allreduce {name or ''}: internal buffer must be contiguous")
+    if op == reduce_ops.Adasum:
+        return _start_adasum(buffer, prescale, postscale, compression, name, extra, agreement)
     wire, ctx = compression.compress(buffer)
     # The check describes the tensor as it travels (a joined rank must send the same dtype);
     # the extra digest keeps the caller's own shape and dtype in the comparison.
     agreement = _agree(agreement, "allreduce", wire, op=op, name=name,
                        extra=f"{extra}|{buffer.dtype}")
-    contributors = agreement.active_count if agreement is not None else basics.size()
-    if op == reduce_ops.Average:
-        postscale = postscale / contributors
+    contributors = agreement.active_count if agreement is not None else process_sets.active_size()
+    divisor, postscale = _average_divisor(wire, op, contributors, postscale)
     reduce_ops.scale_(wire, prescale)
-    works = [dist.all_reduce(wire, op=reduce_ops.torch_op(op), async_op=True)] if _distributed() else []
+    sent = to_wire(wire)
+    works = [dist.all_reduce(sent, op=reduce_ops.torch_op(op), group=_group(), async_op=True)] if _distributed() else []
 
     def finish():
-        reduce_ops.scale_(wire, postscale)
+        if divisor != 1:
+            sent.floor_divide_(divisor)
+        reduce_ops.scale_(sent, postscale)
+        if sent is not wire:
+            wire.copy_(sent)
         result = compression.decompress(wire, ctx)
         if result.data_ptr() != buffer.data_ptr():
             buffer.copy_(result)
         return buffer
 
     return works, finish
+
+
+def _start_adasum(buffer, prescale, postscale, compression, name, extra, agreement):
+    """Adasum runs to completion here (a butterfly of sends, see adasum.py); nothing stays in flight."""
+    size_problem = adasum.power_of_two_problem(process_sets.active_size())
+    if size_problem:  # the same size on every rank of the set: all raise here, Horovod's class
+        raise HorovodNotImplementedError(size_problem)
+    problem = None
+    if not buffer.is_floating_point():
+        problem = f"allreduce {name or ''}: op=hvd.Adasum combines floating-point gradients, got {buffer.dtype}"
+    wire, ctx = compression.compress(buffer)
+    agreement = _agree(agreement, "allreduce", wire, problem, op=reduce_ops.Adasum, name=name,
+                       extra=f"{extra}|{buffer.dtype}")
+    if agreement is not None and agreement.joined:
+        raise HorovodInternalError(f"allreduce {name or ''}: op=hvd.Adasum cannot run while ranks "
+                                   f"{agreement.joined} have joined")
+    reduce_ops.scale_(wire, prescale)
+    if _distributed():
+        adasum.adasum_(wire)
+    reduce_ops.scale_(wire, postscale)
+    result = compression.decompress(wire, ctx)
+    if result.data_ptr() != buffer.data_ptr():
+        buffer.copy_(result)
+    return [], lambda: buffer
 
 
 def start_grouped_allreduce(buffers: list[torch.Tensor], op: int, prescale: float = 1.0,
@@ -68,6 +126,8 @@ def start_grouped_allreduce(buffers: list[torch.Tensor], op: int, prescale: floa
     for index, tensor in enumerate(buffers):
         groups.setdefault((tensor.dtype, tensor.device), []).append(index)
     works, finishes = [], []
+    if op == reduce_ops.Adasum:  # Adasum combines each tensor on its own, as Horovod's does
+        groups = {(i,): [i] for i in range(len(buffers))}
     for indices in groups.values():
         flat = torch.cat([buffers[i].reshape(-1) for i in indices])
         shapes = ";".join(str(tuple(buffers[i].shape)) for i in indices)
@@ -96,31 +156,32 @@ def start_grouped_allreduce(buffers: list[torch.Tensor], op: int, prescale: floa
 def start_allgather(tensor: torch.Tensor, name: str | None = None, agreement=_UNCHECKED):
     """Concatenate every rank's tensor along dim 0; first dimensions may differ."""
     tensor = tensor.contiguous()
+    problem = (f"allgather {name or ''}: a 0-dim tensor has no first dimension to concatenate along; "
+               "use tensor.reshape(1)") if tensor.dim() == 0 else None
+    agreement = _agree(agreement, "allgather", tensor, problem, name=name)
     if not _distributed():
         return [], lambda: tensor.clone()
-    if tensor.dim() == 0:
-        raise TriaxError(f"allgather {name or ''}: a 0-dim tensor has no first dimension to "
-                         "concatenate along; use tensor.reshape(1)")
-    agreement = _agree(agreement, "allgather", tensor, name=name)
     if agreement is not None:
         first_dims = agreement.first_dims()
     else:
-        dims = torch.empty(basics.size(), dtype=torch.int64)
-        compat.all_gather_single(dims, torch.tensor([tensor.shape[0]], dtype=torch.int64))
+        dims = torch.empty(process_sets.active_size(), dtype=torch.int64)
+        compat.all_gather_single(dims, torch.tensor([tensor.shape[0]], dtype=torch.int64), group=_group())
         first_dims = dims.tolist()
     longest, rest = max(first_dims), tuple(tensor.shape[1:])
+    sent = to_wire(tensor)
     if tensor.shape[0] < longest:  # pad so every rank sends the same number of rows
-        padded = tensor.new_zeros((longest,) + rest)
-        padded[:tensor.shape[0]] = tensor
+        padded = sent.new_zeros((longest,) + rest)
+        padded[:tensor.shape[0]] = sent
     else:
-        padded = tensor
-    gathered = tensor.new_empty((longest * len(first_dims),) + rest)
-    works = [compat.all_gather_single(gathered, padded, async_op=True)]
+        padded = sent
+    gathered = sent.new_empty((longest * len(first_dims),) + rest)
+    works = [compat.all_gather_single(gathered, padded, group=_group(), async_op=True)]
 
     def finish():
-        if all(d == longest for d in first_dims):
-            return gathered
-        return torch.cat([gathered[r * longest:r * longest + d] for r, d in enumerate(first_dims)])
+        rows = gathered
+        if any(d != longest for d in first_dims):
+            rows = torch.cat([gathered[r * longest:r * longest + d] for r, d in enumerate(first_dims)])
+        return rows if rows.dtype == tensor.dtype else rows.to(tensor.dtype)
 
     return works, finish
 
@@ -128,14 +189,27 @@ def start_allgather(tensor: torch.Tensor, name: str | None = None, agreement=_UN
 def start_broadcast(buffer: torch.Tensor, root_rank: int, name: str | None = None,
                     agreement=_UNCHECKED):
     """Overwrite `buffer` (contiguous) with root_rank's."""
-    size = basics.size()
-    if not 0 <= root_rank < size:
-        raise TriaxError(f"broadcast {name or ''}: root_rank={root_rank} is outside 0..{size - 1}")
+    problem = root_problem("broadcast", root_rank, name)
+    _agree(agreement, "broadcast", buffer, problem, root=root_rank if problem is None else -1, name=name)
     if not _distributed():
         return [], lambda: buffer
-    _agree(agreement, "broadcast", buffer, root=root_rank, name=name)
-    works = [dist.broadcast(buffer, src=root_rank, async_op=True)]
-    return works, lambda: buffer
+    sent = to_wire(buffer)
+    works = [dist.broadcast(sent, src=root_rank, group=_group(), async_op=True)]
+
+    def finish():
+        if sent is not buffer:
+            buffer.copy_(sent)
+        return buffer
+
+    return works, finish
+
+
+def root_problem(what: str, root_rank, name: str | None) -> str | None:
+    ranks = process_sets.active_ranks()  # root_rank is a global rank, in the set (as Horovod's)
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank not in ranks:
+        where = f"0..{len(ranks) - 1}" if process_sets.current().ranks is None else f"the process set {ranks}"
+        return f"{what} {name or ''}: root_rank={root_rank!r} is not a rank in {where}"
+    return None
 
 
 def even_splits(rows: int, parts: int) -> list[int]:
@@ -143,39 +217,54 @@ def even_splits(rows: int, parts: int) -> list[int]:
     return [rows // parts + (1 if r < rows % parts else 0) for r in range(parts)]
 
 
+def _checked_splits(tensor, splits, size: int, name: str | None):
+    """(rows sent to each rank, None) or (None, what is wrong)."""
+    rows = tensor.shape[0] if tensor.dim() else 0
+    if splits is None:
+        if tensor.dim() == 0 or rows % size:
+            return None, (f"alltoall {name or ''}: first dimension {tuple(tensor.shape)[:1]} does not divide "
+                          f"by size {size}; pass splits= (rows sent to each rank)")
+        return [rows // size] * size, None
+    try:
+        splits = [int(s) for s in (splits.tolist() if torch.is_tensor(splits) else splits)]
+    except (TypeError, ValueError):
+        return None, f"alltoall {name or ''}: splits={splits!r} is not a list of row counts"
+    if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != rows:
+        return None, (f"alltoall {name or ''}: splits={splits} must have {size} non-negative entries "
+                      f"summing to the first dimension {rows}")
+    return splits, None
+
+
 def start_alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,
                    agreement=_UNCHECKED):
     """Send rows splits[r] to rank r; returns (received rows, received splits)."""
-    size = basics.size()
+    size = process_sets.active_size()
     tensor = tensor.contiguous()
-    if splits is None:
-        if tensor.dim() == 0 or tensor.shape[0] % size:
-            raise TriaxError(f"alltoall {name or ''}: first dimension {tuple(tensor.shape)[:1]} does "
-                             f"not divide by size {size}; pass splits= (rows sent to each rank)")
-        splits = [tensor.shape[0] // size] * size
-    splits = [int(s) for s in (splits.tolist() if torch.is_tensor(splits) else splits)]
-    if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != tensor.shape[0]:
-        raise TriaxError(f"alltoall {name or ''}: splits={splits} must have {size} non-negative "
-                         f"entries summing to the first dimension {tensor.shape[0] if tensor.dim() else 0}")
+    splits, problem = _checked_splits(tensor, splits, size, name)
+    _agree(agreement, "alltoall", tensor, problem, name=name)
     if not _distributed():
         return [], lambda: (tensor.clone(), torch.tensor(splits, dtype=torch.int32))
-    _agree(agreement, "alltoall", tensor, name=name)
     received = torch.empty(size, dtype=torch.int64)
-    dist.all_to_all_single(received, torch.tensor(splits, dtype=torch.int64))
+    dist.all_to_all_single(received, torch.tensor(splits, dtype=torch.int64), group=_group())
     received_splits = received.tolist()
-    output = tensor.new_empty((sum(received_splits),) + tuple(tensor.shape[1:]))
-    works = [dist.all_to_all_single(output, tensor, output_split_sizes=received_splits,
-                                    input_split_sizes=splits, async_op=True)]
-    return works, lambda: (output, received.to(torch.int32))
+    sent = to_wire(tensor)
+    output = sent.new_empty((sum(received_splits),) + tuple(tensor.shape[1:]))
+    works = [dist.all_to_all_single(output, sent, output_split_sizes=received_splits,
+                                    input_split_sizes=splits, group=_group(), async_op=True)]
+    return works, lambda: (output.to(tensor.dtype), received.to(torch.int32))
 
 
 def start_reducescatter(tensor: torch.Tensor, op: int = reduce_ops.Average, prescale: float = 1.0,
                         postscale: float = 1.0, compression=NoneCompressor, name: str | None = None,
                         agreement=_UNCHECKED):
     """Reduce across ranks, each keeping its share of dim 0 (Horovod's uneven split)."""
-    size, rank = basics.size(), basics.rank()
-    if tensor.dim() == 0:
-        raise TriaxError(f"reducescatter {name or ''}: a 0-dim tensor cannot be scattered; reshape it")
+    size, rank = process_sets.active_size(), process_sets.active_rank()
+    if op == reduce_ops.Adasum:  # as in Horovod
+        _agree(agreement, "reducescatter", tensor, problem=f"reducescatter {name or ''}: op=hvd.Adasum is "
+               "not supported for reducescatter; use op=hvd.Sum or hvd.Average")
+    if tensor.dim() == 0:  # refused on every rank, before any data moves
+        _agree(agreement, "reducescatter", tensor, problem=f"reducescatter {name or ''}: a 0-dim tensor "
+               "cannot be scattered; reshape it to at least one dimension")
     shares = even_splits(tensor.shape[0], size)
     chunk, rest = max(shares), tuple(tensor.shape[1:])
     # Lay each rank's share into an equal-sized chunk, so reduce_scatter_tensor can do the work.
@@ -188,18 +277,21 @@ def start_reducescatter(tensor: torch.Tensor, op: int = reduce_ops.Average, pres
     agreement = _agree(agreement, "reducescatter", wire, op=op, name=name,
                        extra=f"{tuple(tensor.shape)}|{tensor.dtype}")
     contributors = agreement.active_count if agreement is not None else size
-    if op == reduce_ops.Average:
-        postscale = postscale / contributors
+    divisor, postscale = _average_divisor(wire, op, contributors, postscale)
     reduce_ops.scale_(wire, prescale)
-    output = wire.new_empty((chunk,) + rest)
+    sent = to_wire(wire)
+    output = sent.new_empty((chunk,) + rest)
     if _distributed():
-        works = [compat.reduce_scatter_single(output, wire, op=reduce_ops.torch_op(op), async_op=True)]
+        works = [compat.reduce_scatter_single(output, sent, op=reduce_ops.torch_op(op), group=_group(),
+                                              async_op=True)]
     else:
-        works, output = [], wire
+        works, output = [], sent
 
     def finish():
+        if divisor != 1:
+            output.floor_divide_(divisor)
         reduce_ops.scale_(output, postscale)
-        return compression.decompress(output, ctx)[:shares[rank]]
+        return compression.decompress(output.to(wire.dtype), ctx)[:shares[rank]]
 
     return works, finish
 
@@ -208,4 +300,4 @@ def start_barrier(agreement=_UNCHECKED):
     if not _distributed():
         return [], lambda: None
     _agree(agreement, "barrier")
-    return [dist.barrier(async_op=True)], lambda: None
+    return [dist.barrier(group=_group(), async_op=True)], lambda: None

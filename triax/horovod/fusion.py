@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from triax.errors import TriaxError
+from triax.horovod.errors import HorovodValueError
 
 FUSION_ENV = "HOROVOD_FUSION_THRESHOLD"
 DEFAULT_FUSION_BYTES = 64 * 1024 * 1024
@@ -26,7 +26,7 @@ def fusion_threshold() -> int:
     try:
         return int(raw)
     except ValueError:
-        raise TriaxError(f"{FUSION_ENV}={raw!r} is not a number of bytes; e.g. {FUSION_ENV}=67108864") from None
+        raise HorovodValueError(f"{FUSION_ENV}={raw!r} is not a number of bytes; e.g. {FUSION_ENV}=67108864") from None
 
 
 @dataclass
@@ -70,7 +70,7 @@ def plan_buckets(params: list, names_by_id: dict, threshold: int, groups=None) -
         for group in groups:
             group = [p for p in group if id(p) in known]
             if any(id(p) in claimed for p in group):
-                raise TriaxError("DistributedOptimizer(groups=...): a parameter appears in two groups; "
+                raise HorovodValueError("DistributedOptimizer(groups=...): a parameter appears in two groups; "
                                  "give each parameter to at most one group")
             claimed |= {id(p) for p in group}
             # keep launch order inside a group

@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from triax.errors import TriaxError
+from triax.horovod.errors import HorovodValueError
 
 
 @dataclass
@@ -35,7 +35,7 @@ def _get(handle: int) -> _Pending:
     try:
         return _pending[handle]
     except (KeyError, TypeError):
-        raise TriaxError(f"handle {handle!r} is unknown or was already synchronized; "
+        raise HorovodValueError(f"handle {handle!r} is unknown or was already synchronized; "
                          "pass the value an hvd.*_async call returned, once") from None
 
 

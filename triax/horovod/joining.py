@@ -11,20 +11,22 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from triax.errors import TriaxError
-from triax.horovod import basics, check, compat, engine, reduce_ops
+from triax.horovod.errors import HorovodInternalError, HorovodValueError
+from triax.horovod import basics, check, compat, engine, process_sets, reduce_ops
+from triax.horovod.process_sets import global_process_set, in_process_set
 
 # Layout digest -> DistributedOptimizer, so a joined rank can serve a gradient step (optimizer.py).
 optimizers_by_layout: dict = {}
 
 
-def join(device=-1) -> int:
-    """Block until every rank has called join(); return the rank that joined last."""
+@in_process_set
+def join(device=-1, process_set=global_process_set) -> int:
+    """Block until every rank (of the set) has called join(); return the rank that joined last."""
     world = basics.world()
-    if world.size == 1:
-        return 0
+    if process_sets.active_size() == 1:
+        return world.rank
     if not world.check:
-        raise TriaxError(f"hvd.join() needs the per-collective check round, which is off "
+        raise HorovodValueError(f"hvd.join() needs the per-collective check round, which is off "
                          f"({basics.CHECK_ENV}=0 or hvd.init(check=False)); turn it back on to use join")
     joined_at = check.rounds()
     while True:
@@ -36,7 +38,7 @@ def join(device=-1) -> int:
     # The rank that joined last submitted its first JOIN row in the latest round.
     stamps = rows[:, 6 + check.MAX_DIMS].tolist()
     latest = max(stamps)
-    return max(r for r, stamp in enumerate(stamps) if stamp == latest)
+    return process_sets.active_ranks()[max(r for r, stamp in enumerate(stamps) if stamp == latest)]
 
 
 def _serve(agreement: check.Agreement) -> None:
@@ -45,29 +47,31 @@ def _serve(agreement: check.Agreement) -> None:
     row = agreement.rows[active[0]]
     kind = check.KINDS[int(row[0])]
     op, root = int(row[2]), int(row[3])
+    if kind == "allreduce" and op == reduce_ops.Adasum:
+        raise HorovodInternalError("allreduce: op=hvd.Adasum cannot run while ranks have joined")
     if kind == "allreduce":
         buffer = reduce_ops.neutral_fill(torch.empty(check.replay_shape(row), dtype=check.replay_dtype(row), device=check.replay_device(row)), op)
-        dist.all_reduce(buffer, op=reduce_ops.torch_op(op))
+        dist.all_reduce(engine.to_wire(buffer), op=reduce_ops.torch_op(op), group=process_sets.active_group())
     elif kind == "reducescatter":
         shape = check.replay_shape(row)
-        buffer = reduce_ops.neutral_fill(torch.empty(shape, dtype=check.replay_dtype(row), device=check.replay_device(row)), op)
-        output = buffer.new_empty((shape[0] // basics.size(),) + shape[1:])
-        compat.reduce_scatter_single(output, buffer, op=reduce_ops.torch_op(op))
+        buffer = engine.to_wire(reduce_ops.neutral_fill(torch.empty(shape, dtype=check.replay_dtype(row), device=check.replay_device(row)), op))
+        output = buffer.new_empty((shape[0] // process_sets.active_size(),) + shape[1:])
+        compat.reduce_scatter_single(output, buffer, op=reduce_ops.torch_op(op), group=process_sets.active_group())
     elif kind == "allgather":
         empty = torch.empty((0,) + check.replay_shape(row)[1:], dtype=check.replay_dtype(row), device=check.replay_device(row))
         engine.wait(engine.start_allgather(empty, agreement=agreement))
     elif kind == "alltoall":
         empty = torch.empty((0,) + check.replay_shape(row)[1:], dtype=check.replay_dtype(row), device=check.replay_device(row))
-        engine.wait(engine.start_alltoall(empty, [0] * basics.size(), agreement=agreement))
+        engine.wait(engine.start_alltoall(empty, [0] * process_sets.active_size(), agreement=agreement))
     elif kind == "broadcast":
         buffer = torch.empty(check.replay_shape(row), dtype=check.replay_dtype(row), device=check.replay_device(row))
         engine.wait(engine.start_broadcast(buffer, root, agreement=agreement))
     elif kind == "barrier":
-        dist.barrier()
+        dist.barrier(group=process_sets.active_group())
     elif kind == "broadcast_object":
-        dist.broadcast_object_list([None], src=root)
+        dist.broadcast_object_list([None], src=root, group=process_sets.active_group())
     elif kind == "allgather_object":
-        dist.all_gather_object([None] * basics.size(), None)
+        dist.all_gather_object([None] * process_sets.active_size(), None, group=process_sets.active_group())
     elif kind == "optimizer layout":
         pass  # a DistributedOptimizer was built; nothing to exchange
     elif kind == "optimizer step":
@@ -75,8 +79,8 @@ def _serve(agreement: check.Agreement) -> None:
         optimizer = optimizers_by_layout.get(layout)
         optimizer = optimizer() if optimizer is not None else None
         if optimizer is None:
-            raise TriaxError("hvd.join(): the other ranks are stepping a DistributedOptimizer this "
+            raise HorovodInternalError("hvd.join(): the other ranks are stepping a DistributedOptimizer this "
                              "rank does not have; create the same optimizer on every rank")
         optimizer._serve_joined_step()
     else:
-        raise TriaxError(f"hvd.join(): cannot take part in {kind!r} while joined")
+        raise HorovodInternalError(f"hvd.join(): cannot take part in {kind!r} while joined")

@@ -4,31 +4,28 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from triax.horovod import basics, check
-from triax.horovod.basics import global_process_set, require_global
-from triax.errors import TriaxError
+from triax.horovod import basics, check, engine, process_sets
+from triax.horovod.process_sets import global_process_set, in_process_set
 
 
+@in_process_set
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Every rank returns root_rank's `obj` (pickled on the way)."""
-    require_global(process_set)
-    size = basics.size()
-    if not 0 <= root_rank < size:
-        raise TriaxError(f"broadcast_object {name or ''}: root_rank={root_rank} is outside 0..{size - 1}")
-    if size == 1:
+    problem = engine.root_problem("broadcast_object", root_rank, name)
+    check.agree("broadcast_object", root=root_rank if problem is None else -1, name=name, problem=problem)
+    if process_sets.active_size() == 1:
         return obj
-    check.agree("broadcast_object", root=root_rank, name=name)
     holder = [obj if basics.rank() == root_rank else None]
-    dist.broadcast_object_list(holder, src=root_rank)
+    dist.broadcast_object_list(holder, src=root_rank, group=process_sets.active_group())
     return holder[0]
 
 
+@in_process_set
 def allgather_object(obj, name=None, process_set=global_process_set):
     """A list with every rank's `obj`, in rank order."""
-    require_global(process_set)
-    if basics.size() == 1:
+    if process_sets.active_size() == 1:
         return [obj]
     check.agree("allgather_object", name=name)
-    everyone = [None] * basics.size()
-    dist.all_gather_object(everyone, obj)
+    everyone = [None] * process_sets.active_size()
+    dist.all_gather_object(everyone, obj, group=process_sets.active_group())
     return everyone

@@ -18,9 +18,10 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from triax.errors import TriaxError
-from triax.horovod import basics, check, fusion, joining, reduce_ops
-from triax.horovod.basics import global_process_set, require_global
+from triax.horovod.errors import HorovodAssertionError, HorovodNotImplementedError, HorovodTypeError, HorovodValueError
+from triax.horovod import adasum, basics, check, collectives, fusion, joining, reduce_ops
+from triax.horovod import process_sets
+from triax.horovod.process_sets import global_process_set
 from triax.horovod.compression import Compression
 
 
@@ -38,7 +39,7 @@ class _DistributedOptimizer:
 
     def zero_grad(self, set_to_none: bool = True):
         if any(bucket.pending is not None for bucket in self._hvd_buckets):
-            raise TriaxError("optimizer.zero_grad() was called while the gradient allreduces of the "
+            raise HorovodAssertionError("optimizer.zero_grad() was called while the gradient allreduces of the "
                              "last loss.backward() are still in flight; call optimizer.step() (or "
                              "optimizer.synchronize()) first, then zero_grad()")
         return super().zero_grad(set_to_none=set_to_none)
@@ -78,7 +79,7 @@ class _DistributedOptimizer:
         self._hvd_passes[key] = count
         self._hvd_synchronized = False
         if count > self.backward_passes_per_step:
-            raise TriaxError(
+            raise HorovodAssertionError(
                 f"parameter {self._hvd_names[key]!r} got a gradient {count} times before "
                 f"optimizer.step(), but backward_passes_per_step={self.backward_passes_per_step}; "
                 f"call step() after every {self.backward_passes_per_step} backward pass(es), or pass "
@@ -96,8 +97,9 @@ class _DistributedOptimizer:
         # One small metadata round per step (when the check is on): catches ranks whose models
         # differ and tells joined ranks (hvd.join) that a gradient exchange follows.
         self._hvd_step_started = True
-        agreement = check.agree("optimizer step", extra=self._hvd_layout, name="DistributedOptimizer")
-        self._hvd_contributors = agreement.active_count if agreement is not None else basics.size()
+        with process_sets.scoped(self._hvd_process_set):
+            agreement = check.agree("optimizer step", extra=self._hvd_layout, name="DistributedOptimizer")
+            self._hvd_contributors = agreement.active_count if agreement is not None else process_sets.active_size()
 
     def _hvd_launch_ready(self):
         buckets = self._hvd_buckets
@@ -120,13 +122,21 @@ class _DistributedOptimizer:
                 continue
             if grad.is_sparse:
                 if not self._hvd_sparse_as_dense:
-                    raise TriaxError(f"parameter {self._hvd_names[id(param)]!r} has a sparse gradient; "
-                                     "pass sparse_as_dense=True to DistributedOptimizer")
+                    # As Horovod: gather every rank's (indices, values) instead of densifying.
+                    target.zero_()
+                    op = reduce_ops.Sum if self._hvd_op == reduce_ops.Sum else reduce_ops.Average
+                    self._hvd_sparse[id(param)] = collectives.sparse_allreduce_async(
+                        grad, name=self._hvd_names[id(param)], op=op, process_set=self._hvd_process_set)
+                    continue
                 grad = grad.to_dense()
             target.copy_(grad.reshape(-1))
         wire, ctx = self._hvd_compression.compress(bucket.flat)
         reduce_ops.scale_(wire, self._hvd_prescale)
-        works = [dist.all_reduce(wire, async_op=True)] if basics.size() > 1 else []
+        group_size = len(self._hvd_process_set.ranks) if self._hvd_process_set.ranks else basics.size()
+        if self._hvd_op == reduce_ops.Adasum:
+            works = []  # combined parameter by parameter in _hvd_finish
+        else:
+            works = [dist.all_reduce(wire, group=self._hvd_process_set._group, async_op=True)] if group_size > 1 else []
         bucket.pending = (works, wire, ctx)
 
     def _hvd_finish(self, bucket):
@@ -136,8 +146,17 @@ class _DistributedOptimizer:
         postscale = self._hvd_postscale
         if self._hvd_op == reduce_ops.Average:
             postscale /= self._hvd_contributors
+        if self._hvd_op == reduce_ops.Adasum and basics.size() > 1:
+            # Adasum's coefficients come from each gradient's own dot products: one tensor at a time.
+            with process_sets.scoped(self._hvd_process_set):
+                for param, offset in zip(bucket.params, bucket.offsets):
+                    adasum.adasum_(wire[offset:offset + param.numel()])
         flat = self._hvd_compression.decompress(wire, ctx)
         for param, offset in zip(bucket.params, bucket.offsets):
+            sparse = self._hvd_sparse.pop(id(param), None)
+            if sparse is not None:
+                param.grad = collectives.synchronize(sparse)
+                continue
             reduced = flat[offset:offset + param.numel()].view_as(param)
             if param.grad is None or param.grad.is_sparse:
                 param.grad = torch.empty_like(param)
@@ -152,12 +171,12 @@ class _DistributedOptimizer:
             first = bucket.params[0]
             zeros = torch.zeros(bucket.numel, dtype=first.dtype, device=first.device)
             wire, _ = self._hvd_compression.compress(zeros)
-            dist.all_reduce(wire)
+            dist.all_reduce(wire, group=self._hvd_process_set._group)
 
 
 def _check_passes(passes) -> int:
     if not isinstance(passes, int) or passes < 1:
-        raise TriaxError(f"backward_passes_per_step={passes!r} must be a positive integer")
+        raise HorovodValueError(f"backward_passes_per_step={passes!r} must be a positive integer")
     return passes
 
 
@@ -167,12 +186,12 @@ def _parameter_names(params: list, named_parameters) -> dict[int, str]:
     named = list(named_parameters)
     if any(not (isinstance(item, (tuple, list)) and len(item) == 2 and torch.is_tensor(item[1]))
            for item in named):
-        raise TriaxError("named_parameters must be (name, parameter) pairs, usually "
+        raise HorovodValueError("named_parameters must be (name, parameter) pairs, usually "
                          "model.named_parameters()")
     names = [name for name, _ in named]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
-        raise TriaxError(f"named_parameters has duplicate names {duplicates[:5]}; each parameter "
+        raise HorovodValueError(f"named_parameters has duplicate names {duplicates[:5]}; each parameter "
                          "needs a unique name (pass model.named_parameters())")
     by_id: dict[int, str] = {}
     for name, param in named:
@@ -180,7 +199,7 @@ def _parameter_names(params: list, named_parameters) -> dict[int, str]:
     unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
     if unnamed:
         shapes = [tuple(params[i].shape) for i in unnamed[:3]]
-        raise TriaxError(f"{len(unnamed)} optimizer parameter(s) are missing from named_parameters "
+        raise HorovodValueError(f"{len(unnamed)} optimizer parameter(s) are missing from named_parameters "
                          f"(shapes {shapes}); pass named_parameters of the model the optimizer was "
                          "built from, covering every parameter it optimizes")
     return by_id
@@ -194,18 +213,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=global_process_set):
     """Wrap `optimizer` so gradients are averaged (op=Average) or summed across ranks."""
-    require_global(process_set)
     world = basics.world()
+    with process_sets.scoped(process_set) as process_set:  # registered, and this rank is in it
+        group_size = process_sets.active_size()
     if isinstance(optimizer, _DistributedOptimizer):
-        raise TriaxError("this optimizer is already a hvd.DistributedOptimizer; wrap it only once")
+        raise HorovodValueError("this optimizer is already a hvd.DistributedOptimizer; wrap it only once")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TriaxError(f"DistributedOptimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        raise HorovodTypeError(f"DistributedOptimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
     op = reduce_ops.resolve(op)
-    if op not in (reduce_ops.Average, reduce_ops.Sum):
-        raise TriaxError(f"DistributedOptimizer(op={reduce_ops.NAMES[op]}) is not supported; use "
-                         "hvd.Average or hvd.Sum")
+    if op not in (reduce_ops.Average, reduce_ops.Sum, reduce_ops.Adasum):
+        raise HorovodValueError(f"DistributedOptimizer(op={reduce_ops.NAMES[op]}) is not supported; use "
+                                "hvd.Average, hvd.Sum or hvd.Adasum")
+    if op == reduce_ops.Adasum:
+        problem = adasum.power_of_two_problem(group_size)
+        if problem:
+            raise HorovodNotImplementedError(problem)
     if gradient_predivide_factor != 1.0 and op != reduce_ops.Average:
-        raise TriaxError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=hvd.Average")
+        raise HorovodValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=hvd.Average")
     passes = _check_passes(backward_passes_per_step)
 
     seen, params = set(), []
@@ -245,12 +269,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     optimizer._hvd_prescale = 1.0 / gradient_predivide_factor
     optimizer._hvd_postscale = gradient_predivide_factor
     optimizer._hvd_sparse_as_dense = sparse_as_dense
+    optimizer._hvd_sparse = {}  # id(param) -> handle of its sparse allreduce in flight
     optimizer._hvd_passes = {}
     optimizer._hvd_next_bucket = 0
     optimizer._hvd_step_started = False
     optimizer._hvd_synchronized = False
     optimizer._hvd_should_synchronize = True
-    optimizer._hvd_contributors = world.size
+    optimizer._hvd_contributors = group_size
+    optimizer._hvd_process_set = process_set
     layout = "|".join(b.describe() for b in buckets)
     layout += f"|{getattr(compression, '__name__', type(compression).__name__)}|{op}|{passes}"
     optimizer._hvd_layout = check.digest(layout)
@@ -265,5 +291,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     optimizer._hvd_hook_handles = [p.register_post_accumulate_grad_hook(on_gradient) for p in trainable]
     # Same model, same order, same options on every rank? One round now rather than a hang later.
-    check.agree("optimizer layout", extra=optimizer._hvd_layout, name="DistributedOptimizer")
+    with process_sets.scoped(process_set):
+        check.agree("optimizer layout", extra=optimizer._hvd_layout, name="DistributedOptimizer")
     return optimizer

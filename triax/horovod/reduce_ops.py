@@ -1,7 +1,7 @@
 """Horovod's reduction operations and how each maps onto torch.distributed.
 
 Average is a Sum followed by a division (gloo's AVG does not cover integers, and the divisor must
-count only ranks that have not joined); Adasum has no torch.distributed equivalent.
+count only ranks that have not joined); Adasum has no torch.distributed equivalent (adasum.py).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from triax.errors import TriaxError
+from triax.horovod.errors import HorovodValueError
 
 Average = 0
 Sum = 1
@@ -27,13 +27,11 @@ _TORCH_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.Redu
 def resolve(op, average=None) -> int:
     """Horovod's (average=, op=) pair -> one op; `average` is the pre-0.21 spelling."""
     if average is not None and op is not None:
-        raise TriaxError("pass either average= or op= to a Horovod collective, not both; use op=hvd.Average")
+        raise HorovodValueError("pass either average= or op= to a Horovod collective, not both; use op=hvd.Average")
     if op is None:
         return Average if average is None or average else Sum
-    if op == Adasum:
-        raise TriaxError("op=hvd.Adasum is not supported by triax.horovod; use op=hvd.Average or hvd.Sum")
-    if op not in _TORCH_OPS:
-        raise TriaxError(f"unknown reduction op {op!r}; use hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product")
+    if op not in _TORCH_OPS and op != Adasum:
+        raise HorovodValueError(f"unknown reduction op {op!r}; use hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product")
     return op
 
 

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     option("rdzv-backend", choices=RDZV_BACKENDS, help="torchrun rendezvous backend")
     option("rdzv-id", help="job id for an elastic (c10d/etcd) rendezvous")
     option("rdzv-conf", help="extra rendezvous settings, key=value,... (torchrun --rdzv-conf)")
+    option("collective-timeout", type=float,
+           help="seconds a collective may wait before the job fails with a message (default: 600 for "
+                "the process group; `triax train` steps: 120, see trainer.collective_timeout)")
     parser.add_argument("--cpu", action="store_true", default=None, help="train on the CPU only")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the target as a Python module (python -m)")
@@ -184,6 +187,10 @@ def main(argv: list[str]) -> int:
     config = check_port(config)
     run_argv = torchrun_argv(config, args.script, args.script_args, args.module, args.rdzv_conf)
     env = child_environment(config)
+    if args.collective_timeout is not None:
+        from triax.watchdog import ENV_COLLECTIVE_TIMEOUT, collective_timeout
+
+        env[ENV_COLLECTIVE_TIMEOUT] = f"{collective_timeout(args.collective_timeout, '--collective-timeout'):g}"
     if args.dry_run:
         prefix = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
         print(f"{prefix} {shlex.quote(sys.executable)} -m torch.distributed.run {shlex.join(run_argv)}")

@@ -39,3 +39,18 @@ def apply_fsdp(model: nn.Module, dp_mesh, precision: Precision, reshard_after_fo
     # the last thing forward needs, so there is nothing to gain by freeing it early.
     fully_shard(model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
     return model
+
+
+def apply_fsdp_by_blocks(model: nn.Module, dp_mesh, precision: Precision) -> nn.Module:
+    """Shard any `model` (not only a GPT) over `dp_mesh` in place: each trainable child of a
+    ModuleList/ModuleDict (a transformer's blocks, wherever they sit) becomes its own unit, so only
+    one block's full parameters exist at a time; the root takes the rest. Used by the Accelerator,
+    whose users bring their own models."""
+    policy = mixed_precision_policy(precision)
+    for module in list(model.modules()):
+        if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            for block in module.children():
+                if any(p.requires_grad for p in block.parameters()):
+                    fully_shard(block, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+    return model

@@ -24,26 +24,34 @@ def _placement_key(grad: torch.Tensor):
 
 
 @torch.no_grad()
-def clip_grad_norm(parameters, max_norm: float, pp_group=None) -> torch.Tensor:
-    """Clip gradients in place to global norm `max_norm` (inf: measure only); returns the norm
-    before clipping, equal on every rank."""
+def clip_grad_norm(parameters, max_norm: float, pp_group=None, norm_type: float = 2.0) -> torch.Tensor:
+    """Clip gradients in place to global `norm_type`-norm `max_norm` (inf: measure only); returns
+    the norm before clipping, equal on every rank."""
     from torch.distributed.tensor import DTensor
 
+    norm_type = float(norm_type)
     grads = [p.grad for p in parameters if p.grad is not None]
     groups: dict = {}
     for grad in grads:
         groups.setdefault(_placement_key(grad), []).append(grad)
-    squares = []
+    # Per group the norm is a plain number on every rank; groups (and pipeline stages) combine by
+    # max for the inf-norm, else by summing p-th powers.
+    parts = []
     for group in groups.values():
-        norm = torch.nn.utils.get_total_norm(group, norm_type=2.0, foreach=None)
+        norm = torch.nn.utils.get_total_norm(group, norm_type=norm_type, foreach=None)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
-        squares.append(norm.float() ** 2)
+        parts.append(norm.float() if math.isinf(norm_type) else norm.float() ** norm_type)
     device = grads[0].device if grads else torch.device("cpu")
-    total_sq = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
-    if pp_group is not None:
-        dist.all_reduce(total_sq, group=pp_group)
-    total = total_sq.sqrt()
+    if math.isinf(norm_type):
+        total = torch.stack(parts).max() if parts else torch.zeros((), device=device)
+        if pp_group is not None:
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=pp_group)
+    else:
+        total_powers = torch.stack(parts).sum() if parts else torch.zeros((), device=device)
+        if pp_group is not None:
+            dist.all_reduce(total_powers, group=pp_group)
+        total = total_powers.sqrt() if norm_type == 2.0 else total_powers ** (1.0 / norm_type)
     if math.isfinite(max_norm):
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         locals_ = [g.to_local() if isinstance(g, DTensor) else g for g in grads]

@@ -21,8 +21,8 @@ import time
 import torch
 from torch import nn
 
-from triax.errors import TriaxError
-from triax.pipe.microbatch import check_batch, split, tensors_of, to_device
+from triax.pipe.errors import PipeTypeError, PipeValueError
+from triax.pipe.microbatch import check_batch, coerce_chunks, split, tensors_of, to_device
 
 
 def balance_cost(costs: list[float], partitions: int) -> list[int]:
@@ -73,15 +73,15 @@ def _best_cut(prefix: list[float], partitions: int, score, combine) -> tuple[flo
 
 def _check_partitions(partitions, layers: int) -> None:
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-        raise TriaxError(f"partitions must be a whole number >= 1, got {partitions!r}")
+        raise PipeValueError(f"partitions must be a whole number >= 1, got {partitions!r}")
     if partitions > layers:
-        raise TriaxError(f"cannot cut {layers} layers into {partitions} partitions; every partition needs a "
+        raise PipeValueError(f"cannot cut {layers} layers into {partitions} partitions; every partition needs a "
                          f"layer, so ask for at most {layers}")
 
 
 def _check_module(module) -> None:
     if not isinstance(module, nn.Sequential):
-        raise TriaxError(f"balancing needs the nn.Sequential you will give Pipe, got {type(module).__name__}")
+        raise PipeTypeError(f"balancing needs the nn.Sequential you will give Pipe, got {type(module).__name__}")
 
 
 def _default_device(device) -> torch.device:
@@ -139,20 +139,21 @@ def balance_by_time(partitions: int, module: nn.Sequential, sample, *, timeout: 
     return balance_cost(times, partitions)
 
 
-def balance_by_size(partitions: int, module: nn.Sequential, sample, *, chunks: int = 1,
+def balance_by_size(partitions: int, module: nn.Sequential, input, *, chunks: int = 1,
                     param_scale: float = 2.0, device=None) -> list[int]:
-    """A balance for `Pipe` that evens out training memory per partition.
+    """A balance for `Pipe` that evens out training memory per partition (FairScale's signature).
 
-    Each layer's cost is the bytes autograd saves for its backward on one micro-batch (`sample`
+    Each layer's cost is the bytes autograd saves for its backward on one micro-batch (`input`
     cut into `chunks`) plus `param_scale` times its parameter bytes. Counting saved tensors
     instead of allocator statistics works the same on every device.
     """
     _check_module(module)
     _check_partitions(partitions, len(module))
-    check_batch(sample, "sample")
+    check_batch(input, "input")
+    chunks = coerce_chunks(chunks)
     device = _default_device(device)
     layers = list(copy.deepcopy(module).to(device))
-    batch = split(sample, chunks)[0]
+    batch = split(input, chunks)[0]
     sizes = []
     for layer in layers:
         parameter_storages = {p.untyped_storage().data_ptr() for p in layer.parameters()}

@@ -1,16 +1,18 @@
 """Running one partition on one micro-batch, with or without activation recomputation.
 
 Checkpointing keeps only a partition's input for each micro-batch and runs the partition again
-during backward to rebuild what the gradients need, trading compute for memory. We use
-`torch.utils.checkpoint` (non-reentrant); two things around it are the pipe's own business:
+during backward to rebuild what the gradients need, trading compute for memory. As in FairScale,
+two autograd nodes carry it, so the graph shows it: `Checkpoint` (forward under no_grad, backward
+through the rebuilt graph) and `Recompute` after it (its backward re-runs the partition, just
+before the gradient reaches `Checkpoint`). Around them, the pipe's own business:
 
 * Layers must know when they are being recomputed, so a `DeferredBatchNorm` does not count the
   same micro-batch twice. `is_recomputing()` answers that, per thread: recomputation runs in
   the backward thread while forward work runs in the partition workers.
 * A plain BatchNorm would update its running statistics a second time while being recomputed;
   its statistics are put back afterwards, so checkpointing never changes them.
-* Random numbers. PyTorch's checkpoint saves the generator state when the forward starts and
-  restores it when recomputing, so dropout draws the same mask twice. Partitions running at the
+* Random numbers. The generator state is saved when the forward starts and restored when
+  recomputing, so dropout draws the same mask twice. Partitions running at the
   same time in several threads share the CPU generator (and a CUDA device's generator when two
   partitions sit on one GPU): another thread could draw from it in between, and the recomputed
   mask would differ from the forward one, silently corrupting gradients. A partition that draws
@@ -24,9 +26,8 @@ import threading
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from triax.pipe.microbatch import Batch, rebuild, tensors_of
+from triax.pipe.microbatch import Batch, check_batch, rebuild, tensors_of
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
 
@@ -79,32 +80,114 @@ def generator_lock(device: torch.device) -> threading.Lock:
 
 @contextlib.contextmanager
 def _batch_norm_statistics_kept(partition: nn.Module):
-    """Undo what a recomputation does to the running statistics of plain BatchNorm layers."""
-    layers = [layer for layer in partition.modules()
-              if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.training and layer.track_running_stats]
-    saved = [[buffer.clone() for buffer in layer.buffers(recurse=False)] for layer in layers]
+    """Let a recomputation update throw-away copies of plain BatchNorm running statistics.
+
+    The copies are swapped in and the originals put back by reference, not copied over: the
+    recomputed graph may hold the copies for its backward, and writing into them in place would
+    trip autograd's version check.
+    """
+    swapped = []
+    for layer in partition.modules():
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.training and layer.track_running_stats:
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                original = layer._buffers.get(name)
+                if original is not None:
+                    layer._buffers[name] = original.clone()
+                    swapped.append((layer, name, original))
     try:
         yield
     finally:
+        for layer, name, original in swapped:
+            layer._buffers[name] = original
+
+
+class _Recorded:
+    """What one checkpointed (partition, micro-batch) keeps between forward and backward."""
+
+    def __init__(self, partition: nn.Module, like: Batch, device: torch.device, caller_state, label: str):
+        self.partition, self.like, self.device, self.caller_state = partition, like, device, caller_state
+        self.label = label  # names the partition in errors about its output
+        self.inputs: tuple = ()
+        self.cpu_rng: torch.Tensor | None = None
+        self.cuda_rng: torch.Tensor | None = None
+        self.recomputed: tuple | None = None  # (outputs, leaf inputs) once Recompute has run
+        self.single_output = True  # the partition returned one tensor, not a tuple
+
+    def save_rng(self) -> None:
+        self.cpu_rng = torch.get_rng_state()
+        if self.device.type == "cuda":
+            self.cuda_rng = torch.cuda.get_rng_state(self.device)
+
+    def recompute(self) -> None:
+        """Run the partition again, with the forward's random state, recording a graph this time."""
+        leaves = tuple(x.detach().requires_grad_(x.requires_grad) for x in self.inputs)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(self.cpu_rng)
+            if self.cuda_rng is not None:
+                torch.cuda.set_rng_state(self.cuda_rng, self.device)
+            on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+            with torch.enable_grad(), self.caller_state(), on_device, _recomputing(True), \
+                    _batch_norm_statistics_kept(self.partition):
+                outputs = self.partition(rebuild(leaves, self.like))
+        self.recomputed = (tensors_of(outputs), leaves)
+
+
+class Checkpoint(torch.autograd.Function):
+    """Forward without keeping activations; backward through the graph `Recompute` rebuilt.
+
+    Named like FairScale's, so `CheckpointBackward` nodes show which micro-batches are checkpointed.
+    `phony` is an empty tensor that requires grad: the output then always joins the graph (and the
+    partition's parameters get gradients) even when no input requires grad.
+    """
+
+    @staticmethod
+    def forward(ctx, phony, recorded: _Recorded, *inputs):
+        ctx.recorded = recorded
+        recorded.inputs = inputs
+        recorded.save_rng()
         with torch.no_grad():
-            for layer, buffers in zip(layers, saved):
-                for buffer, value in zip(layer.buffers(recurse=False), buffers):
-                    buffer.copy_(value)
+            outputs = recorded.partition(rebuild(inputs, recorded.like))
+        check_batch(outputs, recorded.label)  # the rule at partition boundaries, checked before autograd sees it
+        recorded.single_output = isinstance(outputs, torch.Tensor)
+        return tensors_of(outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        recorded = ctx.recorded
+        if recorded.recomputed is None:  # Recompute sits after us in the graph; normally it ran
+            recorded.recompute()
+        outputs, leaves = recorded.recomputed
+        recorded.recomputed = None
+        pairs = [(out, grad) for out, grad in zip(outputs, grads) if out.requires_grad and grad is not None]
+        if pairs:
+            torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
+        return (None, None, *[leaf.grad if leaf.requires_grad else None for leaf in leaves])
 
 
-def run_partition(partition: nn.Module, batch: Batch, checkpoint: bool) -> Batch:
+class Recompute(torch.autograd.Function):
+    """Identity on the checkpointed outputs; its backward re-runs the partition, just before
+    `Checkpoint`'s backward needs the rebuilt graph (FairScale's `RecomputeBackward`)."""
+
+    @staticmethod
+    def forward(ctx, recorded: _Recorded, *outputs):
+        ctx.recorded = recorded
+        detached = tuple(out.detach() for out in outputs)
+        return detached[0] if recorded.single_output else detached
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.recorded.recompute()
+        return (None, *grads)
+
+
+def run_partition(partition: nn.Module, batch: Batch, checkpoint: bool, device: torch.device | None = None,
+                  caller_state=None, label: str = "partition output") -> Batch:
     """Forward `batch` through `partition`, keeping activations or only the input (checkpoint)."""
     if not checkpoint:
         return partition(batch)
-    calls = 0
-
-    def forward(*tensors):
-        # The first call is the forward pass; any later one is recomputation during backward.
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            return partition(rebuild(tensors, batch))
-        with _recomputing(True), _batch_norm_statistics_kept(partition):
-            return partition(rebuild(tensors, batch))
-
-    return torch_checkpoint(forward, *tensors_of(batch), use_reentrant=False, preserve_rng_state=True)
+    device = device if device is not None else torch.device("cpu")
+    recorded = _Recorded(partition, batch, device, caller_state or contextlib.nullcontext, label)
+    phony = torch.empty(0, device=device, requires_grad=True)
+    outputs = Checkpoint.apply(phony, recorded, *tensors_of(batch))
+    return Recompute.apply(recorded, *outputs)

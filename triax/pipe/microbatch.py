@@ -11,7 +11,7 @@ from typing import Union
 
 import torch
 
-from triax.errors import TriaxError
+from triax.pipe.errors import PipeTypeError, PipeValueError
 
 Batch = Union[torch.Tensor, tuple]
 
@@ -20,22 +20,35 @@ def check_batch(batch, what: str = "Pipe input") -> None:
     """Refuse anything that is not a tensor or a non-empty tuple of tensors of one batch size."""
     if isinstance(batch, torch.Tensor):
         if batch.dim() == 0:
-            raise TriaxError(f"{what} is a 0-dimensional tensor; the pipe cuts batches along dimension 0, "
+            raise PipeValueError(f"{what} is a 0-dimensional tensor; the pipe cuts batches along dimension 0, "
                              "so give it at least one dimension")
         return
     if not isinstance(batch, tuple) or not batch:
-        raise TriaxError(f"{what} must be a tensor or a tuple of tensors, got {type(batch).__name__}; "
+        raise PipeTypeError(f"{what} must be a tensor or a tuple of tensors, got {type(batch).__name__}; "
                          "wrap several inputs in a tuple")
     for position, item in enumerate(batch):
         if not isinstance(item, torch.Tensor):
-            raise TriaxError(f"{what} element {position} is a {type(item).__name__}, not a tensor; "
+            raise PipeTypeError(f"{what} element {position} is a {type(item).__name__}, not a tensor; "
                              "only tensors can be cut into micro-batches")
         if item.dim() == 0:
-            raise TriaxError(f"{what} element {position} is a 0-dimensional tensor; give it a batch dimension")
+            raise PipeValueError(f"{what} element {position} is a 0-dimensional tensor; give it a batch dimension")
     sizes = [item.size(0) for item in batch]
     if len(set(sizes)) != 1:
-        raise TriaxError(f"{what} tensors have different batch sizes {sizes}; "
+        raise PipeValueError(f"{what} tensors have different batch sizes {sizes}; "
                          "every tensor of the tuple is cut along dimension 0, so they must agree")
+
+
+def coerce_chunks(chunks) -> int:
+    """`int(chunks)`, as FairScale does (4.0 and "4" are 4), refusing what int() would truncate."""
+    try:
+        whole = int(chunks)
+    except TypeError:
+        raise PipeTypeError(f"chunks must be a whole number of micro-batches >= 1, got {chunks!r}") from None
+    except ValueError:
+        raise PipeValueError(f"chunks must be a whole number of micro-batches >= 1, got {chunks!r}") from None
+    if whole < 1 or (isinstance(chunks, float) and whole != chunks):
+        raise PipeValueError(f"chunks must be a whole number of micro-batches >= 1, got {chunks!r}")
+    return whole
 
 
 def split(batch: Batch, chunks: int) -> list[Batch]:

@@ -21,33 +21,34 @@ processes and machines belong to triax's multi-process pipeline stages, which co
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections import OrderedDict
 from typing import Iterable
 
 import torch
 from torch import nn
 
-from triax.errors import TriaxError
 from triax.pipe.batchnorm import DeferredBatchNorm
 from triax.pipe.checkpoint import (CHECKPOINT_MODES, checkpoint_stop, draws_random_numbers,
                                    generator_lock, run_partition)
-from triax.pipe.microbatch import Batch, check_batch, join, split, to_device
+from triax.pipe.errors import PipeIndexError, PipeTypeError, PipeValueError
+from triax.pipe.microbatch import Batch, check_batch, coerce_chunks, join, split, to_device
 from triax.pipe.schedule import clock_cycles
 from triax.pipe.worker import capture_caller_state, spawn_workers
 
 
 def _check_module(module) -> list[tuple[str, nn.Module]]:
     if not isinstance(module, nn.Sequential):
-        raise TriaxError(f"Pipe needs an nn.Sequential to cut into partitions, got {type(module).__name__}; "
+        raise PipeTypeError(f"Pipe needs an nn.Sequential to cut into partitions, got {type(module).__name__}; "
                          "write the model as nn.Sequential(layer1, layer2, ...)")
     # (name, layer) pairs; unlike named_children(), _modules does not hide a module listed twice.
     layers = list(module._modules.items())
     if not layers:
-        raise TriaxError("Pipe got an empty nn.Sequential; give it at least one layer")
+        raise PipeValueError("Pipe got an empty nn.Sequential; give it at least one layer")
     first_seen: dict[int, int] = {}
     for index, (_, layer) in enumerate(layers):
         if id(layer) in first_seen:
-            raise TriaxError(f"layers {first_seen[id(layer)]} and {index} of the nn.Sequential are the same "
+            raise PipeValueError(f"layers {first_seen[id(layer)]} and {index} of the nn.Sequential are the same "
                              f"module ({type(layer).__name__}); a layer can live on only one device, so "
                              "use separate modules (copy.deepcopy) or one layer that loops inside")
         first_seen[id(layer)] = index
@@ -56,76 +57,84 @@ def _check_module(module) -> list[tuple[str, nn.Module]]:
 
 def _check_balance(balance, num_layers: int) -> list[int]:
     if balance is None:
-        raise TriaxError("Pipe needs balance=[layers per partition], e.g. balance=[2, 2]; to compute one, "
-                         "use triax.pipe.balance_by_time(partitions, module, sample) or "
-                         "triax.pipe.balance_by_size(partitions, module, sample)")
+        raise PipeValueError("Pipe needs balance=[layers per partition], e.g. balance=[2, 2]; to compute one, "
+                             "use triax.pipe.balance_by_time(partitions, module, sample) or "
+                             "triax.pipe.balance_by_size(partitions, module, input)")
     if isinstance(balance, (str, bytes)) or not isinstance(balance, Iterable):
-        raise TriaxError(f"balance must be a list of layer counts, got {balance!r}; e.g. balance=[2, 2]")
-    balance = list(balance)
-    if not balance or any(isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in balance):
-        raise TriaxError(f"balance must list positive whole numbers of layers, got {balance}; "
-                         "every partition needs at least one layer")
-    if sum(balance) != num_layers:
-        raise TriaxError(f"balance {balance} adds up to {sum(balance)} layers but the module has {num_layers}; "
-                         f"make the counts sum to {num_layers}")
-    return balance
-
-
-def _check_chunks(chunks) -> int:
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise TriaxError(f"chunks must be a whole number of micro-batches >= 1, got {chunks!r}")
-    return chunks
+        raise PipeTypeError(f"balance must be a list of layer counts, got {balance!r}; e.g. balance=[2, 2]")
+    balance = list(balance)  # a tuple, a range or a generator, as FairScale takes them
+    counts = []
+    for count in balance:
+        try:  # numpy and torch integers are counts too; floats and bools are not
+            counts.append(operator.index(count) if not isinstance(count, bool) else None)
+        except TypeError:
+            counts.append(None)
+    if not counts or any(count is None or count <= 0 for count in counts):
+        raise PipeValueError(f"balance must list positive whole numbers of layers, got {balance}; "
+                             "every partition needs at least one layer")
+    if sum(counts) != num_layers:
+        raise PipeValueError(f"balance {counts} adds up to {sum(counts)} layers but the module has {num_layers}; "
+                             f"make the counts sum to {num_layers}")
+    return counts
 
 
 def _check_checkpoint(mode) -> str:
+    mode = str(mode)  # as FairScale: anything whose str() is a mode name is that mode
     if mode not in CHECKPOINT_MODES:
-        raise TriaxError(f"checkpoint must be one of {', '.join(map(repr, CHECKPOINT_MODES))}, got {mode!r}")
+        raise PipeValueError(f"checkpoint must be one of {', '.join(map(repr, CHECKPOINT_MODES))}, got {mode!r}")
     return mode
+
+
+class PipeDevicesError(PipeIndexError, ValueError):
+    """Fewer devices than partitions: FairScale raises IndexError; a ValueError catch works too."""
 
 
 def _resolve_devices(devices, num_partitions: int) -> list[torch.device]:
     if devices is None:
         count = torch.cuda.device_count()
         if count == 0:
-            raise TriaxError(f"devices=None means the visible GPUs, and none is visible; pass "
+            raise PipeDevicesError(f"devices=None means the visible GPUs, and none is visible; pass "
                              f"devices={['cpu'] * num_partitions} to run the {num_partitions} partitions on the CPU")
         devices = list(range(count))
     if isinstance(devices, (str, int, torch.device)):
-        raise TriaxError(f"devices must be a list with one device per partition, got {devices!r}; "
+        raise PipeTypeError(f"devices must be a list with one device per partition, got {devices!r}; "
                          f"e.g. devices={[str(devices)] * num_partitions}")
     resolved = []
     for entry in devices:
         try:
             device = torch.device("cuda", entry) if isinstance(entry, int) else torch.device(entry)
         except (RuntimeError, TypeError):
-            raise TriaxError(f"devices entry {entry!r} is not a device; use 'cpu', 'cuda:0', 0, ...") from None
+            raise PipeValueError(f"devices entry {entry!r} is not a device; use 'cpu', 'cuda:0', 0, ...") from None
         if device.type == "cuda":
             if not torch.cuda.is_available():
-                raise TriaxError(f"devices entry {entry!r} asks for a GPU but none is visible; use 'cpu'")
+                raise PipeValueError(f"devices entry {entry!r} asks for a GPU but none is visible; use 'cpu'")
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
             if device.index >= torch.cuda.device_count():
-                raise TriaxError(f"devices entry {entry!r} names GPU {device.index} but only "
+                raise PipeValueError(f"devices entry {entry!r} names GPU {device.index} but only "
                                  f"{torch.cuda.device_count()} are visible")
         resolved.append(device)
     if len(resolved) < num_partitions:
-        raise TriaxError(f"balance has {num_partitions} partitions but only {len(resolved)} devices were given "
+        raise PipeDevicesError(f"balance has {num_partitions} partitions but only {len(resolved)} devices were given "
                          f"({[str(d) for d in resolved]}); give one device per partition (repeating one is allowed)")
     # Like FairScale, extra devices are simply left unused.
     return resolved[:num_partitions]
 
 
-def _check_no_shared_parameters(layers: list[tuple[str, nn.Module]], balance: list[int]) -> None:
+def _check_no_shared_parameters(layers: list[tuple[str, nn.Module]], balance: list[int],
+                                devices: list[torch.device]) -> None:
     owner: dict[int, tuple[int, int]] = {}  # parameter id -> (layer index, partition index)
     layer_index = 0
     for partition_index, size in enumerate(balance):
         for _, layer in layers[layer_index:layer_index + size]:
             for parameter in layer.parameters():
                 seen = owner.setdefault(id(parameter), (layer_index, partition_index))
-                if seen[1] != partition_index:
-                    raise TriaxError(f"layers {seen[0]} and {layer_index} share a parameter (tied weights) but "
-                                     f"balance {balance} puts them in partitions {seen[1]} and {partition_index}; "
-                                     "a parameter can live on only one device, so keep them in one partition")
+                # Partitions on one device may share a parameter (as in FairScale); on two, it cannot live on both.
+                if seen[1] != partition_index and devices[seen[1]] != devices[partition_index]:
+                    raise PipeValueError(f"layers {seen[0]} and {layer_index} share a parameter (tied weights) but "
+                                         f"balance {balance} puts them in partitions {seen[1]} and {partition_index} "
+                                         f"on {devices[seen[1]]} and {devices[partition_index]}; a parameter can "
+                                         "live on only one device, so keep them in one partition or on one device")
             layer_index += 1
 
 
@@ -149,13 +158,13 @@ class Pipe(nn.Module):
         super().__init__()
         layers = _check_module(module)
         balance = _check_balance(balance, len(layers))
-        self.chunks = _check_chunks(chunks)
+        self.chunks = coerce_chunks(chunks)
         self.checkpoint = _check_checkpoint(checkpoint)
         self.devices = _resolve_devices(devices, len(balance))
         self.balance = balance
-        _check_no_shared_parameters(layers, balance)
+        _check_no_shared_parameters(layers, balance, self.devices)
         if deferred_batch_norm:
-            layers = [(name, DeferredBatchNorm.convert_deferred_batch_norm(layer, chunks)) for name, layer in layers]
+            layers = [(name, DeferredBatchNorm.convert_deferred_batch_norm(layer, self.chunks)) for name, layer in layers]
         # Layers keep their names, so parameter names read partitions.<j>.<name in the Sequential>.<...>
         self.partitions = nn.ModuleList()
         start = 0
@@ -177,12 +186,12 @@ class Pipe(nn.Module):
         try:
             return layers[index]
         except (IndexError, TypeError):
-            raise IndexError(f"Pipe has {len(layers)} layers; no layer {index!r}") from None
+            raise PipeIndexError(f"Pipe has {len(layers)} layers; no layer {index!r}") from None
 
     # -- device moves are refused: partitions are pinned to their devices ----------------------
 
     def _refuse_move(self, target) -> None:
-        raise TriaxError(f"a Pipe's partitions are pinned to devices {[str(d) for d in self.devices]}; moving "
+        raise PipeTypeError(f"a Pipe's partitions are pinned to devices {[str(d) for d in self.devices]}; moving "
                          f"the whole Pipe to {target} would undo the split. Choose devices with "
                          "Pipe(..., devices=[...]) instead (changing dtype with .to(torch.float16) is fine)")
 
@@ -217,8 +226,10 @@ class Pipe(nn.Module):
             on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
             with caller_state(), on_device, lock:
                 micro_batch = to_device(micro_batch, device)
-                output = run_partition(self.partitions[partition_index], micro_batch, index < stop)
-            check_batch(output, f"output of partition {partition_index}")
+                label = f"output of partition {partition_index}"
+                output = run_partition(self.partitions[partition_index], micro_batch, index < stop, device,
+                                       caller_state, label)
+            check_batch(output, label)
             return output
 
         # outputs[i]: micro-batch i as far as it has gone through the pipe

@@ -160,6 +160,10 @@ class TrainerConfig:
     sample_tokens: int = 200
     """Characters of text sampled at each evaluation."""
 
+    collective_timeout: Optional[float] = None
+    """Seconds a step phase may stall before the watchdog names the silent rank, writes a report and
+    exits (snapshot I/O, start-up and the first step get 5x); unset = $TRIAX_COLLECTIVE_TIMEOUT, else 120."""
+
 
 @dataclass
 class ParallelConfig:
@@ -388,6 +392,10 @@ def validate(config: TrainConfig) -> None:
     _need(trainer.run_dir.strip() != "", "trainer.run_dir", trainer.run_dir, "give a directory")
     _need(trainer.snapshot_dir is None or trainer.snapshot_dir.strip() != "", "trainer.snapshot_dir",
           trainer.snapshot_dir, "give a directory or URL, or leave it unset for <run_dir>/snapshots")
+    if trainer.collective_timeout is not None:
+        from triax.watchdog import collective_timeout
+
+        collective_timeout(trainer.collective_timeout)  # raises with the key and value if not positive
 
     for name in ("dp_replicate", "dp_shard"):
         value = getattr(parallel, name)

@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -27,17 +28,17 @@ from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.mesh import build_mesh, padded_vocab_size, resolve_layout, validate_layout
+from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import parallelize
 from triax.precision import Precision
-from triax.runtime import (any_rank, barrier, detect_place, init_distributed, mean_across_ranks, pick_device,
-                           restart_count, seed_everything)
+from triax.runtime import (any_rank, barrier, detect_place, gather_floats, init_distributed, mean_across_ranks,
+                           pick_device, restart_count, seed_everything)
+from triax.stragglers import StragglerCheck
 from triax.train.config import TrainConfig, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.sample_log import SampleLog
-
-# Test/debug hook: when set, each rank appends "<step> <epoch> <sample ids...>" per optimizer step
-# to "<value>.rank<N>", so a test can check which samples a (resumed) run consumed.
+from triax.watchdog import Watchdog, collective_timeout, slow_phase_timeout
 
 
 def check_writable_directory(path: str, key: str) -> bool:
@@ -105,9 +106,29 @@ class Trainer:
                     "trainer.overwrite=true to delete its snapshots and start over")
         # Created only once every check above passed: a refused start leaves no empty run directory.
         created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
+        # The watchdog enforces trainer.collective_timeout on each step phase and names the rank a
+        # hang waits for; the process group's own timeout covers the slow phases (start-up, snapshots).
+        self.collective_timeout = collective_timeout(trainer.collective_timeout)
+        self.watchdog = None
         try:
-            self.place = init_distributed(self.device, self.place)
+            if self.place.world_size > 1:
+                self.watchdog = Watchdog(trainer.run_dir, self.collective_timeout, self.place.rank,
+                                         self.place.world_size)
+                if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                    # torchrun's store exists before the process group: a rank that never arrives
+                    # is named here instead of waited for inside init_process_group.
+                    self.watchdog.start()
+            self.place = init_distributed(self.device, self.place,
+                                          timeout_s=slow_phase_timeout(self.collective_timeout))
+            if self.watchdog is not None and not self.watchdog.started:
+                self.watchdog.start()
+            if self.watchdog is not None:
+                # Stopped when this trainer goes away, even if the rest of __init__ fails and the
+                # caller goes on: a forgotten watchdog would end the process later.
+                weakref.finalize(self, self.watchdog.stop)
         except Exception:
+            if self.watchdog is not None:
+                self.watchdog.stop()
             if created_run_dir and self.place.is_main:
                 _remove_if_empty(trainer.run_dir)
             raise
@@ -149,6 +170,9 @@ class Trainer:
         self.last_snapshot: str | None = None
         self.saved_step: int | None = None  # the step of the newest snapshot this process wrote or loaded
         self.stop_reason: str | None = None  # set when a signal stopped the run early
+        self.first_step = True  # compiles and sets up lazily: the watchdog gives it the slow allowance
+        self.timing = {"step": 0.0, "data": 0.0, "forward": 0.0}  # this rank's seconds in the log interval
+        self.stragglers = StragglerCheck()
         self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
         self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
         self._peak_flops: tuple[float, str] | None = None
@@ -233,6 +257,7 @@ class Trainer:
         state = {"epoch": self.epoch, "sample_index": self.sample_index,
                  "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                  "config": to_dict(self.config)}
+        self._phase("snapshot", self.step)
         try:
             path = checkpoint.save_snapshot(self.snapshot_root, self.step, self.model, self.optimizer, state,
                                             keep_last=trainer.keep_last, **self._state_functions("gather"))
@@ -264,6 +289,17 @@ class Trainer:
         return {"gather": gather} if which == "gather" else {"apply": apply}
 
     # ---- the step ------------------------------------------------------------------------------
+
+    def _phase(self, name: str, step: int, micro: int = 0) -> None:
+        if self.watchdog is not None:
+            self.watchdog.phase(name, step, micro, slow=self.first_step)
+
+    def _timed_batch(self, step: int, micro: int, indices: torch.Tensor):
+        self._phase("data", step, micro)
+        started = time.perf_counter()
+        batch = self._batch(self.data.train, indices)
+        self.timing["data"] += time.perf_counter() - started
+        return batch
 
     def _batch(self, dataset, indices: torch.Tensor):
         x, y = dataset.batch(indices)
@@ -324,23 +360,31 @@ class Trainer:
             self.sample_index = 0
         loss_sum = 0.0
         consumed = []
+        step = self.step + 1
         if self.parallel_model.pipelined:
             indices = self.sampler.rank_slice(self.epoch, self.sample_index, trainer.batch_size, self.dp_rank)
             if self.sample_log is not None:
                 consumed += indices.tolist()
-            loss_sum = self._pipeline_forward(*self._batch(self.data.train, indices), train=True)
+            batch = self._timed_batch(step, 0, indices)
+            self._phase("pipeline schedule", step)
+            loss_sum = self._pipeline_forward(*batch, train=True)
         for micro in range(0 if self.parallel_model.pipelined else trainer.grad_accum):
             start = self.sample_index + micro * self.global_micro_batch
             indices = self.sampler.rank_slice(self.epoch, start, trainer.batch_size, self.dp_rank)
             if self.sample_log is not None:
                 consumed += indices.tolist()
-            x, y = self._batch(self.data.train, indices)
+            x, y = self._timed_batch(step, micro, indices)
             last = micro == trainer.grad_accum - 1
             # Gradients are synchronised only on the last micro-batch; the others accumulate locally.
             with self._sync_context(last), self._loss_context():
+                self._phase("forward", step, micro)
+                started = time.perf_counter()
                 loss = self._loss(self.model, x, y)
+                self.timing["forward"] += time.perf_counter() - started
+                self._phase("backward", step, micro)
                 self.scaler.scale(loss / trainer.grad_accum).backward()
             loss_sum = loss_sum + loss.detach()
+        self._phase("optimizer", step)
         self.scaler.unscale_(self.optimizer)
         max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
         grad_norm = clip_grad_norm(list(self.model.parameters()), max_norm, self.pp_group)
@@ -355,21 +399,7 @@ class Trainer:
         return float(loss_sum) / trainer.grad_accum, float(grad_norm)
 
     def _sync_context(self, last: bool):
-        if last:
-            return contextlib.nullcontext()
-        if hasattr(self.model, "no_sync"):  # DDP
-            return self.model.no_sync()
-        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: skip the reduce-scatter
-
-            @contextlib.contextmanager
-            def no_fsdp_sync():
-                self.model.set_requires_gradient_sync(False)
-                try:
-                    yield
-                finally:
-                    self.model.set_requires_gradient_sync(True)
-            return no_fsdp_sync()
-        return contextlib.nullcontext()
+        return contextlib.nullcontext() if last else no_sync(self.model)
 
     # ---- evaluation ----------------------------------------------------------------------------
 
@@ -445,10 +475,17 @@ class Trainer:
         stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank).install()
         try:
             last = self._loop(stop)
+            self._finish()
         finally:
             stop.uninstall()
             if self.sample_log is not None:
                 self.sample_log.close()
+            if self.watchdog is not None:
+                self.watchdog.stop()
+        self.logger.close()
+        return last
+
+    def _finish(self) -> None:
         if self.stop_reason is not None:
             path = self.save()
             if path is None:
@@ -460,25 +497,28 @@ class Trainer:
         elif self.step == self.total_steps and self.save() is None:
             raise checkpoint.SnapshotWriteError(f"training finished but the final snapshot could not be written to "
                                                 f"{self.snapshot_root}; last good snapshot: {self.last_snapshot}")
-        self.logger.close()
-        return last
 
     def _loop(self, stop: StopRequest) -> dict:
         trainer = self.config.trainer
         last = {}
         interval_start, interval_steps = time.perf_counter(), 0
         while self.step < self.total_steps:
+            step_started = time.perf_counter()
             loss, grad_norm = self.train_step()
+            self.timing["step"] += time.perf_counter() - step_started
             interval_steps += 1
             self.logger.advance(1, loss=f"{loss:.4f}")
             record = None
             if self.step % trainer.log_every == 0 or self.step == self.total_steps:
                 elapsed = time.perf_counter() - interval_start
+                self._phase("metrics all-gather", self.step)
                 record = {"loss": round(mean_across_ranks(loss), 6),
                           "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(grad_norm, 5),
                           "epoch": self.epoch, **self._throughput(interval_steps, elapsed),
-                          "peak_mem_mb": round(peak_memory_mb(self.device), 1)}
+                          "peak_mem_mb": round(peak_memory_mb(self.device), 1),
+                          **self._rank_times(interval_steps)}
             if trainer.eval_every and (self.step % trainer.eval_every == 0 or self.step == self.total_steps):
+                self._phase("evaluation", self.step)
                 record = {**(record or {}), **self.evaluate()}
                 sample = self.sample_text()
                 if sample is not None:
@@ -494,10 +534,23 @@ class Trainer:
             stop.after_step(self.step)
             # One tiny all-reduce per step: a signal may reach one rank only, or ranks at different
             # steps; agreeing here makes every rank stop after the same step.
+            self._phase("stop-agreement all-reduce", self.step)
+            self.first_step = False
             if any_rank(stop.requested):
                 self.stop_reason = stop.reason or "a signal on another rank"
                 break
         return last
+
+    def _rank_times(self, steps: int) -> dict:
+        """Every rank's seconds per step in this log interval (a collective), and a warning when one
+        rank is persistently slower than the others."""
+        per_rank = gather_floats([self.timing[key] / max(steps, 1) for key in ("step", "data", "forward")])
+        self.timing = dict.fromkeys(self.timing, 0.0)
+        step_s, data_s, forward_s = ([round(values[i], 5) for values in per_rank] for i in range(3))
+        hosts = self.watchdog.hosts() if self.watchdog is not None else {}
+        for warning in self.stragglers.update(data_s, forward_s, hosts):
+            self._warn(warning)
+        return {"rank_step_time_s": step_s, "rank_data_time_s": data_s, "rank_forward_time_s": forward_s}
 
     def _console_line(self, record: dict) -> str:
         parts = [f"step {self.step}/{self.total_steps}"]

@@ -6,14 +6,7 @@ import functools
 
 from triax import runtime
 from triax.horovod import basics
-
-
-class HorovodInternalError(RuntimeError):
-    """A collective failed because a peer is gone; torchrun restarts the processes."""
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """Membership changed; under torchrun the agent restarts the processes instead."""
+from triax.horovod.errors import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401  (hvd.elastic.*)
 
 
 def run(func):

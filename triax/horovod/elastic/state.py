@@ -3,31 +3,13 @@
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
-
-import torch
+import warnings
 
 from triax.horovod import basics
+from triax.horovod.elastic import commits
+from triax.runtime import restart_count
 from triax.horovod.broadcast_helpers import broadcast_optimizer_state, broadcast_parameters
 from triax.horovod.objects import broadcast_object
-
-DIRECTORY_ENV = "TRIAX_HOROVOD_ELASTIC_DIR"
-
-
-def commit_directory() -> str | None:
-    """Where commits are written so restarted processes find them; None: memory only.
-
-    TRIAX_HOROVOD_ELASTIC_DIR wins (use a shared directory across machines). Under torchrun with
-    restarts allowed, the default is a temp directory named after the run id and the torchrun
-    agent's pid, which stay the same across restarts of one job and differ between jobs.
-    """
-    if os.environ.get(DIRECTORY_ENV):
-        return os.environ[DIRECTORY_ENV]
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id is None or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) <= 0:
-        return None
-    return os.path.join(tempfile.gettempdir(), "triax-horovod-elastic", f"{run_id}-{os.getppid()}")
 
 
 class State:
@@ -67,9 +49,8 @@ class State:
 
 
 class ObjectState(State):
-    """Plain picklable values (epoch, batch, ...) kept as attributes."""
-
-    _file_name = "state.pt"
+    """Plain values (epoch, batch, ...) kept as attributes: numbers, strings, None, lists, tuples,
+    dicts and tensors, which is what a commit can hold without pickle."""
 
     def __init__(self, **values):
         super().__init__()
@@ -87,23 +68,36 @@ class ObjectState(State):
 
     def save(self):
         self._saved = self._snapshot()
-        directory = commit_directory()
-        if directory and basics.rank() == 0:
-            os.makedirs(directory, exist_ok=True)
-            path = os.path.join(directory, self._file_name)
-            temporary = path + ".tmp"
-            torch.save(self._saved, temporary)
-            os.replace(temporary, path)  # a crash mid-write leaves the previous commit intact
+        directory = commits.commit_directory()
+        if directory:
+            # Every rank checks that its values can be committed, so a bad value fails everywhere
+            # at once instead of on rank 0 alone while the others wait.
+            commits.check_committable(self._saved["values"])
+            if basics.rank() == 0:
+                commits.write(directory, self._saved)
 
     def restore(self):
         self._apply(self._saved)
 
     def load_committed(self) -> bool:
-        directory = commit_directory()
-        path = os.path.join(directory, self._file_name) if directory else None
-        if not path or not os.path.exists(path):
+        """On a restart of this job (never on a first start), load rank 0's last commit."""
+        if restart_count() == 0:
+            directory = commits.commit_directory() if basics.rank() == 0 else None
+            if directory:
+                commits.discard(directory)  # left by an earlier job under the same name
             return False
-        self._saved = torch.load(path, map_location="cpu", weights_only=False)
+        if basics.rank() != 0:
+            return False  # rank 0 reads; sync() then hands its state to every rank
+        directory = commits.commit_directory()
+        try:
+            saved = commits.read(directory) if directory else None
+        except commits.CommitCorrupt as error:
+            warnings.warn(f"hvd.elastic: ignoring the last commit, it cannot be read ({error}); "
+                          "training restarts from the state the script built", stacklevel=2)
+            return False
+        if saved is None:
+            return False
+        self._saved = saved
         self.restore()
         return True
 

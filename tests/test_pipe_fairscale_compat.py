@@ -1,0 +1,130 @@
+"""Tests written the way a FairScale user's suite is: the built-in exception classes they catch,
+FairScale's argument coercion, and checkpointing as it shows in the autograd graph."""
+
+import inspect
+
+import pytest
+import torch
+from torch import nn
+
+from triax.errors import TriaxError
+from triax.pipe import Pipe, balance_by_size, balance_by_time
+
+
+def count_grad_fn(grad_fn, name, visited=None):
+    """How many paths from the output reach a node of class `name` (stopping at the first)."""
+    visited = set() if visited is None else visited
+    if grad_fn is None or grad_fn in visited:
+        return 0
+    visited.add(grad_fn)
+    if type(grad_fn).__name__ == name:
+        return 1
+    return sum(count_grad_fn(next_fn, name, visited) for next_fn, _ in grad_fn.next_functions)
+
+
+@pytest.mark.parametrize("mode, checkpointed", [("always", 2), ("except_last", 1), ("never", 0)])
+def test_checkpoint_nodes_in_the_graph(mode, checkpointed):
+    pipe = Pipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=["cpu"], chunks=2, checkpoint=mode)
+    output = pipe(torch.rand(2, 1))
+    assert count_grad_fn(output.grad_fn, "CheckpointBackward") == checkpointed
+    assert count_grad_fn(output.grad_fn, "RecomputeBackward") == checkpointed
+    output.sum().backward()  # parameters get gradients although the input needs none
+    assert all(p.grad is not None for p in pipe.parameters())
+
+
+def test_no_checkpoint_nodes_in_eval_or_without_grad():
+    pipe = Pipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=["cpu"], chunks=2, checkpoint="always")
+    pipe.eval()
+    assert count_grad_fn(pipe(torch.rand(2, 1)).grad_fn, "CheckpointBackward") == 0
+    pipe.train()
+    with torch.no_grad():
+        assert pipe(torch.rand(2, 1)).grad_fn is None
+
+
+class Mode:
+    def __str__(self):
+        return "always"
+
+
+def test_arguments_are_coerced_like_fairscale():
+    pipe = Pipe(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), balance=(1, 1), devices=("cpu", "cpu"),
+                chunks=4.0, checkpoint=Mode())
+    assert (pipe.chunks, pipe.checkpoint, pipe.balance) == (4, "always", [1, 1])
+    assert type(pipe.chunks) is int
+    assert pipe(torch.rand(8, 2)).shape == (8, 2)
+
+
+@pytest.mark.parametrize("build, builtin", [
+    (lambda: Pipe(nn.Module(), balance=[1], devices=["cpu"]), TypeError),
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)), balance=[1], devices=["cpu"]), ValueError),
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)), balance=[3], devices=["cpu"]), ValueError),
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1)), devices=["cpu"]), ValueError),  # no balance
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=["cpu"], chunks=0), ValueError),
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=["cpu"], checkpoint="INVALID"), ValueError),
+    (lambda: Pipe(nn.Sequential(*[nn.Linear(1, 1)] * 2), balance=[1, 1], devices=["cpu"] * 2), ValueError),
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)), balance=[1, 1], devices=["cpu"]), IndexError),
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)), balance=[1, 1], devices=["cpu"]), ValueError),
+])
+def test_bad_arguments_raise_the_builtin_class(build, builtin):
+    with pytest.raises(builtin) as raised:
+        build()
+    assert isinstance(raised.value, TriaxError)
+
+
+def test_sequential_like_indexing():
+    a, b = nn.Linear(1, 1), nn.Linear(1, 1)
+    pipe = Pipe(nn.Sequential(a, b), balance=[1, 1], devices=["cpu", "cpu"])
+    assert len(pipe) == 2 and list(pipe) == [a, b]
+    assert pipe[0] is a and pipe[-1] is b and pipe[-2] is a
+    with pytest.raises(IndexError):
+        pipe[2]
+
+
+class NonTensor(nn.Module):
+    def forward(self, _):
+        return "hello"
+
+
+class NonTensorTuple(nn.Module):
+    def forward(self, x):
+        return (x, "hello")
+
+
+@pytest.mark.parametrize("checkpoint", ["always", "never"])
+def test_non_tensor_inputs_and_outputs_raise_type_error(checkpoint):
+    for layer in (NonTensor(), NonTensorTuple()):
+        pipe = Pipe(nn.Sequential(layer), balance=[1], devices=["cpu"], checkpoint=checkpoint)
+        with pytest.raises(TypeError):
+            pipe(torch.rand(1))
+    pipe = Pipe(nn.Sequential(nn.Identity()), balance=[1], devices=["cpu"])
+    with pytest.raises(TypeError):
+        pipe("hello")
+    with pytest.raises(TypeError):
+        pipe((torch.rand(1), "hello"))
+    with pytest.raises(TypeError):
+        pipe(torch.rand(1), torch.rand(1))  # forward takes one batch
+
+
+@pytest.mark.parametrize("move", [lambda p: p.cuda(), lambda p: p.cpu(), lambda p: p.to("cpu"),
+                                  lambda p: p.to(device="cpu"), lambda p: p.to(torch.rand(1))])
+def test_moving_a_pipe_raises_type_error(move):
+    pipe = Pipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=["cpu"])
+    with pytest.raises(TypeError):
+        move(pipe)
+    assert pipe.to(torch.float64) is pipe  # a dtype change stays allowed
+    assert next(pipe.parameters()).dtype == torch.float64
+
+
+def test_balancing_helpers_have_fairscale_signatures():
+    assert list(inspect.signature(balance_by_time).parameters)[:3] == ["partitions", "module", "sample"]
+    assert list(inspect.signature(balance_by_size).parameters)[:3] == ["partitions", "module", "input"]
+    assert {"timeout", "device"} <= set(inspect.signature(balance_by_time).parameters)
+    assert {"chunks", "param_scale", "device"} <= set(inspect.signature(balance_by_size).parameters)
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(4)])
+    balance = balance_by_size(2, model, input=torch.rand(8, 4), chunks=2, param_scale=4.0, device="cpu")
+    assert sum(balance) == 4 and len(balance) == 2
+    with pytest.raises(ValueError):
+        balance_by_time(5, model, torch.rand(8, 4), device="cpu")
+    with pytest.raises(TypeError):
+        balance_by_time(1, nn.Linear(4, 4), torch.rand(8, 4), device="cpu")
+

@@ -1,0 +1,73 @@
+"""Run under torchrun: `triax train` with faults injected by patching the trainer from outside
+(the library has no switch for them). argv: a JSON object of faults, then the train overrides.
+
+  {"hang": {"rank": 1, "step": 6}}            rank 1 sleeps inside the forward of step 6
+  {"slow_data": {"rank": 1, "seconds": 0.03}} every batch of rank 1 takes 30 ms longer
+  {"slow_snapshot": {"rank": 0, "seconds": 4}} each snapshot write of rank 0 takes 4 s longer
+  {"slow_first_step": {"rank": 1, "seconds": 4}} the first forward of rank 1 takes 4 s longer (a compile)
+  {"late_start": {"rank": 1, "seconds": 30}}    rank 1 starts 30 s late
+"""
+
+import json
+import os
+import sys
+import time
+
+from triax.train.trainer import Trainer
+
+faults = json.loads(sys.argv[1])
+rank = int(os.environ["RANK"])
+
+
+def applies(name):
+    return name in faults and faults[name].get("rank", rank) == rank
+
+
+if applies("hang"):
+    original_loss = Trainer._loss
+
+    def hanging_loss(self, model, x, y):
+        if self.step + 1 == faults["hang"]["step"] and model is self.model:
+            with open(faults["hang"]["marker"], "w") as handle:  # when the hang began
+                handle.write(str(time.time()))
+            time.sleep(600)
+        return original_loss(self, model, x, y)
+
+    Trainer._loss = hanging_loss
+
+if applies("slow_first_step"):
+    original_first = Trainer._loss
+
+    def slow_first_loss(self, model, x, y):
+        if self.first_step:
+            time.sleep(faults["slow_first_step"]["seconds"])
+        return original_first(self, model, x, y)
+
+    Trainer._loss = slow_first_loss
+
+if applies("slow_data"):
+    original_batch = Trainer._batch
+
+    def slow_batch(self, dataset, indices):
+        time.sleep(faults["slow_data"]["seconds"])
+        return original_batch(self, dataset, indices)
+
+    Trainer._batch = slow_batch
+
+if applies("slow_snapshot"):
+    original_save = Trainer.save
+
+    def slow_save(self):
+        if self.saved_step != self.step:
+            self._phase("snapshot", self.step)
+            time.sleep(faults["slow_snapshot"]["seconds"])
+        return original_save(self)
+
+    Trainer.save = slow_save
+
+if applies("late_start"):
+    time.sleep(faults["late_start"]["seconds"])
+
+from triax.train.commands import train_main  # noqa: E402
+
+sys.exit(train_main(sys.argv[2:]))

@@ -1,0 +1,231 @@
+"""Accelerate's configuration objects, under the same names, fields and defaults.
+
+`from triax.accelerate.utils import DataLoaderConfiguration, ...` replaces Accelerate's import line
+for line. The Accelerator also accepts Accelerate's own instances: `as_config` copies the fields
+this module knows from any object that has them (duck typing), so a script that keeps
+`from accelerate.utils import DataLoaderConfiguration` works unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+
+from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError
+
+
+class DistributedType(str, enum.Enum):
+    """How the processes are set up. A str enum, as in Accelerate: members equal their names
+    (`DistributedType.MULTI_CPU == "MULTI_CPU"`) and serialise to JSON as strings."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class PrecisionType(str, enum.Enum):
+    NO = "no"
+    FP8 = "fp8"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class _Defaults:
+    """`to_kwargs()`: the fields whose value differs from the class default (Accelerate's rule:
+    only what the user changed is passed on, so triax's own defaults hold otherwise)."""
+
+    def to_dict(self) -> dict:
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    def to_kwargs(self) -> dict:
+        default = type(self)().to_dict()
+        return {name: value for name, value in self.to_dict().items() if default[name] != value}
+
+
+@dataclasses.dataclass
+class DataLoaderConfiguration(_Defaults):
+    """split_batches: a dataloader's batch_size is the global batch, divided among processes.
+    dispatch_batches: accepted and ignored: every process reads its own samples by index
+    (there is no process-0-reads-and-sends mode in triax).
+    even_batches: repeat samples from the epoch's start so every process gets the same number
+    of batches; gather_for_metrics drops the repeats.
+    use_seedable_sampler: accepted; triax's order always depends only on (seed, epoch).
+    data_seed: the seed of that order (default: the DataLoader's generator, else torch's seed).
+    non_blocking: host-to-GPU copies of batches are non-blocking (they always are on CUDA).
+    use_stateful_dataloader: not needed: prepared dataloaders save their position in save_state.
+    """
+
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+
+@dataclasses.dataclass
+class GradientAccumulationPlugin(_Defaults):
+    """num_steps: micro-steps per optimizer update inside `accumulate`.
+    adjust_scheduler: accepted (a prepared scheduler always steps once per real update).
+    sync_with_dataloader: also synchronise (and step) on the last batch of a dataloader.
+    sync_each_batch: synchronise gradients on every micro-step (saves memory, costs bandwidth).
+    """
+
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+
+@dataclasses.dataclass
+class ProjectConfiguration(_Defaults):
+    """project_dir: where save_state writes without a directory (`<project_dir>/checkpoints`).
+    logging_dir: where trackers write (default: project_dir).
+    automatic_checkpoint_naming: save_state() writes `<project_dir>/checkpoints/checkpoint_<iteration>`.
+    total_limit: with automatic naming, keep at most this many checkpoints (oldest deleted first).
+    iteration: the number the next automatically named checkpoint gets.
+    save_on_each_node: accepted; snapshots are written once, on the shared directory.
+    """
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def set_directories(self, project_dir: str | None = None) -> None:
+        self.project_dir = project_dir
+        if self.logging_dir is None:
+            self.logging_dir = project_dir
+
+    def __post_init__(self):
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+
+
+@dataclasses.dataclass
+class DistributedDataParallelKwargs(_Defaults):
+    """Options of torch's DistributedDataParallel for prepared models (only changed ones are passed).
+    comm_hook: "no", "fp16", "bf16" or "power_sgd" (triax's gradient compression)."""
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    comm_hook: str = "no"
+    comm_wrapper: str = "no"
+    comm_state_option: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class GradScalerKwargs(_Defaults):
+    """Options of torch.amp.GradScaler for mixed_precision='fp16'."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+@dataclasses.dataclass
+class InitProcessGroupKwargs(_Defaults):
+    """Options for creating the process group: backend and timeout (a datetime.timedelta)."""
+
+    backend: str | None = "nccl"
+    init_method: str | None = None
+    timeout: datetime.timedelta | None = None
+
+
+@dataclasses.dataclass
+class AutocastKwargs(_Defaults):
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+
+# Accelerate's kwargs handlers that exist only for features triax does not provide.
+UNSUPPORTED_HANDLERS = {
+    "FP8RecipeKwargs": "fp8 training", "AORecipeKwargs": "fp8 training", "TERecipeKwargs": "fp8 training",
+    "MSAMPRecipeKwargs": "fp8 training", "ProfileKwargs": "the profiler handler",
+    "DeepSpeedPlugin": "DeepSpeed", "MegatronLMPlugin": "Megatron-LM",
+    "TorchDynamoPlugin": "the TorchDynamo plugin", "TorchTensorParallelPlugin": "the tensor-parallel plugin",
+}
+
+KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, AutocastKwargs)
+
+
+def as_config(value, cls, argument: str):
+    """`value` as an instance of triax's `cls`: itself, a copy of a duck-typed object with the same
+    fields (Accelerate's own class), or a dict of fields. None gives the defaults."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    names = [field.name for field in dataclasses.fields(cls)]
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(names))
+        if unknown:
+            raise AcceleratorValueError(f"{argument} got unknown field(s) {unknown}; {cls.__name__} has "
+                                        f"{', '.join(names)}")
+        return cls(**value)
+    present = [name for name in names if hasattr(value, name)]
+    if not present or type(value).__name__ != cls.__name__:
+        raise AcceleratorTypeError(f"{argument} must be a {cls.__name__} (triax's or Accelerate's), "
+                                   f"got a {type(value).__name__}")
+    fields = {name: getattr(value, name) for name in present}
+    for name in ("comm_hook", "comm_wrapper"):  # Accelerate's enums -> their string values
+        if name in fields and isinstance(fields[name], enum.Enum):
+            fields[name] = fields[name].value
+    return cls(**fields)
+
+
+def split_kwargs_handlers(handlers) -> dict:
+    """Accelerator(kwargs_handlers=[...]) -> {class: instance}, each kind at most once."""
+    found = {}
+    for handler in handlers or []:
+        name = type(handler).__name__
+        if name in UNSUPPORTED_HANDLERS:
+            from triax.accelerate.errors import UnsupportedFeatureError
+
+            raise UnsupportedFeatureError(f"kwargs_handlers got a {name}: triax does not support "
+                                          f"{UNSUPPORTED_HANDLERS[name]}; see the README's Accelerate table")
+        matches = [cls for cls in KWARGS_HANDLERS if isinstance(handler, cls) or cls.__name__ == name]
+        if not matches:
+            raise AcceleratorTypeError(f"kwargs_handlers got a {name}; triax knows "
+                                       f"{', '.join(cls.__name__ for cls in KWARGS_HANDLERS)}")
+        cls = matches[0]
+        if cls in found:
+            raise AcceleratorValueError(f"kwargs_handlers got two {cls.__name__}; pass each kind once")
+        found[cls] = handler
+    return found
+
+
+def changed_fields(handler, cls) -> dict:
+    """The fields of a handler (triax's or Accelerate's) that differ from `cls`'s defaults."""
+    if handler is None:
+        return {}
+    if isinstance(handler, cls):
+        return handler.to_kwargs()
+    if hasattr(handler, "to_kwargs"):  # Accelerate's own rule, applied to its own defaults
+        changed = dict(handler.to_kwargs())
+    else:
+        changed = as_config(handler, cls, cls.__name__).to_kwargs()
+    return {name: (value.value if isinstance(value, enum.Enum) else value) for name, value in changed.items()}

@@ -1,0 +1,67 @@
+"""find_executable_batch_size: retry a function with a smaller batch size while it runs out of memory."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+
+import torch
+
+from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError
+
+# Messages of the RuntimeErrors that mean "out of memory" (older torch raised plain RuntimeErrors).
+OUT_OF_MEMORY_MESSAGES = ("CUDA out of memory.", "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
+                          "DefaultCPUAllocator: can't allocate memory")
+
+
+def should_reduce_batch_size(error: BaseException) -> bool:
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return (isinstance(error, RuntimeError) and len(error.args) == 1 and isinstance(error.args[0], str)
+            and any(message in error.args[0] for message in OUT_OF_MEMORY_MESSAGES))
+
+
+def release_memory(*objects):
+    """Drop references and empty the allocator caches; returns Nones to assign back."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return [None] * len(objects)
+
+
+def find_executable_batch_size(function=None, starting_batch_size: int = 128, reduce_batch_size_fn=None):
+    """Decorator: call `function(batch_size, *args)` starting at `starting_batch_size`; on an
+    out-of-memory error, free caches and retry with the batch size reduced (to 90% by default, or
+    by `reduce_batch_size_fn()`), until it succeeds or reaches zero. The decorated function is
+    called without the batch size. Each process decides alone, as in Accelerate."""
+    if function is None:
+        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
+                                 reduce_batch_size_fn=reduce_batch_size_fn)
+    batch_size = starting_batch_size
+
+    def reduce_by_tenth():
+        return int(batch_size * 0.9)
+
+    reduce = reduce_batch_size_fn or reduce_by_tenth
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        nonlocal batch_size
+        parameters = list(inspect.signature(function).parameters)
+        if len(parameters) < len(args) + 1:
+            raise AcceleratorTypeError(f"{function.__name__} was called with the batch size as well; the "
+                                       f"decorator passes it: call {function.__name__}() with the other "
+                                       "arguments only")
+        while True:
+            if batch_size <= 0:
+                raise AcceleratorRuntimeError("No executable batch size found, reached zero.")
+            try:
+                return function(batch_size, *args, **kwargs)
+            except Exception as error:
+                if not should_reduce_batch_size(error):
+                    raise
+                release_memory()
+                batch_size = reduce()
+
+    return run

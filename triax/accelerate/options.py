@@ -1,0 +1,176 @@
+"""The Accelerator's constructor arguments, checked and resolved before anything starts.
+
+Accelerate's configuration objects (triax's or Accelerate's own), the plain arguments that
+duplicate them, the launch environment (`triax launch`), and the parts of Accelerate that triax
+does not provide: each of those fails here, at construction, with the triax alternative named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+
+from triax.accelerate.dataclasses import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+    as_config,
+    changed_fields,
+    split_kwargs_handlers,
+)
+from triax.accelerate.errors import AcceleratorValueError, UnsupportedFeatureError
+from triax.launch import settings as launch_settings
+
+# What `triax launch` hands over (names, choices, environment variables) lives in one place.
+PRECISION_ALIASES = launch_settings.PRECISION_POLICIES
+PARALLEL_CHOICES = launch_settings.PARALLEL_CHOICES
+
+# Accelerate's DDPCommunicationHookType values -> triax's gradient compression names.
+COMM_HOOKS = {"no": "none", "fp16": "fp16", "bf16": "bf16", "power_sgd": "powersgd"}
+
+# What triax does not do, and what to use instead (raised at construction).
+ALTERNATIVES = {
+    "DeepSpeed": "parallel='fsdp' (FSDP2 shards parameters, gradients and optimizer state, like ZeRO-3)",
+    "Megatron-LM": "`triax train` with parallel.tp / parallel.pp (tensor and pipeline parallel GPT)",
+    "XLA/TPU": "CUDA or CPU devices (triax runs on torch.distributed with NCCL or gloo)",
+    "fp8": "mixed_precision='bf16'",
+    "ParallelismConfig": "`triax train` layouts (dp_replicate x dp_shard x tp x pp), or parallel='fsdp' here",
+    "torch.compile via dynamo_backend": "torch.compile(model) yourself before prepare, or `triax train` "
+                                         "with trainer.compile=true",
+    "device maps": "triax.pipe.Pipe (a model split over devices) or parallel='fsdp'",
+}
+
+
+def unsupported(feature: str, how: str) -> UnsupportedFeatureError:
+    return UnsupportedFeatureError(f"{how}: triax does not support {feature}; use {ALTERNATIVES[feature]}")
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+@dataclasses.dataclass
+class Options:
+    mixed_precision: str  # Accelerate's name ("no", "bf16", "fp16") or triax's ("bf16-pure")
+    precision_policy: str  # triax's name
+    parallel: str
+    cpu: bool
+    dataloader: DataLoaderConfiguration
+    accumulation: GradientAccumulationPlugin
+    project: ProjectConfiguration
+    ddp_options: dict
+    grad_compression: str
+    scaler_options: dict
+    init_timeout: object  # datetime.timedelta or None
+    init_backend: str | None
+
+
+def refuse_unsupported(mixed_precision, deepspeed_plugin, megatron_lm_plugin, parallelism_config,
+                       dynamo_backend, dynamo_plugin, torch_tp_plugin, deepspeed_plugins) -> None:
+    if deepspeed_plugin is not None or deepspeed_plugins is not None or _env_flag("ACCELERATE_USE_DEEPSPEED"):
+        raise unsupported("DeepSpeed", "Accelerator(deepspeed_plugin=...)")
+    if megatron_lm_plugin is not None or _env_flag("ACCELERATE_USE_MEGATRON_LM"):
+        raise unsupported("Megatron-LM", "Accelerator(megatron_lm_plugin=...)")
+    if torch_tp_plugin is not None:
+        raise unsupported("Megatron-LM", "Accelerator(torch_tp_plugin=...)")
+    if parallelism_config is not None:
+        raise unsupported("ParallelismConfig", "Accelerator(parallelism_config=...)")
+    if _env_flag("ACCELERATE_USE_XLA") or os.environ.get("PJRT_DEVICE"):
+        raise unsupported("XLA/TPU", "an XLA environment (ACCELERATE_USE_XLA / PJRT_DEVICE)")
+    if str(mixed_precision).lower() == "fp8":
+        raise unsupported("fp8", "mixed_precision='fp8'")
+    backend = dynamo_backend if dynamo_plugin is None else getattr(dynamo_plugin, "backend", None)
+    if backend is not None and str(getattr(backend, "value", backend)).lower() not in ("no", "none"):
+        raise unsupported("torch.compile via dynamo_backend", f"dynamo_backend={backend!r}")
+
+
+def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulation_plugin, cpu, parallel,
+            fsdp_plugin, dataloader_config, split_batches, even_batches, project_config, project_dir,
+            logging_dir, kwargs_handlers) -> Options:
+    mixed_precision = (mixed_precision or launch_settings.from_environment("mixed_precision")
+                       or os.environ.get("ACCELERATE_MIXED_PRECISION") or "no")
+    mixed_precision = str(getattr(mixed_precision, "value", mixed_precision))
+    if mixed_precision not in PRECISION_ALIASES:
+        raise AcceleratorValueError(f"mixed_precision={mixed_precision!r} is not supported; use one of "
+                                    f"{', '.join(PRECISION_ALIASES)}")
+
+    accumulation = as_config(gradient_accumulation_plugin, GradientAccumulationPlugin, "gradient_accumulation_plugin")
+    if gradient_accumulation_plugin is not None:
+        if gradient_accumulation_steps not in (None, 1):
+            raise AcceleratorValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not "
+                                        "both (set the plugin's num_steps)")
+        if accumulation.num_steps is None:
+            raise AcceleratorValueError("GradientAccumulationPlugin needs num_steps=<int>")
+    else:
+        if gradient_accumulation_steps is None:
+            gradient_accumulation_steps = launch_settings.from_environment("gradient_accumulation_steps") or "1"
+        accumulation.num_steps = gradient_accumulation_steps
+    try:
+        accumulation.num_steps = int(accumulation.num_steps)
+    except (TypeError, ValueError):
+        raise AcceleratorValueError(f"gradient_accumulation_steps={accumulation.num_steps!r} is not an "
+                                    "integer") from None
+    if accumulation.num_steps < 1:
+        raise AcceleratorValueError(f"gradient_accumulation_steps={accumulation.num_steps} must be 1 or more")
+
+    if fsdp_plugin is not None:
+        if parallel not in (None, "fsdp"):
+            raise AcceleratorValueError(f"fsdp_plugin was given with parallel={parallel!r}; drop one")
+        parallel = "fsdp"
+    parallel = parallel or launch_settings.from_environment("parallel") or "ddp"
+    if parallel not in PARALLEL_CHOICES:
+        raise AcceleratorValueError(f"parallel={parallel!r} is not a layout the Accelerator knows; use one of "
+                                    f"{', '.join(PARALLEL_CHOICES)}")
+
+    dataloader = as_config(dataloader_config, DataLoaderConfiguration, "dataloader_config")
+    if split_batches is not None:
+        dataloader.split_batches = bool(split_batches)
+    if even_batches is not None:
+        dataloader.even_batches = bool(even_batches)
+    if dataloader.dispatch_batches:
+        # Every process reads its own samples by index; the sharding (and so the result) is the
+        # same as with dispatching, only process 0 does not read for the others.
+        warnings.warn("DataLoaderConfiguration(dispatch_batches=True) has no effect in triax: each process "
+                      "reads its own share of every batch", stacklevel=3)
+
+    project = as_config(project_config, ProjectConfiguration, "project_config")
+    if project_dir is not None:
+        project.set_directories(project_dir)
+    if logging_dir is not None:
+        project.logging_dir = logging_dir
+    if project.total_limit is not None and (not isinstance(project.total_limit, int) or project.total_limit < 1):
+        raise AcceleratorValueError(f"ProjectConfiguration(total_limit={project.total_limit!r}) must be a "
+                                    "positive integer or None")
+    if project.automatic_checkpoint_naming and project.project_dir is None:
+        raise AcceleratorValueError("ProjectConfiguration(automatic_checkpoint_naming=True) needs project_dir")
+
+    handlers = split_kwargs_handlers(kwargs_handlers)
+    ddp_options = changed_fields(handlers.get(DistributedDataParallelKwargs), DistributedDataParallelKwargs)
+    hook = str(ddp_options.pop("comm_hook", "no"))
+    wrapper = str(ddp_options.pop("comm_wrapper", "no"))
+    ddp_options.pop("comm_state_option", None)
+    if hook not in COMM_HOOKS or wrapper != "no":
+        raise UnsupportedFeatureError(f"DistributedDataParallelKwargs(comm_hook={hook!r}, comm_wrapper={wrapper!r}) "
+                                      f"is not supported; use comm_hook in {sorted(COMM_HOOKS)} without a wrapper")
+    if "bucket_cap_mb" in ddp_options:
+        ddp_options["bucket_cap_mb"] = float(ddp_options["bucket_cap_mb"])
+    init = changed_fields(handlers.get(InitProcessGroupKwargs), InitProcessGroupKwargs)
+    if init.get("init_method"):
+        raise UnsupportedFeatureError(f"InitProcessGroupKwargs(init_method={init['init_method']!r}) is not "
+                                      "supported; triax rendezvouses through MASTER_ADDR/MASTER_PORT "
+                                      "(set by torchrun or `triax launch`)")
+    scaler_options = changed_fields(handlers.get(GradScalerKwargs), GradScalerKwargs)
+    autocast = changed_fields(handlers.get(AutocastKwargs), AutocastKwargs)
+    if autocast:
+        raise UnsupportedFeatureError(f"AutocastKwargs({autocast}) is not supported; use "
+                                      "accelerator.autocast() or mixed_precision='no'")
+    return Options(
+        mixed_precision=mixed_precision, precision_policy=PRECISION_ALIASES[mixed_precision], parallel=parallel,
+        cpu=bool(cpu) or launch_settings.flag_from_environment("use_cpu"), dataloader=dataloader, accumulation=accumulation,
+        project=project, ddp_options=ddp_options, grad_compression=COMM_HOOKS[hook],
+        scaler_options=scaler_options, init_timeout=init.get("timeout"), init_backend=init.get("backend"))

@@ -1,0 +1,70 @@
+"""`triax.accelerate.utils`: the counterpart of `accelerate.utils`, so imports change line for line.
+
+    from accelerate.utils import set_seed, DataLoaderConfiguration   # before
+    from triax.accelerate.utils import set_seed, DataLoaderConfiguration   # after
+"""
+
+from __future__ import annotations
+
+from triax.accelerate.data_loader import skip_first_batches
+from triax.accelerate.dataclasses import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    PrecisionType,
+    ProjectConfiguration,
+)
+from triax.accelerate.launchers import notebook_launcher
+from triax.accelerate.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
+from triax.accelerate.operations import (
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    pad_across_processes,
+    reduce,
+    send_to_device,
+)
+from triax.accelerate.state import PartialState
+from triax.runtime import barrier as wait_for_everyone
+
+
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
+    """Seed Python's `random`, NumPy and torch (every device). device_specific adds the process
+    index, so processes draw different numbers; deterministic asks torch for deterministic kernels."""
+    import torch
+
+    from triax.runtime import seed_everything
+
+    if device_specific:
+        seed += PartialState().process_index
+    seed_everything(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def is_torch_version(operation: str, version: str) -> bool:
+    import operator
+
+    import torch
+    from packaging.version import parse
+
+    compare = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+               ">=": operator.ge, ">": operator.gt}[operation]
+    return compare(parse(torch.__version__.split("+")[0]), parse(version))
+
+
+__all__ = [
+    "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType",
+    "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PrecisionType",
+    "ProjectConfiguration", "broadcast", "broadcast_object_list", "find_executable_batch_size", "gather",
+    "gather_object", "is_torch_version", "notebook_launcher", "pad_across_processes", "reduce",
+    "release_memory", "send_to_device", "set_seed", "should_reduce_batch_size", "skip_first_batches",
+    "wait_for_everyone",
+]
