@@ -1,6 +1,6 @@
 """triax.Accelerator: keep your own training loop; triax places, wraps, shards and saves.
 
-A thin façade over the triax core (DESIGN.md, "one core, several front doors"):
+A thin façade over the triax core (docs/architecture.md, "The doors", "The core"):
 runtime (rank, device, process group), precision (autocast, loss scaling), parallel (DDP),
 data (GlobalSampler order), checkpoint (snapshots) and metrics (JSONL, TensorBoard).
 Names and behaviour follow Hugging Face Accelerate's Accelerator so its users feel at home.
