@@ -322,3 +322,23 @@ except RuntimeError as error:
     for rank in (0, 1):
         assert json.load(open(tmp_path / f"{rank}.json")) == [2, 2.0, 77.0]
     assert "raised:" in result.stdout and "boom" in result.stdout
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+def test_clip_grad_norm_goes_through_triax_parallel_and_matches_torch(norm_type):
+    from triax.accelerate import Accelerator
+
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3)))
+    reference = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+    reference.load_state_dict(model.state_dict())
+    inputs = torch.randn(4, 5)
+    for net in (model, reference):
+        net(inputs).pow(2).sum().backward()
+    ours = accelerator.clip_grad_norm_(model.parameters(), 0.1, norm_type=norm_type)
+    theirs = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.1, norm_type=norm_type)
+    # Same formula; the order of the additions may differ (groups, then their sum): a few ulps.
+    torch.testing.assert_close(ours, theirs, rtol=8 * torch.finfo(torch.float32).eps, atol=0)
+    for mine, other in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(mine.grad, other.grad, rtol=8 * torch.finfo(torch.float32).eps, atol=0)
