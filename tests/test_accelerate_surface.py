@@ -244,6 +244,7 @@ def _scaler_tensor(state, value):
     lambda s: s.pop("dataloaders"),
     lambda s: s.update(dataloaders=[{"epoch": -1, "batch": 0, "num_samples": 4, "total_batch_size": 0, "seed": 1}]),
     lambda s: _scaler_tensor(s, "DEEP"),
+    lambda s: s["dataloaders"][0].update(seed=10**40),
 ])
 def test_hostile_state_json_is_one_clear_error(tmp_path, edit):
     from torch.utils.data import DataLoader
