@@ -186,6 +186,19 @@ def test_configuration_objects_and_bad_values():
         Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
 
 
+def test_accelerate_launch_environment_is_read(monkeypatch):
+    from triax.accelerate import Accelerator
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "3")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    accelerator = Accelerator()
+    assert (accelerator.parallel, accelerator.gradient_accumulation_steps, accelerator.mixed_precision) == ("fsdp", 3, "bf16")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(NotImplementedError, match="DeepSpeed"):
+        Accelerator()
+
+
 def test_accelerate_own_configuration_objects_are_accepted():
     accelerate_utils = pytest.importorskip("accelerate.utils")
     from triax.accelerate import Accelerator
