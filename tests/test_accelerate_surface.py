@@ -186,6 +186,19 @@ def test_configuration_objects_and_bad_values():
         Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
 
 
+def test_accelerate_launch_environment_is_read(monkeypatch):
+    from triax.accelerate import Accelerator
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "3")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    accelerator = Accelerator()
+    assert (accelerator.parallel, accelerator.gradient_accumulation_steps, accelerator.mixed_precision) == ("fsdp", 3, "bf16")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(NotImplementedError, match="DeepSpeed"):
+        Accelerator()
+
+
 def test_accelerate_own_configuration_objects_are_accepted():
     accelerate_utils = pytest.importorskip("accelerate.utils")
     from triax.accelerate import Accelerator
@@ -244,6 +257,7 @@ def _scaler_tensor(state, value):
     lambda s: s.pop("dataloaders"),
     lambda s: s.update(dataloaders=[{"epoch": -1, "batch": 0, "num_samples": 4, "total_batch_size": 0, "seed": 1}]),
     lambda s: _scaler_tensor(s, "DEEP"),
+    lambda s: s["dataloaders"][0].update(seed=10**40),
 ])
 def test_hostile_state_json_is_one_clear_error(tmp_path, edit):
     from torch.utils.data import DataLoader
@@ -322,3 +336,23 @@ except RuntimeError as error:
     for rank in (0, 1):
         assert json.load(open(tmp_path / f"{rank}.json")) == [2, 2.0, 77.0]
     assert "raised:" in result.stdout and "boom" in result.stdout
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+def test_clip_grad_norm_goes_through_triax_parallel_and_matches_torch(norm_type):
+    from triax.accelerate import Accelerator
+
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3)))
+    reference = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+    reference.load_state_dict(model.state_dict())
+    inputs = torch.randn(4, 5)
+    for net in (model, reference):
+        net(inputs).pow(2).sum().backward()
+    ours = accelerator.clip_grad_norm_(model.parameters(), 0.1, norm_type=norm_type)
+    theirs = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.1, norm_type=norm_type)
+    # Same formula; the order of the additions may differ (groups, then their sum): a few ulps.
+    torch.testing.assert_close(ours, theirs, rtol=8 * torch.finfo(torch.float32).eps, atol=0)
+    for mine, other in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(mine.grad, other.grad, rtol=8 * torch.finfo(torch.float32).eps, atol=0)

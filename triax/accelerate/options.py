@@ -108,7 +108,8 @@ def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulati
             raise AcceleratorValueError("GradientAccumulationPlugin needs num_steps=<int>")
     else:
         if gradient_accumulation_steps is None:
-            gradient_accumulation_steps = launch_settings.from_environment("gradient_accumulation_steps") or "1"
+            gradient_accumulation_steps = (launch_settings.from_environment("gradient_accumulation_steps")
+                                           or os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS") or "1")
         accumulation.num_steps = gradient_accumulation_steps
     try:
         accumulation.num_steps = int(accumulation.num_steps)
@@ -122,7 +123,9 @@ def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulati
         if parallel not in (None, "fsdp"):
             raise AcceleratorValueError(f"fsdp_plugin was given with parallel={parallel!r}; drop one")
         parallel = "fsdp"
-    parallel = parallel or launch_settings.from_environment("parallel") or "ddp"
+    # `accelerate launch` speaks through ACCELERATE_* variables; triax launch's TRIAX_* win.
+    parallel = (parallel or launch_settings.from_environment("parallel")
+                or ("fsdp" if _env_flag("ACCELERATE_USE_FSDP") else "ddp"))
     if parallel not in PARALLEL_CHOICES:
         raise AcceleratorValueError(f"parallel={parallel!r} is not a layout the Accelerator knows; use one of "
                                     f"{', '.join(PARALLEL_CHOICES)}")
@@ -171,6 +174,7 @@ def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulati
                                       "accelerator.autocast() or mixed_precision='no'")
     return Options(
         mixed_precision=mixed_precision, precision_policy=PRECISION_ALIASES[mixed_precision], parallel=parallel,
-        cpu=bool(cpu) or launch_settings.flag_from_environment("use_cpu"), dataloader=dataloader, accumulation=accumulation,
+        cpu=bool(cpu) or launch_settings.flag_from_environment("use_cpu") or _env_flag("ACCELERATE_USE_CPU"),
+        dataloader=dataloader, accumulation=accumulation,
         project=project, ddp_options=ddp_options, grad_compression=COMM_HOOKS[hook],
         scaler_options=scaler_options, init_timeout=init.get("timeout"), init_backend=init.get("backend"))

@@ -126,7 +126,8 @@ def _expect(condition: bool, where: str, what: str) -> None:
 
 
 def _is_int(value, low: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+    # Counters, seeds and positions: 63 bits at most (torch's seeds and indices are int64).
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**62
 
 
 def validate_state(state, snapshot: str) -> dict:

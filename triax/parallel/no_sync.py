@@ -16,7 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 def no_sync(model: nn.Module):
     """Backward passes inside the block accumulate gradients locally, without communication.
     A model that is neither DDP nor FSDP2 (one process) needs nothing."""
-    if isinstance(model, DistributedDataParallel):
+    if isinstance(model, DistributedDataParallel) or callable(getattr(model, "no_sync", None)):
+        # DDP, or a wrapper that forwards to it (torch.compile's OptimizedModule).
         with model.no_sync():
             yield
     elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2's fully_shard
