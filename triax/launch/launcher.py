@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     option("rdzv-backend", choices=RDZV_BACKENDS, help="torchrun rendezvous backend")
     option("rdzv-id", help="job id for an elastic (c10d/etcd) rendezvous")
     option("rdzv-conf", help="extra rendezvous settings, key=value,... (torchrun --rdzv-conf)")
+    parser.add_argument("--grad-compression", choices=("none", "bf16", "fp16", "powersgd"),
+                        help="DDP gradient compression for a plain DDP script, script untouched (triax.ddp_boost)")
+    parser.add_argument("--bucket-cap-mb", type=float, help="DDP bucket size for the script's DDP models (triax.ddp_boost)")
     parser.add_argument("--cpu", action="store_true", default=None, help="train on the CPU only")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the target as a Python module (python -m)")
@@ -159,8 +162,16 @@ def main(argv: list[str]) -> int:
         # One machine: everything stays on loopback, whatever the config says.
         config = dataclasses.replace(config, main_process_ip="127.0.0.1")
     config = check_port(config)
-    run_argv = torchrun_argv(config, args.script, args.script_args, args.module, args.rdzv_conf)
+    script, script_args, module = args.script, args.script_args, args.module
     env = child_environment(config)
+    if args.grad_compression or args.bucket_cap_mb:
+        # Every worker runs the script through triax.ddp_boost, which hooks its DDP models.
+        script_args = (["-m", script] if module else [script]) + script_args
+        script, module = "triax.ddp_boost", True
+        env["TRIAX_GRAD_COMPRESSION"] = args.grad_compression or "none"
+        if args.bucket_cap_mb:
+            env["TRIAX_DDP_BUCKET_CAP_MB"] = str(args.bucket_cap_mb)
+    run_argv = torchrun_argv(config, script, script_args, module, args.rdzv_conf)
     if args.dry_run:
         prefix = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
         print(f"{prefix} {shlex.quote(sys.executable)} -m torch.distributed.run {shlex.join(run_argv)}")
