@@ -42,7 +42,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for name in variants:
                 if name == "plain":
-                    command = [*script, str(args.steps), str(args.width)]
+                    command = [SCRIPT, str(args.steps), str(args.width)]
                 else:
                     command = ["--module", "triax.ddp_boost", SCRIPT, str(args.steps), str(args.width)]
                 results = network.torchrun(command, env={**env, "TRIAX_GRAD_COMPRESSION": name})

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodInternalError, HorovodNotImplementedError
-from triax.horovod import adasum, basics, check, compat, process_sets, reduce_ops
+from triax.horovod import adasum, check, compat, process_sets, reduce_ops
 from triax.horovod.compression import NoneCompressor
 
 _UNCHECKED = object()  # sentinel: run the check here

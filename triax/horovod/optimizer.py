@@ -213,7 +213,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=global_process_set):
     """Wrap `optimizer` so gradients are averaged (op=Average) or summed across ranks."""
-    world = basics.world()
+    basics.world()  # a clear error before hvd.init()
     with process_sets.scoped(process_set) as process_set:  # registered, and this rank is in it
         group_size = process_sets.active_size()
     if isinstance(optimizer, _DistributedOptimizer):
