@@ -1,7 +1,6 @@
 """`triax horovodrun` hardening: hosts and numbers validated, ssh argv safe, environment values off
 the command line, and one failing host stops the others."""
 
-import os
 import subprocess
 import sys
 import time

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodInternalError, HorovodNotImplementedError
-from triax.horovod import adasum, basics, check, compat, process_sets, reduce_ops
+from triax.horovod import adasum, check, compat, process_sets, reduce_ops
 from triax.horovod.compression import NoneCompressor
 
 _UNCHECKED = object()  # sentinel: run the check here
@@ -20,9 +20,20 @@ _UNCHECKED = object()  # sentinel: run the check here
 
 def wait(works_and_finish):
     works, finish = works_and_finish
-    for work in works:
-        work.wait()
+    wait_all(works)
     return finish()
+
+
+def wait_all(works) -> None:
+    """Wait for torch.distributed work; a failed collective (a peer gone, a timeout) becomes
+    Horovod's HorovodInternalError, which elastic training loops catch."""
+    for work in works:
+        try:
+            work.wait()
+        except HorovodInternalError:
+            raise
+        except RuntimeError as error:
+            raise HorovodInternalError(f"a collective failed: {error}") from error
 
 
 def _agree(agreement, kind, tensor=None, problem=None, **fields):

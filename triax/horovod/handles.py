@@ -48,8 +48,9 @@ def synchronize(handle: int):
     """Wait for the operation behind `handle` and return its result."""
     pending = _get(handle)
     del _pending[handle]
-    for work in pending.works:
-        work.wait()
+    from triax.horovod.engine import wait_all
+
+    wait_all(pending.works)
     return pending.finish()
 
 

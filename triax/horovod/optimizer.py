@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodAssertionError, HorovodNotImplementedError, HorovodTypeError, HorovodValueError
-from triax.horovod import adasum, basics, check, collectives, fusion, joining, reduce_ops
+from triax.horovod import adasum, basics, check, collectives, engine, fusion, joining, reduce_ops
 from triax.horovod import process_sets
 from triax.horovod.process_sets import global_process_set
 from triax.horovod.compression import Compression
@@ -141,8 +141,7 @@ class _DistributedOptimizer:
 
     def _hvd_finish(self, bucket):
         works, wire, ctx = bucket.pending
-        for work in works:
-            work.wait()
+        engine.wait_all(works)  # a lost peer surfaces as HorovodInternalError
         postscale = self._hvd_postscale
         if self._hvd_op == reduce_ops.Average:
             postscale /= self._hvd_contributors
@@ -213,7 +212,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=global_process_set):
     """Wrap `optimizer` so gradients are averaged (op=Average) or summed across ranks."""
-    world = basics.world()
+    basics.world()  # a clear error before hvd.init()
     with process_sets.scoped(process_set) as process_set:  # registered, and this rank is in it
         group_size = process_sets.active_size()
     if isinstance(optimizer, _DistributedOptimizer):

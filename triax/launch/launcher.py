@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import errno
 import os
+import math
 import shlex
 import socket
 import sys
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     option("collective-timeout", type=float,
            help="seconds a collective may wait before the job fails with a message (default: 600 for "
                 "the process group; `triax train` steps: 120, see trainer.collective_timeout)")
+    option("grad-compression", choices=("none", "bf16", "fp16", "powersgd"),
+                        help="DDP gradient compression for a plain DDP script, script untouched (triax.ddp_boost)")
+    option("bucket-cap-mb", type=float, help="DDP bucket size for the script's DDP models (triax.ddp_boost)")
     parser.add_argument("--cpu", action="store_true", default=None, help="train on the CPU only")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the target as a Python module (python -m)")
@@ -178,6 +182,8 @@ def check_rdzv_conf(text: str | None) -> None:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     check_rdzv_conf(args.rdzv_conf)
+    if args.bucket_cap_mb is not None and not (math.isfinite(args.bucket_cap_mb) and args.bucket_cap_mb > 0):
+        raise UsageError(f"--bucket-cap-mb {args.bucket_cap_mb} is invalid; use a positive size in MB (DDP's default: 25)")
     config = resolve_config(args)
     if not args.dry_run:  # a dry run only prints the command: its script may live on another machine
         check_target(args.script, args.module)
@@ -185,12 +191,22 @@ def main(argv: list[str]) -> int:
         # One machine: everything stays on loopback, whatever the config says.
         config = dataclasses.replace(config, main_process_ip="127.0.0.1")
     config = check_port(config)
-    run_argv = torchrun_argv(config, args.script, args.script_args, args.module, args.rdzv_conf)
+    script, script_args, module = args.script, args.script_args, args.module
     env = child_environment(config)
     if args.collective_timeout is not None:
         from triax.watchdog import ENV_COLLECTIVE_TIMEOUT, collective_timeout
 
         env[ENV_COLLECTIVE_TIMEOUT] = f"{collective_timeout(args.collective_timeout, '--collective-timeout'):g}"
+    if args.grad_compression or args.bucket_cap_mb:
+        # Every worker runs the script through triax.ddp_boost, which hooks its DDP models.
+        script_args = (["-m", script] if module else [script]) + script_args
+        script, module = "triax.ddp_boost", True
+        from triax import ddp_boost
+
+        env[ddp_boost.COMPRESSION_ENV] = args.grad_compression or "none"
+        if args.bucket_cap_mb:
+            env[ddp_boost.BUCKET_ENV] = str(args.bucket_cap_mb)
+    run_argv = torchrun_argv(config, script, script_args, module, args.rdzv_conf)
     if args.dry_run:
         prefix = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
         print(f"{prefix} {shlex.quote(sys.executable)} -m torch.distributed.run {shlex.join(run_argv)}")

@@ -1,0 +1,30 @@
+"""A plain PyTorch DDP script, as a user writes it (no triax in it). Started under torchrun by
+tests/test_ddp_boost.py; rank 0 writes the trained parameters to argv[1] (safetensors).
+With a second argument 'by-hand', it registers PyTorch's fp16 compression hook itself."""
+
+import sys
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from torch.nn.parallel import DistributedDataParallel
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+if sys.argv[2:] == ["by-hand"]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+generator = torch.Generator().manual_seed(1 + rank)
+for _ in range(3):
+    inputs = torch.randn(16, 8, generator=generator) / 3
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(inputs), inputs.sum(1, keepdim=True)).backward()
+    optimizer.step()
+if rank == 0:
+    save_file({k: v.contiguous() for k, v in model.module.state_dict().items()}, sys.argv[1],
+              metadata={"hooks": str(len(model._comm_hooks)), "bucket_cap_mb": str(model.bucket_bytes_cap / 2**20)})
+dist.destroy_process_group()
