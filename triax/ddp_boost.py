@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from torch.nn.parallel import DistributedDataParallel
 
 from triax.errors import ConfigError
+from triax.launch import settings as launch_settings
 from triax.parallel.comm_hooks import check_compression, register_compression
 
-COMPRESSION_ENV = "TRIAX_GRAD_COMPRESSION"
-BUCKET_ENV = "TRIAX_DDP_BUCKET_CAP_MB"
+COMPRESSION_ENV = launch_settings.GRAD_COMPRESSION_ENV
+BUCKET_ENV = launch_settings.DDP_BUCKET_CAP_MB_ENV
 POWERSGD_RANK_ENV = "TRIAX_POWERSGD_RANK"
 
 

@@ -201,11 +201,9 @@ def main(argv: list[str]) -> int:
         # Every worker runs the script through triax.ddp_boost, which hooks its DDP models.
         script_args = (["-m", script] if module else [script]) + script_args
         script, module = "triax.ddp_boost", True
-        from triax import ddp_boost
-
-        env[ddp_boost.COMPRESSION_ENV] = args.grad_compression or "none"
+        env[settings.GRAD_COMPRESSION_ENV] = args.grad_compression or "none"
         if args.bucket_cap_mb:
-            env[ddp_boost.BUCKET_ENV] = str(args.bucket_cap_mb)
+            env[settings.DDP_BUCKET_CAP_MB_ENV] = str(args.bucket_cap_mb)
     run_argv = torchrun_argv(config, script, script_args, module, args.rdzv_conf)
     if args.dry_run:
         prefix = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())

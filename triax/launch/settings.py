@@ -24,6 +24,11 @@ ENVIRONMENT = {
 }
 
 
+# What `triax launch --grad-compression/--bucket-cap-mb` hands to triax.ddp_boost in every worker.
+GRAD_COMPRESSION_ENV = "TRIAX_GRAD_COMPRESSION"
+DDP_BUCKET_CAP_MB_ENV = "TRIAX_DDP_BUCKET_CAP_MB"
+
+
 def to_environment(settings) -> dict[str, str]:
     """Environment variables for the workers from an object with the ENVIRONMENT attributes."""
     env = {}
