@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from triax import runtime
-from triax.errors import TriaxError
 from triax.horovod.errors import HorovodTypeError, HorovodValueError
 from triax.runtime import detect_place, init_distributed, pick_device
 

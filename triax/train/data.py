@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from triax.data import AdditionDataset, Vocabulary, load_char_datasets
+from triax.data import AdditionDataset, load_char_datasets
 from triax.train.config import DataConfig
 
 
