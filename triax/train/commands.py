@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from triax.errors import TriaxError
 
@@ -50,43 +51,78 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
-def load_run_model(run_dir: str, device: str = "cpu"):
-    """The trained plain GPT of a run directory (latest snapshot) and its vocabulary."""
-    from triax import checkpoint
+def _run_files(run_dir: str):
+    """(model config dict, vocabulary or None, snapshot root) of a run directory."""
     from triax.data import Vocabulary
-    from triax.models import GPT, GPTConfig
+    from triax.train.config import TrainConfig, from_dict, snapshot_root
 
     model_file = os.path.join(run_dir, "model.json")
     if not os.path.exists(model_file):
         raise TriaxError(f"{run_dir!r} is not a triax run directory (no model.json); "
                          "give the trainer.run_dir of a finished or running `triax train`")
     with open(model_file) as handle:
-        model = GPT(GPTConfig(**json.load(handle)))
-    snapshot_root = _snapshot_root(run_dir)
-    snapshot = checkpoint.latest_snapshot(snapshot_root)
-    if snapshot is None:
-        raise TriaxError(f"{run_dir!r} has no snapshot yet in {snapshot_root}; wait for the first save "
-                         "(trainer.save_every) or the end of training")
-    model.load_state_dict(checkpoint.read_model_tensors(snapshot))
+        model_config = json.load(handle)
     vocab = None
     vocab_file = os.path.join(run_dir, "vocab.json")
     if os.path.exists(vocab_file):
         with open(vocab_file) as handle:
             vocab = Vocabulary.from_json(handle.read())
-    return model.to(device).eval(), vocab, snapshot
-
-
-def _snapshot_root(run_dir: str) -> str:
-    """trainer.snapshot_dir from the run's config.yaml, else <run_dir>/snapshots."""
-    import yaml
-
+    config = TrainConfig()
     config_file = os.path.join(run_dir, "config.yaml")
     if os.path.exists(config_file):
+        import yaml
+
         with open(config_file) as handle:
-            snapshot_dir = ((yaml.safe_load(handle) or {}).get("trainer") or {}).get("snapshot_dir")
-        if snapshot_dir:
-            return snapshot_dir
-    return os.path.join(run_dir, "snapshots")
+            config = from_dict(yaml.safe_load(handle) or {})
+    config.trainer.run_dir = run_dir  # the directory as given now, wherever the run was started
+    return model_config, vocab, snapshot_root(config)
+
+
+def newest_good_snapshot(root: str, run_dir: str):
+    """The validated reader of the newest snapshot that passes validation (older ones are tried
+    when the newest is damaged, as a resume would; nothing is moved: this is a read-only command)."""
+    from triax import checkpoint
+
+    snapshots = checkpoint.list_snapshots(root)
+    if not snapshots:
+        raise TriaxError(f"{run_dir!r} has no snapshot yet in {root}; wait for the first save "
+                         "(trainer.save_every) or the end of training")
+    for snapshot in reversed(snapshots):
+        try:
+            return checkpoint.open_snapshot(snapshot)
+        except checkpoint.SnapshotCorruptError as error:
+            print(f"triax: warning: {error}; trying the previous snapshot", file=sys.stderr)
+    raise TriaxError(f"none of the {len(snapshots)} snapshot(s) in {root} passed verification")
+
+
+def _true_shapes(model_config: dict, vocab_rows: int) -> tuple[dict, dict]:
+    """(the model config without vocabulary padding, {tensor name: its unpadded shape})."""
+    import torch
+
+    from triax.models import GPT, GPTConfig
+
+    padded = GPTConfig(**model_config)
+    true_config = dict(model_config, vocab_size=min(vocab_rows, padded.vocab_size))
+    # On the meta device: shapes only, no memory. The tensors whose shape changes with the
+    # vocabulary are the ones that carry its padding.
+    with torch.device("meta"):
+        padded_shapes = {k: list(v.shape) for k, v in GPT(padded).state_dict().items()}
+        true_shapes = {k: list(v.shape) for k, v in GPT(GPTConfig(**true_config)).state_dict().items()}
+    return true_config, {k: v for k, v in true_shapes.items() if padded_shapes.get(k) != v}
+
+
+def load_run_model(run_dir: str, device: str = "cpu"):
+    """The trained plain GPT of a run directory (newest good snapshot) and its vocabulary,
+    loaded tensor by tensor through the validating reader, vocabulary padding dropped."""
+    from triax.checkpoint.export import load_module_streaming
+    from triax.models import GPT, GPTConfig
+
+    model_config, vocab, root = _run_files(run_dir)
+    reader = newest_good_snapshot(root, run_dir)
+    true_config, _ = _true_shapes(model_config, len(vocab) if vocab is not None else model_config["vocab_size"])
+    model = GPT(GPTConfig(**true_config))
+    load_module_streaming(reader, model)
+    return model.to(device).eval(), vocab, reader.snapshot
 
 
 def generate_main(argv: list[str]) -> int:
@@ -120,21 +156,19 @@ def export_main(argv: list[str]) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("output", help="path of the .safetensors file to write")
     args = parser.parse_args(argv)
-    from safetensors.torch import save_file
+    from triax.checkpoint.export import export_safetensors
 
-    model, vocab, snapshot = load_run_model(args.run_dir)
-    # Plain tensors with plain names, and the architecture and vocabulary as string metadata:
-    # loadable with safetensors alone, no triax classes needed.
-    metadata = {"format": "pt", "triax_model": json.dumps(model.config.__dict__)}
-    if vocab is not None:
-        metadata["triax_vocab"] = vocab.to_json()
-    tensors = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
     directory = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(directory):
         raise TriaxError(f"the directory of {args.output!r} does not exist")
-    tmp = args.output + ".tmp"
-    save_file(tensors, tmp, metadata=metadata)
-    os.replace(tmp, args.output)  # never a half-written export under the final name
-    print(f"wrote {len(tensors)} tensors ({sum(t.numel() for t in tensors.values()) / 1e6:.2f}M values) "
-          f"from {snapshot} to {args.output}")
+    model_config, vocab, root = _run_files(args.run_dir)
+    reader = newest_good_snapshot(root, args.run_dir)
+    true_config, shapes = _true_shapes(model_config, len(vocab) if vocab is not None else model_config["vocab_size"])
+    # Plain tensors with plain names, and the architecture and vocabulary as string metadata:
+    # loadable with safetensors alone, no triax classes needed.
+    metadata = {"format": "pt", "triax_model": json.dumps(true_config)}
+    if vocab is not None:
+        metadata["triax_vocab"] = vocab.to_json()
+    count, values = export_safetensors(reader, args.output, shapes, metadata)
+    print(f"wrote {count} tensors ({values / 1e6:.2f}M values) from {reader.snapshot} to {args.output}")
     return 0

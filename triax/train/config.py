@@ -64,6 +64,7 @@ class TrainerConfig:
     resume: bool = True  # continue from the newest good snapshot if there is one; false starts fresh
     overwrite: bool = False  # with resume=false, delete an existing run's snapshots instead of refusing to start
     max_save_failures: int = 3  # consecutive failed snapshot writes (full or unwritable storage) before the run stops
+    async_save: bool = False  # write snapshots in the background from a CPU copy (at most one in flight)
     eval_every: int = 100  # evaluate (and sample text) every N steps; 0 disables
     eval_batches: int = 10  # validation batches per evaluation
     log_every: int = 10  # log a line and a metrics.jsonl record every N steps
@@ -87,12 +88,18 @@ class ParallelConfig:
 
 
 @dataclass
+class DebugConfig:
+    snapshot_write_delay_s: float = 0.0  # pause each rank this long after writing its shards (to test crashes mid-write)
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
 
 
 _registered = False
@@ -178,8 +185,17 @@ def validate(config: TrainConfig) -> None:
     from triax.parallel.comm_hooks import check_compression
 
     check_compression(config.parallel.grad_compression, config.parallel.powersgd_rank)
+    if config.debug.snapshot_write_delay_s < 0:
+        raise ConfigError(f"debug.snapshot_write_delay_s must be >= 0, got {config.debug.snapshot_write_delay_s}")
     if len(config.optim.betas) != 2:
         raise ConfigError(f"optim.betas needs two values, got {config.optim.betas}")
+
+
+def snapshot_root(config: TrainConfig) -> str:
+    """Where a run's snapshots live: trainer.snapshot_dir, else <run_dir>/snapshots."""
+    import os
+
+    return config.trainer.snapshot_dir or os.path.join(config.trainer.run_dir, "snapshots")
 
 
 def to_dict(config: TrainConfig) -> dict:
@@ -196,7 +212,7 @@ def describe_keys() -> str:
 
     lines = []
     for section, schema in (("model", ModelConfig), ("data", DataConfig), ("optim", OptimConfig),
-                            ("trainer", TrainerConfig), ("parallel", ParallelConfig)):
+                            ("trainer", TrainerConfig), ("parallel", ParallelConfig), ("debug", DebugConfig)):
         source = inspect.getsource(schema)
         for match in re.finditer(r"^\s+(\w+): [^=]+= (.+?)(?:\s+#\s*(.*))?$", source, re.M):
             name, default, comment = match.groups()
