@@ -139,16 +139,20 @@ def staging_directory(snapshot_root):
 
 # ---- the tests ----------------------------------------------------------------------------------
 
-def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, corpus, reference):
-    """Several SIGKILLs at random moments, one in the middle of a snapshot write; torchrun restarts
-    the workers each time and the run ends bitwise equal to the uninterrupted one."""
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, corpus, reference, async_save):
+    """Several SIGKILLs at random moments, one in the middle of a (sharded; or background) snapshot
+    write; torchrun restarts the workers each time and the run ends bitwise equal to the
+    uninterrupted one."""
     run_dir, log = tmp_path / "chaos", tmp_path / "samples"
     snapshot_root = str(run_dir / "snapshots")
     rng = random.Random(int(os.environ.get("TRIAX_CHAOS_SEED", time.time_ns() % 10_000)))
-    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, corpus, **CHAOS)],
+    # Each rank pauses 0.3 s after writing its shard file, so a kill can land inside a write.
+    chaos = dict(CHAOS, **{"debug.snapshot_write_delay_s": 0.3, "trainer.async_save": async_save})
+    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, corpus, **chaos)],
                                max_restarts=5)
-    # Snapshot writes pause 0.3 s half-way, so a kill can land inside one.
-    with started(command, log, TRIAX_TEST_SNAPSHOT_WRITE_DELAY_S="0.3") as job:
+    with started(command, log) as job:
         kills = []
 
         def kill(rank, what):
@@ -184,10 +188,12 @@ def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, corpus, referenc
     assert sorted(os.listdir(snapshot_root)) == [checkpoint.snapshot_name(s) for s in (21, STEPS)]
 
 
+@pytest.mark.multiprocess
 def test_sigterm_on_one_rank_snapshots_exits_zero_and_resumes(tmp_path, corpus, reference):
     run_dir, log = tmp_path / "term", tmp_path / "samples"
-    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, corpus, **CHAOS)])
-    with started(command, log, TRIAX_TEST_SNAPSHOT_WRITE_DELAY_S="0.3") as job:
+    slow = dict(CHAOS, **{"debug.snapshot_write_delay_s": 0.3})
+    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, corpus, **slow)])
+    with started(command, log) as job:
         assert wait_until(lambda: last_step(log) >= 4 and len(worker_pids(job.pid)) == 2, job, what="step 4")
         os.kill(worker_pids(job.pid)[1], signal.SIGTERM)  # a preemption notice to one rank only
         output = finish(job, timeout=120)

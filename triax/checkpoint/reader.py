@@ -131,6 +131,8 @@ class SnapshotReader:
         _require(listed == set(shards["files"]), where, f"{MANIFEST} and {SHARDS_METADATA} list different shard files")
         for key, entry in shards["tensors"].items():
             self._check_tensor(key, entry)
+        _require(self.state.get("optimizer_groups") is not None or not any(k.startswith("optim/") for k in shards["tensors"]),
+                 where, f"{STATE} has no optimizer_groups but the shards hold optimizer state")
         # Every shard file is there with the size the manifest gives (cheap: no data is read).
         for relative in listed:
             size = self.store.size(self.store.path(*relative.split("/")))

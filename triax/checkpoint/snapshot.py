@@ -27,6 +27,7 @@ snapshot as the newest good one. Loading validates everything (triax.checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -60,8 +61,7 @@ STAGING_SUFFIX = ".tmp"  # a local snapshot being written
 REPLACED_SUFFIX = ".old"  # a local snapshot being replaced by a new one of the same step
 QUARANTINE_SUFFIX = ".corrupt"  # a snapshot that failed verification, kept for inspection
 _SHARDED = StateDictOptions(full_state_dict=False)
-# DCP warns on every single-process save/load that it assumes one process: that is the intent.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
 MODEL_KEY, OPTIMIZER_KEY = "model/", "optim/"
 
 
@@ -133,6 +133,14 @@ def _hyper_parameters(optim_state: dict | None) -> list | None:
 
 
 # ---- save --------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _single_process_quiet():
+    """DCP warns on every single-process save/load that it assumes one process: that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
@@ -268,7 +276,8 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
         return PendingSnapshot(url, future, cleanup)
     future: Future = Future()
     try:
-        dcp.save(tensors, storage_writer=writer, no_dist=not dist.is_initialized())
+        with _single_process_quiet():
+            dcp.save(tensors, storage_writer=writer, no_dist=not dist.is_initialized())
         future.set_result(None)
     except CheckpointException as error:
         future.set_exception(error)
@@ -417,7 +426,8 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
         model, optimizer if state.get("optimizer_groups") is not None else None, stored_name)
     shard_reader = ShardReader(reader)
     try:
-        dcp.load(tensors, storage_reader=shard_reader, no_dist=not dist.is_initialized())
+        with _single_process_quiet():
+            dcp.load(tensors, storage_reader=shard_reader, no_dist=not dist.is_initialized())
     except CheckpointException as failure:
         causes = [cause for cause, _ in failure.failures.values()]
         corrupt = next((c for c in causes if isinstance(c, SnapshotCorruptError)), None)
@@ -447,10 +457,11 @@ def load_latest_snapshot(snapshot_root: str, model: torch.nn.Module,
                          optimizer: torch.optim.Optimizer | None = None,
                          report: Callable[[str], None] | None = None,
                          stored_name: Callable[[str], str] = _identity,
-                         check_state: Callable[[dict], None] | None = None) -> tuple[str, dict] | None:
+                         check_state: Callable[[dict], None] | None = None,
+                         stats: dict | None = None) -> tuple[str, dict] | None:
     """Load the newest snapshot that passes verification on every rank, falling back to older
     ones (each rejected one is reported in one line and moved aside). Collective. Returns
-    (path, state), or None when there is no snapshot at all."""
+    (path, state), or None when there is no snapshot at all. `stats`: see load_snapshot."""
     rank = _rank()
     store = Store(snapshot_root)
     candidates = [snapshot_step(path) for path in list_snapshots(snapshot_root)] if rank == 0 else []
@@ -466,7 +477,8 @@ def load_latest_snapshot(snapshot_root: str, model: torch.nn.Module,
             return None
         path = store.url_of(store.path(snapshot_name(step)))
         try:
-            return path, load_snapshot(path, model, optimizer, stored_name=stored_name, check_state=check_state)
+            return path, load_snapshot(path, model, optimizer, stored_name=stored_name, check_state=check_state,
+                                       stats=stats)
         except SnapshotCorruptError as failure:
             error = str(failure)
         rejected += 1

@@ -149,6 +149,7 @@ class Trainer:
         self.saved_step: int | None = None  # the step of the newest snapshot this process wrote or loaded
         self.pending_save: checkpoint.PendingSnapshot | None = None  # trainer.async_save: the write in flight
         self.pending_step: int | None = None
+        self.resume_stats: dict = {}  # bytes_read: what this rank read of the snapshot it resumed from
         self.stop_reason: str | None = None  # set when a signal stopped the run early
         self.sample_log = None
         if os.environ.get(SAMPLE_LOG_ENV):
@@ -210,7 +211,8 @@ class Trainer:
 
     def _maybe_resume(self) -> None:
         found = checkpoint.load_latest_snapshot(self.snapshot_root, self.model, self.optimizer, report=self._warn,
-                                                stored_name=self._stored_name(), check_state=self._check_state)
+                                                stored_name=self._stored_name(), check_state=self._check_state,
+                                                stats=self.resume_stats)
         if found is None:
             if self.restarted:
                 self.logger.print(f"restart: no snapshot in {self.snapshot_root} yet, starting from step 0")
