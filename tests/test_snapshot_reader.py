@@ -244,3 +244,26 @@ def test_fuzzed_snapshots_load_verified_or_are_corrupt(pristine, tmp_path_factor
     # The only other outcome: a verified load of exactly what was saved.
     assert state["step"] == 6
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+
+
+# ---- through the trainer -------------------------------------------------------------------------
+
+def test_trainer_falls_back_from_mistyped_state_in_its_snapshot_dir(tmp_path, tiny_corpus, capsys):
+    """state.json of the newest snapshot is consistent with its manifest but its trainer keys have
+    the wrong types: one warning line, then the previous snapshot (in trainer.snapshot_dir)."""
+    from helpers import run_snapshot_root, tiny_overrides
+    from triax.train.config import compose_config
+    from triax.train.trainer import Trainer
+
+    extra = {"trainer.save_every": 2, "trainer.max_steps": 4, "trainer.snapshot_dir": str(tmp_path / "elsewhere")}
+    overrides = tiny_overrides(tmp_path / "run", tiny_corpus, **extra)
+    Trainer(compose_config(overrides)).fit()
+    root = run_snapshot_root(tmp_path / "run", overrides)
+    assert root == str(tmp_path / "elsewhere")
+    newest = checkpoint.latest_snapshot(root)
+    state = json.load(open(os.path.join(newest, "state.json")))
+    rewrite(newest, "state.json", json.dumps(dict(state, epoch="abc")).encode())
+    capsys.readouterr()
+    resumed = Trainer(compose_config(overrides))
+    err = capsys.readouterr().err
+    assert resumed.step == 2 and "mistypes the trainer's keys" in err and "trying the previous snapshot" in err
