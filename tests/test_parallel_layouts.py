@@ -9,6 +9,7 @@ Kept cheap: a 4-layer, 32-wide model, 3 steps, a global batch of 8 that every de
 import json
 import os
 import random
+import re
 import shutil
 import sys
 
@@ -150,7 +151,8 @@ def test_snapshot_resumes_in_another_layout(tmp_path, corpus, baseline):
         if name == "fsdp4":
             result = run_torchrun(4, [os.path.join(os.path.dirname(__file__), "snapshot_probe.py"), *args], env=env,
                                   timeout=300)
-            reports = [json.loads(line.split("PROBE ", 1)[1]) for line in result.stdout.splitlines() if "PROBE " in line]
+            # Ranks print concurrently: lines may interleave, so pick each report out by its braces.
+            reports = [json.loads(found) for found in re.findall(r"PROBE (\{[^{}]*\})", result.stdout)]
             assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3] and all(r["step"] == 2 for r in reports)
             # Each rank read only the chunks overlapping its own shards, never the whole state.
             assert all(0 < r["bytes_read"] < total_bytes for r in reports), (reports, total_bytes)

@@ -188,8 +188,10 @@ def test_quarantine_over_a_planted_link_does_not_follow_it(tmp_path):
     elsewhere.mkdir()
     (elsewhere / "precious").write_text("x")
     os.symlink(elsewhere, root / "step_00000006.corrupt")
+    (root / "step_9").mkdir()  # a non-strict name beside them must not upset the quarantine
     rewrite(str(root / checkpoint.snapshot_name(6)), "state.json", b"[]")
     assert load_latest(root)[0] == 4
+    assert (root / "step_9").is_dir()
     assert listing(elsewhere) == [("precious", 1)] and os.path.isdir(root / "step_00000006.corrupt")
 
 
