@@ -72,8 +72,12 @@ def _run_files(run_dir: str):
     if os.path.exists(config_file):
         import yaml
 
-        with open(config_file) as handle:
-            config = from_dict(yaml.safe_load(handle) or {})
+        try:
+            with open(config_file) as handle:
+                config = from_dict(yaml.safe_load(handle) or {})
+        except Exception as error:  # noqa: BLE001 - a damaged run file is the user's to fix: one line
+            raise TriaxError(f"{config_file!r} is not a valid run config ({type(error).__name__}); "
+                             "restore it from the run, or give the run directory of a finished `triax train`") from None
     config.trainer.run_dir = run_dir  # the directory as given now, wherever the run was started
     return model_config, vocab, snapshot_root(config)
 
