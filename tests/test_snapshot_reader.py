@@ -177,7 +177,7 @@ def test_symlinked_snapshot_files_and_directories_are_refused(tmp_path):
     os.symlink(outside / "step_00000009", root / "step_00000009")
     assert [checkpoint.snapshot_step(s) for s in checkpoint.list_snapshots(str(root))] == [4, 6]
     number, _, messages = load_latest(root)
-    assert number == 4 and "not a regular file" in messages[0] or "cannot be read" in messages[0]
+    assert number == 4 and "not a regular file" in messages[0]
     checkpoint.remove_snapshots(str(root))
     assert os.path.exists(outside / "step_00000009" / checkpoint.MANIFEST)  # the link's target untouched
 
@@ -217,7 +217,7 @@ core_keys = st.fixed_dictionaries({}, optional={
 documents = st.one_of(json_values, core_keys)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzzed_snapshots_load_verified_or_are_corrupt(pristine, tmp_path_factory, data):
     source, files, weights = pristine
