@@ -1,6 +1,5 @@
 """Shared pieces of the trainer tests."""
 
-import os
 import sys
 
 from triax import checkpoint
