@@ -98,6 +98,17 @@ def test_malformed_json_means_corrupt_and_the_previous_snapshot(tmp_path, case):
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights[4].items())
 
 
+@pytest.mark.parametrize("setting", [{"lr": "abc"}, {"params": [0]}, {"exec": 1}, {"betas": [0.9]}])
+def test_mistyped_optimizer_settings_mean_corrupt(tmp_path, setting):
+    save_steps(tmp_path)
+    newest = os.path.join(tmp_path, checkpoint.snapshot_name(6))
+    state = json.load(open(os.path.join(newest, "state.json")))
+    state["optimizer_groups"][0].update(setting)
+    rewrite(newest, "state.json", json.dumps(state).encode())
+    number, _, messages = load_latest(tmp_path)
+    assert number == 4 and "optimizer setting" in messages[0]
+
+
 @pytest.mark.parametrize("damage", ["truncate_shards", "grow_shards", "flip_shards", "truncate_state"])
 def test_damaged_files_fall_back(tmp_path, damage):
     save_steps(tmp_path)

@@ -399,6 +399,26 @@ def _fit_error(snapshot: str, error: BaseException) -> SnapshotError:
                          "resume with the model config it was saved with")
 
 
+def _same_kind(saved, current) -> bool:
+    if isinstance(current, bool) or current is None or isinstance(current, str):
+        return type(saved) is type(current)
+    if isinstance(current, (int, float, torch.Tensor)):
+        return type(saved) in (int, float)
+    if isinstance(current, (list, tuple)):
+        return isinstance(saved, list) and len(saved) == len(current) and all(map(_same_kind, saved, current))
+    return False
+
+
+def _check_groups(saved: list, current: list, snapshot: str) -> None:
+    """Saved optimizer hyper-parameters must be the ones this optimizer has, with the same types:
+    anything else would only fail later, inside a training step."""
+    for saved_group, group in zip(saved, current):
+        for key, value in saved_group.items():
+            if key == "params" or key not in group or not _same_kind(value, group[key]):
+                raise SnapshotCorruptError(f"snapshot {snapshot}: optimizer setting {key[:40]!r} in state.json "
+                                           "is not one this optimizer has, or has the wrong type")
+
+
 def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                   restore_rng: bool = True, stored_name: Callable[[str], str] = _identity,
                   check_state: Callable[[dict], None] | None = None, stats: dict | None = None) -> dict:
@@ -412,6 +432,8 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
         reader = SnapshotReader(snapshot)
         if check_state is not None:
             check_state(reader.state)
+        if optimizer is not None and reader.state.get("optimizer_groups") is not None:
+            _check_groups(reader.state["optimizer_groups"], optimizer.param_groups, snapshot)
         rng_file = f"rng/rank_{_rank():05d}.json"
         # A rank that did not exist when saving (resuming on more processes) keeps its own seed.
         if restore_rng and reader.has(rng_file):
