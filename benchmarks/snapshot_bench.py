@@ -1,15 +1,19 @@
 """What snapshots cost.
 
-1. Write and load time of a triax snapshot for a GPT model with its AdamW state (default: gpt2,
+1. Write and load time of a (single-process) triax snapshot for a GPT model with its AdamW state (default: gpt2,
    124M parameters, tied embeddings), side by side with the seed-000 way of saving the same state
    (torch.save of the state dicts, torch.load(weights_only=True) to read it back). triax does more
    per byte (sha256 of every file, fsync, rename, RNG states), so the ratio is the price of that.
 2. The slowdown of a small training run (gpt-micro) that snapshots every 50 steps, against the same
    run saving only at the end. Runs alternate (none, every 50, none, every 50, ...) and the best of
    each is compared, so a busy neighbour on a shared machine hurts both alike.
+3. `--ranks 1,2,4`: sharded snapshots against the number of processes. For each N, FSDP x N under
+   torchrun: seconds per rank to write a snapshot (synchronous), the step-loop pause of an
+   asynchronous one (`trainer.async_save`: the CPU copy only) and its time to durable, seconds to
+   resume, bytes each rank wrote and read, and peak resident memory per rank; ratios against N=1.
 
     OMP_NUM_THREADS=2 python benchmarks/snapshot_bench.py [--model gpt2] [--repeats 3] [--steps 200]
-        [--rounds 3] [--batch-size 8] [--skip-snapshot] [--skip-training]
+        [--rounds 3] [--batch-size 8] [--skip-snapshot] [--skip-training] [--ranks 1,2,4]
 """
 
 from __future__ import annotations
@@ -107,6 +111,74 @@ def bench_training(steps: int, rounds: int, batch_size: int, root: str) -> None:
     print(f"  slowdown: {100 * (saving / base - 1):+.1f}% ({steps // 50 - 1} extra snapshots)")
 
 
+def sharded_worker(args) -> None:
+    """One rank of `--ranks`: FSDP x world over a gpt preset, timed save/async/load."""
+    import json
+    import resource
+
+    from triax.runtime import barrier, shutdown_distributed
+    from triax.train.config import compose_config
+    from triax.train.trainer import Trainer
+
+    run_dir = os.path.join(args.dir, f"ranks_{os.environ['WORLD_SIZE']}")
+    trainer = Trainer(compose_config([
+        f"model={args.model}", "trainer.max_steps=1", "trainer.batch_size=1", "data.block_size=32",
+        "trainer.eval_every=0", "trainer.sample_tokens=0", f"trainer.run_dir={run_dir}", "trainer.resume=false",
+        "trainer.overwrite=true", "parallel.dp_replicate=1", "parallel.dp_shard=-1"]))
+    trainer.train_step()  # AdamW's moment buffers exist from here on
+    root = trainer.snapshot_root
+    barrier()
+    start = time.perf_counter()
+    path = checkpoint.save_snapshot(root, 1, trainer.model, trainer.optimizer, {"epoch": 0})
+    write_s = time.perf_counter() - start
+    barrier()
+    start = time.perf_counter()
+    pending = checkpoint.start_snapshot(root, 2, trainer.model, trainer.optimizer, {"epoch": 0}, asynchronous=True)
+    pause_s = time.perf_counter() - start
+    pending.wait()
+    durable_s = time.perf_counter() - start
+    barrier()
+    stats = {}
+    start = time.perf_counter()
+    checkpoint.load_snapshot(path, trainer.model, trainer.optimizer, stats=stats)
+    load_s = time.perf_counter() - start
+    rank = trainer.rank
+    written = os.path.getsize(os.path.join(path, "shards", f"rank_{rank:05d}.bin")) if os.path.exists(
+        os.path.join(path, "shards", f"rank_{rank:05d}.bin")) else 0
+    print("BENCH " + json.dumps({"rank": rank, "write_s": write_s, "async_pause_s": pause_s, "async_durable_s": durable_s,
+                                 "load_s": load_s, "bytes_written": written, "bytes_read": stats["bytes_read"],
+                                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
+    del trainer
+    shutdown_distributed()
+
+
+def bench_sharded(model: str, ranks: list[int], root: str) -> None:
+    import json
+    import subprocess
+
+    rows = {}
+    for world in ranks:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+                   os.path.abspath(__file__), "--worker", "--model", model, "--dir", root]
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        output = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
+        reports = [json.loads(line.split("BENCH ", 1)[1]) for line in output.splitlines() if "BENCH " in line]
+        rows[world] = {key: max(r[key] for r in reports) for key in reports[0] if key != "rank"}
+        rows[world]["bytes_written_min"] = min(r["bytes_written"] for r in reports)
+    base = rows[ranks[0]]
+    print(f"sharded snapshots of {model} + AdamW, FSDP x N (slowest rank; ratio against N={ranks[0]}):")
+    print(f"  {'N':>3}{'write s':>10}{'async pause s':>15}{'async durable s':>17}{'load s':>9}"
+          f"{'MB written/rank':>17}{'MB read/rank':>14}{'peak RSS MB':>13}")
+    for world, row in rows.items():
+        print(f"  {world:>3}{row['write_s']:10.2f}{row['async_pause_s']:15.2f}{row['async_durable_s']:17.2f}"
+              f"{row['load_s']:9.2f}{row['bytes_written'] / 2**20:17.1f}{row['bytes_read'] / 2**20:14.1f}"
+              f"{row['peak_rss_mb']:13.0f}")
+        print(f"  {'':>3}{row['write_s'] / base['write_s']:10.2f}{row['async_pause_s'] / base['async_pause_s']:15.2f}"
+              f"{row['async_durable_s'] / base['async_durable_s']:17.2f}{row['load_s'] / base['load_s']:9.2f}"
+              f"{row['bytes_written'] / max(base['bytes_written'], 1):17.2f}{row['bytes_read'] / base['bytes_read']:14.2f}"
+              f"{row['peak_rss_mb'] / base['peak_rss_mb']:13.2f}  (ratios)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt2")
@@ -117,9 +189,17 @@ def main() -> int:
     parser.add_argument("--skip-snapshot", action="store_true")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument("--ranks", default=None, help="e.g. 1,2,4: sharded snapshots against the process count")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        sharded_worker(args)
+        return 0
     root = args.dir or tempfile.mkdtemp(prefix="triax-snapshot-bench-")
     try:
+        if args.ranks:
+            bench_sharded(args.model, [int(n) for n in args.ranks.split(",")], root)
+            return 0
         if not args.skip_snapshot:
             bench_snapshot(args.model, args.repeats, root)
         if not args.skip_training:

@@ -11,9 +11,9 @@ import os
 import sys
 
 import yaml
-from safetensors.torch import load_file
 
 from triax import checkpoint
+from triax.train.config import compose_config, snapshot_root
 from triax.testing import run, run_torchrun
 
 # Relative precision below which two computations of one gradient element are indistinguishable,
@@ -56,10 +56,15 @@ def train(overrides, nproc=1, timeout=240, check=True):
     return run_torchrun(nproc, ["-m", "triax", "train", *overrides], timeout=timeout, check=check)
 
 
-def final_weights(run_dir):
-    snapshot = checkpoint.latest_snapshot(os.path.join(run_dir, "snapshots"))
+def run_snapshot_root(run_dir, overrides=()):
+    """Where the run with these overrides keeps its snapshots (the trainer's own rule)."""
+    return snapshot_root(compose_config([f"trainer.run_dir={run_dir}", *overrides]))
+
+
+def final_weights(run_dir, overrides=()):
+    snapshot = checkpoint.latest_snapshot(run_snapshot_root(run_dir, overrides))
     assert snapshot is not None, f"no snapshot in {run_dir}"
-    return load_file(os.path.join(snapshot, "model.safetensors"))
+    return checkpoint.read_model_tensors(snapshot)
 
 
 def run_config(run_dir):

@@ -126,9 +126,11 @@ def staging_directory(snapshot_root):
 
 # ---- the tests ----------------------------------------------------------------------------------
 
-def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, tiny_corpus, reference):
-    """Several SIGKILLs at random moments, one in the middle of a snapshot write; torchrun restarts
-    the workers each time and the run ends bitwise equal to the uninterrupted one."""
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, tiny_corpus, reference, async_save):
+    """Several SIGKILLs at random moments, one in the middle of a (sharded; or background) snapshot
+    write; torchrun restarts the workers each time and the run ends bitwise equal to the
+    uninterrupted one."""
     run_dir, log = tmp_path / "chaos", tmp_path / "samples"
     snapshot_root = str(run_dir / "snapshots")
     # A fresh seed each run explores new kill points; TRIAX_CHAOS_SEED=<n> replays one (pytest shows
@@ -136,10 +138,11 @@ def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, tiny_corpus, ref
     seed = int(os.environ.get("TRIAX_CHAOS_SEED") or time.time_ns() % 10_000)
     print(f"chaos seed {seed}: replay with TRIAX_CHAOS_SEED={seed} pytest {__file__}::test_sigkill_chaos_under_torchrun_resumes_bitwise")
     rng = random.Random(seed)
-    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **CHAOS),
+    # Each rank pauses 0.3 s after writing its shard file, so a kill can land inside a write.
+    chaos = dict(CHAOS, **{"debug.snapshot_write_delay_s": 0.3, "trainer.async_save": async_save})
+    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **chaos),
                                    f"debug.sample_log={log}"], max_restarts=5)
-    # Snapshot writes pause 0.3 s half-way, so a kill can land inside one.
-    with started(command, log, TRIAX_TEST_SNAPSHOT_WRITE_DELAY_S="0.3") as job:
+    with started(command, log) as job:
         kills = []
 
         def kill(rank, what):
@@ -177,9 +180,10 @@ def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, tiny_corpus, ref
 
 def test_sigterm_on_one_rank_snapshots_exits_zero_and_resumes(tmp_path, tiny_corpus, reference):
     run_dir, log = tmp_path / "term", tmp_path / "samples"
-    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **CHAOS),
+    slow = dict(CHAOS, **{"debug.snapshot_write_delay_s": 0.3})
+    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **slow),
                                    f"debug.sample_log={log}"])
-    with started(command, log, TRIAX_TEST_SNAPSHOT_WRITE_DELAY_S="0.3") as job:
+    with started(command, log) as job:
         assert wait_until(lambda: last_step(log) >= 4 and len(worker_pids(job.pid)) == 2, job, what="step 4")
         os.kill(worker_pids(job.pid)[1], signal.SIGTERM)  # a preemption notice to one rank only
         output = finish(job, timeout=120)

@@ -8,6 +8,8 @@ Kept cheap: a 4-layer, 32-wide model, 3 steps, a global batch of 8 that every de
 
 import json
 import os
+import random
+import re
 import shutil
 import sys
 
@@ -16,7 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import assert_bitwise_equal, assert_same_training, final_weights, train
-from triax.testing import run, run_torchrun
+from triax import checkpoint
+from triax.testing import quiet_env, run, run_torchrun
 
 # Every test here starts processes (torchrun, launchers, scripts).
 pytestmark = pytest.mark.multiprocess
@@ -74,11 +77,14 @@ def test_layout_equals_single_process(name, tmp_path, tiny_corpus, baseline):
     # Evaluation too (through the pipeline schedule, or with vocabulary-sharded logits).
     assert final_loss(tmp_path, "val_loss") == pytest.approx(final_loss(baseline, "val_loss"), rel=LOSS_RTOL)
     assert_same_training(tmp_path, baseline)
-    if name == "pp2_1f1b":
-        # `triax export` consolidates the pipeline run into one plain file, bitwise the snapshot's.
+    if name in ("pp2_1f1b", "fsdp2", "tp2"):
+        # `triax export` streams the sharded snapshot into one plain file: exactly the weights
+        # that were saved (vocabulary padding dropped), and so equal to the baseline.
         out = tmp_path / "export.safetensors"
         run([sys.executable, "-m", "triax", "export", str(tmp_path), str(out)])
-        assert_bitwise_equal(load_file(str(out)), final_weights(tmp_path))
+        exported, saved = load_file(str(out)), final_weights(tmp_path)
+        assert exported.keys() == saved.keys()
+        assert_bitwise_equal(exported, {key: saved[key][: exported[key].shape[0]] for key in exported})
 
 
 def _model_parallel(settings):
@@ -87,22 +93,64 @@ def _model_parallel(settings):
 
 def test_training_moves_the_weights(baseline):
     # Guards the comparisons above against comparing two untouched initialisations.
-    first = load_file(str(baseline / "snapshots" / "step_00000001" / "model.safetensors"))
+    first = checkpoint.read_model_tensors(str(baseline / "snapshots" / "step_00000001"))
     assert not torch.allclose(first["lm_head.weight"], final_weights(baseline)["lm_head.weight"])
 
 
+def read_sample_ids(prefix, world):
+    """{step: sorted global sample ids every rank of a run consumed at that step}."""
+    steps = {}
+    for rank in range(world):
+        for line in open(f"{prefix}.rank{rank}"):
+            number, _, *ids = map(int, line.split())
+            steps.setdefault(number, set()).update(ids)
+    return {number: sorted(ids) for number, ids in steps.items()}
+
+
 def test_snapshot_resumes_in_another_layout(tmp_path, tiny_corpus, baseline):
-    # Save at step 2 with FSDP x TP (4 processes), resume step 3 as a 2-stage pipeline and as one
-    # process: each continued run must land where the uninterrupted single process did.
+    """Saved at step 2 by FSDP x TP (4 processes, each writing only its shards), resumed for step 3
+    as a 2-stage pipeline, as one process and as FSDP x 4: each continued run lands where the
+    uninterrupted single process did, takes exactly the next global batch, and no FSDP x 4 rank
+    reads the whole snapshot to resume."""
+    from triax.data import GlobalSampler
+    from triax.train.config import compose_config
+    from triax.train.data import build_data
+
     first = tmp_path / "fsdp_tp"
-    train(overrides(first, tiny_corpus, 4, **{"parallel.dp_shard": 2, "parallel.tp": 2, "trainer.save_every": 2}), nproc=4)
+    run_torchrun(4, ["-m", "triax", "train", *overrides(first, tiny_corpus, 4, **{
+        "parallel.dp_shard": 2, "parallel.tp": 2, "trainer.save_every": 2}),
+        f"debug.sample_log={tmp_path / 'first'}"], timeout=300)
+    snapshot = first / "snapshots" / "step_00000002"
+    shards = json.load(open(snapshot / "shards.json"))
+    assert len(shards["files"]) == 4  # every rank wrote its own shards
+    total_bytes = sum(chunk["bytes"] for entry in shards["tensors"].values() for chunk in entry["chunks"])
     shutil.rmtree(first / "snapshots" / f"step_{STEPS:08d}")
-    for name, nproc, settings in (("pp", 2, {"parallel.pp": 2}), ("single", 1, {})):
+    config = compose_config(overrides(first, tiny_corpus, 8))
+    order = GlobalSampler(len(build_data(config.data).train), seed=config.trainer.seed).epoch_order(0).tolist()
+    consumed = read_sample_ids(tmp_path / "first", 4)
+    assert [consumed[1], consumed[2]] == [sorted(order[:8]), sorted(order[8:16])]
+    for name, nproc, batch, settings in (("pp", 2, 8, {"parallel.pp": 2}), ("single", 1, 8, {}),
+                                         ("fsdp4", 4, 2, {"parallel.dp_shard": 4})):
         resumed = tmp_path / name
         shutil.copytree(first, resumed)
         os.remove(resumed / "metrics.jsonl")
-        result = train(overrides(resumed, tiny_corpus, 8, **settings), nproc=nproc)
+        args = [*overrides(resumed, tiny_corpus, batch, **settings), f"debug.sample_log={tmp_path / f'{name}_samples'}"]
+        env = quiet_env()
+        if name == "fsdp4":
+            result = run_torchrun(4, [os.path.join(os.path.dirname(__file__), "snapshot_probe.py"), *args], env=env,
+                                  timeout=300)
+            # Ranks print concurrently: lines may interleave, so pick each report out by its braces.
+            reports = [json.loads(found) for found in re.findall(r"PROBE (\{[^{}]*\})", result.stdout)]
+            assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3] and all(r["step"] == 2 for r in reports)
+            # Each rank read only the chunks overlapping its own shards, never the whole state.
+            assert all(0 < r["bytes_read"] < total_bytes for r in reports), (reports, total_bytes)
+            print(f"fsdp4 resume: bytes read per rank {[r['bytes_read'] for r in reports]} of {total_bytes}")
+        elif nproc == 1:
+            result = run([sys.executable, "-m", "triax", "train", *args], env=env, timeout=240)
+        else:
+            result = run_torchrun(nproc, ["-m", "triax", "train", *args], env=env, timeout=240)
         assert "resuming from" in result.stdout + result.stderr
+        assert read_sample_ids(tmp_path / f"{name}_samples", nproc)[3] == sorted(order[16:24])
         assert final_loss(resumed) == pytest.approx(final_loss(baseline), rel=LOSS_RTOL)
         assert_same_training(resumed, baseline)
 

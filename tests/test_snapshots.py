@@ -76,18 +76,18 @@ def test_save_load_round_trip_restores_rng_and_optimizer(tmp_path):
 def test_damaged_latest_snapshot_is_reported_and_the_previous_one_used(tmp_path, damage):
     weights = save_three(tmp_path)
     newest = os.path.join(tmp_path, checkpoint.snapshot_name(3))
-    model_file = os.path.join(newest, "model.safetensors")
+    model_file = os.path.join(newest, "shards", "rank_00000.bin")
     data = open(model_file, "rb").read()
     if damage == "truncate":
         open(model_file, "wb").write(data[: len(data) - 7])
     elif damage == "flip":
-        open(model_file, "wb").write(data[:200] + bytes([data[200] ^ 0x40]) + data[201:])
+        open(model_file, "wb").write(data[:100] + bytes([data[100] ^ 0x40]) + data[101:])
     elif damage == "no_manifest":  # a torn write on an object store: never completed
         os.remove(os.path.join(newest, checkpoint.MANIFEST))
     elif damage == "bad_rng_json":
         open(os.path.join(newest, "rng", "rank_00000.json"), "w").write("{not json")
     elif damage == "missing_file":
-        os.remove(os.path.join(newest, "optimizer.safetensors"))
+        os.remove(os.path.join(newest, "shards.json"))
     step, messages = loads_step(tmp_path, weights)
     assert step == 2
     if damage == "no_manifest":
@@ -132,8 +132,7 @@ def test_loading_never_unpickles(tmp_path, monkeypatch):
     assert torch.equal(restored[0].weight, model[0].weight)
     files = sorted(os.path.relpath(os.path.join(d, f), checkpoint.latest_snapshot(str(tmp_path)))
                    for d, _, names in os.walk(checkpoint.latest_snapshot(str(tmp_path))) for f in names)
-    assert files == ["manifest.json", "model.safetensors", "optimizer.safetensors", "rng/rank_00000.json",
-                     "state.json"]
+    assert files == ["manifest.json", "rng/rank_00000.json", "shards.json", "shards/rank_00000.bin", "state.json"]
 
 
 # ---- the trainer in this process ----------------------------------------------------------------
@@ -174,6 +173,11 @@ class FlakyFileSystem(MemoryFileSystem):
             raise OSError(errno.ENOSPC, "No space left on device")
         return super().pipe_file(path, value, *args, **kwargs)
 
+    def _open(self, path, mode="rb", *args, **kwargs):
+        if "w" in mode and FlakyFileSystem.fail_when(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super()._open(path, mode, *args, **kwargs)
+
 
 @pytest.fixture
 def flaky(monkeypatch):
@@ -185,7 +189,7 @@ def flaky(monkeypatch):
 
 def test_full_storage_is_reported_training_goes_on_and_retries(tmp_path, tiny_corpus, flaky, capsys):
     # The step-4 save dies after its weights are written; the step-6 save cannot start.
-    flaky.fail_when = staticmethod(lambda path: "step_00000004/optimizer" in path or "step_00000006" in path)
+    flaky.fail_when = staticmethod(lambda path: "step_00000004/shards/" in path or "step_00000006" in path)
     url = "flaky://run/snapshots"
     trainer = run_trainer(tiny_overrides(tmp_path / "run", tiny_corpus, **{
         "trainer.max_steps": 8, "trainer.save_every": 2, "trainer.snapshot_dir": url}))
@@ -196,7 +200,7 @@ def test_full_storage_is_reported_training_goes_on_and_retries(tmp_path, tiny_co
     # The failed attempts left nothing that counts as a snapshot; the good ones load.
     assert [checkpoint.snapshot_step(s) for s in checkpoint.list_snapshots(url)] == [2, 8]
     assert checkpoint.read_state(checkpoint.list_snapshots(url)[0])["step"] == 2
-    assert not FlakyFileSystem.store.keys() & {"/run/snapshots/step_00000004/model.safetensors"}
+    assert not any("step_00000004" in key for key in FlakyFileSystem.store)
 
 
 def test_storage_failing_every_time_stops_the_run_loudly(tmp_path, tiny_corpus, flaky, capsys):
@@ -241,7 +245,7 @@ def test_snapshot_state_holds_what_exact_resume_needs(tmp_path, tiny_corpus):
     trainer = run_trainer(tiny_overrides(tmp_path / "run", tiny_corpus, **{"trainer.max_steps": 3}))
     state = checkpoint.read_state(trainer.last_snapshot)
     assert {"step", "epoch", "sample_index", "scheduler", "scaler", "config", "triax_version", "world_size",
-            "optimizer"} <= state.keys()
+            "optimizer_groups", "model"} <= state.keys()
     assert state["step"] == 3 and state["sample_index"] == 3 * 8
     rng = json.loads(open(os.path.join(trainer.last_snapshot, "rng", "rank_00000.json")).read())
     assert {"python", "numpy", "torch"} <= rng.keys()
@@ -252,7 +256,7 @@ def test_trainer_falls_back_from_a_corrupted_snapshot_and_replays_bitwise(tmp_pa
     first = run_trainer(overrides)
     assert [checkpoint.snapshot_step(s) for s in checkpoint.list_snapshots(str(tmp_path / "run" / "snapshots"))] == [2, 4, 6]
     expected = checkpoint.read_model_tensors(first.last_snapshot)
-    target = os.path.join(first.last_snapshot, "model.safetensors")
+    target = os.path.join(first.last_snapshot, "shards", "rank_00000.bin")
     data = bytearray(open(target, "rb").read())
     data[len(data) // 2] ^= 0x01  # one flipped bit in the newest snapshot's weights
     open(target, "wb").write(bytes(data))
@@ -275,3 +279,26 @@ def test_save_on_epoch_end_snapshots_each_epoch_boundary(tmp_path, tiny_corpus):
     assert [checkpoint.snapshot_step(s) for s in snapshots] == [per_epoch, 2 * per_epoch]
     first = checkpoint.read_state(snapshots[0])
     assert (first["epoch"], first["sample_index"]) == (0, per_epoch * 32)
+
+
+def test_async_snapshot_is_complete_only_when_durable(tmp_path):
+    model, optimizer = tiny_model()
+    take_step(model, optimizer)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    pending = checkpoint.start_snapshot(str(tmp_path), 1, model, optimizer, {"epoch": 0}, asynchronous=True,
+                                        write_delay_s=0.5)
+    take_step(model, optimizer)  # the step loop goes on: the snapshot holds the staged copy
+    assert checkpoint.list_snapshots(str(tmp_path)) == []  # still being written: no manifest, not a candidate
+    path = pending.wait()
+    assert checkpoint.list_snapshots(str(tmp_path)) == [path]
+    saved = checkpoint.read_model_tensors(path)
+    assert all(torch.equal(saved[k], v) for k, v in weights.items())
+
+
+def test_async_save_trainer_run_equals_synchronous(tmp_path, tiny_corpus):
+    extra = {"trainer.save_every": 2, "model.dropout": 0.1, "trainer.max_steps": 4}
+    sync = run_trainer(tiny_overrides(tmp_path / "sync", tiny_corpus, **extra))
+    background = run_trainer(tiny_overrides(tmp_path / "async", tiny_corpus, **extra, **{"trainer.async_save": "true"}))
+    assert [checkpoint.snapshot_step(s) for s in checkpoint.list_snapshots(background.snapshot_root)] == [2, 4]
+    expected, got = checkpoint.read_model_tensors(sync.last_snapshot), checkpoint.read_model_tensors(background.last_snapshot)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)

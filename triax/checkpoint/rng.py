@@ -35,6 +35,32 @@ def restore_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
 
 
+def check_rng_state(state, snapshot: str) -> None:
+    """Raise SnapshotCorruptError unless `state` has the shape capture_rng_state gives, so that
+    restoring it cannot fail half-way (it runs after every rank agreed the snapshot is good)."""
+    from triax.checkpoint.errors import SnapshotCorruptError
+
+    def ints(value, count):
+        return isinstance(value, list) and len(value) == count and all(type(v) is int for v in value)
+
+    try:
+        python, numpy_state, torch_state = state["python"], state["numpy"], state["torch"]
+        good = (isinstance(python, list) and len(python) == 3 and type(python[0]) is int
+                and ints(python[1], 625) and (python[2] is None or isinstance(python[2], float))
+                and isinstance(numpy_state, list) and len(numpy_state) == 5 and numpy_state[0] == "MT19937"
+                and ints(numpy_state[1], 624) and all(0 <= v < 2**32 for v in numpy_state[1])
+                and type(numpy_state[2]) is int and type(numpy_state[3]) is int
+                and isinstance(numpy_state[4], (int, float))
+                and all(0 <= v < 2**32 for v in python[1])
+                and isinstance(torch_state, str)
+                and len(base64.b64decode(torch_state, validate=True)) == torch.get_rng_state().numel()
+                and (isinstance(state.get("cuda", []), list) and all(isinstance(s, str) for s in state.get("cuda", []))))
+    except (KeyError, TypeError, ValueError):
+        good = False
+    if not good:
+        raise SnapshotCorruptError(f"snapshot {snapshot}: a random-number generator state is malformed")
+
+
 def _encode(tensor: torch.Tensor) -> str:
     return base64.b64encode(tensor.cpu().numpy().tobytes()).decode()
 

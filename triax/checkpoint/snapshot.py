@@ -3,38 +3,43 @@
 A snapshot is a directory under the snapshot root (a local path or an fsspec URL):
 
     step_00000100/
-        model.safetensors      full (consolidated) model weights, by parameter name
-        optimizer.safetensors  optimizer state tensors, keyed "<param name>/<state key>"
+        shards/rank_00000.bin  the model and optimizer tensors this rank held (raw bytes), one
+        shards/rank_00001.bin  file per rank that had something to write: nobody gathers
+        shards.json            which bytes are which slice of which tensor, sha256 per chunk
         state.json             step, data position, scheduler, scaler, optimizer hyper-parameters,
                                config, triax version, world size (whatever the caller passes)
         rng/rank_00000.json    each rank's random-number generator states
         manifest.json          written last: size and sha256 of every file above
 
-Locally the directory is assembled as `step_00000100.tmp` and renamed when complete; on an object
-store the manifest is the completion mark. Loading checks every file it reads against the
-manifest, so a torn, truncated or bit-flipped snapshot is detected, and `load_latest_snapshot`
-falls back to the previous one.
+Tensors go through torch.distributed.checkpoint (DCP): torch.distributed.checkpoint.state_dict
+gives each rank its own shards (FSDP2 and tensor-parallel DTensors stay sharded; replicated
+tensors are written once), and on load DCP's planner works out which byte ranges each rank needs
+for the layout it has *now*, so a snapshot from any layout and world size loads into any other
+without any rank holding the whole state. The storage underneath is triax's own
+(triax.checkpoint.shards): raw bytes and JSON, nothing pickled, nothing unpickled.
 
-Model and optimizer state go through torch.distributed.checkpoint.state_dict, which gives the same
-full, name-keyed state for a plain module, DDP, FSDP2 or tensor-parallel DTensors, so a snapshot
-taken in one layout loads into any other. Loading reads only safetensors and JSON: nothing is
-unpickled. Tensors are read to CPU, then set_*_state_dict copies them to the model's device.
+Locally the directory is assembled as `step_00000100.tmp` and renamed when complete; on an object
+store the manifest is the completion mark. The manifest is written by the coordinator only after
+every rank's shard file is durable (DCP's finish step), so a crash at any moment leaves the previous
+snapshot as the newest good one. Loading validates everything (triax.checkpoint.reader) and
+`load_latest_snapshot` falls back to the previous snapshot on any damage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
 import sys
 import time
+import warnings
+from concurrent.futures import Future
 from typing import Callable
 
 import torch
 import torch.distributed as dist
-from safetensors import SafetensorError
-from safetensors.torch import load as load_tensors_from_bytes
-from safetensors.torch import load_file as load_tensors_from_file
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -43,34 +48,21 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from triax.checkpoint.rng import capture_rng_state, restore_rng_state
-from triax.checkpoint.storage import Store, file_sha256, sha256
+from triax.checkpoint.errors import SnapshotCorruptError, SnapshotError, SnapshotWriteError
+from triax.checkpoint.reader import FORMAT, MANIFEST, SNAPSHOT_NAME, STATE, SnapshotReader
+from triax.checkpoint.rng import capture_rng_state, check_rng_state, restore_rng_state
+from triax.checkpoint.shards import SHARDS_METADATA, ShardReader, ShardWriter
+from triax.checkpoint.storage import Store, sha256
 from triax.errors import TriaxError
 from triax.runtime import any_rank, broadcast_int, max_across_ranks
 
 SNAPSHOT_PREFIX = "step_"
-MANIFEST = "manifest.json"
-FORMAT = "triax-snapshot/1"
 STAGING_SUFFIX = ".tmp"  # a local snapshot being written
 REPLACED_SUFFIX = ".old"  # a local snapshot being replaced by a new one of the same step
 QUARANTINE_SUFFIX = ".corrupt"  # a snapshot that failed verification, kept for inspection
-# Test-only: seconds to pause in the middle of a write, so a test can kill a process mid-write.
-WRITE_DELAY_ENV = "TRIAX_TEST_SNAPSHOT_WRITE_DELAY_S"
+_SHARDED = StateDictOptions(full_state_dict=False)
 
-_NAME = re.compile(rf"^{SNAPSHOT_PREFIX}(\d+)$")
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-class SnapshotError(TriaxError):
-    """A snapshot could not be written or read."""
-
-
-class SnapshotWriteError(SnapshotError):
-    """Writing failed (unwritable or full storage). Earlier snapshots are untouched."""
-
-
-class SnapshotCorruptError(SnapshotError):
-    """A snapshot is incomplete or fails its checksums."""
+MODEL_KEY, OPTIMIZER_KEY = "model/", "optim/"
 
 
 def snapshot_name(step: int) -> str:
@@ -78,21 +70,28 @@ def snapshot_name(step: int) -> str:
 
 
 def snapshot_step(snapshot: str) -> int:
-    match = _NAME.match(snapshot.rstrip("/").rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1])
+    match = SNAPSHOT_NAME.match(snapshot.rstrip("/").rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1])
     if not match:
         raise TriaxError(f"{snapshot!r} is not a snapshot directory (expected a name like {snapshot_name(100)})")
     return int(match.group(1))
 
 
+def _ours(name: str, *suffixes: str) -> bool:
+    """A name triax creates: step_ and 8 digits, plus one of `suffixes` ('' for none)."""
+    for suffix in suffixes:
+        if (name.endswith(suffix) if suffix else True) and SNAPSHOT_NAME.match(name[: len(name) - len(suffix)]):
+            return True
+    return False
+
+
 def list_snapshots(snapshot_root: str) -> list[str]:
     """Complete snapshots (those with a manifest) under `snapshot_root`, oldest first. Cheap: the
-    checksums are verified when a snapshot is loaded, not here."""
+    contents are validated when a snapshot is loaded, not here. Other names are ignored."""
     store = Store(snapshot_root)
     found = []
     for name in store.names():
-        match = _NAME.match(name)
-        if match and store.exists(store.path(name, MANIFEST)):
-            found.append((int(match.group(1)), store.url_of(store.path(name))))
+        if _ours(name, "") and store.is_directory(store.path(name)) and store.exists(store.path(name, MANIFEST)):
+            found.append((int(name[len(SNAPSHOT_PREFIX):]), store.url_of(store.path(name))))
     return [path for _, path in sorted(found)]
 
 
@@ -101,40 +100,47 @@ def latest_snapshot(snapshot_root: str) -> str | None:
     return snapshots[-1] if snapshots else None
 
 
-# ---- optimizer state <-> flat tensors + JSON ---------------------------------------------------
+# ---- the tensors of a model and optimizer, as DCP sees them ---------------------------------------
 
-def _flatten_optimizer(state_dict: dict) -> tuple[dict, dict]:
-    tensors, scalars = {}, {}
-    for name, entries in state_dict["state"].items():
-        for key, value in entries.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{name}/{key}"] = value.contiguous()
-            else:
-                scalars[f"{name}/{key}"] = value
-    return tensors, {"scalars": scalars, "param_groups": state_dict["param_groups"]}
+def _identity(key: str) -> str:
+    return key
 
 
-def _unflatten_optimizer(tensors: dict, meta: dict) -> dict:
-    state: dict[str, dict] = {}
-    for flat, value in list(tensors.items()) + list(meta["scalars"].items()):
-        name, key = flat.rsplit("/", 1)
-        state.setdefault(name, {})[key] = value
-    return {"state": state, "param_groups": meta["param_groups"]}
+def _tensor_state(model: torch.nn.Module, optimizer, stored_name: Callable[[str], str]):
+    """(flat {stored key: tensor} for DCP, the model's own state dict, the optimizer's).
+
+    Keys are this rank's parameter names mapped by `stored_name` (a pipeline stage strips its part
+    prefix, so the names are the plain model's whatever the layout). Tensors stay sharded."""
+    model_state = get_model_state_dict(model, options=_SHARDED)
+    flat = {MODEL_KEY + stored_name(key): value for key, value in model_state.items()}
+    optim_state = None
+    if optimizer is not None:
+        optim_state = get_optimizer_state_dict(model, optimizer, options=_SHARDED)
+        for name, entries in optim_state["state"].items():
+            for key, value in list(entries.items()):
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    value = entries[key] = torch.tensor(value)
+                if isinstance(value, torch.Tensor):
+                    flat[f"{OPTIMIZER_KEY}{stored_name(name)}/{key}"] = value
+    return flat, model_state, optim_state
 
 
-def _unshared(tensors: dict) -> dict:
-    """safetensors refuses tensors that share storage (tied embeddings): copy the second one."""
-    seen, result = set(), {}
-    for name, tensor in tensors.items():
-        tensor = tensor.detach()
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset()) if tensor.numel() else None
-        result[name] = tensor.clone().contiguous() if key in seen else tensor.contiguous()
-        if key is not None:
-            seen.add(key)
-    return result
+def _hyper_parameters(optim_state: dict | None) -> list | None:
+    """Optimizer groups without their parameter lists (those differ per pipeline stage): JSON."""
+    if optim_state is None:
+        return None
+    return [{k: v for k, v in group.items() if k != "params"} for group in optim_state["param_groups"]]
 
 
 # ---- save --------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _single_process_quiet():
+    """DCP warns on every single-process save/load that it assumes one process: that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
@@ -162,58 +168,131 @@ def _attempt(action: Callable[[], None]) -> str | None:
     return None
 
 
-def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
-    """(model state, optimizer state), full and keyed by parameter name, on CPU. Collective for
-    sharded models (FSDP2, tensor parallel): every rank takes part."""
-    model_state = get_model_state_dict(model, options=_FULL)
-    optim_state = get_optimizer_state_dict(model, optimizer, options=_FULL) if optimizer else None
-    return model_state, optim_state
+def _checkpoint_failure(error: CheckpointException) -> str:
+    """The first rank's error inside DCP's wrapper, in one line."""
+    for rank, (failure, _) in sorted(error.failures.items()):
+        if isinstance(failure, OSError):
+            return f"rank {rank}: {type(failure).__name__}: {failure.strerror or failure}"
+        return f"rank {rank}: {type(failure).__name__}: {str(failure).strip().splitlines()[0] if str(failure).strip() else ''}"
+    return "unknown failure"
 
 
-def apply_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                     model_state: dict, optim_state: dict | None) -> None:
-    """Put full, name-keyed state into `model` / `optimizer` in whatever layout they are now."""
-    set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
-    if optimizer is not None and optim_state is not None:
-        set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
+class PendingSnapshot:
+    """A snapshot being written. `wait()` returns its path once complete (manifest written), or
+    raises SnapshotWriteError on every rank. Collective: every rank waits."""
+
+    def __init__(self, path: str, future: Future | None, cleanup: Callable[[], None]):
+        self.path, self._future, self._cleanup = path, future, cleanup
+        self._result: str | BaseException | None = None if future is not None else path
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def wait(self) -> str:
+        if self._result is None:
+            try:
+                self._future.result()
+                self._result = self.path
+            except CheckpointException as error:
+                self._result = SnapshotWriteError(f"could not write snapshot {self.path}: {_checkpoint_failure(error)}")
+            except Exception as error:  # noqa: BLE001 - reported as a write failure on every rank
+                self._result = SnapshotWriteError(f"could not write snapshot {self.path}: {type(error).__name__}: {error}")
+            if isinstance(self._result, BaseException):
+                self._cleanup()
+        if isinstance(self._result, BaseException):
+            raise self._result
+        return self._result
 
 
-def save_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
-                  optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
-                  gather=gather_full_state) -> str:
-    """Write a snapshot of `model`, `optimizer`, the JSON-able `state` and every rank's RNG states;
-    returns its path. Collective: every rank calls it. The snapshot counts as written only when
-    complete; if storage fails, every rank raises SnapshotWriteError and earlier snapshots are
-    untouched. `keep_last` > 0 then deletes all but that many newest complete snapshots.
-    `gather(model, optimizer)` collects the full state (a pipeline stage holds only part of it:
-    see triax.parallel.pipeline_checkpoint)."""
+_async_group = None
+
+
+def _async_process_group():
+    """A gloo group of its own for background saves, so their collectives never interleave with
+    the training step's on the default group. Created once, by every rank (collective)."""
+    global _async_group
+    if _async_group is None and dist.is_initialized():
+        _async_group = dist.new_group(backend="gloo")
+    return _async_group
+
+
+def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
+                   optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
+                   stored_name: Callable[[str], str] = _identity, asynchronous: bool = False,
+                   write_delay_s: float = 0.0) -> PendingSnapshot:
+    """Begin a snapshot of `model`, `optimizer`, the JSON-able `state` and every rank's RNG states.
+    Collective: every rank calls it. With `asynchronous`, the tensors are copied to CPU memory
+    and written in the background (DCP's async_save); otherwise the write is done on return.
+    Either way the manifest is written only when every rank's shard file is durable, then the
+    snapshot is renamed into place and `keep_last` > 0 deletes all but that many newest ones.
+    `stored_name` maps this rank's parameter names to the names stored (pipeline stages);
+    `write_delay_s` pauses each rank after its shard file is written (debugging: lets a test
+    kill a process in the middle of a write)."""
     rank, world = _rank(), _world()
     store = Store(snapshot_root)
     final = store.path(snapshot_name(step))
     # Locally we assemble under a temporary name and rename; object stores cannot rename, so
     # there the snapshot is written in place and only the manifest, written last, completes it.
     work = final + STAGING_SUFFIX if store.local else final
-    model_state, optim_state = gather(model, optimizer)
-    try:
-        error = _attempt(lambda: _prepare(store, work)) if rank == 0 else None
-        _outcome(error, "creating the snapshot directory")
-        rng_bytes = json.dumps(capture_rng_state()).encode()
-        error = _attempt(lambda: store.write(store.join(work, "rng", f"rank_{rank:05d}.json"), rng_bytes))
-        _outcome(error, "writing its RNG state")
-        if rank == 0:
-            record = dict(state, step=step, world_size=world)
-            error = _attempt(lambda: _write_rank0_files(store, work, final, step, world, model_state,
-                                                        optim_state, record))
-        _outcome(error, "writing the snapshot")
-    except SnapshotWriteError as failure:
+    url = store.url_of(final)
+
+    def cleanup() -> None:
         if rank == 0:
             _attempt(lambda: store.remove_tree(work))  # best effort; a leftover is ignored anyway
-        raise SnapshotWriteError(f"could not write snapshot {store.url_of(final)}: {failure}") from None
-    if rank == 0 and keep_last > 0:
-        error = _attempt(lambda: prune_snapshots(snapshot_root, keep_last))
-        if error:
-            print(f"triax: warning: could not delete old snapshots in {snapshot_root}: {error}", file=sys.stderr)
-    return store.url_of(final)
+
+    try:
+        tensors, _, optim_state = _tensor_state(model, optimizer, stored_name)
+        error = _attempt(lambda: _prepare(store, work)) if rank == 0 else None
+        _outcome(error, "creating the snapshot directory")
+
+        def small_files() -> None:
+            store.write(store.join(work, "rng", f"rank_{rank:05d}.json"), json.dumps(capture_rng_state()).encode())
+            if rank == 0:
+                from triax import __version__
+
+                record = dict(state, step=step, world_size=world, triax_version=__version__,
+                              optimizer_groups=_hyper_parameters(optim_state))
+                store.write(store.join(work, STATE), json.dumps(record, indent=1).encode())
+        _outcome(_attempt(small_files), "writing its RNG state")
+    except SnapshotWriteError as failure:
+        cleanup()
+        raise SnapshotWriteError(f"could not write snapshot {url}: {failure}") from None
+
+    def finish(shards_json: bytes) -> None:  # the coordinator, once every shard file is durable
+        _complete(store, work, final, step, world, shards_json)
+        if keep_last > 0:
+            error = _attempt(lambda: prune_snapshots(snapshot_root, keep_last))
+            if error:
+                print(f"triax: warning: could not delete old snapshots in {snapshot_root}: {error}", file=sys.stderr)
+
+    writer = ShardWriter(store, work, finish, write_delay_s=write_delay_s)
+    if asynchronous:
+        from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+        # The stager copies every tensor to CPU memory before returning: training may go on.
+        future = dcp.async_save(tensors, storage_writer=writer, process_group=_async_process_group(),
+                                async_stager=BlockingAsyncStager(), no_dist=not dist.is_initialized())
+        future = getattr(future, "upload_completion", future)
+        return PendingSnapshot(url, future, cleanup)
+    future: Future = Future()
+    try:
+        with _single_process_quiet():
+            dcp.save(tensors, storage_writer=writer, no_dist=not dist.is_initialized())
+        future.set_result(None)
+    except CheckpointException as error:
+        future.set_exception(error)
+    pending = PendingSnapshot(url, future, cleanup)
+    pending.wait()
+    return pending
+
+
+def save_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
+                  stored_name: Callable[[str], str] = _identity, write_delay_s: float = 0.0) -> str:
+    """Write a snapshot and return its path (see start_snapshot). If storage fails, every rank
+    raises SnapshotWriteError and earlier snapshots are untouched."""
+    return start_snapshot(snapshot_root, step, model, optimizer, state, keep_last, stored_name,
+                          write_delay_s=write_delay_s).wait()
 
 
 def _prepare(store: Store, work: str) -> None:
@@ -221,65 +300,57 @@ def _prepare(store: Store, work: str) -> None:
         # Re-writing a step: un-complete it first, so a crash mid-way cannot leave a manifest
         # that vouches for a mix of old and new files.
         store.fs.rm(store.join(work, MANIFEST))
-    store.remove_tree(work)
+    store.remove_tree(work)  # a leftover (or a planted symlink: unlinked, never followed)
+    if store.local:
+        os.makedirs(os.path.dirname(work), exist_ok=True)
+        os.mkdir(work)  # fails if anything appeared meanwhile: we write only into our own directory
     store.makedirs(store.join(work, "rng"))
+    store.makedirs(store.join(work, "shards"))
 
 
-def _write_rank0_files(store: Store, work: str, final: str, step: int, world: int,
-                       model_state: dict, optim_state: dict | None, record: dict) -> None:
+def _complete(store: Store, work: str, final: str, step: int, world: int, shards_json: bytes) -> None:
+    """Write shards.json and the manifest (last), then give the directory its final name."""
     from triax import __version__
 
     files = {}
-
-    def put(relative: str, data: bytes) -> None:
-        store.write(store.join(work, *relative.split("/")), data)
-        files[relative] = {"bytes": len(data), "sha256": sha256(data)}
-
-    def put_tensors(relative: str, tensors: dict) -> None:
-        size, digest = store.write_tensors(store.join(work, relative), tensors)
-        files[relative] = {"bytes": size, "sha256": digest}
-
-    put_tensors("model.safetensors", _unshared(model_state))
-    delay = float(os.environ.get(WRITE_DELAY_ENV, "0") or 0)
-    if delay > 0:
-        time.sleep(delay)
-    meta = {}
-    if optim_state is not None:
-        tensors, meta = _flatten_optimizer(optim_state)
-        put_tensors("optimizer.safetensors", tensors)
-    record = dict(record, triax_version=__version__, optimizer=meta)
-    put("state.json", json.dumps(record, indent=1).encode())
-    # Each rank wrote its own RNG file; read them back so the manifest vouches for what is stored.
-    for other in range(world):
-        relative = f"rng/rank_{other:05d}.json"
-        data = store.read(store.join(work, "rng", f"rank_{other:05d}.json"))
+    store.write(store.join(work, SHARDS_METADATA), shards_json)
+    for relative, entry in json.loads(shards_json)["files"].items():
+        files[relative] = entry  # hashed by the rank that wrote it, while writing
+    small = [STATE, SHARDS_METADATA] + [f"rng/rank_{other:05d}.json" for other in range(world)]
+    for relative in small:
+        data = store.read(store.join(work, *relative.split("/")))
         files[relative] = {"bytes": len(data), "sha256": sha256(data)}
     manifest = {"format": FORMAT, "step": step, "world_size": world, "triax_version": __version__,
                 "created": time.time(), "files": files}
-    store.write(store.join(work, MANIFEST), json.dumps(manifest, indent=1).encode())
     if store.local:
         store.sync_directory(store.join(work, "rng"))
-        store.sync_directory(work)
-        if os.path.exists(final):  # same step saved again (after a fallback): swap, then delete
-            replaced = final + REPLACED_SUFFIX
-            store.remove_tree(replaced)
-            os.replace(final, replaced)
-            store.rename(work, final)
-            store.remove_tree(replaced)
-        else:
-            store.rename(work, final)
+        store.sync_directory(store.join(work, "shards"))
+    store.write(store.join(work, MANIFEST), json.dumps(manifest, indent=1).encode())
+    if not store.local:
+        return
+    store.sync_directory(work)
+    if store.is_directory(final):  # same step saved again (after a fallback): swap, then delete
+        replaced = final + REPLACED_SUFFIX
+        store.remove_tree(replaced)
+        os.replace(final, replaced)
+        store.rename(work, final)
+        store.remove_tree(replaced)
+    else:
+        store.remove_tree(final)  # not a directory we wrote (a planted link or file): unlinked
+        store.rename(work, final)
 
 
 def prune_snapshots(snapshot_root: str, keep_last: int) -> list[str]:
     """Delete all but the `keep_last` newest complete snapshots, and leftovers of interrupted
-    writes. Not collective: the main rank calls it. Returns what was deleted."""
+    writes. Only names triax creates are touched. Not collective: the main rank calls it.
+    Returns what was deleted."""
     store = Store(snapshot_root)
     complete = list_snapshots(snapshot_root)
     doomed = complete[:-keep_last] if keep_last > 0 else []
     for name in store.names():
-        if name.endswith((STAGING_SUFFIX, REPLACED_SUFFIX)) and _NAME.match(name.rsplit(".", 1)[0]):
+        if _ours(name, STAGING_SUFFIX, REPLACED_SUFFIX):
             doomed.append(store.url_of(store.path(name)))
-        elif _NAME.match(name) and not store.exists(store.path(name, MANIFEST)):
+        elif _ours(name, "") and not store.exists(store.path(name, MANIFEST)) and store.is_directory(store.path(name)):
             doomed.append(store.url_of(store.path(name)))  # object store: never completed
     for path in doomed:
         store.remove_tree(Store(path).root)
@@ -287,140 +358,138 @@ def prune_snapshots(snapshot_root: str, keep_last: int) -> list[str]:
 
 
 def remove_snapshots(snapshot_root: str) -> None:
-    """Delete every snapshot (complete or not) under the root: `trainer.overwrite=true`."""
+    """Delete every snapshot (complete or not) under the root: `trainer.overwrite=true`. Only
+    names triax creates are touched; anything else (a `step_9`, a symlink) is left alone."""
     store = Store(snapshot_root)
     for name in store.names():
-        if name.startswith(SNAPSHOT_PREFIX):
-            store.remove_tree(store.path(name))
+        path = store.path(name)
+        if _ours(name, "", STAGING_SUFFIX, REPLACED_SUFFIX, QUARANTINE_SUFFIX) and store.is_directory(path):
+            store.remove_tree(path)
 
 
 # ---- load --------------------------------------------------------------------------------------
 
-class _Reader:
-    """Reads files of one snapshot, checking each against the manifest."""
-
-    def __init__(self, snapshot: str, verify: bool = True):
-        self.snapshot, self.verify = snapshot, verify
-        self.store = Store(snapshot)
-        self.manifest = json.loads(self._raw(MANIFEST, "the manifest"))
-        if self.manifest.get("format") != FORMAT:
-            raise SnapshotCorruptError(f"snapshot {snapshot} has an unknown format "
-                                       f"{self.manifest.get('format')!r} (this triax reads {FORMAT})")
-
-    def _raw(self, relative: str, what: str | None = None) -> bytes:
-        try:
-            return self.store.read(self.store.path(*relative.split("/")))
-        except FileNotFoundError:
-            raise SnapshotCorruptError(f"snapshot {self.snapshot} is incomplete: {what or relative} is missing") from None
-        except OSError as error:
-            raise SnapshotCorruptError(f"snapshot {self.snapshot}: cannot read {relative} ({error})") from None
-
-    def has(self, relative: str) -> bool:
-        return relative in self.manifest["files"]
-
-    def _expected(self, relative: str) -> dict:
-        expected = self.manifest["files"].get(relative)
-        if expected is None:
-            raise SnapshotCorruptError(f"snapshot {self.snapshot} has no {relative} in its manifest")
-        return expected
-
-    def _check(self, relative: str, size: int, digest: str) -> None:
-        expected = self._expected(relative)
-        if size != expected["bytes"]:
-            raise SnapshotCorruptError(f"snapshot {self.snapshot} is truncated: {relative} has {size} "
-                                       f"bytes, the manifest says {expected['bytes']}")
-        if digest != expected["sha256"]:
-            raise SnapshotCorruptError(f"snapshot {self.snapshot} is corrupt: {relative} fails its sha256 checksum")
-
-    def read(self, relative: str) -> bytes:
-        self._expected(relative)
-        data = self._raw(relative)
-        if self.verify:
-            self._check(relative, len(data), sha256(data))
-        return data
-
-    def tensors(self, relative: str, copy: bool = True) -> dict:
-        try:
-            if not self.store.local:
-                return load_tensors_from_bytes(self.read(relative))
-            # Locally: hash the file in chunks, then map it and copy each tensor out, rather than
-            # holding the whole file as one bytes object and deserializing a second copy.
-            path = self.store.path(*relative.split("/"))
-            self._expected(relative)
-            if self.verify:
-                try:
-                    size, digest = file_sha256(path)
-                except FileNotFoundError:
-                    raise SnapshotCorruptError(f"snapshot {self.snapshot} is incomplete: {relative} is missing") from None
-                self._check(relative, size, digest)
-            tensors = load_tensors_from_file(path)
-            # Copies, so nothing (optimizer state included) stays backed by the mapped file; the
-            # caller may skip them when it copies anyway (load_state_dict copies into parameters).
-            return {name: tensor.clone() for name, tensor in tensors.items()} if copy else tensors
-        except SafetensorError as error:
-            raise SnapshotCorruptError(f"snapshot {self.snapshot}: {relative} is not valid safetensors ({error})") from None
-
-    def json(self, relative: str) -> dict:
-        try:
-            return json.loads(self.read(relative))
-        except (ValueError, UnicodeDecodeError) as error:
-            raise SnapshotCorruptError(f"snapshot {self.snapshot}: {relative} is not valid JSON ({error})") from None
+def open_snapshot(snapshot: str) -> SnapshotReader:
+    """The validated reader of one snapshot (raises SnapshotCorruptError)."""
+    return SnapshotReader(snapshot)
 
 
-def _open(snapshot: str, verify: bool) -> _Reader:
-    try:
-        return _Reader(snapshot, verify)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise SnapshotCorruptError(f"snapshot {snapshot}: {MANIFEST} is not valid JSON ({error})") from None
+def read_state(snapshot: str) -> dict:
+    """The JSON state of a snapshot (step, data position, config, ...), validated."""
+    return SnapshotReader(snapshot).state
 
 
-def read_state(snapshot: str, verify: bool = True) -> dict:
-    """The JSON state of a snapshot (step, data position, config, ...)."""
-    return _open(snapshot, verify).json("state.json")
+def iter_model_tensors(snapshot: str | SnapshotReader):
+    """(name, full tensor) of each model tensor, one at a time, verified."""
+    reader = snapshot if isinstance(snapshot, SnapshotReader) else SnapshotReader(snapshot)
+    for key in reader.tensor_names():
+        if key.startswith(MODEL_KEY):
+            yield key[len(MODEL_KEY):], reader.full_tensor(key)
 
 
-def read_model_tensors(snapshot: str, verify: bool = True) -> dict:
-    """The full model weights of a snapshot, by parameter name, on CPU."""
-    return _open(snapshot, verify).tensors("model.safetensors")
+def read_model_tensors(snapshot: str) -> dict:
+    """All model weights of a snapshot, by parameter name, on CPU (small models and tests; export
+    and generate stream with iter_model_tensors instead)."""
+    return dict(iter_model_tensors(snapshot))
+
+
+def _fit_error(snapshot: str, error: BaseException) -> SnapshotError:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return SnapshotError(f"snapshot {snapshot} does not fit this model/optimizer ({first[:300]}); "
+                         "resume with the model config it was saved with")
+
+
+def _same_kind(saved, current) -> bool:
+    if isinstance(current, bool) or current is None or isinstance(current, str):
+        return type(saved) is type(current)
+    if isinstance(current, (int, float, torch.Tensor)):
+        return type(saved) in (int, float)
+    if isinstance(current, (list, tuple)):
+        return isinstance(saved, list) and len(saved) == len(current) and all(map(_same_kind, saved, current))
+    return False
+
+
+def _check_groups(saved: list, current: list, snapshot: str) -> None:
+    """Saved optimizer hyper-parameters must be the ones this optimizer has, with the same types:
+    anything else would only fail later, inside a training step."""
+    for saved_group, group in zip(saved, current):
+        for key, value in saved_group.items():
+            if key == "params" or key not in group or not _same_kind(value, group[key]):
+                raise SnapshotCorruptError(f"snapshot {snapshot}: optimizer setting {key[:40]!r} in state.json "
+                                           "is not one this optimizer has, or has the wrong type")
 
 
 def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                  restore_rng: bool = True, verify: bool = True, apply=apply_full_state) -> dict:
+                  restore_rng: bool = True, stored_name: Callable[[str], str] = _identity,
+                  check_state: Callable[[dict], None] | None = None, stats: dict | None = None) -> dict:
     """Load a snapshot into `model` (and `optimizer`), whatever layout either was saved or is
-    now in, and restore this rank's RNG states. Returns the JSON state. Raises
-    SnapshotCorruptError if a file is missing or fails its checksum. `apply(model, optimizer,
-    model_state, optimizer_state)` places the full state (pipeline stages take only their keys)."""
-    reader = _open(snapshot, verify)
-    state = reader.json("state.json")
-    model_state = reader.tensors("model.safetensors", copy=False)
-    optim_tensors = reader.tensors("optimizer.safetensors") if optimizer is not None and state.get("optimizer") else None
-    rng_file = f"rng/rank_{_rank():05d}.json"
-    rng_state = reader.json(rng_file) if restore_rng and reader.has(rng_file) else None
+    now in, and restore this rank's RNG states. Returns the JSON state. Collective. Every rank
+    reads only the byte ranges its own shards need (`stats["bytes_read"]` says how many).
+    Raises SnapshotCorruptError on every rank if any rank finds the snapshot damaged;
+    `check_state(state)` may raise it too (the caller's own schema for its keys)."""
+    reader, rng_state, error = None, None, None
     try:
-        optim_state = _unflatten_optimizer(optim_tensors, state["optimizer"]) if optim_tensors is not None else None
-        apply(model, optimizer, model_state, optim_state)
-    except (RuntimeError, KeyError, ValueError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SnapshotError(f"snapshot {snapshot} does not fit this model/optimizer ({first}); "
-                            "resume with the model config it was saved with") from None
-    # A rank that did not exist when saving (resuming on more processes) keeps its own seed.
+        reader = SnapshotReader(snapshot)
+        if check_state is not None:
+            check_state(reader.state)
+        if optimizer is not None and reader.state.get("optimizer_groups") is not None:
+            _check_groups(reader.state["optimizer_groups"], optimizer.param_groups, snapshot)
+        rng_file = f"rng/rank_{_rank():05d}.json"
+        # A rank that did not exist when saving (resuming on more processes) keeps its own seed.
+        if restore_rng and reader.has(rng_file):
+            rng_state = reader.json(rng_file)
+            check_rng_state(rng_state, snapshot)
+    except SnapshotCorruptError as failure:
+        error = failure
+    if any_rank(error is not None):  # before any collective load: nobody is left waiting
+        raise error or SnapshotCorruptError(f"snapshot {snapshot} failed verification on another rank")
+    state = reader.state
+    tensors, model_state, optim_state = _tensor_state(
+        model, optimizer if state.get("optimizer_groups") is not None else None, stored_name)
+    shard_reader = ShardReader(reader)
+    try:
+        with _single_process_quiet():
+            dcp.load(tensors, storage_reader=shard_reader, no_dist=not dist.is_initialized())
+    except CheckpointException as failure:
+        causes = [cause for cause, _ in failure.failures.values()]
+        corrupt = next((c for c in causes if isinstance(c, SnapshotCorruptError)), None)
+        if corrupt is not None:
+            raise SnapshotCorruptError(str(corrupt)) from None
+        raise _fit_error(snapshot, causes[0] if causes else failure) from None
+    try:
+        set_model_state_dict(model, model_state, options=_SHARDED)
+        if optim_state is not None:
+            saved_groups = state["optimizer_groups"]
+            if len(saved_groups) != len(optim_state["param_groups"]):
+                raise ValueError(f"{len(saved_groups)} optimizer parameter groups saved, "
+                                 f"{len(optim_state['param_groups'])} now")
+            optim_state["param_groups"] = [dict(group, **saved, params=group["params"])
+                                           for group, saved in zip(optim_state["param_groups"], saved_groups)]
+            set_optimizer_state_dict(model, optimizer, optim_state, options=_SHARDED)
+    except (RuntimeError, KeyError, ValueError, TypeError) as failure:
+        raise _fit_error(snapshot, failure) from None
     if rng_state is not None:
         try:
             restore_rng_state(rng_state)
-        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
-            # Corrupt rather than a crash, so the ranks agree on it and fall back together.
-            raise SnapshotCorruptError(f"snapshot {snapshot}: {rng_file} does not hold RNG states "
-                                       f"({type(error).__name__}: {error})") from None
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as failure:
+            # check_rng_state passed, so this is a state torch itself refuses: corrupt rather than a
+            # crash (the other ranks have already loaded; they fall back on the next agreement).
+            raise SnapshotCorruptError(f"snapshot {snapshot}: rng/rank_{_rank():05d}.json does not hold RNG "
+                                       f"states ({type(failure).__name__}: {failure})") from None
+    if stats is not None:
+        stats["bytes_read"] = shard_reader.bytes_read
     return state
 
 
 def load_latest_snapshot(snapshot_root: str, model: torch.nn.Module,
                          optimizer: torch.optim.Optimizer | None = None,
                          report: Callable[[str], None] | None = None,
-                         apply=apply_full_state) -> tuple[str, dict] | None:
+                         stored_name: Callable[[str], str] = _identity,
+                         check_state: Callable[[dict], None] | None = None,
+                         stats: dict | None = None) -> tuple[str, dict] | None:
     """Load the newest snapshot that passes verification on every rank, falling back to older
     ones (each rejected one is reported in one line and moved aside). Collective. Returns
-    (path, state), or None when there is no snapshot at all."""
+    (path, state), or None when there is no snapshot at all. `stats`: see load_snapshot."""
     rank = _rank()
     store = Store(snapshot_root)
     candidates = [snapshot_step(path) for path in list_snapshots(snapshot_root)] if rank == 0 else []
@@ -435,9 +504,10 @@ def load_latest_snapshot(snapshot_root: str, model: torch.nn.Module,
                                     "trainer.overwrite=true")
             return None
         path = store.url_of(store.path(snapshot_name(step)))
-        error, fatal = None, None
+        error, fatal, state = None, None, None
         try:
-            state = load_snapshot(path, model, optimizer, apply=apply)
+            state = load_snapshot(path, model, optimizer, stored_name=stored_name, check_state=check_state,
+                                  stats=stats)
         except SnapshotCorruptError as failure:
             error = str(failure)
         except Exception as failure:  # not a bad file (e.g. another model's snapshot): all ranks stop
@@ -447,13 +517,13 @@ def load_latest_snapshot(snapshot_root: str, model: torch.nn.Module,
             raise fatal or SnapshotError(f"loading snapshot {path} failed on another rank; every rank stops")
         if outcome == 0:
             return path, state
+        error = error or f"snapshot {path} failed verification on another rank"
         rejected += 1
         if rank == 0:
             moved = quarantine_snapshot(path)
             if report is not None:
-                report(f"{error or f'snapshot {path} failed verification on another rank'}; "
-                       f"moved it to {moved} and trying the previous snapshot")
-        elif error:
+                report(f"{error}; moved it to {moved} and trying the previous snapshot")
+        else:
             print(f"triax: rank {rank}: {error}", file=sys.stderr)
 
 

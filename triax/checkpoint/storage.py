@@ -11,25 +11,54 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
-from safetensors.torch import save as save_tensors_to_bytes
-from safetensors.torch import save_file as save_tensors_to_file
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def file_sha256(path: str) -> tuple[int, str]:
-    """(size, sha256) of a local file, read in chunks."""
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(16 << 20), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
+def open_regular(path: str):
+    """Open a local file for reading only if it is a regular file: a symlink is refused (it could
+    point out of the run directory) and a FIFO or device never blocks the reader."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def create_new(path: str):
+    """Create a local file that must not exist yet (never follows a planted symlink)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    return os.fdopen(descriptor, "wb")
+
+
+def is_real_directory(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def remove_entry(path: str) -> None:
+    """Remove whatever is at `path` without following it: a symlink is unlinked (its target is
+    untouched), a directory deleted with its contents (rmtree does not follow links inside)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
 
 
 class Store:
@@ -62,7 +91,20 @@ class Store:
         return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries)
 
     def exists(self, path: str) -> bool:
-        return os.path.exists(path) if self.local else self.fs.exists(path)
+        return os.path.lexists(path) if self.local else self.fs.exists(path)
+
+    def is_directory(self, path: str) -> bool:
+        """A real directory (locally: not a symlink to one)."""
+        return is_real_directory(path) if self.local else self.fs.isdir(path)
+
+    def size(self, path: str) -> int:
+        """Size of a regular file (locally: refuses symlinks, FIFOs and devices)."""
+        if self.local:
+            mode = os.lstat(path)
+            if not stat.S_ISREG(mode.st_mode):
+                raise OSError(f"{path} is not a regular file")
+            return mode.st_size
+        return int(self.fs.size(path))
 
     def makedirs(self, path: str) -> None:
         if self.local:
@@ -73,35 +115,45 @@ class Store:
     def write(self, path: str, data: bytes) -> None:
         """Write `data` to `path` durably (local: flushed and fsynced before returning)."""
         if self.local:
-            with open(path, "wb") as handle:
+            with create_new(path) as handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
         else:
             self.fs.pipe_file(path, data)
 
-    def write_tensors(self, path: str, tensors: dict) -> tuple[int, str]:
-        """Write `tensors` as safetensors; returns (size in bytes, sha256). Locally safetensors
-        writes the file itself (no second in-memory copy of a multi-GB model), then it is fsynced
-        and hashed from the page cache."""
-        if not self.local:
-            data = save_tensors_to_bytes(tensors)
-            self.write(path, data)
-            return len(data), sha256(data)
-        save_tensors_to_file(tensors, path)
-        with open(path, "rb") as handle:
-            os.fsync(handle.fileno())
-        return file_sha256(path)
-
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        """The bytes of a file; at most `limit` + 1 of them, so a caller that knows the size to
+        expect can tell a longer file without reading all of it."""
         if self.local:
-            with open(path, "rb") as handle:
-                return handle.read()
-        return self.fs.cat_file(path)
+            with open_regular(path) as handle:
+                return handle.read(-1 if limit is None else limit + 1)
+        if limit is None:
+            return self.fs.cat_file(path)
+        with self.fs.open(path, "rb") as handle:
+            return handle.read(limit + 1)
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """`length` bytes from `offset` (fewer if the file is shorter)."""
+        if self.local:
+            with open_regular(path) as handle:
+                handle.seek(offset)
+                return handle.read(length)
+        return self.fs.cat_file(path, start=offset, end=offset + length)
+
+    def flush_and_sync(self, handle) -> None:
+        """Make what was written to a stream from open_new durable (object stores: on close)."""
+        if self.local:
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def open_new(self, path: str):
+        """A writable binary stream for a new file."""
+        return create_new(path) if self.local else self.fs.open(path, "wb")
 
     def remove_tree(self, path: str) -> None:
         if self.local:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_entry(path)
         elif self.fs.exists(path):
             self.fs.rm(path, recursive=True)
 

@@ -9,7 +9,6 @@
     pipeline_parallel.py     stages and schedules (torch.distributed.pipelining)
     parallelize.py           applies the above in order: TP, checkpointing, compile, FSDP/DDP
     grad_clip.py             gradient clipping across meshes and stages
-    pipeline_checkpoint.py   snapshots of a pipeline-split model in the common full format
     plan.py                  `triax plan`: which layouts fit, by formula
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import sys
 
 from triax.errors import TriaxError
 
@@ -55,48 +55,89 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
-def load_run_model(run_dir: str, device: str = "cpu"):
-    """The trained plain GPT of a run directory (latest snapshot) and its vocabulary."""
+def _snapshot_root(run_dir: str) -> str:
+    """Where the run keeps its snapshots: its config.yaml's trainer.snapshot_dir, else
+    <run_dir>/snapshots (the trainer's own rule, triax.train.config.snapshot_root)."""
+    from triax.train.config import TrainConfig, from_dict, snapshot_root
+
+    config = TrainConfig()
+    config_file = os.path.join(run_dir, "config.yaml")
+    if os.path.exists(config_file):
+        import yaml
+
+        try:
+            with open(config_file) as handle:
+                config = from_dict(yaml.safe_load(handle) or {})
+        except Exception as error:  # noqa: BLE001 - a damaged run file is the user's to fix: one line
+            raise TriaxError(f"{config_file!r} is not a valid run config ({type(error).__name__}); "
+                             "restore it from the run, or give the run directory of a finished `triax train`") from None
+    config.trainer.run_dir = run_dir  # the directory as given now, wherever the run was started
+    return snapshot_root(config)
+
+
+def newest_good_snapshot(root: str, run_dir: str):
+    """The validated reader of the newest snapshot that passes validation (older ones are tried
+    when the newest is damaged, as a resume would; nothing is moved: this is a read-only command)."""
     from triax import checkpoint
-    from triax.models import GPT
+
+    snapshots = checkpoint.list_snapshots(root)
+    if not snapshots:
+        raise TriaxError(f"{run_dir!r} has no snapshot yet in {root}; wait for the first save "
+                         "(trainer.save_every) or the end of training")
+    for snapshot in reversed(snapshots):
+        try:
+            return checkpoint.open_snapshot(snapshot)
+        except checkpoint.SnapshotCorruptError as error:
+            print(f"triax: warning: {error}; trying the previous snapshot", file=sys.stderr)
+    raise TriaxError(f"none of the {len(snapshots)} snapshot(s) in {root} passed verification")
+
+
+def open_run(run_dir: str):
+    """(validated reader of the newest good snapshot, the checked model config, the text codec or
+    None) of a run directory. model.json is checked against the snapshot before anything is
+    allocated: a damaged one must not make us build a model of terabytes."""
     from triax.train.run_files import read_model_config, read_vocabulary
-
-    snapshot = find_run_snapshot(run_dir)
-    # Checked against the snapshot before anything is allocated (a damaged model.json must not
-    # make us build a model of terabytes).
-    model_config = read_model_config(run_dir, snapshot)
-    vocab = read_vocabulary(run_dir, model_config.vocab_size)
-    model = GPT(model_config)
-    model.load_state_dict(checkpoint.read_model_tensors(snapshot))
-    return model.to(device).eval(), vocab, snapshot
-
-
-def find_run_snapshot(run_dir: str) -> str:
-    """The newest snapshot of a run directory; one line if it is not a run or has none yet."""
-    from triax import checkpoint
 
     if not os.path.isfile(os.path.join(run_dir, "model.json")):
         raise TriaxError(f"{run_dir!r} is not a triax run directory (no model.json); "
                          "give the trainer.run_dir of a finished or running `triax train`")
-    snapshot_root = _snapshot_root(run_dir)
-    snapshot = checkpoint.latest_snapshot(snapshot_root)
-    if snapshot is None:
-        raise TriaxError(f"{run_dir!r} has no snapshot yet in {snapshot_root}; wait for the first save "
-                         "(trainer.save_every) or the end of training")
-    return snapshot
+    reader = newest_good_snapshot(_snapshot_root(run_dir), run_dir)
+    model_config = read_model_config(run_dir, reader.snapshot)
+    return reader, model_config, read_vocabulary(run_dir, model_config.vocab_size)
 
 
-def _snapshot_root(run_dir: str) -> str:
-    """trainer.snapshot_dir from the run's config.yaml, else <run_dir>/snapshots."""
-    import yaml
+def _true_shapes(model_config, vocab) -> tuple[dict, dict]:
+    """(the model config without tensor-parallel vocabulary padding, {tensor name: its unpadded
+    shape}). A character run knows its true vocabulary (vocab.json); other runs keep model.json's."""
+    import dataclasses
 
-    config_file = os.path.join(run_dir, "config.yaml")
-    if os.path.exists(config_file):
-        with open(config_file) as handle:
-            snapshot_dir = ((yaml.safe_load(handle) or {}).get("trainer") or {}).get("snapshot_dir")
-        if snapshot_dir:
-            return snapshot_dir
-    return os.path.join(run_dir, "snapshots")
+    import torch
+
+    from triax.data import Vocabulary
+    from triax.models import GPT, GPTConfig
+
+    values = dataclasses.asdict(model_config)
+    rows = len(vocab) if isinstance(vocab, Vocabulary) else model_config.vocab_size
+    true_config = dict(values, vocab_size=min(rows, model_config.vocab_size))
+    # On the meta device: shapes only, no memory. The tensors whose shape changes with the
+    # vocabulary are the ones that carry its padding.
+    with torch.device("meta"):
+        padded_shapes = {k: list(v.shape) for k, v in GPT(model_config).state_dict().items()}
+        true_shapes = {k: list(v.shape) for k, v in GPT(GPTConfig(**true_config)).state_dict().items()}
+    return true_config, {k: v for k, v in true_shapes.items() if padded_shapes.get(k) != v}
+
+
+def load_run_model(run_dir: str, device: str = "cpu", opened=None):
+    """The trained plain GPT of a run directory (newest good snapshot) and its text codec,
+    loaded tensor by tensor through the validating reader, vocabulary padding dropped."""
+    from triax.checkpoint.export import load_module_streaming
+    from triax.models import GPT, GPTConfig
+
+    reader, model_config, vocab = opened or open_run(run_dir)
+    true_config, _ = _true_shapes(model_config, vocab)
+    model = GPT(GPTConfig(**true_config))
+    load_module_streaming(reader, model)
+    return model.to(device).eval(), vocab, reader.snapshot
 
 
 def generate_main(argv: list[str]) -> int:
@@ -104,7 +145,6 @@ def generate_main(argv: list[str]) -> int:
 
     from triax.arguments import ArgumentParser, at_least, check_device, need
     from triax.runtime import pick_device
-    from triax.train.run_files import read_model_config, read_vocabulary
 
     parser = ArgumentParser(prog="triax generate", description="sample text from a trained run")
     parser.add_argument("run_dir")
@@ -127,16 +167,15 @@ def generate_main(argv: list[str]) -> int:
     need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
     check_device("--device", args.device)
     device = pick_device(args.device)
-    snapshot = find_run_snapshot(args.run_dir)
-    model_config = read_model_config(args.run_dir, snapshot)
-    vocab = read_vocabulary(args.run_dir, model_config.vocab_size)
+    opened = open_run(args.run_dir)
+    vocab = opened[2]
     if vocab is None:
         raise TriaxError(f"{args.run_dir!r} has no vocab.json or tokenizer.json (trained on ids without a "
                          "tokenizer, or on the addition task); nothing to decode text with")
     prompt_ids = vocab.encode(args.prompt)  # one line naming characters the run never saw
     if not prompt_ids:
         raise TriaxError(f"--prompt {args.prompt!r} encodes to no tokens; give at least one character")
-    model, vocab, _ = load_run_model(args.run_dir, device)
+    model, vocab, _ = load_run_model(args.run_dir, device, opened)
     idx = torch.tensor([prompt_ids], device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k,
@@ -181,43 +220,33 @@ def export_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.format == "hf":
         return export_hf_main(args.run_dir, args.output)
-    from safetensors.torch import save_file
+    from triax.checkpoint.export import export_safetensors
 
-    find_run_snapshot(args.run_dir)
+    reader, model_config, vocab = open_run(args.run_dir)
     check_export_output(args.output, args.run_dir, args.force)
-    model, vocab, snapshot = load_run_model(args.run_dir)
+    true_config, shapes = _true_shapes(model_config, vocab)
     # Plain tensors with plain names, and the architecture and vocabulary as string metadata:
-    # loadable with safetensors alone, no triax classes needed.
-    metadata = {"format": "pt", "triax_model": json.dumps(model.config.__dict__)}
-    if vocab is not None:
+    # loadable with safetensors alone, no triax classes needed. Written tensor by tensor.
+    metadata = {"format": "pt", "triax_model": json.dumps(true_config)}
+    if vocab is not None and hasattr(vocab, "to_json"):
         metadata["triax_vocab"] = vocab.to_json()
-    tensors = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
-    directory = os.path.dirname(os.path.abspath(args.output))
-    # A fresh hidden name beside the output (never someone's "<output>.tmp"), removed if anything
-    # fails: never a half-written export under the final name, never a leftover.
-    handle, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(args.output)}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, args.output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    print(f"wrote {len(tensors)} tensors ({sum(t.numel() for t in tensors.values()) / 1e6:.2f}M values) "
-          f"from {snapshot} to {args.output}")
+    count, values = export_safetensors(reader, args.output, shapes, metadata)
+    print(f"wrote {count} tensors ({values / 1e6:.2f}M values) from {reader.snapshot} to {args.output}")
     return 0
 
 
 def export_hf_main(run_dir: str, out_dir: str) -> int:
-    from triax import checkpoint
+    from triax.checkpoint.export import tensor_source
     from triax.train.hf_export import export_hf
-    from triax.train.run_files import read_model_config
 
-    snapshot = find_run_snapshot(run_dir)
-    config = read_model_config(run_dir, snapshot)
-    # The converter takes any name -> tensor source; today the snapshot's tensors, read whole.
-    source = checkpoint.read_model_tensors(snapshot)
+    from triax.models import GPTConfig
+
+    reader, model_config, vocab = open_run(run_dir)
+    true_config, shapes = _true_shapes(model_config, vocab)
+    config = GPTConfig(**true_config)
+    snapshot = reader.snapshot
+    # The converter reads one tensor at a time from the validated snapshot (padding rows cut).
+    source = tensor_source(reader, shapes)
     tokenizer = os.path.join(run_dir, "tokenizer.json")
     tokenizer = tokenizer if os.path.exists(tokenizer) else None
     values = export_hf(config, source, out_dir, tokenizer)

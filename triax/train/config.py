@@ -148,6 +148,9 @@ class TrainerConfig:
     max_save_failures: int = 3
     """Consecutive failed snapshot writes (full or unwritable storage) before the run stops."""
 
+    async_save: bool = False
+    """Write snapshots in the background from a CPU copy while training goes on (at most one in flight)."""
+
     eval_every: int = 100
     """Evaluate (and sample text) every N steps; 0 disables."""
 
@@ -221,6 +224,9 @@ class DebugConfig:
 
     preempt_rank: int = 0
     """The rank that receives the injected preemption of debug.preempt_at_step."""
+
+    snapshot_write_delay_s: float = 0.0
+    """Pause each rank this long after writing its shards, so a crash can be made to land mid-write."""
 
 
 @dataclass
@@ -417,6 +423,15 @@ def validate(config: TrainConfig) -> None:
     _need(debug.preempt_at_step is None or debug.preempt_at_step >= 1, "debug.preempt_at_step",
           debug.preempt_at_step, "use a positive step (or null)")
     _need(debug.preempt_rank >= 0, "debug.preempt_rank", debug.preempt_rank, "use 0 or more")
+    _need(_finite(debug.snapshot_write_delay_s) and debug.snapshot_write_delay_s >= 0,
+          "debug.snapshot_write_delay_s", debug.snapshot_write_delay_s, "use 0 or more seconds")
+
+
+def snapshot_root(config: TrainConfig) -> str:
+    """Where a run's snapshots live: trainer.snapshot_dir, else <run_dir>/snapshots."""
+    import os
+
+    return config.trainer.snapshot_dir or os.path.join(config.trainer.run_dir, "snapshots")
 
 
 def to_dict(config: TrainConfig) -> dict:

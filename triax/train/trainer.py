@@ -34,7 +34,7 @@ from triax.precision import Precision
 from triax.runtime import (any_rank, detect_place, gather_floats, init_distributed, mean_across_ranks,
                            pick_device, raise_together, restart_count, seed_everything)
 from triax.stragglers import StragglerCheck
-from triax.train.config import TrainConfig, to_dict
+from triax.train.config import TrainConfig, snapshot_root, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.sample_log import SampleLog
@@ -92,7 +92,7 @@ class Trainer:
                 f"one step needs {self.samples_per_step} samples (batch_size {trainer.batch_size} x "
                 f"{self.layout.dp} data-parallel ranks x grad_accum {trainer.grad_accum}) but the training "
                 f"set has {len(self.data.train)}; lower trainer.batch_size or grad_accum")
-        self.snapshot_root = trainer.snapshot_dir or os.path.join(trainer.run_dir, "snapshots")
+        self.snapshot_root = snapshot_root(config)
         # A restart by torchrun (--max-restarts) continues this job's own snapshots whatever
         # trainer.resume says: with resume=false the first attempt refused or cleared older ones.
         self.restarted = restart_count() > 0
@@ -169,6 +169,9 @@ class Trainer:
         self.save_failures = 0  # consecutive failed snapshot writes
         self.last_snapshot: str | None = None
         self.saved_step: int | None = None  # the step of the newest snapshot this process wrote or loaded
+        self.pending_save: checkpoint.PendingSnapshot | None = None  # trainer.async_save: the write in flight
+        self.pending_step: int | None = None
+        self.resume_stats: dict = {}  # bytes_read: what this rank read of the snapshot it resumed from
         self.stop_reason: str | None = None  # set when a signal stopped the run early
         self.first_step = True  # compiles and sets up lazily: the watchdog gives it the slow allowance
         self.timing = {"step": 0.0, "data": 0.0, "forward": 0.0}  # this rank's seconds in the log interval
@@ -195,14 +198,19 @@ class Trainer:
     # ---- set-up helpers ------------------------------------------------------------------------
 
     def _saved_vocab_rows(self) -> int | None:
-        """Embedding rows in the snapshot we will resume from (its vocabulary padding), if any."""
-        snapshot = checkpoint.latest_snapshot(os.path.join(self.config.trainer.run_dir, "snapshots"))
+        """Embedding rows of the model in the snapshot a resume will start from (its vocabulary
+        padding must be kept), from the snapshot's validated state; None if there is none."""
+        if not (self.config.trainer.resume or restart_count() > 0):
+            return None
+        snapshot = checkpoint.latest_snapshot(snapshot_root(self.config))
         if snapshot is None:
             return None
-        from safetensors import safe_open
-
-        with safe_open(os.path.join(snapshot, "model.safetensors"), framework="pt") as handle:
-            return handle.get_slice("tok_emb.weight").get_shape()[0] if "tok_emb.weight" in handle.keys() else None
+        try:
+            saved = checkpoint.read_state(snapshot).get("model")
+        except checkpoint.SnapshotError:
+            return None  # the resume falls back from it, and reports why
+        rows = saved.get("vocab_size") if isinstance(saved, dict) else None
+        return rows if type(rows) is int and rows > 0 else None
 
     def _total_steps(self) -> int:
         limits = []
@@ -237,15 +245,20 @@ class Trainer:
 
     def _maybe_resume(self) -> None:
         found = checkpoint.load_latest_snapshot(self.snapshot_root, self.model, self.optimizer, report=self._warn,
-                                                  **self._state_functions("apply"))
+                                                stored_name=self._stored_name(), check_state=self._check_state,
+                                                stats=self.resume_stats)
         if found is None:
             if self.restarted:
                 self.logger.print(f"restart: no snapshot in {self.snapshot_root} yet, starting from step 0")
             return
         snapshot, state = found
         self.step, self.epoch, self.sample_index = state["step"], state["epoch"], state["sample_index"]
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        try:
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.scaler.load_state_dict(state["scaler"])
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise checkpoint.SnapshotError(f"snapshot {snapshot}: its scheduler or scaler state does not fit "
+                                           f"this run ({type(error).__name__}: {error})") from None
         self.saved_step, self.last_snapshot = self.step, snapshot
         saved_world = state.get("world_size", self.world_size)
         layout = f", saved by {saved_world} process(es), now {self.world_size}" if saved_world != self.world_size else ""
@@ -257,43 +270,83 @@ class Trainer:
 
     def save(self) -> str | None:
         """Write a snapshot of this step. On a storage fault: report it, keep training, and return
-        None (the next interval retries); after trainer.max_save_failures failures in a row, raise."""
+        None (the next interval retries); after trainer.max_save_failures failures in a row, raise.
+        With trainer.async_save the write goes on in the background: this waits for the previous
+        one first (at most one in flight) and returns None until `finish_pending_save` says more."""
         trainer = self.config.trainer
-        if self.saved_step == self.step:
-            return self.last_snapshot
+        if self.saved_step == self.step or self.pending_step == self.step:
+            return self.last_snapshot if self.saved_step == self.step else None
+        self.finish_pending_save()
         state = {"epoch": self.epoch, "sample_index": self.sample_index,
                  "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                 "config": to_dict(self.config)}
+                 "config": to_dict(self.config), "model": dict(self.model_config.__dict__)}
         self._phase("snapshot", self.step)
         try:
-            path = checkpoint.save_snapshot(self.snapshot_root, self.step, self.model, self.optimizer, state,
-                                            keep_last=trainer.keep_last, **self._state_functions("gather"))
+            pending = checkpoint.start_snapshot(self.snapshot_root, self.step, self.model, self.optimizer, state,
+                                                keep_last=trainer.keep_last, stored_name=self._stored_name(),
+                                                asynchronous=trainer.async_save,
+                                                write_delay_s=self.config.debug.snapshot_write_delay_s)
         except checkpoint.SnapshotWriteError as error:
-            self.save_failures += 1
-            last_good = self.last_snapshot or "none yet"
-            if self.save_failures >= trainer.max_save_failures:
-                raise checkpoint.SnapshotWriteError(
-                    f"{error}; {self.save_failures} snapshot attempts in a row failed (trainer.max_save_failures="
-                    f"{trainer.max_save_failures}), so the run stops rather than train unprotected. Free space or "
-                    f"fix permissions at {self.snapshot_root}, then start again; last good snapshot: {last_good}") from None
-            self._warn(f"{error}; training goes on and retries at the next save "
-                       f"({self.save_failures}/{trainer.max_save_failures} failures in a row; last good "
-                       f"snapshot: {last_good})")
+            self._save_failed(error)
+            return None
+        self.pending_save, self.pending_step = pending, self.step
+        if trainer.async_save:
+            return None
+        return self.finish_pending_save()
+
+    def finish_pending_save(self) -> str | None:
+        """Wait for the snapshot in flight, if any; returns its path, or None if it failed (reported)."""
+        if self.pending_save is None:
+            return None
+        pending, step = self.pending_save, self.pending_step
+        self.pending_save = self.pending_step = None
+        try:
+            path = pending.wait()
+        except checkpoint.SnapshotWriteError as error:
+            self._save_failed(error)
             return None
         self.save_failures = 0
-        self.saved_step, self.last_snapshot = self.step, path
+        self.saved_step, self.last_snapshot = step, path
         return path
 
-    def _state_functions(self, which: str) -> dict:
-        """Pipeline ranks hold part of the model: they gather / pick their keys themselves."""
-        if not self.parallel_model.pipelined:
-            return {}
-        from triax.parallel.pipeline_checkpoint import pipeline_state_functions
+    def _save_failed(self, error: Exception) -> None:
+        trainer = self.config.trainer
+        self.save_failures += 1
+        last_good = self.last_snapshot or "none yet"
+        if self.save_failures >= trainer.max_save_failures:
+            raise checkpoint.SnapshotWriteError(
+                f"{error}; {self.save_failures} snapshot attempts in a row failed (trainer.max_save_failures="
+                f"{trainer.max_save_failures}), so the run stops rather than train unprotected. Free space or "
+                f"fix permissions at {self.snapshot_root}, then start again; last good snapshot: {last_good}") from None
+        self._warn(f"{error}; training goes on and retries at the next save "
+                   f"({self.save_failures}/{trainer.max_save_failures} failures in a row; last good "
+                   f"snapshot: {last_good})")
 
-        coords = self.layout.coordinates(self.rank)
-        leader = coords["tp"] == 0 and self.dp_rank == 0
-        gather, apply = pipeline_state_functions(self.pp_group, leader)
-        return {"gather": gather} if which == "gather" else {"apply": apply}
+    def _save_now(self) -> str | None:
+        """A snapshot of this step, complete on return (end of training, a stop request)."""
+        path = self.save()
+        return self.finish_pending_save() if path is None and self.pending_step == self.step else path
+
+    def _check_state(self, state: dict) -> None:
+        """The trainer's own keys of a snapshot's state, type-checked against this run's objects
+        (a snapshot that fails is treated as corrupt: the resume falls back to the previous one)."""
+        def count(key):
+            return type(state.get(key)) is int and state[key] >= 0
+
+        if not (count("epoch") and count("sample_index")
+                and _same_shape(state.get("scheduler"), self.scheduler.state_dict())
+                and _same_shape(state.get("scaler"), self.scaler.state_dict())
+                and isinstance(state.get("config", {}), dict)):
+            raise checkpoint.SnapshotCorruptError(
+                f"snapshot step {state.get('step')}: state.json lacks or mistypes the trainer's keys "
+                "(epoch, sample_index, scheduler, scaler)")
+
+    def _stored_name(self):
+        """Pipeline ranks hold stages in a ModuleList of parts ("<part>.<name>"): the snapshot
+        stores the plain model's names, so it does not record how the model was cut."""
+        if not self.parallel_model.pipelined:
+            return lambda key: key
+        return lambda key: key.split(".", 1)[1]
 
     # ---- the step ------------------------------------------------------------------------------
 
@@ -495,14 +548,14 @@ class Trainer:
 
     def _finish(self) -> None:
         if self.stop_reason is not None:
-            path = self.save()
+            path = self._save_now()
             if path is None:
                 raise checkpoint.SnapshotWriteError(
                     f"stopped by {self.stop_reason} after step {self.step} but its snapshot could not be written; "
                     f"a restart resumes from {self.last_snapshot or 'the beginning'}")
             self.logger.print(f"stopped by {self.stop_reason} after step {self.step}/{self.total_steps}; snapshot "
                               f"{path} holds everything needed: start the same command again to resume from it")
-        elif self.step == self.total_steps and self.save() is None:
+        elif self.step == self.total_steps and self._save_now() is None:
             raise checkpoint.SnapshotWriteError(f"training finished but the final snapshot could not be written to "
                                                 f"{self.snapshot_root}; last good snapshot: {self.last_snapshot}")
 
@@ -573,6 +626,20 @@ class Trainer:
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
         return " | ".join(parts)
+
+
+def _same_shape(saved, current) -> bool:
+    """Whether JSON `saved` has the keys and value types of `current` (a state_dict of ours)."""
+    if isinstance(current, dict):
+        return (isinstance(saved, dict) and set(saved) == {str(key) for key in current}
+                and all(_same_shape(saved[str(key)], value) for key, value in current.items()))
+    if isinstance(current, (list, tuple)):
+        return isinstance(saved, list) and len(saved) == len(current) and all(map(_same_shape, saved, current))
+    if isinstance(current, bool) or current is None:
+        return type(saved) is type(current)
+    if isinstance(current, (int, float)):
+        return type(saved) in (int, float)
+    return isinstance(saved, type(current))
 
 
 def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:

@@ -1,0 +1,189 @@
+"""Tensor shards through torch.distributed.checkpoint (DCP), stored without pickle.
+
+DCP plans who writes what (each rank its own shards; replicated tensors once) and, on load, who
+reads which byte ranges to fill whatever layout the model has now (resharding). Its stock file
+storage pickles its metadata and reads tensors with torch.load; this storage writes each rank's
+shards as raw bytes into `shards/rank_NNNNN.bin` and the metadata as JSON (`shards.json`), with
+the sha256 of every chunk, so a reader verifies exactly the bytes it reads and never unpickles.
+
+    shards.json = {"tensors": {key: {"dtype": "float32", "size": [...], "chunks": [
+                       {"offsets": [...], "sizes": [...], "file": "shards/rank_00001.bin",
+                        "offset": 0, "bytes": 4096, "sha256": "..."}, ...]}},
+                   "files": {"shards/rank_00001.bin": {"bytes": ..., "sha256": ...}}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Callable
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from triax.checkpoint.storage import Store
+
+SHARDS_METADATA = "shards.json"
+DTYPES = {name: getattr(torch, name) for name in (
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def shard_file(rank: int) -> str:
+    return f"shards/rank_{rank:05d}.bin"
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The raw little-endian bytes of a CPU tensor, any dtype (bf16 included)."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def tensor_from_bytes(data: bytes, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+class ShardWriter(StorageWriter):
+    """Each rank writes the items DCP planned for it into one file of the staging directory.
+    `on_finish(shards_json_bytes)` runs on the coordinator once every rank's file is durable."""
+
+    def __init__(self, store: Store, directory: str, on_finish: Callable[[bytes], None], write_delay_s: float = 0.0):
+        super().__init__()
+        self.store, self.directory, self.on_finish = store, directory, on_finish
+        self.write_delay_s = write_delay_s
+        self.rank = 0
+
+    def reset(self, checkpoint_id=None) -> None:
+        pass
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        self.rank = kwargs.get("rank", 0) or 0
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def write_data(self, plan, planner) -> Future:
+        relative = shard_file(self.rank)
+        results, offset, whole = [], 0, hashlib.sha256()
+        items = [item for item in plan.items]
+        if any(item.type == WriteItemType.BYTE_IO for item in items):
+            raise TypeError("a snapshot stores tensors only; non-tensor state belongs in its JSON state")
+        if items:
+            with self.store.open_new(self.store.join(self.directory, *relative.split("/"))) as handle:
+                for item in items:
+                    tensor = planner.resolve_data(item)
+                    data = tensor_bytes(tensor.detach().cpu())
+                    handle.write(data)
+                    whole.update(data)
+                    results.append(WriteResult(index=item.index, size_in_bytes=len(data), storage_data={
+                        "file": relative, "offset": offset, "bytes": len(data),
+                        "sha256": hashlib.sha256(data).hexdigest()}))
+                    offset += len(data)
+                self.store.flush_and_sync(handle)
+            for result in results:
+                result.storage_data["file_bytes"] = offset
+                result.storage_data["file_sha256"] = whole.hexdigest()
+        if self.write_delay_s > 0:
+            time.sleep(self.write_delay_s)
+        future: Future = Future()
+        future.set_result(results)
+        return future
+
+    def finish(self, metadata: Metadata, results) -> None:
+        stored = {result.index: result.storage_data for per_rank in results for result in per_rank}
+        tensors, files = {}, {}
+        for key, entry in metadata.state_dict_metadata.items():
+            if not isinstance(entry, TensorStorageMetadata):
+                raise TypeError(f"a snapshot stores tensors only, not {key!r}")
+            chunks = []
+            for chunk in entry.chunks:
+                where = stored[MetadataIndex(key, chunk.offsets)]
+                chunks.append({"offsets": list(chunk.offsets), "sizes": list(chunk.sizes), "file": where["file"],
+                               "offset": where["offset"], "bytes": where["bytes"], "sha256": where["sha256"]})
+                files[where["file"]] = {"bytes": where["file_bytes"], "sha256": where["file_sha256"]}
+            tensors[key] = {"dtype": DTYPE_NAMES[entry.properties.dtype], "size": list(entry.size),
+                            "chunks": chunks}
+        self.on_finish(json.dumps({"tensors": tensors, "files": files}, separators=(",", ":")).encode())
+
+    def storage_meta(self):
+        return None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return False
+
+
+class ShardReader(StorageReader):
+    """Reads the chunks DCP's load plan asks for from a snapshot that `snapshot_reader` (a
+    triax.checkpoint.reader.SnapshotReader) has already validated; every chunk read is checked
+    against its sha256. Counts the bytes it reads."""
+
+    def __init__(self, snapshot_reader):
+        super().__init__()
+        self.snapshot = snapshot_reader
+        self.bytes_read = 0
+
+    def reset(self, checkpoint_id=None) -> None:
+        pass
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        entries, storage = {}, {}
+        for key, entry in self.snapshot.shards["tensors"].items():
+            dtype = DTYPES[entry["dtype"]]
+            chunks = []
+            for chunk in entry["chunks"]:
+                chunks.append(ChunkStorageMetadata(offsets=torch.Size(chunk["offsets"]), sizes=torch.Size(chunk["sizes"])))
+                storage[MetadataIndex(key, chunk["offsets"])] = chunk
+            entries[key] = TensorStorageMetadata(properties=TensorProperties(dtype=dtype),
+                                                 size=torch.Size(entry["size"]), chunks=chunks)
+        return Metadata(state_dict_metadata=entries, storage_data=storage)
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args, **kwargs) -> None:
+        # Every rank maps chunks from its own validated copy, not from the coordinator's broadcast.
+        self.storage = self.read_metadata().storage_data
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def read_data(self, plan, planner) -> Future:
+        for request in plan.items:
+            if request.type == LoadItemType.BYTE_IO:
+                raise TypeError("a snapshot holds tensors only")
+            key = request.storage_index.fqn
+            chunk = self.storage[MetadataIndex(key, request.storage_index.offset)]
+            tensor = self.read_chunk(key, chunk)
+            for dim, (start, length) in enumerate(zip(request.storage_offsets, request.lengths)):
+                tensor = tensor.narrow(dim, start, length)
+            target = planner.resolve_tensor(request).detach()
+            target.copy_(tensor)
+            planner.commit_tensor(request, target)
+        future: Future = Future()
+        future.set_result(None)
+        return future
+
+    def read_chunk(self, key: str, chunk: dict) -> torch.Tensor:
+        data = self.snapshot.read_chunk(chunk)
+        self.bytes_read += len(data)
+        return tensor_from_bytes(data, DTYPES[self.snapshot.shards["tensors"][key]["dtype"]], chunk["sizes"])
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return False
