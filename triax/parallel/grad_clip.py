@@ -37,10 +37,15 @@ def clip_grad_norm(parameters, max_norm: float, pp_group=None) -> torch.Tensor:
     for group in groups.values():
         norm = torch.nn.utils.get_total_norm(group, norm_type=2.0, foreach=None)
         if isinstance(norm, DTensor):
+            if norm.device.type != norm.device_mesh.device_type:
+                # CPU-offloaded FSDP shards on a GPU mesh: the collective runs on the mesh's device.
+                norm = DTensor.from_local(norm.to_local().to(norm.device_mesh.device_type), norm.device_mesh,
+                                          norm.placements, run_check=False)
             norm = norm.full_tensor()
         squares.append(norm.float() ** 2)
     device = grads[0].device if grads else torch.device("cpu")
-    total_sq = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
+    total_sq = (torch.stack([square.to(squares[0].device) for square in squares]).sum() if squares
+                else torch.zeros((), device=device))
     if pp_group is not None:
         dist.all_reduce(total_sq, group=pp_group)
     total = total_sq.sqrt()

@@ -125,10 +125,15 @@ def export_main(argv: list[str]) -> int:
     model, vocab, snapshot = load_run_model(args.run_dir)
     # Plain tensors with plain names, and the architecture and vocabulary as string metadata:
     # loadable with safetensors alone, no triax classes needed.
-    metadata = {"format": "pt", "triax_model": json.dumps(model.config.__dict__)}
+    # A vocabulary padded for tensor parallelism is written without its padding rows: the file
+    # holds the model's true shape (the rows are zero and masked out, so nothing is lost).
+    config = dict(model.config.__dict__, padded_vocab_size=None)
+    metadata = {"format": "pt", "triax_model": json.dumps(config)}
     if vocab is not None:
         metadata["triax_vocab"] = vocab.to_json()
-    tensors = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+    vocab_size = model.config.vocab_size
+    tensors = {name: (tensor[:vocab_size] if name in ("tok_emb.weight", "lm_head.weight") else tensor)
+               .detach().clone().contiguous() for name, tensor in model.state_dict().items()}
     directory = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(directory):
         raise TriaxError(f"the directory of {args.output!r} does not exist")

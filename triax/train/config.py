@@ -84,6 +84,7 @@ class ParallelConfig:
     bucket_mb: float = 25.0  # gradient all-reduce bucket size in MB (DDP)
     grad_compression: str = "none"  # none | bf16 | fp16 | powersgd: gradients on the wire
     powersgd_rank: int = 2  # rank of PowerSGD's low-rank approximation
+    cpu_offload: bool = False  # FSDP keeps parameter shards, gradients and optimizer state in host memory (needs dp_shard > 1)
 
 
 @dataclass
