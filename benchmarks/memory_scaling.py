@@ -40,7 +40,7 @@ print = functools.partial(print, flush=True)  # noqa: A001 - progress shows up w
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-MARK = "MEMORY_SCALING "
+RECORDS_ENV = "MEMORY_SCALING_RECORDS"  # the directory where each rank writes its records
 PHASES = ("construct", "step", "save", "resume")
 GIB = 1024 ** 3
 
@@ -99,7 +99,9 @@ def _local_bytes(tensor) -> int:
 
 
 def _report(rank: int, **values) -> None:
-    print(MARK + json.dumps({"rank": rank, **values}))
+    # One file per rank: lines that several ranks print at once would interleave on stdout.
+    with open(os.path.join(os.environ[RECORDS_ENV], f"rank{rank}.jsonl"), "a") as handle:
+        handle.write(json.dumps({"rank": rank, **values}) + "\n")
 
 
 def worker_baseline() -> None:
@@ -174,13 +176,15 @@ def _planned(trainer) -> dict:
 def launch(nproc: int, worker_args: list[str], timeout: float) -> list[dict]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                os.path.abspath(__file__), *worker_args]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    records = [json.loads(line.split(MARK, 1)[1]) for line in result.stdout.splitlines() if MARK in line]
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(worker_args[:2])} with {nproc} process(es) failed:\n{result.stderr[-3000:]}")
-    return records
+    with tempfile.TemporaryDirectory(prefix="triax_memory_records_") as records_dir:
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env[RECORDS_ENV] = records_dir
+        env.setdefault("OMP_NUM_THREADS", "1")
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+        if result.returncode != 0:
+            raise SystemExit(f"{' '.join(worker_args[:2])} with {nproc} process(es) failed:\n{result.stderr[-3000:]}")
+        return [json.loads(line) for name in sorted(os.listdir(records_dir))
+                for line in open(os.path.join(records_dir, name))]
 
 
 def machine() -> str:
@@ -242,9 +246,10 @@ def report(rows, phases) -> None:
     step = next((r for _, _, records in rows for r in records if r["phase"] == "step"), None)
     num_params = step["num_params"] if step else None
     single = {}
+    on_device = any("peak_device" in r for _, _, records in rows for r in records)
     print()
     print(f"{'phase':<10} {'N':>2} {'peak/rank GiB (min..max)':>25} {'ideal GiB':>10} {'peak/ideal':>10} "
-          f"{'vs N=1':>7} {'seconds':>8}  device GiB")
+          f"{'vs N=1':>7} {'seconds':>8}" + ("  device GiB" if on_device else ""))
     for n, bare, records in rows:
         ready = max((r["peak_rss"] for r in records if r["phase"] == "ready"), default=0)
         for phase in phases:
@@ -258,7 +263,7 @@ def report(rows, phases) -> None:
             device = max((r.get("peak_device", 0) for r in of_phase), default=0) / GIB
             seconds = max(r.get("seconds", 0.0) for r in of_phase)
             print(f"{phase:<10} {n:>2} {min(peaks):>12.2f} .. {worst:<10.2f} {ideal:>10.2f} {worst / ideal:>10.2f} "
-                  f"{worst / single[phase]:>7.2f} {seconds:>8.1f}  {device:.2f}" +
+                  f"{worst / single[phase]:>7.2f} {seconds:>8.1f}" + (f"  {device:.2f}" if on_device else "") +
                   ("" if all(r.get("exact", True) for r in of_phase) else "  (sampled)"))
         print(f"{'':<10} {n:>2} baseline: bare python+torch+gloo {bare / GIB:.2f} GiB, "
               f"with triax imported and config composed {ready / GIB:.2f} GiB")

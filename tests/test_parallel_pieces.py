@@ -56,6 +56,11 @@ def test_stages_keep_global_names_and_compose_to_the_model():
     assert "layers.3.mlp.up_proj.weight" in stages[1].state_dict()
     assert stages[0].lm_head is None and stages[1].tok_emb is None
     torch.testing.assert_close(stages[1](stages[0](x)), expected, rtol=0, atol=0)
+    # Cut from an existing model, the stages hold copies of its weights.
+    torch.manual_seed(0)
+    other = GPT(CONFIG)
+    cut = [module for rank in range(2) for _, module in build_stage_modules(other, rank, 2, "1f1b")]
+    torch.testing.assert_close(cut[1](cut[0](x)), other(x), rtol=0, atol=0)
 
 
 def test_interleaved_ranks_hold_two_looped_stages():

@@ -55,16 +55,30 @@ def stage_ids_for_rank(pp_rank: int, pp: int, schedule: str) -> list[int]:
     return list(range(pp_rank, num_stages(pp, schedule), pp))
 
 
-def build_stage_modules(config: GPTConfig, pp_rank: int, pp: int, schedule: str,
+def build_stage_modules(config: GPTConfig | GPT, pp_rank: int, pp: int, schedule: str,
                         balance: list[int] | None = None, seed: int | None = None) -> list[tuple[int, nn.Module]]:
     """(stage index, module) for each stage this rank runs; each module is a GPT holding only its
-    stage's parts. Built wherever torch's default device points (the meta device, for sharded
-    construction: nothing is allocated until the layout is applied)."""
+    stage's parts. From a config, they are built wherever torch's default device points (the meta
+    device, for sharded construction: nothing is allocated until the layout is applied). From an
+    existing GPT, each stage is a new module holding copies of that model's stage weights."""
+    source = config if isinstance(config, nn.Module) else None
+    config = source.config if source is not None else config
     total = num_stages(pp, schedule)
     ranges = split_layers(config.n_layer, total, balance)
-    return [(stage_id, GPT(config, layers=ranges[stage_id], embeddings=stage_id == 0, head=stage_id == total - 1,
-                           seed=seed))
-            for stage_id in stage_ids_for_rank(pp_rank, pp, schedule)]
+    stages = []
+    for stage_id in stage_ids_for_rank(pp_rank, pp, schedule):
+        parts = dict(layers=ranges[stage_id], embeddings=stage_id == 0, head=stage_id == total - 1)
+        if source is None:
+            stages.append((stage_id, GPT(config, seed=seed, **parts)))
+            continue
+        reference = next(source.parameters())
+        with torch.device("meta"):
+            stage = GPT(config, **parts).to(reference.dtype)
+        weights = source.state_dict()
+        stage.to_empty(device=reference.device)
+        stage.load_state_dict({name: weights[name] for name in stage.state_dict()})
+        stages.append((stage_id, stage))
+    return stages
 
 
 def build_schedule(stage_modules: list[tuple[int, nn.Module]], pp: int, schedule: str, microbatches: int,
