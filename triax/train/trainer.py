@@ -132,7 +132,7 @@ class Trainer:
         # pipeline rank holds only stages of it and evaluates through the schedule instead.
         self.raw_model = None if self.parallel_model.pipelined else unwrap(self.model)
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
-        # ...then a different stream per rank, so dropout masks differ across ranks.
+        # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
 
         optim = config.optim
