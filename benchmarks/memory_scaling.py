@@ -106,7 +106,6 @@ def _report(rank: int, **values) -> None:
 
 def worker_baseline() -> None:
     """A bare python + torch + gloo process: the fixed cost every rank pays."""
-    import torch  # noqa: F401
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
