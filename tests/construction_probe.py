@@ -32,14 +32,17 @@ def local(tensor):
 
 
 def main():
+    report_dir, overrides = sys.argv[1], sys.argv[2:]
     gpt.GPT.__init__ = recording_init
-    trainer = Trainer(compose_config(sys.argv[1:]))
+    trainer = Trainer(compose_config(overrides))
     params = list(trainer.model.parameters())
     report = {"rank": trainer.rank, "built": built, "local_values": sum(local(p).numel() for p in params),
               "total_values": trainer.num_params + trainer.model_config.block_size * trainer.model_config.n_embd,
               "all_materialized": not any(local(p).is_meta for p in params),
               "pp_rank": trainer.layout.coordinates(trainer.rank)["pp"]}
-    print("PROBE " + json.dumps(report), flush=True)
+    # One file per rank (lines printed by several ranks at once can interleave); the first argument is the directory.
+    with open(os.path.join(report_dir, f"rank{trainer.rank}.json"), "w") as handle:
+        json.dump(report, handle)
     shutdown_distributed()
 
 

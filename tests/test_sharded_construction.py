@@ -150,8 +150,11 @@ def test_no_rank_builds_the_whole_model(tmp_path, corpus):
     # its own stage; afterwards each rank holds half its stage (FSDP x 2), all of it allocated.
     args = overrides(tmp_path, corpus, 4, **{"model.n_layer": 4, "parallel.pp": 2, "parallel.dp_shard": 2,
                                                "parallel.pp_microbatches": 2})
-    result = run_torchrun(4, [os.path.join(os.path.dirname(__file__), "construction_probe.py"), *args], timeout=300)
-    reports = [json.loads(line.split("PROBE ", 1)[1]) for line in result.stdout.splitlines() if "PROBE " in line]
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir()
+    run_torchrun(4, [os.path.join(os.path.dirname(__file__), "construction_probe.py"), str(report_dir), *args],
+                 timeout=300)
+    reports = [json.loads(path.read_text()) for path in report_dir.iterdir()]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
     for report in reports:
         stages = [b for b in report["built"] if b["by"] != "trainer.py"]  # the trainer's own is a meta description
