@@ -46,22 +46,29 @@ def test_split_layers_even_and_balanced():
 
 
 def test_stages_keep_global_names_and_compose_to_the_model():
-    torch.manual_seed(0)
-    model = GPT(CONFIG)
+    # Each stage is built on its own (no copy of the whole model) from the same seed: together they
+    # hold exactly the full model's parameters, with its names and its initial values.
+    model = GPT(CONFIG, seed=7)
     x = torch.randint(0, 28, (2, 16))
     expected = model(x)
-    stages = [module for rank in range(2) for _, module in build_stage_modules(model, rank, 2, "1f1b")]
+    stages = [module for rank in range(2) for _, module in build_stage_modules(CONFIG, rank, 2, "1f1b", seed=7)]
     assert set(stages[0].state_dict()) | set(stages[1].state_dict()) == set(model.state_dict())
     assert "layers.3.mlp.up_proj.weight" in stages[1].state_dict()
     assert stages[0].lm_head is None and stages[1].tok_emb is None
-    torch.testing.assert_close(stages[1](stages[0](x)), expected)
+    torch.testing.assert_close(stages[1](stages[0](x)), expected, rtol=0, atol=0)
+    # Cut from an existing model, the stages hold copies of its weights.
+    torch.manual_seed(0)
+    other = GPT(CONFIG)
+    cut = [module for rank in range(2) for _, module in build_stage_modules(other, rank, 2, "1f1b")]
+    torch.testing.assert_close(cut[1](cut[0](x)), other(x), rtol=0, atol=0)
 
 
 def test_interleaved_ranks_hold_two_looped_stages():
-    model = GPT(CONFIG)
-    held = build_stage_modules(model, 0, 2, "interleaved_1f1b")
+    with torch.device("meta"):
+        held = build_stage_modules(CONFIG, 0, 2, "interleaved_1f1b")
     assert [stage_id for stage_id, _ in held] == [0, 2]
     assert list(held[1][1].layers.keys()) == ["2"]
+    assert all(p.is_meta for _, stage in held for p in stage.parameters())
 
 
 def test_plan_counts_a_pipeline_stage_exactly():
@@ -69,7 +76,8 @@ def test_plan_counts_a_pipeline_stage_exactly():
     shape = ModelShape(4, 2, 32, 28, 16)
     assert shape.num_params() == sum(p.numel() for p in model.parameters())
     for rank in range(2):
-        (_, stage), = build_stage_modules(model, rank, 2, "1f1b")
+        with torch.device("meta"):
+            (_, stage), = build_stage_modules(CONFIG, rank, 2, "1f1b")
         counted = local_parameter_count(shape, Layout(pp=2), "1f1b", stage=rank)
         assert counted == sum(p.numel() for p in stage.parameters())
 

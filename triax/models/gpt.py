@@ -8,6 +8,7 @@ is a description of itself that those plans need (`flops_per_token`, the layer l
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from triax.errors import ConfigError
+from triax.models.init import init_constant, init_normal
 
 # (n_layer, n_head, n_embd), as in minGPT.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -40,12 +42,20 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_embeddings: bool = False
+    # Rows of the embedding and head when the vocabulary is padded (to a multiple of the tensor-
+    # parallel degree, so it splits evenly); None: no padding. Padding rows start at zero, their
+    # logits are masked out, so they never take probability, gradient or a sampled id.
+    padded_vocab_size: int | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
+        if self.padded_vocab_size is not None and (not isinstance(self.padded_vocab_size, int)
+                                                   or self.padded_vocab_size < self.vocab_size):
+            raise ConfigError(f"padded_vocab_size must be an integer >= vocab_size={self.vocab_size}, "
+                              f"got {self.padded_vocab_size!r}")
         if self.n_embd % self.n_head != 0:
             raise ConfigError(f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}; "
                               f"choose n_embd as a multiple of n_head")
@@ -58,6 +68,11 @@ class GPTConfig:
             raise ConfigError(f"unknown model preset {name!r}; presets are: {', '.join(PRESETS)}")
         n_layer, n_head, n_embd = PRESETS[name]
         return cls(n_layer=n_layer, n_head=n_head, n_embd=n_embd, **kwargs)
+
+    @property
+    def vocab_rows(self) -> int:
+        """Rows of the token embedding and the head (the vocabulary with its padding)."""
+        return self.padded_vocab_size or self.vocab_size
 
 
 class CausalSelfAttention(nn.Module):
@@ -116,45 +131,92 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class GPT(nn.Module):
-    """Token ids (batch, seq) -> logits (batch, seq, vocab)."""
+class PaddedVocabMask(nn.Module):
+    """Gives the logits of padding rows the lowest value, so softmax assigns them exactly zero
+    probability: the loss, the gradients and sampling are those of the unpadded vocabulary."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        # The vocabulary id of this process's first logit column: tensor parallelism may leave the
+        # logits sharded over the vocabulary (see triax.parallel.tensor_parallel).
+        self.first_id = 0
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        ids = torch.arange(self.first_id, self.first_id + logits.shape[-1], device=logits.device)
+        return logits.masked_fill(ids >= self.vocab_size, torch.finfo(logits.dtype).min)
+
+
+class GPT(nn.Module):
+    """Token ids (batch, seq) -> logits (batch, seq, vocab).
+
+    `layers`, `embeddings`, `head`: build only part of the model (a pipeline stage): those layer
+    numbers, with or without the embeddings and the final LayerNorm + head. Parameter names stay
+    the full model's. `seed`: the initial weights are a function of (seed, parameter name) only
+    (triax.models.init), so a part, a shard or the whole model built from one seed agree; None
+    draws the seed from torch's global generator (so torch.manual_seed still decides it). Built
+    on the meta device, nothing is initialised: materialise with `to_empty`, then `init_weights`.
+    """
+
+    def __init__(self, config: GPTConfig, layers: Iterable[int] | None = None, embeddings: bool = True,
+                 head: bool = True, seed: int | None = None):
         super().__init__()
         self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
+        rows = config.vocab_rows
+        self.tok_emb = nn.Embedding(rows, config.n_embd) if embeddings else None
+        self.pos_emb = nn.Embedding(config.block_size, config.n_embd) if embeddings else None
         self.drop = nn.Dropout(config.dropout)
-        # A ModuleDict keyed by layer number, not a ModuleList: a pipeline stage can delete the
-        # layers it does not own and keep the others' names ("layers.5"), so checkpoints written
-        # by any layout share one set of parameter names.
-        self.layers = nn.ModuleDict({str(i): Block(config) for i in range(config.n_layer)})
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.init_weights()
-        if config.tie_embeddings:
+        # A ModuleDict keyed by layer number, not a ModuleList: a pipeline stage holds only some
+        # layers and keeps their names ("layers.5"), so checkpoints written by any layout share
+        # one set of parameter names.
+        numbers = range(config.n_layer) if layers is None else layers
+        self.layers = nn.ModuleDict({str(i): Block(config) for i in numbers})
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias) if head else None
+        self.lm_head = nn.Linear(config.n_embd, rows, bias=False) if head else None
+        self.vocab_mask = PaddedVocabMask(config.vocab_size) if head and rows > config.vocab_size else None
+        if config.tie_embeddings and embeddings and head:
             self.lm_head.weight = self.tok_emb.weight
+        if not any(p.is_meta for p in self.parameters()):
+            self.init_weights(seed)
 
-    def init_weights(self) -> None:
+    def init_weights(self, seed: int | None = None) -> None:
         """GPT-2 initialisation: N(0, 0.02), and residual projections scaled by 1/sqrt(2 * n_layer)
-        so the residual stream's variance does not grow with depth."""
+        so the residual stream's variance does not grow with depth; padding rows of the vocabulary
+        zero. Fills whatever part of each parameter this process holds (plain or DTensor shard)."""
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+        if self.config.tie_embeddings and self.tok_emb is not None and self.lm_head is not None:
+            # Materialising from the meta device (to_empty) gives each module its own tensor: tie again.
+            self.lm_head.weight = self.tok_emb.weight
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
-        for module in self.modules():
+        vocab = self.config.vocab_size
+        done = set()
+        for module_name, module in self.named_modules():
+            prefix = module_name + "." if module_name else ""
             if isinstance(module, nn.Linear):
                 std = residual_std if getattr(module, "residual_projection", False) else 0.02
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+                weights = [(module.weight, std, vocab if module is self.lm_head else None)]
+                biases = [module.bias]
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                weights = [(module.weight, 0.02, vocab if module is self.tok_emb else None)]
+                biases = []
             elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+                weights, biases = [], [module.bias]
+                if module.weight is not None:
+                    init_constant(module.weight, 1.0)
+            else:
+                continue
+            for weight, std, drawn_rows in weights:
+                if id(weight) not in done:  # a tied weight: initialised once, by its first name
+                    done.add(id(weight))
+                    init_normal(weight, seed, prefix + "weight", std, drawn_rows)
+            for bias in biases:
+                if bias is not None:
+                    init_constant(bias, 0.0)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        # Each stage of a pipeline-parallel split may lack tok_emb / ln_f / lm_head (set to None);
-        # it then takes or returns hidden states instead of ids or logits.
+        # A pipeline stage may lack the embeddings (it then takes hidden states instead of ids) or
+        # the final LayerNorm and head (it then returns hidden states instead of logits).
         if self.tok_emb is not None:
             seq = idx.shape[1]
             if seq > self.config.block_size:
@@ -169,6 +231,8 @@ class GPT(nn.Module):
             x = self.ln_f(x)
         if self.lm_head is not None:
             x = self.lm_head(x)
+        if self.vocab_mask is not None:
+            x = self.vocab_mask(x)
         return x
 
     def num_params(self, exclude_position: bool = True) -> int:

@@ -4,13 +4,19 @@ Each transformer block is its own FSDP unit, so its parameters are all-gathered 
 forward/backward and freed after; the root unit holds the embeddings, final LayerNorm and head.
 With a (dp_replicate, dp_shard) mesh FSDP2 shards within a group and replicates across groups
 (HSDP): all-gathers stay inside a node while gradients are also all-reduced between nodes.
+
+With `cpu_offload` (ZeRO-Offload's idea, by FSDP2's CPUOffloadPolicy) the sharded parameters,
+their gradients and therefore the optimizer state live in host memory: each unit's parameters are
+copied to the device for its forward/backward, gradients go back to the host after the
+reduce-scatter, and the optimizer steps on the CPU. Device memory then holds only the gathered
+units in use and the activations.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from triax.precision import Precision
 
@@ -25,19 +31,26 @@ def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def apply_fsdp(model: nn.Module, dp_mesh, precision: Precision, reshard_after_forward: bool = True) -> nn.Module:
+def apply_fsdp(model: nn.Module, dp_mesh, precision: Precision, reshard_after_forward: bool = True,
+               cpu_offload: bool = False) -> nn.Module:
     """Shard `model` (a GPT or a pipeline stage of one) over `dp_mesh` in place.
+
+    Works on a model on the meta device too (then materialise it with `to_empty` on the device
+    `sharded_parameter_device` names, and initialise it): only this rank's shards are allocated.
 
     `reshard_after_forward=False` keeps the gathered parameters between forward and backward:
     a pipeline runs several micro-batches' forwards before their backwards, and re-gathering for
     each would multiply the all-gather traffic.
     """
     policy = mixed_precision_policy(precision)
+    # Pinned host memory makes the host-to-device copies asynchronous; there is none without a GPU.
+    offload = CPUOffloadPolicy(pin_memory=dp_mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+                    offload_policy=offload)
     # The root unit: whatever the blocks did not take (embeddings, ln_f, head). The head's output is
     # the last thing forward needs, so there is nothing to gain by freeing it early.
-    fully_shard(model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False, offload_policy=offload)
     return model
 
 
@@ -54,3 +67,8 @@ def apply_fsdp_by_blocks(model: nn.Module, dp_mesh, precision: Precision) -> nn.
                     fully_shard(block, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
     return model
+
+
+def sharded_parameter_device(device: torch.device, cpu_offload: bool) -> torch.device:
+    """Where FSDP keeps this rank's parameter shards: in host memory when offloaded."""
+    return torch.device("cpu") if cpu_offload else device

@@ -40,15 +40,19 @@ def clip_grad_norm(parameters, max_norm: float, pp_group=None, norm_type: float 
     for group in groups.values():
         norm = torch.nn.utils.get_total_norm(group, norm_type=norm_type, foreach=None)
         if isinstance(norm, DTensor):
+            if norm.device.type != norm.device_mesh.device_type:
+                # CPU-offloaded FSDP shards on a GPU mesh: the collective runs on the mesh's device.
+                norm = DTensor.from_local(norm.to_local().to(norm.device_mesh.device_type), norm.device_mesh,
+                                          norm.placements, run_check=False)
             norm = norm.full_tensor()
         parts.append(norm.float() if math.isinf(norm_type) else norm.float() ** norm_type)
     device = grads[0].device if grads else torch.device("cpu")
     if math.isinf(norm_type):
-        total = torch.stack(parts).max() if parts else torch.zeros((), device=device)
+        total = torch.stack([part.to(parts[0].device) for part in parts]).max() if parts else torch.zeros((), device=device)
         if pp_group is not None:
             dist.all_reduce(total, op=dist.ReduceOp.MAX, group=pp_group)
     else:
-        total_powers = torch.stack(parts).sum() if parts else torch.zeros((), device=device)
+        total_powers = torch.stack([part.to(parts[0].device) for part in parts]).sum() if parts else torch.zeros((), device=device)
         if pp_group is not None:
             dist.all_reduce(total_powers, group=pp_group)
         total = total_powers.sqrt() if norm_type == 2.0 else total_powers ** (1.0 / norm_type)

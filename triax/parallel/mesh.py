@@ -98,8 +98,9 @@ def pipeline_microbatches(requested: int, pp: int) -> int:
 def validate_layout(layout: Layout, *, n_layer: int, n_head: int, block_size: int, batch_size: int,
                     grad_accum: int = 1, pp_schedule: str = "1f1b", pp_microbatches: int = 0,
                     pp_balance: list[int] | None = None, activation_checkpointing: str = "none",
-                    tie_embeddings: bool = False) -> None:
+                    tie_embeddings: bool = False, cpu_offload: bool = False) -> None:
     """Every check a layout must pass for a GPT of this shape; raises ConfigError naming the key."""
+    check_cpu_offload(layout, cpu_offload)
     if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
         raise ConfigError(f"parallel.activation_checkpointing={activation_checkpointing!r} is unknown; "
                           f"choose one of {', '.join(ACTIVATION_CHECKPOINTING)}")
@@ -147,6 +148,15 @@ def validate_layout(layout: Layout, *, n_layer: int, n_head: int, block_size: in
         if micro % rounds != 0 or micro < layout.pp:
             raise ConfigError(f"parallel.pp_schedule={pp_schedule} needs a multiple of pp={layout.pp} micro-batches, "
                               f"got parallel.pp_microbatches={micro}; use e.g. {2 * layout.pp}")
+
+
+def check_cpu_offload(layout: Layout, cpu_offload: bool) -> None:
+    """CPU offload is FSDP's (parameters, gradients and optimizer state of the shards in host
+    memory): it needs a layout that shards parameters."""
+    if cpu_offload and layout.dp_shard == 1:
+        raise ConfigError(f"parallel.cpu_offload=true needs FSDP sharding, but parallel.dp_shard=1 (layout: "
+                          f"{layout.describe()}); set parallel.dp_shard > 1 (or -1 for all processes), "
+                          "or parallel.cpu_offload=false")
 
 
 def num_stages(pp: int, pp_schedule: str) -> int:

@@ -1,5 +1,12 @@
-"""Apply a layout to a plain GPT: tensor parallel, activation checkpointing, compile, then data
-parallel (FSDP2 / HSDP / DDP) — always in this order (docs/architecture.md) — on each pipeline stage.
+"""Build a GPT in a layout: tensor parallel, activation checkpointing, compile, then data parallel
+(FSDP2 / HSDP / DDP) — always in this order (docs/architecture.md) — on each pipeline stage.
+
+Sharded construction: each rank builds only its pipeline stages, on the meta device (no memory),
+applies tensor parallelism and FSDP there, and only then allocates its own shards (`to_empty`)
+and initialises them. Initial values are a function of (seed, parameter name) and each rank
+draws just its slice (triax.models.init), so every layout starts from the single-process weights
+and no rank ever holds the whole model unless its layout says so. DDP needs real tensors (it
+broadcasts them at wrapping), so replicated layouts materialise before it.
 
 Why this order: FSDP must wrap modules whose parameters are already DTensors sharded by TP (it
 then shards them again over the data-parallel mesh: 2-D parameters); checkpointing and compile
@@ -13,9 +20,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from triax.models.gpt import GPT, GPTConfig
 from triax.parallel.activation_checkpoint import apply_activation_checkpointing
 from triax.parallel.compile import apply_compile
-from triax.parallel.mesh import Layout, pipeline_microbatches
+from triax.parallel.mesh import Layout, check_cpu_offload, pipeline_microbatches
 from triax.precision import Precision
 
 
@@ -50,10 +58,16 @@ def data_parallel_kind(layout: Layout) -> str:
     return "none"
 
 
+def _materialize(part: nn.Module, device: torch.device, seed: int) -> None:
+    """Allocate this rank's part of every parameter (only its shards once sharded) and initialise it."""
+    part.to_empty(device=device)
+    part.init_weights(seed)
+
+
 def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precision, parallel,
-                      device: torch.device, loss_parallel: bool) -> nn.Module:
+                      device: torch.device, loss_parallel: bool, seed: int) -> nn.Module:
     from triax.parallel.ddp import apply_ddp
-    from triax.parallel.fsdp import apply_fsdp
+    from triax.parallel.fsdp import apply_fsdp, sharded_parameter_device
     from triax.parallel.tensor_parallel import apply_tensor_parallel
 
     if layout.tp > 1:
@@ -62,35 +76,44 @@ def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precisio
     if parallel.compile:
         apply_compile(part)
     kind = data_parallel_kind(layout)
-    if kind == "fsdp":
-        return apply_fsdp(part, mesh["dp_shard"], precision, reshard_after_forward=layout.pp == 1)
-    if kind == "hsdp":
-        return apply_fsdp(part, mesh["dp_replicate", "dp_shard"], precision, reshard_after_forward=layout.pp == 1)
+    cpu_offload = parallel.cpu_offload
+    if kind in ("fsdp", "hsdp"):
+        dp_mesh = mesh["dp_shard"] if kind == "fsdp" else mesh["dp_replicate", "dp_shard"]
+        apply_fsdp(part, dp_mesh, precision, reshard_after_forward=layout.pp == 1, cpu_offload=cpu_offload)
+        _materialize(part, sharded_parameter_device(device, cpu_offload), seed)
+        return part
+    _materialize(part, device, seed)
     if kind == "ddp":
         return apply_ddp(part, device, process_group=mesh["dp_replicate"].get_group(), bucket_mb=parallel.bucket_mb,
                          grad_compression=parallel.grad_compression, powersgd_rank=parallel.powersgd_rank)
     return part
 
 
-def parallelize(full_model: nn.Module, layout: Layout, mesh, precision: Precision, parallel,
-                device: torch.device, loss_fn=None, rank: int = 0) -> ParallelModel:
-    """Cut (pp), shard (tp, fsdp) and wrap (ddp) `full_model` for this rank.
+def parallelize(model_config: GPTConfig, layout: Layout, mesh, precision: Precision, parallel,
+                device: torch.device, *, seed: int, loss_fn=None, rank: int = 0) -> ParallelModel:
+    """Build this rank's part of a GPT of `model_config` in `layout`: cut (pp), shard (tp, fsdp),
+    wrap (ddp), with initial weights equal to the single-process model's `GPT(model_config, seed=seed)`.
 
     `parallel` is a triax.train.config.ParallelConfig; `loss_fn(logits, targets)` is needed for pp > 1.
     """
+    check_cpu_offload(layout, parallel.cpu_offload)
+    dtype = precision.param_dtype
     if layout.pp == 1:
         # Vocabulary-parallel loss when TP shards the head (and no pipeline needs plain outputs).
         loss_parallel = layout.tp > 1
-        model = _parallelize_part(full_model, layout, mesh, precision, parallel, device, loss_parallel)
+        with torch.device("meta"):
+            model = GPT(model_config).to(dtype)
+        model = _parallelize_part(model, layout, mesh, precision, parallel, device, loss_parallel, seed)
         return ParallelModel(layout, mesh, [model], model, loss_parallel=loss_parallel)
 
-    from triax.parallel.pipeline_parallel import build_schedule, build_stage_modules
     from triax.parallel.mesh import num_stages
+    from triax.parallel.pipeline_parallel import build_schedule, build_stage_modules
 
     pp_rank = layout.coordinates(rank)["pp"]
-    stage_modules = build_stage_modules(full_model, pp_rank, layout.pp, parallel.pp_schedule,
-                                        list(parallel.pp_balance) or None)
-    wrapped = [(stage_id, _parallelize_part(module, layout, mesh, precision, parallel, device, False))
+    with torch.device("meta"):
+        stage_modules = build_stage_modules(model_config, pp_rank, layout.pp, parallel.pp_schedule,
+                                            list(parallel.pp_balance) or None)
+    wrapped = [(stage_id, _parallelize_part(module.to(dtype), layout, mesh, precision, parallel, device, False, seed))
                for stage_id, module in stage_modules]
     microbatches = pipeline_microbatches(parallel.pp_microbatches, layout.pp)
     schedule = build_schedule(wrapped, layout.pp, parallel.pp_schedule, microbatches, loss_fn, device,

@@ -1,9 +1,10 @@
 """Pipeline parallelism by `torch.distributed.pipelining`: the layer stack cut into stages.
 
-Every rank builds the whole plain GPT from the same seed (so its weights equal the single-process
-model's), then each stage keeps only its own layers: the first stage also keeps the embeddings,
-the last the final LayerNorm and head. Layers live in a ModuleDict, so a kept layer keeps its name
-("layers.5") and a stage's state dict is a subset of the full model's.
+A rank builds only its own stages (on the meta device; triax.parallel.parallelize materialises
+and initialises them): its layers, plus the embeddings on the first stage and the final LayerNorm
+and head on the last. Layers live in a ModuleDict, so a layer keeps its name ("layers.5") and a
+stage's state dict is a subset of the full model's; initial weights are a function of the seed
+and the parameter name, so they equal the single-process model's.
 
 Schedules: gpipe (all forwards, then all backwards), 1f1b (one forward one backward in steady
 state: at most pp micro-batches of activations alive), interleaved_1f1b and zero_bubble (two
@@ -12,8 +13,6 @@ and weight-gradient parts to fill the bubble).
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 import torch.nn as nn
@@ -25,6 +24,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
+from triax.models.gpt import GPT, GPTConfig
 from triax.parallel.mesh import num_stages
 
 SCHEDULES = {
@@ -55,28 +55,30 @@ def stage_ids_for_rank(pp_rank: int, pp: int, schedule: str) -> list[int]:
     return list(range(pp_rank, num_stages(pp, schedule), pp))
 
 
-def cut_stage(full_model: nn.Module, layers: list[int], first: bool, last: bool) -> nn.Module:
-    """A copy of `full_model` holding only `layers` (and the embeddings if first, the head if last)."""
-    stage = copy.deepcopy(full_model)
-    for name in list(stage.layers.keys()):
-        if int(name) not in layers:
-            del stage.layers[name]
-    if not first:
-        stage.tok_emb = None
-        stage.pos_emb = None
-    if not last:
-        stage.ln_f = None
-        stage.lm_head = None
-    return stage
-
-
-def build_stage_modules(full_model: nn.Module, pp_rank: int, pp: int, schedule: str,
-                        balance: list[int] | None = None) -> list[tuple[int, nn.Module]]:
-    """(stage index, module) for each stage this rank runs."""
+def build_stage_modules(config: GPTConfig | GPT, pp_rank: int, pp: int, schedule: str,
+                        balance: list[int] | None = None, seed: int | None = None) -> list[tuple[int, nn.Module]]:
+    """(stage index, module) for each stage this rank runs; each module is a GPT holding only its
+    stage's parts. From a config, they are built wherever torch's default device points (the meta
+    device, for sharded construction: nothing is allocated until the layout is applied). From an
+    existing GPT, each stage is a new module holding copies of that model's stage weights."""
+    source = config if isinstance(config, nn.Module) else None
+    config = source.config if source is not None else config
     total = num_stages(pp, schedule)
-    ranges = split_layers(full_model.config.n_layer, total, balance)
-    return [(stage_id, cut_stage(full_model, ranges[stage_id], stage_id == 0, stage_id == total - 1))
-            for stage_id in stage_ids_for_rank(pp_rank, pp, schedule)]
+    ranges = split_layers(config.n_layer, total, balance)
+    stages = []
+    for stage_id in stage_ids_for_rank(pp_rank, pp, schedule):
+        parts = dict(layers=ranges[stage_id], embeddings=stage_id == 0, head=stage_id == total - 1)
+        if source is None:
+            stages.append((stage_id, GPT(config, seed=seed, **parts)))
+            continue
+        reference = next(source.parameters())
+        with torch.device("meta"):
+            stage = GPT(config, **parts).to(reference.dtype)
+        weights = source.state_dict()
+        stage.to_empty(device=reference.device)
+        stage.load_state_dict({name: weights[name] for name in stage.state_dict()})
+        stages.append((stage_id, stage))
+    return stages
 
 
 def build_schedule(stage_modules: list[tuple[int, nn.Module]], pp: int, schedule: str, microbatches: int,

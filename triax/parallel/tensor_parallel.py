@@ -9,7 +9,8 @@ The plan (Megatron-LM's, expressed in PyTorch's parallel styles):
   slice of the sequence, so their activations are not replicated tp times;
 - the token embedding is vocabulary-parallel (each rank holds 1/tp of the rows) and the head
   is column-parallel over the vocabulary. With `loss_parallel` the logits stay sharded and the
-  cross-entropy is computed without ever gathering the (batch, seq, vocab) tensor.
+  cross-entropy is computed without ever gathering the (batch, seq, vocab) tensor; a padded
+  vocabulary's mask then works on each rank's columns of the logits.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -67,6 +69,12 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool) -> nn.
     elif model.ln_f is None:
         # A middle pipeline stage sends full hidden states on to the next stage.
         model.register_forward_hook(_gather_sequence_hook(tp_mesh))
+    if model.vocab_mask is not None and loss_parallel:
+        # The mask sees this rank's columns of the vocabulary-sharded logits, ids from first_id on.
+        top["vocab_mask"] = PrepareModuleInputOutput(
+            input_layouts=Shard(-1), desired_input_layouts=Shard(-1), use_local_input=True,
+            output_layouts=Shard(-1), desired_output_layouts=Shard(-1), use_local_output=False)
+        model.vocab_mask.first_id = tp_mesh.get_local_rank() * (model.config.vocab_rows // tp_mesh.size())
     parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan())

@@ -108,7 +108,7 @@ def open_run(run_dir: str):
 
 def _true_shapes(model_config, vocab) -> tuple[dict, dict]:
     """(the model config without tensor-parallel vocabulary padding, {tensor name: its unpadded
-    shape}). A character run knows its true vocabulary (vocab.json); other runs keep model.json's."""
+    shape})."""
     import dataclasses
 
     import torch
@@ -117,8 +117,10 @@ def _true_shapes(model_config, vocab) -> tuple[dict, dict]:
     from triax.models import GPT, GPTConfig
 
     values = dataclasses.asdict(model_config)
+    # model.json's vocab_size is the true vocabulary; padded_vocab_size the rows tensor
+    # parallelism added (zero, masked, never sampled).
     rows = len(vocab) if isinstance(vocab, Vocabulary) else model_config.vocab_size
-    true_config = dict(values, vocab_size=min(rows, model_config.vocab_size))
+    true_config = dict(values, vocab_size=min(rows, model_config.vocab_size), padded_vocab_size=None)
     # On the meta device: shapes only, no memory. The tensors whose shape changes with the
     # vocabulary are the ones that carry its padding.
     with torch.device("meta"):

@@ -208,6 +208,9 @@ class ParallelConfig:
     powersgd_rank: int = 2
     """Rank of PowerSGD's low-rank approximation."""
 
+    cpu_offload: bool = False
+    """FSDP keeps parameter shards, gradients and optimizer state in host memory (needs dp_shard > 1)."""
+
 
 @dataclass
 class DebugConfig:

@@ -76,9 +76,11 @@ class Trainer:
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
                         pp_microbatches=parallel.pp_microbatches, pp_balance=list(parallel.pp_balance),
                         activation_checkpointing=parallel.activation_checkpointing,
-                        tie_embeddings=config.model.tie_embeddings)
+                        tie_embeddings=config.model.tie_embeddings, cpu_offload=parallel.cpu_offload)
+        padded_rows = padded_vocab_size(self.data.vocab_size, self.layout.tp, self._saved_vocab_rows())
         model_config = GPTConfig(
-            vocab_size=padded_vocab_size(self.data.vocab_size, self.layout.tp, self._saved_vocab_rows()),
+            vocab_size=self.data.vocab_size,
+            padded_vocab_size=padded_rows if padded_rows != self.data.vocab_size else None,
             block_size=self.data.block_size,
             n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
             dropout=config.model.dropout, bias=config.model.bias,
@@ -136,26 +138,30 @@ class Trainer:
         self.is_main = self.rank == 0
         self.dp_rank = self.layout.dp_rank(self.rank)
 
-        # Same seed everywhere so every rank builds identical initial weights...
         seed_everything(trainer.seed)
-        model = GPT(model_config).to(self.device, dtype=self.precision.param_dtype)
         self.model_config = model_config
-        self.num_params = model.num_params()
-        self.flops_per_token = model.flops_per_token(self.data.block_size)
+        with torch.device("meta"):  # the whole model's shape, for counting; no memory
+            described = GPT(model_config)
+        self.num_params = described.num_params()
+        self.flops_per_token = described.flops_per_token(self.data.block_size)
         self.mesh = build_mesh(self.layout, self.device.type)
-        self.parallel_model = parallelize(model, self.layout, self.mesh, self.precision, parallel, self.device,
-                                          loss_fn=self._pipeline_loss, rank=self.rank)
+        # Each rank allocates only its own part of the model; the initial weights depend on the seed
+        # alone (not on the layout), so they equal the single-process model's.
+        self.parallel_model = parallelize(model_config, self.layout, self.mesh, self.precision, parallel, self.device,
+                                          seed=trainer.seed, loss_fn=self._pipeline_loss, rank=self.rank)
         self.model = self.parallel_model.model
         # The plain GPT to call for evaluation and sampling (sharded in place by TP/FSDP); a
         # pipeline rank holds only stages of it and evaluates through the schedule instead.
         self.raw_model = None if self.parallel_model.pipelined else unwrap(self.model)
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
-        # ...then a different stream per rank, so dropout masks differ across ranks.
+        # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
 
         optim = config.optim
+        # With parallel.cpu_offload the shards, their gradients and so the optimizer step live on the host.
+        optimizer_device = torch.device("cpu") if parallel.cpu_offload else self.device
         self.optimizer = make_adamw(self.raw_model if self.raw_model is not None else self.model,
-                                    optim.lr, optim.weight_decay, optim.betas, self.device)
+                                    optim.lr, optim.weight_decay, optim.betas, optimizer_device)
         self.sampler = GlobalSampler(len(self.data.train), seed=trainer.seed)
         self.total_steps = self._total_steps()
         self.scheduler = make_schedule(self.optimizer, self.total_steps, optim.warmup_steps, optim.min_lr)
@@ -209,7 +215,10 @@ class Trainer:
             saved = checkpoint.read_state(snapshot).get("model")
         except checkpoint.SnapshotError:
             return None  # the resume falls back from it, and reports why
-        rows = saved.get("vocab_size") if isinstance(saved, dict) else None
+        if not isinstance(saved, dict):
+            return None
+        # The stored embedding rows: the padded count when tensor parallelism padded the vocabulary.
+        rows = saved.get("padded_vocab_size") or saved.get("vocab_size")
         return rows if type(rows) is int and rows > 0 else None
 
     def _total_steps(self) -> int:
