@@ -8,7 +8,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from helpers import adam_tolerance, assert_bitwise_equal, assert_weights_close
+from helpers import assert_adam_close, assert_bitwise_equal
 from triax.testing import quiet_env, run, run_torchrun
 
 # Every test here starts processes (torchrun, launchers, scripts).
@@ -45,7 +45,7 @@ def assert_close_weights(a_dir, b_dir, exact=False):
     if exact:
         assert_bitwise_equal(a, b)
     else:
-        assert_weights_close(a, b, *adam_tolerance(LOOP_LEARNING_RATES))
+        assert_adam_close(a, b, LOOP_LEARNING_RATES)
 
 
 @pytest.fixture(scope="module")

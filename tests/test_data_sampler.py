@@ -57,6 +57,7 @@ def test_rank_slices_tile_the_global_order_for_any_world_size():
             assert torch.equal(torch.cat(pieces), order[start:start + global_batch])
 
 
+@pytest.mark.multiprocess
 def test_the_order_is_the_same_in_another_process():
     """Nothing depends on the process (no Python hash randomisation, no global RNG)."""
     code = ("import json; from triax.data import GlobalSampler; "

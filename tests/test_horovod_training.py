@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from helpers import adam_tolerance, assert_weights_close
+from helpers import assert_adam_close
 from horovod_support import WORKERS, child_env
 from triax.runtime import free_port
 from triax.testing import run
@@ -29,7 +29,7 @@ LEARNING_RATES = [0.02] * 8
 
 
 def assert_same_model(got: dict, expected: dict, dtype="float32"):
-    assert_weights_close(got, expected, *adam_tolerance(LEARNING_RATES, dtype))
+    assert_adam_close(got, expected, LEARNING_RATES, dtype)
 
 
 @pytest.fixture(scope="module")

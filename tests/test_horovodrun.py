@@ -60,6 +60,7 @@ def test_ssh_argv_puts_the_host_after_double_dash_and_keeps_values_off_it(monkey
     assert script.strip().endswith("exec python train.py --lr '1e-3; id'")
 
 
+@pytest.mark.multiprocess
 def test_the_stdin_script_runs_every_word_literally(tmp_path, monkeypatch):
     monkeypatch.setenv("HOROVOD_PROBE", "$(touch pwned) `touch pwned2` 'q\"")
     marker = tmp_path / "out.txt"
@@ -72,6 +73,7 @@ def test_the_stdin_script_runs_every_word_literally(tmp_path, monkeypatch):
     assert not any(tmp_path.glob("pwned*"))
 
 
+@pytest.mark.multiprocess
 def test_one_failing_host_stops_the_others(capsys):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     failing = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"], start_new_session=True)
