@@ -54,22 +54,17 @@ def main(mode: str, directory: str) -> None:
         if rank == 0 and mode == "rng":
             tamper_rng_file(checkpoint.latest_snapshot(root), rank=1)
         barrier()
-        apply = checkpoint.apply_full_state if hasattr(checkpoint, "apply_full_state") else None
-
-        def apply_failing_on_rank_1(model, optimizer, model_state, optim_state):
+        def check_failing_on_rank_1(state):
+            # A failure that is not a damaged file (the snapshot is another model's), on one rank only.
             if rank == 1:
-                raise KeyError("a key only rank 1 lacks")
-            from triax.checkpoint.snapshot import apply_full_state
+                raise checkpoint.SnapshotError("snapshot does not fit this model (a key only rank 1 lacks)")
 
-            apply_full_state(model, optimizer, model_state, optim_state)
-
-        kwargs = {"apply": apply_failing_on_rank_1} if mode == "fatal" else {}
+        kwargs = {"check_state": check_failing_on_rank_1} if mode == "fatal" else {}
         try:
             found = checkpoint.load_latest_snapshot(root, model, optimizer, **kwargs)
             print(f"rank {rank}: loaded {os.path.basename(found[0])}", flush=True)
         except Exception as error:
             print(f"rank {rank}: {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
-        del apply
     finally:
         barrier()
         shutdown_distributed()

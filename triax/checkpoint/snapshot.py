@@ -439,7 +439,7 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
         if restore_rng and reader.has(rng_file):
             rng_state = reader.json(rng_file)
             check_rng_state(rng_state, snapshot)
-    except SnapshotCorruptError as failure:
+    except Exception as failure:  # noqa: BLE001 - corrupt, or one rank's own refusal: agreed either way
         error = failure
     if any_rank(error is not None):  # before any collective load: nobody is left waiting
         raise error or SnapshotCorruptError(f"snapshot {snapshot} failed verification on another rank")
