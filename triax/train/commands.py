@@ -92,16 +92,22 @@ def newest_good_snapshot(root: str, run_dir: str):
     raise TriaxError(f"none of the {len(snapshots)} snapshot(s) in {root} passed verification")
 
 
-def open_run(run_dir: str):
+def run_snapshot_root(run_dir: str) -> str:
+    """The snapshot root of a run directory; one line if `run_dir` is not a run."""
+    if not os.path.isfile(os.path.join(run_dir, "model.json")):
+        raise TriaxError(f"{run_dir!r} is not a triax run directory (no model.json); "
+                         "give the trainer.run_dir of a finished or running `triax train`")
+    return _snapshot_root(run_dir)
+
+
+def open_run(run_dir: str, snapshot_root: str | None = None):
     """(validated reader of the newest good snapshot, the checked model config, the text codec or
     None) of a run directory. model.json is checked against the snapshot before anything is
     allocated: a damaged one must not make us build a model of terabytes."""
     from triax.train.run_files import read_model_config, read_vocabulary
 
-    if not os.path.isfile(os.path.join(run_dir, "model.json")):
-        raise TriaxError(f"{run_dir!r} is not a triax run directory (no model.json); "
-                         "give the trainer.run_dir of a finished or running `triax train`")
-    reader = newest_good_snapshot(_snapshot_root(run_dir), run_dir)
+    root = snapshot_root or run_snapshot_root(run_dir)
+    reader = newest_good_snapshot(root, run_dir)
     model_config = read_model_config(run_dir, reader.snapshot)
     return reader, model_config, read_vocabulary(run_dir, model_config.vocab_size)
 
@@ -187,7 +193,7 @@ def generate_main(argv: list[str]) -> int:
     return 0
 
 
-def check_export_output(output: str, run_dir: str, force: bool) -> None:
+def check_export_output(output: str, run_dir: str, force: bool, snapshot_root: str) -> None:
     """Refuse, before any work, an output that is a directory, lies in a missing directory, is one
     of the run's own files or inside its snapshots, or is a file triax did not write (without --force)."""
     from triax.arguments import check_output_file, written_by_triax_safetensors
@@ -195,7 +201,7 @@ def check_export_output(output: str, run_dir: str, force: bool) -> None:
 
     check_output_file("output", output, force, written_by_triax_safetensors)
     target = os.path.realpath(output)
-    protected = [os.path.realpath(_snapshot_root(run_dir))]
+    protected = [os.path.realpath(snapshot_root)]
     if any(target == root or target.startswith(root + os.sep) for root in protected):
         raise UsageError(f"output {output!r} lies inside the run's snapshots ({protected[0]}); "
                          "write the export somewhere else")
@@ -224,8 +230,10 @@ def export_main(argv: list[str]) -> int:
         return export_hf_main(args.run_dir, args.output)
     from triax.checkpoint.export import export_safetensors
 
-    reader, model_config, vocab = open_run(args.run_dir)
-    check_export_output(args.output, args.run_dir, args.force)
+    # The output is checked before any snapshot is read (the run's snapshot root found once).
+    root = run_snapshot_root(args.run_dir)
+    check_export_output(args.output, args.run_dir, args.force, root)
+    reader, model_config, vocab = open_run(args.run_dir, root)
     true_config, shapes = _true_shapes(model_config, vocab)
     # Plain tensors with plain names, and the architecture and vocabulary as string metadata:
     # loadable with safetensors alone, no triax classes needed. Written tensor by tensor.
