@@ -11,7 +11,7 @@ from triax.errors import TriaxError
 
 TRAIN_HELP = """usage: triax train [key=value ...] [model=PRESET] [+experiment=NAME]
 
-Train a GPT. With no arguments: a small model on the built-in corpus (about a minute on 2 CPU
+Train a GPT. With no arguments: a small model on the built-in corpus (under two minutes on 2 CPU
 cores). Run under torchrun (or `triax launch`) for several processes.
 
 examples:
