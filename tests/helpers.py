@@ -8,13 +8,12 @@ derived from the dtype, the number of steps and the learning rate (see `adam_tol
 """
 
 import os
-import sys
 
 import yaml
 
 from triax import checkpoint
 from triax.train.config import compose_config, snapshot_root
-from triax.testing import run, run_torchrun
+from forked import launch
 
 # Relative precision below which two computations of one gradient element are indistinguishable,
 # per dtype. Summing the same terms in another order (another process count, another reduction
@@ -50,10 +49,9 @@ def tiny_overrides(run_dir, corpus, **extra):
     return [f"{key}={value}" for key, value in values.items()]
 
 
-def train(overrides, nproc=1, timeout=240, check=True):
-    if nproc == 1:
-        return run([sys.executable, "-m", "triax", "train", *overrides], timeout=timeout, check=check)
-    return run_torchrun(nproc, ["-m", "triax", "train", *overrides], timeout=timeout, check=check)
+def train(overrides, nproc=1, timeout=240, check=True, env=None):
+    """`triax train` with these overrides as a job of `nproc` processes (forked: see forked.py)."""
+    return launch(nproc, ["-m", "triax", "train", *overrides], timeout=timeout, check=check, env=env)
 
 
 def run_snapshot_root(run_dir, overrides=()):

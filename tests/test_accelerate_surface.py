@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-from triax.testing import quiet_env, run_torchrun
+from forked import launch
+from triax.testing import quiet_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SURFACE = os.path.join(ROOT, "tests", "accelerate_scripts", "surface.py")
@@ -22,8 +23,7 @@ SURFACE = os.path.join(ROOT, "tests", "accelerate_scripts", "surface.py")
 
 def run_surface(out, impl, *extra):
     os.makedirs(out, exist_ok=True)
-    run_torchrun(2, [SURFACE, "--impl", impl, "--out", str(out), *extra],
-                 env=quiet_env(PYTHONPATH=ROOT), timeout=420)
+    launch(2, [SURFACE, "--impl", impl, "--out", str(out), *extra], env=quiet_env(PYTHONPATH=ROOT), timeout=420)
     return [json.load(open(os.path.join(out, f"rank_{rank}.json"))) for rank in (0, 1)]
 
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
+import forked
 from helpers import assert_adam_close, assert_bitwise_equal
 from triax.testing import quiet_env, run, run_torchrun
 
@@ -23,11 +24,13 @@ def env(tmp_path):
     return quiet_env(PYTHONPATH=ROOT, TRIAX_CONFIG_FILE=str(tmp_path / "no-config.yaml"))
 
 
-def single(tmp_path, out, *args):
-    run([sys.executable, LOOP, "--out", str(out), *args], env=env(tmp_path), timeout=180)
+def single(tmp_path, out, *args, nproc=1):
+    """loop.py as a job of `nproc` processes started the way torchrun starts them (forked.py)."""
+    forked.launch(nproc, [LOOP, "--out", str(out), *args], env=env(tmp_path), timeout=240)
 
 
 def launch(tmp_path, out, *args, nproc=2):
+    """loop.py through `triax launch`, the Accelerator door's own launcher."""
     run([sys.executable, "-m", "triax", "launch", "--num-processes", str(nproc), "--main-process-port", "0",
          LOOP, "--out", str(out), *args], env=env(tmp_path), timeout=240)
 
@@ -88,9 +91,9 @@ def test_save_state_load_state_mid_epoch_is_bitwise(tmp_path):
     common = ["--batch-size", "8", "--dropout", "0.2", "--epochs", "2"]
     # The reference run saves one batch into its second epoch (64 samples / global batch 16 =
     # 4 batches per epoch) and goes on; a fresh run loads that and must finish identically.
-    launch(tmp_path, tmp_path / "full", *common, "--save-at", "5", "--save", str(tmp_path / "ckpt"))
+    single(tmp_path, tmp_path / "full", *common, "--save-at", "5", "--save", str(tmp_path / "ckpt"), nproc=2)
     assert os.path.isdir(tmp_path / "ckpt" / "step_00000005")
-    launch(tmp_path, tmp_path / "resumed", *common, "--resume", str(tmp_path / "ckpt"))
+    single(tmp_path, tmp_path / "resumed", *common, "--resume", str(tmp_path / "ckpt"), nproc=2)
     assert_close_weights(tmp_path / "full", tmp_path / "resumed", exact=True)
     for full, resumed in zip(records(tmp_path / "full"), records(tmp_path / "resumed")):
         assert resumed["losses"] == full["losses"][5:]

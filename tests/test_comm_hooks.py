@@ -6,9 +6,10 @@ import os
 import pytest
 import torch
 
+from forked import launch
 from helpers import assert_same_training, final_weights, tiny_overrides, train
 from triax.errors import ConfigError
-from triax.testing import quiet_env, run_torchrun
+from triax.testing import quiet_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "workers", "compression_worker.py")
@@ -18,7 +19,7 @@ WORKER = os.path.join(REPO, "tests", "workers", "compression_worker.py")
 def compression_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("compression") / "results.pt"
     # PYTHONPATH: the worker is started by path, so it must import this checkout's triax.
-    run_torchrun(2, [WORKER, str(out)], timeout=240, env=quiet_env(PYTHONPATH=REPO))
+    launch(2, [WORKER, str(out)], timeout=240, env=quiet_env(PYTHONPATH=REPO))
     return torch.load(out)
 
 

@@ -8,7 +8,7 @@ errors, hvd.join and init after shutdown).
 import pytest
 
 from horovod_support import WORKERS, child_env
-from triax.testing import run_torchrun
+from forked import launch
 
 # Every test here starts processes (torchrun, launchers, scripts).
 pytestmark = pytest.mark.multiprocess
@@ -16,6 +16,6 @@ pytestmark = pytest.mark.multiprocess
 
 @pytest.mark.parametrize("processes, check", [(2, "0"), (3, "1")], ids=["2-procs-check-off", "3-procs-check-on"])
 def test_collectives_match_their_definitions(processes, check):
-    result = run_torchrun(processes, [str(WORKERS / "collectives.py")], timeout=300,
-                          env=child_env(TRIAX_HOROVOD_CHECK=check))
+    result = launch(processes, [str(WORKERS / "collectives.py")], timeout=300,
+                    env=child_env(TRIAX_HOROVOD_CHECK=check))
     assert result.stdout.count("collectives ok") == processes, result.stdout[-2000:]

@@ -6,13 +6,13 @@ import re
 import pytest
 
 from horovod_support import WORKERS, child_env
-from triax.testing import run_torchrun
+from forked import launch
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("processes", [2, 3])
 def test_horovod_suite(processes):
-    result = run_torchrun(processes, [str(WORKERS / "suite.py")], timeout=300, env=child_env(), check=False)
+    result = launch(processes, [str(WORKERS / "suite.py")], timeout=300, env=child_env(), check=False)
     verdicts = re.findall(r"^(PASS|FAIL) (\w+)", result.stdout, flags=re.M)
     assert len(verdicts) >= 5, result.stdout[-3000:] + result.stderr[-3000:]  # every test reported
     failed = [name for verdict, name in verdicts if verdict == "FAIL"]

@@ -8,18 +8,17 @@ Kept cheap: a 4-layer, 32-wide model, 3 steps, a global batch of 8 that every de
 
 import json
 import os
-import random
 import re
 import shutil
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from forked import launch
 from helpers import assert_bitwise_equal, assert_same_training, final_weights, train
 from triax import checkpoint
-from triax.testing import quiet_env, run, run_torchrun
+from triax.testing import quiet_env
 
 # Every test here starts processes (torchrun, launchers, scripts).
 pytestmark = pytest.mark.multiprocess
@@ -81,7 +80,7 @@ def test_layout_equals_single_process(name, tmp_path, tiny_corpus, baseline):
         # `triax export` streams the sharded snapshot into one plain file: exactly the weights
         # that were saved (vocabulary padding dropped), and so equal to the baseline.
         out = tmp_path / "export.safetensors"
-        run([sys.executable, "-m", "triax", "export", str(tmp_path), str(out)])
+        launch(1, ["-m", "triax", "export", str(tmp_path), str(out)])
         exported, saved = load_file(str(out)), final_weights(tmp_path)
         assert exported.keys() == saved.keys()
         assert_bitwise_equal(exported, {key: saved[key][: exported[key].shape[0]] for key in exported})
@@ -117,7 +116,7 @@ def test_snapshot_resumes_in_another_layout(tmp_path, tiny_corpus, baseline):
     from triax.train.data import build_data
 
     first = tmp_path / "fsdp_tp"
-    run_torchrun(4, ["-m", "triax", "train", *overrides(first, tiny_corpus, 4, **{
+    launch(4, ["-m", "triax", "train", *overrides(first, tiny_corpus, 4, **{
         "parallel.dp_shard": 2, "parallel.tp": 2, "trainer.save_every": 2}),
         f"debug.sample_log={tmp_path / 'first'}"], timeout=300)
     snapshot = first / "snapshots" / "step_00000002"
@@ -137,18 +136,16 @@ def test_snapshot_resumes_in_another_layout(tmp_path, tiny_corpus, baseline):
         args = [*overrides(resumed, tiny_corpus, batch, **settings), f"debug.sample_log={tmp_path / f'{name}_samples'}"]
         env = quiet_env()
         if name == "fsdp4":
-            result = run_torchrun(4, [os.path.join(os.path.dirname(__file__), "snapshot_probe.py"), *args], env=env,
-                                  timeout=300)
+            result = launch(4, [os.path.join(os.path.dirname(__file__), "snapshot_probe.py"), *args], env=env,
+                            timeout=300)
             # Ranks print concurrently: lines may interleave, so pick each report out by its braces.
             reports = [json.loads(found) for found in re.findall(r"PROBE (\{[^{}]*\})", result.stdout)]
             assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3] and all(r["step"] == 2 for r in reports)
             # Each rank read only the chunks overlapping its own shards, never the whole state.
             assert all(0 < r["bytes_read"] < total_bytes for r in reports), (reports, total_bytes)
             print(f"fsdp4 resume: bytes read per rank {[r['bytes_read'] for r in reports]} of {total_bytes}")
-        elif nproc == 1:
-            result = run([sys.executable, "-m", "triax", "train", *args], env=env, timeout=240)
         else:
-            result = run_torchrun(nproc, ["-m", "triax", "train", *args], env=env, timeout=240)
+            result = train(args, nproc=nproc, env=env)
         assert "resuming from" in result.stdout + result.stderr
         assert read_sample_ids(tmp_path / f"{name}_samples", nproc)[3] == sorted(order[16:24])
         assert final_loss(resumed) == pytest.approx(final_loss(baseline), rel=LOSS_RTOL)
@@ -157,7 +154,7 @@ def test_snapshot_resumes_in_another_layout(tmp_path, tiny_corpus, baseline):
 
 def test_fsdp_shards_parameters_and_optimizer_state_as_planned(tmp_path, tiny_corpus):
     args = overrides(tmp_path, tiny_corpus, 4, **{"parallel.dp_shard": 2, "trainer.save_every": 0})
-    result = run_torchrun(2, [os.path.join(os.path.dirname(__file__), "parallel_probe.py"), *args], timeout=240)
+    result = launch(2, [os.path.join(os.path.dirname(__file__), "parallel_probe.py"), *args], timeout=240)
     reports = [json.loads(line.split("PROBE ", 1)[1]) for line in result.stdout.splitlines() if "PROBE " in line]
     assert sorted(r["rank"] for r in reports) == [0, 1]
     total = reports[0]["total_params"]

@@ -7,7 +7,6 @@ offload (it must not change the result)."""
 import json
 import os
 import random
-import sys
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from triax.errors import ConfigError
 from triax.models import GPT, GPTConfig
 from triax.models import init as weight_init
 from triax.parallel.mesh import Layout, validate_layout
-from triax.testing import run, run_torchrun
+from forked import launch
 
 STEPS = 3
 VOCAB = 29  # characters in the test corpus
@@ -139,7 +138,7 @@ def baseline(tmp_path_factory, corpus):
 
 def export(run_dir):
     out = os.path.join(run_dir, "export.safetensors")
-    run([sys.executable, "-m", "triax", "export", str(run_dir), out])
+    launch(1, ["-m", "triax", "export", str(run_dir), out])
     return load_file(out)
 
 
@@ -151,8 +150,8 @@ def test_no_rank_builds_the_whole_model(tmp_path, corpus):
                                                "parallel.pp_microbatches": 2})
     report_dir = tmp_path / "reports"
     report_dir.mkdir()
-    run_torchrun(4, [os.path.join(os.path.dirname(__file__), "construction_probe.py"), str(report_dir), *args],
-                 timeout=300)
+    launch(4, [os.path.join(os.path.dirname(__file__), "construction_probe.py"), str(report_dir), *args],
+           timeout=300)
     reports = [json.loads(path.read_text()) for path in report_dir.iterdir()]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
     for report in reports:
