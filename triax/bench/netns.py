@@ -9,8 +9,10 @@ process group's store, gloo/NCCL collectives) crosses the limited link.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -89,29 +91,61 @@ class SimulatedNetwork:
 
     def torchrun(self, args: list[str], nproc_per_node: int = 1, timeout: float = 600,
                  env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
-        """Start one torchrun agent per node and wait for all; raise with their output if any fails."""
+        """Start one torchrun agent per node and wait for all; raise with their output if any fails.
+
+        A node that fails leaves the others waiting in a collective for the process group's
+        timeout (minutes): they get FAILURE_GRACE_S to finish, then every node's whole process
+        tree (agent and workers, one session each) is killed, as when time runs out."""
         env = self.environment(env)
         run_id = uuid.uuid4().hex[:8]
-        processes = [subprocess.Popen(self.torchrun_command(node, args, nproc_per_node, run_id),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-                     for node in range(self.nodes)]
-        deadline = time.monotonic() + timeout
-        results = []
-        try:
-            for process in processes:
-                stdout, stderr = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
-        except subprocess.TimeoutExpired:
-            outputs = []
-            for node, process in enumerate(processes):
-                process.kill()
-                stdout, stderr = process.communicate()
-                outputs.append(f"--- node {node} ---\n{(stderr or stdout)[-1500:]}")
+        with tempfile.TemporaryDirectory() as scratch:
+            outputs = [(open(os.path.join(scratch, f"{node}.out"), "w+"), open(os.path.join(scratch, f"{node}.err"), "w+"))
+                       for node in range(self.nodes)]
+            processes = [subprocess.Popen(self.torchrun_command(node, args, nproc_per_node, run_id), stdout=out,
+                                          stderr=err, text=True, env=env, start_new_session=True)
+                         for node, (out, err) in enumerate(outputs)]
+            timed_out = _wait_or_kill(processes, time.monotonic() + timeout)
+            results = []
+            for process, (out, err) in zip(processes, outputs):
+                out.seek(0)
+                err.seek(0)
+                results.append(subprocess.CompletedProcess(process.args, process.returncode, out.read(), err.read()))
+                out.close()
+                err.close()
+        if timed_out:
             raise TriaxError(f"the job on the simulated network did not finish in {timeout:.0f}s:\n"
-                             + "\n".join(outputs)) from None
-        failed = [(node, r) for node, r in enumerate(results) if r.returncode != 0]
+                             + "\n".join(f"--- node {node} ---\n{(r.stderr or r.stdout)[-1500:]}"
+                                         for node, r in enumerate(results)))
+        # The node that failed first, not one killed afterwards for waiting on it.
+        failed = sorted(((r.returncode == -signal.SIGKILL, node, r) for node, r in enumerate(results)
+                         if r.returncode != 0), key=lambda item: item[:2])
         if failed:
-            node, result = failed[0]
+            _, node, result = failed[0]
             raise TriaxError(f"node {node} of the simulated network failed (exit {result.returncode}):\n"
                              f"{(result.stderr or result.stdout)[-3000:]}")
         return results
+
+
+FAILURE_GRACE_S = 30.0
+
+
+def _wait_or_kill(processes: list[subprocess.Popen], deadline: float) -> bool:
+    """Wait for every node; kill all once time runs out or FAILURE_GRACE_S after one failed.
+    True if time ran out."""
+    failed_at = None
+    while any(process.poll() is None for process in processes):
+        now = time.monotonic()
+        if failed_at is None and any(process.returncode not in (None, 0) for process in processes):
+            failed_at = now
+        if now >= deadline or (failed_at is not None and now - failed_at >= FAILURE_GRACE_S):
+            for process in processes:
+                if process.poll() is None:
+                    try:
+                        os.killpg(process.pid, signal.SIGKILL)  # the agent and its workers
+                    except ProcessLookupError:
+                        pass
+            for process in processes:
+                process.wait()
+            return failed_at is None
+        time.sleep(0.1)
+    return False

@@ -14,7 +14,8 @@ picks one of the hooks in `torch.distributed.algorithms.ddp_comm_hooks`:
              step is an approximation whose error is carried to the next step, and it costs extra
              arithmetic (a QR per matrix) on every step.
 
-All keep DDP's bucketing and its overlap of reduction with backward.
+All keep DDP's bucketing and its overlap of reduction with backward, except `powersgd` on gloo,
+which finishes each bucket before the next (see `one_bucket_at_a_time`).
 """
 
 from __future__ import annotations
@@ -75,8 +76,31 @@ def register_compression(ddp_model: nn.Module, name: str, powersgd_rank: int = 2
         warm_start=True,
         random_seed=0,
     )
-    ddp_model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    hook = powerSGD_hook.powerSGD_hook
+    if _backend(process_group) != "nccl":
+        hook = one_bucket_at_a_time(hook)
+    ddp_model.register_comm_hook(state, hook)
     return state
+
+
+def one_bucket_at_a_time(hook):
+    """`hook`, finished before DDP hands it the next bucket.
+
+    PowerSGD issues its second and third all-reduce (the P and Q factors) from future callbacks.
+    Gloo runs those callbacks on its own worker thread when the previous collective completes,
+    while DDP's backward keeps issuing the next bucket's collectives from the autograd thread.
+    With two buckets in flight the ranks can then issue collectives in different orders, and gloo
+    pairs mismatched ones: on a slow link the job aborts ("Received data size doesn't match
+    expected size"). Waiting for each bucket keeps every rank's order the same, at the price of
+    the overlap of that bucket's reduction with the rest of backward. (NCCL completes futures when
+    the work is enqueued, so its order is already fixed.)"""
+
+    def serialized(state, bucket):
+        future = hook(state, bucket)
+        future.wait()
+        return future
+
+    return serialized
 
 
 def _backend(process_group) -> str:
