@@ -32,7 +32,8 @@ from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import parallelize
 from triax.precision import Precision
 from triax.runtime import (any_rank, detect_place, gather_floats, init_distributed, mean_across_ranks,
-                           pick_device, raise_together, restart_count, seed_everything)
+                           pick_device, raise_together, restart_count, return_freed_memory_to_os,
+                           seed_everything)
 from triax.stragglers import StragglerCheck
 from triax.train.config import TrainConfig, snapshot_root, to_dict
 from triax.train.data import build_data
@@ -59,6 +60,9 @@ def check_writable_directory(path: str, key: str) -> bool:
 
 class Trainer:
     def __init__(self, config: TrainConfig):
+        # Before any tensor exists: large freed buffers must go back to the OS, not stay in the
+        # heap, or every rank's memory stays at its step-time high (see the function).
+        return_freed_memory_to_os()
         self.config = config
         trainer = config.trainer
         # Everything that can be wrong with the input is checked before the process group
