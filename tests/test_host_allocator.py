@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.multiprocess,
               pytest.mark.skipif(not sys.platform.startswith("linux") or not _glibc_version(),
                                  reason="the setting is for glibc's malloc on Linux")]
 
-BLOCKS, BLOCK_MB = 32, 8  # 256 MiB in 8 MiB buffers, half of them freed; 8 MiB is under glibc's largest dynamic threshold (32 MiB)
+# 256 MiB in 8 MiB buffers, half of them freed; 8 MiB is under glibc's largest dynamic threshold (32 MiB)
+BLOCKS, BLOCK_MB = 32, 8
 
 # Frees one large buffer first (as a training step does: glibc then raises its mmap threshold
 # above that size), then allocates and touches buffers of that size, frees every other one (the

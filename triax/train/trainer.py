@@ -60,9 +60,6 @@ def check_writable_directory(path: str, key: str) -> bool:
 
 class Trainer:
     def __init__(self, config: TrainConfig):
-        # Before any tensor exists: large freed buffers must go back to the OS, not stay in the
-        # heap, or every rank's memory stays at its step-time high (see the function).
-        return_freed_memory_to_os()
         self.config = config
         trainer = config.trainer
         # Everything that can be wrong with the input is checked before the process group
@@ -81,6 +78,13 @@ class Trainer:
                         pp_microbatches=parallel.pp_microbatches, pp_balance=list(parallel.pp_balance),
                         activation_checkpointing=parallel.activation_checkpointing,
                         tie_embeddings=config.model.tie_embeddings, cpu_offload=parallel.cpu_offload)
+        # Before the model exists: with FSDP, freed parameter and gradient buffers must go back to
+        # the OS rather than stay in glibc's heap, or each rank's memory stays at its step-time high
+        # (see the function). Off by default without sharding: a small model's many activation
+        # buffers would each cost fresh pages, for memory it does not need.
+        release = trainer.return_freed_memory
+        if release if release is not None else self.layout.dp_shard > 1:
+            return_freed_memory_to_os()
         padded_rows = padded_vocab_size(self.data.vocab_size, self.layout.tp, self._saved_vocab_rows())
         model_config = GPTConfig(
             vocab_size=self.data.vocab_size,
