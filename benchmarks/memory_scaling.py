@@ -202,6 +202,8 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--cpu-offload", action="store_true", help="parallel.cpu_offload=true (N > 1 only)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more trainer settings, e.g. trainer.return_freed_memory=false")
     parser.add_argument("--run-root", default=None, help="where run directories go (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per launch")
     parser.add_argument("--worker", choices=["baseline", "train", "resume"], help=argparse.SUPPRESS)
@@ -212,7 +214,8 @@ def main() -> None:
         return worker_train([a for a in rest if a != "--"], args.phases, resume=args.worker == "resume")
 
     print(f"memory_scaling: {args.model}, block {args.block_size}, batch {args.batch_size}/rank, {args.precision}, "
-          f"FSDP x {args.shards}, phases {' '.join(args.phases)}{', cpu_offload' if args.cpu_offload else ''}")
+          f"FSDP x {args.shards}, phases {' '.join(args.phases)}{', cpu_offload' if args.cpu_offload else ''}"
+          + "".join(f", {setting}" for setting in args.set))
     print(f"machine: {machine()}")
     root = args.run_root or tempfile.mkdtemp(prefix="triax_memory_")
     rows = []
@@ -227,6 +230,7 @@ def main() -> None:
                      "parallel.dp_replicate=1", f"parallel.dp_shard={n}"]
         if args.cpu_offload:
             overrides.append("parallel.cpu_offload=true")
+        overrides += args.set
         phases = [p for p in args.phases if p != "resume"]
         records = launch(n, ["--worker", "train", "--phases", *phases, "--", *overrides], args.timeout) if phases else []
         if "resume" in args.phases:
@@ -247,8 +251,8 @@ def report(rows, phases) -> None:
     single = {}
     on_device = any("peak_device" in r for _, _, records in rows for r in records)
     print()
-    print(f"{'phase':<10} {'N':>2} {'peak/rank GiB (min..max)':>25} {'ideal GiB':>10} {'peak/ideal':>10} "
-          f"{'vs N=1':>7} {'seconds':>8}" + ("  device GiB" if on_device else ""))
+    print(f"{'phase':<10} {'N':>2} {'peak/rank GiB (min..max)':>25} {'max on':>6} {'ideal GiB':>10} "
+          f"{'peak/ideal':>10} {'vs N=1':>7} {'seconds':>8}" + ("  device GiB" if on_device else ""))
     for n, bare, records in rows:
         ready = max((r["peak_rss"] for r in records if r["phase"] == "ready"), default=0)
         for phase in phases:
@@ -257,11 +261,13 @@ def report(rows, phases) -> None:
                 continue
             peaks = [r["peak_rss"] / GIB for r in of_phase]
             worst = max(peaks)
+            worst_rank = max(of_phase, key=lambda r: r["peak_rss"])["rank"]
             single.setdefault(phase, worst)
             ideal = (16 * num_params / n + bare) / GIB if num_params else float("nan")
             device = max((r.get("peak_device", 0) for r in of_phase), default=0) / GIB
             seconds = max(r.get("seconds", 0.0) for r in of_phase)
-            print(f"{phase:<10} {n:>2} {min(peaks):>12.2f} .. {worst:<10.2f} {ideal:>10.2f} {worst / ideal:>10.2f} "
+            print(f"{phase:<10} {n:>2} {min(peaks):>12.2f} .. {worst:<10.2f} {'rank ' + str(worst_rank):>6} "
+                  f"{ideal:>10.2f} {worst / ideal:>10.2f} "
                   f"{worst / single[phase]:>7.2f} {seconds:>8.1f}" + (f"  {device:.2f}" if on_device else "") +
                   ("" if all(r.get("exact", True) for r in of_phase) else "  (sampled)"))
         print(f"{'':<10} {n:>2} baseline: bare python+torch+gloo {bare / GIB:.2f} GiB, "

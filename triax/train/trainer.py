@@ -32,7 +32,8 @@ from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import parallelize
 from triax.precision import Precision
 from triax.runtime import (any_rank, detect_place, gather_floats, init_distributed, mean_across_ranks,
-                           pick_device, raise_together, restart_count, seed_everything)
+                           pick_device, raise_together, restart_count, return_freed_memory_to_os,
+                           seed_everything)
 from triax.stragglers import StragglerCheck
 from triax.train.config import TrainConfig, snapshot_root, to_dict
 from triax.train.data import build_data
@@ -77,6 +78,13 @@ class Trainer:
                         pp_microbatches=parallel.pp_microbatches, pp_balance=list(parallel.pp_balance),
                         activation_checkpointing=parallel.activation_checkpointing,
                         tie_embeddings=config.model.tie_embeddings, cpu_offload=parallel.cpu_offload)
+        # Before the model exists: with FSDP, freed parameter and gradient buffers must go back to
+        # the OS rather than stay in glibc's heap, or each rank's memory stays at its step-time high
+        # (see the function). Off by default without sharding: a small model's many activation
+        # buffers would each cost fresh pages, for memory it does not need.
+        release = trainer.return_freed_memory
+        if release if release is not None else self.layout.dp_shard > 1:
+            return_freed_memory_to_os()
         padded_rows = padded_vocab_size(self.data.vocab_size, self.layout.tp, self._saved_vocab_rows())
         model_config = GPTConfig(
             vocab_size=self.data.vocab_size,
