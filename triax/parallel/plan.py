@@ -14,6 +14,13 @@ Per-device memory, by formula (B = bytes per value of the parameter dtype: 4 fp3
   matmul and attention outputs); full s·b·h·A (each layer's input) plus one layer's 17·s·b·h·A/tp
   being recomputed. Micro-batches alive on the first stage: m for gpipe, min(m, pp) for 1f1b-style
   schedules. Plus the fp32 logits and their gradient, 2·s·b·V·4/tp, on the last stage.
+- gathered:    with FSDP (dp_shard > 1), the whole (unsharded) blocks in flight: about two
+  blocks' parameters all-gathered (the one computing and the one prefetched) and two blocks'
+  unsharded gradients before their reduce-scatter, 2·(12·h²/tp)·G + 2·(12·h²/tp)·4 bytes with G
+  the all-gather dtype's bytes (4·48·h² bytes in fp32: 0.19 GiB for gpt2-medium, where 0.18 GiB
+  was measured, benchmarks/memory_scaling.py).
+Not included: the runtime itself (python + torch: about 0.3 GiB on a CPU, more with a CUDA
+context) and allocator slack: leave that margin out of --memory-gb.
 Step time, by formula: compute 6·N·T + 12·L·h·s·T FLOPs (T tokens per step) over world x
 --tflops, x 4/3 for full recomputation (x 1.1 selective), / (1 - (pp-1)/(m+pp-1)) for the
 pipeline bubble; plus tensor-parallel traffic 8·L·s·b·h·A·(tp-1)/tp per micro-batch per device
@@ -129,10 +136,11 @@ class Estimate:
     optimizer_gb: float
     activations_gb: float
     step_s: float
+    gathered_gb: float = 0.0  # FSDP's unsharded blocks in flight (module docstring)
 
     @property
     def total_gb(self) -> float:
-        return self.params_gb + self.grads_gb + self.optimizer_gb + self.activations_gb
+        return self.params_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.gathered_gb
 
 
 def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: str = "bf16",
@@ -166,8 +174,15 @@ def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: s
     dp_factor = 3 if layout.dp_shard > 1 else 2
     replica_bytes = local * layout.dp_shard * param_bytes  # one data-parallel replica's parameters
     dp_comm = 0.0 if dp == 1 else dp_factor * replica_bytes * (dp - 1) / dp / (bandwidth_gbs * 1e9)
+    block_values = 12 * h * h / t
+    gathered = 2 * block_values * param_bytes_gathered(precision) + 2 * block_values * 4 if layout.dp_shard > 1 else 0.0
     return Estimate(layout, checkpointing, params, params, 2 * params, activations / gb,
-                    max(compute, dp_comm) + tp_comm)
+                    max(compute, dp_comm) + tp_comm, gathered / gb)
+
+
+def param_bytes_gathered(precision: str) -> int:
+    """Bytes per value FSDP all-gathers parameters in: the compute dtype under mixed precision."""
+    return 4 if precision == "fp32" else 2
 
 
 def candidate_layouts(world: int, shape: ModelShape) -> list[Layout]:
@@ -251,10 +266,11 @@ def main(argv: list[str]) -> int:
         print("no layout fits; add devices, lower --global-batch / --seq, or use --precision bf16-pure")
         return 1
     header = (f"{'layout':<36} {'ckpt':<9} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} "
-              f"{'total':>7} {'step s':>8}")
+              f"{'gather':>7} {'total':>7} {'step s':>8}")
     print(header + "\n" + "-" * len(header))
     for e in results[: args.top]:
         print(f"{e.layout.describe():<36} {e.checkpointing:<9} {e.params_gb:7.2f} {e.grads_gb:7.2f} "
-              f"{e.optimizer_gb:7.2f} {e.activations_gb:7.2f} {e.total_gb:7.2f} {e.step_s:8.3f}")
-    print("memory in GiB per device (most loaded device); formulas: triax/parallel/plan.py docstring")
+              f"{e.optimizer_gb:7.2f} {e.activations_gb:7.2f} {e.gathered_gb:7.2f} {e.total_gb:7.2f} {e.step_s:8.3f}")
+    print("memory in GiB per device (most loaded device; gather: FSDP's unsharded blocks in flight), not counting "
+          "the runtime itself (~0.3 GiB on CPU, more with CUDA); formulas: triax/parallel/plan.py docstring")
     return 0
