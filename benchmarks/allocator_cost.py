@@ -1,6 +1,6 @@
 """What `trainer.return_freed_memory` costs in step time and saves in memory.
 
-With it on (the default when FSDP shards the model) glibc hands every freed buffer of 1 MiB and
+With it on (the default when FSDP shards the model) glibc hands every freed buffer of 4 MiB and
 more back to the OS, so each large allocation gets fresh, zeroed pages: more system time per step,
 less resident memory. This runs the same short training with it off (glibc's default) and on, in
 turn (off, on, off, on, ...: a busy neighbour slows both alike), and prints per pair the median

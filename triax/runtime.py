@@ -316,7 +316,7 @@ def gather_floats(values: list[float]) -> list[list[float]]:
 # ---- host memory: give freed tensor buffers back to the operating system ----------------------
 
 # Buffers of at least this many bytes get pages of their own (mmap) and go back to the OS on free.
-HOST_MMAP_THRESHOLD = 1 << 20
+HOST_MMAP_THRESHOLD = 4 << 20
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 # The user's own settings of the same knobs, which we leave alone.
 _ALLOCATOR_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
@@ -326,7 +326,7 @@ _host_allocator_tuned: bool | None = None
 
 
 def return_freed_memory_to_os(env=None) -> bool:
-    """Make glibc's malloc hand buffers of 1 MiB and more back to the OS when they are freed.
+    """Make glibc's malloc hand buffers of 4 MiB and more back to the OS when they are freed.
 
     Why: glibc mmaps a large block only until one such block is freed; then it raises its mmap
     threshold (up to 32 MiB) and serves later blocks of that size from the heap, which it keeps

@@ -168,7 +168,7 @@ class TrainerConfig:
     exits (snapshot I/O, start-up and the first step get 5x); unset = $TRIAX_COLLECTIVE_TIMEOUT, else 120."""
 
     return_freed_memory: Optional[bool] = None
-    """Give freed buffers of 1 MiB and more straight back to the OS (glibc's malloc; per process, from
+    """Give freed buffers of 4 MiB and more straight back to the OS (glibc's malloc; per process, from
     the first trainer on): memory per rank falls back after each phase, but every large allocation
     costs fresh pages (slower CPU steps); unset = on when FSDP shards the model (dp_shard > 1).
     MALLOC_MMAP_THRESHOLD_ or GLIBC_TUNABLES malloc settings in the environment win."""
