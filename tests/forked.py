@@ -130,6 +130,12 @@ def _rank(argv, env, cwd, out_path, err_path):
     except BaseException:  # noqa: BLE001 - reported like the interpreter would, then exit 1
         traceback.print_exc()
         code = 1
+    # What a normal interpreter exit does (atexit handlers, logging's flush), then leave without
+    # unwinding into the server's loop.
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 - an exit handler's failure is reported, the exit code kept
+        traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
