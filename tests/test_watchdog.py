@@ -6,6 +6,8 @@ Faults are injected by tests/workers/fault_worker.py, which patches the trainer 
 
 import json
 import os
+import re
+import signal
 import time
 
 import pytest
@@ -168,7 +170,10 @@ def test_a_rank_stuck_in_a_step_is_named_and_every_rank_exits(tmp_path, tiny_cor
     result = run_faulty(tmp_path, tiny_corpus, faults, timeout_s)
     output = result.stdout + result.stderr
     assert result.returncode != 0 and f"exitcode  : {HANG_EXIT_CODE}" in output, output[-3000:]
-    assert output.count(f"exitcode  : {HANG_EXIT_CODE}") == 2, output[-3000:]  # both ranks
+    # Both ranks exit with HANG_EXIT_CODE once both reports are written (checked below). The first
+    # to exit makes torchrun stop the other, which can get that SIGTERM a moment before its own exit.
+    codes = sorted(int(code) for code in re.findall(r"exitcode  : (-?\d+)", output))
+    assert codes in ([HANG_EXIT_CODE, HANG_EXIT_CODE], [-signal.SIGTERM, HANG_EXIT_CODE]), output[-3000:]
     report = tmp_path / "run" / "hang-0006"
     line = f"rank 1 on {os.uname().nodename} stuck in forward of step 6"
     assert f"triax: {line}" in output and f"report: {report}/" in output, output[-3000:]
