@@ -2,9 +2,9 @@
 
 A fresh `python -m triax train` spends about 4 s of CPU importing torch, DTensor and DCP before
 it runs a 3-step test model for under a second, and torchrun adds an agent that imports torch
-too. On a 2-core machine that import time was most of the suite. Here a multiprocessing
-forkserver imports triax's trainer once per test session; every rank of every job is forked from
-it, gets exactly the environment torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK,
+too. On a 2-core machine that import time was most of the suite. Here a server process (our own,
+not multiprocessing's forkserver, which would re-import pytest's main module in every child)
+imports triax's trainer once per test session; every rank of every job is forked from it, gets exactly the environment torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT), and runs the command
 line as `python` would (`-m module ...` or `script.py ...`).
 

@@ -24,7 +24,7 @@ def env(tmp_path):
     return quiet_env(PYTHONPATH=ROOT, TRIAX_CONFIG_FILE=str(tmp_path / "no-config.yaml"))
 
 
-def single(tmp_path, out, *args, nproc=1):
+def forked_loop(tmp_path, out, *args, nproc=1):
     """loop.py as a job of `nproc` processes started the way torchrun starts them (forked.py)."""
     forked.launch(nproc, [LOOP, "--out", str(out), *args], env=env(tmp_path), timeout=240)
 
@@ -55,7 +55,7 @@ def assert_close_weights(a_dir, b_dir, exact=False):
 def one_process(tmp_path_factory):
     """The reference: one process, global batch 16, two epochs of 64 samples (8 updates)."""
     tmp = tmp_path_factory.mktemp("single")
-    single(tmp, tmp / "out", "--batch-size", "16", "--eval")
+    forked_loop(tmp, tmp / "out", "--batch-size", "16", "--eval")
     return tmp / "out"
 
 
@@ -91,9 +91,9 @@ def test_save_state_load_state_mid_epoch_is_bitwise(tmp_path):
     common = ["--batch-size", "8", "--dropout", "0.2", "--epochs", "2"]
     # The reference run saves one batch into its second epoch (64 samples / global batch 16 =
     # 4 batches per epoch) and goes on; a fresh run loads that and must finish identically.
-    single(tmp_path, tmp_path / "full", *common, "--save-at", "5", "--save", str(tmp_path / "ckpt"), nproc=2)
+    forked_loop(tmp_path, tmp_path / "full", *common, "--save-at", "5", "--save", str(tmp_path / "ckpt"), nproc=2)
     assert os.path.isdir(tmp_path / "ckpt" / "step_00000005")
-    single(tmp_path, tmp_path / "resumed", *common, "--resume", str(tmp_path / "ckpt"), nproc=2)
+    forked_loop(tmp_path, tmp_path / "resumed", *common, "--resume", str(tmp_path / "ckpt"), nproc=2)
     assert_close_weights(tmp_path / "full", tmp_path / "resumed", exact=True)
     for full, resumed in zip(records(tmp_path / "full"), records(tmp_path / "resumed")):
         assert resumed["losses"] == full["losses"][5:]
