@@ -9,7 +9,7 @@ import torch
 from forked import launch
 from helpers import assert_same_training, final_weights, tiny_overrides, train
 from triax.errors import ConfigError
-from triax.testing import quiet_env
+from triax.testing import quiet_env, run_torchrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "workers", "compression_worker.py")
@@ -71,3 +71,20 @@ def test_unknown_compression_is_a_config_error():
         compose_config(["parallel.grad_compression=zip"])
     with pytest.raises(ConfigError, match="powersgd_rank"):
         compose_config(["parallel.grad_compression=powersgd", "parallel.powersgd_rank=0"])
+
+
+EXIT_WORKER = os.path.join(REPO, "tests", "workers", "exit_callback.py")
+
+
+@pytest.mark.multiprocess
+def test_callbacks_on_gloo_finish_before_the_interpreter_exits():
+    """A script that ends right after a compressed step exits 0: PyTorch's plain `.then` on a
+    gloo future aborts the process (exit -6) when the callback is released after finalization
+    has begun; triax's hooks wait for it (comm_hooks.all_reduce_then)."""
+    plain = run_torchrun(2, [EXIT_WORKER, "plain"], timeout=120, env=quiet_env(PYTHONPATH=REPO), check=False)
+    assert plain.returncode != 0 and "exitcode  : -6" in plain.stderr, (
+        "the unprotected script was expected to abort; without that this test proves nothing\n"
+        + plain.stdout[-2000:] + plain.stderr[-2000:])
+    guarded = run_torchrun(2, [EXIT_WORKER, "triax"], timeout=120, env=quiet_env(PYTHONPATH=REPO), check=False)
+    assert guarded.returncode == 0, guarded.stdout[-2000:] + guarded.stderr[-4000:]
+    assert "rank 0: callback released" in guarded.stdout

@@ -27,4 +27,9 @@ for _ in range(3):
 if rank == 0:
     save_file({k: v.contiguous() for k, v in model.module.state_dict().items()}, sys.argv[1],
               metadata={"hooks": str(len(model._comm_hooks)), "bucket_cap_mb": str(model.bucket_bytes_cap / 2**20)})
+if sys.argv[2:] == ["by-hand"]:
+    # PyTorch's Python hook leaves its callback for gloo's worker thread to release, which aborts
+    # the process if this interpreter is already exiting (triax's own hooks wait for that at exit,
+    # see triax/parallel/comm_hooks.py); a barrier waits for all earlier collectives.
+    dist.barrier()
 dist.destroy_process_group()

@@ -20,6 +20,10 @@ which finishes each bucket before the next (see `one_bucket_at_a_time`).
 
 from __future__ import annotations
 
+import atexit
+import ctypes
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -54,16 +58,12 @@ def register_compression(ddp_model: nn.Module, name: str, powersgd_rank: int = 2
         return None
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    if name == "bf16":
+    if name in ("bf16", "fp16"):
         if _backend(process_group) == "nccl":
-            ddp_model.register_comm_hook(process_group, default_hooks.bf16_compress_hook)
+            hook = default_hooks.bf16_compress_hook if name == "bf16" else default_hooks.fp16_compress_hook
         else:
-            # DDP refuses PyTorch's bf16 hook unless the backend is NCCL (its check predates bf16
-            # all-reduce in gloo); gloo sums bf16 fine, so other backends get the same cast here.
-            ddp_model.register_comm_hook(process_group, bf16_cast_hook)
-        return process_group
-    if name == "fp16":
-        ddp_model.register_comm_hook(process_group, default_hooks.fp16_compress_hook)
+            hook = cast_hook(torch.bfloat16 if name == "bf16" else torch.float16)
+        ddp_model.register_comm_hook(process_group, hook)
         return process_group
     state = powerSGD_hook.PowerSGDState(
         process_group=process_group,
@@ -107,17 +107,59 @@ def _backend(process_group) -> str:
     return str(dist.get_backend(process_group)).lower()
 
 
-def bf16_cast_hook(process_group, bucket):
-    """(No annotations: DDP checks them and this module's are strings.) All-reduce a gradient bucket as bfloat16 and write the mean back into it in its own dtype
-    (what PyTorch's bf16_compress_hook does, for backends other than NCCL)."""
-    group = process_group if process_group is not None else dist.group.WORLD
-    gradients = bucket.buffer()
-    # Divide before summing so the sum of N ranks stays in range.
-    wire = gradients.to(torch.bfloat16).div_(group.size())
-    work = dist.all_reduce(wire, group=group, async_op=True)
+def cast_hook(dtype: torch.dtype):
+    """A DDP comm hook that all-reduces each gradient bucket in `dtype` and writes the mean back
+    in the bucket's own dtype: the arithmetic of PyTorch's fp16/bf16_compress_hook, for backends
+    other than NCCL (DDP refuses PyTorch's bf16 hook there; its check predates bf16 all-reduce in
+    gloo), and with the write-back finished before the interpreter exits (`all_reduce_then`)."""
 
-    def write_back(future) -> torch.Tensor:
-        gradients.copy_(future.value()[0])
-        return gradients
+    def hook(process_group, bucket):
+        group = process_group if process_group is not None else dist.group.WORLD
+        gradients = bucket.buffer()
+        # Divide before summing so the sum of N ranks stays in range.
+        wire = gradients.to(dtype).div_(group.size())
 
-    return work.get_future().then(write_back)
+        def write_back(future):
+            gradients.copy_(future.value()[0])
+            return gradients
+
+        return all_reduce_then(wire, group, write_back)
+
+    hook.__name__ = hook.__qualname__ = f"{str(dtype).removeprefix('torch.')}_cast_hook"
+    return hook
+
+
+# All-reduces whose futures carry a Python callback, not yet finished (see all_reduce_then).
+_unfinished_work: list = []
+EXIT_WAIT_SECONDS = 30
+
+
+def all_reduce_then(tensor: torch.Tensor, group, callback) -> torch.futures.Future:
+    """`dist.all_reduce(tensor, async_op=True).get_future().then(callback)`, safe at exit.
+
+    On gloo the callback runs on gloo's worker thread. After it has completed the chained future,
+    that thread still needs the GIL twice: to release the Python callable, and, when it drops the
+    last reference to the work, to release the Python state the work captured. If the main thread
+    has meanwhile run off the end of the script and the interpreter is finalizing, CPython ends
+    that thread with pthread_exit, whose unwinding through C++ aborts the whole process after a
+    run that succeeded ("terminate called without an active exception", exit -6). So at exit
+    `_finish_callbacks_before_exit` waits for the works (the callable is released before a work
+    is marked finished) and keeps them referenced for good (their last reference is then never
+    gloo's)."""
+    work = dist.all_reduce(tensor, group=group, async_op=True)
+    _unfinished_work[:] = [pending for pending in _unfinished_work if not pending.is_completed()]
+    _unfinished_work.append(work)
+    return work.get_future().then(callback)
+
+
+@atexit.register
+def _finish_callbacks_before_exit() -> None:
+    for work in _unfinished_work:
+        try:
+            # Work.wait releases the GIL, which the worker thread needs to finish the callback.
+            work.wait(timedelta(seconds=EXIT_WAIT_SECONDS))
+        except Exception:  # a failed or timed-out collective was already reported where it ran
+            pass
+    # One reference the interpreter never drops, so no work is destroyed during finalization on a
+    # thread that would need the GIL for it; the process is ending, so nothing is lost.
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_unfinished_work))
