@@ -58,7 +58,10 @@ def test_two_processes_under_horovodrun_equal_one(one_process, tmp_path):
 def test_two_processes_under_mpirun_equal_one(one_process, tmp_path):
     out = tmp_path / "mpi.pt"
     env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    forwarded = [arg for name in ("MASTER_ADDR", "MASTER_PORT", "PYTHONPATH", "OMP_NUM_THREADS")
+    # mpirun passes on only the variables named with -x; the kernel choice too, so the workers
+    # run with the ATEN_CPU_CAPABILITY the suite was started with.
+    forwarded = [arg for name in ("MASTER_ADDR", "MASTER_PORT", "PYTHONPATH", "OMP_NUM_THREADS",
+                                  "ATEN_CPU_CAPABILITY") if name in env
                  for arg in ("-x", name)]
     run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", *forwarded,
          sys.executable, SCRIPT, "--out", str(out)], env=env, timeout=300)
