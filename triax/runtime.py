@@ -205,7 +205,7 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _collective_device() -> torch.device:
+def collective_device() -> torch.device:
     # NCCL only reduces CUDA tensors; gloo takes CPU ones.
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -219,7 +219,7 @@ def _decision_buffer(value: int) -> torch.Tensor:
     # One long-lived tensor per device, reused. A fresh tensor per call can have its last reference
     # dropped by gloo's worker thread, which then needs the GIL; if that happens while the main
     # thread tears the process group down (holding the GIL), the process hangs at exit.
-    device = _collective_device()
+    device = collective_device()
     buffer = _decision_buffers.get(device)
     if buffer is None:
         buffer = _decision_buffers[device] = torch.zeros(1, dtype=torch.int64, device=device)
@@ -241,7 +241,7 @@ def mean_across_ranks(value: float) -> float:
     """The mean of every rank's `value` (a collective), e.g. a loss for logging."""
     if not is_distributed():
         return float(value)
-    tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
+    tensor = torch.tensor([value], dtype=torch.float64, device=collective_device())
     dist.all_reduce(tensor)
     return tensor.item() / dist.get_world_size()
 
@@ -263,20 +263,46 @@ def raise_together(doing: str):
     """Run a block that may fail on some ranks only (rank 0 writing a file, one rank reading its
     own RNG file), then agree on the outcome (a collective: every rank must enter it): if the block
     failed anywhere, every rank raises, the failing ranks their own error and the others
-    RankFailedError naming the rank. Without this a rank that raises alone leaves the others
-    waiting in their next collective until the process-group timeout."""
+    RankFailedError naming the first failing rank and its error. Without this a rank that raises
+    alone leaves the others waiting in their next collective until the process-group timeout."""
     failure = None
     try:
         yield
     except Exception as error:  # agreed on below, then raised again unchanged
         failure = error
-    rank = dist.get_rank() if is_distributed() else 0
-    failed_rank = max_across_ranks(rank + 1 if failure is not None else 0) - 1
+    agreed = first_failure(failure)
     if failure is not None:
         raise failure
-    if failed_rank >= 0:
-        raise RankFailedError(f"rank {failed_rank} failed while {doing} (its error is in its own output); "
-                              "every rank stops")
+    if agreed is not None:
+        rank, message = agreed
+        raise RankFailedError(f"rank {rank} failed while {doing} ({message}); every rank stops")
+
+
+def first_failure(error: BaseException | None) -> tuple[int, str] | None:
+    """A collective (every rank calls it): None when `error` is None on every rank, else the lowest
+    failing rank and the first line of its error ("OSError: ..."), the same on every rank. The one
+    agreement behind `raise_together` here and the Accelerator's."""
+    if not any_rank(error is not None):
+        return None
+    message = "" if error is None else f"{type(error).__name__}: {error}".splitlines()[0][:500]
+    if not is_distributed():
+        return 0, message
+    messages = all_gather_bytes(message.encode())
+    return next((rank, text.decode(errors="replace")) for rank, text in enumerate(messages) if text)
+
+
+def all_gather_bytes(payload: bytes) -> list[bytes]:
+    """Every rank's bytes, in rank order (lengths first, then padded to the longest), without
+    pickling: a collective."""
+    device = collective_device()
+    length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    lengths = [torch.zeros_like(length) for _ in range(dist.get_world_size())]
+    dist.all_gather(lengths, length)
+    mine = torch.zeros(max(int(n) for n in lengths), dtype=torch.uint8, device=device)
+    mine[:len(payload)] = torch.tensor(list(payload), dtype=torch.uint8, device=device)
+    everyone = [torch.zeros_like(mine) for _ in lengths]
+    dist.all_gather(everyone, mine)
+    return [bytes(item[:int(n)].cpu().tolist()) for item, n in zip(everyone, lengths)]
 
 
 def broadcast_int(value: int, src: int = 0) -> int:
@@ -307,7 +333,7 @@ def gather_floats(values: list[float]) -> list[list[float]]:
     """Every rank's `values` (the same length on every rank), indexed by rank (a collective)."""
     if not is_distributed():
         return [list(map(float, values))]
-    local = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    local = torch.tensor(values, dtype=torch.float64, device=collective_device())
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)
     return [tensor.tolist() for tensor in gathered]

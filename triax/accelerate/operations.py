@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from triax.accelerate.errors import AcceleratorValueError
-from triax.runtime import is_distributed
+from triax.runtime import all_gather_bytes, collective_device, first_failure, is_distributed
 
 
 def map_tensors(function, data):
@@ -62,26 +62,6 @@ def signature(data, full_shape: bool) -> list[str]:
     return lines
 
 
-def _collective_device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _all_gather_bytes(payload: bytes, device: torch.device) -> list[bytes]:
-    """Every process's bytes (lengths first, then padded to the longest), without pickling."""
-    world = dist.get_world_size()
-    length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
-    lengths = [torch.zeros_like(length) for _ in range(world)]
-    dist.all_gather(lengths, length)
-    longest = max(int(n) for n in lengths)
-    mine = torch.zeros(longest, dtype=torch.uint8, device=device)
-    mine[:len(payload)] = torch.tensor(list(payload), dtype=torch.uint8, device=device)
-    everyone = [torch.zeros_like(mine) for _ in range(world)]
-    dist.all_gather(everyone, mine)
-    return [bytes(item[:int(n)].cpu().tolist()) for item, n in zip(everyone, lengths)]
-
-
 def check_same_everywhere(data, what: str, full_shape: bool = False) -> None:
     """Raise the same AcceleratorValueError on every process if the structure, keys, dtypes or
     shapes of `data` differ between processes, before any data moves (a mismatched all_gather can
@@ -90,13 +70,13 @@ def check_same_everywhere(data, what: str, full_shape: bool = False) -> None:
         return
     lines = signature(data, full_shape)
     text = "\n".join(lines).encode()
-    device = _collective_device()
+    device = collective_device()
     digest = torch.tensor(list(hashlib.sha256(text).digest()), dtype=torch.uint8, device=device)
     digests = [torch.zeros_like(digest) for _ in range(dist.get_world_size())]
     dist.all_gather(digests, digest)
     if all(torch.equal(item, digests[0]) for item in digests):
         return
-    texts = [payload.decode().split("\n") for payload in _all_gather_bytes(text, device)]
+    texts = [payload.decode().split("\n") for payload in all_gather_bytes(text)]
     reference = texts[0]
     for rank, other in enumerate(texts[1:], start=1):
         for mine, theirs in zip(reference + ["(nothing)"] * len(other), other + ["(nothing)"] * len(reference)):
@@ -113,21 +93,14 @@ def raise_together(error: BaseException | None, doing: str) -> None:
     re-raises its own error; the others raise AcceleratorRuntimeError quoting the first failure,
     so none is left waiting in a later collective until the timeout."""
     from triax.accelerate.errors import AcceleratorRuntimeError
-    from triax.runtime import any_rank
 
-    if not any_rank(error is not None):
+    agreed = first_failure(error)
+    if agreed is None:
         return
-    message = "" if error is None else f"{type(error).__name__}: {error}"
-    if is_distributed():
-        messages = [item.decode(errors="replace") for item in _all_gather_bytes(message.encode()[:2000],
-                                                                                _collective_device())]
-    else:
-        messages = [message]
     if error is not None:
         raise error
-    rank, first = next((rank, text) for rank, text in enumerate(messages) if text)
-    raise AcceleratorRuntimeError(f"{doing} failed on process {rank} ({first.splitlines()[0] if first else '?'}); "
-                                  "stopping this process too")
+    rank, message = agreed
+    raise AcceleratorRuntimeError(f"{doing} failed on process {rank} ({message}); stopping this process too")
 
 
 def send_to_device(data, device: torch.device, non_blocking: bool = False):
