@@ -7,6 +7,7 @@ launcher or as a plain `python script.py` finds its rank the same way.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import datetime
@@ -212,6 +213,47 @@ def collective_device() -> torch.device:
     return torch.device("cpu")
 
 
+# ---- collectives that end cleanly at exit ------------------------------------------------------
+
+# The latest collectives triax started, kept until the process ends (see keep_until_exit).
+_kept_works: list = []
+EXIT_WAIT_SECONDS = 30
+
+
+def keep_until_exit(works) -> None:
+    """Hold on to these torch.distributed works (async collectives) so the interpreter never
+    finalizes while gloo's worker thread still needs the GIL for them.
+
+    A gloo work started from Python carries Python state, and whichever thread drops the last
+    reference to it needs the GIL to release that state; so does a `future.then` callback once it
+    has run. If that thread is gloo's and the main thread has meanwhile run off the end of the
+    script, CPython is finalizing and ends the thread with pthread_exit, whose unwinding through
+    C++ aborts the process after a run that succeeded ("terminate called without an active
+    exception", exit -6). So the works are kept here; `_finish_works_before_exit` waits for them
+    (a work is marked finished only after its callbacks are released) and never lets them go.
+    Works already finished are dropped on the next call, long after gloo is done with them."""
+    _kept_works[:] = [work for work in _kept_works if not work.is_completed()]
+    _kept_works.extend(works)
+
+
+def finish(work) -> None:
+    """Wait for one collective started with async_op=True, keeping it until exit."""
+    work.wait()
+    keep_until_exit([work])
+
+
+@atexit.register
+def _finish_works_before_exit() -> None:
+    for work in _kept_works:
+        try:
+            # Work.wait releases the GIL, which gloo's worker thread needs to finish the work.
+            work.wait(datetime.timedelta(seconds=EXIT_WAIT_SECONDS))
+        except Exception:  # a failed or timed-out collective was already reported where it ran
+            pass
+    # A reference the interpreter never drops: no kept work is destroyed during finalization.
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_kept_works))
+
+
 _decision_buffers: dict = {}
 
 
@@ -233,7 +275,7 @@ def max_across_ranks(value: int) -> int:
     if not is_distributed():
         return int(value)
     tensor = _decision_buffer(value)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    finish(dist.all_reduce(tensor, op=dist.ReduceOp.MAX, async_op=True))
     return int(tensor.item())
 
 
@@ -242,7 +284,7 @@ def mean_across_ranks(value: float) -> float:
     if not is_distributed():
         return float(value)
     tensor = torch.tensor([value], dtype=torch.float64, device=collective_device())
-    dist.all_reduce(tensor)
+    finish(dist.all_reduce(tensor, async_op=True))
     return tensor.item() / dist.get_world_size()
 
 
@@ -297,11 +339,11 @@ def all_gather_bytes(payload: bytes) -> list[bytes]:
     device = collective_device()
     length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
     lengths = [torch.zeros_like(length) for _ in range(dist.get_world_size())]
-    dist.all_gather(lengths, length)
+    finish(dist.all_gather(lengths, length, async_op=True))
     mine = torch.zeros(max(int(n) for n in lengths), dtype=torch.uint8, device=device)
     mine[:len(payload)] = torch.tensor(list(payload), dtype=torch.uint8, device=device)
     everyone = [torch.zeros_like(mine) for _ in lengths]
-    dist.all_gather(everyone, mine)
+    finish(dist.all_gather(everyone, mine, async_op=True))
     return [bytes(item[:int(n)].cpu().tolist()) for item, n in zip(everyone, lengths)]
 
 
@@ -310,13 +352,13 @@ def broadcast_int(value: int, src: int = 0) -> int:
     if not is_distributed():
         return int(value)
     tensor = _decision_buffer(value)
-    dist.broadcast(tensor, src=src)
+    finish(dist.broadcast(tensor, src=src, async_op=True))
     return int(tensor.item())
 
 
 def barrier() -> None:
     if is_distributed():
-        dist.barrier()
+        finish(dist.barrier(async_op=True))
 
 
 def seed_everything(seed: int) -> None:
@@ -335,7 +377,7 @@ def gather_floats(values: list[float]) -> list[list[float]]:
         return [list(map(float, values))]
     local = torch.tensor(values, dtype=torch.float64, device=collective_device())
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, local)
+    finish(dist.all_gather(gathered, local, async_op=True))
     return [tensor.tolist() for tensor in gathered]
 
 

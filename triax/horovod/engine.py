@@ -14,6 +14,7 @@ import torch.distributed as dist
 from triax.horovod.errors import HorovodInternalError, HorovodNotImplementedError
 from triax.horovod import adasum, check, compat, process_sets, reduce_ops
 from triax.horovod.compression import NoneCompressor
+from triax.runtime import keep_until_exit
 
 _UNCHECKED = object()  # sentinel: run the check here
 
@@ -34,6 +35,7 @@ def wait_all(works) -> None:
             raise
         except RuntimeError as error:
             raise HorovodInternalError(f"a collective failed: {error}") from error
+    keep_until_exit(works)  # so a script that ends right after its last collective exits cleanly
 
 
 def _agree(agreement, kind, tensor=None, problem=None, **fields):

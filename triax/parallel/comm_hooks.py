@@ -20,15 +20,12 @@ which finishes each bucket before the next (see `one_bucket_at_a_time`).
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-from datetime import timedelta
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from triax.errors import ConfigError
+from triax.runtime import keep_until_exit
 
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 
@@ -129,37 +126,10 @@ def cast_hook(dtype: torch.dtype):
     return hook
 
 
-# All-reduces whose futures carry a Python callback, not yet finished (see all_reduce_then).
-_unfinished_work: list = []
-EXIT_WAIT_SECONDS = 30
-
-
 def all_reduce_then(tensor: torch.Tensor, group, callback) -> torch.futures.Future:
-    """`dist.all_reduce(tensor, async_op=True).get_future().then(callback)`, safe at exit.
-
-    On gloo the callback runs on gloo's worker thread. After it has completed the chained future,
-    that thread still needs the GIL twice: to release the Python callable, and, when it drops the
-    last reference to the work, to release the Python state the work captured. If the main thread
-    has meanwhile run off the end of the script and the interpreter is finalizing, CPython ends
-    that thread with pthread_exit, whose unwinding through C++ aborts the whole process after a
-    run that succeeded ("terminate called without an active exception", exit -6). So at exit
-    `_finish_callbacks_before_exit` waits for the works (the callable is released before a work
-    is marked finished) and keeps them referenced for good (their last reference is then never
-    gloo's)."""
+    """`dist.all_reduce(tensor, async_op=True).get_future().then(callback)`, with the work kept
+    until the process ends: on gloo the callback runs, and is released, on gloo's worker thread,
+    which must not happen while the interpreter finalizes (see runtime.keep_until_exit)."""
     work = dist.all_reduce(tensor, group=group, async_op=True)
-    _unfinished_work[:] = [pending for pending in _unfinished_work if not pending.is_completed()]
-    _unfinished_work.append(work)
+    keep_until_exit([work])
     return work.get_future().then(callback)
-
-
-@atexit.register
-def _finish_callbacks_before_exit() -> None:
-    for work in _unfinished_work:
-        try:
-            # Work.wait releases the GIL, which the worker thread needs to finish the callback.
-            work.wait(timedelta(seconds=EXIT_WAIT_SECONDS))
-        except Exception:  # a failed or timed-out collective was already reported where it ran
-            pass
-    # One reference the interpreter never drops, so no work is destroyed during finalization on a
-    # thread that would need the GIL for it; the process is ending, so nothing is lost.
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_unfinished_work))
