@@ -23,6 +23,7 @@ from triax.horovod import adasum, basics, check, collectives, engine, fusion, jo
 from triax.horovod import process_sets
 from triax.horovod.process_sets import global_process_set
 from triax.horovod.compression import Compression
+from triax.runtime import finish
 
 
 class _DistributedOptimizer:
@@ -170,7 +171,7 @@ class _DistributedOptimizer:
             first = bucket.params[0]
             zeros = torch.zeros(bucket.numel, dtype=first.dtype, device=first.device)
             wire, _ = self._hvd_compression.compress(zeros)
-            dist.all_reduce(wire, group=self._hvd_process_set._group)
+            finish(dist.all_reduce(wire, group=self._hvd_process_set._group, async_op=True))
 
 
 def _check_passes(passes) -> int:
