@@ -32,6 +32,10 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 
+# model.gelu -> F.gelu's `approximate` argument.
+GELU_FORMS = {"tanh": "tanh", "exact": "none"}
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int
@@ -42,6 +46,9 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_embeddings: bool = False
+    # GELU in the MLP: "tanh", GPT-2's approximation (what its weights were trained with), or
+    # "exact", the erf form PyTorch's nn.GELU and nanoGPT use (about 3x cheaper on a CPU).
+    gelu: str = "tanh"
     # Rows of the embedding and head when the vocabulary is padded (to a multiple of the tensor-
     # parallel degree, so it splits evenly); None: no padding. Padding rows start at zero, their
     # logits are masked out, so they never take probability, gradient or a sampled id.
@@ -61,6 +68,8 @@ class GPTConfig:
                               f"choose n_embd as a multiple of n_head")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.gelu not in GELU_FORMS:
+            raise ConfigError(f"model.gelu must be one of {', '.join(GELU_FORMS)}, got {self.gelu!r}")
 
     @classmethod
     def from_preset(cls, name: str, **kwargs) -> "GPTConfig":
@@ -113,9 +122,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.down_proj.residual_projection = True
         self.dropout = nn.Dropout(config.dropout)
+        self.approximate = GELU_FORMS[config.gelu]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.down_proj(F.gelu(self.up_proj(x), approximate="tanh")))
+        return self.dropout(self.down_proj(F.gelu(self.up_proj(x), approximate=self.approximate)))
 
 
 class Block(nn.Module):

@@ -43,6 +43,9 @@ class ModelConfig:
     tie_embeddings: bool = False
     """Share the token embedding with the output head."""
 
+    gelu: str = "tanh"
+    """The MLP's GELU: tanh (GPT-2's approximation) | exact (erf, as nn.GELU and nanoGPT; cheaper on CPUs)."""
+
 
 @dataclass
 class DataConfig:

@@ -28,7 +28,9 @@ from triax.errors import TriaxError
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which triax's GPT uses
 # GPTConfig fields the GPT-2 config can express. A field added to GPTConfig later must be mapped
 # here (or left at its default) before export accepts it, so nothing is silently dropped.
-MAPPED_FIELDS = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_embeddings"}
+MAPPED_FIELDS = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_embeddings", "gelu"}
+# model.gelu -> transformers' activation_function
+HF_ACTIVATIONS = {"tanh": "gelu_new", "exact": "gelu"}
 
 
 class ExportError(TriaxError, ValueError):
@@ -48,7 +50,7 @@ def hf_config(config) -> dict:
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": config.vocab_size, "n_positions": config.block_size, "n_ctx": config.block_size,
         "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": 4 * config.n_embd,
-        "activation_function": "gelu_new", "layer_norm_epsilon": LAYER_NORM_EPS,
+        "activation_function": HF_ACTIVATIONS[config.gelu], "layer_norm_epsilon": LAYER_NORM_EPS,
         "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
         "tie_word_embeddings": bool(config.tie_embeddings),

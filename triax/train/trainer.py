@@ -92,7 +92,7 @@ class Trainer:
             block_size=self.data.block_size,
             n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
             dropout=config.model.dropout, bias=config.model.bias,
-            tie_embeddings=config.model.tie_embeddings)
+            tie_embeddings=config.model.tie_embeddings, gelu=config.model.gelu)
         # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
         self.global_micro_batch = trainer.batch_size * self.layout.dp
         self.samples_per_step = self.global_micro_batch * trainer.grad_accum
