@@ -54,11 +54,11 @@ def nanogpt_command(steps: int) -> list[str]:
 
 def triax_command(steps: int, text: str, run_dir: str) -> list[str]:
     # nanoGPT's train.py defaults and its shakespeare_char config, in triax's keys: no biases, tied
-    # embeddings, AdamW(0.9, 0.99) with weight decay 0.1, lr 1e-3 -> 1e-4 cosine after 100 warm-up
+    # embeddings, exact GELU (nanoGPT's nn.GELU), AdamW(0.9, 0.99) with weight decay 0.1, lr 1e-3 -> 1e-4 cosine after 100 warm-up
     # steps, gradient clipping at 1.0, one step per batch of 12, a line per step.
     return [sys.executable, "-m", "triax", "train", f"data.path={text}", "data.block_size=64",
             "model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.dropout=0.0", "model.bias=false",
-            "model.tie_embeddings=true", "trainer.batch_size=12", f"trainer.max_steps={steps}", "optim.lr=1e-3",
+            "model.tie_embeddings=true", "model.gelu=exact", "trainer.batch_size=12", f"trainer.max_steps={steps}", "optim.lr=1e-3",
             "optim.min_lr=1e-4", "optim.warmup_steps=100", "optim.betas=[0.9,0.99]", "optim.weight_decay=0.1",
             "trainer.grad_clip=1.0", f"trainer.eval_every={EVAL_EVERY}", "trainer.eval_batches=20",
             f"trainer.save_every={EVAL_EVERY}", "trainer.log_every=1", f"trainer.run_dir={run_dir}",

@@ -27,14 +27,19 @@ def split_decay_parameters(model: nn.Module):
     return decayed, not_decayed
 
 
+# Devices with a fused AdamW kernel in torch (CPU since 2.4).
+FUSED_DEVICES = ("cuda", "cpu")
+
+
 def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95),
                device: torch.device | None = None) -> torch.optim.AdamW:
     decayed, not_decayed = split_decay_parameters(model)
     groups = [{"params": decayed, "weight_decay": weight_decay},
               {"params": not_decayed, "weight_decay": 0.0}]
-    # The fused CUDA kernel updates all parameters in one launch; elsewhere the multi-tensor
-    # (foreach) path is the fast one and torch picks it by default.
-    fused = device is not None and device.type == "cuda"
+    # The fused kernel updates every parameter in one call, on CUDA and on CPUs alike. torch's
+    # default elsewhere is a per-parameter Python loop: on a 0.8M-parameter GPT on one CPU thread
+    # that took 2.5 ms a step against 0.55 ms fused (benchmarks/vs_nanogpt.py's model).
+    fused = device is not None and device.type in FUSED_DEVICES
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=fused or None)
 
 
