@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodAssertionError, HorovodNotImplementedError, HorovodTypeError, HorovodValueError
-from triax.horovod import adasum, basics, check, collectives, engine, fusion, joining, reduce_ops
+from triax.horovod import adasum, basics, check, collectives, fusion, handles, joining, reduce_ops
 from triax.horovod import process_sets
 from triax.horovod.process_sets import ProcessSet, global_process_set
 from triax.horovod.compression import Compression
