@@ -170,3 +170,12 @@ def test_horovod_modules_import_each_other_in_one_direction_at_the_top():
 
     for module in graph:
         visit(module)
+
+
+def test_sparse_as_dense_hands_sparse_gradients_back_sparse(horovod):
+    embedding = torch.nn.Embedding(10, 3, sparse=True)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(embedding.parameters()), lr=0.1),
+                                         sparse_as_dense=True)
+    embedding(torch.tensor([[1, 2, 4]])).sum().backward()
+    optimizer.step()  # SparseAdam refuses dense gradients
+    assert embedding.weight.grad.is_sparse

@@ -165,7 +165,11 @@ class _DistributedOptimizer:
                 param.grad = sparse()  # Horovod's sparse allreduce hands back a function
                 continue
             reduced = flat[offset:offset + param.numel()].view_as(param)
-            if param.grad is None or param.grad.is_sparse:
+            if param.grad is not None and param.grad.is_sparse:
+                # sparse_as_dense: exchanged dense, handed back sparse, for optimizers that need it (SparseAdam)
+                param.grad = (reduced * postscale).to_sparse()
+                continue
+            if param.grad is None:
                 param.grad = torch.empty_like(param)
             # Scale while copying back: one pass over the gradients instead of two.
             torch.mul(reduced, postscale, out=param.grad)
