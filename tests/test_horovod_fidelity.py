@@ -121,7 +121,7 @@ def test_step_after_synchronize_warns_unless_skipped(horovod):
 def test_broadcast_optimizer_state_takes_horovods_zero_gradient_step(horovod, monkeypatch):
     from triax.horovod import process_sets
 
-    monkeypatch.setattr(process_sets, "active_size", lambda: 2)  # reach the code a 2-rank job runs
+    monkeypatch.setattr(process_sets, "active_size", lambda: 2)  # reach the broadcast a 2-rank job runs
     sent = []
     monkeypatch.setattr("triax.horovod.broadcast_helpers.broadcast_object",
                         lambda obj, root_rank, name=None: sent.append(obj) or obj)

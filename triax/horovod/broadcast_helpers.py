@@ -115,10 +115,10 @@ def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=gl
     and is broadcast too. The layout travels as one pickled object; the tensors travel as fused
     broadcasts.
     """
+    if not optimizer.state_dict()["state"]:  # on one process too, as Horovod's: 1 process stays equal to N
+        _initialize_state(optimizer)
     if process_sets.active_size() == 1:
         return
-    if not optimizer.state_dict()["state"]:
-        _initialize_state(optimizer)
     state = optimizer.state_dict() if basics.rank() == root_rank else None
     tensors: list[torch.Tensor] = []
     skeleton = _split_tensors(state, tensors) if state is not None else None
