@@ -66,11 +66,13 @@ def test_launch_exports_the_timeout_to_the_workers(capsys, tmp_path):
 
 
 def test_horovod_reads_its_gloo_timeout(monkeypatch):
-    from triax.horovod.basics import _gloo_timeout
+    from triax import runtime
+    from triax.horovod.lifecycle import gloo_timeout as _gloo_timeout
     from triax.horovod.run import main as horovodrun
 
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "")  # unset (and restored after the test)
-    assert _gloo_timeout() is None  # then the runtime's default applies
+    monkeypatch.delenv(ENV_COLLECTIVE_TIMEOUT, raising=False)
+    assert _gloo_timeout() == runtime.DEFAULT_PROCESS_GROUP_TIMEOUT_S  # the runtime's default applies
     assert horovodrun(["-np", "2", "--gloo-timeout-seconds", "90", "--dry-run", "python", "train.py"]) == 0
     assert _gloo_timeout() == 90
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "-3")

@@ -205,7 +205,9 @@ if check_on:
     # the group still works after the errors
     assert_close(hvd.allreduce(mine, op=hvd.Sum), stack.sum(0))
 
-    # ---- join: rank 0 runs out of data first; the others keep reducing -----------------------
+    # ---- join: rank 0 runs out of data first; the others keep reducing (Horovod's rules: the
+    # joined rank contributes zeros and averages divide by the whole size; allgather and broadcast
+    # are refused on the active ranks while the joined rank keeps waiting) -----------------------
     layer = torch.nn.Linear(2, 1, bias=False)  # every rank builds the optimizer before joining
     with torch.no_grad():
         layer.weight.fill_(1.0)
@@ -214,16 +216,21 @@ if check_on:
     if rank == 0:
         last = hvd.join()
     else:
-        active = size - 1
         assert_close(hvd.allreduce(mine, op=hvd.Sum), sum(everyone[1:]))
-        assert_close(hvd.allreduce(mine), sum(everyone[1:]) / active)
+        assert_close(hvd.allreduce(mine), sum(everyone[1:]) / size)
         assert_close(hvd.allreduce(mine, op=hvd.Min), torch.stack(everyone[1:]).min(0).values)
-        assert_close(hvd.allgather(rows_of(rank)), torch.cat([rows_of(r) for r in range(1, size)]))
-        assert_close(hvd.broadcast(mine, root_rank=1), everyone[1])
+        handle = hvd.allreduce_async(mine, name="after join")  # started at synchronize, rank 0 serves it
+        assert_close(hvd.synchronize(handle), sum(everyone[1:]) / size)
+        for refused in (lambda: hvd.allgather(rows_of(rank)), lambda: hvd.broadcast(mine, root_rank=1)):
+            try:
+                refused()
+                raise AssertionError("allgather/broadcast must be refused while a rank has joined")
+            except hvd.HorovodInternalError as error:
+                assert "not supported with Join" in str(error), error
         # a data-parallel step with the DistributedOptimizer while rank 0 is joined
         layer(torch.full((1, 2), float(rank))).sum().backward()
         opt.step()
-        mean_input = sum(range(1, size)) / active  # gradient averaged over the ranks still active
+        mean_input = sum(range(1, size)) / size  # rank 0's zero gradient counts in the average
         assert_close(layer.weight, torch.full((1, 2), 1.0 - mean_input))
         last = hvd.join()
     assert last in range(1, size), last

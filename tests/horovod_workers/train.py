@@ -49,7 +49,7 @@ def train(backward_passes, compression_name, fusion_groups):
     # Horovod's recipe: scale the learning rate by the number of processes.
     optimizer = torch.optim.Adam(model.parameters(), lr=args.base_lr * hvd.size())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # state still empty here
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # state still empty: Horovod takes a zero-gradient step
     compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[compression_name]
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression,

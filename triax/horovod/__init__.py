@@ -7,10 +7,11 @@ collectives are torch.distributed's, gloo on CPU and NCCL on GPU).
 
 from triax.horovod.basics import (
     ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-    disagreement_check_enabled, gloo_built, gloo_enabled, init, is_homogeneous,
+    disagreement_check_enabled, gloo_built, gloo_enabled, is_homogeneous,
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-    nccl_built, rank, rocm_built, set_disagreement_check, shutdown, size, start_timeline, stop_timeline,
+    nccl_built, rank, rocm_built, set_disagreement_check, size, start_timeline, stop_timeline,
 )
+from triax.horovod.lifecycle import init, shutdown
 from triax.horovod.broadcast_helpers import broadcast_optimizer_state, broadcast_parameters
 from triax.horovod.collectives import (
     allgather, allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall,
@@ -24,7 +25,8 @@ from triax.horovod.compression import Compression, Compressor
 from triax.horovod.errors import HorovodInternalError, HostsUpdatedInterrupt
 from triax.horovod.joining import join
 from triax.horovod.objects import allgather_object, broadcast_object
-from triax.horovod.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from triax.horovod.process_sets import ProcessSet, global_process_set
+from triax.horovod.set_registration import add_process_set, remove_process_set
 from triax.horovod.optimizer import DistributedOptimizer
 from triax.horovod.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from triax.horovod.sync_batchnorm import SyncBatchNorm

@@ -1,23 +1,19 @@
-"""Lifecycle and topology: `hvd.init()`, `hvd.rank()`, `hvd.size()` and friends.
+"""Topology and capabilities: `hvd.rank()`, `hvd.size()` and friends, from what `hvd.init()`
+learned (lifecycle.py joins the job and records it here with set_world).
 
-Horovod keeps its own MPI/Gloo world; here the world is torch.distributed's default process group,
-found through `triax.runtime` (torchrun, `triax launch`, mpirun, Horovod's variables, Slurm).
+Horovod keeps its own MPI/Gloo world; here the world is torch.distributed's default process group.
 `init()` may be called again after `shutdown()`; every answer below is recomputed each time.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from triax import runtime
-from triax.horovod.errors import HorovodTypeError, HorovodValueError
-from triax.runtime import detect_place, init_distributed, pick_device
+from triax.horovod.errors import HorovodValueError
 
 CHECK_ENV = "TRIAX_HOROVOD_CHECK"
 
@@ -39,104 +35,12 @@ class _World:
 
 
 _world: _World | None = None
-# The rendezvous store outlives shutdown(): every init() after the first joins under a new key
-# prefix on the same store. A fresh env:// rendezvous would race (a fast rank could reach the
-# previous store, or read the previous group's keys) and hang.
-_base_store = None
-_generation = 0
 
 
-def _check_from_env() -> bool:
-    return os.environ.get(CHECK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def _backend_for(device: torch.device) -> str:
-    # Horovod scripts mix GPU tensors (gradients) and CPU tensors (metrics, objects) in collectives;
-    # one group with a backend per device type serves both.
-    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-
-
-def init(comm=None, process_sets=None, check: bool | None = None) -> None:
-    """Join the job. `process_sets`: hvd.ProcessSet objects to register, in order, on every rank
-    ("dynamic" or None: none now; add them later with hvd.add_process_set). `check` turns the disagreement check on or off
-    (default: on, unless TRIAX_HOROVOD_CHECK=0)."""
+def set_world(world: _World | None) -> None:
+    """lifecycle.init() and shutdown() record (or clear) what init learned."""
     global _world
-    if comm is not None and not isinstance(comm, (list, tuple)):
-        raise HorovodTypeError("hvd.init(comm=...) takes an MPI communicator in Horovod; triax has no MPI "
-                         "layer: call hvd.init() and start the processes with mpirun or torchrun")
-    if comm:
-        raise HorovodValueError(f"hvd.init(comm={comm!r}): sub-communicators are not supported; call hvd.init()")
-    if _world is not None:
-        return  # Horovod allows repeated init(); the second call changes nothing
-    place = detect_place()
-    # The device Horovod scripts pin themselves (torch.cuda.set_device(hvd.local_rank())) is the
-    # one we pick too, so NCCL binds to the same GPU.
-    device = pick_device("cuda" if torch.cuda.is_available() else "cpu", place.local_rank)
-    owns_group = not dist.is_initialized()
-    if place.world_size > 1 or dist.is_initialized():
-        store = _next_store(place) if owns_group and place.world_size > 1 else None
-        place = init_distributed(device, place, backend=_backend_for(device), store=store, timeout_s=_gloo_timeout())
-    rank, size = place.rank, place.world_size
-    local_rank, local_size = place.local_rank, place.local_world_size
-    cross_rank, cross_size, homogeneous = 0, 1, True
-    if size > 1:
-        # Horovod's cross communicator joins the ranks with the same local rank, one per node.
-        mine = [socket.gethostname(), local_rank, local_size]
-        everyone: list = [None] * size
-        dist.all_gather_object(everyone, mine)
-        same_local = [r for r, entry in enumerate(everyone) if entry[1] == local_rank]
-        cross_rank, cross_size = same_local.index(rank), len(same_local)
-        homogeneous = len({entry[2] for entry in everyone}) == 1
-    _world = _World(rank, size, local_rank, local_size, cross_rank, cross_size, homogeneous, device,
-                    _check_from_env() if check is None else bool(check), owns_group)
-    # Scripts written for horovodrun read these.
-    os.environ.update(HOROVOD_RANK=str(rank), HOROVOD_SIZE=str(size),
-                      HOROVOD_LOCAL_RANK=str(local_rank), HOROVOD_LOCAL_SIZE=str(local_size),
-                      HOROVOD_CROSS_RANK=str(cross_rank), HOROVOD_CROSS_SIZE=str(cross_size))
-    from triax.horovod import process_sets as sets
-
-    sets.register_at_init(process_sets)
-
-
-def _gloo_timeout() -> float | None:
-    """Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS bounds every collective; unset: triax's default
-    ($TRIAX_COLLECTIVE_TIMEOUT from `triax launch --collective-timeout`, else 600 s)."""
-    text = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "").strip()
-    if not text:
-        return None
-    from triax.watchdog import collective_timeout
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = text
-    return collective_timeout(value, source="HOROVOD_GLOO_TIMEOUT_SECONDS")
-
-
-def _next_store(place):
-    global _base_store, _generation
-    if _base_store is None:
-        runtime.set_rendezvous_defaults()
-        _base_store, _, _ = next(dist.rendezvous("env://", place.rank, place.world_size))
-    _generation += 1
-    # A fresh prefix per init() (generation) and per torchrun restart attempt (runtime.attempt_store).
-    return runtime.attempt_store(_base_store, f"triax-horovod/{_generation}")
-
-
-def shutdown() -> None:
-    """Leave the job; `init()` may be called again afterwards."""
-    global _world
-    if _world is None:
-        return
-    from triax.horovod import handles
-
-    from triax.horovod import process_sets
-
-    handles.forget_all()
-    process_sets.forget_all()
-    if _world.owns_group and dist.is_initialized():
-        dist.destroy_process_group()
-    _world = None
+    _world = world
 
 
 def is_initialized() -> bool:

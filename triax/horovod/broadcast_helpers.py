@@ -11,6 +11,7 @@ from triax.horovod.errors import HorovodTypeError
 from triax.horovod import basics, engine, process_sets
 from triax.horovod.process_sets import global_process_set, in_process_set
 from triax.horovod.objects import broadcast_object
+from triax.horovod.optimizer import _DistributedOptimizer
 
 
 def _broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int, label: str) -> None:
@@ -90,14 +91,32 @@ def _placeholders(value, found: list):
     return found
 
 
+def _initialize_state(optimizer) -> None:
+    """Horovod's dummy step: zero gradients, then the wrapped optimizer's own step (no exchange,
+    which would need every rank to step), so the state tensors exist on every rank."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    if isinstance(optimizer, _DistributedOptimizer):
+        super(_DistributedOptimizer, optimizer).step()
+    else:
+        optimizer.step()
+
+
 @in_process_set
 def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=global_process_set):
     """Every rank's optimizer takes root_rank's state and hyperparameters (lr, momentum, ...).
 
-    Works when the state is still empty (before the first step): the empty state is what is
-    broadcast, so no dummy step is needed. The layout travels as one pickled object; the tensors
-    travel as fused broadcasts.
+    As in Horovod, an optimizer with no state yet (before its first step) first takes one local
+    step on zero gradients (each trainable parameter's .grad is set to zeros), so its state exists
+    and is broadcast too. The layout travels as one pickled object; the tensors travel as fused
+    broadcasts.
     """
+    if not optimizer.state_dict()["state"]:  # on one process too, as Horovod's: 1 process stays equal to N
+        _initialize_state(optimizer)
     if process_sets.active_size() == 1:
         return
     state = optimizer.state_dict() if basics.rank() == root_rank else None

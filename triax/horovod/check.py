@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from triax.horovod.errors import HorovodInternalError
+from triax.horovod.errors import HorovodInternalError, HorovodValueError
 from triax.horovod import basics, compat, process_sets, reduce_ops
 from triax.runtime import finish
 
@@ -34,11 +34,18 @@ _ON_DEVICE = 100
 MAX_DIMS = 8
 # row: kind, dtype, op, root, ndim, dims[8], shape digest, extra digest, problem flag
 SLOTS = 5 + MAX_DIMS + 3
-PROBLEM = SLOTS - 1  # 1 when this rank refused its own arguments (see agree(problem=...))
+PROBLEM = SLOTS - 1  # this rank refused its own arguments: 1 + the index of the class to raise (see agree)
+# What a refusal raises on every rank: Horovod's class for it (RuntimeError for a failed op,
+# ValueError for bad arguments such as alltoall splits). The lowest refusing rank's class wins.
+PROBLEM_CLASSES = [HorovodInternalError, HorovodValueError]
 _PROBLEM_BYTES = 512
 _DIMS = slice(5, 5 + MAX_DIMS)
 # Kinds where each rank may bring a different first dimension.
 _FREE_FIRST_DIM = {KIND["allgather"], KIND["alltoall"]}
+# Horovod refuses these while any rank of the set has joined (hvd.join): the active ranks raise,
+# the joined ones keep waiting.
+_NOT_WITH_JOIN = {"allgather": "Allgather", "broadcast": "Broadcast", "alltoall": "Alltoall",
+                  "reducescatter": "Reducescatter"}
 # Kinds where only the kind and root must match (object sizes differ by design).
 _OBJECT_KINDS = {KIND["broadcast_object"], KIND["allgather_object"], KIND["barrier"], KIND["process set"]}
 
@@ -53,6 +60,7 @@ class Agreement:
 
     rows: torch.Tensor  # (size, SLOTS) int64
     joined: list[int]
+    refused: str | None = None  # why the active ranks' collective cannot run while ranks have joined
 
     @property
     def active_count(self) -> int:
@@ -168,9 +176,11 @@ def _shared_problem(problem: str | None, rows: torch.Tensor, name: str | None) -
 
 
 def check_rows(rows: torch.Tensor, name: str | None, problem: str | None = None) -> Agreement:
-    if bool(rows[:, PROBLEM].any()):
-        # Some rank refused its arguments before moving data: all raise together, same message.
-        raise HorovodInternalError(_shared_problem(problem, rows, name))
+    refusing = [r for r in range(rows.shape[0]) if int(rows[r, PROBLEM])]
+    if refusing:
+        # Some rank refused its arguments before moving data: all raise together, same message and class.
+        error_class = PROBLEM_CLASSES[int(rows[refusing[0], PROBLEM]) - 1]
+        raise error_class(_shared_problem(problem, rows, name))
     joined = [r for r in range(rows.shape[0]) if int(rows[r, 0]) == KIND["join"]]
     active = [r for r in range(rows.shape[0]) if r not in joined]
     if not active:
@@ -189,26 +199,31 @@ def check_rows(rows: torch.Tensor, name: str | None, problem: str | None = None)
             f"collective, in the same order, with the same shape (first dimension may differ only "
             f"for allgather/alltoall), dtype, op and root_rank "
             f"(set {basics.CHECK_ENV}=0 to skip this check)")
-    root = int(rows[active[0], 3])
-    if root >= 0 and root in [process_sets.active_ranks()[j] for j in joined]:
-        raise HorovodInternalError(f"Horovod collective{' ' + repr(name) if name else ''}: root_rank={root} has "
-                         "already called hvd.join(); broadcast from a rank that has not joined")
+    kind = KINDS[int(rows[active[0], 0])]
+    if joined and kind in _NOT_WITH_JOIN:
+        ranks = [process_sets.active_ranks()[j] for j in joined]
+        return Agreement(rows, joined, f"{_NOT_WITH_JOIN[kind]} is not supported with Join at this time "
+                                       f"(ranks {ranks} have called hvd.join())")
     return Agreement(rows, joined)
 
 
 def agree(kind: str, tensor: torch.Tensor | None = None, op: int = -1, root: int = -1,
           name: str | None = None, extra: str = "", shape=None, dtype=None,
-          problem: str | None = None) -> Agreement | None:
+          problem: str | None = None, problem_class=HorovodInternalError) -> Agreement | None:
     """Run the check before a collective; None when it is off or there is only one process.
 
-    `problem`: what is wrong with this rank's own arguments, if anything. It is raised on every
-    rank (not only here), so no rank is left waiting in a collective the others abandoned.
+    `problem`: what is wrong with this rank's own arguments, if anything. It is raised, as
+    `problem_class`, on every rank (not only here), so no rank is left waiting in a collective
+    the others abandoned.
     """
     world = basics.world()
     if process_sets.active_size() == 1 or not world.check:
         if problem:
-            raise HorovodInternalError(problem)
+            raise problem_class(problem)
         return None
     row = make_row(kind, tensor if problem is None else None, op, root, extra, shape, dtype)
-    row[PROBLEM] = 1 if problem else 0
-    return check_rows(gather_rows(row), name, problem)
+    row[PROBLEM] = 1 + PROBLEM_CLASSES.index(problem_class) if problem else 0
+    agreement = check_rows(gather_rows(row), name, problem)
+    if agreement.refused:
+        raise HorovodInternalError(agreement.refused)
+    return agreement

@@ -53,17 +53,17 @@ def allreduce_async(tensor, average=None, name=None, compression=Compression.non
                     prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     op = reduce_ops.resolve(op, average)
     buffer = _tensor(tensor, "allreduce_async").detach().clone(memory_format=torch.contiguous_format)
-    works, finish = engine.start_allreduce(buffer, op, prescale_factor, postscale_factor, compression, name)
-    return handles.make(works, finish, name or "allreduce")
+    return handles.submit(lambda: engine.start_allreduce(buffer, op, prescale_factor, postscale_factor,
+                                                         compression, name), name)
 
 
 @in_process_set
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     op = reduce_ops.resolve(op, average)
-    works, finish = _inplace(_tensor(tensor, "allreduce_async_"), lambda b: engine.start_allreduce(
-        b, op, prescale_factor, postscale_factor, name=name))
-    return handles.make(works, finish, name or "allreduce")
+    tensor = _tensor(tensor, "allreduce_async_")
+    return handles.submit(lambda: _inplace(tensor, lambda b: engine.start_allreduce(
+        b, op, prescale_factor, postscale_factor, name=name)), name)
 
 
 @in_process_set
@@ -96,9 +96,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, compression=Compre
     op = reduce_ops.resolve(op, average)
     buffers = [t.detach().clone(memory_format=torch.contiguous_format)
                for t in _tensors(tensors, "grouped_allreduce_async")]
-    works, finish = engine.start_grouped_allreduce(buffers, op, prescale_factor, postscale_factor,
-                                                   compression, name)
-    return handles.make(works, finish, name or "grouped_allreduce")
+    return handles.submit(lambda: engine.start_grouped_allreduce(buffers, op, prescale_factor, postscale_factor,
+                                                                 compression, name), name)
 
 
 @in_process_set
@@ -107,17 +106,21 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     op = reduce_ops.resolve(op, average)
     tensors = _tensors(tensors, "grouped_allreduce_async_")
     buffers = [t if t.is_contiguous() else t.contiguous() for t in tensors]
-    works, finish = engine.start_grouped_allreduce(buffers, op, prescale_factor, postscale_factor,
-                                                   name=name)
 
-    def done():
-        finish()
-        for tensor, buffer in zip(tensors, buffers):
-            if buffer.data_ptr() != tensor.data_ptr():
-                tensor.copy_(buffer)
-        return tensors
+    def start():
+        works, finish = engine.start_grouped_allreduce(buffers, op, prescale_factor, postscale_factor,
+                                                       name=name)
 
-    return handles.make(works, done, name or "grouped_allreduce")
+        def done():
+            finish()
+            for tensor, buffer in zip(tensors, buffers):
+                if buffer.data_ptr() != tensor.data_ptr():
+                    tensor.copy_(buffer)
+            return tensors
+
+        return works, done
+
+    return handles.submit(start, name)
 
 
 @in_process_set
@@ -135,8 +138,8 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 @in_process_set
 def allgather_async(tensor, name=None, process_set=global_process_set):
-    works, finish = engine.start_allgather(_tensor(tensor, "allgather_async").detach(), name)
-    return handles.make(works, finish, name or "allgather")
+    tensor = _tensor(tensor, "allgather_async").detach()
+    return handles.submit(lambda: engine.start_allgather(tensor, name), name)
 
 
 @in_process_set
@@ -149,8 +152,8 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 def sparse_allreduce_async(tensor, name=None, op=reduce_ops.Average, process_set=global_process_set):
     """Sum (or average) sparse COO tensors by gathering every rank's indices and values.
 
-    Returns a handle; synchronize() gives an uncoalesced sparse tensor of the same size, as in
-    Horovod (coalesce() it to add up entries several ranks share).
+    Returns a function, as Horovod's does: calling it waits and gives an uncoalesced sparse tensor
+    of the same size (coalesce() it to add up entries several ranks share).
     """
     if not torch.is_tensor(tensor) or not tensor.is_sparse:
         raise HorovodTypeError(f"hvd.sparse_allreduce_async takes a sparse COO tensor, got "
@@ -162,14 +165,18 @@ def sparse_allreduce_async(tensor, name=None, op=reduce_ops.Average, process_set
     if op == reduce_ops.Average:
         values = values / process_sets.active_size()
     # allgather concatenates along dim 0: gather the indices as (nnz, sparse_dims) rows.
-    index_works, indices_done = engine.start_allgather(indices.t().contiguous(), f"{name or 'sparse'}.indices")
-    value_works, values_done = engine.start_allgather(values.detach().contiguous(), f"{name or 'sparse'}.values")
+    indices, values = indices.t().contiguous(), values.detach().contiguous()
+    label = name or "sparse"
+    index_handle = handles.submit(lambda: engine.start_allgather(indices, f"{label}.indices"),
+                                  name and f"{name}.indices")
+    value_handle = handles.submit(lambda: engine.start_allgather(values, f"{label}.values"),
+                                  name and f"{name}.values")
     shape = tensor.shape
 
-    def finish():
-        return torch.sparse_coo_tensor(indices_done().t(), values_done(), shape)
+    def result():
+        return torch.sparse_coo_tensor(synchronize(index_handle).t(), synchronize(value_handle), shape)
 
-    return handles.make(index_works + value_works, finish, name or "sparse_allreduce")
+    return result
 
 
 # ---- broadcast --------------------------------------------------------------------------------
@@ -181,15 +188,13 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 @in_process_set
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     buffer = _tensor(tensor, "broadcast_async").detach().clone(memory_format=torch.contiguous_format)
-    works, finish = engine.start_broadcast(buffer, root_rank, name)
-    return handles.make(works, finish, name or "broadcast")
+    return handles.submit(lambda: engine.start_broadcast(buffer, root_rank, name), name)
 
 
 @in_process_set
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    works, finish = _inplace(_tensor(tensor, "broadcast_async_"),
-                             lambda b: engine.start_broadcast(b, root_rank, name))
-    return handles.make(works, finish, name or "broadcast")
+    tensor = _tensor(tensor, "broadcast_async_")
+    return handles.submit(lambda: _inplace(tensor, lambda b: engine.start_broadcast(b, root_rank, name)), name)
 
 
 @in_process_set
@@ -207,9 +212,13 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 @in_process_set
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    works, finish = engine.start_alltoall(_tensor(tensor, "alltoall_async").detach(), splits, name)
-    result = finish if splits is not None else (lambda: finish()[0])
-    return handles.make(works, result, name or "alltoall")
+    tensor = _tensor(tensor, "alltoall_async").detach()
+
+    def start():
+        works, finish = engine.start_alltoall(tensor, splits, name)
+        return works, (finish if splits is not None else (lambda: finish()[0]))
+
+    return handles.submit(start, name)
 
 
 # ---- reducescatter ----------------------------------------------------------------------------
@@ -225,9 +234,9 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=reduce_ops
 def reducescatter_async(tensor, name=None, compression=Compression.none, op=reduce_ops.Average,
                         process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     op = reduce_ops.resolve(op)
-    works, finish = engine.start_reducescatter(_tensor(tensor, "reducescatter_async").detach(), op,
-                                               prescale_factor, postscale_factor, compression, name)
-    return handles.make(works, finish, name or "reducescatter")
+    tensor = _tensor(tensor, "reducescatter_async").detach()
+    return handles.submit(lambda: engine.start_reducescatter(tensor, op, prescale_factor, postscale_factor,
+                                                             compression, name), name)
 
 
 @in_process_set

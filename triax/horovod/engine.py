@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from triax.horovod.errors import HorovodInternalError, HorovodNotImplementedError
+from triax.horovod.errors import HorovodInternalError, HorovodNotImplementedError, HorovodValueError
 from triax.horovod import adasum, check, compat, process_sets, reduce_ops
+from triax.horovod.handles import wait_all
 from triax.horovod.compression import NoneCompressor
 from triax import runtime
 
@@ -25,25 +26,12 @@ def wait(works_and_finish):
     return finish()
 
 
-def wait_all(works) -> None:
-    """Wait for torch.distributed work; a failed collective (a peer gone, a timeout) becomes
-    Horovod's HorovodInternalError, which elastic training loops catch."""
-    for work in works:
-        try:
-            work.wait()
-        except HorovodInternalError:
-            raise
-        except RuntimeError as error:
-            raise HorovodInternalError(f"a collective failed: {error}") from error
-    runtime.keep_until_exit(works)  # so a script that ends right after its last collective exits cleanly
-
-
-def _agree(agreement, kind, tensor=None, problem=None, **fields):
+def _agree(agreement, kind, tensor=None, problem=None, problem_class=HorovodInternalError, **fields):
     """The check round (or the one a joined rank already did); a `problem` raises on every rank."""
     if agreement is _UNCHECKED:
-        return check.agree(kind, tensor, problem=problem, **fields)
+        return check.agree(kind, tensor, problem=problem, problem_class=problem_class, **fields)
     if problem:
-        raise HorovodInternalError(problem)
+        raise problem_class(problem)
     return agreement
 
 
@@ -66,7 +54,8 @@ def to_wire(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _average_divisor(tensor: torch.Tensor, op: int, contributors: int, postscale: float):
-    """Horovod averages floats by scaling and integers by floor division: (divisor, postscale)."""
+    """Horovod averages floats by scaling and integers by division rounded toward zero (its scaling
+    casts the product back to the integer type): (divisor, postscale)."""
     if op != reduce_ops.Average:
         return 1, postscale
     if tensor.is_floating_point() or tensor.is_complex():
@@ -87,15 +76,15 @@ def start_allreduce(buffer: torch.Tensor, op: int, prescale: float = 1.0, postsc
     # the extra digest keeps the caller's own shape and dtype in the comparison.
     agreement = _agree(agreement, "allreduce", wire, op=op, name=name,
                        extra=f"{extra}|{buffer.dtype}")
-    contributors = agreement.active_count if agreement is not None else process_sets.active_size()
-    divisor, postscale = _average_divisor(wire, op, contributors, postscale)
+    # Horovod averages over the whole set, joined ranks included (they contribute zeros).
+    divisor, postscale = _average_divisor(wire, op, process_sets.active_size(), postscale)
     reduce_ops.scale_(wire, prescale)
     sent = to_wire(wire)
     works = [dist.all_reduce(sent, op=reduce_ops.torch_op(op), group=_group(), async_op=True)] if _distributed() else []
 
     def finish():
         if divisor != 1:
-            sent.floor_divide_(divisor)
+            sent.div_(divisor, rounding_mode="trunc")
         reduce_ops.scale_(sent, postscale)
         if sent is not wire:
             wire.copy_(sent)
@@ -238,6 +227,8 @@ def _checked_splits(tensor, splits, size: int, name: str | None):
             return None, (f"alltoall {name or ''}: first dimension {tuple(tensor.shape)[:1]} does not divide "
                           f"by size {size}; pass splits= (rows sent to each rank)")
         return [rows // size] * size, None
+    if torch.is_tensor(splits) and splits.dtype != torch.int32:  # Horovod's rule for a splits tensor
+        return None, f"alltoall {name or ''}: splits must be a tensor of int32, got {splits.dtype}"
     try:
         splits = [int(s) for s in (splits.tolist() if torch.is_tensor(splits) else splits)]
     except (TypeError, ValueError):
@@ -254,7 +245,8 @@ def start_alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,
     size = process_sets.active_size()
     tensor = tensor.contiguous()
     splits, problem = _checked_splits(tensor, splits, size, name)
-    _agree(agreement, "alltoall", tensor, problem, name=name)
+    # Bad splits are a ValueError in Horovod, raised on every rank here (see check.agree).
+    _agree(agreement, "alltoall", tensor, problem, HorovodValueError, name=name)
     if not _distributed():
         return [], lambda: (tensor.clone(), torch.tensor(splits, dtype=torch.int32))
     received = torch.empty(size, dtype=torch.int64)
@@ -289,8 +281,7 @@ def start_reducescatter(tensor: torch.Tensor, op: int = reduce_ops.Average, pres
     wire, ctx = compression.compress(padded)
     agreement = _agree(agreement, "reducescatter", wire, op=op, name=name,
                        extra=f"{tuple(tensor.shape)}|{tensor.dtype}")
-    contributors = agreement.active_count if agreement is not None else size
-    divisor, postscale = _average_divisor(wire, op, contributors, postscale)
+    divisor, postscale = _average_divisor(wire, op, size, postscale)
     reduce_ops.scale_(wire, prescale)
     sent = to_wire(wire)
     output = sent.new_empty((chunk,) + rest)
@@ -302,7 +293,7 @@ def start_reducescatter(tensor: torch.Tensor, op: int = reduce_ops.Average, pres
 
     def finish():
         if divisor != 1:
-            output.floor_divide_(divisor)
+            output.div_(divisor, rounding_mode="trunc")
         reduce_ops.scale_(output, postscale)
         return compression.decompress(output.to(wire.dtype), ctx)[:shares[rank]]
 

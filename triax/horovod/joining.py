@@ -3,7 +3,9 @@
 It relies on the check round (check.py): each collective starts with a metadata allgather. A
 joined rank submits a JOIN row in that round, reads what the active ranks are about to do, and
 takes part with neutral data: zeros for sums, ones for products, the dtype's extreme for min/max,
-no rows for allgather/alltoall. Averages divide by the number of ranks that did not join.
+as Horovod does, allgather, broadcast, alltoall and reducescatter are refused while a rank has
+joined (the active ranks raise HorovodInternalError). Averages divide by the size of the set,
+joined ranks included, as Horovod's do (a joined rank contributes zeros).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodInternalError, HorovodValueError
-from triax.horovod import basics, check, compat, engine, process_sets, reduce_ops
+from triax.horovod import basics, check, engine, handles, process_sets, reduce_ops
 from triax.horovod.process_sets import global_process_set, in_process_set
 from triax.runtime import finish
 
@@ -29,13 +31,15 @@ def join(device=-1, process_set=global_process_set) -> int:
     if not world.check:
         raise HorovodValueError(f"hvd.join() needs the per-collective check round, which is off "
                          f"({basics.CHECK_ENV}=0 or hvd.init(check=False)); turn it back on to use join")
+    handles.start_submitted()  # this rank's own asynchronous operations go before it joins
     joined_at = check.rounds()
     while True:
         rows = check.gather_rows(check.make_row("join", root=world.rank, extra=joined_at))
         agreement = check.check_rows(rows, "join")
         if agreement.active_count == 0:
             break
-        _serve(agreement)
+        if agreement.refused is None:  # a refused collective moves no data: the active ranks raise
+            _serve(agreement)
     # The rank that joined last submitted its first JOIN row in the latest round.
     stamps = rows[:, 6 + check.MAX_DIMS].tolist()
     latest = max(stamps)
@@ -54,20 +58,6 @@ def _serve(agreement: check.Agreement) -> None:
         buffer = reduce_ops.neutral_fill(torch.empty(check.replay_shape(row), dtype=check.replay_dtype(row), device=check.replay_device(row)), op)
         finish(dist.all_reduce(engine.to_wire(buffer), op=reduce_ops.torch_op(op), group=process_sets.active_group(),
                                async_op=True))
-    elif kind == "reducescatter":
-        shape = check.replay_shape(row)
-        buffer = engine.to_wire(reduce_ops.neutral_fill(torch.empty(shape, dtype=check.replay_dtype(row), device=check.replay_device(row)), op))
-        output = buffer.new_empty((shape[0] // process_sets.active_size(),) + shape[1:])
-        compat.reduce_scatter_single(output, buffer, op=reduce_ops.torch_op(op), group=process_sets.active_group())
-    elif kind == "allgather":
-        empty = torch.empty((0,) + check.replay_shape(row)[1:], dtype=check.replay_dtype(row), device=check.replay_device(row))
-        engine.wait(engine.start_allgather(empty, agreement=agreement))
-    elif kind == "alltoall":
-        empty = torch.empty((0,) + check.replay_shape(row)[1:], dtype=check.replay_dtype(row), device=check.replay_device(row))
-        engine.wait(engine.start_alltoall(empty, [0] * process_sets.active_size(), agreement=agreement))
-    elif kind == "broadcast":
-        buffer = torch.empty(check.replay_shape(row), dtype=check.replay_dtype(row), device=check.replay_device(row))
-        engine.wait(engine.start_broadcast(buffer, root, agreement=agreement))
     elif kind == "barrier":
         finish(dist.barrier(group=process_sets.active_group(), async_op=True))
     elif kind == "broadcast_object":

@@ -5,8 +5,8 @@
     hvd.allreduce(x, process_set=evens)                                 # ranks 0 and 2 only
 
 torch.distributed requires every rank to create every group, in the same order, so adding (and
-removing) a set is a collective of all ranks; its ranks are checked to agree before the group is
-made. A collective given `process_set=` runs inside `scoped(set)`: the engine then asks
+removing) a set is a collective of all ranks, agreed before the group is made (set_registration.py,
+above the check round it uses; this module only keeps the sets). A collective given `process_set=` runs inside `scoped(set)`: the engine then asks
 `active_group()`, `active_size()` and `active_rank()` instead of the world's, and the check round
 runs among the set's ranks only. `root_rank` stays a global rank, as in Horovod.
 """
@@ -17,8 +17,6 @@ import contextlib
 import functools
 import inspect
 import threading
-
-import torch.distributed as dist
 
 from triax.horovod import basics
 from triax.horovod.errors import HorovodTypeError, HorovodValueError
@@ -74,58 +72,29 @@ _next_id = 1
 _active = threading.local()
 
 
-def _register(process_set: ProcessSet) -> ProcessSet:
+def record(process_set: ProcessSet, group) -> ProcessSet:
+    """Give an agreed set its id and torch.distributed group (set_registration.py agrees first)."""
     global _next_id
-    from triax.horovod import check
-
-    world = basics.world()
-    bad = [r for r in process_set.ranks if r >= world.size]
-    problem = f"hvd.add_process_set: ranks {bad} do not exist (size {world.size})" if bad else None
-    if problem is None and any(p.ranks == process_set.ranks for p in _registered.values() if p.ranks):
-        problem = f"hvd.add_process_set: a process set with ranks {process_set.ranks} already exists"
-    if problem is None and process_set.process_set_id is not None:
-        problem = f"hvd.add_process_set: {process_set!r} is already registered"
-    # Every rank must ask for the same set, in the same order, before the group is made.
-    check.agree("process set", extra=",".join(map(str, process_set.ranks)), name="add_process_set",
-                problem=problem)
-    if world.size > 1:
-        process_set._group = dist.new_group(process_set.ranks)
+    process_set._group = group
     process_set.process_set_id = _next_id
     _registered[_next_id] = process_set
     _next_id += 1
     return process_set
 
 
-def add_process_set(process_set) -> ProcessSet:
-    """Register a set (a ProcessSet or a list of ranks) on every rank; call it on all ranks."""
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    return _register(process_set)
+def is_registered(process_set: ProcessSet) -> bool:
+    return _registered.get(process_set.process_set_id) is process_set
 
 
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Forget a set added before (every rank calls it); False for the global or an unknown set."""
-    from triax.horovod import check
+def registered_ranks() -> list[list[int]]:
+    return [p.ranks for p in _registered.values() if p.ranks]
 
-    if process_set is global_process_set or _registered.get(process_set.process_set_id) is not process_set:
-        return False
-    check.agree("process set", extra="remove " + ",".join(map(str, process_set.ranks)),
-                name="remove_process_set")
+
+def drop(process_set: ProcessSet):
+    """Forget a registered set; returns its torch.distributed group for the caller to destroy."""
     del _registered[process_set.process_set_id]
     group, process_set._group, process_set.process_set_id = process_set._group, None, None
-    if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
-        dist.destroy_process_group(group)
-    return True
-
-
-def register_at_init(process_sets) -> None:
-    """`hvd.init(process_sets=[...])`: register each, in order, right after joining the job."""
-    if process_sets in (None, "dynamic"):
-        return
-    if not isinstance(process_sets, (list, tuple)):
-        raise HorovodTypeError(f"hvd.init(process_sets=...) takes a list of hvd.ProcessSet, got {process_sets!r}")
-    for process_set in process_sets:
-        add_process_set(process_set)
+    return group
 
 
 def forget_all() -> None:

@@ -168,10 +168,14 @@ def torchrun_commands(placed, command, port, restarts) -> list[tuple[str, list[s
     if len(placed) > 1 and master in _LOCAL_NAMES:
         master = socket.getfqdn()  # "localhost" would point each remote host at itself
     commands = []
+    slots = ",".join(str(procs) for _, procs in placed)
     for node_rank, (host, procs) in enumerate(placed):
+        # Each worker starts through worker_env, which sets Horovod's HOROVOD_* variables first.
         argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(placed)}",
                 f"--node-rank={node_rank}", f"--nproc-per-node={procs}", f"--master-addr={master}",
-                f"--master-port={port}", f"--max-restarts={restarts}", "--no-python", *command]
+                f"--master-port={port}", f"--max-restarts={restarts}", "--no-python",
+                sys.executable, "-m", "triax.horovod.worker_env", f"--slots={slots}", f"--hostname={host}",
+                "--", *command]
         commands.append((host, argv))
     return commands
 

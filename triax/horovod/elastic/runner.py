@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from triax import runtime
-from triax.horovod import basics
+from triax.horovod import basics, lifecycle
 from triax.horovod.errors import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401  (hvd.elastic.*)
 
 
@@ -16,7 +16,7 @@ def run(func):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         if not basics.is_initialized():
-            basics.init()
+            lifecycle.init()
         state.load_committed()
         state.sync()
         if runtime.restart_count() > 0:
