@@ -2,7 +2,7 @@
 
 PartialState is Accelerate's process-wide view of the job: every instance shares one state, so
 `PartialState()` anywhere in a script (before or after the Accelerator) answers the same, and the
-first one joins the process group (triax.runtime). Its helpers — main_process_first, the on_*
+first one joins the process group (triax.process_group). Its helpers — main_process_first, the on_*
 decorators, split_between_processes — are also the Accelerator's, which delegates here.
 """
 
@@ -17,7 +17,9 @@ import torch.distributed as dist
 from triax.accelerate.dataclasses import DistributedType
 from triax.accelerate.errors import AcceleratorValueError
 from triax.accelerate.operations import raise_together
-from triax.runtime import barrier, detect_place, init_distributed, is_distributed, pick_device
+from triax.collectives import barrier
+from triax.place import detect_place, pick_device
+from triax.process_group import init_distributed, is_distributed
 
 
 class PartialState:

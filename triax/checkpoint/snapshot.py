@@ -53,8 +53,8 @@ from triax.checkpoint.reader import FORMAT, MANIFEST, SNAPSHOT_NAME, STATE, Snap
 from triax.checkpoint.rng import capture_rng_state, check_rng_state, restore_rng_state
 from triax.checkpoint.shards import SHARDS_METADATA, ShardReader, ShardWriter
 from triax.checkpoint.storage import Store, sha256
+from triax.collectives import any_rank, broadcast_int, max_across_ranks
 from triax.errors import TriaxError
-from triax.runtime import any_rank, broadcast_int, max_across_ranks
 
 SNAPSHOT_PREFIX = "step_"
 STAGING_SUFFIX = ".tmp"  # a local snapshot being written

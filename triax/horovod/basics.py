@@ -1,7 +1,7 @@
 """Lifecycle and topology: `hvd.init()`, `hvd.rank()`, `hvd.size()` and friends.
 
 Horovod keeps its own MPI/Gloo world; here the world is torch.distributed's default process group,
-found through `triax.runtime` (torchrun, `triax launch`, mpirun, Horovod's variables, Slurm).
+found through `triax.place` (torchrun, `triax launch`, mpirun, Horovod's variables, Slurm).
 `init()` may be called again after `shutdown()`; every answer below is recomputed each time.
 """
 
@@ -15,9 +15,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from triax import runtime
 from triax.horovod.errors import HorovodTypeError, HorovodValueError
-from triax.runtime import detect_place, init_distributed, pick_device
+from triax.place import detect_place, pick_device
+from triax.process_group import init_distributed
+from triax.rendezvous import attempt_store, set_rendezvous_defaults
+from triax.timeouts import collective_timeout
 
 CHECK_ENV = "TRIAX_HOROVOD_CHECK"
 
@@ -100,12 +102,10 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
 
 def _gloo_timeout() -> float | None:
     """Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS bounds every collective; unset: triax's default
-    ($TRIAX_COLLECTIVE_TIMEOUT from `triax launch --collective-timeout`, else 600 s)."""
+    (triax.timeouts.process_group_timeout)."""
     text = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "").strip()
     if not text:
         return None
-    from triax.watchdog import collective_timeout
-
     try:
         value = float(text)
     except ValueError:
@@ -116,11 +116,11 @@ def _gloo_timeout() -> float | None:
 def _next_store(place):
     global _base_store, _generation
     if _base_store is None:
-        runtime.set_rendezvous_defaults()
+        set_rendezvous_defaults()
         _base_store, _, _ = next(dist.rendezvous("env://", place.rank, place.world_size))
     _generation += 1
-    # A fresh prefix per init() (generation) and per torchrun restart attempt (runtime.attempt_store).
-    return runtime.attempt_store(_base_store, f"triax-horovod/{_generation}")
+    # A fresh prefix per init() (generation) and per torchrun restart attempt (triax.rendezvous.attempt_store).
+    return attempt_store(_base_store, f"triax-horovod/{_generation}")
 
 
 def shutdown() -> None:

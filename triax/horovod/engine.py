@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from triax.horovod.errors import HorovodInternalError, HorovodNotImplementedError
 from triax.horovod import adasum, check, compat, process_sets, reduce_ops
 from triax.horovod.compression import NoneCompressor
-from triax import runtime
+from triax.horovod.errors import HorovodInternalError, HorovodNotImplementedError
+from triax.kept_works import keep_until_exit, wait_and_keep
 
 _UNCHECKED = object()  # sentinel: run the check here
 
@@ -35,7 +35,7 @@ def wait_all(works) -> None:
             raise
         except RuntimeError as error:
             raise HorovodInternalError(f"a collective failed: {error}") from error
-    runtime.keep_until_exit(works)  # so a script that ends right after its last collective exits cleanly
+    keep_until_exit(works)  # so a script that ends right after its last collective exits cleanly
 
 
 def _agree(agreement, kind, tensor=None, problem=None, **fields):
@@ -258,7 +258,7 @@ def start_alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,
     if not _distributed():
         return [], lambda: (tensor.clone(), torch.tensor(splits, dtype=torch.int32))
     received = torch.empty(size, dtype=torch.int64)
-    runtime.finish(dist.all_to_all_single(received, torch.tensor(splits, dtype=torch.int64), group=_group(), async_op=True))
+    wait_and_keep(dist.all_to_all_single(received, torch.tensor(splits, dtype=torch.int64), group=_group(), async_op=True))
     received_splits = received.tolist()
     sent = to_wire(tensor)
     output = sent.new_empty((sum(received_splits),) + tuple(tensor.shape[1:]))

@@ -18,12 +18,12 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from triax.horovod.errors import HorovodAssertionError, HorovodNotImplementedError, HorovodTypeError, HorovodValueError
 from triax.horovod import adasum, basics, check, collectives, engine, fusion, joining, reduce_ops
 from triax.horovod import process_sets
-from triax.horovod.process_sets import global_process_set
 from triax.horovod.compression import Compression
-from triax.runtime import finish
+from triax.horovod.errors import HorovodAssertionError, HorovodNotImplementedError, HorovodTypeError, HorovodValueError
+from triax.horovod.process_sets import global_process_set
+from triax.kept_works import wait_and_keep
 
 
 class _DistributedOptimizer:
@@ -171,7 +171,7 @@ class _DistributedOptimizer:
             first = bucket.params[0]
             zeros = torch.zeros(bucket.numel, dtype=first.dtype, device=first.device)
             wire, _ = self._hvd_compression.compress(zeros)
-            finish(dist.all_reduce(wire, group=self._hvd_process_set._group, async_op=True))
+            wait_and_keep(dist.all_reduce(wire, group=self._hvd_process_set._group, async_op=True))
 
 
 def _check_passes(passes) -> int:

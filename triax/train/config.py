@@ -408,7 +408,7 @@ def validate(config: TrainConfig) -> None:
     _need(trainer.snapshot_dir is None or trainer.snapshot_dir.strip() != "", "trainer.snapshot_dir",
           trainer.snapshot_dir, "give a directory or URL, or leave it unset for <run_dir>/snapshots")
     if trainer.collective_timeout is not None:
-        from triax.watchdog import collective_timeout
+        from triax.timeouts import collective_timeout
 
         collective_timeout(trainer.collective_timeout)  # raises with the key and value if not positive
 

@@ -19,9 +19,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from triax import checkpoint
+from triax.agreement import raise_together
+from triax.checkpoint.rng import seed_everything
+from triax.collectives import any_rank, gather_floats, mean_across_ranks
 from triax.data import GlobalSampler
 from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError
+from triax.host_memory import return_freed_memory_to_os
 from triax.metrics import MetricsLogger, peak_flops, peak_memory_mb
 from triax.models import GPT, GPTConfig
 from triax.optim import make_adamw, make_schedule
@@ -30,16 +34,17 @@ from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.mesh import build_mesh, padded_vocab_size, resolve_layout, validate_layout
 from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import parallelize
+from triax.place import detect_place, pick_device
 from triax.precision import Precision
-from triax.runtime import (any_rank, detect_place, gather_floats, init_distributed, mean_across_ranks,
-                           pick_device, raise_together, restart_count, return_freed_memory_to_os,
-                           seed_everything)
+from triax.process_group import init_distributed
+from triax.rendezvous import restart_count
 from triax.stragglers import StragglerCheck
+from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train.config import TrainConfig, snapshot_root, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.sample_log import SampleLog
-from triax.watchdog import Watchdog, collective_timeout, slow_phase_timeout
+from triax.watchdog import Watchdog
 
 
 def check_writable_directory(path: str, key: str) -> bool:
