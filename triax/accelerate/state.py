@@ -38,7 +38,7 @@ class PartialState:
         place = detect_place()
         self.device = pick_device("cpu" if cpu else None, place.local_rank)
         # Uses a process group the script already created (e.g. under torchrun), or creates one.
-        timeout_s = timeout.total_seconds() if timeout is not None else 600
+        timeout_s = timeout.total_seconds() if timeout is not None else None  # None: triax.timeouts' default
         self.place = init_distributed(self.device, place, backend=backend, timeout_s=timeout_s)
         self.backend = dist.get_backend() if dist.is_initialized() else None
         self.fsdp = False  # the Accelerator sets this for parallel='fsdp' (distributed_type FSDP)
