@@ -12,7 +12,7 @@ from triax.host_memory import glibc_version
 from triax.testing import quiet_env, run
 
 pytestmark = [pytest.mark.multiprocess,
-              pytest.mark.skipif(not sys.platform.startswith("linux") or not _glibc_version(),
+              pytest.mark.skipif(not sys.platform.startswith("linux") or not glibc_version(),
                                  reason="the setting is for glibc's malloc on Linux")]
 
 # 256 MiB in 8 MiB buffers, half of them freed; 8 MiB is under glibc's largest dynamic threshold (32 MiB)

@@ -25,7 +25,7 @@ def raise_together(doing: str, failed_elsewhere: type[BaseException] = RankFaile
     with nothing to do, which runs an empty block). A rank whose block raised raises its own
     error again; every other rank raises `failed_elsewhere` (the error class its door promises)
     naming the lowest failing rank and that rank's error: "rank 0 failed while <doing> (OSError:
-    ...); every rank stops"."""
+    ...)"."""
     failure = None
     try:
         yield
@@ -36,7 +36,7 @@ def raise_together(doing: str, failed_elsewhere: type[BaseException] = RankFaile
         raise failure
     if agreed is not None:
         rank, message = agreed
-        raise failed_elsewhere(f"rank {rank} failed while {doing} ({message}); every rank stops")
+        raise failed_elsewhere(f"rank {rank} failed while {doing} ({message})")
 
 
 def first_failure(error: BaseException | None) -> tuple[int, str] | None:

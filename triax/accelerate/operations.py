@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 
 from triax.accelerate.errors import AcceleratorValueError
-from triax.agreement import first_failure
 from triax.collectives import all_gather_bytes
 from triax.kept_works import wait_and_keep
 from triax.process_group import collective_device, is_distributed
@@ -89,21 +88,6 @@ def check_same_everywhere(data, what: str, full_shape: bool = False) -> None:
                     f"process {rank} has {theirs!r:.200}; every process must pass the same structure "
                     f"(keys, dtypes and shapes{'' if full_shape else ' except the first dimension'})")
     raise AcceleratorValueError(f"{what} got different data on different processes")  # digest differed only
-
-
-def raise_together(error: BaseException | None, doing: str) -> None:
-    """A collective: if `error` is set on any process, every process raises. The failing process
-    re-raises its own error; the others raise AcceleratorRuntimeError quoting the first failure,
-    so none is left waiting in a later collective until the timeout."""
-    from triax.accelerate.errors import AcceleratorRuntimeError
-
-    agreed = first_failure(error)
-    if agreed is None:
-        return
-    if error is not None:
-        raise error
-    rank, message = agreed
-    raise AcceleratorRuntimeError(f"{doing} failed on process {rank} ({message}); stopping this process too")
 
 
 def send_to_device(data, device: torch.device, non_blocking: bool = False):

@@ -15,8 +15,8 @@ import functools
 import torch.distributed as dist
 
 from triax.accelerate.dataclasses import DistributedType
-from triax.accelerate.errors import AcceleratorValueError
-from triax.accelerate.operations import raise_together
+from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.agreement import raise_together
 from triax.collectives import barrier
 from triax.place import detect_place, pick_device
 from triax.process_group import init_distributed, is_distributed
@@ -117,17 +117,14 @@ class PartialState:
         # One agreement on "did a leader fail?" replaces the barrier: the leaders take part after
         # their block, the others before theirs. A leader's exception is then raised on every
         # process instead of leaving the others blocked in a barrier until the timeout.
-        doing = f"the block inside {who.replace(' ', '_')}_process_first"
+        doing = f"running the block inside {who.replace(' ', '_')}_process_first"
         if not leader:
-            raise_together(None, doing)
+            with raise_together(doing, AcceleratorRuntimeError):
+                pass
             yield
             return
-        try:
+        with raise_together(doing, AcceleratorRuntimeError):
             yield
-        except BaseException as error:
-            raise_together(error, doing)
-            raise
-        raise_together(None, doing)
 
     # ---- run on some processes only -------------------------------------------------------------
 
