@@ -210,16 +210,13 @@ def _async_process_group():
 
 def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
-                   stored_name: Callable[[str], str] = _identity, asynchronous: bool = False,
-                   write_delay_s: float = 0.0) -> PendingSnapshot:
+                   stored_name: Callable[[str], str] = _identity, asynchronous: bool = False) -> PendingSnapshot:
     """Begin a snapshot of `model`, `optimizer`, the JSON-able `state` and every rank's RNG states.
     Collective: every rank calls it. With `asynchronous`, the tensors are copied to CPU memory
     and written in the background (DCP's async_save); otherwise the write is done on return.
     Either way the manifest is written only when every rank's shard file is durable, then the
     snapshot is renamed into place and `keep_last` > 0 deletes all but that many newest ones.
-    `stored_name` maps this rank's parameter names to the names stored (pipeline stages);
-    `write_delay_s` pauses each rank after its shard file is written (debugging: lets a test
-    kill a process in the middle of a write)."""
+    `stored_name` maps this rank's parameter names to the names stored (pipeline stages)."""
     rank, world = _rank(), _world()
     store = Store(snapshot_root)
     final = store.path(snapshot_name(step))
@@ -260,7 +257,7 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
                 print(f"triax: warning: could not delete old snapshots in {snapshot_root}: {_describe(error)}",
                       file=sys.stderr)
 
-    writer = ShardWriter(store, work, finish, write_delay_s=write_delay_s)
+    writer = ShardWriter(store, work, finish)
     if asynchronous:
         from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
@@ -283,11 +280,10 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
 
 def save_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
                   optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
-                  stored_name: Callable[[str], str] = _identity, write_delay_s: float = 0.0) -> str:
+                  stored_name: Callable[[str], str] = _identity) -> str:
     """Write a snapshot and return its path (see start_snapshot). If storage fails, every rank
     raises SnapshotWriteError and earlier snapshots are untouched."""
-    return start_snapshot(snapshot_root, step, model, optimizer, state, keep_last, stored_name,
-                          write_delay_s=write_delay_s).wait()
+    return start_snapshot(snapshot_root, step, model, optimizer, state, keep_last, stored_name).wait()
 
 
 def _prepare(store: Store, work: str) -> None:

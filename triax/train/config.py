@@ -234,9 +234,6 @@ class DebugConfig:
     preempt_rank: int = 0
     """The rank that receives the injected preemption of debug.preempt_at_step."""
 
-    snapshot_write_delay_s: float = 0.0
-    """Pause each rank this long after writing its shards, so a crash can be made to land mid-write."""
-
 
 @dataclass
 class TrainConfig:
@@ -432,8 +429,6 @@ def validate(config: TrainConfig) -> None:
     _need(debug.preempt_at_step is None or debug.preempt_at_step >= 1, "debug.preempt_at_step",
           debug.preempt_at_step, "use a positive step (or null)")
     _need(debug.preempt_rank >= 0, "debug.preempt_rank", debug.preempt_rank, "use 0 or more")
-    _need(_finite(debug.snapshot_write_delay_s) and debug.snapshot_write_delay_s >= 0,
-          "debug.snapshot_write_delay_s", debug.snapshot_write_delay_s, "use 0 or more seconds")
 
 
 def snapshot_root(config: TrainConfig) -> str:

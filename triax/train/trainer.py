@@ -306,8 +306,7 @@ class Trainer:
         try:
             pending = checkpoint.start_snapshot(self.snapshot_root, self.step, self.model, self.optimizer, state,
                                                 keep_last=trainer.keep_last, stored_name=self._stored_name(),
-                                                asynchronous=trainer.async_save,
-                                                write_delay_s=self.config.debug.snapshot_write_delay_s)
+                                                asynchronous=trainer.async_save)
         except checkpoint.SnapshotWriteError as error:
             self._save_failed(error)
             return None
