@@ -27,7 +27,7 @@ from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError
 from triax.host_memory import return_freed_memory_to_os
 from triax.metrics import MetricsLogger, peak_flops, peak_memory_mb
-from triax.models import GPT, GPTConfig
+from triax.models import GPT
 from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
@@ -40,7 +40,7 @@ from triax.process_group import init_distributed
 from triax.rendezvous import restart_count
 from triax.stragglers import StragglerCheck
 from triax.timeouts import collective_timeout, slow_phase_timeout
-from triax.train.config import TrainConfig, snapshot_root, to_dict
+from triax.train.config import TrainConfig, gpt_config, snapshot_root, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.sample_log import SampleLog
@@ -91,13 +91,8 @@ class Trainer:
         if release if release is not None else self.layout.dp_shard > 1:
             return_freed_memory_to_os()
         padded_rows = padded_vocab_size(self.data.vocab_size, self.layout.tp, self._saved_vocab_rows())
-        model_config = GPTConfig(
-            vocab_size=self.data.vocab_size,
-            padded_vocab_size=padded_rows if padded_rows != self.data.vocab_size else None,
-            block_size=self.data.block_size,
-            n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
-            dropout=config.model.dropout, bias=config.model.bias,
-            tie_embeddings=config.model.tie_embeddings)
+        model_config = gpt_config(config.model, self.data.vocab_size, self.data.block_size,
+                                  padded_rows if padded_rows != self.data.vocab_size else None)
         # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
         self.global_micro_batch = trainer.batch_size * self.layout.dp
         self.samples_per_step = self.global_micro_batch * trainer.grad_accum
