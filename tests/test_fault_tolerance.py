@@ -6,6 +6,7 @@ dropout on so that the RNG states matter.
 """
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -27,6 +28,10 @@ STEPS = 24
 # 2 processes x batch 4, dropout on, a snapshot every 3 steps, the newest 2 kept.
 CHAOS = {"model.dropout": 0.1, "trainer.batch_size": 4, "trainer.max_steps": STEPS,
          "trainer.save_every": 3, "trainer.keep_last": 2, "trainer.log_every": 4}
+# `triax train` with every rank pausing 0.3 s after writing its shard file (patched from outside
+# by the worker), so a kill or a SIGTERM can land inside a snapshot write.
+FAULT_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "fault_worker.py")
+PAUSED_SHARD_WRITES = json.dumps({"pause_after_shard_write": {"seconds": 0.3}})
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +144,8 @@ def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, tiny_corpus, ref
     print(f"chaos seed {seed}: replay with TRIAX_CHAOS_SEED={seed} pytest {__file__}::test_sigkill_chaos_under_torchrun_resumes_bitwise")
     rng = random.Random(seed)
     # Each rank pauses 0.3 s after writing its shard file, so a kill can land inside a write.
-    chaos = dict(CHAOS, **{"debug.snapshot_write_delay_s": 0.3, "trainer.async_save": async_save})
-    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **chaos),
+    chaos = dict(CHAOS, **{"trainer.async_save": async_save})
+    command = torchrun_command(2, [FAULT_WORKER, PAUSED_SHARD_WRITES, *tiny_overrides(run_dir, tiny_corpus, **chaos),
                                    f"debug.sample_log={log}"], max_restarts=5)
     with started(command, log) as job:
         kills = []
@@ -180,8 +185,7 @@ def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, tiny_corpus, ref
 
 def test_sigterm_on_one_rank_snapshots_exits_zero_and_resumes(tmp_path, tiny_corpus, reference):
     run_dir, log = tmp_path / "term", tmp_path / "samples"
-    slow = dict(CHAOS, **{"debug.snapshot_write_delay_s": 0.3})
-    command = torchrun_command(2, ["-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus, **slow),
+    command = torchrun_command(2, [FAULT_WORKER, PAUSED_SHARD_WRITES, *tiny_overrides(run_dir, tiny_corpus, **CHAOS),
                                    f"debug.sample_log={log}"])
     with started(command, log) as job:
         assert wait_until(lambda: last_step(log) >= 4 and len(worker_pids(job.pid)) == 2, job, what="step 4")

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from triax.runtime import _glibc_version
+from triax.host_memory import glibc_version
 from triax.testing import quiet_env, run
 
 pytestmark = [pytest.mark.multiprocess,
-              pytest.mark.skipif(not sys.platform.startswith("linux") or not _glibc_version(),
+              pytest.mark.skipif(not sys.platform.startswith("linux") or not glibc_version(),
                                  reason="the setting is for glibc's malloc on Linux")]
 
 # 256 MiB in 8 MiB buffers, half of them freed; 8 MiB is under glibc's largest dynamic threshold (32 MiB)
@@ -25,7 +25,7 @@ BLOCKS, BLOCK_MB = 32, 8
 CHILD = """
 import json, sys
 import torch
-from triax.runtime import return_freed_memory_to_os
+from triax.host_memory import return_freed_memory_to_os
 
 def rss():
     with open('/proc/self/statm') as handle:

@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import pickle
+import time
 
 import fsspec
 import pytest
@@ -13,6 +14,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from helpers import tiny_overrides
 from triax import checkpoint
+from triax.checkpoint.shards import ShardWriter
 from triax.cli import main as triax_main
 from triax.errors import ConfigError
 from triax.train.config import compose_config
@@ -281,12 +283,19 @@ def test_save_on_epoch_end_snapshots_each_epoch_boundary(tmp_path, tiny_corpus):
     assert (first["epoch"], first["sample_index"]) == (0, per_epoch * 32)
 
 
-def test_async_snapshot_is_complete_only_when_durable(tmp_path):
+def test_async_snapshot_is_complete_only_when_durable(tmp_path, monkeypatch):
+    original_write = ShardWriter.write_data
+
+    def slow_write(self, plan, planner):  # the background write is still running when we look
+        written = original_write(self, plan, planner)
+        time.sleep(0.5)
+        return written
+
+    monkeypatch.setattr(ShardWriter, "write_data", slow_write)
     model, optimizer = tiny_model()
     take_step(model, optimizer)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    pending = checkpoint.start_snapshot(str(tmp_path), 1, model, optimizer, {"epoch": 0}, asynchronous=True,
-                                        write_delay_s=0.5)
+    pending = checkpoint.start_snapshot(str(tmp_path), 1, model, optimizer, {"epoch": 0}, asynchronous=True)
     take_step(model, optimizer)  # the step loop goes on: the snapshot holds the staged copy
     assert checkpoint.list_snapshots(str(tmp_path)) == []  # still being written: no manifest, not a candidate
     path = pending.wait()

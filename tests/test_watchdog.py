@@ -15,8 +15,8 @@ import pytest
 from helpers import tiny_overrides
 from triax.stragglers import StragglerCheck
 from triax.testing import run, torchrun_command
-from triax.watchdog import (ENV_COLLECTIVE_TIMEOUT, HANG_EXIT_CODE, TimeoutValueError, Watchdog,
-                            collective_timeout, heartbeat_interval)
+from triax.timeouts import ENV_COLLECTIVE_TIMEOUT, TimeoutValueError, collective_timeout
+from triax.watchdog import HANG_EXIT_CODE, Watchdog, heartbeat_interval
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "fault_worker.py")
 
@@ -35,7 +35,7 @@ def test_collective_timeout_comes_from_config_then_environment(monkeypatch):
     assert collective_timeout() == 120
     monkeypatch.setenv(ENV_COLLECTIVE_TIMEOUT, "30")
     assert collective_timeout() == 30 and collective_timeout(7.5) == 7.5
-    from triax.runtime import process_group_timeout
+    from triax.timeouts import process_group_timeout
 
     assert process_group_timeout() == 30
     monkeypatch.delenv(ENV_COLLECTIVE_TIMEOUT)
@@ -66,13 +66,13 @@ def test_launch_exports_the_timeout_to_the_workers(capsys, tmp_path):
 
 
 def test_horovod_reads_its_gloo_timeout(monkeypatch):
-    from triax import runtime
+    from triax import timeouts
     from triax.horovod.lifecycle import gloo_timeout as _gloo_timeout
     from triax.horovod.run import main as horovodrun
 
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "")  # unset (and restored after the test)
     monkeypatch.delenv(ENV_COLLECTIVE_TIMEOUT, raising=False)
-    assert _gloo_timeout() == runtime.DEFAULT_PROCESS_GROUP_TIMEOUT_S  # the runtime's default applies
+    assert _gloo_timeout() == timeouts.DEFAULT_PROCESS_GROUP_TIMEOUT_S  # triax's default applies
     assert horovodrun(["-np", "2", "--gloo-timeout-seconds", "90", "--dry-run", "python", "train.py"]) == 0
     assert _gloo_timeout() == 90
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "-3")
@@ -85,19 +85,20 @@ def test_the_process_group_of_every_door_takes_the_timeout(monkeypatch):
     import torch
     import torch.distributed as dist
 
-    from triax import runtime
+    from triax import process_group
+    from triax.place import Place
 
     seen = []
     monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: seen.append(kwargs["timeout"].total_seconds()))
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(runtime, "_restart_safe_store", lambda place, timeout: None)
+    monkeypatch.setattr(process_group, "_restart_safe_store", lambda place, timeout: None)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    two = runtime.Place(rank=0, world_size=2)
+    two = Place(rank=0, world_size=2)
     monkeypatch.setenv(ENV_COLLECTIVE_TIMEOUT, "45")
-    runtime.init_distributed(torch.device("cpu"), two)
-    runtime.init_distributed(torch.device("cpu"), two, timeout_s=7)  # e.g. InitProcessGroupKwargs
+    process_group.init_distributed(torch.device("cpu"), two)
+    process_group.init_distributed(torch.device("cpu"), two, timeout_s=7)  # e.g. InitProcessGroupKwargs
     monkeypatch.delenv(ENV_COLLECTIVE_TIMEOUT)
-    runtime.init_distributed(torch.device("cpu"), two)
+    process_group.init_distributed(torch.device("cpu"), two)
     assert seen == [45, 7, 600]
 
 

@@ -37,14 +37,12 @@ import sys
 import threading
 import time
 
-from triax.errors import TriaxError
+import torch.distributed as dist
 
-ENV_COLLECTIVE_TIMEOUT = "TRIAX_COLLECTIVE_TIMEOUT"
-# A step's collectives finish in well under a second on a healthy job; two minutes covers data
-# loader stalls, a slow filesystem read and a straggling host many times over, yet a hang costs
-# two minutes instead of the process group's ten. Slow phases get SLOW_PHASE_FACTOR times more.
-DEFAULT_COLLECTIVE_TIMEOUT_S = 120.0
-SLOW_PHASE_FACTOR = 5
+from triax.errors import TriaxError
+from triax.rendezvous import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, attempt_store
+from triax.timeouts import slow_phase_timeout
+
 # EX_TEMPFAIL: a temporary failure; torchrun's restart is the retry.
 HANG_EXIT_CODE = 75
 LEARNED_FACTOR = 3  # a phase may take this many times its longest duration seen so far
@@ -59,31 +57,6 @@ _generation = 0  # watchdogs started in this process: each gets its own keys
 
 class HangDetected(TriaxError, RuntimeError):
     """A rank never arrived at start-up (raised on the ranks that did)."""
-
-
-class TimeoutValueError(TriaxError, ValueError):
-    """A collective timeout that is not a positive number of seconds."""
-
-
-def collective_timeout(value: float | None = None, source: str = "trainer.collective_timeout") -> float:
-    """The collective timeout in seconds: `value` if given, else $TRIAX_COLLECTIVE_TIMEOUT (set by
-    `triax launch --collective-timeout`), else DEFAULT_COLLECTIVE_TIMEOUT_S."""
-    if value is None:
-        text = os.environ.get(ENV_COLLECTIVE_TIMEOUT, "").strip()
-        if not text:
-            return DEFAULT_COLLECTIVE_TIMEOUT_S
-        source = f"${ENV_COLLECTIVE_TIMEOUT}"
-        try:
-            value = float(text)
-        except ValueError:
-            raise TimeoutValueError(f"{source}={text!r} is not a number of seconds; use e.g. 120") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise TimeoutValueError(f"{source}={value!r} must be a positive number of seconds, e.g. 120")
-    return float(value)
-
-
-def slow_phase_timeout(timeout_s: float) -> float:
-    return SLOW_PHASE_FACTOR * timeout_s
 
 
 def heartbeat_interval(timeout_s: float) -> float:
@@ -178,13 +151,9 @@ class Watchdog:
     # ---- the store ------------------------------------------------------------------------
 
     def _open_store(self, store, generation: int):
-        import torch.distributed as dist
-
         if store is None:
             # A connection of our own to the job's store: its operations time out after a few
             # beats instead of blocking, and a blocked main thread cannot hold it.
-            from triax.runtime import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT
-
             host, port = self._address or (os.environ.get("MASTER_ADDR", DEFAULT_MASTER_ADDR),
                                            int(os.environ.get("MASTER_PORT", str(DEFAULT_MASTER_PORT))))
             try:
@@ -196,8 +165,6 @@ class Watchdog:
                     raise
                 # A process group made by the caller with its own store: share that one.
                 store = dist.distributed_c10d._get_default_store()
-        from triax.runtime import attempt_store
-
         # torchrun's agent keeps its store across restarts: every attempt gets fresh keys.
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
         return attempt_store(store, f"triax/watchdog/{run_id}/{generation}")

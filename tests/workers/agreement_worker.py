@@ -14,7 +14,10 @@ import sys
 import torch
 
 from triax import checkpoint
-from triax.runtime import barrier, detect_place, init_distributed, raise_together, shutdown_distributed
+from triax.agreement import raise_together
+from triax.collectives import barrier
+from triax.place import detect_place
+from triax.process_group import init_distributed, shutdown_distributed
 
 
 def tamper_rng_file(snapshot: str, rank: int) -> None:

@@ -6,6 +6,8 @@
   {"slow_snapshot": {"rank": 0, "seconds": 4}} each snapshot write of rank 0 takes 4 s longer
   {"slow_first_step": {"rank": 1, "seconds": 4}} the first forward of rank 1 takes 4 s longer (a compile)
   {"late_start": {"rank": 1, "seconds": 30}}    rank 1 starts 30 s late
+  {"pause_after_shard_write": {"seconds": 0.3}} every rank pauses 0.3 s after writing its shard file
+                                                (a kill can then land inside a snapshot write)
 """
 
 import json
@@ -64,6 +66,18 @@ if applies("slow_snapshot"):
         return original_save(self)
 
     Trainer.save = slow_save
+
+if applies("pause_after_shard_write"):
+    from triax.checkpoint.shards import ShardWriter
+
+    original_write = ShardWriter.write_data
+
+    def paused_write(self, plan, planner):
+        written = original_write(self, plan, planner)
+        time.sleep(faults["pause_after_shard_write"]["seconds"])
+        return written
+
+    ShardWriter.write_data = paused_write
 
 if applies("late_start"):
     time.sleep(faults["late_start"]["seconds"])

@@ -26,12 +26,13 @@ from triax.accelerate.saving import save_state as _save_state
 from triax.accelerate.state import AcceleratorState, GradientState
 from triax.accelerate.tracking import Trackers, parse_log_with
 from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
+from triax.agreement import raise_together
+from triax.collectives import any_rank
 from triax.parallel.ddp import apply_ddp, unwrap
 from triax.parallel.fsdp import apply_fsdp_by_blocks
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.no_sync import no_sync, sync_in_backward
 from triax.precision import Precision
-from triax.runtime import any_rank
 
 __all__ = ["Accelerator", "SkipFirstBatches", "PRECISION_ALIASES"]
 
@@ -522,7 +523,9 @@ class Accelerator:
             except OSError as failure:
                 error = AcceleratorRuntimeError(f"save_model could not write to {save_directory!r} "
                                                 f"({type(failure).__name__}: {failure.strerror or failure})")
-        operations.raise_together(error, "save_model")
+        with raise_together("saving the model (save_model)", AcceleratorRuntimeError):
+            if error is not None:
+                raise error
         return path
 
     def save(self, obj, path: str, safe_serialization: bool = False) -> None:

@@ -9,7 +9,7 @@ import sys
 
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError, UnsupportedFeatureError
 from triax.launch import settings as launch_settings
-from triax.runtime import free_port
+from triax.rendezvous import free_port
 
 
 def _worker(local_rank: int, function, args: tuple, environment: dict) -> None:

@@ -13,7 +13,9 @@ import torch
 import torch.distributed as dist
 
 from triax.accelerate.errors import AcceleratorValueError
-from triax.runtime import all_gather_bytes, collective_device, finish, first_failure, is_distributed
+from triax.collectives import all_gather_bytes
+from triax.kept_works import wait_and_keep
+from triax.process_group import collective_device, is_distributed
 
 
 def map_tensors(function, data):
@@ -73,7 +75,7 @@ def check_same_everywhere(data, what: str, full_shape: bool = False) -> None:
     device = collective_device()
     digest = torch.tensor(list(hashlib.sha256(text).digest()), dtype=torch.uint8, device=device)
     digests = [torch.zeros_like(digest) for _ in range(dist.get_world_size())]
-    finish(dist.all_gather(digests, digest, async_op=True))
+    wait_and_keep(dist.all_gather(digests, digest, async_op=True))
     if all(torch.equal(item, digests[0]) for item in digests):
         return
     texts = [payload.decode().split("\n") for payload in all_gather_bytes(text)]
@@ -88,21 +90,6 @@ def check_same_everywhere(data, what: str, full_shape: bool = False) -> None:
     raise AcceleratorValueError(f"{what} got different data on different processes")  # digest differed only
 
 
-def raise_together(error: BaseException | None, doing: str) -> None:
-    """A collective: if `error` is set on any process, every process raises. The failing process
-    re-raises its own error; the others raise AcceleratorRuntimeError quoting the first failure,
-    so none is left waiting in a later collective until the timeout."""
-    from triax.accelerate.errors import AcceleratorRuntimeError
-
-    agreed = first_failure(error)
-    if agreed is None:
-        return
-    if error is not None:
-        raise error
-    rank, message = agreed
-    raise AcceleratorRuntimeError(f"{doing} failed on process {rank} ({message}); stopping this process too")
-
-
 def send_to_device(data, device: torch.device, non_blocking: bool = False):
     return map_tensors(lambda tensor: tensor.to(device, non_blocking=non_blocking), data)
 
@@ -115,7 +102,7 @@ def _sizes_along(tensor: torch.Tensor, dim: int) -> list[int]:
     """Every process's size of `tensor` along `dim` (one tiny all_gather)."""
     mine = torch.tensor([tensor.shape[dim] if tensor.dim() else 1, tensor.dim()], device=tensor.device)
     everyone = [torch.zeros_like(mine) for _ in range(_world())]
-    finish(dist.all_gather(everyone, mine, async_op=True))
+    wait_and_keep(dist.all_gather(everyone, mine, async_op=True))
     ranks = {int(item[1]) for item in everyone}
     if len(ranks) != 1:
         raise AcceleratorValueError(f"gather got tensors with different numbers of dimensions across processes "
@@ -142,7 +129,7 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
     # hangs or fails on a short last batch.
     padded = _pad_to(tensor, max(sizes), 0)
     pieces = [torch.empty_like(padded) for _ in sizes]
-    finish(dist.all_gather(pieces, padded, async_op=True))
+    wait_and_keep(dist.all_gather(pieces, padded, async_op=True))
     return torch.cat([piece[:size] for piece, size in zip(pieces, sizes)], dim=0)
 
 
@@ -188,7 +175,7 @@ def reduce(data, reduction: str = "sum", scale: float = 1.0):
     def one(tensor):
         result = tensor.clone()
         if is_distributed() and reduction != "none":
-            finish(dist.all_reduce(result, op=dist.ReduceOp.SUM, async_op=True))
+            wait_and_keep(dist.all_reduce(result, op=dist.ReduceOp.SUM, async_op=True))
             if reduction == "mean":
                 result = result / _world()
         return result * scale if scale != 1.0 else result
@@ -203,7 +190,7 @@ def broadcast(data, from_process: int = 0):
     check_same_everywhere(data, "broadcast", full_shape=True)
 
     def one(tensor):
-        finish(dist.broadcast(tensor, src=from_process, async_op=True))
+        wait_and_keep(dist.broadcast(tensor, src=from_process, async_op=True))
         return tensor
 
     return map_tensors(one, data)

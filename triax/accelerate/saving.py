@@ -27,7 +27,7 @@ from triax.accelerate.errors import (
     AcceleratorValueError,
     StateCorruptError,
 )
-from triax.accelerate.operations import raise_together
+from triax.agreement import raise_together
 from triax.checkpoint import latest_snapshot, load_snapshot, read_state, save_snapshot
 from triax.errors import TriaxError
 
@@ -235,7 +235,9 @@ def _agree(error: Exception | None, doing: str) -> None:
     """Every process raises if any failed `doing` (none is left waiting in a later collective)."""
     if error is not None and not isinstance(error, TriaxError):
         error = AcceleratorRuntimeError(f"load_state failed while {doing}: {type(error).__name__}: {error}")
-    raise_together(error, f"load_state ({doing})")
+    with raise_together(f"{doing} in load_state", AcceleratorRuntimeError):
+        if error is not None:
+            raise error
 
 
 def _check_counts(accelerator, state: dict, snapshot: str, loaded: list[int]) -> None:

@@ -2,7 +2,7 @@
 
 PartialState is Accelerate's process-wide view of the job: every instance shares one state, so
 `PartialState()` anywhere in a script (before or after the Accelerator) answers the same, and the
-first one joins the process group (triax.runtime). Its helpers — main_process_first, the on_*
+first one joins the process group (triax.process_group). Its helpers — main_process_first, the on_*
 decorators, split_between_processes — are also the Accelerator's, which delegates here.
 """
 
@@ -15,9 +15,11 @@ import functools
 import torch.distributed as dist
 
 from triax.accelerate.dataclasses import DistributedType
-from triax.accelerate.errors import AcceleratorValueError
-from triax.accelerate.operations import raise_together
-from triax.runtime import barrier, detect_place, init_distributed, is_distributed, pick_device
+from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.agreement import raise_together
+from triax.collectives import barrier
+from triax.place import detect_place, pick_device
+from triax.process_group import init_distributed, is_distributed
 
 
 class PartialState:
@@ -36,7 +38,7 @@ class PartialState:
         place = detect_place()
         self.device = pick_device("cpu" if cpu else None, place.local_rank)
         # Uses a process group the script already created (e.g. under torchrun), or creates one.
-        timeout_s = timeout.total_seconds() if timeout is not None else 600
+        timeout_s = timeout.total_seconds() if timeout is not None else None  # None: triax.timeouts' default
         self.place = init_distributed(self.device, place, backend=backend, timeout_s=timeout_s)
         self.backend = dist.get_backend() if dist.is_initialized() else None
         self.fsdp = False  # the Accelerator sets this for parallel='fsdp' (distributed_type FSDP)
@@ -115,17 +117,14 @@ class PartialState:
         # One agreement on "did a leader fail?" replaces the barrier: the leaders take part after
         # their block, the others before theirs. A leader's exception is then raised on every
         # process instead of leaving the others blocked in a barrier until the timeout.
-        doing = f"the block inside {who.replace(' ', '_')}_process_first"
+        doing = f"running the block inside {who.replace(' ', '_')}_process_first"
         if not leader:
-            raise_together(None, doing)
+            with raise_together(doing, AcceleratorRuntimeError):
+                pass
             yield
             return
-        try:
+        with raise_together(doing, AcceleratorRuntimeError):
             yield
-        except BaseException as error:
-            raise_together(error, doing)
-            raise
-        raise_together(None, doing)
 
     # ---- run on some processes only -------------------------------------------------------------
 

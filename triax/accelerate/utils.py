@@ -30,7 +30,7 @@ from triax.accelerate.operations import (
     send_to_device,
 )
 from triax.accelerate.state import PartialState
-from triax.runtime import barrier as wait_for_everyone
+from triax.collectives import barrier as wait_for_everyone
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
@@ -38,7 +38,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     index, so processes draw different numbers; deterministic asks torch for deterministic kernels."""
     import torch
 
-    from triax.runtime import seed_everything
+    from triax.checkpoint.rng import seed_everything
 
     if device_specific:
         seed += PartialState().process_index

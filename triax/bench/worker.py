@@ -23,8 +23,9 @@ import torch.distributed as dist
 from triax.bench.adapters import ADAPTERS, StepSetup, Unavailable, make_step
 from triax.bench.models import make_bench_model
 from triax.metrics import peak_flops
+from triax.place import detect_place, pick_device
 from triax.precision import Precision
-from triax.runtime import detect_place, init_distributed, is_distributed, pick_device
+from triax.process_group import init_distributed, is_distributed
 
 
 def add_step_arguments(parser: argparse.ArgumentParser) -> None:

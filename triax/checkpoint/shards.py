@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from typing import Callable
 
 import torch
@@ -59,10 +58,9 @@ class ShardWriter(StorageWriter):
     """Each rank writes the items DCP planned for it into one file of the staging directory.
     `on_finish(shards_json_bytes)` runs on the coordinator once every rank's file is durable."""
 
-    def __init__(self, store: Store, directory: str, on_finish: Callable[[bytes], None], write_delay_s: float = 0.0):
+    def __init__(self, store: Store, directory: str, on_finish: Callable[[bytes], None]):
         super().__init__()
         self.store, self.directory, self.on_finish = store, directory, on_finish
-        self.write_delay_s = write_delay_s
         self.rank = 0
 
     def reset(self, checkpoint_id=None) -> None:
@@ -98,8 +96,6 @@ class ShardWriter(StorageWriter):
             for result in results:
                 result.storage_data["file_bytes"] = offset
                 result.storage_data["file_sha256"] = whole.hexdigest()
-        if self.write_delay_s > 0:
-            time.sleep(self.write_delay_s)
         future: Future = Future()
         future.set_result(results)
         return future

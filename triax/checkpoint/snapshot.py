@@ -48,13 +48,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from triax.agreement import raise_together
 from triax.checkpoint.errors import SnapshotCorruptError, SnapshotError, SnapshotWriteError
 from triax.checkpoint.reader import FORMAT, MANIFEST, SNAPSHOT_NAME, STATE, SnapshotReader
 from triax.checkpoint.rng import capture_rng_state, check_rng_state, restore_rng_state
 from triax.checkpoint.shards import SHARDS_METADATA, ShardReader, ShardWriter
 from triax.checkpoint.storage import Store, sha256
+from triax.collectives import broadcast_int, max_across_ranks
 from triax.errors import TriaxError
-from triax.runtime import any_rank, broadcast_int, max_across_ranks
 
 SNAPSHOT_PREFIX = "step_"
 STAGING_SUFFIX = ".tmp"  # a local snapshot being written
@@ -150,22 +151,13 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _outcome(error: str | None, doing: str) -> None:
-    """Every rank learns whether any rank failed, so all of them raise (or go on) together."""
-    if any_rank(error is not None):
-        raise SnapshotWriteError(error or f"another rank failed while {doing}")
-
-
-def _attempt(action: Callable[[], None]) -> str | None:
-    """Run one rank's part of a write; return what went wrong instead of raising, so the ranks can
-    agree on the outcome first (a rank raising alone would leave the others waiting forever)."""
-    try:
-        action()
-    except OSError as error:
+def _describe(error: BaseException) -> str:
+    """One rank's failure in one line: a write error as it is, an OSError by its reason."""
+    if isinstance(error, SnapshotWriteError):
+        return str(error)
+    if isinstance(error, OSError):
         return f"{type(error).__name__}: {error.strerror or error}"
-    except Exception as error:  # e.g. a caller's state that is not JSON: still agreed, then raised
-        return f"{type(error).__name__}: {error}"
-    return None
+    return f"{type(error).__name__}: {error}"  # e.g. a caller's state that is not JSON
 
 
 def _checkpoint_failure(error: CheckpointException) -> str:
@@ -218,16 +210,13 @@ def _async_process_group():
 
 def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
-                   stored_name: Callable[[str], str] = _identity, asynchronous: bool = False,
-                   write_delay_s: float = 0.0) -> PendingSnapshot:
+                   stored_name: Callable[[str], str] = _identity, asynchronous: bool = False) -> PendingSnapshot:
     """Begin a snapshot of `model`, `optimizer`, the JSON-able `state` and every rank's RNG states.
     Collective: every rank calls it. With `asynchronous`, the tensors are copied to CPU memory
     and written in the background (DCP's async_save); otherwise the write is done on return.
     Either way the manifest is written only when every rank's shard file is durable, then the
     snapshot is renamed into place and `keep_last` > 0 deletes all but that many newest ones.
-    `stored_name` maps this rank's parameter names to the names stored (pipeline stages);
-    `write_delay_s` pauses each rank after its shard file is written (debugging: lets a test
-    kill a process in the middle of a write)."""
+    `stored_name` maps this rank's parameter names to the names stored (pipeline stages)."""
     rank, world = _rank(), _world()
     store = Store(snapshot_root)
     final = store.path(snapshot_name(step))
@@ -238,14 +227,16 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
 
     def cleanup() -> None:
         if rank == 0:
-            _attempt(lambda: store.remove_tree(work))  # best effort; a leftover is ignored anyway
+            with contextlib.suppress(Exception):  # best effort; a leftover is ignored anyway
+                store.remove_tree(work)
 
+    tensors, _, optim_state = _tensor_state(model, optimizer, stored_name)
     try:
-        tensors, _, optim_state = _tensor_state(model, optimizer, stored_name)
-        error = _attempt(lambda: _prepare(store, work)) if rank == 0 else None
-        _outcome(error, "creating the snapshot directory")
-
-        def small_files() -> None:
+        # Each rank's part may fail alone; every rank learns it before the next collective.
+        with raise_together("creating the snapshot directory", SnapshotWriteError):
+            if rank == 0:
+                _prepare(store, work)
+        with raise_together("writing its RNG state", SnapshotWriteError):
             store.write(store.join(work, "rng", f"rank_{rank:05d}.json"), json.dumps(capture_rng_state()).encode())
             if rank == 0:
                 from triax import __version__
@@ -253,19 +244,20 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
                 record = dict(state, step=step, world_size=world, triax_version=__version__,
                               optimizer_groups=_hyper_parameters(optim_state))
                 store.write(store.join(work, STATE), json.dumps(record, indent=1).encode())
-        _outcome(_attempt(small_files), "writing its RNG state")
-    except SnapshotWriteError as failure:
+    except Exception as failure:
         cleanup()
-        raise SnapshotWriteError(f"could not write snapshot {url}: {failure}") from None
+        raise SnapshotWriteError(f"could not write snapshot {url}: {_describe(failure)}") from None
 
     def finish(shards_json: bytes) -> None:  # the coordinator, once every shard file is durable
         _complete(store, work, final, step, world, shards_json)
         if keep_last > 0:
-            error = _attempt(lambda: prune_snapshots(snapshot_root, keep_last))
-            if error:
-                print(f"triax: warning: could not delete old snapshots in {snapshot_root}: {error}", file=sys.stderr)
+            try:
+                prune_snapshots(snapshot_root, keep_last)
+            except Exception as error:  # the new snapshot is complete; old ones are only disk space
+                print(f"triax: warning: could not delete old snapshots in {snapshot_root}: {_describe(error)}",
+                      file=sys.stderr)
 
-    writer = ShardWriter(store, work, finish, write_delay_s=write_delay_s)
+    writer = ShardWriter(store, work, finish)
     if asynchronous:
         from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
@@ -288,11 +280,10 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
 
 def save_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
                   optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
-                  stored_name: Callable[[str], str] = _identity, write_delay_s: float = 0.0) -> str:
+                  stored_name: Callable[[str], str] = _identity) -> str:
     """Write a snapshot and return its path (see start_snapshot). If storage fails, every rank
     raises SnapshotWriteError and earlier snapshots are untouched."""
-    return start_snapshot(snapshot_root, step, model, optimizer, state, keep_last, stored_name,
-                          write_delay_s=write_delay_s).wait()
+    return start_snapshot(snapshot_root, step, model, optimizer, state, keep_last, stored_name).wait()
 
 
 def _prepare(store: Store, work: str) -> None:
@@ -427,8 +418,9 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
     reads only the byte ranges its own shards need (`stats["bytes_read"]` says how many).
     Raises SnapshotCorruptError on every rank if any rank finds the snapshot damaged;
     `check_state(state)` may raise it too (the caller's own schema for its keys)."""
-    reader, rng_state, error = None, None, None
-    try:
+    reader, rng_state = None, None
+    # Corrupt, or one rank's own refusal: agreed before any collective load, so nobody is left waiting.
+    with raise_together(f"verifying snapshot {snapshot}", SnapshotCorruptError):
         reader = SnapshotReader(snapshot)
         if check_state is not None:
             check_state(reader.state)
@@ -439,10 +431,6 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
         if restore_rng and reader.has(rng_file):
             rng_state = reader.json(rng_file)
             check_rng_state(rng_state, snapshot)
-    except Exception as failure:  # noqa: BLE001 - corrupt, or one rank's own refusal: agreed either way
-        error = failure
-    if any_rank(error is not None):  # before any collective load: nobody is left waiting
-        raise error or SnapshotCorruptError(f"snapshot {snapshot} failed verification on another rank")
     state = reader.state
     tensors, model_state, optim_state = _tensor_state(
         model, optimizer if state.get("optimizer_groups") is not None else None, stored_name)

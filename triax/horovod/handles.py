@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from triax import runtime
+from triax.kept_works import keep_until_exit
 from triax.horovod import process_sets
 from triax.horovod.errors import HorovodInternalError, HorovodValueError
 
@@ -32,7 +32,7 @@ def wait_all(works) -> None:
             raise
         except RuntimeError as error:
             raise HorovodInternalError(f"a collective failed: {error}") from error
-    runtime.keep_until_exit(works)  # so a script that ends right after its last collective exits cleanly
+    keep_until_exit(works)  # so a script that ends right after its last collective exits cleanly
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """`hvd.init()` and `hvd.shutdown()`: joining and leaving the job.
 
-The world is torch.distributed's default process group, found through `triax.runtime` (torchrun,
+The world is torch.distributed's default process group, found through `triax.place` (torchrun,
 `triax launch`, mpirun, Horovod's variables, Slurm). This module sits above everything it sets up
 or tears down: the world (basics), the process sets and their agreement (set_registration) and
 the handles in flight.
@@ -14,12 +14,13 @@ import socket
 import torch
 import torch.distributed as dist
 
-from triax import runtime
 from triax.horovod import basics, handles, process_sets, set_registration
 from triax.horovod.basics import CHECK_ENV
 from triax.horovod.errors import HorovodTypeError, HorovodValueError
-from triax.runtime import detect_place, init_distributed, pick_device
-from triax.watchdog import collective_timeout
+from triax.place import detect_place, pick_device
+from triax.process_group import init_distributed
+from triax.rendezvous import attempt_store, set_rendezvous_defaults
+from triax.timeouts import collective_timeout, process_group_timeout
 
 # The rendezvous store outlives shutdown(): every init() after the first joins under a new key
 # prefix on the same store. A fresh env:// rendezvous would race (a fast rank could reach the
@@ -80,10 +81,10 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
 
 def gloo_timeout() -> float:
     """Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS bounds every collective; unset: triax's own
-    process-group timeout (runtime.process_group_timeout, its one home)."""
+    process-group timeout (triax.timeouts.process_group_timeout, its one home)."""
     text = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "").strip()
     if not text:
-        return runtime.process_group_timeout()
+        return process_group_timeout()
     try:
         value = float(text)
     except ValueError:
@@ -94,11 +95,11 @@ def gloo_timeout() -> float:
 def _next_store(place):
     global _base_store, _generation
     if _base_store is None:
-        runtime.set_rendezvous_defaults()
+        set_rendezvous_defaults()
         _base_store, _, _ = next(dist.rendezvous("env://", place.rank, place.world_size))
     _generation += 1
-    # A fresh prefix per init() (generation) and per torchrun restart attempt (runtime.attempt_store).
-    return runtime.attempt_store(_base_store, f"triax-horovod/{_generation}")
+    # A fresh prefix per init() (generation) and per torchrun restart attempt (triax.rendezvous.attempt_store).
+    return attempt_store(_base_store, f"triax-horovod/{_generation}")
 
 
 def shutdown() -> None:

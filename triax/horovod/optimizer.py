@@ -26,7 +26,7 @@ from triax.horovod import adasum, basics, check, collectives, fusion, handles, j
 from triax.horovod import process_sets
 from triax.horovod.process_sets import ProcessSet, global_process_set
 from triax.horovod.compression import Compression
-from triax.runtime import finish
+from triax.kept_works import wait_and_keep
 
 
 class _DistributedOptimizer:
@@ -182,7 +182,7 @@ class _DistributedOptimizer:
             first = bucket.params[0]
             zeros = torch.zeros(bucket.numel, dtype=first.dtype, device=first.device)
             wire, _ = self._hvd.compression.compress(zeros)
-            finish(dist.all_reduce(wire, group=self._hvd.process_set._group, async_op=True))
+            wait_and_keep(dist.all_reduce(wire, group=self._hvd.process_set._group, async_op=True))
 
 
 def _check_passes(passes) -> int:

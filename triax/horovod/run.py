@@ -27,7 +27,7 @@ import sys
 import time
 
 from triax.errors import TriaxError
-from triax.runtime import free_port
+from triax.rendezvous import free_port
 
 _LOCAL_NAMES = {"localhost", "127.0.0.1", socket.gethostname()}
 # Variables handed to remote hosts (horovodrun forwards the environment the same way).
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     np = args.np if args.np is not None else sum(slots for _, slots in entries)
     placed = place_processes(entries, np)
     if args.gloo_timeout_seconds is not None:
-        from triax.watchdog import collective_timeout
+        from triax.timeouts import collective_timeout
 
         # Exported before the workers start: local ones inherit it, remote ones get HOROVOD_* forwarded.
         seconds = collective_timeout(args.gloo_timeout_seconds, "--gloo-timeout-seconds")

@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from triax.horovod import basics
-from triax.runtime import finish
+from triax.kept_works import wait_and_keep
 
 
 def _sum_across_ranks(tensor: torch.Tensor) -> torch.Tensor:
     if basics.size() > 1:
-        finish(dist.all_reduce(tensor, async_op=True))
+        wait_and_keep(dist.all_reduce(tensor, async_op=True))
     return tensor
 
 

@@ -102,7 +102,7 @@ def check_port(config: LaunchConfig) -> LaunchConfig:
         if config.num_machines > 1:
             raise TriaxError("--main-process-port 0 (pick a free port) only works on one machine: the "
                              "other machines must know the port; give a fixed port such as 29500")
-        from triax.runtime import free_port
+        from triax.rendezvous import free_port
 
         return dataclasses.replace(config, main_process_port=free_port())
     if config.machine_rank == 0 and not _port_is_free(config.main_process_port):
@@ -194,7 +194,7 @@ def main(argv: list[str]) -> int:
     script, script_args, module = args.script, args.script_args, args.module
     env = child_environment(config)
     if args.collective_timeout is not None:
-        from triax.watchdog import ENV_COLLECTIVE_TIMEOUT, collective_timeout
+        from triax.timeouts import ENV_COLLECTIVE_TIMEOUT, collective_timeout
 
         env[ENV_COLLECTIVE_TIMEOUT] = f"{collective_timeout(args.collective_timeout, '--collective-timeout'):g}"
     if args.grad_compression or args.bucket_cap_mb:

@@ -38,27 +38,48 @@ GELU_FORMS = {"tanh": "tanh", "exact": "none"}
 
 @dataclass
 class GPTConfig:
+    """The GPT's shape. `triax train`'s model.* keys are these fields (their defaults and the
+    docstrings below), less vocab_size, block_size and padded_vocab_size, which the data and the
+    layout decide."""
+
     vocab_size: int
+    """Token ids are < this."""
+
     block_size: int
+    """Context length in tokens."""
+
     n_layer: int = 4
+    """Transformer blocks."""
+
     n_head: int = 4
+    """Attention heads; must divide n_embd."""
+
     n_embd: int = 128
+    """Width of the residual stream."""
+
     dropout: float = 0.0
+    """Dropout on embeddings, attention weights and residual branches."""
+
     bias: bool = True
+    """Biases in Linear and LayerNorm layers."""
+
     tie_embeddings: bool = False
-    # GELU in the MLP: "tanh", GPT-2's approximation (what its weights were trained with), or
-    # "exact", the erf form PyTorch's nn.GELU and nanoGPT use (about 3x cheaper on a CPU).
+    """Share the token embedding with the output head."""
+
     gelu: str = "tanh"
-    # Rows of the embedding and head when the vocabulary is padded (to a multiple of the tensor-
-    # parallel degree, so it splits evenly); None: no padding. Padding rows start at zero, their
-    # logits are masked out, so they never take probability, gradient or a sampled id.
+    """The MLP's GELU: tanh (GPT-2's approximation, what its weights were trained with) | exact
+    (erf, as nn.GELU and nanoGPT; about 3x cheaper on a CPU)."""
+
     padded_vocab_size: int | None = None
+    """Rows of the embedding and head when the vocabulary is padded (to a multiple of the tensor-
+    parallel degree, so it splits evenly); None: no padding. Padding rows start at zero, their
+    logits are masked out, so they never take probability, gradient or a sampled id."""
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"model.{name}={value!r} must be a positive integer")
         if self.padded_vocab_size is not None and (not isinstance(self.padded_vocab_size, int)
                                                    or self.padded_vocab_size < self.vocab_size):
             raise ConfigError(f"padded_vocab_size must be an integer >= vocab_size={self.vocab_size}, "
@@ -67,9 +88,9 @@ class GPTConfig:
             raise ConfigError(f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}; "
                               f"choose n_embd as a multiple of n_head")
         if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
         if self.gelu not in GELU_FORMS:
-            raise ConfigError(f"model.gelu must be one of {', '.join(GELU_FORMS)}, got {self.gelu!r}")
+            raise ConfigError(f"model.gelu={self.gelu!r} must be one of {', '.join(GELU_FORMS)}")
 
     @classmethod
     def from_preset(cls, name: str, **kwargs) -> "GPTConfig":

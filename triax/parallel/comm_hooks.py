@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from triax.errors import ConfigError
-from triax.runtime import keep_until_exit
+from triax.kept_works import keep_until_exit
 
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 
@@ -129,7 +129,7 @@ def cast_hook(dtype: torch.dtype):
 def all_reduce_then(tensor: torch.Tensor, group, callback) -> torch.futures.Future:
     """`dist.all_reduce(tensor, async_op=True).get_future().then(callback)`, with the work kept
     until the process ends: on gloo the callback runs, and is released, on gloo's worker thread,
-    which must not happen while the interpreter finalizes (see runtime.keep_until_exit)."""
+    which must not happen while the interpreter finalizes (see kept_works.keep_until_exit)."""
     work = dist.all_reduce(tensor, group=group, async_op=True)
     keep_until_exit([work])
     return work.get_future().then(callback)

@@ -36,7 +36,9 @@ def train_main(argv: list[str]) -> int:
         return 0
     import time
 
-    from triax.runtime import barrier, shutdown_distributed
+    from triax.collectives import barrier
+
+    from triax.process_group import shutdown_distributed
     from triax.train.config import compose_config
     from triax.train.trainer import Trainer
 
@@ -152,7 +154,7 @@ def generate_main(argv: list[str]) -> int:
     import torch
 
     from triax.arguments import ArgumentParser, at_least, check_device, need
-    from triax.runtime import pick_device
+    from triax.place import pick_device
 
     parser = ArgumentParser(prog="triax generate", description="sample text from a trained run")
     parser.add_argument("run_dir")

@@ -7,44 +7,77 @@ these dataclasses: an unknown key or a value of the wrong type fails with a mess
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
 import math
+import os
 import re
+import textwrap
+import typing
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+import torch
+from hydra import compose, initialize_config_module
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
+from triax.models.gpt import PRESETS, GPTConfig
+from triax.parallel.comm_hooks import check_compression
+from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
+from triax.precision import POLICY_NAMES
+from triax.timeouts import collective_timeout
 from triax.train.strict import check_composed, check_overrides, schema_keys, unknown_key_error
 
 
-@dataclass
-class ModelConfig:
-    """The GPT's shape: start from a preset (model=NAME), then change any key."""
+def field_docs(schema: type) -> dict[str, str]:
+    """{field name: its docstring} of a config dataclass: the string literal written right under
+    each field (torchtitan's style). Read from the class's syntax tree, so the documentation lives
+    in one place, next to the field it describes. A schema built from another class's fields
+    (ModelConfig) carries them as __field_docs__."""
+    if "__field_docs__" in vars(schema):
+        return dict(schema.__field_docs__)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(schema)))
+    except (OSError, TypeError):  # no source (a frozen build): fields stay undocumented
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)):
+            docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
 
-    name: str = "gpt-micro"
-    """The preset this started from (informational once composed)."""
 
-    n_layer: int = 4
-    """Transformer blocks."""
+# The model keys are GPTConfig's own fields, with its defaults and docstrings: the shape is written
+# once, in triax/models/gpt.py. The data decides vocab_size and block_size, the layout the padding.
+DERIVED_MODEL_FIELDS = ("vocab_size", "block_size", "padded_vocab_size")
+_gpt_types = typing.get_type_hints(GPTConfig)
+ModelConfig = dataclasses.make_dataclass(
+    "ModelConfig",
+    [("name", str, field(default="gpt-micro"))]
+    + [(item.name, _gpt_types[item.name], field(default=item.default))
+       for item in dataclasses.fields(GPTConfig) if item.name not in DERIVED_MODEL_FIELDS],
+    namespace={"__doc__": "The GPT's shape: start from a preset (model=NAME), then change any key.",
+               "__module__": __name__,
+               "__field_docs__": {"name": "The preset this started from (informational once composed).",
+                                  **{name: doc for name, doc in field_docs(GPTConfig).items()
+                                     if name not in DERIVED_MODEL_FIELDS}}})
 
-    n_head: int = 4
-    """Attention heads; must divide n_embd."""
 
-    n_embd: int = 128
-    """Width of the residual stream."""
-
-    dropout: float = 0.0
-    """Dropout on embeddings, attention weights and residual branches."""
-
-    bias: bool = True
-    """Biases in Linear and LayerNorm layers."""
-
-    tie_embeddings: bool = False
-    """Share the token embedding with the output head."""
-
-    gelu: str = "tanh"
-    """The MLP's GELU: tanh (GPT-2's approximation) | exact (erf, as nn.GELU and nanoGPT; cheaper on CPUs)."""
+def gpt_config(model: ModelConfig, vocab_size: int, block_size: int,
+               padded_vocab_size: int | None = None) -> GPTConfig:
+    """The GPTConfig of these model.* keys, with what the data and the layout decide."""
+    shape = {item.name: getattr(model, item.name) for item in dataclasses.fields(model) if item.name != "name"}
+    return GPTConfig(vocab_size=vocab_size, block_size=block_size, padded_vocab_size=padded_vocab_size, **shape)
 
 
 @dataclass
@@ -237,9 +270,6 @@ class DebugConfig:
     preempt_rank: int = 0
     """The rank that receives the injected preemption of debug.preempt_at_step."""
 
-    snapshot_write_delay_s: float = 0.0
-    """Pause each rank this long after writing its shards, so a crash can be made to land mid-write."""
-
 
 @dataclass
 class TrainConfig:
@@ -261,10 +291,6 @@ def _register_schema() -> None:
     home; there are no YAML files for them)."""
     global _registered
     if not _registered:
-        from hydra.core.config_store import ConfigStore
-
-        from triax.models.gpt import PRESETS
-
         store = ConfigStore.instance()
         store.store(name="triax_schema", node=TrainConfig)
         for name, (n_layer, n_head, n_embd) in PRESETS.items():
@@ -274,18 +300,11 @@ def _register_schema() -> None:
 
 
 def _model_presets() -> list[str]:
-    from triax.models.gpt import PRESETS
-
     return list(PRESETS)
 
 
 def compose_config(overrides: list[str] | None = None) -> TrainConfig:
     """Compose the bundled YAML with `key=value` overrides into a checked TrainConfig."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     overrides = list(overrides or [])
     for override in overrides:
         match = re.fullmatch(r"\+?\+?~?model=(.*)", override)
@@ -347,8 +366,6 @@ def _check_device(requested: str) -> None:
     """Syntax only (auto | cpu | cuda | cuda:N); whether CUDA exists is checked where it is used."""
     if requested == "auto":
         return
-    import torch
-
     try:
         device = torch.device(requested)
     except (RuntimeError, ValueError, TypeError):
@@ -358,20 +375,23 @@ def _check_device(requested: str) -> None:
 
 def validate(config: TrainConfig) -> None:
     """Every value's range, checked here once, before any file or process group exists."""
-    from triax.parallel.comm_hooks import check_compression
-    from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
-    from triax.precision import POLICY_NAMES
+    _check_model(config.model)
+    _check_data(config.data)
+    _check_optim(config.optim)
+    _check_trainer(config.trainer)
+    _check_parallel(config.parallel)
+    _check_debug(config.debug)
 
-    model, data, optim, trainer, parallel = config.model, config.data, config.optim, config.trainer, config.parallel
-    for name in ("n_layer", "n_head", "n_embd"):
-        _need(getattr(model, name) >= 1, f"model.{name}", getattr(model, name), "use 1 or more")
-    _need(_finite(model.dropout) and 0 <= model.dropout < 1, "model.dropout", model.dropout, "use 0 <= dropout < 1")
 
+def _check_model(model: ModelConfig) -> None:
+    # GPTConfig owns the shape's rules; the data's sizes are checked in _check_data.
+    gpt_config(model, vocab_size=1, block_size=1)
+
+
+def _check_data(data: DataConfig) -> None:
     _need(data.task in ("char", "tokens", "addition"), "data.task", data.task, "use char, tokens or addition")
     _need(data.vocab_size is None or data.vocab_size >= 1, "data.vocab_size", data.vocab_size,
           "use 1 or more (or leave it unset to take meta.json's)")
-    from triax.data.tokens import TOKEN_DTYPES
-
     _need(data.token_dtype is None or data.token_dtype in TOKEN_DTYPES, "data.token_dtype", data.token_dtype,
           f"use one of {', '.join(TOKEN_DTYPES)}")
     _need(data.path is None or data.path.strip() != "", "data.path", data.path,
@@ -382,6 +402,8 @@ def validate(config: TrainConfig) -> None:
     _need(_finite(data.truncate) and 0 < data.truncate <= 1, "data.truncate", data.truncate, "use 0 < truncate <= 1")
     _need(data.digits >= 1, "data.digits", data.digits, "use 1 or more")
 
+
+def _check_optim(optim: OptimConfig) -> None:
     _need(_finite(optim.lr) and optim.lr > 0, "optim.lr", optim.lr, "use a positive learning rate such as 1e-3")
     _need(_finite(optim.min_lr) and 0 <= optim.min_lr <= optim.lr, "optim.min_lr", optim.min_lr,
           f"use 0 <= min_lr <= optim.lr ({optim.lr})")
@@ -392,6 +414,8 @@ def validate(config: TrainConfig) -> None:
     _need(_finite(optim.weight_decay) and optim.weight_decay >= 0, "optim.weight_decay", optim.weight_decay,
           "use 0 or more")
 
+
+def _check_trainer(trainer: TrainerConfig) -> None:
     if trainer.max_steps is None and trainer.max_epochs is None:
         raise ConfigError("set trainer.max_steps or trainer.max_epochs (both are null)")
     for name in ("max_steps", "max_epochs"):
@@ -411,10 +435,10 @@ def validate(config: TrainConfig) -> None:
     _need(trainer.snapshot_dir is None or trainer.snapshot_dir.strip() != "", "trainer.snapshot_dir",
           trainer.snapshot_dir, "give a directory or URL, or leave it unset for <run_dir>/snapshots")
     if trainer.collective_timeout is not None:
-        from triax.watchdog import collective_timeout
-
         collective_timeout(trainer.collective_timeout)  # raises with the key and value if not positive
 
+
+def _check_parallel(parallel: ParallelConfig) -> None:
     for name in ("dp_replicate", "dp_shard"):
         value = getattr(parallel, name)
         _need(value == -1 or value >= 1, f"parallel.{name}", value, "use 1 or more, or -1 for the rest")
@@ -431,18 +455,16 @@ def validate(config: TrainConfig) -> None:
     _need(_finite(parallel.bucket_mb) and parallel.bucket_mb > 0, "parallel.bucket_mb", parallel.bucket_mb,
           "use a positive size in MB")
     check_compression(parallel.grad_compression, parallel.powersgd_rank)
-    debug = config.debug
+
+
+def _check_debug(debug: DebugConfig) -> None:
     _need(debug.preempt_at_step is None or debug.preempt_at_step >= 1, "debug.preempt_at_step",
           debug.preempt_at_step, "use a positive step (or null)")
     _need(debug.preempt_rank >= 0, "debug.preempt_rank", debug.preempt_rank, "use 0 or more")
-    _need(_finite(debug.snapshot_write_delay_s) and debug.snapshot_write_delay_s >= 0,
-          "debug.snapshot_write_delay_s", debug.snapshot_write_delay_s, "use 0 or more seconds")
 
 
 def snapshot_root(config: TrainConfig) -> str:
     """Where a run's snapshots live: trainer.snapshot_dir, else <run_dir>/snapshots."""
-    import os
-
     return config.trainer.snapshot_dir or os.path.join(config.trainer.run_dir, "snapshots")
 
 
@@ -454,31 +476,7 @@ def from_dict(values: dict) -> TrainConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), values))
 
 
-def field_docs(schema: type) -> dict[str, str]:
-    """{field name: its docstring} of a config dataclass: the string literal written right under
-    each field (torchtitan's style). Read from the class's syntax tree, so the documentation lives
-    in one place, next to the field it describes."""
-    import ast
-    import inspect
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(schema)))
-    except (OSError, TypeError):  # no source (a frozen build): fields stay undocumented
-        return {}
-    body = tree.body[0].body
-    docs = {}
-    for node, following in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)):
-            docs[node.target.id] = " ".join(following.value.value.split())
-    return docs
-
-
 def _default(item) -> object:
-    import dataclasses
-
     if item.default is not dataclasses.MISSING:
         return item.default
     if item.default_factory is not dataclasses.MISSING:
@@ -497,10 +495,6 @@ def _format_value(value) -> str:
 def describe_keys(width: int = 100) -> str:
     """Every key of TrainConfig with its default and docstring, section by section, for
     `triax train --help`; generated from the dataclasses themselves."""
-    import dataclasses
-    import inspect
-    import textwrap
-
     lines = []
     for section in dataclasses.fields(TrainConfig):
         schema = section.type if isinstance(section.type, type) else _default(section).__class__

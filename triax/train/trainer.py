@@ -19,27 +19,32 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from triax import checkpoint
+from triax.agreement import raise_together
+from triax.checkpoint.rng import seed_everything
+from triax.collectives import any_rank, gather_floats, mean_across_ranks
 from triax.data import GlobalSampler
 from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError
+from triax.host_memory import return_freed_memory_to_os
 from triax.metrics import MetricsLogger, peak_flops, peak_memory_mb
-from triax.models import GPT, GPTConfig
+from triax.models import GPT
 from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.mesh import build_mesh, padded_vocab_size, resolve_layout, validate_layout
 from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import parallelize
+from triax.place import detect_place, pick_device
 from triax.precision import Precision
-from triax.runtime import (any_rank, detect_place, gather_floats, init_distributed, mean_across_ranks,
-                           pick_device, raise_together, restart_count, return_freed_memory_to_os,
-                           seed_everything)
+from triax.process_group import init_distributed
+from triax.rendezvous import restart_count
 from triax.stragglers import StragglerCheck
-from triax.train.config import TrainConfig, snapshot_root, to_dict
+from triax.timeouts import collective_timeout, slow_phase_timeout
+from triax.train.config import TrainConfig, gpt_config, snapshot_root, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.sample_log import SampleLog
-from triax.watchdog import Watchdog, collective_timeout, slow_phase_timeout
+from triax.watchdog import Watchdog
 
 
 def check_writable_directory(path: str, key: str) -> bool:
@@ -86,13 +91,8 @@ class Trainer:
         if release if release is not None else self.layout.dp_shard > 1:
             return_freed_memory_to_os()
         padded_rows = padded_vocab_size(self.data.vocab_size, self.layout.tp, self._saved_vocab_rows())
-        model_config = GPTConfig(
-            vocab_size=self.data.vocab_size,
-            padded_vocab_size=padded_rows if padded_rows != self.data.vocab_size else None,
-            block_size=self.data.block_size,
-            n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
-            dropout=config.model.dropout, bias=config.model.bias,
-            tie_embeddings=config.model.tie_embeddings, gelu=config.model.gelu)
+        model_config = gpt_config(config.model, self.data.vocab_size, self.data.block_size,
+                                  padded_rows if padded_rows != self.data.vocab_size else None)
         # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
         self.global_micro_batch = trainer.batch_size * self.layout.dp
         self.samples_per_step = self.global_micro_batch * trainer.grad_accum
@@ -301,8 +301,7 @@ class Trainer:
         try:
             pending = checkpoint.start_snapshot(self.snapshot_root, self.step, self.model, self.optimizer, state,
                                                 keep_last=trainer.keep_last, stored_name=self._stored_name(),
-                                                asynchronous=trainer.async_save,
-                                                write_delay_s=self.config.debug.snapshot_write_delay_s)
+                                                asynchronous=trainer.async_save)
         except checkpoint.SnapshotWriteError as error:
             self._save_failed(error)
             return None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 
-from triax import runtime
 from triax.horovod import basics, lifecycle
 from triax.horovod.errors import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401  (hvd.elastic.*)
+from triax.rendezvous import restart_count
 
 
 def run(func):
@@ -19,7 +19,7 @@ def run(func):
             lifecycle.init()
         state.load_committed()
         state.sync()
-        if runtime.restart_count() > 0:
+        if restart_count() > 0:
             state.on_reset()
         return func(state, *args, **kwargs)
 

@@ -6,10 +6,10 @@ import copy
 import warnings
 
 from triax.horovod import basics
-from triax.horovod.elastic import commits
-from triax.runtime import restart_count
 from triax.horovod.broadcast_helpers import broadcast_optimizer_state, broadcast_parameters
+from triax.horovod.elastic import commits
 from triax.horovod.objects import broadcast_object
+from triax.rendezvous import restart_count
 
 
 class State:
