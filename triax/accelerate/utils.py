@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from triax.accelerate.data_loader import skip_first_batches
+from triax.accelerate.data_loader import prepare_data_loader, skip_first_batches
 from triax.accelerate.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -18,6 +18,7 @@ from triax.accelerate.dataclasses import (
     PrecisionType,
     ProjectConfiguration,
 )
+from triax.accelerate.errors import DistributedOperationException
 from triax.accelerate.launchers import notebook_launcher
 from triax.accelerate.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
 from triax.accelerate.operations import (
@@ -29,6 +30,7 @@ from triax.accelerate.operations import (
     reduce,
     send_to_device,
 )
+from triax.accelerate.random import SeedableRandomSampler, synchronize_rng_state, synchronize_rng_states
 from triax.accelerate.state import PartialState
 from triax.runtime import barrier as wait_for_everyone
 
@@ -49,6 +51,14 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
+def are_the_same_tensors(tensor) -> bool:
+    """True on every process when `tensor` holds the same values on every process."""
+    import torch
+
+    everyone = gather(tensor[None].clone().to(PartialState().device)).cpu()
+    return all(torch.equal(row, everyone[0]) for row in everyone)
+
+
 def is_torch_version(operation: str, version: str) -> bool:
     import operator
 
@@ -61,7 +71,9 @@ def is_torch_version(operation: str, version: str) -> bool:
 
 
 __all__ = [
-    "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType",
+    "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",
+    "DistributedType", "SeedableRandomSampler", "are_the_same_tensors", "prepare_data_loader",
+    "synchronize_rng_state", "synchronize_rng_states",
     "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PrecisionType",
     "ProjectConfiguration", "broadcast", "broadcast_object_list", "find_executable_batch_size", "gather",
     "gather_object", "is_torch_version", "notebook_launcher", "pad_across_processes", "reduce",
