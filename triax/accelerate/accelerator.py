@@ -584,7 +584,9 @@ class Accelerator:
 
     def _checkpoint_root(self, directory: str | None, for_save: bool) -> str:
         if directory is not None:
-            return os.path.expanduser(str(directory))
+            # A snapshot is one directory that every process writes its part of: process 0's
+            # (a script may name a different one per process, e.g. each process's own tempdir).
+            return operations.broadcast_object_list([os.path.expanduser(str(directory))])[0]
         project = self.project_configuration
         if project.automatic_checkpoint_naming:
             if for_save:
@@ -619,7 +621,9 @@ class Accelerator:
         """Restore what save_state wrote (a step_* folder, or the latest one under a root; with
         automatic_checkpoint_naming and no directory, the newest checkpoint_<n>).
         Prepare the same objects first; the dataloaders' next pass continues the saved epoch."""
-        if input_dir is not None and not os.path.isdir(os.path.expanduser(str(input_dir))):
+        if input_dir is not None:
+            input_dir = operations.broadcast_object_list([os.path.expanduser(str(input_dir))])[0]
+        if input_dir is not None and not os.path.isdir(input_dir):
             raise AcceleratorValueError(f"load_state: {input_dir!r} is not a directory")
         root = self._checkpoint_root(input_dir, for_save=False)
         models = list(self._models)
