@@ -180,7 +180,7 @@ class PreparedDataLoader:
     @property
     def padding_in_last_batch(self) -> int:
         """Samples repeated to fill the last step (0 when it is full or not padded)."""
-        if not self.at_end or not self.even_batches:
+        if not self.at_end or not self._pads:
             return 0
         if self.mode != "samples":
             return self._stream_tail[1]
@@ -188,6 +188,12 @@ class PreparedDataLoader:
         if not rest or self.drop_last:
             return 0
         return self.total_batch_size - rest
+
+    @property
+    def _pads(self) -> bool:
+        """Whether the last step is filled with repeats: even_batches, and only with several
+        processes (one process gets the DataLoader's own batches, as in Accelerate)."""
+        return self.even_batches and self.num_processes > 1
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -216,8 +222,12 @@ class PreparedDataLoader:
             if not isinstance(generator, str) or self._generator() is None:
                 raise AcceleratorValueError("the saved dataloader has a generator state this dataloader cannot "
                                             "take; resume with the same DataLoader (shuffle and sampler)")
-            raw = torch.frombuffer(bytearray(base64.b64decode(generator)), dtype=torch.uint8)
-            self._generator().set_state(raw)
+            try:
+                raw = torch.frombuffer(bytearray(base64.b64decode(generator, validate=True)), dtype=torch.uint8)
+                self._generator().set_state(raw)
+            except (ValueError, RuntimeError) as failure:
+                raise AcceleratorValueError(f"the saved dataloader's generator state is damaged ({failure}); "
+                                            "resume from another checkpoint") from None
             self._restored_generator = True
         self.sampler = GlobalSampler(max(self.num_samples, 1), state["seed"], shuffle=self.sampler.shuffle)
         self.epoch = state["epoch"]
@@ -267,7 +277,7 @@ class PreparedDataLoader:
         if start + self.total_batch_size <= len(order):
             return order[start + begin:start + begin + self.batch_size]
         real = order[start:]
-        if not self.even_batches:
+        if not self._pads:
             # As Accelerate: the short global batch is cut into per-process batches in process
             # order, so the last processes may get a short batch or none.
             return real[begin:begin + self.batch_size]
@@ -283,7 +293,7 @@ class PreparedDataLoader:
             whole = batches[step] if step < len(batches) else []
             size = self.batch_size or -(-len(whole) // self.num_processes)
             piece = list(whole[self.process_index * size:(self.process_index + 1) * size])
-            if self.even_batches and len(piece) < size:
+            if self._pads and len(piece) < size:
                 piece += list(batches[0])[:size - len(piece)]
             return piece
         index = step * self.num_processes + self.process_index
@@ -315,10 +325,12 @@ class PreparedDataLoader:
         self._begin_pass()
         loader_mode = self.data_order == "loader"
         # The user's generator (if any) draws the workers' base seed before the sampler draws the
-        # order, as a plain DataLoader does, so one prepared process equals the plain loop. The
-        # seeded order uses its own generator, leaving the user's random stream alone.
-        generator = self.base_dataloader.generator if loader_mode else (
-            torch.Generator().manual_seed(self.sampler.seed * 1_000_003 + epoch))
+        # order, as a plain DataLoader does, so one prepared process equals the plain loop.
+        # Otherwise a generator of our own draws it: drawing from torch's global one would shift
+        # the user's random stream (dropout...) after load_state, which restores that stream.
+        generator = self.base_dataloader.generator if loader_mode else None
+        if generator is None:
+            generator = torch.Generator().manual_seed(self.sampler.seed * 1_000_003 + epoch)
         steps = _PassSteps(self, epoch, start, total)
         if self.mode == "batches" and self.base_dataloader.batch_sampler is None:
             loader = DataLoader(self.dataset, sampler=steps, batch_size=None, generator=generator,
@@ -396,7 +408,7 @@ class PreparedDataLoader:
                                      for i in range(self.num_processes - len(group))))
         if self.process_index < len(group):
             return group[self.process_index]
-        if not self.even_batches:
+        if not self._pads:
             return None
         return first_group[(self.process_index - len(group)) % len(first_group)]
 
