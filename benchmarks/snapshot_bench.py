@@ -116,7 +116,8 @@ def sharded_worker(args) -> None:
     import json
     import resource
 
-    from triax.runtime import barrier, shutdown_distributed
+    from triax.collectives import barrier
+    from triax.process_group import shutdown_distributed
     from triax.train.config import compose_config
     from triax.train.trainer import Trainer
 

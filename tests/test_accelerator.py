@@ -39,7 +39,10 @@ def records(out):
     return [json.load(open(os.path.join(out, name))) for name in sorted(os.listdir(out)) if name.endswith(".json")]
 
 
-# loop.py: AdamW at lr 1e-2 / (1 + step), 8 optimizer steps.
+# loop.py: AdamW at lr 1e-2 / (1 + step), 8 optimizer steps. N processes x batch b equal one process
+# x batch N*b when the schedule advances once per update (triax's scheduler_steps="per_update");
+# Accelerate's default rule advances it N times, for a schedule written for batch b on one process.
+PER_UPDATE = ("--scheduler-steps", "per_update")
 LOOP_LEARNING_RATES = [1e-2 / (1 + step) for step in range(8)]
 
 
@@ -55,12 +58,12 @@ def assert_close_weights(a_dir, b_dir, exact=False):
 def one_process(tmp_path_factory):
     """The reference: one process, global batch 16, two epochs of 64 samples (8 updates)."""
     tmp = tmp_path_factory.mktemp("single")
-    forked_loop(tmp, tmp / "out", "--batch-size", "16", "--eval")
+    forked_loop(tmp, tmp / "out", "--batch-size", "16", "--eval", *PER_UPDATE)
     return tmp / "out"
 
 
 def test_launch_two_processes_equals_one_and_gathers_each_sample_once(tmp_path, one_process):
-    launch(tmp_path, tmp_path / "out", "--batch-size", "8", "--eval")
+    launch(tmp_path, tmp_path / "out", "--batch-size", "8", "--eval", *PER_UPDATE)
     assert_close_weights(one_process, tmp_path / "out")
     reference = records(one_process)[0]
     ranks = records(tmp_path / "out")
@@ -77,7 +80,7 @@ def test_accumulate_two_processes_four_steps_equals_one_large_batch(tmp_path, on
     # Plain torchrun (no triax launch), and the script creates the process group itself before
     # the Accelerator: 2 processes x batch 2 x 4 micro-steps = global batch 16.
     run_torchrun(2, [LOOP, "--out", str(tmp_path / "out"), "--batch-size", "2", "--accumulate", "4",
-                     "--init-group"],
+                     "--init-group", *PER_UPDATE],
                  env=env(tmp_path), timeout=240)
     assert_close_weights(one_process, tmp_path / "out")
     for record in records(tmp_path / "out"):
@@ -104,7 +107,7 @@ def test_save_state_load_state_mid_epoch_is_bitwise(tmp_path):
 def test_fsdp_two_processes_equals_one(tmp_path, one_process):
     # parallel=fsdp reaches the Accelerator from `triax launch --parallel` through the environment.
     run([sys.executable, "-m", "triax", "launch", "--num-processes", "2", "--main-process-port", "0",
-         "--parallel", "fsdp", LOOP, "--out", str(tmp_path / "out"), "--batch-size", "8", "--eval"],
+         "--parallel", "fsdp", LOOP, "--out", str(tmp_path / "out"), "--batch-size", "8", "--eval", *PER_UPDATE],
         env=env(tmp_path), timeout=240)
     assert_close_weights(one_process, tmp_path / "out")
     for record in records(tmp_path / "out"):

@@ -1,6 +1,6 @@
 """A training loop written like seed 003's example, on synthetic data, for the Accelerator tests.
 
-python loop.py --out DIR [--batch-size 8] [--accumulate 1] [--epochs 2] [--dropout 0]
+python loop.py --out DIR [--batch-size 8] [--accumulate 1] [--epochs 2] [--dropout 0] [--scheduler-steps per_update]
                [--save-at N --save DIR] [--resume DIR] [--eval]
 Writes DIR/rank_<r>.json (counters, gathered eval ids) and DIR/weights.safetensors (main process).
 """
@@ -47,13 +47,17 @@ def main():
     parser.add_argument("--resume", default=None)
     parser.add_argument("--eval", action="store_true")
     parser.add_argument("--parallel", default=None)
+    parser.add_argument("--scheduler-steps", default="per_process",
+                        help="per_update: the scheduler steps once per update, so N processes x batch b "
+                             "equal one process x batch N*b")
     parser.add_argument("--init-group", action="store_true",
                         help="create the process group before the Accelerator, as some scripts do")
     args = parser.parse_args()
 
     if args.init_group:
         torch.distributed.init_process_group("gloo")
-    accelerator = Accelerator(gradient_accumulation_steps=args.accumulate, parallel=args.parallel)
+    accelerator = Accelerator(gradient_accumulation_steps=args.accumulate, parallel=args.parallel,
+                              scheduler_steps=args.scheduler_steps)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Dropout(args.dropout),
                                 torch.nn.Linear(32, 5))

@@ -92,9 +92,9 @@ record["uneven"] = {"len": len(loader), "mine": [ids.tolist() for _, ids in load
 # ---- accumulation: which micro-steps synchronise and step --------------------------------------------
 
 
-def accumulation(plugin):
+def accumulation(plugin, **options):
     set_seed(0)
-    accelerator = Accelerator(gradient_accumulation_plugin=plugin)
+    accelerator = Accelerator(gradient_accumulation_plugin=plugin, **options)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
@@ -121,6 +121,9 @@ record["accumulate"] = accumulation(GradientAccumulationPlugin(num_steps=2))
 record["accumulate_no_dataloader_sync"] = accumulation(GradientAccumulationPlugin(num_steps=2,
                                                                                   sync_with_dataloader=False))
 record["accumulate_sync_each_batch"] = accumulation(GradientAccumulationPlugin(num_steps=2, sync_each_batch=True))
+if args.impl == "triax":  # triax's preference, a named option: one scheduler step per optimizer update
+    record["triax_scheduler_per_update"] = accumulation(GradientAccumulationPlugin(num_steps=2),
+                                                        scheduler_steps="per_update")["scheduler_steps"]
 
 # ---- no_sync and trigger_sync_in_backward ------------------------------------------------------------
 accelerator = Accelerator()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 from collections import OrderedDict
 
 import torch
@@ -19,6 +20,7 @@ from torch.utils.hooks import RemovableHandle
 
 from triax.accelerate import checkpoints, operations
 from triax.accelerate.data_loader import PreparedDataLoader, SkipFirstBatches, skip_first_batches
+from triax.accelerate.dataclasses import DistributedType
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
 from triax.accelerate.options import PRECISION_ALIASES, refuse_unsupported, resolve, unsupported
 from triax.accelerate.saving import load_state as _load_state
@@ -54,8 +56,13 @@ class Accelerator:
         automatic checkpoint naming and total_limit).
     step_scheduler_with_optimizer: a prepared scheduler steps only when the optimizer really did.
     kwargs_handlers: DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs.
-    triax's own: parallel ("ddp" default, "fsdp", "none"), logging_dir, seed (of the dataloaders'
-        order; default: the DataLoader's generator seed, else torch.initial_seed() of process 0).
+    triax's own: parallel ("ddp" default, "fsdp", "none"), logging_dir;
+        scheduler_steps: "per_process" (Accelerate's: a prepared scheduler steps num_processes times
+        per optimizer update unless split_batches) or "per_update" (once per update);
+        data_order: "loader" (Accelerate's: the DataLoader's own sampler and generator, drawn alike on
+        every process) or "seeded" (triax's permutation of (seed, epoch), resumable at any world size);
+        seed: the "seeded" order's seed (default: the DataLoader's generator seed, else
+        torch.initial_seed() of process 0).
     DeepSpeed, Megatron-LM, XLA, fp8, ParallelismConfig and dynamo_backend raise
     UnsupportedFeatureError here, naming what to use instead.
     """
@@ -68,7 +75,8 @@ class Accelerator:
                  step_scheduler_with_optimizer: bool = True, kwargs_handlers=None, dynamo_backend=None,
                  dynamo_plugin=None, deepspeed_plugins=None, parallelism_config=None,
                  even_batches: bool | None = None, parallel: str | None = None,
-                 logging_dir: str | None = None, seed: int | None = None):
+                 logging_dir: str | None = None, seed: int | None = None, scheduler_steps: str = "per_process",
+                 data_order: str = "loader"):
         refuse_unsupported(mixed_precision, deepspeed_plugin, megatron_lm_plugin, parallelism_config,
                            dynamo_backend, dynamo_plugin, torch_tp_plugin, deepspeed_plugins)
         options = resolve(
@@ -76,8 +84,10 @@ class Accelerator:
             gradient_accumulation_plugin=gradient_accumulation_plugin, cpu=cpu, parallel=parallel,
             fsdp_plugin=fsdp_plugin, dataloader_config=dataloader_config, split_batches=split_batches,
             even_batches=even_batches, project_config=project_config, project_dir=project_dir,
-            logging_dir=logging_dir, kwargs_handlers=kwargs_handlers)
+            logging_dir=logging_dir, kwargs_handlers=kwargs_handlers, scheduler_steps=scheduler_steps,
+            data_order=data_order)
         self.precision = Precision(options.precision_policy)
+        self._mixed_precision = options.mixed_precision
         self.parallel = options.parallel
         self.dataloader_config = options.dataloader
         self.project_configuration = options.project
@@ -85,16 +95,14 @@ class Accelerator:
         self._grad_compression = options.grad_compression
 
         # Joins the process group (or uses the one the script created) once per process.
-        self.state = AcceleratorState(mixed_precision={"fp32": "no"}.get(self.precision.name, self.precision.name),
+        self.state = AcceleratorState(mixed_precision={"fp32": "no"}.get(self._mixed_precision, self._mixed_precision),
                                       cpu=options.cpu, timeout=options.init_timeout, backend=options.init_backend)
         self.state.fsdp = self.parallel == "fsdp"
-        self.device = self.state.device
-        self.place = self.state.place
-        if self.precision.needs_loss_scaling and self.device.type != "cuda":
-            # precision.check_device would refuse too, in the trainer's words; say it in ours.
-            raise AcceleratorValueError(f"mixed_precision='fp16' needs a CUDA device (this process uses "
-                                        f"{self.device.type}); use mixed_precision='bf16' on CPU")
-        self.precision.check_device(self.device)
+        if self.precision.needs_loss_scaling and self.state.device.type == "cpu":
+            # As Accelerate: fp16 on CPU is accepted and runs without autocast or loss scaling
+            # (fp32 arithmetic); the state still reports "fp16".
+            self.precision = Precision("fp32")
+        self.precision.check_device(self.state.device)
 
         plugin = options.accumulation
         self.gradient_state = GradientState(plugin.num_steps, sync_with_dataloader=plugin.sync_with_dataloader,
@@ -104,6 +112,8 @@ class Accelerator:
         if self.scaler.is_enabled() and options.scaler_options:
             self.scaler = torch.amp.GradScaler(self.device.type, **options.scaler_options)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.scheduler_steps = options.scheduler_steps
+        self.data_order = options.data_order
         self.device_placement = device_placement
         self.seed = seed if seed is not None else self.dataloader_config.data_seed
         self.rng_types = rng_types
@@ -133,9 +143,14 @@ class Accelerator:
     distributed_type = property(lambda self: self.state.distributed_type)
     multi_device = use_distributed
 
+    # Read through the state, as Accelerate does: after AcceleratorState._reset_state() they raise
+    # AttributeError (the Accelerator must be made again), so prepare cannot use a forgotten state.
+    device = property(lambda self: self.state.device)
+    place = property(lambda self: self.state.place)
+
     @property
     def mixed_precision(self) -> str:
-        return {"fp32": "no"}.get(self.precision.name, self.precision.name)
+        return self.state.mixed_precision
 
     @property
     def native_amp(self) -> bool:
@@ -345,7 +360,10 @@ class Accelerator:
             return already
         owners = [opt for opt in self._optimizers
                   if scheduler.optimizer is opt or scheduler.optimizer is opt.optimizer]
-        prepared = PreparedScheduler(scheduler, owners, self.gradient_state, self.step_scheduler_with_optimizer)
+        per_process = self.scheduler_steps == "per_process"
+        steps = self.num_processes if per_process and not self.split_batches else 1
+        prepared = PreparedScheduler(scheduler, owners, self.gradient_state, self.step_scheduler_with_optimizer,
+                                     steps_per_update=steps, count_micro_steps=per_process)
         self._schedulers.append(prepared)
         return prepared
 
@@ -364,7 +382,8 @@ class Accelerator:
             dataloader, device=self.device if device_placement is not False else None,
             process_index=self.process_index, num_processes=self.num_processes,
             gradient_state=self.gradient_state, seed=seed, split_batches=config.split_batches,
-            even_batches=config.even_batches)
+            even_batches=config.even_batches, data_order=self.data_order,
+            use_seedable_sampler=config.use_seedable_sampler, data_seed=config.data_seed)
         self._dataloaders.append(prepared)
         return prepared
 
@@ -409,17 +428,28 @@ class Accelerator:
     def join_uneven_inputs(self, joinables, even_batches: bool | None = None):
         """Train or evaluate on data that gives processes different numbers of batches: processes
         that run out shadow the others' collectives (torch.distributed.algorithms.Join).
-        even_batches overrides the prepared dataloaders' setting inside the block (pass False to
-        stop padding the last batch); Join is on only when batches are not evened out."""
+        even_batches overrides the prepared map-style dataloaders' setting inside the block (pass
+        False to stop padding the last batch); Join is on only when batches are not evened out.
+        As in Accelerate, it only warns (and does nothing) unless the processes are plain data
+        parallel (distributed_type MULTI_CPU, MULTI_GPU, ...)."""
         from torch.distributed.algorithms.join import Join, Joinable
 
-        if not self.use_distributed:
+        if not self.state.multi_device:
+            if self.distributed_type != DistributedType.NO:
+                warnings.warn("join_uneven_inputs is only supported for multi-GPU and multi-CPU data parallel "
+                              f"training (this is {self.distributed_type}); it has no effect here", stacklevel=3)
             yield
             return
-        saved = [(loader, loader.even_batches) for loader in self._dataloaders]
+        saved = []
         if even_batches is not None:
             for loader in self._dataloaders:
-                loader.even_batches = even_batches
+                if loader.batch_sampler is None:
+                    continue
+                saved.append((loader, loader.batch_sampler.even_batches))
+                loader.batch_sampler.even_batches = even_batches
+            if any(loader.batch_sampler is None for loader in self._dataloaders):
+                warnings.warn("join_uneven_inputs(even_batches=...) is only supported for map-style datasets; "
+                              "the prepared dataloaders over iterable datasets keep their setting", stacklevel=3)
         else:
             even_batches = self.even_batches
         items = [getattr(item, "optimizer", item) if isinstance(item, PreparedOptimizer) else item
@@ -433,7 +463,7 @@ class Accelerator:
                 yield
         finally:
             for loader, value in saved:
-                loader.even_batches = value
+                loader.batch_sampler.even_batches = value
 
     def autocast(self, autocast_handler=None):
         """Forward under the mixed-precision policy's autocast (no-op for fp32)."""
@@ -557,7 +587,9 @@ class Accelerator:
 
     def _checkpoint_root(self, directory: str | None, for_save: bool) -> str:
         if directory is not None:
-            return os.path.expanduser(str(directory))
+            # A snapshot is one directory that every process writes its part of: process 0's
+            # (a script may name a different one per process, e.g. each process's own tempdir).
+            return operations.broadcast_object_list([os.path.expanduser(str(directory))])[0]
         project = self.project_configuration
         if project.automatic_checkpoint_naming:
             if for_save:
@@ -592,7 +624,9 @@ class Accelerator:
         """Restore what save_state wrote (a step_* folder, or the latest one under a root; with
         automatic_checkpoint_naming and no directory, the newest checkpoint_<n>).
         Prepare the same objects first; the dataloaders' next pass continues the saved epoch."""
-        if input_dir is not None and not os.path.isdir(os.path.expanduser(str(input_dir))):
+        if input_dir is not None:
+            input_dir = operations.broadcast_object_list([os.path.expanduser(str(input_dir))])[0]
+        if input_dir is not None and not os.path.isdir(input_dir):
             raise AcceleratorValueError(f"load_state: {input_dir!r} is not a directory")
         root = self._checkpoint_root(input_dir, for_save=False)
         models = list(self._models)

@@ -17,17 +17,24 @@ from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError
 
 class DistributedType(str, enum.Enum):
     """How the processes are set up. A str enum, as in Accelerate: members equal their names
-    (`DistributedType.MULTI_CPU == "MULTI_CPU"`) and serialise to JSON as strings."""
+    (`DistributedType.MULTI_CPU == "MULTI_CPU"`) and serialise to JSON as strings. Every member of
+    Accelerate's enum is here, in its order, so scripts that compare against any of them run; triax
+    itself only ever reports NO, MULTI_CPU, MULTI_GPU and FSDP."""
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
     MULTI_XPU = "MULTI_XPU"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     XLA = "XLA"
     MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
     def __str__(self) -> str:
         return self.value

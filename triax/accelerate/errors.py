@@ -16,6 +16,22 @@ class AcceleratorRuntimeError(TriaxError, RuntimeError):
     """Something failed on some process; raised on every process together so none is left waiting."""
 
 
+def _accelerate_operation_error() -> type:
+    """Accelerate's DistributedOperationException when Accelerate is installed, so a script that
+    catches it (keeping Accelerate's import) catches triax's; otherwise triax's own base."""
+    try:  # deferred: Accelerate is an optional dependency
+        from accelerate.utils.operations import DistributedOperationException as accelerate_class
+    except ImportError:  # Accelerate is optional: triax then stands alone
+        return Exception
+    return accelerate_class
+
+
+class DistributedOperationException(AcceleratorValueError, _accelerate_operation_error()):
+    """A collective got data whose structure, dtypes or shapes differ between processes (raised on
+    every process, before any data moves). Also a ValueError, and, when Accelerate is installed,
+    Accelerate's own DistributedOperationException."""
+
+
 class UnsupportedFeatureError(TriaxError, NotImplementedError):
     """A part of Accelerate that triax deliberately does not provide; the message names the alternative."""
 

@@ -12,7 +12,7 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate.errors import AcceleratorValueError, DistributedOperationException
 from triax.collectives import all_gather_bytes
 from triax.kept_works import wait_and_keep
 from triax.process_group import collective_device, is_distributed
@@ -65,7 +65,7 @@ def signature(data, full_shape: bool) -> list[str]:
 
 
 def check_same_everywhere(data, what: str, full_shape: bool = False) -> None:
-    """Raise the same AcceleratorValueError on every process if the structure, keys, dtypes or
+    """Raise the same DistributedOperationException on every process if the structure, keys, dtypes or
     shapes of `data` differ between processes, before any data moves (a mismatched all_gather can
     abort the process inside the backend). Costs one all_gather of a 32-byte digest."""
     if not is_distributed():
@@ -83,11 +83,11 @@ def check_same_everywhere(data, what: str, full_shape: bool = False) -> None:
     for rank, other in enumerate(texts[1:], start=1):
         for mine, theirs in zip(reference + ["(nothing)"] * len(other), other + ["(nothing)"] * len(reference)):
             if mine != theirs:
-                raise AcceleratorValueError(
+                raise DistributedOperationException(
                     f"{what} got different data on different processes: process 0 has {mine!r:.200}, "
                     f"process {rank} has {theirs!r:.200}; every process must pass the same structure "
                     f"(keys, dtypes and shapes{'' if full_shape else ' except the first dimension'})")
-    raise AcceleratorValueError(f"{what} got different data on different processes")  # digest differed only
+    raise DistributedOperationException(f"{what} got different data on different processes")  # digest only
 
 
 def send_to_device(data, device: torch.device, non_blocking: bool = False):
@@ -165,17 +165,23 @@ def pad_across_processes(data, dim: int = 0, pad_index=0, pad_first: bool = Fals
     return map_tensors(pad, data)
 
 
-def reduce(data, reduction: str = "sum", scale: float = 1.0):
-    """Sum ("sum") or average ("mean") each tensor over processes; "none" leaves it. Returns copies."""
-    if reduction not in ("sum", "mean", "none"):
-        raise AcceleratorValueError(f"reduce got reduction={reduction!r}; use 'sum', 'mean' or 'none'")
+# reduce's reductions: what each process contributes is combined with this torch.distributed op.
+REDUCE_OPS = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def reduce(data, reduction: str = "mean", scale: float = 1.0):
+    """Average ("mean", the default, as Accelerate's function), sum ("sum") or take the largest
+    value ("max") of each tensor over processes, element-wise; "none" leaves it. Returns copies,
+    multiplied by `scale`. (The Accelerator's method defaults to "sum", as Accelerate's does.)"""
+    if reduction not in (*REDUCE_OPS, "none"):
+        raise AcceleratorValueError(f"reduce got reduction={reduction!r}; use 'mean', 'sum', 'max' or 'none'")
     if reduction != "none":
         check_same_everywhere(data, "reduce", full_shape=True)
 
     def one(tensor):
         result = tensor.clone()
         if is_distributed() and reduction != "none":
-            wait_and_keep(dist.all_reduce(result, op=dist.ReduceOp.SUM, async_op=True))
+            wait_and_keep(dist.all_reduce(result, op=REDUCE_OPS[reduction], async_op=True))
             if reduction == "mean":
                 result = result / _world()
         return result * scale if scale != 1.0 else result

@@ -68,6 +68,8 @@ class Options:
     scaler_options: dict
     init_timeout: object  # datetime.timedelta or None
     init_backend: str | None
+    scheduler_steps: str  # SCHEDULER_STEPS
+    data_order: str  # DATA_ORDERS
 
 
 def refuse_unsupported(mixed_precision, deepspeed_plugin, megatron_lm_plugin, parallelism_config,
@@ -89,16 +91,53 @@ def refuse_unsupported(mixed_precision, deepspeed_plugin, megatron_lm_plugin, pa
         raise unsupported("torch.compile via dynamo_backend", f"dynamo_backend={backend!r}")
 
 
+# triax's preferences, each a named option whose default is Accelerate's behaviour.
+SCHEDULER_STEPS = {
+    "per_process": "Accelerate's rule: a prepared scheduler steps once per process per optimizer update "
+                   "(once when split_batches=True)",
+    "per_update": "once per optimizer update, whatever the number of processes",
+}
+DATA_ORDERS = {
+    "loader": "Accelerate's rule: the DataLoader's own sampler and generator give the order, drawn alike "
+              "on every process",
+    "seeded": "triax's permutation of (seed, epoch): independent of the generator, resumable exactly "
+              "at any number of processes",
+}
+
+
+def _choice(name: str, value, choices: dict) -> str:
+    if value not in choices:
+        raise AcceleratorValueError(f"{name}={value!r} is not known; use one of {', '.join(map(repr, choices))}")
+    return value
+
+
 def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulation_plugin, cpu, parallel,
             fsdp_plugin, dataloader_config, split_batches, even_batches, project_config, project_dir,
-            logging_dir, kwargs_handlers) -> Options:
+            logging_dir, kwargs_handlers, scheduler_steps="per_process", data_order="loader") -> Options:
+    mixed_precision = resolve_precision(mixed_precision)
+    handlers = resolve_handlers(kwargs_handlers)
+    return Options(
+        mixed_precision=mixed_precision, precision_policy=PRECISION_ALIASES[mixed_precision],
+        parallel=resolve_parallel(parallel, fsdp_plugin),
+        cpu=bool(cpu) or launch_settings.flag_from_environment("use_cpu") or _env_flag("ACCELERATE_USE_CPU"),
+        dataloader=resolve_dataloader(dataloader_config, split_batches, even_batches),
+        accumulation=resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin),
+        project=resolve_project(project_config, project_dir, logging_dir),
+        scheduler_steps=_choice("scheduler_steps", scheduler_steps, SCHEDULER_STEPS),
+        data_order=_choice("data_order", data_order, DATA_ORDERS), **handlers)
+
+
+def resolve_precision(mixed_precision) -> str:
     mixed_precision = (mixed_precision or launch_settings.from_environment("mixed_precision")
                        or os.environ.get("ACCELERATE_MIXED_PRECISION") or "no")
     mixed_precision = str(getattr(mixed_precision, "value", mixed_precision))
     if mixed_precision not in PRECISION_ALIASES:
         raise AcceleratorValueError(f"mixed_precision={mixed_precision!r} is not supported; use one of "
                                     f"{', '.join(PRECISION_ALIASES)}")
+    return mixed_precision
 
+
+def resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin) -> GradientAccumulationPlugin:
     accumulation = as_config(gradient_accumulation_plugin, GradientAccumulationPlugin, "gradient_accumulation_plugin")
     if gradient_accumulation_plugin is not None:
         if gradient_accumulation_steps not in (None, 1):
@@ -118,7 +157,10 @@ def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulati
                                     "integer") from None
     if accumulation.num_steps < 1:
         raise AcceleratorValueError(f"gradient_accumulation_steps={accumulation.num_steps} must be 1 or more")
+    return accumulation
 
+
+def resolve_parallel(parallel, fsdp_plugin) -> str:
     if fsdp_plugin is not None:
         if parallel not in (None, "fsdp"):
             raise AcceleratorValueError(f"fsdp_plugin was given with parallel={parallel!r}; drop one")
@@ -129,7 +171,10 @@ def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulati
     if parallel not in PARALLEL_CHOICES:
         raise AcceleratorValueError(f"parallel={parallel!r} is not a layout the Accelerator knows; use one of "
                                     f"{', '.join(PARALLEL_CHOICES)}")
+    return parallel
 
+
+def resolve_dataloader(dataloader_config, split_batches, even_batches) -> DataLoaderConfiguration:
     dataloader = as_config(dataloader_config, DataLoaderConfiguration, "dataloader_config")
     if split_batches is not None:
         dataloader.split_batches = bool(split_batches)
@@ -139,8 +184,11 @@ def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulati
         # Every process reads its own samples by index; the sharding (and so the result) is the
         # same as with dispatching, only process 0 does not read for the others.
         warnings.warn("DataLoaderConfiguration(dispatch_batches=True) has no effect in triax: each process "
-                      "reads its own share of every batch", stacklevel=3)
+                      "reads its own share of every batch", stacklevel=4)
+    return dataloader
 
+
+def resolve_project(project_config, project_dir, logging_dir) -> ProjectConfiguration:
     project = as_config(project_config, ProjectConfiguration, "project_config")
     if project_dir is not None:
         project.set_directories(project_dir)
@@ -151,7 +199,12 @@ def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulati
                                     "positive integer or None")
     if project.automatic_checkpoint_naming and project.project_dir is None:
         raise AcceleratorValueError("ProjectConfiguration(automatic_checkpoint_naming=True) needs project_dir")
+    return project
 
+
+def resolve_handlers(kwargs_handlers) -> dict:
+    """kwargs_handlers -> the Options fields they set (DDP options and compression, scaler
+    options, process-group timeout and backend); autocast options and init_method are refused."""
     handlers = split_kwargs_handlers(kwargs_handlers)
     ddp_options = changed_fields(handlers.get(DistributedDataParallelKwargs), DistributedDataParallelKwargs)
     hook = str(ddp_options.pop("comm_hook", "no"))
@@ -167,14 +220,10 @@ def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulati
         raise UnsupportedFeatureError(f"InitProcessGroupKwargs(init_method={init['init_method']!r}) is not "
                                       "supported; triax rendezvouses through MASTER_ADDR/MASTER_PORT "
                                       "(set by torchrun or `triax launch`)")
-    scaler_options = changed_fields(handlers.get(GradScalerKwargs), GradScalerKwargs)
     autocast = changed_fields(handlers.get(AutocastKwargs), AutocastKwargs)
     if autocast:
         raise UnsupportedFeatureError(f"AutocastKwargs({autocast}) is not supported; use "
                                       "accelerator.autocast() or mixed_precision='no'")
-    return Options(
-        mixed_precision=mixed_precision, precision_policy=PRECISION_ALIASES[mixed_precision], parallel=parallel,
-        cpu=bool(cpu) or launch_settings.flag_from_environment("use_cpu") or _env_flag("ACCELERATE_USE_CPU"),
-        dataloader=dataloader, accumulation=accumulation,
-        project=project, ddp_options=ddp_options, grad_compression=COMM_HOOKS[hook],
-        scaler_options=scaler_options, init_timeout=init.get("timeout"), init_backend=init.get("backend"))
+    return dict(ddp_options=ddp_options, grad_compression=COMM_HOOKS[hook],
+                scaler_options=changed_fields(handlers.get(GradScalerKwargs), GradScalerKwargs),
+                init_timeout=init.get("timeout"), init_backend=init.get("backend"))

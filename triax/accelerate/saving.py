@@ -187,6 +187,14 @@ def _in_snapshot(optimizer):
     return optimizer.optimizer
 
 
+def _no_model() -> torch.nn.Module:
+    """What the snapshot holds when no model is saved (none prepared, or all taken over by hooks):
+    torch.distributed.checkpoint refuses a model with an empty state dict, so one empty buffer."""
+    placeholder = torch.nn.Module()
+    placeholder.register_buffer("no_model", torch.zeros(0))
+    return placeholder
+
+
 # ---- the storage seam: the only two calls into the snapshot format -------------------------------
 
 
@@ -206,7 +214,7 @@ def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
     with their optimizers, and everything else as JSON. Collective."""
     optimizers = pair_optimizers(accelerator._models, accelerator._optimizers)
     # With every model taken over by hooks, the snapshot still carries the rest of the state.
-    models = [accelerator._models[i] for i in saved] or [torch.nn.Module()]
+    models = [accelerator._models[i] for i in saved] or [_no_model()]
     model_optimizers = [optimizers[i] for i in saved] or [None]
     snapshot_name = None
     for index in range(1, len(models)):
@@ -277,7 +285,7 @@ def load_state(accelerator, path: str, loaded: list[int]) -> str:
     _agree(error, "reading the saved state")
 
     optimizers = pair_optimizers(accelerator._models, accelerator._optimizers)
-    models = [accelerator._models[i] for i in loaded] or [torch.nn.Module()]
+    models = [accelerator._models[i] for i in loaded] or [_no_model()]
     model_optimizers = [optimizers[i] for i in loaded] or [None]
     stateless = decoded["stateless_optimizers"]
 

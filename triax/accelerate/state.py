@@ -44,10 +44,11 @@ class PartialState:
         self.fsdp = False  # the Accelerator sets this for parallel='fsdp' (distributed_type FSDP)
         self._initialized = True
 
-    @classmethod
-    def _reset_state(cls) -> None:
-        """Forget the shared state (the process group stays); for starting over in one process."""
-        cls._shared_state.clear()
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the process information (the process group stays); the next PartialState()
+        finds it again. For starting over in one process, as Accelerate's."""
+        PartialState._shared_state.clear()
 
     @property
     def initialized(self) -> bool:
@@ -176,14 +177,68 @@ def _only_on(condition, function):
     return wrapper
 
 
+# Accelerate's process types that run torch.distributed collectives across devices: the ones where
+# join_uneven_inputs applies (any other type, FSDP included, only warns).
+MULTI_DEVICE_TYPES = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.MULTI_NPU,
+                      DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA, DistributedType.MULTI_MUSA,
+                      DistributedType.MULTI_XPU, DistributedType.MULTI_HPU, DistributedType.MULTI_NEURON)
+
+
 class AcceleratorState(PartialState):
-    """PartialState plus what the Accelerator chose: mixed precision and the layout."""
+    """PartialState plus what the Accelerator chose: mixed precision and the layout.
+
+    Its shared state is its own (as in Accelerate): `AcceleratorState._reset_state()` forgets the
+    Accelerator's choices, and a prepare on an Accelerator made before the reset raises
+    AttributeError, while the process information (PartialState's) stays; pass
+    reset_partial_state=True to forget that too."""
+
+    _shared_state: dict = {}
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs):
-        super().__init__(cpu=cpu, **kwargs)
+        partial = PartialState(cpu=cpu, **kwargs)
+        self.__dict__ = AcceleratorState._shared_state
+        if not self._shared_state:
+            self.__dict__.update(partial.__dict__)
+            self.mixed_precision = "no"
+            self.distributed_type_override = None
         if mixed_precision is not None:
             self.mixed_precision = mixed_precision
-        self.__dict__.setdefault("mixed_precision", "no")
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        AcceleratorState._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+    def __getattr__(self, name: str):
+        # Reached only for attributes the shared state lacks, i.e. after _reset_state().
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"`AcceleratorState` object has no attribute `{name}`. This happens if "
+                             "`AcceleratorState._reset_state()` was called after the Accelerator was created; "
+                             "create a new Accelerator (or AcceleratorState) before using it again")
+
+    @property
+    def initialized(self) -> bool:
+        return bool(self._shared_state)
+
+    # Process information is PartialState's, so it survives a reset of this state.
+    num_processes = property(lambda self: PartialState().num_processes)
+    process_index = property(lambda self: PartialState().process_index)
+    local_process_index = property(lambda self: PartialState().local_process_index)
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        override = self.__dict__.get("distributed_type_override")
+        return override if override is not None else PartialState.distributed_type.fget(self)
+
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType) -> None:
+        self.distributed_type_override = value
+
+    @property
+    def multi_device(self) -> bool:
+        return self.distributed_type in MULTI_DEVICE_TYPES
 
     @property
     def use_fp16(self) -> bool:
@@ -197,15 +252,34 @@ class GradientState:
     synchronises gradients, and the optimizer and scheduler wrappers read that decision.
     """
 
-    def __init__(self, accumulation_steps: int = 1, sync_with_dataloader: bool = True,
+    _shared_state: dict = {}
+
+    def __init__(self, accumulation_steps: int | None = None, sync_with_dataloader: bool = True,
                  sync_each_batch: bool = False, adjust_scheduler: bool = True):
-        self.accumulation_steps = accumulation_steps
-        self.sync_with_dataloader = sync_with_dataloader
-        self.sync_each_batch = sync_each_batch
-        self.adjust_scheduler = adjust_scheduler
-        self.sync_gradients = True
-        self.micro_step = 0  # micro-steps since the last synchronising one, inside `accumulate`
-        self.active_loaders: list = []  # innermost (currently iterated) dataloader last
+        # Shared by every instance, as in Accelerate: GradientState() anywhere sees the step the
+        # Accelerator is in. An Accelerator passes its settings, which replace the previous ones.
+        self.__dict__ = GradientState._shared_state
+        if not self._shared_state:
+            self.sync_gradients = True
+            self.micro_step = 0  # micro-steps since the last synchronising one, inside `accumulate`
+            self.active_loaders = []  # innermost (currently iterated) dataloader last
+            self.accumulation_steps = 1
+            self.sync_with_dataloader, self.sync_each_batch, self.adjust_scheduler = True, False, True
+        if accumulation_steps is not None:
+            self.accumulation_steps = accumulation_steps
+            self.sync_with_dataloader = sync_with_dataloader
+            self.sync_each_batch = sync_each_batch
+            self.adjust_scheduler = adjust_scheduler
+            self.micro_step = 0
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the shared step state; the next Accelerator (or GradientState()) starts afresh."""
+        GradientState._shared_state.clear()
+
+    @property
+    def initialized(self) -> bool:
+        return bool(self._shared_state)
 
     @property
     def num_steps(self) -> int:

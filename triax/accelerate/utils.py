@@ -6,7 +6,14 @@
 
 from __future__ import annotations
 
-from triax.accelerate.data_loader import skip_first_batches
+import operator
+
+import torch
+from packaging.version import parse
+
+from triax.checkpoint.rng import seed_everything
+
+from triax.accelerate.data_loader import prepare_data_loader, skip_first_batches
 from triax.accelerate.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -18,6 +25,7 @@ from triax.accelerate.dataclasses import (
     PrecisionType,
     ProjectConfiguration,
 )
+from triax.accelerate.errors import DistributedOperationException
 from triax.accelerate.launchers import notebook_launcher
 from triax.accelerate.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
 from triax.accelerate.operations import (
@@ -29,6 +37,7 @@ from triax.accelerate.operations import (
     reduce,
     send_to_device,
 )
+from triax.accelerate.random import SeedableRandomSampler, synchronize_rng_state, synchronize_rng_states
 from triax.accelerate.state import PartialState
 from triax.collectives import barrier as wait_for_everyone
 
@@ -36,10 +45,6 @@ from triax.collectives import barrier as wait_for_everyone
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
     """Seed Python's `random`, NumPy and torch (every device). device_specific adds the process
     index, so processes draw different numbers; deterministic asks torch for deterministic kernels."""
-    import torch
-
-    from triax.checkpoint.rng import seed_everything
-
     if device_specific:
         seed += PartialState().process_index
     seed_everything(seed)
@@ -49,19 +54,22 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
+def are_the_same_tensors(tensor) -> bool:
+    """True on every process when `tensor` holds the same values on every process."""
+    everyone = gather(tensor[None].clone().to(PartialState().device)).cpu()
+    return all(torch.equal(row, everyone[0]) for row in everyone)
+
+
 def is_torch_version(operation: str, version: str) -> bool:
-    import operator
-
-    import torch
-    from packaging.version import parse
-
     compare = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
                ">=": operator.ge, ">": operator.gt}[operation]
     return compare(parse(torch.__version__.split("+")[0]), parse(version))
 
 
 __all__ = [
-    "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType",
+    "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",
+    "DistributedType", "SeedableRandomSampler", "are_the_same_tensors", "prepare_data_loader",
+    "synchronize_rng_state", "synchronize_rng_states",
     "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PrecisionType",
     "ProjectConfiguration", "broadcast", "broadcast_object_list", "find_executable_batch_size", "gather",
     "gather_object", "is_torch_version", "notebook_launcher", "pad_across_processes", "reduce",

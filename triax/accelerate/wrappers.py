@@ -2,8 +2,12 @@
 
 They exist for one reason each: inside `accumulate`, the user calls optimizer.step() and
 scheduler.step() on every micro-step, but only the synchronising micro-step may update the
-weights, and the scheduler must advance exactly once per real optimizer update (not once per
-micro-step, and not once per process, which is a known bug in a peer library).
+weights, and the scheduler advances only with a real optimizer update.
+
+How far the scheduler advances per update is Accelerate's rule by default: once per process when
+each process reads its own batch (split_batches=False), so a schedule written for one process ends
+after the same number of samples on N; once when batches are split. triax's preference, one step
+per optimizer update whatever the layout, is the Accelerator's scheduler_steps="per_update".
 """
 
 from __future__ import annotations
@@ -79,22 +83,37 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
 
 class PreparedScheduler:
-    """Steps the wrapped LR scheduler once per real optimizer update."""
+    """Steps the wrapped LR scheduler with real optimizer updates: `steps_per_update` times each
+    (see the module's docstring)."""
 
     def __init__(self, scheduler, optimizers: list[PreparedOptimizer], gradient_state,
-                 step_with_optimizer: bool = True):
+                 step_with_optimizer: bool = True, steps_per_update: int = 1, count_micro_steps: bool = False):
         self.scheduler = scheduler
         self.optimizers = optimizers
         self.gradient_state = gradient_state
         self.step_with_optimizer = step_with_optimizer
+        self.steps_per_update = steps_per_update
+        self.count_micro_steps = count_micro_steps
 
     def step(self, *args, **kwargs) -> None:
-        if self.step_with_optimizer:
-            if not self.gradient_state.sync_gradients:
-                return  # a micro-step inside `accumulate`: the optimizer did not update either
-            if any(optimizer.step_was_skipped for optimizer in self.optimizers):
-                return  # fp16 overflow: no update, so the schedule does not advance
-        self.scheduler.step(*args, **kwargs)
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.gradient_state.sync_gradients:
+            # A micro-step inside `accumulate`: no update. Accelerate's rule (count_micro_steps)
+            # with adjust_scheduler still advances the scheduler's own step counter.
+            if self.count_micro_steps and self.gradient_state.adjust_scheduler and hasattr(
+                    self.scheduler, "_step_count"):
+                self.scheduler._step_count += 1
+            return
+        if any(optimizer.step_was_skipped for optimizer in self.optimizers):
+            return  # fp16 overflow: no update, so the schedule does not advance
+        for _ in range(self.steps_per_update):
+            # OneCycleLR raises past its total_steps: stop there, as Accelerate does.
+            total = getattr(self.scheduler, "total_steps", None)
+            if total is not None and self.scheduler._step_count > total:
+                break
+            self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self):
         return self.scheduler.get_last_lr()

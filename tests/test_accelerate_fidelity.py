@@ -1,0 +1,149 @@
+"""The Accelerator door behaves as Hugging Face Accelerate does where a drop-in needs it: its enum,
+its exceptions, its reductions and their defaults, its state resets, fp16 on CPU, the loader's own
+sample order, batch samplers and iterable datasets. Where Accelerate is installed its own objects
+are the reference."""
+
+import inspect
+import os
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+
+from forked import launch
+from triax.testing import quiet_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def fresh_state():
+    from triax.accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def test_distributed_type_has_every_member_of_accelerate():
+    accelerate_utils = pytest.importorskip("accelerate.utils")
+    from triax.accelerate.utils import DistributedType
+
+    assert [m.value for m in DistributedType] == [m.value for m in accelerate_utils.DistributedType]
+
+
+def test_structure_mismatch_error_is_accelerate_exception_and_value_error():
+    operations = pytest.importorskip("accelerate.utils.operations")
+    from triax.accelerate.utils import DistributedOperationException
+
+    assert issubclass(DistributedOperationException, operations.DistributedOperationException)
+    assert issubclass(DistributedOperationException, ValueError)
+
+
+def test_reduce_defaults_and_reductions_follow_accelerate(fresh_state):
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.utils import operations
+
+    from triax.accelerate import Accelerator
+    from triax.accelerate.utils import reduce
+
+    default = inspect.signature(reduce).parameters["reduction"].default
+    assert default == inspect.signature(operations.reduce).parameters["reduction"].default == "mean"
+    assert (inspect.signature(Accelerator.reduce).parameters["reduction"].default
+            == inspect.signature(accelerate.Accelerator.reduce).parameters["reduction"].default == "sum")
+    tensor = torch.tensor([1.0, 5.0])
+    for reduction in ("mean", "sum", "max", "none"):
+        assert torch.equal(reduce(tensor, reduction), tensor)  # one process: every reduction is a copy
+    with pytest.raises(ValueError, match="'min'"):
+        reduce(tensor, "min")
+
+
+def test_reset_state_keeps_process_information_and_stops_prepare(fresh_state):
+    from triax.accelerate import Accelerator, AcceleratorState, GradientState, PartialState
+
+    accelerator = Accelerator(cpu=True)
+    AcceleratorState._reset_state()
+    assert PartialState().is_local_main_process and accelerator.is_local_main_process
+    with pytest.raises(AttributeError, match=r"AcceleratorState._reset_state\(\)"):
+        accelerator.prepare(torch.nn.Linear(1, 1))
+    Accelerator(cpu=True, gradient_accumulation_steps=3)
+    assert GradientState().num_steps == 3  # shared, as Accelerate's
+    GradientState._reset_state()
+    assert GradientState().num_steps == 1
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert not PartialState._shared_state
+
+
+def test_fp16_on_cpu_is_accepted_and_computes_in_fp32_as_accelerate(fresh_state):
+    from triax.accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="fp16", cpu=True)
+    assert accelerator.mixed_precision == "fp16" and not accelerator.scaler.is_enabled()
+    model = accelerator.prepare(torch.nn.Linear(3, 2))
+    assert model(torch.ones(1, 3)).dtype == torch.float32
+
+
+def test_scheduler_steps_and_data_order_are_checked(fresh_state):
+    from triax.accelerate import Accelerator
+
+    with pytest.raises(ValueError, match="scheduler_steps='twice'"):
+        Accelerator(cpu=True, scheduler_steps="twice")
+    with pytest.raises(ValueError, match="data_order='random'"):
+        Accelerator(cpu=True, data_order="random")
+
+
+def test_shuffled_loader_draws_the_plain_dataloader_order(fresh_state):
+    # One process: the prepared loader hands out what the plain DataLoader does with the same
+    # generator, pass after pass (the order comes from the loader's own generator).
+    from triax.accelerate import Accelerator
+
+    def batches(loader, generator, passes=2):
+        generator.manual_seed(7)
+        return [batch.tolist() for _ in range(passes) for batch in loader]
+
+    generator = torch.Generator()
+    plain = batches(DataLoader(list(range(10)), batch_size=3, shuffle=True, generator=generator), generator)
+    prepared = Accelerator(cpu=True).prepare(DataLoader(list(range(10)), batch_size=3, shuffle=True,
+                                                        generator=generator))
+    assert batches(prepared, generator) == plain
+    seeded = Accelerator(cpu=True, data_order="seeded").prepare(
+        DataLoader(list(range(10)), batch_size=3, shuffle=True, generator=generator))
+    assert sorted(sum(batches(seeded, generator, 1), [])) == list(range(10))
+
+
+def test_seedable_sampler_order_equals_accelerate(fresh_state):
+    data_loader = pytest.importorskip("accelerate.data_loader")
+    from triax.accelerate.utils import SeedableRandomSampler
+
+    ours = SeedableRandomSampler(range(20), data_seed=3)
+    theirs = data_loader.SeedableRandomSampler(data_source=range(20), data_seed=3)
+    for _ in range(3):  # each pass moves to the next epoch
+        assert list(ours) == list(theirs)
+
+
+def test_batch_sampler_and_iterable_dataset_are_prepared(fresh_state):
+    from triax.accelerate.utils import prepare_data_loader
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield from range(7)
+
+    sampler = BatchSampler(RandomSampler(range(10)), batch_size=4, drop_last=False)
+    prepared = prepare_data_loader(DataLoader(list(range(10)), batch_sampler=sampler))
+    assert prepared.batch_sampler.batch_sampler is sampler and prepared.batch_sampler.even_batches
+    assert sorted(sum((b.tolist() for b in prepared), [])) == list(range(10))
+    stream = prepare_data_loader(DataLoader(Stream(), batch_size=3))
+    assert [b.tolist() for b in stream] == [[0, 1, 2], [3, 4, 5], [6]] and stream.batch_sampler is None
+
+
+@pytest.mark.multiprocess
+def test_two_processes_follow_accelerate(tmp_path):
+    """2 processes: the shuffled order is the one-process order, batch samplers and streams are
+    shared out batch by batch, reduce takes the max, RNG states are synchronised, and a shape
+    mismatch is Accelerate's exception (tests/accelerate_scripts/fidelity.py)."""
+    script = os.path.join(ROOT, "tests", "accelerate_scripts", "fidelity.py")
+    launch(2, [script, str(tmp_path)], env=quiet_env(PYTHONPATH=ROOT), timeout=300)
+    for rank in (0, 1):
+        assert (tmp_path / f"ok_{rank}").read_text() == "ok"
