@@ -75,3 +75,16 @@ def test_site_builds_without_warnings(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+@pytest.mark.multiprocess
+def test_readme_python_examples_run(tmp_path):
+    """Each door's example in the README is complete: it runs as written, as one process."""
+    from triax.testing import quiet_env, run
+
+    examples = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.MULTILINE | re.DOTALL)
+    assert len(examples) >= 3, "README.md lost its door examples"
+    for number, code in enumerate(examples):
+        script = tmp_path / f"example_{number}.py"
+        script.write_text(code)
+        run([sys.executable, str(script)], timeout=300, cwd=str(tmp_path), env=quiet_env())
