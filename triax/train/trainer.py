@@ -64,6 +64,16 @@ def check_writable_directory(path: str, key: str) -> bool:
 
 
 class Trainer:
+    """One process's part of a `triax train` job. Every process of the job builds one from the same
+    checked config (`compose_config`); the constructor checks the layout, builds this rank's model
+    shards, data, optimizer and metrics, and resumes from the newest good snapshot when
+    `trainer.resume` is set. `fit()` then trains to `trainer.max_steps` / `max_epochs`:
+
+        from triax.train import Trainer, compose_config
+
+        Trainer(compose_config(["model=gpt-nano", "trainer.max_steps=100"])).fit()
+    """
+
     def __init__(self, config: TrainConfig):
         self.config = config
         trainer = config.trainer

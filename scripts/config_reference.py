@@ -1,0 +1,40 @@
+"""MkDocs hook: fills docs/configuration.md with every `triax train` key, its default and its
+docstring, read from the config dataclasses (triax/train/config.py) at build time, so the page
+cannot drift from the schema. `triax train --help` prints the same keys from the same source."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+MARKER = "<!-- config-reference -->"
+
+
+def _cell(text: str) -> str:
+    """A table cell: Markdown's column separator escaped."""
+    return text.replace("|", "\\|")
+
+
+def config_reference() -> str:
+    """One section per config group (model, data, ...), one table row per key."""
+    from triax.train.config import TrainConfig, _default, _format_value, field_docs
+
+    parts = []
+    for section in dataclasses.fields(TrainConfig):
+        schema = type(_default(section))
+        title = " ".join((inspect.getdoc(schema) or "").split())
+        parts += [f"## `{section.name}`", "", title, "", "| key | default | meaning |", "| --- | --- | --- |"]
+        docs = field_docs(schema)
+        for item in dataclasses.fields(schema):
+            default = _format_value(_default(item))
+            parts.append(f"| `{section.name}.{item.name}` | `{_cell(default)}` | {_cell(docs.get(item.name, ''))} |")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri != "configuration.md":
+        return markdown
+    if MARKER not in markdown:
+        raise ValueError(f"docs/configuration.md lost its {MARKER} line; put it back where the keys go")
+    return markdown.replace(MARKER, config_reference())
