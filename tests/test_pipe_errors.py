@@ -19,18 +19,18 @@ def cpu_pipe(**kwargs) -> Pipe:
 
 
 @pytest.mark.parametrize("module, message", [
-    (nn.Linear(4, 4), "needs an nn.Sequential to cut into partitions, got Linear"),
+    (nn.Linear(4, 4), "module must be nn.Sequential to be partitioned, got Linear"),
     (nn.ModuleList([nn.Linear(4, 4)]), "got ModuleList"),
-    (nn.Sequential(), "empty nn.Sequential"),
+    (nn.Sequential(), r"balance \[1\] adds up to 1 layers but the module has 0"),
 ])
-def test_module_must_be_a_non_empty_sequential(module, message):
+def test_module_must_be_a_sequential_that_the_balance_covers(module, message):
     with pytest.raises(TriaxError, match=message):
         Pipe(module, balance=[1], devices=["cpu"])
 
 
 def test_repeated_layer_is_refused():
     layer = nn.Linear(4, 4)
-    with pytest.raises(TriaxError, match=r"layers 0 and 2 of the nn.Sequential are the same module \(Linear\)"):
+    with pytest.raises(TriaxError, match=r"module with duplicate children is not supported: layers 0 and 2 of the nn.Sequential are the same module \(Linear\)"):
         Pipe(nn.Sequential(layer, nn.ReLU(), layer), balance=[2, 1], devices=["cpu", "cpu"])
 
 
@@ -47,7 +47,7 @@ def test_parameters_shared_across_devices_are_refused():
     (None, r"needs balance=\[layers per partition\].*balance_by_time.*balance_by_size"),
     (3, "balance must be a list of layer counts, got 3"),
     ("12", "balance must be a list of layer counts, got '12'"),
-    ([], "positive whole numbers"),
+    ([], r"balance \[\] adds up to 0 layers but the module has 3"),
     ([0, 3], r"positive whole numbers of layers, got \[0, 3\]"),
     ([-1, 4], "positive whole numbers"),
     ([1.5, 1.5], "positive whole numbers"),
@@ -68,7 +68,7 @@ def test_bad_chunks(chunks):
 
 @pytest.mark.parametrize("checkpoint", ["sometimes", None, True, "Always"])  # str() of each is no mode
 def test_bad_checkpoint(checkpoint):
-    with pytest.raises(TriaxError, match="checkpoint must be one of 'always', 'except_last', 'never', got"):
+    with pytest.raises(TriaxError, match="checkpoint is not one of 'always', 'except_last', or 'never' \\(got"):
         cpu_pipe(checkpoint=checkpoint)
 
 
@@ -167,3 +167,25 @@ def test_balancing_helpers_refuse_bad_arguments(helper):
         helper(1, nn.Linear(4, 4), sample)
     with pytest.raises(TriaxError, match="(sample|input) element 0 is a str"):
         helper(1, model(), ("x",))
+
+
+def test_an_empty_sequential_is_the_identity():
+    """FairScale allows an empty nn.Sequential with balance []: the Pipe returns its input."""
+    pipe = Pipe(nn.Sequential(), [])
+    x = torch.tensor(42)
+    assert pipe(x) is x and pipe((x,)) == (x,)
+    with pytest.raises(TypeError):
+        pipe(42)
+
+
+@pytest.mark.parametrize("move", [lambda p: p.to("cuda"), lambda p: p.to(0), lambda p: p.to(device="cpu"),
+                                  lambda p: p.to(torch.rand(1)), lambda p: p.to(tensor=torch.rand(1))])
+def test_moving_a_pipe_is_a_type_error_even_without_a_gpu(move):
+    with pytest.raises(TypeError, match="pinned to devices"):
+        move(cpu_pipe())
+
+
+def test_casting_a_pipe_is_allowed():
+    pipe = cpu_pipe()
+    pipe.to(torch.double)
+    assert all(p.dtype == torch.double for p in pipe.parameters())

@@ -39,16 +39,15 @@ from triax.pipe.worker import capture_caller_state, spawn_workers
 
 def _check_module(module) -> list[tuple[str, nn.Module]]:
     if not isinstance(module, nn.Sequential):
-        raise PipeTypeError(f"Pipe needs an nn.Sequential to cut into partitions, got {type(module).__name__}; "
-                         "write the model as nn.Sequential(layer1, layer2, ...)")
+        raise PipeTypeError(f"module must be nn.Sequential to be partitioned, got {type(module).__name__}; "
+                            "write the model as nn.Sequential(layer1, layer2, ...)")
     # (name, layer) pairs; unlike named_children(), _modules does not hide a module listed twice.
     layers = list(module._modules.items())
-    if not layers:
-        raise PipeValueError("Pipe got an empty nn.Sequential; give it at least one layer")
     first_seen: dict[int, int] = {}
     for index, (_, layer) in enumerate(layers):
         if id(layer) in first_seen:
-            raise PipeValueError(f"layers {first_seen[id(layer)]} and {index} of the nn.Sequential are the same "
+            raise PipeValueError(f"module with duplicate children is not supported: layers {first_seen[id(layer)]} "
+                                 f"and {index} of the nn.Sequential are the same "
                              f"module ({type(layer).__name__}); a layer can live on only one device, so "
                              "use separate modules (copy.deepcopy) or one layer that loops inside")
         first_seen[id(layer)] = index
@@ -58,8 +57,8 @@ def _check_module(module) -> list[tuple[str, nn.Module]]:
 def _check_balance(balance, num_layers: int) -> list[int]:
     if balance is None:
         raise PipeValueError("Pipe needs balance=[layers per partition], e.g. balance=[2, 2]; to compute one, "
-                             "use triax.pipe.balance_by_time(partitions, module, sample) or "
-                             "triax.pipe.balance_by_size(partitions, module, input)")
+                             "use triax.pipe.balance (the counterpart of fairscale.nn.pipe.balance): "
+                             "balance_by_time(partitions, module, sample) or balance_by_size(partitions, module, input)")
     if isinstance(balance, (str, bytes)) or not isinstance(balance, Iterable):
         raise PipeTypeError(f"balance must be a list of layer counts, got {balance!r}; e.g. balance=[2, 2]")
     balance = list(balance)  # a tuple, a range or a generator, as FairScale takes them
@@ -69,19 +68,20 @@ def _check_balance(balance, num_layers: int) -> list[int]:
             counts.append(operator.index(count) if not isinstance(count, bool) else None)
         except TypeError:
             counts.append(None)
-    if not counts or any(count is None or count <= 0 for count in counts):
+    if any(count is None or count <= 0 for count in counts):
         raise PipeValueError(f"balance must list positive whole numbers of layers, got {balance}; "
                              "every partition needs at least one layer")
     if sum(counts) != num_layers:
         raise PipeValueError(f"balance {counts} adds up to {sum(counts)} layers but the module has {num_layers}; "
-                             f"make the counts sum to {num_layers}")
+                             f"make the counts sum to {num_layers}, or compute them with triax.pipe.balance "
+                             "(the counterpart of fairscale.nn.pipe.balance)")
     return counts
 
 
 def _check_checkpoint(mode) -> str:
     mode = str(mode)  # as FairScale: anything whose str() is a mode name is that mode
     if mode not in CHECKPOINT_MODES:
-        raise PipeValueError(f"checkpoint must be one of {', '.join(map(repr, CHECKPOINT_MODES))}, got {mode!r}")
+        raise PipeValueError(f"checkpoint is not one of 'always', 'except_last', or 'never' (got {mode!r})")
     return mode
 
 
@@ -90,6 +90,8 @@ class PipeDevicesError(PipeIndexError, ValueError):
 
 
 def _resolve_devices(devices, num_partitions: int) -> list[torch.device]:
+    if num_partitions == 0 and not devices:  # an empty nn.Sequential needs no device
+        return []
     if devices is None:
         count = torch.cuda.device_count()
         if count == 0:
@@ -196,9 +198,13 @@ class Pipe(nn.Module):
                          "Pipe(..., devices=[...]) instead (changing dtype with .to(torch.float16) is fine)")
 
     def to(self, *args, **kwargs):
-        device, _dtype, _non_blocking, _memory_format = torch._C._nn._parse_to(*args, **kwargs)
-        if device is not None:
-            self._refuse_move(device)
+        # Look for a device before torch parses the arguments: parsing "cuda" fails on a machine
+        # without one, and the answer must be FairScale's TypeError either way.
+        target = kwargs.get("device", kwargs.get("tensor", args[0] if args else None))
+        if isinstance(target, torch.Tensor):  # .to(tensor) moves to its device: refused as FairScale does
+            target = target.device
+        if isinstance(target, (torch.device, str, int)) and not isinstance(target, bool):
+            self._refuse_move(target)
         return super().to(*args, **kwargs)
 
     def cuda(self, device=None):
@@ -211,6 +217,11 @@ class Pipe(nn.Module):
 
     def forward(self, batch: Batch) -> Batch:
         """Run a mini-batch (tensor or tuple of tensors) through the pipe; the output is on the last device."""
+        if not self.partitions:  # an empty nn.Sequential: the identity, as FairScale's (any tensor shape)
+            if not (isinstance(batch, torch.Tensor) or (isinstance(batch, tuple) and batch
+                                                        and all(isinstance(item, torch.Tensor) for item in batch))):
+                raise PipeTypeError(f"Pipe input must be a tensor or a tuple of tensors, got {type(batch).__name__}")
+            return batch
         check_batch(batch)
         micro_batches = split(batch, self.chunks)
         num_partitions = len(self.partitions)
