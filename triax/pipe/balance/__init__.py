@@ -1,28 +1,31 @@
-"""Choosing `balance`: measure what each layer costs, then cut so the slowest partition is fastest.
+"""Choosing `balance`: measure what each layer costs, then cut the layers into partitions.
 
-A pipeline runs at the pace of its slowest partition, so the best cut of n layers into p
-contiguous partitions is the one whose largest partition cost is smallest. `balance_cost` finds
-it exactly (dynamic programming over cut points); the two helpers only differ in what they
-measure per layer:
+A pipeline runs at the pace of its slowest partition. The two helpers differ in what they measure
+per layer (see profile.py):
 
 * `balance_by_time`: forward + backward time of each layer on a sample batch.
 * `balance_by_size`: memory each layer holds during training — what autograd saves for
   backward on one micro-batch, plus its parameters times `param_scale` (2 for weights and
   gradients; more for optimizers that keep state, e.g. 4 for Adam).
 
-Both run on a copy of the module, so the module passed in is left untouched.
+By default the costs are cut as FairScale cuts them (`blockpartition.solve`: even to within one
+layer's cost, not always the best cut), so a script gets the balance it got under FairScale.
+`exact=True` returns instead the cut whose slowest partition is fastest (`balance_cost`).
+Both measure copies of the layers, so the module passed in is left untouched.
 """
 
 from __future__ import annotations
 
-import copy
-import time
-
 import torch
 from torch import nn
 
-from triax.pipe.errors import PipeTypeError, PipeValueError
-from triax.pipe.microbatch import check_batch, coerce_chunks, split, tensors_of, to_device
+from triax.pipe.balance import blockpartition
+from triax.pipe.balance.blockpartition import check_partitions
+from triax.pipe.balance.profile import profile_sizes, profile_times
+from triax.pipe.errors import PipeTypeError
+from triax.pipe.microbatch import check_batch, coerce_chunks
+
+__all__ = ["balance_by_time", "balance_by_size", "balance_cost"]
 
 
 def balance_cost(costs: list[float], partitions: int) -> list[int]:
@@ -33,7 +36,7 @@ def balance_cost(costs: list[float], partitions: int) -> list[int]:
     needlessly lopsided. Exact: two dynamic programmes of O(partitions * n^2) over n layers.
     """
     layers = len(costs)
-    _check_partitions(partitions, layers)
+    check_partitions(partitions, layers)
     prefix = [0.0]
     for cost in costs:
         prefix.append(prefix[-1] + float(cost))
@@ -71,12 +74,10 @@ def _best_cut(prefix: list[float], partitions: int, score, combine) -> tuple[flo
     return best[partitions][layers], sizes[::-1]
 
 
-def _check_partitions(partitions, layers: int) -> None:
-    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-        raise PipeValueError(f"partitions must be a whole number >= 1, got {partitions!r}")
-    if partitions > layers:
-        raise PipeValueError(f"cannot cut {layers} layers into {partitions} partitions; every partition needs a "
-                         f"layer, so ask for at most {layers}")
+def _cut(costs: list[float], partitions: int, exact: bool) -> list[int]:
+    if exact:
+        return balance_cost(costs, partitions)
+    return [len(block) for block in blockpartition.solve(costs, partitions)]
 
 
 def _check_module(module) -> None:
@@ -85,89 +86,39 @@ def _check_module(module) -> None:
 
 
 def _default_device(device) -> torch.device:
+    # FairScale's default is 'cuda'; the CPU when no GPU is visible lets the same call run anywhere.
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _detached(batch, device: torch.device):
-    """A fresh leaf copy of `batch` on `device`, so each layer is measured on its own."""
-    tensors = tuple(t.detach().to(device).requires_grad_(t.is_floating_point()) for t in tensors_of(to_device(batch, device)))
-    return tensors[0] if isinstance(batch, torch.Tensor) else tensors
-
-
-def _backward(output) -> None:
-    outputs = [t for t in tensors_of(output) if t.requires_grad]
-    if outputs:
-        torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
-
-
 def balance_by_time(partitions: int, module: nn.Sequential, sample, *, timeout: float = 1.0,
-                    device=None) -> list[int]:
+                    device=None, exact: bool = False) -> list[int]:
     """A balance for `Pipe` that evens out forward + backward time per partition.
 
     `sample` is a batch like the ones the pipe will see (the micro-batch size matters). Layers are
     timed one at a time on `device` (default: the current GPU, else the CPU), repeating whole passes
-    until `timeout` seconds are spent, after one untimed warm-up pass.
+    until `timeout` seconds are spent, after one untimed warm-up pass. `exact=True`: the cut whose
+    slowest partition is fastest, instead of FairScale's block partition.
     """
     _check_module(module)
-    _check_partitions(partitions, len(module))
+    check_partitions(partitions, len(module))
     check_batch(sample, "sample")
-    device = _default_device(device)
-    layers = list(copy.deepcopy(module).to(device))
-    times = [0.0] * len(layers)
-    began = time.perf_counter()
-    passes = 0
-    while passes < 2 or time.perf_counter() - began < timeout:
-        batch = sample
-        for index, layer in enumerate(layers):
-            batch = _detached(batch, device)
-            _synchronize(device)
-            start = time.perf_counter()
-            output = layer(batch)
-            _backward(output)
-            _synchronize(device)
-            if passes > 0:  # the first pass warms up allocators and kernels
-                times[index] += time.perf_counter() - start
-            batch = output
-        passes += 1
-    return balance_cost(times, partitions)
+    times = profile_times(module, sample, timeout, _default_device(device))
+    return _cut(times, partitions, exact)
 
 
 def balance_by_size(partitions: int, module: nn.Sequential, input, *, chunks: int = 1,
-                    param_scale: float = 2.0, device=None) -> list[int]:
+                    param_scale: float = 2.0, device=None, exact: bool = False) -> list[int]:
     """A balance for `Pipe` that evens out training memory per partition (FairScale's signature).
 
     Each layer's cost is the bytes autograd saves for its backward on one micro-batch (`input`
-    cut into `chunks`) plus `param_scale` times its parameter bytes. Counting saved tensors
-    instead of allocator statistics works the same on every device.
+    cut into `chunks`) plus `param_scale` times its parameter bytes. `exact=True`: the cut whose
+    largest partition is smallest, instead of FairScale's block partition.
     """
     _check_module(module)
-    _check_partitions(partitions, len(module))
+    check_partitions(partitions, len(module))
     check_batch(input, "input")
     chunks = coerce_chunks(chunks)
-    device = _default_device(device)
-    layers = list(copy.deepcopy(module).to(device))
-    batch = split(input, chunks)[0]
-    sizes = []
-    for layer in layers:
-        parameter_storages = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-        parameter_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
-        saved: dict[int, int] = {}
-
-        def pack(tensor):
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in parameter_storages:
-                saved[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
-        batch = _detached(batch, device)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            batch = layer(batch)
-        sizes.append(sum(saved.values()) + param_scale * parameter_bytes)
-    return balance_cost(sizes, partitions)
+    sizes = profile_sizes(module, input, chunks, param_scale, _default_device(device))
+    return _cut(sizes, partitions, exact)
