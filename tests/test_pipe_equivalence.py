@@ -209,6 +209,9 @@ def test_dropout_masks_are_replayed_exactly_when_recomputing():
         output = pipe(inputs)
         output.sum().backward()
         assert_close(inputs.grad, output.detach() / inputs.detach())
+        # and each micro-batch (8 rows here) drew masks of its own, not one mask repeated
+        kept = (output != 0).view(8, 8, 256)
+        assert not all(torch.equal(kept[0], other) for other in kept[1:])
 
 
 def test_to_dtype_converts_every_partition():
