@@ -147,6 +147,26 @@ def _check_no_shared_parameters(layers: list[tuple[str, nn.Module]], balance: li
             layer_index += 1
 
 
+def _turns(tick: list[tuple[int, int]], locks: list) -> list[list[tuple[int, int]]]:
+    """The (micro-batch, partition) pairs of one clock tick in waves that run at the same time.
+
+    Partitions that share a generator lock take turns in partition order, one per wave, so their
+    random draws come in the same order on every run (as in FairScale, where partitions on one
+    device share a worker thread); all others run in the first wave.
+    """
+    waves: list[list[tuple[int, int]]] = []
+    turns_taken: dict[int, int] = {}  # id of a lock -> how many of this tick's pairs have held it
+    for index, partition_index in tick:
+        lock = locks[partition_index]
+        wave = 0 if lock is None else turns_taken.get(id(lock), 0)
+        if lock is not None:
+            turns_taken[id(lock)] = wave + 1
+        while len(waves) <= wave:
+            waves.append([])
+        waves[wave].append((index, partition_index))
+    return waves
+
+
 class Pipe(nn.Module):
     """Pipeline-parallel wrapper of an `nn.Sequential` across devices of one process (GPipe).
 
@@ -238,7 +258,13 @@ class Pipe(nn.Module):
         micro_batches = split(batch, self.chunks)
         num_partitions = len(self.partitions)
         stop = checkpoint_stop(self.checkpoint, len(micro_batches), self.training)
-        locks = [generator_lock(device) if draws_random_numbers(partition) else None
+        # A checkpointed micro-batch replays its random draws from the generator state saved when it
+        # started, so no other partition may draw from that generator while it runs; and any layer
+        # may draw (F.dropout inside a custom module is invisible from outside). So while anything
+        # is checkpointed, partitions sharing a generator (those on one device) take turns, as they
+        # do in FairScale, whose partitions on one device share one worker thread. Otherwise only
+        # partitions holding known random layers take turns, for repeatable draws.
+        locks = [generator_lock(device) if stop > 0 or draws_random_numbers(partition) else None
                  for partition, device in zip(self.partitions, self.devices)]
         caller_state = capture_caller_state()
 
@@ -261,18 +287,19 @@ class Pipe(nn.Module):
         try:
             with spawn_workers(self.devices) as workers:
                 for tick in clock_cycles(len(micro_batches), num_partitions):
-                    for index, partition_index in tick:
-                        workers[partition_index].submit(
-                            lambda i=index, j=partition_index, x=outputs[index]: task(i, j, x))
-                    errors = []
-                    for index, partition_index in tick:
-                        ok, value = workers[partition_index].result()
-                        if ok:
-                            outputs[index] = value
-                        else:
-                            errors.append(value)
-                    if errors:
-                        raise errors[0]
+                    for wave in _turns(tick, locks):
+                        for index, partition_index in wave:
+                            workers[partition_index].submit(
+                                lambda i=index, j=partition_index, x=outputs[index]: task(i, j, x))
+                        errors = []
+                        for index, partition_index in wave:
+                            ok, value = workers[partition_index].result()
+                            if ok:
+                                outputs[index] = value
+                            else:
+                                errors.append(value)
+                        if errors:
+                            raise errors[0]
         except BaseException:
             for layer in deferred:  # half a mini-batch must not leak into the next one's statistics
                 layer.discard()
