@@ -122,6 +122,11 @@ def test_block_partition_examples():
     # where the exact minimum of the slowest partition puts the dear layer alone.
     assert blockpartition.solve([1, 1, 1, 1, 4], partitions=2) == [[1, 1], [1, 1, 4]]
     assert balance_cost([1, 1, 1, 1, 4], 2) == [4, 1]
+    # Equal costs are where taking the first of several equally light blocks (FairScale's tie rule)
+    # goes wrong: here it would leave the middle block empty, and on the second it never stops.
+    # The nearest-to-the-heaviest rule of the paper gives every block a layer, and stops.
+    assert blockpartition.solve([0, 0, 1, 1], partitions=3) == [[0], [0, 1], [1]]
+    assert blockpartition.solve([0, 0, 0, 0, 1, 1], partitions=5) == [[0], [0], [0], [0, 1], [1]]
     for partitions, length in [(0, 1), (-1, 1), (1, 0), (2, 1)]:
         with pytest.raises(ValueError):
             blockpartition.solve([5] * length, partitions=partitions)

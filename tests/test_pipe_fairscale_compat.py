@@ -128,3 +128,73 @@ def test_balancing_helpers_have_fairscale_signatures():
     with pytest.raises(TypeError):
         balance_by_time(1, nn.Linear(4, 4), torch.rand(8, 4), device="cpu")
 
+
+
+@pytest.mark.parametrize("build, builtin, message", [
+    (lambda: Pipe(nn.Linear(1, 1), balance=[1], devices=["cpu"]), TypeError,
+     "module must be nn.Sequential to be partitioned"),
+    (lambda: Pipe(nn.Sequential(*[nn.Linear(1, 1)] * 2), balance=[1, 1], devices=["cpu"] * 2), ValueError,
+     "module with duplicate children is not supported"),
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=["cpu"], checkpoint="sometimes"),
+     ValueError, "checkpoint is not one of 'always', 'except_last', or 'never'"),
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1))), ValueError, "balance is required"),
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1)), balance=[2], devices=["cpu"]), ValueError,
+     r"module and sum of balance have different length \(module: 1, sum of balance: 2\)"),
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)), balance=[2, 0], devices=["cpu"] * 2),
+     ValueError, r"all balance numbers must be positive integer \(balance: \[2, 0\]\)"),
+    (lambda: Pipe(nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)), balance=[1, 1], devices=["cpu"]), IndexError,
+     r"too few devices to hold given partitions \(devices: 1, partitions: 2\)"),
+])
+def test_errors_start_with_fairscales_message(build, builtin, message):
+    # FairScale users' tests match its messages; triax's own explanation follows them.
+    with pytest.raises(builtin, match=message):
+        build()
+
+
+@pytest.mark.parametrize("build", [
+    lambda: Pipe(nn.Sequential()),
+    lambda: Pipe(nn.Sequential(), [1]),
+    lambda: Pipe(nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)), [1]),
+    lambda: Pipe(nn.Sequential(nn.Linear(1, 1)), [0, 1], devices=["cpu"] * 2),
+])
+def test_balance_errors_point_to_the_balancing_helpers(build):
+    # FairScale's errors about balance name its helpers' module; triax's name both that and its own.
+    with pytest.raises(ValueError, match=r"triax\.pipe\.balance \(in place of fairscale\.nn\.pipe\.balance\)"):
+        build()
+
+
+def test_errors_come_in_fairscales_order():
+    # A call with several mistakes reports the one FairScale reports first.
+    with pytest.raises(ValueError, match="balance is required"):
+        Pipe(nn.Linear(1, 1), chunks=0, checkpoint="sometimes")
+    with pytest.raises(ValueError, match="chunks"):
+        Pipe(nn.Linear(1, 1), [1], chunks=0, checkpoint="sometimes")
+    with pytest.raises(ValueError, match="checkpoint is not one of"):
+        Pipe(nn.Linear(1, 1), [1], checkpoint="sometimes")
+    with pytest.raises(TypeError, match="module must be nn.Sequential"):
+        Pipe(nn.Linear(1, 1), [5], devices=[])
+
+
+def test_an_empty_sequential_passes_its_input_through():
+    pipe = Pipe(nn.Sequential(), [])  # no layers, no partitions, so no device is needed
+    assert len(pipe) == 0 and list(pipe.parameters()) == []
+    scalar, batch = torch.tensor(42), torch.rand(3, 2)
+    assert pipe(scalar) is scalar and pipe(batch) is batch
+    pair = (scalar, batch)
+    assert pipe(pair) is pair
+    for not_tensors in (42, [batch], (batch, 42)):
+        with pytest.raises(TypeError):
+            pipe(not_tensors)
+
+
+@pytest.mark.parametrize("move", [
+    lambda p: p.to(0), lambda p: p.to(device=0), lambda p: p.to("cuda"), lambda p: p.to(torch.device("cuda")),
+    lambda p: p.to("cuda:1", torch.float64), lambda p: p.to(tensor=torch.rand(1)), lambda p: p.cuda(0),
+])
+def test_moves_to_a_gpu_are_refused_without_asking_for_one(move):
+    # Refused from the arguments alone, as FairScale: on a machine without a GPU this is still a
+    # TypeError about moving, not an error from torch about a missing accelerator.
+    pipe = Pipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=["cpu"])
+    with pytest.raises(TypeError, match="denied to move parameters and buffers"):
+        move(pipe)
+    assert {(p.device.type, p.dtype) for p in pipe.parameters()} == {("cpu", torch.float32)}

@@ -15,8 +15,10 @@ before the gradient reaches `Checkpoint`). Around them, the pipe's own business:
   recomputing, so dropout draws the same mask twice. Partitions running at the
   same time in several threads share the CPU generator (and a CUDA device's generator when two
   partitions sit on one GPU): another thread could draw from it in between, and the recomputed
-  mask would differ from the forward one, silently corrupting gradients. A partition that draws
-  random numbers therefore holds its device's generator lock while it runs.
+  mask would differ from the forward one, silently corrupting gradients. While a forward pass
+  checkpoints anything, every partition therefore holds its device's generator lock while it runs
+  (a custom layer may call F.dropout, which cannot be seen from outside); otherwise only partitions
+  with known random layers do.
 """
 
 from __future__ import annotations

@@ -16,12 +16,9 @@ from triax.pipe.errors import PipeTypeError, PipeValueError
 Batch = Union[torch.Tensor, tuple]
 
 
-def check_batch(batch, what: str = "Pipe input") -> None:
-    """Refuse anything that is not a tensor or a non-empty tuple of tensors of one batch size."""
+def check_tensors(batch, what: str = "Pipe input") -> None:
+    """Refuse anything that is not a tensor or a non-empty tuple of tensors (TypeError, as FairScale)."""
     if isinstance(batch, torch.Tensor):
-        if batch.dim() == 0:
-            raise PipeValueError(f"{what} is a 0-dimensional tensor; the pipe cuts batches along dimension 0, "
-                             "so give it at least one dimension")
         return
     if not isinstance(batch, tuple) or not batch:
         raise PipeTypeError(f"{what} must be a tensor or a tuple of tensors, got {type(batch).__name__}; "
@@ -30,6 +27,17 @@ def check_batch(batch, what: str = "Pipe input") -> None:
         if not isinstance(item, torch.Tensor):
             raise PipeTypeError(f"{what} element {position} is a {type(item).__name__}, not a tensor; "
                              "only tensors can be cut into micro-batches")
+
+
+def check_batch(batch, what: str = "Pipe input") -> None:
+    """`check_tensors`, and every tensor has a batch dimension of one size to cut micro-batches from."""
+    check_tensors(batch, what)
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 0:
+            raise PipeValueError(f"{what} is a 0-dimensional tensor; the pipe cuts batches along dimension 0, "
+                             "so give it at least one dimension")
+        return
+    for position, item in enumerate(batch):
         if item.dim() == 0:
             raise PipeValueError(f"{what} element {position} is a 0-dimensional tensor; give it a batch dimension")
     sizes = [item.size(0) for item in batch]

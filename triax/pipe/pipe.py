@@ -32,12 +32,19 @@ from triax.pipe.batchnorm import DeferredBatchNorm
 from triax.pipe.checkpoint import (CHECKPOINT_MODES, checkpoint_stop, draws_random_numbers,
                                    generator_lock, run_partition)
 from triax.pipe.errors import PipeIndexError, PipeTypeError, PipeValueError
-from triax.pipe.microbatch import Batch, check_batch, coerce_chunks, join, split, to_device
+from triax.pipe.microbatch import Batch, check_batch, check_tensors, coerce_chunks, join, split, to_device
 from triax.pipe.schedule import clock_cycles
 from triax.pipe.worker import capture_caller_state, spawn_workers
 
 
+def _recommend_balancing(message: str) -> str:
+    # FairScale's balance errors point to its balancing helpers, and users' tests look for that name.
+    return (f"{message}. To measure a balance instead, use triax.pipe.balance (in place of fairscale.nn.pipe.balance): "
+            "balance = balance_by_time(partitions, module, sample) or balance_by_size(partitions, module, input)")
+
+
 def _check_module(module) -> list[tuple[str, nn.Module]]:
+    # FairScale's messages first (its users' tests match them), then what triax adds.
     if not isinstance(module, nn.Sequential):
         raise PipeTypeError(f"module must be nn.Sequential to be partitioned, got {type(module).__name__}; "
                             "write the model as nn.Sequential(layer1, layer2, ...)")
@@ -47,18 +54,14 @@ def _check_module(module) -> list[tuple[str, nn.Module]]:
     for index, (_, layer) in enumerate(layers):
         if id(layer) in first_seen:
             raise PipeValueError(f"module with duplicate children is not supported: layers {first_seen[id(layer)]} "
-                                 f"and {index} of the nn.Sequential are the same "
-                             f"module ({type(layer).__name__}); a layer can live on only one device, so "
-                             "use separate modules (copy.deepcopy) or one layer that loops inside")
+                                 f"and {index} of the nn.Sequential are the same module ({type(layer).__name__}); "
+                                 "a layer can live on only one device, so use separate modules (copy.deepcopy) "
+                                 "or one layer that loops inside")
         first_seen[id(layer)] = index
     return layers
 
 
 def _check_balance(balance, num_layers: int) -> list[int]:
-    if balance is None:
-        raise PipeValueError("Pipe needs balance=[layers per partition], e.g. balance=[2, 2]; to compute one, "
-                             "use triax.pipe.balance (the counterpart of fairscale.nn.pipe.balance): "
-                             "balance_by_time(partitions, module, sample) or balance_by_size(partitions, module, input)")
     if isinstance(balance, (str, bytes)) or not isinstance(balance, Iterable):
         raise PipeTypeError(f"balance must be a list of layer counts, got {balance!r}; e.g. balance=[2, 2]")
     balance = list(balance)  # a tuple, a range or a generator, as FairScale takes them
@@ -68,13 +71,16 @@ def _check_balance(balance, num_layers: int) -> list[int]:
             counts.append(operator.index(count) if not isinstance(count, bool) else None)
         except TypeError:
             counts.append(None)
-    if any(count is None or count <= 0 for count in counts):
-        raise PipeValueError(f"balance must list positive whole numbers of layers, got {balance}; "
-                             "every partition needs at least one layer")
+    if any(count is None for count in counts):
+        raise PipeValueError(_recommend_balancing(f"all balance numbers must be positive integer (balance: {balance}); "
+                                                  "give whole numbers of layers"))
     if sum(counts) != num_layers:
-        raise PipeValueError(f"balance {counts} adds up to {sum(counts)} layers but the module has {num_layers}; "
-                             f"make the counts sum to {num_layers}, or compute them with triax.pipe.balance "
-                             "(the counterpart of fairscale.nn.pipe.balance)")
+        raise PipeValueError(_recommend_balancing(
+            f"module and sum of balance have different length (module: {num_layers}, sum of balance: {sum(counts)}); "
+            f"balance {counts} must add up to the {num_layers} layers of the module"))
+    if any(count <= 0 for count in counts):
+        raise PipeValueError(_recommend_balancing(f"all balance numbers must be positive integer (balance: {counts}); "
+                                                  "every partition needs at least one layer"))
     return counts
 
 
@@ -90,13 +96,12 @@ class PipeDevicesError(PipeIndexError, ValueError):
 
 
 def _resolve_devices(devices, num_partitions: int) -> list[torch.device]:
-    if num_partitions == 0 and not devices:  # an empty nn.Sequential needs no device
-        return []
     if devices is None:
         count = torch.cuda.device_count()
-        if count == 0:
-            raise PipeDevicesError(f"devices=None means the visible GPUs, and none is visible; pass "
-                             f"devices={['cpu'] * num_partitions} to run the {num_partitions} partitions on the CPU")
+        if count < num_partitions:
+            raise PipeDevicesError(f"too few devices to hold given partitions (devices: {count}, partitions: "
+                                   f"{num_partitions}): devices=None means the {count} visible GPUs; pass "
+                                   f"devices={['cpu'] * num_partitions} to run the partitions on the CPU")
         devices = list(range(count))
     if isinstance(devices, (str, int, torch.device)):
         raise PipeTypeError(f"devices must be a list with one device per partition, got {devices!r}; "
@@ -117,8 +122,9 @@ def _resolve_devices(devices, num_partitions: int) -> list[torch.device]:
                                  f"{torch.cuda.device_count()} are visible")
         resolved.append(device)
     if len(resolved) < num_partitions:
-        raise PipeDevicesError(f"balance has {num_partitions} partitions but only {len(resolved)} devices were given "
-                         f"({[str(d) for d in resolved]}); give one device per partition (repeating one is allowed)")
+        raise PipeDevicesError(f"too few devices to hold given partitions (devices: {len(resolved)}, partitions: "
+                               f"{num_partitions}): balance has {num_partitions} partitions but the devices are "
+                               f"{[str(d) for d in resolved]}; give one device per partition (repeating one is allowed)")
     # Like FairScale, extra devices are simply left unused.
     return resolved[:num_partitions]
 
@@ -133,11 +139,32 @@ def _check_no_shared_parameters(layers: list[tuple[str, nn.Module]], balance: li
                 seen = owner.setdefault(id(parameter), (layer_index, partition_index))
                 # Partitions on one device may share a parameter (as in FairScale); on two, it cannot live on both.
                 if seen[1] != partition_index and devices[seen[1]] != devices[partition_index]:
-                    raise PipeValueError(f"layers {seen[0]} and {layer_index} share a parameter (tied weights) but "
+                    raise PipeValueError(f"module with duplicate parameters on distinct devices is not supported: "
+                                         f"layers {seen[0]} and {layer_index} share a parameter (tied weights) but "
                                          f"balance {balance} puts them in partitions {seen[1]} and {partition_index} "
                                          f"on {devices[seen[1]]} and {devices[partition_index]}; a parameter can "
                                          "live on only one device, so keep them in one partition or on one device")
             layer_index += 1
+
+
+def _turns(tick: list[tuple[int, int]], locks: list) -> list[list[tuple[int, int]]]:
+    """The (micro-batch, partition) pairs of one clock tick in waves that run at the same time.
+
+    Partitions that share a generator lock take turns in partition order, one per wave, so their
+    random draws come in the same order on every run (as in FairScale, where partitions on one
+    device share a worker thread); all others run in the first wave.
+    """
+    waves: list[list[tuple[int, int]]] = []
+    turns_taken: dict[int, int] = {}  # id of a lock -> how many of this tick's pairs have held it
+    for index, partition_index in tick:
+        lock = locks[partition_index]
+        wave = 0 if lock is None else turns_taken.get(id(lock), 0)
+        if lock is not None:
+            turns_taken[id(lock)] = wave + 1
+        while len(waves) <= wave:
+            waves.append([])
+        waves[wave].append((index, partition_index))
+    return waves
 
 
 class Pipe(nn.Module):
@@ -158,10 +185,14 @@ class Pipe(nn.Module):
     def __init__(self, module: nn.Sequential, balance=None, *, devices=None, chunks: int = 1,
                  checkpoint: str = "except_last", deferred_batch_norm: bool = False):
         super().__init__()
-        layers = _check_module(module)
-        balance = _check_balance(balance, len(layers))
+        # In FairScale's order, so that a call with several mistakes reports the same one first.
+        if balance is None:
+            raise PipeValueError(_recommend_balancing("balance is required: Pipe(module, balance=[layers per "
+                                                      "partition], ...), e.g. balance=[2, 2]"))
         self.chunks = coerce_chunks(chunks)
         self.checkpoint = _check_checkpoint(checkpoint)
+        layers = _check_module(module)
+        balance = _check_balance(balance, len(layers))
         self.devices = _resolve_devices(devices, len(balance))
         self.balance = balance
         _check_no_shared_parameters(layers, balance, self.devices)
@@ -193,18 +224,21 @@ class Pipe(nn.Module):
     # -- device moves are refused: partitions are pinned to their devices ----------------------
 
     def _refuse_move(self, target) -> None:
-        raise PipeTypeError(f"a Pipe's partitions are pinned to devices {[str(d) for d in self.devices]}; moving "
-                         f"the whole Pipe to {target} would undo the split. Choose devices with "
-                         "Pipe(..., devices=[...]) instead (changing dtype with .to(torch.float16) is fine)")
+        raise PipeTypeError(f"denied to move parameters and buffers, because Pipe should manage device placement: "
+                            f"its partitions are pinned to devices {[str(d) for d in self.devices]}, and moving "
+                            f"the whole Pipe to {target} would undo the split. Choose devices with "
+                            "Pipe(..., devices=[...]) instead (changing dtype with .to(torch.float16) is fine)")
 
     def to(self, *args, **kwargs):
-        # Look for a device before torch parses the arguments: parsing "cuda" fails on a machine
-        # without one, and the answer must be FairScale's TypeError either way.
-        target = kwargs.get("device", kwargs.get("tensor", args[0] if args else None))
-        if isinstance(target, torch.Tensor):  # .to(tensor) moves to its device: refused as FairScale does
-            target = target.device
-        if isinstance(target, (torch.device, str, int)) and not isinstance(target, bool):
-            self._refuse_move(target)
+        # FairScale's rule, read from the arguments themselves: a device (torch.device, index or
+        # name) or a tensor, first or by keyword, is a move; only a dtype alone is let through.
+        # (torch's own parser is not asked: for an index it needs an accelerator to exist.)
+        if "device" in kwargs or "tensor" in kwargs:
+            self._refuse_move(kwargs.get("device", "the device of the tensor given"))
+        if args and isinstance(args[0], (torch.device, int, str)) and not isinstance(args[0], bool):
+            self._refuse_move(args[0])
+        if args and torch.is_tensor(args[0]):
+            self._refuse_move(args[0].device)
         return super().to(*args, **kwargs)
 
     def cuda(self, device=None):
@@ -217,16 +251,20 @@ class Pipe(nn.Module):
 
     def forward(self, batch: Batch) -> Batch:
         """Run a mini-batch (tensor or tuple of tensors) through the pipe; the output is on the last device."""
-        if not self.partitions:  # an empty nn.Sequential: the identity, as FairScale's (any tensor shape)
-            if not (isinstance(batch, torch.Tensor) or (isinstance(batch, tuple) and batch
-                                                        and all(isinstance(item, torch.Tensor) for item in batch))):
-                raise PipeTypeError(f"Pipe input must be a tensor or a tuple of tensors, got {type(batch).__name__}")
+        if not self.partitions:
+            check_tensors(batch)  # as FairScale: an empty pipe passes any tensor or tuple of tensors through
             return batch
         check_batch(batch)
         micro_batches = split(batch, self.chunks)
         num_partitions = len(self.partitions)
         stop = checkpoint_stop(self.checkpoint, len(micro_batches), self.training)
-        locks = [generator_lock(device) if draws_random_numbers(partition) else None
+        # A checkpointed micro-batch replays its random draws from the generator state saved when it
+        # started, so no other partition may draw from that generator while it runs; and any layer
+        # may draw (F.dropout inside a custom module is invisible from outside). So while anything
+        # is checkpointed, partitions sharing a generator (those on one device) take turns, as they
+        # do in FairScale, whose partitions on one device share one worker thread. Otherwise only
+        # partitions holding known random layers take turns, for repeatable draws.
+        locks = [generator_lock(device) if stop > 0 or draws_random_numbers(partition) else None
                  for partition, device in zip(self.partitions, self.devices)]
         caller_state = capture_caller_state()
 
@@ -249,18 +287,19 @@ class Pipe(nn.Module):
         try:
             with spawn_workers(self.devices) as workers:
                 for tick in clock_cycles(len(micro_batches), num_partitions):
-                    for index, partition_index in tick:
-                        workers[partition_index].submit(
-                            lambda i=index, j=partition_index, x=outputs[index]: task(i, j, x))
-                    errors = []
-                    for index, partition_index in tick:
-                        ok, value = workers[partition_index].result()
-                        if ok:
-                            outputs[index] = value
-                        else:
-                            errors.append(value)
-                    if errors:
-                        raise errors[0]
+                    for wave in _turns(tick, locks):
+                        for index, partition_index in wave:
+                            workers[partition_index].submit(
+                                lambda i=index, j=partition_index, x=outputs[index]: task(i, j, x))
+                        errors = []
+                        for index, partition_index in wave:
+                            ok, value = workers[partition_index].result()
+                            if ok:
+                                outputs[index] = value
+                            else:
+                                errors.append(value)
+                        if errors:
+                            raise errors[0]
         except BaseException:
             for layer in deferred:  # half a mini-batch must not leak into the next one's statistics
                 layer.discard()

@@ -58,6 +58,10 @@ def _block_ends(weights: list[float], partitions: int, nearest: bool) -> list[in
     # going to the last block, as FairScale does (so both libraries land on the same cut).
     ends = [count // partitions * (block + 1) for block in range(partitions - 1)] + [count]
     seen: set[tuple] = set()
+    # Exactly, moving one element (weight <= 1) cannot make a heavier block; in floating point a block
+    # can come out a rounding error above, and an element then swings between two blocks for ever.
+    # The paper's rule allows for that rounding; the first-lightest rule compares exactly, as FairScale.
+    slack = 1e-9 * count if nearest else 0.0
 
     def weight(block: int) -> float:
         start = ends[block - 1] if block > 0 else 0
@@ -70,12 +74,12 @@ def _block_ends(weights: list[float], partitions: int, nearest: bool) -> list[in
             # Step 2: stop once the lightest block is within 1 of the heaviest.
             distance = (lambda block: abs(block - heaviest)) if nearest else (lambda block: 0)
             lightest_weight, _, lightest = min((weight(block), distance(block), block) for block in range(partitions))
-            if heaviest_weight <= lightest_weight + 1:
+            if heaviest_weight <= lightest_weight + 1 + slack:
                 starts = [0] + ends[:-1]
                 return ends if all(end > start for start, end in zip(starts, ends)) else None
             state = (tuple(ends), heaviest)
-            if state in seen:
-                return None  # only the first-lightest rule can come back; the paper's always progresses
+            if state in seen:  # cuts stay within the sequence, so a rule that never stops comes back here
+                return None  # only the first-lightest rule can; the paper's always progresses
             seen.add(state)
             # Step 3: the lightest block takes the nearest element of its neighbour on the heaviest's side.
             if heaviest < lightest:
@@ -84,6 +88,8 @@ def _block_ends(weights: list[float], partitions: int, nearest: bool) -> list[in
             else:
                 neighbour = lightest + 1
                 ends[lightest] += 1  # the neighbour's first element moves to the lightest block
+            if not 0 <= ends[min(neighbour, lightest)] <= count:
+                return None  # a cut outside the sequence: the first-lightest rule went astray
             # The heaviest block's weight is unchanged unless it was the neighbour that gave.
             if neighbour == heaviest:
                 break
