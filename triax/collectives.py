@@ -46,16 +46,6 @@ def mean_across_ranks(value: float) -> float:
     return tensor.item() / dist.get_world_size()
 
 
-def sum_across_ranks(values: list[float]) -> list[float]:
-    """Every rank's `values` summed element-wise in float64 (a collective), e.g. a loss sum and
-    the number of tokens it covers."""
-    if not is_distributed():
-        return [float(value) for value in values]
-    tensor = torch.tensor(values, dtype=torch.float64, device=collective_device())
-    wait_and_keep(dist.all_reduce(tensor, async_op=True))
-    return tensor.tolist()
-
-
 def any_rank(flag: bool) -> bool:
     return max_across_ranks(int(bool(flag))) > 0
 

@@ -191,9 +191,7 @@ class TrainerConfig:
     """Evaluate (and sample text) every N steps; 0 disables."""
 
     eval_batches: int = 10
-    """Validation global batches (batch_size x data-parallel processes windows) per evaluation,
-    spread evenly over the whole split, each target token counted once (metrics: val_tokens);
-    0 = the whole split, exactly."""
+    """Validation batches per evaluation."""
 
     log_every: int = 10
     """Log a line and a metrics.jsonl record every N steps."""
@@ -423,9 +421,9 @@ def _check_trainer(trainer: TrainerConfig) -> None:
     for name in ("max_steps", "max_epochs"):
         value = getattr(trainer, name)
         _need(value is None or value >= 1, f"trainer.{name}", value, "use 1 or more (or null)")
-    for name in ("batch_size", "grad_accum", "log_every", "max_save_failures"):
+    for name in ("batch_size", "grad_accum", "eval_batches", "log_every", "max_save_failures"):
         _need(getattr(trainer, name) >= 1, f"trainer.{name}", getattr(trainer, name), "use 1 or more")
-    for name in ("save_every", "eval_every", "eval_batches", "keep_last", "sample_tokens"):
+    for name in ("save_every", "eval_every", "keep_last", "sample_tokens"):
         _need(getattr(trainer, name) >= 0, f"trainer.{name}", getattr(trainer, name), "use 0 or more")
     _need(_finite(trainer.grad_clip) and trainer.grad_clip >= 0, "trainer.grad_clip", trainer.grad_clip,
           "use 0 (no clipping) or a positive norm")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from triax import checkpoint
 from triax.agreement import raise_together
 from triax.checkpoint.rng import seed_everything
-from triax.collectives import any_rank, gather_floats, mean_across_ranks, sum_across_ranks
+from triax.collectives import any_rank, gather_floats, mean_across_ranks
 from triax.data import GlobalSampler
 from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError
@@ -42,7 +42,6 @@ from triax.stragglers import StragglerCheck
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train.config import TrainConfig, gpt_config, snapshot_root, to_dict
 from triax.train.data import build_data
-from triax.train.evaluation import chosen_windows, rank_batches
 from triax.train.preemption import StopRequest
 from triax.train.sample_log import SampleLog
 from triax.watchdog import Watchdog
@@ -203,7 +202,6 @@ class Trainer:
         self.stragglers = StragglerCheck()
         self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
         self._peak_flops: tuple[float, str] | None = None
-        self._pipeline_sums = False  # evaluation asks the pipeline schedule for loss sums
         # Rank 0 alone writes these; the ranks agree before the next collective (the resume), so
         # a failure there stops every rank at once instead of leaving the others waiting.
         with raise_together(f"writing the run files in {trainer.run_dir}"):
@@ -406,11 +404,7 @@ class Trainer:
                                ignore_index=IGNORE_INDEX)
 
     def _pipeline_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # The schedule runs backward on what this returns: scale it here for fp16. Evaluation asks
-        # for sums (self._pipeline_sums): its micro-batches count different numbers of targets.
-        if self._pipeline_sums:
-            return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1),
-                                   ignore_index=IGNORE_INDEX, reduction="sum")
+        # The schedule runs backward on what this returns: scale it here for fp16.
         return self.scaler.scale(self._cross_entropy(logits, y))
 
     def _loss_context(self):
@@ -434,9 +428,7 @@ class Trainer:
                 pm.schedule.step(*inputs, target=target, losses=losses)
             else:
                 pm.schedule.eval(*inputs, target=target, losses=losses)
-        if pm.is_last_stage and self._pipeline_sums:
-            loss = torch.stack([item.detach().float() for item in losses]).sum()
-        elif pm.is_last_stage:
+        if pm.is_last_stage:
             loss = torch.stack([item.detach().float() for item in losses]).mean()
             if self.scaler.is_enabled():
                 loss = loss / self.scaler.get_scale()
@@ -499,73 +491,26 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Validation loss per target token over the windows triax.train.evaluation chooses
-        (eval_batches x batch_size windows spread over the split, or all of it with 0), summed
-        exactly over the data-parallel ranks; also the number of target tokens it covered."""
+        """Validation loss over `eval_batches` batches, averaged over all ranks (each rank takes
+        different batches of the held-out set)."""
+        trainer = self.config.trainer
         self.model.eval()
         val = self.data.val
-        if self.config.data.task == "addition":
-            result = self._evaluate_samples(val)
-        else:
-            result = self._evaluate_windows(val)
+        batch = min(trainer.batch_size, len(val))
+        losses = []
+        for i in range(trainer.eval_batches):
+            start = ((i * self.layout.dp + self.dp_rank) * batch) % max(1, len(val) - batch + 1)
+            indices = torch.arange(start, start + batch)
+            if self.parallel_model.pipelined:
+                losses.append(self._pipeline_forward(*self._batch(val, indices), train=False).item())
+                continue
+            with self._loss_context():
+                losses.append(self._loss(self.raw_model, *self._batch(val, indices)).item())
+        result = {"val_loss": mean_across_ranks(sum(losses) / len(losses))}
         if self.config.data.task == "addition" and self._can_generate():
             result["val_accuracy"] = addition_accuracy(self.raw_model, val, self.device)
         self.model.train()
         return result
-
-    def _evaluate_samples(self, val) -> dict:
-        """The addition task's samples are separate problems, not windows of one text: read
-        eval_batches batches of them (all of them with 0)."""
-        trainer = self.config.trainer
-        batch = min(trainer.batch_size, len(val))
-        count = trainer.eval_batches or math.ceil(len(val) / (batch * self.layout.dp))
-        losses = []
-        for i in range(count):
-            start = ((i * self.layout.dp + self.dp_rank) * batch) % max(1, len(val) - batch + 1)
-            losses.append(self._eval_loss_mean(*self._batch(val, torch.arange(start, start + batch))))
-        return {"val_loss": mean_across_ranks(sum(losses) / len(losses))}
-
-    def _evaluate_windows(self, val) -> dict:
-        trainer = self.config.trainer
-        block = val.block_size
-        pipelined = self.parallel_model.pipelined
-        # eval_batches global batches: layouts and process counts with one global batch read the same windows
-        windows = chosen_windows(len(val), block, trainer.eval_batches, trainer.batch_size * self.layout.dp)
-        total, tokens = 0.0, 0
-        for batch in rank_batches(windows, self.layout.dp, self.dp_rank, trainer.batch_size, block):
-            x, y = self._batch(val, torch.tensor([start for start, _ in batch]))
-            y = y.clone()  # x and y are views of one buffer: masking y must not touch x
-            for row, (_, skip) in enumerate(batch):
-                y[row, :skip] = IGNORE_INDEX  # targets another window already counted
-            counted = int((y != IGNORE_INDEX).sum())
-            if pipelined:
-                self._pipeline_sums = True
-                try:
-                    total += self._pipeline_forward(x, y, train=False).item()
-                finally:
-                    self._pipeline_sums = False
-            else:
-                with self._loss_context():
-                    total += self._eval_loss_sum(x, y)
-            tokens += counted
-        # Every rank of a tensor- or pipeline-parallel group holds its group's sums: the ratio of
-        # the world's sums is the per-token loss of the chosen windows.
-        sums = sum_across_ranks([total, float(tokens)])
-        return {"val_loss": sums[0] / max(sums[1], 1.0),
-                "val_tokens": int(round(sums[1] * self.layout.dp / self.world_size))}
-
-    def _eval_loss_mean(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        if self.parallel_model.pipelined:
-            return self._pipeline_forward(x, y, train=False).item()
-        with self._loss_context():
-            return self._loss(self.raw_model, x, y).item()
-
-    def _eval_loss_sum(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        with self.precision.autocast(self.device):
-            logits = self.raw_model(x)
-        # Summed, not averaged: batches count different numbers of targets (the tail window, padding).
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1),
-                               ignore_index=IGNORE_INDEX, reduction="sum").item()
 
     @torch.no_grad()
     def sample_text(self, prompt: str | None = None) -> str | None:
