@@ -2,7 +2,7 @@
 the trainer's val_loss equals an independent transformers evaluation of its export."""
 
 import json
-import os
+import math
 
 import pytest
 import torch
@@ -74,3 +74,55 @@ def test_trainer_val_loss_equals_transformers_on_the_whole_split(tmp_path, tiny_
     expected, tokens = hf_mean_loss(str(tmp_path / "hf"), ids, block_size=16)
     assert record["val_tokens"] == tokens == len(ids) - 1
     assert record["val_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_corpus):
+    """A tiny character run, its export to transformers, and the independent whole-split loss."""
+    root = tmp_path_factory.mktemp("evaluated")
+    run_dir = root / "run"
+    train(tiny_overrides(run_dir, tiny_corpus, **{"trainer.eval_every": 6}))
+    from triax.train.commands import export_main
+
+    export_main([str(run_dir), str(root / "hf"), "--format", "hf"])
+    ids = char_validation_ids(run_dir, tiny_corpus)
+    expected, tokens = hf_mean_loss(str(root / "hf"), ids, block_size=16)
+    return run_dir, root / "hf", ids, expected, tokens
+
+
+def eval_json(args, nproc=1):
+    out = train_output(["-m", "triax", "eval", *map(str, args), "--json"], nproc)
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+
+
+def train_output(argv, nproc):
+    from forked import launch
+
+    return launch(nproc, argv, timeout=240).stdout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_eval_of_a_run_equals_transformers(trained, nproc):
+    run_dir, _, ids, expected, tokens = trained
+    result = eval_json([run_dir, "--batch-size", 5], nproc)
+    assert result["tokens"] == tokens == len(ids) - 1
+    assert result["loss"] == pytest.approx(expected, rel=1e-5)
+    assert result["perplexity"] == pytest.approx(math.exp(expected), rel=1e-5)
+    assert result["bits_per_character"] == pytest.approx(expected / math.log(2), rel=1e-5)
+
+
+def test_eval_of_a_transformers_directory_on_token_files(trained, tmp_path):
+    _, hf_dir, ids, expected, tokens = trained
+    path = tmp_path / "val.bin"
+    ids.numpy().astype("uint16").tofile(path)
+    result = eval_json([hf_dir, "--tokens", path])
+    assert result["tokens"] == tokens
+    assert result["loss"] == pytest.approx(expected, rel=1e-5)
+    assert "bits_per_character" not in result  # ids of unknown characters
+
+
+def test_eval_refuses_what_is_not_a_model(tmp_path):
+    from triax.cli import main
+
+    assert main(["eval", str(tmp_path)]) == 2
