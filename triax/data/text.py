@@ -101,6 +101,8 @@ class CharDataset(Dataset):
     """Every window of `block_size + 1` characters: x is the window minus its last character,
     y the window minus its first (the next-character targets)."""
 
+    sliding_windows = True  # a window starts at every character: evaluation takes every block_size-th
+
     def __init__(self, ids: torch.Tensor, block_size: int, vocab: Vocabulary):
         self.ids = ids
         self.block_size = block_size

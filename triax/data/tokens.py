@@ -55,6 +55,8 @@ class TokenDataset(Dataset):
     """Every window of `block_size + 1` tokens of one token file: x is the window less its last
     token, y the window less its first."""
 
+    sliding_windows = True  # a window starts at every token: evaluation takes every block_size-th
+
     def __init__(self, tokens: TokenFile, block_size: int, vocab_size: int):
         self.tokens = tokens
         self.block_size = block_size

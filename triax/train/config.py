@@ -190,8 +190,10 @@ class TrainerConfig:
     eval_every: int = 100
     """Evaluate (and sample text) every N steps; 0 disables."""
 
-    eval_batches: int = 10
-    """Validation batches per evaluation."""
+    eval_batches: int = 0
+    """Validation batches (of batch_size windows per data-parallel rank) per evaluation, taken from
+    non-overlapping windows spread evenly over the whole validation split; 0 = the whole split,
+    every token once."""
 
     log_every: int = 10
     """Log a line and a metrics.jsonl record every N steps."""
@@ -421,9 +423,9 @@ def _check_trainer(trainer: TrainerConfig) -> None:
     for name in ("max_steps", "max_epochs"):
         value = getattr(trainer, name)
         _need(value is None or value >= 1, f"trainer.{name}", value, "use 1 or more (or null)")
-    for name in ("batch_size", "grad_accum", "eval_batches", "log_every", "max_save_failures"):
+    for name in ("batch_size", "grad_accum", "log_every", "max_save_failures"):
         _need(getattr(trainer, name) >= 1, f"trainer.{name}", getattr(trainer, name), "use 1 or more")
-    for name in ("save_every", "eval_every", "keep_last", "sample_tokens"):
+    for name in ("save_every", "eval_every", "eval_batches", "keep_last", "sample_tokens"):
         _need(getattr(trainer, name) >= 0, f"trainer.{name}", getattr(trainer, name), "use 0 or more")
     _need(_finite(trainer.grad_clip) and trainer.grad_clip >= 0, "trainer.grad_clip", trainer.grad_clip,
           "use 0 (no clipping) or a positive norm")

@@ -25,6 +25,7 @@ from triax.collectives import any_rank, gather_floats, mean_across_ranks
 from triax.data import GlobalSampler
 from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError
+from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.host_memory import return_freed_memory_to_os
 from triax.metrics import MetricsLogger, peak_flops, peak_memory_mb
 from triax.models import GPT
@@ -158,6 +159,7 @@ class Trainer:
 
         seed_everything(trainer.seed)
         self.model_config = model_config
+        self._pipeline_reduction = "mean"  # what _pipeline_loss returns: "sum" while evaluating
         with torch.device("meta"):  # the whole model's shape, for counting; no memory
             described = GPT(model_config)
         self.num_params = described.num_params()
@@ -398,12 +400,14 @@ class Trainer:
         return self._cross_entropy(logits, y)
 
     @staticmethod
-    def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         # The loss in fp32 whatever the compute dtype: a bf16 softmax over the vocabulary loses digits.
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1),
-                               ignore_index=IGNORE_INDEX)
+                               ignore_index=IGNORE_INDEX, reduction=reduction)
 
     def _pipeline_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self._pipeline_reduction == "sum":  # evaluation: no backward, no scaling
+            return self._cross_entropy(logits, y, reduction="sum")
         # The schedule runs backward on what this returns: scale it here for fp16.
         return self.scaler.scale(self._cross_entropy(logits, y))
 
@@ -416,24 +420,32 @@ class Trainer:
             return loss_parallel()
         return contextlib.nullcontext()
 
-    def _pipeline_forward(self, x: torch.Tensor, y: torch.Tensor, train: bool) -> torch.Tensor:
+    def _pipeline_forward(self, x: torch.Tensor, y: torch.Tensor, train: bool,
+                          reduction: str = "mean") -> torch.Tensor:
         """Run the pipeline schedule on one batch (forward and, if `train`, backward); returns the
-        mean micro-batch loss, on every rank (the last stage broadcasts it down the pipeline)."""
+        mean micro-batch loss (reduction="sum", evaluation only: the summed loss of every target),
+        on every rank (the last stage broadcasts it down the pipeline)."""
         pm = self.parallel_model
         losses: list[torch.Tensor] = []
         inputs = (x,) if pm.is_first_stage else ()
         target = y if pm.is_last_stage else None
-        with self.precision.autocast(self.device):
-            if train:
-                pm.schedule.step(*inputs, target=target, losses=losses)
-            else:
-                pm.schedule.eval(*inputs, target=target, losses=losses)
-        if pm.is_last_stage:
+        self._pipeline_reduction = reduction
+        try:
+            with self.precision.autocast(self.device):
+                if train:
+                    pm.schedule.step(*inputs, target=target, losses=losses)
+                else:
+                    pm.schedule.eval(*inputs, target=target, losses=losses)
+        finally:
+            self._pipeline_reduction = "mean"
+        if pm.is_last_stage and reduction == "sum":
+            loss = torch.stack([item.detach().double() for item in losses]).sum()
+        elif pm.is_last_stage:
             loss = torch.stack([item.detach().float() for item in losses]).mean()
             if self.scaler.is_enabled():
                 loss = loss / self.scaler.get_scale()
         else:
-            loss = torch.zeros((), device=self.device)
+            loss = torch.zeros((), device=self.device, dtype=torch.float64 if reduction == "sum" else torch.float32)
         last_rank = dist.get_global_rank(self.pp_group, self.layout.pp - 1)
         dist.broadcast(loss, src=last_rank, group=self.pp_group)
         return loss
@@ -491,22 +503,32 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Validation loss over `eval_batches` batches, averaged over all ranks (each rank takes
-        different batches of the held-out set)."""
+        """Validation loss per target token over the windows `trainer.eval_batches` asks for
+        (triax.eval.windows: non-overlapping, spread over the whole split; 0 = all of it), each
+        token counted once. Data-parallel ranks share the windows and their summed losses and
+        token counts are added up exactly, so every layout and process count reports the same
+        number. `val_tokens` is how many tokens were scored."""
         trainer = self.config.trainer
         self.model.eval()
         val = self.data.val
-        batch = min(trainer.batch_size, len(val))
-        losses = []
-        for i in range(trainer.eval_batches):
-            start = ((i * self.layout.dp + self.dp_rank) * batch) % max(1, len(val) - batch + 1)
-            indices = torch.arange(start, start + batch)
+        limit = trainer.eval_batches * self.global_micro_batch if trainer.eval_batches else None
+        plan = evaluation_windows(val, limit)
+        loss_sum, scored = 0.0, 0
+        for starts, first_scored in rank_batches(plan, trainer.batch_size, self.dp_rank, self.layout.dp):
+            x, y = self._batch(val, starts)
+            y = mask_unscored(y, first_scored)
+            scored += int((y != IGNORE_INDEX).sum())
             if self.parallel_model.pipelined:
-                losses.append(self._pipeline_forward(*self._batch(val, indices), train=False).item())
+                loss_sum += self._pipeline_forward(x, y, train=False, reduction="sum").item()
                 continue
             with self._loss_context():
-                losses.append(self._loss(self.raw_model, *self._batch(val, indices)).item())
-        result = {"val_loss": mean_across_ranks(sum(losses) / len(losses))}
+                with self.precision.autocast(self.device):
+                    logits = self.raw_model(x)
+                loss_sum += self._cross_entropy(logits, y, reduction="sum").item()
+        # Tensor- and pipeline-parallel peers hold the same sums: they scale both totals alike.
+        totals = [sum(column) for column in zip(*gather_floats([loss_sum, float(scored)]))]
+        result = {"val_loss": totals[0] / max(totals[1], 1.0),
+                  "val_tokens": round(totals[1] * self.layout.dp / self.world_size)}
         if self.config.data.task == "addition" and self._can_generate():
             result["val_accuracy"] = addition_accuracy(self.raw_model, val, self.device)
         self.model.train()
@@ -648,7 +670,7 @@ class Trainer:
                       f"mfu {100 * record['mfu']:.2f}%{' (measured peak)' if record['peak_flops_source'] == 'measured' else ''}",
                       f"mem {record['peak_mem_mb']:.0f}MB"]
         if "val_loss" in record:
-            parts.append(f"val_loss {record['val_loss']:.4f}")
+            parts.append(f"val_loss {record['val_loss']:.4f} ({record['val_tokens']} tokens)")
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
         return " | ".join(parts)

@@ -1,0 +1,188 @@
+"""`triax eval MODEL`: loss, perplexity (and bits per character for a character model) of a
+trained run's newest snapshot, or of a transformers GPT-2 directory, over the whole of a split or
+of given token or text files.
+
+Every token counts once (triax.eval.windows: non-overlapping windows of the block size, the
+leftover end scored by one last window). Under torchrun each rank scores its share of the windows
+with a whole copy of the model, and the summed losses and token counts are added exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+import yaml
+from fsspec.implementations.local import LocalFileSystem
+from tqdm import tqdm
+
+from triax.arguments import ArgumentParser, at_least, check_device
+from triax.collectives import gather_floats
+from triax.data.addition import IGNORE_INDEX
+from triax.data.text import CharDataset, Vocabulary
+from triax.data.tokenizer import BPETokenizer
+from triax.data.tokens import TOKEN_DTYPES, TokenDataset, TokenFile
+from triax.errors import TriaxError
+from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
+from triax.models import GPT, GPTConfig, hf_gpt2
+from triax.place import detect_place, pick_device
+from triax.process_group import init_distributed, shutdown_distributed
+from triax.train.commands import _snapshot_root, load_run_model
+from triax.train.config import TrainConfig, from_dict
+from triax.train.data import build_data
+
+
+def load_model(path: str, device: torch.device):
+    """(plain GPT in eval mode, its text codec or None, the run's data config or None) of a run
+    directory or a transformers GPT-2 directory."""
+
+    if os.path.isfile(os.path.join(path, "model.json")):
+
+        model, vocab, _ = load_run_model(path, str(device))
+        config_file = os.path.join(path, "config.yaml")
+        data = None
+        if os.path.isfile(config_file):
+
+            _snapshot_root(path)  # reports a damaged config.yaml in one line
+            with open(config_file) as handle:
+                data = from_dict(yaml.safe_load(handle) or {}).data
+        return model, vocab, data if data is not None else TrainConfig().data
+    if os.path.isdir(path) and hf_gpt2.is_hf_gpt2(path):
+        model = load_hf_model(path, device)
+        tokenizer = hf_gpt2.tokenizer_file(path)
+        vocab = None
+        if tokenizer is not None:
+
+            vocab = BPETokenizer.from_file(tokenizer)
+        return model, vocab, None
+    raise TriaxError(f"{path!r} is neither a triax run directory (model.json) nor a transformers GPT-2 "
+                     "directory (config.json); give one of them")
+
+
+def load_hf_model(directory: str, device: torch.device, dropout: float = 0.0):
+    """A whole plain GPT holding a transformers GPT-2 checkpoint's weights."""
+
+    config = GPTConfig(**hf_gpt2.architecture(hf_gpt2.read_hf_config(directory)), dropout=dropout)
+    with torch.device("meta"):
+        model = GPT(config)
+    model.to_empty(device=device)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.tok_emb.weight
+    hf_gpt2.copy_into(model, hf_gpt2.HFWeights(directory), config.n_embd, config.vocab_size)
+    return model.eval()
+
+
+def datasets(args, model, vocab, data_config):
+    """[(name, dataset)] to score: the given files, else the run's split."""
+
+    block = args.block_size or model.config.block_size
+    found = []
+    for path in args.tokens or []:
+
+
+        if not os.path.isfile(path):
+            raise TriaxError(f"--tokens {path!r} is not a file")
+        tokens = TokenFile(LocalFileSystem(), path, args.token_dtype, local=True)
+        if tokens.num_tokens <= block:
+            raise TriaxError(f"--tokens {path!r} holds {tokens.num_tokens} tokens, too few for one window of {block + 1}")
+        found.append((path, TokenDataset(tokens, block, model.config.vocab_size)))
+    for path in args.text or []:
+        if vocab is None:
+            raise TriaxError(f"{args.model!r} has no vocabulary or tokenizer.json to encode --text with; "
+                             "give --tokens files instead")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                ids = vocab.encode(handle.read())
+        except (OSError, UnicodeDecodeError) as error:
+            raise TriaxError(f"--text {path!r} cannot be read as UTF-8 text ({error})") from None
+        if len(ids) <= block:
+            raise TriaxError(f"--text {path!r} encodes to {len(ids)} tokens, too few for one window of {block + 1}")
+        found.append((path, CharDataset(torch.tensor(ids), block, vocab)))
+    if found:
+        return found
+    if data_config is None:
+        raise TriaxError(f"{args.model!r} is not a triax run, so it has no splits; give --tokens or --text files")
+
+    if args.block_size:
+        data_config.block_size = args.block_size
+    data = build_data(data_config)
+    return [(f"{args.split} split", data.val if args.split == "val" else data.train)]
+
+
+@torch.no_grad()
+def score(model, dataset, batch_size: int, rank: int, ranks: int, device, progress=None) -> tuple[float, int]:
+    """(summed loss, scored targets) of this rank's share of `dataset`."""
+    total, count = 0.0, 0
+    for starts, first_scored in rank_batches(evaluation_windows(dataset), batch_size, rank, ranks):
+        x, y = dataset.batch(starts)
+        y = mask_unscored(y, first_scored).to(device)
+        logits = model(x.to(device)).float()
+        total += F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), ignore_index=IGNORE_INDEX,
+                                 reduction="sum").item()
+        count += int((y != IGNORE_INDEX).sum())
+        if progress is not None:
+            progress.update(1)
+    return total, count
+
+
+def main(argv: list[str]) -> int:
+
+    parser = ArgumentParser(prog="triax eval", description="loss and perplexity of a run or a transformers "
+                                                           "GPT-2 over a whole split or given files")
+    parser.add_argument("model", help="a triax run directory, or a transformers GPT-2 directory")
+    parser.add_argument("--split", choices=("val", "train"), default="val", help="the run's split to score")
+    parser.add_argument("--tokens", nargs="+", metavar="FILE", help="token files (flat arrays of ids) to score")
+    parser.add_argument("--token-dtype", choices=TOKEN_DTYPES, default="uint16")
+    parser.add_argument("--text", nargs="+", metavar="FILE", help="UTF-8 text files, encoded with the model's "
+                                                                  "vocabulary or tokenizer.json")
+    parser.add_argument("--block-size", type=int, default=None, help="window length; default the model's")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    at_least("--batch-size", args.batch_size, 1)
+    if args.block_size is not None:
+        at_least("--block-size", args.block_size, 1)
+    check_device("--device", args.device)
+
+    place = detect_place()
+    device = pick_device(args.device, place.local_rank)
+    try:
+        if place.world_size > 1:
+            place = init_distributed(device, place)
+        model, vocab, data_config = load_model(args.model, device)
+        if args.block_size and args.block_size > model.config.block_size:
+            raise TriaxError(f"--block-size {args.block_size} is longer than the model's context "
+                             f"({model.config.block_size})")
+        progress = None
+        found = datasets(args, model, vocab, data_config)
+        if place.rank == 0 and sys.stderr.isatty() and not args.json:
+
+            batches = sum(-(-len(evaluation_windows(d)) // (args.batch_size * place.world_size)) for _, d in found)
+            progress = tqdm(total=batches, unit="batch", leave=False, file=sys.stderr)
+        sums = []
+        for _, dataset in found:
+            sums += list(score(model, dataset, args.batch_size, place.rank, place.world_size, device, progress))
+        if progress is not None:
+            progress.close()
+        totals = [sum(column) for column in zip(*gather_floats(sums))]
+    finally:
+        shutdown_distributed()
+    loss_sum, tokens = sum(totals[0::2]), int(sum(totals[1::2]))
+    loss = loss_sum / tokens
+    result = {"model": args.model, "data": [name for name, _ in found], "tokens": tokens, "loss": loss,
+              "perplexity": math.exp(loss)}
+    if isinstance(vocab, Vocabulary) and not args.tokens:
+        result["bits_per_character"] = loss / math.log(2)  # one token is one character
+    if place.rank == 0:
+        if args.json:
+            print(json.dumps(result))
+        else:
+            extra = f", {result['bits_per_character']:.4f} bits/char" if "bits_per_character" in result else ""
+            print(f"{', '.join(result['data'])}: {tokens} tokens, loss {loss:.4f}, perplexity "
+                  f"{result['perplexity']:.3f}{extra}")
+    return 0
