@@ -20,6 +20,8 @@ def tree_listing(root):
     """Every path under root with its size and modification time (files) or a marker (dirs)."""
     listing = {}
     for directory, dirs, files in os.walk(root):
+        # torch's own compile cache in $TMPDIR (made on first use of inductor), not a triax file
+        dirs[:] = [name for name in dirs if not name.startswith("torchinductor_")]
         for name in dirs:
             listing[os.path.relpath(os.path.join(directory, name), root)] = "dir"
         for name in files:
@@ -440,3 +442,99 @@ def test_real_process_exits_2_with_one_line(argv, tmp_path):
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
     assert os.listdir(tmp_path) == []
+
+
+# ---- files inside a run directory: no link followed out of it, no FIFO, no huge file ----------------
+
+
+def test_train_replaces_planted_links_never_their_targets(sandbox, tiny_corpus, capsys):
+    """config.yaml and model.json planted as links to files outside: the run writes its own files
+    in their place and the link targets keep their bytes."""
+    run_dir = sandbox.work / "run"
+    run_dir.mkdir()
+    outside = {name: sandbox.root / f"outside-{name}" for name in ("config.yaml", "model.json", "vocab.json")}
+    for name, target in outside.items():
+        target.write_text("precious")
+        os.symlink(target, run_dir / name)
+    assert triax_main(["train", *tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 2})]) == 0
+    for name, target in outside.items():
+        assert target.read_text() == "precious", name
+        assert not os.path.islink(run_dir / name) and (run_dir / name).stat().st_size > 0, name
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_train_refuses_a_metrics_log_that_is_not_a_regular_file(kind, sandbox, tiny_corpus):
+    run_dir = sandbox.work / "run"
+    run_dir.mkdir()
+    target = sandbox.root / "outside.jsonl"
+    target.write_text("precious\n")
+    if kind == "symlink":
+        os.symlink(target, run_dir / "metrics.jsonl")
+    else:
+        os.mkfifo(run_dir / "metrics.jsonl")
+    err = sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus)], "metrics.jsonl")
+    assert "symlink" in err if kind == "symlink" else "regular file" in err
+    assert target.read_text() == "precious\n"
+
+
+def test_train_refuses_a_symlinked_tensorboard_directory(sandbox, tiny_corpus):
+    run_dir = sandbox.work / "run"
+    run_dir.mkdir()
+    (sandbox.root / "elsewhere").mkdir()
+    os.symlink(sandbox.root / "elsewhere", run_dir / "tensorboard")
+    sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus)], "tensorboard", "symlink")
+    assert os.listdir(sandbox.root / "elsewhere") == []
+
+
+@pytest.mark.parametrize("name", ["vocab.json", "config.yaml", "model.json"])
+@pytest.mark.parametrize("command", ["generate", "export"])
+def test_a_fifo_in_the_run_is_refused_at_once(name, command, sandbox, run_copy):
+    os.remove(run_copy / name)
+    os.mkfifo(run_copy / name)
+    extra = [str(sandbox.work / "out.safetensors")] if command == "export" else []
+    sandbox.refused([command, str(run_copy), *extra], name)
+
+
+def test_a_huge_sparse_model_json_is_not_read(sandbox, run_copy):
+    with open(run_copy / "model.json", "r+b") as handle:
+        handle.truncate(6 * 2**30)
+    sandbox.refused(["generate", str(run_copy)], "model.json", "bytes")
+
+
+def test_failed_hf_export_leaves_nothing_and_the_retry_works(sandbox, run_copy, monkeypatch, capsys):
+    from triax.train import hf_export
+
+    out = sandbox.work / "hf"
+    real = hf_export.hf_config
+
+    def broken(config):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hf_export, "hf_config", broken)
+    with pytest.raises(OSError):
+        triax_main(["export", str(run_copy), str(out), "--format", "hf"])
+    assert not out.exists()
+    monkeypatch.setattr(hf_export, "hf_config", real)
+    assert triax_main(["export", str(run_copy), str(out), "--format", "hf"]) == 0
+    assert (out / "model.safetensors").stat().st_size > 0
+
+
+# ---- one job per run directory ------------------------------------------------------------------------
+
+
+def test_a_run_directory_in_use_is_refused_with_its_holder(sandbox, tiny_corpus):
+    import fcntl
+
+    run_dir = sandbox.work / "run"
+    run_dir.mkdir()
+    with open(run_dir / ".triax.lock", "w") as holder:
+        holder.write("host elsewhere pid 4242\n")
+        holder.flush()
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: a rival job
+        sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus)], "in use by another triax job",
+                        "pid 4242")
+    # The holder's exit releases it: the same command now trains.
+    from triax.train import run_lock
+
+    assert triax_main(["train", *tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 2})]) == 0
+    run_lock.unlock_run_dir(str(run_dir))

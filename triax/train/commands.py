@@ -7,6 +7,7 @@ import math
 import os
 import sys
 
+from triax import safe_files
 from triax.errors import TriaxError
 
 TRAIN_HELP = """usage: triax train [key=value ...] [model=PRESET] [+experiment=NAME]
@@ -64,12 +65,12 @@ def _snapshot_root(run_dir: str) -> str:
 
     config = TrainConfig()
     config_file = os.path.join(run_dir, "config.yaml")
-    if os.path.exists(config_file):
+    if os.path.lexists(config_file):
         import yaml
 
         try:
-            with open(config_file) as handle:
-                config = from_dict(yaml.safe_load(handle) or {})
+            # No link, FIFO or huge file (safe_files), and nothing outside the run read or reached.
+            config = from_dict(yaml.safe_load(safe_files.read_text(config_file)) or {})
         except Exception as error:  # noqa: BLE001 - a damaged run file is the user's to fix: one line
             raise TriaxError(f"{config_file!r} is not a valid run config ({type(error).__name__}); "
                              "restore it from the run, or give the run directory of a finished `triax train`") from None
@@ -260,7 +261,7 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
     # The converter reads one tensor at a time from the validated snapshot (padding rows cut).
     source = tensor_source(reader, shapes)
     tokenizer = os.path.join(run_dir, "tokenizer.json")
-    tokenizer = tokenizer if os.path.exists(tokenizer) else None
+    tokenizer = tokenizer if safe_files.is_regular(tokenizer) else None
     values = export_hf(config, source, out_dir, tokenizer)
     note = " with its tokenizer" if tokenizer else (" (character vocabulary: no Hugging Face tokenizer written)"
                                                     if os.path.exists(os.path.join(run_dir, "vocab.json")) else "")

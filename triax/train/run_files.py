@@ -9,10 +9,10 @@ half the snapshot's bytes in parameters cannot be the one that was saved.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
+from triax import safe_files
 from triax.errors import TriaxError
 
 # Far beyond any model triax trains, small enough that arithmetic on them stays exact and cheap.
@@ -23,11 +23,9 @@ MAX_SMALL_FILE_BYTES = 64 * 2**20  # model.json / vocab.json are kilobytes; neve
 
 def _read_small_json(path: str, what: str):
     try:
-        if os.path.getsize(path) > MAX_SMALL_FILE_BYTES:
-            raise TriaxError(f"{path} is too large to be a triax {what} ({os.path.getsize(path)} bytes)")
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError, UnicodeDecodeError) as error:
+        # No link, no FIFO, no huge file: read_json checks before it reads.
+        return safe_files.read_json(path, MAX_SMALL_FILE_BYTES)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
         raise TriaxError(f"{path} is damaged ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
                          f"it is the run's {what}, written by `triax train`") from None
 
@@ -50,8 +48,7 @@ def snapshot_bytes(snapshot: str) -> int | None:
     for directory, _, files in os.walk(snapshot):  # does not follow symlinked directories
         for name in files:
             path = os.path.join(directory, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                total += os.path.getsize(path)
+            total += safe_files.stored_bytes(path)  # a sparse file counts what it really holds
     return total
 
 
@@ -97,10 +94,10 @@ def read_vocabulary(run_dir: str, vocab_size: int | None = None):
     from triax.data import Vocabulary
 
     tokenizer_path = os.path.join(run_dir, "tokenizer.json")
-    if os.path.exists(tokenizer_path):
+    if os.path.lexists(tokenizer_path):
         from triax.data.tokenizer import BPETokenizer
 
-        if not os.path.isfile(tokenizer_path) or os.path.getsize(tokenizer_path) > MAX_SMALL_FILE_BYTES:
+        if not safe_files.is_regular(tokenizer_path) or os.path.getsize(tokenizer_path) > MAX_SMALL_FILE_BYTES:
             raise TriaxError(f"{tokenizer_path} is damaged: not a regular file of at most "
                              f"{MAX_SMALL_FILE_BYTES} bytes")
         tokenizer = BPETokenizer.from_file(tokenizer_path)
@@ -109,7 +106,7 @@ def read_vocabulary(run_dir: str, vocab_size: int | None = None):
                              f"{vocab_size} token ids")
         return tokenizer
     path = os.path.join(run_dir, "vocab.json")
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
     values = _read_small_json(path, "vocabulary")
     chars = values.get("chars") if isinstance(values, dict) else None
