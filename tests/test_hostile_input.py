@@ -538,3 +538,89 @@ def test_a_run_directory_in_use_is_refused_with_its_holder(sandbox, tiny_corpus)
 
     assert triax_main(["train", *tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 2})]) == 0
     run_lock.unlock_run_dir(str(run_dir))
+
+
+# ---- numbers from a re-signed state.json are finite and in range -----------------------------------
+
+
+def _resign(snapshot, relative, text):
+    import hashlib
+    import json
+
+    data = text.encode()
+    with open(os.path.join(snapshot, relative), "wb") as handle:
+        handle.write(data)
+    manifest_path = os.path.join(snapshot, "manifest.json")
+    manifest = json.load(open(manifest_path))
+    manifest["files"][relative] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    open(manifest_path, "w").write(json.dumps(manifest))
+
+
+def _two_snapshots(root):
+    import torch
+
+    from triax import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    schedule = {"base_lrs": [0.01], "last_epoch": 3}
+    good = checkpoint.save_snapshot(str(root), 3, model, optimizer, {"scheduler": schedule})
+    newest = checkpoint.save_snapshot(str(root), 4, model, optimizer, {"scheduler": schedule})
+    return model, optimizer, good, newest
+
+
+STATE_EDITS = {
+    "NaN learning rates": lambda text: text.replace('"base_lrs": [\n   0.01\n  ]', '"base_lrs": [NaN]'),
+    "infinite beta": lambda text: text.replace('"betas": [\n    0.9,', '"betas": [\n    Infinity,'),
+    "overflowing beta": lambda text: text.replace('"betas": [\n    0.9,', '"betas": [\n    1e999,'),
+    "beta of 2": lambda text: text.replace('"betas": [\n    0.9,', '"betas": [\n    2.0,'),
+    "negative eps": lambda text: text.replace('"eps": 1e-08', '"eps": -1e-08'),
+    "position of 2^61": lambda text: text.replace('"last_epoch": 3', f'"last_epoch": {2**61}'),
+}
+
+
+@pytest.mark.parametrize("name", list(STATE_EDITS))
+def test_a_resigned_state_with_numbers_out_of_range_falls_back(name, tmp_path):
+    from triax import checkpoint
+
+    model, optimizer, good, newest = _two_snapshots(tmp_path)
+    text = open(os.path.join(newest, "state.json")).read()
+    edited = STATE_EDITS[name](text)
+    assert edited != text, "the edit did not apply"
+    _resign(newest, "state.json", edited)
+    messages = []
+    path, state = checkpoint.load_latest_snapshot(str(tmp_path), model, optimizer, report=messages.append)
+    assert path == good and state["step"] == 3, messages
+    assert all(group["lr"] == 0.01 and list(group["betas"]) == [0.9, 0.999] and group["eps"] == 1e-8
+               for group in optimizer.param_groups)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: s["schedulers"][0].update(last_epoch="abc"),
+    lambda s: s["schedulers"][0].update(base_lrs=[float("nan")]),
+    lambda s: s["schedulers"][0].update(base_lrs=[float("inf")]),
+    lambda s: s["dataloaders"][0].update(num_samples=2**61),
+])
+def test_accelerator_load_state_refuses_numbers_out_of_range(tmp_path, edit):
+    import json
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from triax.accelerate import Accelerator
+    from triax.checkpoint import SnapshotCorruptError
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
+    model, optimizer, _, scheduler = accelerator.prepare(model, optimizer, DataLoader(list(range(4)), batch_size=2),
+                                                         scheduler)
+    snapshot = accelerator.save_state(str(tmp_path))
+    document = json.load(open(os.path.join(snapshot, "state.json")))
+    edit(document["accelerator"])
+    _resign(snapshot, "state.json", json.dumps(document))  # Python writes NaN / Infinity literals
+    with pytest.raises((SnapshotCorruptError, ValueError)):
+        accelerator.load_state(snapshot)
+    assert optimizer.param_groups[0]["lr"] == 0.01

@@ -111,7 +111,7 @@ def open_run(run_dir: str, snapshot_root: str | None = None):
 
     root = snapshot_root or run_snapshot_root(run_dir)
     reader = newest_good_snapshot(root, run_dir)
-    model_config = read_model_config(run_dir, reader.snapshot)
+    model_config = read_model_config(run_dir, reader)  # matched against its tensors before building
     return reader, model_config, read_vocabulary(run_dir, model_config.vocab_size)
 
 

@@ -13,6 +13,8 @@ import math
 import os
 
 from triax import safe_files
+from triax.checkpoint.reader import SnapshotReader
+from triax.checkpoint.snapshot import MODEL_KEY
 from triax.errors import TriaxError
 
 # Far beyond any model triax trains, small enough that arithmetic on them stays exact and cheap.
@@ -52,9 +54,9 @@ def snapshot_bytes(snapshot: str) -> int | None:
     return total
 
 
-def read_model_config(run_dir: str, snapshot: str | None = None):
-    """model.json as a GPTConfig, checked: known keys, types, sizes, and (with `snapshot`) a model
-    no larger than what the snapshot stores."""
+def read_model_config(run_dir: str, snapshot=None):
+    """model.json as a GPTConfig, checked: known keys, types, sizes, and (with `snapshot`, a
+    validated SnapshotReader or a local path) a model no larger than what the snapshot stores."""
     from dataclasses import fields
 
     from triax.models import GPTConfig
@@ -78,7 +80,16 @@ def read_model_config(run_dir: str, snapshot: str | None = None):
     for name in ("bias", "tie_embeddings"):
         if name in values and not isinstance(values[name], bool):
             raise TriaxError(f"{path} is damaged: {name}={values[name]!r} (expected true or false)")
-    if snapshot is not None:
+    if isinstance(snapshot, SnapshotReader):
+        # The validated snapshot's own tensor shapes (each backed by distinct verified bytes of a
+        # listed file): the model must not need more values than the snapshot's model holds.
+        stored_values = sum(math.prod(snapshot.tensor_info(key)[1]) for key in snapshot.tensor_names()
+                            if key.startswith(MODEL_KEY))
+        if parameter_count(values) > stored_values:
+            raise TriaxError(f"{path} describes a model of {parameter_count(values):,} parameters but snapshot "
+                             f"{snapshot.snapshot} stores only {stored_values:,} model values: model.json does "
+                             "not belong to it (damaged or replaced); restore it from the run's config")
+    elif snapshot is not None:
         stored = snapshot_bytes(snapshot)
         needed = parameter_count(values) * MIN_BYTES_PER_PARAMETER
         if stored is not None and needed > stored:
