@@ -624,3 +624,66 @@ def test_accelerator_load_state_refuses_numbers_out_of_range(tmp_path, edit):
     with pytest.raises((SnapshotCorruptError, ValueError)):
         accelerator.load_state(snapshot)
     assert optimizer.param_groups[0]["lr"] == 0.01
+
+
+# ---- bounds before allocation ----------------------------------------------------------------------
+
+
+def _shards_edit(snapshot, edit):
+    import json
+
+    shards = json.load(open(os.path.join(snapshot, "shards.json")))
+    edit(shards["tensors"])
+    _resign(snapshot, "shards.json", json.dumps(shards))
+
+
+def _repeat_chunk(tensors, copies):
+    """One tensor made of `copies` chunks that all name the same bytes of the file."""
+    entry = tensors["model/weight"]
+    chunk = entry["chunks"][0]
+    rows = chunk["sizes"][0]
+    entry["size"] = [rows * copies, *entry["size"][1:]]
+    entry["chunks"] = [dict(chunk, offsets=[rows * i, *chunk["offsets"][1:]]) for i in range(copies)]
+
+
+def test_chunks_sharing_file_bytes_are_refused(tmp_path):
+    from triax import checkpoint
+
+    _, _, good, newest = _two_snapshots(tmp_path)
+    _shards_edit(newest, lambda tensors: _repeat_chunk(tensors, 256))
+    with pytest.raises(checkpoint.SnapshotCorruptError, match="share bytes"):
+        checkpoint.open_snapshot(newest)
+
+
+def test_twenty_thousand_overlapping_chunks_are_refused_quickly(tmp_path):
+    """The overlap check is O(n log n): 20,000 chunks on one spot end in a refusal, not a hang."""
+    from triax import checkpoint
+
+    _, _, good, newest = _two_snapshots(tmp_path)
+
+    def pile(tensors):
+        entry = tensors["model/weight"]
+        chunk = entry["chunks"][0]
+        entry["size"] = [20000 * chunk["sizes"][0], *entry["size"][1:]]
+        # all at offset 0: the volumes add up but every chunk covers the same first rows
+        entry["chunks"] = [dict(chunk) for _ in range(20000)]
+
+    _shards_edit(newest, pile)
+    with pytest.raises(checkpoint.SnapshotCorruptError, match="overlap|share bytes"):
+        checkpoint.open_snapshot(newest)
+
+
+def test_model_json_larger_than_the_snapshot_tensors_is_refused(sandbox, run_copy):
+    """A sparse 2 TiB file in the snapshot does not make a huge model.json believable: the model
+    is matched against the snapshot's tensors, before it is built."""
+    import json
+
+    from triax import checkpoint
+
+    snapshot = checkpoint.latest_snapshot(str(run_copy / "snapshots"))
+    with open(os.path.join(snapshot, "padding.bin"), "wb") as handle:
+        handle.truncate(2 * 2**40)
+    values = json.loads((run_copy / "model.json").read_text())
+    values["n_embd"] = 2**17
+    (run_copy / "model.json").write_text(json.dumps(values))
+    sandbox.refused(["generate", str(run_copy)], "model.json", "stores only")
