@@ -201,7 +201,7 @@ def test_generate_works_on_the_copy(sandbox, run_copy, capsys):
 
 
 DAMAGED_MODEL_JSON = {
-    "huge n_embd": ('{"vocab_size": 65, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 1048576}',
+    "huge n_embd": ('{"vocab_size": 65, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32768}',
                     ["model.json", "stores only"]),
     "beyond any limit": ('{"vocab_size": 65, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 10000000000}',
                          ["model.json", "n_embd=10000000000"]),
@@ -684,6 +684,43 @@ def test_model_json_larger_than_the_snapshot_tensors_is_refused(sandbox, run_cop
     with open(os.path.join(snapshot, "padding.bin"), "wb") as handle:
         handle.truncate(2 * 2**40)
     values = json.loads((run_copy / "model.json").read_text())
-    values["n_embd"] = 2**17
+    values["n_embd"] = 2**15
     (run_copy / "model.json").write_text(json.dumps(values))
     sandbox.refused(["generate", str(run_copy)], "model.json", "stores only")
+
+
+@pytest.mark.parametrize("override", ["model.n_embd=1000000", "model.n_layer=100000"])
+def test_model_sizes_have_a_bound(override, sandbox, tiny_corpus):
+    run_dir = sandbox.work / "runs" / "a"
+    sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus), override], override.split("=")[0],
+                    "bound")
+    assert not (sandbox.work / "runs").exists()
+
+
+def test_meta_json_vocabulary_has_a_bound(sandbox):
+    import numpy as np
+
+    data = sandbox.work / "data"
+    data.mkdir()
+    np.arange(200, dtype=np.uint16).tofile(data / "train.bin")
+    np.arange(200, dtype=np.uint16).tofile(data / "val.bin")
+    (data / "meta.json").write_text('{"vocab_size": %d, "dtype": "int64"}' % 2**40)
+    run_dir = sandbox.work / "runs" / "a"
+    sandbox.refused(["train", *tiny_overrides(run_dir, str(data), **{"data.task": "tokens"})], "vocab_size",
+                    str(2**40))
+    assert not (sandbox.work / "runs").exists()
+
+
+@pytest.mark.parametrize("name", ["meta.json", "tokenizer.json"])
+def test_a_fifo_in_a_data_directory_is_refused_at_once(name, sandbox):
+    import numpy as np
+
+    data = sandbox.work / "data"
+    data.mkdir()
+    np.arange(200, dtype=np.uint16).tofile(data / "train.bin")
+    np.arange(200, dtype=np.uint16).tofile(data / "val.bin")
+    if name == "tokenizer.json":
+        (data / "meta.json").write_text('{"vocab_size": 256, "dtype": "uint16", "tokenizer": "tokenizer.json"}')
+    os.mkfifo(data / name)
+    run_dir = sandbox.work / "runs" / "a"
+    sandbox.refused(["train", *tiny_overrides(run_dir, str(data), **{"data.task": "tokens"})], name)

@@ -173,3 +173,17 @@ def stored_bytes(path: str) -> int:
         return 0
     blocks = getattr(info, "st_blocks", None)
     return info.st_size if blocks is None else min(info.st_size, blocks * 512)
+
+
+def read_location(location: str, max_bytes: int = MAX_METADATA_BYTES) -> bytes:
+    """A metadata file at a local path (the checks above) or an fsspec URL (read at most
+    `max_bytes` + 1 bytes, so a huge remote file is refused too)."""
+    if "://" not in location or location.startswith("file://"):
+        return read_bytes(location.removeprefix("file://"), max_bytes)
+    import fsspec  # deferred: only remote data needs it
+
+    with fsspec.open(location, "rb") as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UnsafeFileError(f"{location} is more than {max_bytes} bytes; it is damaged")
+    return data

@@ -16,9 +16,10 @@ from triax import safe_files
 from triax.checkpoint.reader import SnapshotReader
 from triax.checkpoint.snapshot import MODEL_KEY
 from triax.errors import TriaxError
+from triax.models.gpt import MAX_SIZES
 
 # Far beyond any model triax trains, small enough that arithmetic on them stays exact and cheap.
-SIZE_LIMITS = {"vocab_size": 2**24, "block_size": 2**24, "n_layer": 2**16, "n_head": 2**16, "n_embd": 2**20}
+SIZE_LIMITS = MAX_SIZES
 MIN_BYTES_PER_PARAMETER = 2
 MAX_SMALL_FILE_BYTES = 64 * 2**20  # model.json / vocab.json are kilobytes; never read a huge one whole
 
