@@ -724,3 +724,29 @@ def test_a_fifo_in_a_data_directory_is_refused_at_once(name, sandbox):
     os.mkfifo(data / name)
     run_dir = sandbox.work / "runs" / "a"
     sandbox.refused(["train", *tiny_overrides(run_dir, str(data), **{"data.task": "tokens"})], name)
+
+
+def test_tokenize_never_writes_through_planted_links(sandbox, capsys):
+    """A symlinked train.bin.tmp is replaced, not truncated through; a dangling meta.json link
+    counts as an existing output (refused without --overwrite) and --overwrite replaces the link."""
+    corpus = sandbox.work / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 200)
+    out = sandbox.work / "tokens"
+    out.mkdir()
+    precious = sandbox.root / "precious.bin"
+    precious.write_bytes(b"keep me")
+    os.symlink(precious, out / "train.bin.tmp")
+    os.symlink(sandbox.root / "created-outside.json", out / "meta.json")
+    sandbox.refused(["tokenize", str(corpus), "--out", str(out), "--vocab-size", "280"], "meta.json", "--overwrite")
+    assert triax_main(["tokenize", str(corpus), "--out", str(out), "--vocab-size", "280", "--overwrite"]) == 0
+    assert precious.read_bytes() == b"keep me"
+    assert not (sandbox.root / "created-outside.json").exists()
+    assert not os.path.islink(out / "meta.json") and (out / "meta.json").stat().st_size > 0
+
+
+def test_tokenize_with_a_fifo_tokenizer_is_refused_at_once(sandbox):
+    corpus = sandbox.work / "corpus.txt"
+    corpus.write_text("hello world\n" * 50)
+    os.mkfifo(sandbox.work / "tok.json")
+    sandbox.refused(["tokenize", str(corpus), "--out", str(sandbox.work / "tokens"), "--tokenizer",
+                     str(sandbox.work / "tok.json")], "tok.json")
