@@ -164,6 +164,8 @@ GENERATE_CASES = {
     "negative temperature": (["--temperature", "-1"], ["--temperature -1.0"]),
     "nan temperature": (["--temperature", "nan"], ["--temperature nan"]),
     "zero top-k": (["--top-k", "0"], ["--top-k 0"]),
+    "vanishing temperature": (["--temperature", "1e-300"], ["--temperature 1e-300"]),
+    "unbounded tokens": (["--tokens", str(10**12)], ["--tokens"]),
     "empty prompt": (["--prompt", ""], ["--prompt ''"]),
     "prompt outside the vocabulary": (["--prompt", "XYZ"], ["'XYZ'", "not in the training vocabulary"]),
     "bogus device": (["--device", "bogus"], ["--device 'bogus'"]),
@@ -750,3 +752,11 @@ def test_tokenize_with_a_fifo_tokenizer_is_refused_at_once(sandbox):
     os.mkfifo(sandbox.work / "tok.json")
     sandbox.refused(["tokenize", str(corpus), "--out", str(sandbox.work / "tokens"), "--tokenizer",
                      str(sandbox.work / "tok.json")], "tok.json")
+
+
+def test_experiment_with_a_python_tag_is_one_line(sandbox, tiny_corpus):
+    experiments = sandbox.root / "home" / "conf" / "experiment"
+    experiments.mkdir(parents=True)
+    (experiments / "evil.yaml").write_text("# @package _global_\ntrainer:\n  seed: !!python/object/apply:os.getpid []\n")
+    base = [*tiny_overrides(sandbox.work / "run", tiny_corpus), f"hydra.searchpath=[file://{experiments.parent}]"]
+    sandbox.refused(["train", *base, "+experiment=evil"], "not plain YAML")

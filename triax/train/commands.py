@@ -58,6 +58,12 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
+# Below this the logits divided by the temperature overflow float32 (probabilities of NaN); above
+# it sampling is uniform in all but name.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3
+MAX_GENERATE_TOKENS = 1_000_000
+
+
 def _snapshot_root(run_dir: str) -> str:
     """Where the run keeps its snapshots: its config.yaml's trainer.snapshot_dir, else
     <run_dir>/snapshots (the trainer's own rule, triax.train.config.snapshot_root)."""
@@ -170,9 +176,13 @@ def generate_main(argv: list[str]) -> int:
     # Every argument is checked before the model is read or built.
     need(args.prompt != "", "--prompt", args.prompt, "give at least one character to start from")
     at_least("--tokens", args.tokens, 0)
+    need(args.tokens <= MAX_GENERATE_TOKENS, "--tokens", args.tokens,
+         f"use at most {MAX_GENERATE_TOKENS} (generation is one forward pass per token)")
     if not args.greedy:  # --greedy ignores the temperature
-        need(math.isfinite(args.temperature) and args.temperature > 0, "--temperature", args.temperature,
-             "use a number above 0 (e.g. 0.8), or --greedy for the most likely character")
+        need(math.isfinite(args.temperature) and MIN_TEMPERATURE <= args.temperature <= MAX_TEMPERATURE,
+             "--temperature", args.temperature,
+             f"use a number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] (e.g. 0.8), or --greedy for the most "
+             "likely character")
     if args.top_k is not None:
         at_least("--top-k", args.top_k, 1)
     need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
