@@ -760,3 +760,20 @@ def test_experiment_with_a_python_tag_is_one_line(sandbox, tiny_corpus):
     (experiments / "evil.yaml").write_text("# @package _global_\ntrainer:\n  seed: !!python/object/apply:os.getpid []\n")
     base = [*tiny_overrides(sandbox.work / "run", tiny_corpus), f"hydra.searchpath=[file://{experiments.parent}]"]
     sandbox.refused(["train", *base, "+experiment=evil"], "not plain YAML")
+
+
+def test_a_run_config_cannot_send_generate_to_another_host(sandbox, run_copy, monkeypatch):
+    import fsspec
+    import yaml
+
+    config = yaml.safe_load((run_copy / "config.yaml").read_text())
+    config["trainer"]["snapshot_dir"] = "ftp://attacker.example/"
+    (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("generate tried to reach the host")
+
+    monkeypatch.setattr(fsspec, "filesystem", no_network)
+    monkeypatch.setattr(fsspec.core, "url_to_fs", no_network)
+    sandbox.refused(["generate", str(run_copy)], "ftp://", "snapshot_dir")
+    sandbox.refused(["export", str(run_copy), str(sandbox.work / "m.safetensors")], "ftp://")

@@ -62,6 +62,8 @@ def train_main(argv: list[str]) -> int:
 # it sampling is uniform in all but name.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3
 MAX_GENERATE_TOKENS = 1_000_000
+# Where a run's config.yaml may keep its snapshots (the object stores triax documents).
+SNAPSHOT_SCHEMES = ("file", "memory", "s3", "gs", "gcs", "az", "abfs")
 
 
 def _snapshot_root(run_dir: str) -> str:
@@ -80,6 +82,14 @@ def _snapshot_root(run_dir: str) -> str:
         except Exception as error:  # noqa: BLE001 - a damaged run file is the user's to fix: one line
             raise TriaxError(f"{config_file!r} is not a valid run config ({type(error).__name__}); "
                              "restore it from the run, or give the run directory of a finished `triax train`") from None
+    location = config.trainer.snapshot_dir or ""
+    scheme = location.split("://", 1)[0].lower() if "://" in location else "file"
+    if scheme not in SNAPSHOT_SCHEMES:
+        # A run directory may come from someone else: its config must not make this command
+        # connect to an arbitrary host (ftp://, http://, ssh://...).
+        raise TriaxError(f"{config_file!r} names trainer.snapshot_dir {location[:200]!r}, a {scheme}:// location "
+                         f"triax does not read snapshots from; use one of {', '.join(SNAPSHOT_SCHEMES)}:// "
+                         "or copy the snapshots into the run directory")
     config.trainer.run_dir = run_dir  # the directory as given now, wherever the run was started
     return snapshot_root(config)
 
