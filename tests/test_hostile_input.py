@@ -20,6 +20,8 @@ def tree_listing(root):
     """Every path under root with its size and modification time (files) or a marker (dirs)."""
     listing = {}
     for directory, dirs, files in os.walk(root):
+        # torch's own compile cache in $TMPDIR (made on first use of inductor), not a triax file
+        dirs[:] = [name for name in dirs if not name.startswith("torchinductor_")]
         for name in dirs:
             listing[os.path.relpath(os.path.join(directory, name), root)] = "dir"
         for name in files:
@@ -162,6 +164,8 @@ GENERATE_CASES = {
     "negative temperature": (["--temperature", "-1"], ["--temperature -1.0"]),
     "nan temperature": (["--temperature", "nan"], ["--temperature nan"]),
     "zero top-k": (["--top-k", "0"], ["--top-k 0"]),
+    "vanishing temperature": (["--temperature", "1e-300"], ["--temperature 1e-300"]),
+    "unbounded tokens": (["--tokens", str(10**12)], ["--tokens"]),
     "empty prompt": (["--prompt", ""], ["--prompt ''"]),
     "prompt outside the vocabulary": (["--prompt", "XYZ"], ["'XYZ'", "not in the training vocabulary"]),
     "bogus device": (["--device", "bogus"], ["--device 'bogus'"]),
@@ -199,7 +203,7 @@ def test_generate_works_on_the_copy(sandbox, run_copy, capsys):
 
 
 DAMAGED_MODEL_JSON = {
-    "huge n_embd": ('{"vocab_size": 65, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 1048576}',
+    "huge n_embd": ('{"vocab_size": 65, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32768}',
                     ["model.json", "stores only"]),
     "beyond any limit": ('{"vocab_size": 65, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 10000000000}',
                          ["model.json", "n_embd=10000000000"]),
@@ -440,3 +444,336 @@ def test_real_process_exits_2_with_one_line(argv, tmp_path):
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
     assert os.listdir(tmp_path) == []
+
+
+# ---- files inside a run directory: no link followed out of it, no FIFO, no huge file ----------------
+
+
+def test_train_replaces_planted_links_never_their_targets(sandbox, tiny_corpus, capsys):
+    """config.yaml and model.json planted as links to files outside: the run writes its own files
+    in their place and the link targets keep their bytes."""
+    run_dir = sandbox.work / "run"
+    run_dir.mkdir()
+    outside = {name: sandbox.root / f"outside-{name}" for name in ("config.yaml", "model.json", "vocab.json")}
+    for name, target in outside.items():
+        target.write_text("precious")
+        os.symlink(target, run_dir / name)
+    assert triax_main(["train", *tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 2})]) == 0
+    for name, target in outside.items():
+        assert target.read_text() == "precious", name
+        assert not os.path.islink(run_dir / name) and (run_dir / name).stat().st_size > 0, name
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_train_refuses_a_metrics_log_that_is_not_a_regular_file(kind, sandbox, tiny_corpus):
+    run_dir = sandbox.work / "run"
+    run_dir.mkdir()
+    target = sandbox.root / "outside.jsonl"
+    target.write_text("precious\n")
+    if kind == "symlink":
+        os.symlink(target, run_dir / "metrics.jsonl")
+    else:
+        os.mkfifo(run_dir / "metrics.jsonl")
+    err = sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus)], "metrics.jsonl")
+    assert "symlink" in err if kind == "symlink" else "regular file" in err
+    assert target.read_text() == "precious\n"
+
+
+def test_train_refuses_a_symlinked_tensorboard_directory(sandbox, tiny_corpus):
+    run_dir = sandbox.work / "run"
+    run_dir.mkdir()
+    (sandbox.root / "elsewhere").mkdir()
+    os.symlink(sandbox.root / "elsewhere", run_dir / "tensorboard")
+    sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus)], "tensorboard", "symlink")
+    assert os.listdir(sandbox.root / "elsewhere") == []
+
+
+@pytest.mark.parametrize("name", ["vocab.json", "config.yaml", "model.json"])
+@pytest.mark.parametrize("command", ["generate", "export"])
+def test_a_fifo_in_the_run_is_refused_at_once(name, command, sandbox, run_copy):
+    os.remove(run_copy / name)
+    os.mkfifo(run_copy / name)
+    extra = [str(sandbox.work / "out.safetensors")] if command == "export" else []
+    sandbox.refused([command, str(run_copy), *extra], name)
+
+
+def test_a_huge_sparse_model_json_is_not_read(sandbox, run_copy):
+    with open(run_copy / "model.json", "r+b") as handle:
+        handle.truncate(6 * 2**30)
+    sandbox.refused(["generate", str(run_copy)], "model.json", "bytes")
+
+
+def test_failed_hf_export_leaves_nothing_and_the_retry_works(sandbox, run_copy, monkeypatch, capsys):
+    from triax.train import hf_export
+
+    out = sandbox.work / "hf"
+    real = hf_export.hf_config
+
+    def broken(config):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hf_export, "hf_config", broken)
+    with pytest.raises(OSError):
+        triax_main(["export", str(run_copy), str(out), "--format", "hf"])
+    assert not out.exists()
+    monkeypatch.setattr(hf_export, "hf_config", real)
+    assert triax_main(["export", str(run_copy), str(out), "--format", "hf"]) == 0
+    assert (out / "model.safetensors").stat().st_size > 0
+
+
+# ---- one job per run directory ------------------------------------------------------------------------
+
+
+def test_a_run_directory_in_use_is_refused_with_its_holder(sandbox, tiny_corpus):
+    import fcntl
+
+    run_dir = sandbox.work / "run"
+    run_dir.mkdir()
+    with open(run_dir / ".triax.lock", "w") as holder:
+        holder.write("host elsewhere pid 4242\n")
+        holder.flush()
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: a rival job
+        sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus)], "in use by another triax job",
+                        "pid 4242")
+    # The holder's exit releases it: the same command now trains.
+    from triax.train import run_lock
+
+    assert triax_main(["train", *tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 2})]) == 0
+    run_lock.unlock_run_dir(str(run_dir))
+
+
+# ---- numbers from a re-signed state.json are finite and in range -----------------------------------
+
+
+def _resign(snapshot, relative, text):
+    import hashlib
+    import json
+
+    data = text.encode()
+    with open(os.path.join(snapshot, relative), "wb") as handle:
+        handle.write(data)
+    manifest_path = os.path.join(snapshot, "manifest.json")
+    manifest = json.load(open(manifest_path))
+    manifest["files"][relative] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    open(manifest_path, "w").write(json.dumps(manifest))
+
+
+def _two_snapshots(root):
+    import torch
+
+    from triax import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    schedule = {"base_lrs": [0.01], "last_epoch": 3}
+    good = checkpoint.save_snapshot(str(root), 3, model, optimizer, {"scheduler": schedule})
+    newest = checkpoint.save_snapshot(str(root), 4, model, optimizer, {"scheduler": schedule})
+    return model, optimizer, good, newest
+
+
+STATE_EDITS = {
+    "NaN learning rates": lambda text: text.replace('"base_lrs": [\n   0.01\n  ]', '"base_lrs": [NaN]'),
+    "infinite beta": lambda text: text.replace('"betas": [\n    0.9,', '"betas": [\n    Infinity,'),
+    "overflowing beta": lambda text: text.replace('"betas": [\n    0.9,', '"betas": [\n    1e999,'),
+    "beta of 2": lambda text: text.replace('"betas": [\n    0.9,', '"betas": [\n    2.0,'),
+    "negative eps": lambda text: text.replace('"eps": 1e-08', '"eps": -1e-08'),
+    "position of 2^61": lambda text: text.replace('"last_epoch": 3', f'"last_epoch": {2**61}'),
+}
+
+
+@pytest.mark.parametrize("name", list(STATE_EDITS))
+def test_a_resigned_state_with_numbers_out_of_range_falls_back(name, tmp_path):
+    from triax import checkpoint
+
+    model, optimizer, good, newest = _two_snapshots(tmp_path)
+    text = open(os.path.join(newest, "state.json")).read()
+    edited = STATE_EDITS[name](text)
+    assert edited != text, "the edit did not apply"
+    _resign(newest, "state.json", edited)
+    messages = []
+    path, state = checkpoint.load_latest_snapshot(str(tmp_path), model, optimizer, report=messages.append)
+    assert path == good and state["step"] == 3, messages
+    assert all(group["lr"] == 0.01 and list(group["betas"]) == [0.9, 0.999] and group["eps"] == 1e-8
+               for group in optimizer.param_groups)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: s["schedulers"][0].update(last_epoch="abc"),
+    lambda s: s["schedulers"][0].update(base_lrs=[float("nan")]),
+    lambda s: s["schedulers"][0].update(base_lrs=[float("inf")]),
+    lambda s: s["dataloaders"][0].update(num_samples=2**61),
+])
+def test_accelerator_load_state_refuses_numbers_out_of_range(tmp_path, edit):
+    import json
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from triax.accelerate import Accelerator
+    from triax.checkpoint import SnapshotCorruptError
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
+    model, optimizer, _, scheduler = accelerator.prepare(model, optimizer, DataLoader(list(range(4)), batch_size=2),
+                                                         scheduler)
+    snapshot = accelerator.save_state(str(tmp_path))
+    document = json.load(open(os.path.join(snapshot, "state.json")))
+    edit(document["accelerator"])
+    _resign(snapshot, "state.json", json.dumps(document))  # Python writes NaN / Infinity literals
+    with pytest.raises((SnapshotCorruptError, ValueError)):
+        accelerator.load_state(snapshot)
+    assert optimizer.param_groups[0]["lr"] == 0.01
+
+
+# ---- bounds before allocation ----------------------------------------------------------------------
+
+
+def _shards_edit(snapshot, edit):
+    import json
+
+    shards = json.load(open(os.path.join(snapshot, "shards.json")))
+    edit(shards["tensors"])
+    _resign(snapshot, "shards.json", json.dumps(shards))
+
+
+def _repeat_chunk(tensors, copies):
+    """One tensor made of `copies` chunks that all name the same bytes of the file."""
+    entry = tensors["model/weight"]
+    chunk = entry["chunks"][0]
+    rows = chunk["sizes"][0]
+    entry["size"] = [rows * copies, *entry["size"][1:]]
+    entry["chunks"] = [dict(chunk, offsets=[rows * i, *chunk["offsets"][1:]]) for i in range(copies)]
+
+
+def test_chunks_sharing_file_bytes_are_refused(tmp_path):
+    from triax import checkpoint
+
+    _, _, good, newest = _two_snapshots(tmp_path)
+    _shards_edit(newest, lambda tensors: _repeat_chunk(tensors, 256))
+    with pytest.raises(checkpoint.SnapshotCorruptError, match="share bytes"):
+        checkpoint.open_snapshot(newest)
+
+
+def test_twenty_thousand_overlapping_chunks_are_refused_quickly(tmp_path):
+    """The overlap check is O(n log n): 20,000 chunks on one spot end in a refusal, not a hang."""
+    from triax import checkpoint
+
+    _, _, good, newest = _two_snapshots(tmp_path)
+
+    def pile(tensors):
+        entry = tensors["model/weight"]
+        chunk = entry["chunks"][0]
+        entry["size"] = [20000 * chunk["sizes"][0], *entry["size"][1:]]
+        # all at offset 0: the volumes add up but every chunk covers the same first rows
+        entry["chunks"] = [dict(chunk) for _ in range(20000)]
+
+    _shards_edit(newest, pile)
+    with pytest.raises(checkpoint.SnapshotCorruptError, match="overlap|share bytes"):
+        checkpoint.open_snapshot(newest)
+
+
+def test_model_json_larger_than_the_snapshot_tensors_is_refused(sandbox, run_copy):
+    """A sparse 2 TiB file in the snapshot does not make a huge model.json believable: the model
+    is matched against the snapshot's tensors, before it is built."""
+    import json
+
+    from triax import checkpoint
+
+    snapshot = checkpoint.latest_snapshot(str(run_copy / "snapshots"))
+    with open(os.path.join(snapshot, "padding.bin"), "wb") as handle:
+        handle.truncate(2 * 2**40)
+    values = json.loads((run_copy / "model.json").read_text())
+    values["n_embd"] = 2**15
+    (run_copy / "model.json").write_text(json.dumps(values))
+    sandbox.refused(["generate", str(run_copy)], "model.json", "stores only")
+
+
+@pytest.mark.parametrize("override", ["model.n_embd=1000000", "model.n_layer=100000"])
+def test_model_sizes_have_a_bound(override, sandbox, tiny_corpus):
+    run_dir = sandbox.work / "runs" / "a"
+    sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus), override], override.split("=")[0],
+                    "bound")
+    assert not (sandbox.work / "runs").exists()
+
+
+def test_meta_json_vocabulary_has_a_bound(sandbox):
+    import numpy as np
+
+    data = sandbox.work / "data"
+    data.mkdir()
+    np.arange(200, dtype=np.uint16).tofile(data / "train.bin")
+    np.arange(200, dtype=np.uint16).tofile(data / "val.bin")
+    (data / "meta.json").write_text('{"vocab_size": %d, "dtype": "int64"}' % 2**40)
+    run_dir = sandbox.work / "runs" / "a"
+    sandbox.refused(["train", *tiny_overrides(run_dir, str(data), **{"data.task": "tokens"})], "vocab_size",
+                    str(2**40))
+    assert not (sandbox.work / "runs").exists()
+
+
+@pytest.mark.parametrize("name", ["meta.json", "tokenizer.json"])
+def test_a_fifo_in_a_data_directory_is_refused_at_once(name, sandbox):
+    import numpy as np
+
+    data = sandbox.work / "data"
+    data.mkdir()
+    np.arange(200, dtype=np.uint16).tofile(data / "train.bin")
+    np.arange(200, dtype=np.uint16).tofile(data / "val.bin")
+    if name == "tokenizer.json":
+        (data / "meta.json").write_text('{"vocab_size": 256, "dtype": "uint16", "tokenizer": "tokenizer.json"}')
+    os.mkfifo(data / name)
+    run_dir = sandbox.work / "runs" / "a"
+    sandbox.refused(["train", *tiny_overrides(run_dir, str(data), **{"data.task": "tokens"})], name)
+
+
+def test_tokenize_never_writes_through_planted_links(sandbox, capsys):
+    """A symlinked train.bin.tmp is replaced, not truncated through; a dangling meta.json link
+    counts as an existing output (refused without --overwrite) and --overwrite replaces the link."""
+    corpus = sandbox.work / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 200)
+    out = sandbox.work / "tokens"
+    out.mkdir()
+    precious = sandbox.root / "precious.bin"
+    precious.write_bytes(b"keep me")
+    os.symlink(precious, out / "train.bin.tmp")
+    os.symlink(sandbox.root / "created-outside.json", out / "meta.json")
+    sandbox.refused(["tokenize", str(corpus), "--out", str(out), "--vocab-size", "280"], "meta.json", "--overwrite")
+    assert triax_main(["tokenize", str(corpus), "--out", str(out), "--vocab-size", "280", "--overwrite"]) == 0
+    assert precious.read_bytes() == b"keep me"
+    assert not (sandbox.root / "created-outside.json").exists()
+    assert not os.path.islink(out / "meta.json") and (out / "meta.json").stat().st_size > 0
+
+
+def test_tokenize_with_a_fifo_tokenizer_is_refused_at_once(sandbox):
+    corpus = sandbox.work / "corpus.txt"
+    corpus.write_text("hello world\n" * 50)
+    os.mkfifo(sandbox.work / "tok.json")
+    sandbox.refused(["tokenize", str(corpus), "--out", str(sandbox.work / "tokens"), "--tokenizer",
+                     str(sandbox.work / "tok.json")], "tok.json")
+
+
+def test_experiment_with_a_python_tag_is_one_line(sandbox, tiny_corpus):
+    experiments = sandbox.root / "home" / "conf" / "experiment"
+    experiments.mkdir(parents=True)
+    (experiments / "evil.yaml").write_text("# @package _global_\ntrainer:\n  seed: !!python/object/apply:os.getpid []\n")
+    base = [*tiny_overrides(sandbox.work / "run", tiny_corpus), f"hydra.searchpath=[file://{experiments.parent}]"]
+    sandbox.refused(["train", *base, "+experiment=evil"], "not plain YAML")
+
+
+def test_a_run_config_cannot_send_generate_to_another_host(sandbox, run_copy, monkeypatch):
+    import fsspec
+    import yaml
+
+    config = yaml.safe_load((run_copy / "config.yaml").read_text())
+    config["trainer"]["snapshot_dir"] = "ftp://attacker.example/"
+    (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("generate tried to reach the host")
+
+    monkeypatch.setattr(fsspec, "filesystem", no_network)
+    monkeypatch.setattr(fsspec.core, "url_to_fs", no_network)
+    sandbox.refused(["generate", str(run_copy)], "ftp://", "snapshot_dir")
+    sandbox.refused(["export", str(run_copy), str(sandbox.work / "m.safetensors")], "ftp://")

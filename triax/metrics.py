@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from triax import safe_files
+
 # Dense (no sparsity) peak tensor-core FLOP/s by GPU name fragment, for bf16/fp16 and for tf32
 # (fp32 matmuls run as tf32 when allowed). Figures from the vendors' data sheets.
 GPU_PEAK_FLOPS = {
@@ -97,13 +99,17 @@ class MetricsLogger:
         self._bar = None
         if not self.enabled:
             return
-        os.makedirs(run_dir, exist_ok=True)
-        self._jsonl = open(os.path.join(run_dir, "metrics.jsonl"), "a", buffering=1)
+        safe_files.make_directory(run_dir)
+        board_dir = os.path.join(run_dir, "tensorboard")
+        if tensorboard and os.path.lexists(board_dir):
+            safe_files.real_directory(board_dir)  # refused before metrics.jsonl is created
+        # Never appended through a planted link, never blocked on a FIFO.
+        self._jsonl = safe_files.open_append(os.path.join(run_dir, "metrics.jsonl"))
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tensorboard = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+                self._tensorboard = SummaryWriter(safe_files.make_directory(board_dir))
             except ImportError:  # tensorboard is a dependency, but a trimmed install still trains
                 self._tensorboard = None
         if progress is None:

@@ -29,6 +29,7 @@ from triax.accelerate.errors import (
 )
 from triax.agreement import raise_together
 from triax.checkpoint import latest_snapshot, load_snapshot, read_state, save_snapshot
+from triax.checkpoint.numbers import bad_number, is_number
 from triax.errors import TriaxError
 
 # Tensors a state dict may hold (optimizer steps, scaler scale, RNG-like buffers); anything else in
@@ -148,6 +149,20 @@ def validate_state(state, snapshot: str) -> dict:
                 where, "a dataloader position without non-negative integer epoch/batch/num_samples/seed")
     _expect(isinstance(state.get("scaler"), dict), where, "no loss-scaler state")
     return state
+
+
+def _check_scheduler(saved, current, snapshot: str) -> None:
+    """A saved scheduler state has this scheduler's numeric fields as numbers (a last_epoch of
+    "abc" would only fail later, inside the user's loop)."""
+    _expect(isinstance(saved, dict), f"snapshot {snapshot}: state.json", "a scheduler state that is not an object")
+    for key, value in current.items():
+        if is_number(value) and key in saved and not is_number(saved[key]):
+            _expect(False, f"snapshot {snapshot}: state.json",
+                    f"scheduler {key}={str(saved[key])[:40]!r} where a number belongs")
+        if isinstance(value, list) and all(is_number(v) for v in value) and key in saved:
+            _expect(isinstance(saved[key], list) and len(saved[key]) == len(value)
+                    and all(is_number(v) for v in saved[key]), f"snapshot {snapshot}: state.json",
+                    f"scheduler {key} that is not a list of {len(value)} numbers")
 
 
 # ---- pairing optimizers with the models whose parameters they hold ------------------------------
@@ -277,8 +292,14 @@ def load_state(accelerator, path: str, loaded: list[int]) -> str:
                                     "Accelerator.save_state")
         state = validate_state(section, snapshot)
         _check_counts(accelerator, state, snapshot, loaded)
+        wrong = bad_number(section)
+        if wrong is not None:
+            raise StateCorruptError(f"snapshot {snapshot}: state.json is corrupt: it holds {wrong[:120]}, "
+                                    "outside what that field allows")
         decoded = {key: [from_json(item, f"snapshot {snapshot}: state.json {key}") for item in state[key]]
                    for key in ("schedulers", "custom", "stateless_optimizers")}
+        for saved, scheduler in zip(decoded["schedulers"], accelerator._schedulers):
+            _check_scheduler(saved, scheduler.state_dict(), snapshot)
         decoded["scaler"] = from_json(state["scaler"], f"snapshot {snapshot}: state.json scaler")
     except Exception as failure:  # agreed first, then raised as it is (or wrapped) on every process
         error = failure

@@ -16,29 +16,22 @@ import stat
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from triax import safe_files
+
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
 def open_regular(path: str):
-    """Open a local file for reading only if it is a regular file: a symlink is refused (it could
-    point out of the run directory) and a FIFO or device never blocks the reader."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        os.set_blocking(descriptor, True)
-        return os.fdopen(descriptor, "rb")
-    except BaseException:
-        os.close(descriptor)
-        raise
+    """Open a local snapshot file for reading: a regular file only, never through a symlink (it
+    could point out of the run directory), and a FIFO or device never blocks the reader."""
+    return safe_files.open_read(path)
 
 
 def create_new(path: str):
     """Create a local file that must not exist yet (never follows a planted symlink)."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    return os.fdopen(descriptor, "wb")
+    return safe_files.create_new(path)
 
 
 def is_real_directory(path: str) -> bool:

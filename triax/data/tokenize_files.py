@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import posixpath
 
 import numpy as np
 
+from triax import safe_files
 from triax.data.errors import DataError
 
 # Progress bars (tqdm, disable=None) show only when stderr is a terminal: logs and pipes get one line.
@@ -114,6 +116,26 @@ def split_point(data: bytes, at: int) -> int:
     return at
 
 
+def _is_local(fs) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
+
+
+def _create(fs, path: str):
+    """A new output file; locally never through a planted link (a stale one is removed, not followed)."""
+    if not _is_local(fs):
+        return fs.open(path, "wb")
+    safe_files.remove_file(path)
+    return safe_files.create_new(path)
+
+
+def _write(fs, path: str, data: bytes) -> None:
+    if _is_local(fs):
+        safe_files.write_atomic(path, data)
+    else:
+        with fs.open(path, "wb") as handle:
+            handle.write(data)
+
+
 def encode_files(files, tokenizer, out_fs, out_dir: str, dtype: str, val_fraction: float) -> tuple[int, int]:
     """Encode all text into train.bin then val.bin (the tail); returns their token counts."""
     from tqdm import tqdm
@@ -121,7 +143,7 @@ def encode_files(files, tokenizer, out_fs, out_dir: str, dtype: str, val_fractio
     total = sum(size for _, _, size in files)
     train_bytes = total * (1.0 - val_fraction)
     counts = {"train": 0, "val": 0}
-    handles = {split: out_fs.open(posixpath.join(out_dir, f"{split}.bin.tmp"), "wb") for split in counts}
+    handles = {split: _create(out_fs, posixpath.join(out_dir, f"{split}.bin.tmp")) for split in counts}
     seen = 0
     try:
         with tqdm(total=total, unit="B", unit_scale=True, desc="encode", leave=False, disable=None) as progress:
@@ -174,7 +196,9 @@ def main(argv: list[str]) -> int:
     out_fs, out_dir = fsspec.core.url_to_fs(args.out)
     if out_fs.isfile(out_dir):
         raise DataError(f"--out {args.out!r} is a file; give a directory")
-    existing = [name for name in OUTPUT_FILES if out_fs.exists(posixpath.join(out_dir, name))]
+    # lexists locally: a dangling link named meta.json is there too (and would be written through).
+    exists = os.path.lexists if _is_local(out_fs) else out_fs.exists
+    existing = [name for name in OUTPUT_FILES if exists(posixpath.join(out_dir, name))]
     if existing and not args.overwrite:
         raise DataError(f"--out {args.out!r} already holds {', '.join(existing)}; pass --overwrite or choose another directory")
     files = expand_inputs(args.inputs)
@@ -184,7 +208,10 @@ def main(argv: list[str]) -> int:
         tokenizer = BPETokenizer(train_bpe(files, args.vocab_size or 4096))
     vocab_size = len(tokenizer)
     dtype = "uint16" if vocab_size <= 1 << 16 else "uint32"
-    out_fs.makedirs(out_dir, exist_ok=True)
+    if _is_local(out_fs):
+        safe_files.make_directory(out_dir)  # not a symlink to somewhere else
+    else:
+        out_fs.makedirs(out_dir, exist_ok=True)
     train_tokens, val_tokens = encode_files(files, tokenizer, out_fs, out_dir, dtype, args.val_fraction)
     if val_tokens == 0 or train_tokens == 0:
         for split in ("train", "val"):
@@ -193,12 +220,11 @@ def main(argv: list[str]) -> int:
                           f"with --val-fraction {args.val_fraction}; give more text or change --val-fraction")
     for split in ("train", "val"):
         out_fs.mv(posixpath.join(out_dir, f"{split}.bin.tmp"), posixpath.join(out_dir, f"{split}.bin"))
-    with out_fs.open(posixpath.join(out_dir, "tokenizer.json"), "wb") as handle:
-        handle.write(tokenizer.json_text.encode("utf-8"))
+    _write(out_fs, posixpath.join(out_dir, "tokenizer.json"), tokenizer.json_text.encode("utf-8"))
     meta = {"vocab_size": vocab_size, "dtype": dtype, "tokenizer": "tokenizer.json",
             "train_tokens": train_tokens, "val_tokens": val_tokens}
-    with out_fs.open(posixpath.join(out_dir, "meta.json"), "wb") as handle:  # last: marks the directory complete
-        handle.write(json.dumps(meta, indent=1).encode("utf-8"))
+    # last: marks the directory complete
+    _write(out_fs, posixpath.join(out_dir, "meta.json"), json.dumps(meta, indent=1).encode("utf-8"))
     total_bytes = sum(size for _, _, size in files)
     print(f"wrote {train_tokens} train + {val_tokens} val tokens ({dtype}, vocabulary {vocab_size}) from "
           f"{len(files)} file(s), {total_bytes / 1e6:.2f} MB, to {args.out} "

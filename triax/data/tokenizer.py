@@ -3,6 +3,7 @@ generate` use for characters (encode, decode, len)."""
 
 from __future__ import annotations
 
+from triax import safe_files
 from triax.data.errors import DataError, MissingDependency
 
 INSTALL_HINT = "pip install 'triax[tokenize]' (or: pip install tokenizers)"
@@ -30,13 +31,12 @@ class BPETokenizer:
 
     @classmethod
     def from_file(cls, path: str) -> "BPETokenizer":
-        import fsspec
-
         try:
-            with fsspec.open(path, "rb") as handle:
-                raw = handle.read()
+            raw = safe_files.read_location(path)  # no link, FIFO or huge file
         except (FileNotFoundError, IsADirectoryError):
             raise DataError(f"tokenizer file {path!r} does not exist or is not a file") from None
+        except OSError as error:
+            raise DataError(f"tokenizer file {path!r} cannot be read: {error}") from None
         try:
             return cls(raw.decode("utf-8"), path)
         except UnicodeDecodeError:

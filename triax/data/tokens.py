@@ -9,13 +9,16 @@ window of block_size + 1 tokens starting at any token, as in nanoGPT.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from triax import safe_files
 from triax.data.errors import DataError
+from triax.models.gpt import MAX_SIZES, SIZE_REASON
 
 TOKEN_DTYPES = ("uint8", "uint16", "int16", "uint32", "int32", "int64")
 META_FILE = "meta.json"
@@ -94,19 +97,25 @@ class TokenDataset(Dataset):
 
 def read_token_meta(fs, directory: str) -> dict | None:
     path = posixpath.join(directory, META_FILE)
-    if not fs.exists(path):
+    local = "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
+    if not (os.path.lexists(path) if local else fs.exists(path)):
         return None
     try:
-        with fs.open(path, "rb") as handle:
-            meta = json.loads(handle.read().decode("utf-8"))
+        # No link, FIFO or huge file: meta.json is a few bytes (safe_files' cap).
+        location = path if local else fs.unstrip_protocol(path)
+        meta = json.loads(safe_files.read_location(location).decode("utf-8"))
+    except OSError as error:
+        raise DataError(f"{path!r} cannot be read: {error}") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise DataError(f"{path!r} is not valid JSON ({error}); fix or delete it") from None
     if not isinstance(meta, dict):
         raise DataError(f"{path!r} must hold a JSON object like "
                           '{"vocab_size": 50304, "dtype": "uint16"}, got ' + type(meta).__name__)
     vocab_size = meta.get("vocab_size")
-    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 0):
-        raise DataError(f"{path!r}: vocab_size must be a positive integer, got {vocab_size!r}")
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                   or not 0 < vocab_size <= MAX_SIZES["vocab_size"]):
+        raise DataError(f"{path!r}: vocab_size must be an integer 1 .. {MAX_SIZES['vocab_size']} ({SIZE_REASON}), "
+                        f"got {vocab_size!r}")
     tokenizer = meta.get("tokenizer")
     if tokenizer is not None and (not isinstance(tokenizer, str) or not tokenizer
                                   or "/" in tokenizer or "\\" in tokenizer or tokenizer in (".", "..")):

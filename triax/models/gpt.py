@@ -36,6 +36,14 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 GELU_FORMS = {"tanh": "tanh", "exact": "none"}
 
 
+# Upper bounds on a model's sizes, checked before anything is allocated: each is several times the
+# largest in published GPT-style models (widths of 25,600, ~100 layers, vocabularies of ~256k,
+# contexts of ~1M), so a typo or a hostile file (n_embd=1000000, vocab_size=2**40) is refused
+# instead of asking for terabytes.
+MAX_SIZES = {"vocab_size": 2**24, "block_size": 2**21, "n_layer": 1024, "n_head": 1024, "n_embd": 2**16}
+SIZE_REASON = "several times the largest published GPT-style models; a larger value is a typo or a damaged file"
+
+
 @dataclass
 class GPTConfig:
     """The GPT's shape. `triax train`'s model.* keys are these fields (their defaults and the
@@ -80,6 +88,9 @@ class GPTConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"model.{name}={value!r} must be a positive integer")
+            if value > MAX_SIZES[name]:
+                raise ConfigError(f"model.{name}={value} is above triax's bound of {MAX_SIZES[name]} "
+                                  f"({SIZE_REASON}); use a smaller value")
         if self.padded_vocab_size is not None and (not isinstance(self.padded_vocab_size, int)
                                                    or self.padded_vocab_size < self.vocab_size):
             raise ConfigError(f"padded_vocab_size must be an integer >= vocab_size={self.vocab_size}, "

@@ -7,6 +7,7 @@ import math
 import os
 import sys
 
+from triax import safe_files
 from triax.errors import TriaxError
 
 TRAIN_HELP = """usage: triax train [key=value ...] [model=PRESET] [+experiment=NAME]
@@ -57,6 +58,14 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
+# Below this the logits divided by the temperature overflow float32 (probabilities of NaN); above
+# it sampling is uniform in all but name.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3
+MAX_GENERATE_TOKENS = 1_000_000
+# Where a run's config.yaml may keep its snapshots (the object stores triax documents).
+SNAPSHOT_SCHEMES = ("file", "memory", "s3", "gs", "gcs", "az", "abfs")
+
+
 def _snapshot_root(run_dir: str) -> str:
     """Where the run keeps its snapshots: its config.yaml's trainer.snapshot_dir, else
     <run_dir>/snapshots (the trainer's own rule, triax.train.config.snapshot_root)."""
@@ -64,15 +73,23 @@ def _snapshot_root(run_dir: str) -> str:
 
     config = TrainConfig()
     config_file = os.path.join(run_dir, "config.yaml")
-    if os.path.exists(config_file):
+    if os.path.lexists(config_file):
         import yaml
 
         try:
-            with open(config_file) as handle:
-                config = from_dict(yaml.safe_load(handle) or {})
+            # No link, FIFO or huge file (safe_files), and nothing outside the run read or reached.
+            config = from_dict(yaml.safe_load(safe_files.read_text(config_file)) or {})
         except Exception as error:  # noqa: BLE001 - a damaged run file is the user's to fix: one line
             raise TriaxError(f"{config_file!r} is not a valid run config ({type(error).__name__}); "
                              "restore it from the run, or give the run directory of a finished `triax train`") from None
+    location = config.trainer.snapshot_dir or ""
+    scheme = location.split("://", 1)[0].lower() if "://" in location else "file"
+    if scheme not in SNAPSHOT_SCHEMES:
+        # A run directory may come from someone else: its config must not make this command
+        # connect to an arbitrary host (ftp://, http://, ssh://...).
+        raise TriaxError(f"{config_file!r} names trainer.snapshot_dir {location[:200]!r}, a {scheme}:// location "
+                         f"triax does not read snapshots from; use one of {', '.join(SNAPSHOT_SCHEMES)}:// "
+                         "or copy the snapshots into the run directory")
     config.trainer.run_dir = run_dir  # the directory as given now, wherever the run was started
     return snapshot_root(config)
 
@@ -110,7 +127,7 @@ def open_run(run_dir: str, snapshot_root: str | None = None):
 
     root = snapshot_root or run_snapshot_root(run_dir)
     reader = newest_good_snapshot(root, run_dir)
-    model_config = read_model_config(run_dir, reader.snapshot)
+    model_config = read_model_config(run_dir, reader)  # matched against its tensors before building
     return reader, model_config, read_vocabulary(run_dir, model_config.vocab_size)
 
 
@@ -169,9 +186,13 @@ def generate_main(argv: list[str]) -> int:
     # Every argument is checked before the model is read or built.
     need(args.prompt != "", "--prompt", args.prompt, "give at least one character to start from")
     at_least("--tokens", args.tokens, 0)
+    need(args.tokens <= MAX_GENERATE_TOKENS, "--tokens", args.tokens,
+         f"use at most {MAX_GENERATE_TOKENS} (generation is one forward pass per token)")
     if not args.greedy:  # --greedy ignores the temperature
-        need(math.isfinite(args.temperature) and args.temperature > 0, "--temperature", args.temperature,
-             "use a number above 0 (e.g. 0.8), or --greedy for the most likely character")
+        need(math.isfinite(args.temperature) and MIN_TEMPERATURE <= args.temperature <= MAX_TEMPERATURE,
+             "--temperature", args.temperature,
+             f"use a number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] (e.g. 0.8), or --greedy for the most "
+             "likely character")
     if args.top_k is not None:
         at_least("--top-k", args.top_k, 1)
     need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
@@ -260,7 +281,7 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
     # The converter reads one tensor at a time from the validated snapshot (padding rows cut).
     source = tensor_source(reader, shapes)
     tokenizer = os.path.join(run_dir, "tokenizer.json")
-    tokenizer = tokenizer if os.path.exists(tokenizer) else None
+    tokenizer = tokenizer if safe_files.is_regular(tokenizer) else None
     values = export_hf(config, source, out_dir, tokenizer)
     note = " with its tokenizer" if tokenizer else (" (character vocabulary: no Hugging Face tokenizer written)"
                                                     if os.path.exists(os.path.join(run_dir, "vocab.json")) else "")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import torch
+import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
@@ -323,6 +324,9 @@ def compose_config(overrides: list[str] | None = None) -> TrainConfig:
         config = OmegaConf.to_object(composed)
     except (HydraException, OmegaConfBaseException) as error:
         raise ConfigError(_one_line(error)) from None
+    except yaml.YAMLError as error:  # a config file with a Python tag or broken YAML: never run, one line
+        raise ConfigError(f"a config file is not plain YAML ({_one_line(error)}); triax reads only plain "
+                          "mappings, lists and scalars (no !!python or other tags)") from None
     finally:
         GlobalHydra.instance().clear()
     validate(config)

@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 
+from triax import safe_files
 from triax.errors import TriaxError
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which triax's GPT uses
@@ -116,7 +117,7 @@ def write_safetensors_streaming(path: str, entries, dtype: torch.dtype) -> int:
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
     values = 0
-    with open(path, "wb") as handle:
+    with safe_files.create_new(path) as handle:
         handle.write(len(encoded).to_bytes(8, "little"))
         handle.write(encoded)
         for name, build, shape in entries:
@@ -137,16 +138,26 @@ def export_hf(config, source: Mapping[str, torch.Tensor], out_dir: str, tokenize
         raise ExportError(f"{out_dir!r} already exists and is not an empty directory; choose a new OUT_DIR")
     entries = list(hf_tensors(config, source))
     dtype = source["tok_emb.weight"].dtype
-    os.makedirs(out_dir, exist_ok=True)
-    values = write_safetensors_streaming(os.path.join(out_dir, "model.safetensors.tmp"), entries, dtype)
-    os.replace(os.path.join(out_dir, "model.safetensors.tmp"), os.path.join(out_dir, "model.safetensors"))
-    hf = hf_config(config)
-    hf["torch_dtype"] = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")
-    with open(os.path.join(out_dir, "config.json"), "w") as handle:
-        json.dump(hf, handle, indent=1)
-    if tokenizer_file is not None:
-        shutil.copyfile(tokenizer_file, os.path.join(out_dir, "tokenizer.json"))
-        # PreTrainedTokenizerFast reads tokenizer.json as it is: AutoTokenizer.from_pretrained(OUT_DIR) works.
-        with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as handle:
-            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.block_size}, handle, indent=1)
+    created = not os.path.lexists(out_dir)
+    safe_files.make_directory(out_dir)
+    temporary = os.path.join(out_dir, "model.safetensors.tmp")
+    try:
+        values = write_safetensors_streaming(temporary, entries, dtype)
+        os.replace(temporary, os.path.join(out_dir, "model.safetensors"))
+        hf = hf_config(config)
+        hf["torch_dtype"] = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")
+        safe_files.write_atomic(os.path.join(out_dir, "config.json"), json.dumps(hf, indent=1))
+        if tokenizer_file is not None:
+            safe_files.write_atomic(os.path.join(out_dir, "tokenizer.json"), safe_files.read_bytes(tokenizer_file))
+            # PreTrainedTokenizerFast reads tokenizer.json as it is: AutoTokenizer.from_pretrained(OUT_DIR) works.
+            safe_files.write_atomic(os.path.join(out_dir, "tokenizer_config.json"), json.dumps(
+                {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.block_size}, indent=1))
+    except BaseException:
+        # A failed export leaves nothing behind, so the retry is not refused as "not empty".
+        for name in ("model.safetensors.tmp", "model.safetensors", "config.json", "tokenizer.json",
+                     "tokenizer_config.json"):
+            safe_files.remove_file(os.path.join(out_dir, name))
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     return values

@@ -9,25 +9,26 @@ half the snapshot's bytes in parameters cannot be the one that was saved.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
+from triax import safe_files
+from triax.checkpoint.reader import SnapshotReader
+from triax.checkpoint.snapshot import MODEL_KEY
 from triax.errors import TriaxError
+from triax.models.gpt import MAX_SIZES
 
 # Far beyond any model triax trains, small enough that arithmetic on them stays exact and cheap.
-SIZE_LIMITS = {"vocab_size": 2**24, "block_size": 2**24, "n_layer": 2**16, "n_head": 2**16, "n_embd": 2**20}
+SIZE_LIMITS = MAX_SIZES
 MIN_BYTES_PER_PARAMETER = 2
 MAX_SMALL_FILE_BYTES = 64 * 2**20  # model.json / vocab.json are kilobytes; never read a huge one whole
 
 
 def _read_small_json(path: str, what: str):
     try:
-        if os.path.getsize(path) > MAX_SMALL_FILE_BYTES:
-            raise TriaxError(f"{path} is too large to be a triax {what} ({os.path.getsize(path)} bytes)")
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError, UnicodeDecodeError) as error:
+        # No link, no FIFO, no huge file: read_json checks before it reads.
+        return safe_files.read_json(path, MAX_SMALL_FILE_BYTES)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
         raise TriaxError(f"{path} is damaged ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
                          f"it is the run's {what}, written by `triax train`") from None
 
@@ -50,14 +51,13 @@ def snapshot_bytes(snapshot: str) -> int | None:
     for directory, _, files in os.walk(snapshot):  # does not follow symlinked directories
         for name in files:
             path = os.path.join(directory, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                total += os.path.getsize(path)
+            total += safe_files.stored_bytes(path)  # a sparse file counts what it really holds
     return total
 
 
-def read_model_config(run_dir: str, snapshot: str | None = None):
-    """model.json as a GPTConfig, checked: known keys, types, sizes, and (with `snapshot`) a model
-    no larger than what the snapshot stores."""
+def read_model_config(run_dir: str, snapshot=None):
+    """model.json as a GPTConfig, checked: known keys, types, sizes, and (with `snapshot`, a
+    validated SnapshotReader or a local path) a model no larger than what the snapshot stores."""
     from dataclasses import fields
 
     from triax.models import GPTConfig
@@ -81,7 +81,16 @@ def read_model_config(run_dir: str, snapshot: str | None = None):
     for name in ("bias", "tie_embeddings"):
         if name in values and not isinstance(values[name], bool):
             raise TriaxError(f"{path} is damaged: {name}={values[name]!r} (expected true or false)")
-    if snapshot is not None:
+    if isinstance(snapshot, SnapshotReader):
+        # The validated snapshot's own tensor shapes (each backed by distinct verified bytes of a
+        # listed file): the model must not need more values than the snapshot's model holds.
+        stored_values = sum(math.prod(snapshot.tensor_info(key)[1]) for key in snapshot.tensor_names()
+                            if key.startswith(MODEL_KEY))
+        if parameter_count(values) > stored_values:
+            raise TriaxError(f"{path} describes a model of {parameter_count(values):,} parameters but snapshot "
+                             f"{snapshot.snapshot} stores only {stored_values:,} model values: model.json does "
+                             "not belong to it (damaged or replaced); restore it from the run's config")
+    elif snapshot is not None:
         stored = snapshot_bytes(snapshot)
         needed = parameter_count(values) * MIN_BYTES_PER_PARAMETER
         if stored is not None and needed > stored:
@@ -97,10 +106,10 @@ def read_vocabulary(run_dir: str, vocab_size: int | None = None):
     from triax.data import Vocabulary
 
     tokenizer_path = os.path.join(run_dir, "tokenizer.json")
-    if os.path.exists(tokenizer_path):
+    if os.path.lexists(tokenizer_path):
         from triax.data.tokenizer import BPETokenizer
 
-        if not os.path.isfile(tokenizer_path) or os.path.getsize(tokenizer_path) > MAX_SMALL_FILE_BYTES:
+        if not safe_files.is_regular(tokenizer_path) or os.path.getsize(tokenizer_path) > MAX_SMALL_FILE_BYTES:
             raise TriaxError(f"{tokenizer_path} is damaged: not a regular file of at most "
                              f"{MAX_SMALL_FILE_BYTES} bytes")
         tokenizer = BPETokenizer.from_file(tokenizer_path)
@@ -109,7 +118,7 @@ def read_vocabulary(run_dir: str, vocab_size: int | None = None):
                              f"{vocab_size} token ids")
         return tokenizer
     path = os.path.join(run_dir, "vocab.json")
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
     values = _read_small_json(path, "vocabulary")
     chars = values.get("chars") if isinstance(values, dict) else None

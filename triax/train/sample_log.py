@@ -5,6 +5,8 @@ Used to check that a resumed run (on any number of processes) continues the exac
 
 from __future__ import annotations
 
+from triax import safe_files
+
 
 class SampleLog:
     """Appends "step epoch id id ..." lines to <prefix>.rank<N>; opened on the first record (so a
@@ -17,7 +19,7 @@ class SampleLog:
     def record(self, step: int, epoch: int, sample_ids: list[int]) -> None:
         if self._file is None:
             # Line-buffered: a test that kills the process still finds every finished step's line.
-            self._file = open(self.path, "a", buffering=1)
+            self._file = safe_files.open_append(self.path)
         self._file.write(f"{step} {epoch} {' '.join(map(str, sample_ids))}\n")
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from triax import checkpoint
+from triax import checkpoint, safe_files
 from triax.agreement import raise_together
 from triax.checkpoint.rng import seed_everything
 from triax.collectives import any_rank, gather_floats, mean_across_ranks
@@ -44,6 +44,7 @@ from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train.config import TrainConfig, gpt_config, snapshot_root, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
+from triax.train.run_lock import lock_run_dir, unlock_run_dir
 from triax.train.sample_log import SampleLog
 from triax.watchdog import Watchdog
 
@@ -54,12 +55,14 @@ def check_writable_directory(path: str, key: str) -> bool:
     existed = os.path.isdir(path)
     try:
         os.makedirs(path, exist_ok=True)
+        safe_files.real_directory(path)
         probe = os.path.join(path, f".write_probe_{os.getpid()}")
-        with open(probe, "w") as handle:
-            handle.write("ok")
+        safe_files.remove_file(probe)
+        with safe_files.create_new(probe) as handle:
+            handle.write(b"ok")
         os.remove(probe)
     except OSError as error:
-        raise ConfigError(f"{key} {path!r} is not writable ({error.strerror}); "
+        raise ConfigError(f"{key} {path!r} is not writable ({error.strerror or error}); "
                           "choose a directory you can write to") from None
     return not existed
 
@@ -208,10 +211,14 @@ class Trainer:
         # a failure there stops every rank at once instead of leaving the others waiting.
         with raise_together(f"writing the run files in {trainer.run_dir}"):
             try:
+                if self.is_main:
+                    lock_run_dir(trainer.run_dir)  # before anything in it is written or deleted
                 self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
                 if self.is_main:
                     self._write_run_files()
             except OSError as error:
+                if self.is_main:
+                    unlock_run_dir(trainer.run_dir, remove=True)
                 raise ConfigError(f"cannot write {error.filename or 'the run files'} in trainer.run_dir "
                                   f"({error.strerror or error}); fix it or choose another run directory") from None
         if self.resume:
@@ -256,17 +263,15 @@ class Trainer:
         import yaml
 
         run_dir = self.config.trainer.run_dir
-        with open(os.path.join(run_dir, "config.yaml"), "w") as handle:
-            yaml.safe_dump(to_dict(self.config), handle, sort_keys=False)
-        with open(os.path.join(run_dir, "model.json"), "w") as handle:
-            json.dump(self.model_config.__dict__, handle, indent=1)
+        # Atomic, never through a planted link: a link's target outside the run stays untouched.
+        safe_files.write_atomic(os.path.join(run_dir, "config.yaml"),
+                                yaml.safe_dump(to_dict(self.config), sort_keys=False))
+        safe_files.write_atomic(os.path.join(run_dir, "model.json"), json.dumps(self.model_config.__dict__, indent=1))
         if self.data.tokenizer_path is not None:
             # The run carries its tokenizer, so generate/export need nothing but the run dir.
-            with open(os.path.join(run_dir, "tokenizer.json"), "w", encoding="utf-8") as handle:
-                handle.write(self.data.vocab.json_text)
+            safe_files.write_atomic(os.path.join(run_dir, "tokenizer.json"), self.data.vocab.json_text)
         elif self.data.vocab is not None:
-            with open(os.path.join(run_dir, "vocab.json"), "w") as handle:
-                handle.write(self.data.vocab.to_json())
+            safe_files.write_atomic(os.path.join(run_dir, "vocab.json"), self.data.vocab.to_json())
 
     def _warn(self, message: str) -> None:
         if self.is_main:
