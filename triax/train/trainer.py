@@ -213,6 +213,7 @@ class Trainer:
             try:
                 if self.is_main:
                     lock_run_dir(trainer.run_dir)  # before anything in it is written or deleted
+                    weakref.finalize(self, unlock_run_dir, trainer.run_dir)  # a Trainer never fitted
                 self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
                 if self.is_main:
                     self._write_run_files()
@@ -595,6 +596,8 @@ class Trainer:
                 self.sample_log.close()
             if self.watchdog is not None:
                 self.watchdog.stop()
+            if self.is_main:  # the job is over: the run directory is free (process exit does it too)
+                unlock_run_dir(self.config.trainer.run_dir)
         with raise_together("closing the metrics files"):  # rank 0's files; the others wait at exit
             self.logger.close()
         return last
