@@ -13,18 +13,7 @@ import triax.horovod as hvd
 from triax.errors import TriaxError
 from triax.horovod import run as horovodrun
 
-
-@pytest.fixture
-def horovod(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK",
-                 "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID"):
-        monkeypatch.delenv(name, raising=False)
-    saved = dict(os.environ)
-    hvd.init()
-    yield hvd
-    hvd.shutdown()
-    os.environ.clear()  # init() exports HOROVOD_*; keep them out of later tests' children
-    os.environ.update(saved)
+from horovod_support import horovod  # noqa: F401  (fixture: one process joined as a Horovod job)
 
 
 def model_and_optimizer():

@@ -17,20 +17,7 @@ import torch
 import triax.horovod as hvd
 from triax.horovod import worker_env
 
-from horovod_support import REPO, child_env
-
-
-@pytest.fixture
-def horovod(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK",
-                 "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID"):
-        monkeypatch.delenv(name, raising=False)
-    saved = dict(os.environ)
-    hvd.init()
-    yield hvd
-    hvd.shutdown()
-    os.environ.clear()
-    os.environ.update(saved)
+from horovod_support import REPO, child_env, horovod  # noqa: F401  (horovod: a fixture)
 
 
 def torchrun_env(rank, local_rank, node, world=6, local_world=4):
