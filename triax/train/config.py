@@ -43,6 +43,11 @@ class ModelConfig:
     tie_embeddings: bool = False
     """Share the token embedding with the output head."""
 
+    init_from: Optional[str] = None
+    """Start from these weights: a transformers GPT-2 directory (save_pretrained output or a Hugging
+    Face cache snapshot) or a triax run directory. Its architecture replaces the keys above (dropout
+    aside), its tokenizer encodes text data; unset = random initialisation."""
+
 
 @dataclass
 class DataConfig:

@@ -37,6 +37,7 @@ from triax.runtime import (any_rank, detect_place, gather_floats, init_distribut
                            seed_everything)
 from triax.stragglers import StragglerCheck
 from triax.train.config import TrainConfig, snapshot_root, to_dict
+from triax.train import init_from
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.sample_log import SampleLog
@@ -69,10 +70,13 @@ class Trainer:
         self.device = pick_device(trainer.device, self.place.local_rank)
         self.precision = Precision(trainer.precision)
         self.precision.check_device(self.device)
-        self.data = build_data(config.data)
+        self.init_source = self._init_source()
+        self.data = build_data(config.data, self.init_source.codec if self.init_source else None)
         parallel = config.parallel
         self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
                                      self.place.world_size)
+        if self.init_source is not None:
+            self._take_architecture()
         validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
                         block_size=self.data.block_size, batch_size=trainer.batch_size,
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
@@ -86,11 +90,17 @@ class Trainer:
         release = trainer.return_freed_memory
         if release if release is not None else self.layout.dp_shard > 1:
             return_freed_memory_to_os()
-        padded_rows = padded_vocab_size(self.data.vocab_size, self.layout.tp, self._saved_vocab_rows())
+        # A checkpoint to start from fixes the vocabulary and the context (the data may use less).
+        vocab_size, block_size = self.data.vocab_size, self.data.block_size
+        saved_rows = self._saved_vocab_rows()
+        if self.init_source is not None:
+            vocab_size, block_size = (self.init_source.architecture[key] for key in ("vocab_size", "block_size"))
+            saved_rows = saved_rows or self.init_source.saved_rows
+        padded_rows = padded_vocab_size(vocab_size, self.layout.tp, saved_rows)
         model_config = GPTConfig(
-            vocab_size=self.data.vocab_size,
-            padded_vocab_size=padded_rows if padded_rows != self.data.vocab_size else None,
-            block_size=self.data.block_size,
+            vocab_size=vocab_size,
+            padded_vocab_size=padded_rows if padded_rows != vocab_size else None,
+            block_size=block_size,
             n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
             dropout=config.model.dropout, bias=config.model.bias,
             tie_embeddings=config.model.tie_embeddings)
@@ -163,6 +173,10 @@ class Trainer:
         # The plain GPT to call for evaluation and sampling (sharded in place by TP/FSDP); a
         # pipeline rank holds only stages of it and evaluates through the schedule instead.
         self.raw_model = None if self.parallel_model.pipelined else unwrap(self.model)
+        if self.init_source is not None:
+            # Before the optimizer exists; a resumed run's snapshot then replaces these weights.
+            init_from.load_weights(self.init_source, self.raw_model if self.raw_model is not None else self.model,
+                                   model_config, self._stored_name())
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
@@ -212,6 +226,33 @@ class Trainer:
                     checkpoint.remove_snapshots(self.snapshot_root)
 
     # ---- set-up helpers ------------------------------------------------------------------------
+
+    def _init_source(self):
+        """model.init_from, resolved and checked before any process group exists."""
+        path = self.config.model.init_from
+        if not path:
+            return None
+        source = init_from.resolve(path)
+        if source.codec is None and self.config.data.task == "char":
+            raise ConfigError(f"model.init_from={path!r} has no tokenizer.json, so text cannot be encoded for it; "
+                              "put GPT-2's tokenizer.json there, or train on token files (data.task=tokens)")
+        return source
+
+    def _take_architecture(self) -> None:
+        """The checkpoint's shape replaces model.* (dropout stays this run's choice)."""
+        source, model = self.init_source, self.config.model
+        init_from.check_fits(source, self.data.vocab_size, self.data.block_size)
+        for key in ("n_layer", "n_head", "n_embd", "bias", "tie_embeddings"):
+            setattr(model, key, source.architecture[key])
+        if model.tie_embeddings and (self.layout.tp > 1 or self.layout.pp > 1):
+            # Tensor and pipeline parallelism need an untied head: it starts as a copy of the
+            # embedding (the same logits), and the two then train apart.
+            model.tie_embeddings = False
+            source.architecture = dict(source.architecture, tie_embeddings=False)
+            if self.place.is_main:
+                print(f"triax: warning: model.init_from={source.path!r} ties the head to the embedding; with tensor or pipeline "
+                      "parallelism they are untied (the head starts as a copy) and train separately",
+                      file=sys.stderr, flush=True)
 
     def _saved_vocab_rows(self) -> int | None:
         """Embedding rows of the model in the snapshot a resume will start from (its vocabulary
