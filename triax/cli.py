@@ -14,7 +14,7 @@ from triax.errors import TriaxError
 
 # sub-command -> (module with main(argv), one-line help)
 COMMANDS = {
-    "train": ("triax.train.commands:train_main", "train a GPT model from a Hydra config"),
+    "train": ("triax.train.train_command:train_main", "train a GPT model from a Hydra config"),
     "generate": ("triax.train.commands:generate_main", "sample text from a trained run"),
     "export": ("triax.train.commands:export_main", "write a run's weights as one safetensors file (or --format hf)"),
     "eval": ("triax.eval.command:main", "loss and perplexity of a run or a transformers GPT-2 on a split or files"),

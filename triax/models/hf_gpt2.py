@@ -61,7 +61,19 @@ def architecture(config: dict) -> dict:
     """The GPTConfig fields the checkpoint fixes (dropout is the fine-tuning run's own choice)."""
     return {"vocab_size": config["vocab_size"], "block_size": config.get("n_positions", 1024),
             "n_layer": config["n_layer"], "n_head": config["n_head"], "n_embd": config["n_embd"],
-            "bias": True, "tie_embeddings": bool(config.get("tie_word_embeddings", True))}
+            "bias": True, "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
+            "gelu": _gelu_form(config.get("activation_function", "gelu_new"))}
+
+
+# transformers' activation_function -> model.gelu (GPT-2's own is gelu_new, the tanh form).
+GELU_FORMS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}
+
+
+def _gelu_form(name: str) -> str:
+    if name not in GELU_FORMS:
+        raise ConfigError(f"the checkpoint's activation_function {name!r} has no triax equivalent; "
+                          f"triax's GPT takes {', '.join(GELU_FORMS)}")
+    return GELU_FORMS[name]
 
 
 def tokenizer_file(directory: str) -> str | None:

@@ -1,4 +1,4 @@
-"""`triax train`, `triax generate`, `triax export`."""
+"""`triax generate` and `triax export` (`triax train` is triax/train/train_command.py)."""
 
 from __future__ import annotations
 
@@ -9,54 +9,6 @@ import sys
 
 from triax import safe_files
 from triax.errors import TriaxError
-
-TRAIN_HELP = """usage: triax train [key=value ...] [model=PRESET] [+experiment=NAME]
-
-Train a GPT. With no arguments: a small model on the built-in corpus (under two minutes on 2 CPU
-cores). Run under torchrun (or `triax launch`) for several processes.
-
-examples:
-  triax train
-  triax train model=gpt-mini trainer.max_steps=1000 data.path=input.txt
-  triax train data.task=addition trainer.max_steps=2000
-  triax train data.task=tokens data.path=tokens/   # a directory from `triax tokenize` or nanoGPT
-  torchrun --nproc-per-node 4 -m triax train trainer.precision=bf16
-
-Only the keys below exist (with or without +); values are literal (no ${...} interpolation).
-hydra.searchpath=[file://DIR] lets +experiment=NAME read your own DIR/experiment/NAME.yaml.
-
-keys (default, meaning):
-"""
-
-
-def train_main(argv: list[str]) -> int:
-    if any(arg in ("-h", "--help") for arg in argv):
-        from triax.train.config import describe_keys
-
-        print(TRAIN_HELP + describe_keys())
-        return 0
-    import time
-
-    from triax.collectives import barrier
-
-    from triax.process_group import shutdown_distributed
-    from triax.train.config import compose_config
-    from triax.train.trainer import Trainer
-
-    config = compose_config(argv)
-    try:
-        trainer = Trainer(config)
-        trainer.fit()
-        # Free the DDP model while the process group is still registered, then let gloo's worker
-        # threads finish with their last work items (sleeping releases the GIL) before the group
-        # is torn down: tearing it down while a worker still needs the GIL can hang at exit.
-        del trainer
-        barrier()
-        time.sleep(0.05)
-    finally:
-        shutdown_distributed()
-    return 0
-
 
 # Below this the logits divided by the temperature overflow float32 (probabilities of NaN); above
 # it sampling is uniform in all but name.

@@ -66,10 +66,15 @@ ModelConfig = dataclasses.make_dataclass(
     "ModelConfig",
     [("name", str, field(default="gpt-micro"))]
     + [(item.name, _gpt_types[item.name], field(default=item.default))
-       for item in dataclasses.fields(GPTConfig) if item.name not in DERIVED_MODEL_FIELDS],
+       for item in dataclasses.fields(GPTConfig) if item.name not in DERIVED_MODEL_FIELDS]
+    + [("init_from", Optional[str], field(default=None))],
     namespace={"__doc__": "The GPT's shape: start from a preset (model=NAME), then change any key.",
                "__module__": __name__,
                "__field_docs__": {"name": "The preset this started from (informational once composed).",
+                                  "init_from": "Start from these weights: a transformers GPT-2 directory (save_pretrained "
+                                               "output or a Hugging Face cache snapshot) or a triax run directory. Its "
+                                               "architecture replaces the shape keys (dropout aside), its tokenizer "
+                                               "encodes text data; unset = random initialisation.",
                                   **{name: doc for name, doc in field_docs(GPTConfig).items()
                                      if name not in DERIVED_MODEL_FIELDS}}})
 
@@ -77,7 +82,8 @@ ModelConfig = dataclasses.make_dataclass(
 def gpt_config(model: ModelConfig, vocab_size: int, block_size: int,
                padded_vocab_size: int | None = None) -> GPTConfig:
     """The GPTConfig of these model.* keys, with what the data and the layout decide."""
-    shape = {item.name: getattr(model, item.name) for item in dataclasses.fields(model) if item.name != "name"}
+    shape = {item.name: getattr(model, item.name) for item in dataclasses.fields(model)
+             if item.name not in ("name", "init_from")}
     return GPTConfig(vocab_size=vocab_size, block_size=block_size, padded_vocab_size=padded_vocab_size, **shape)
 
 

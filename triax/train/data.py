@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from triax.data import AdditionDataset, load_char_datasets
+from triax.data.text import CharDataset, read_text
+from triax.data.tokenizer import BPETokenizer
+from triax.data.tokens import load_token_datasets
+from triax.errors import ConfigError
 from triax.train.config import DataConfig
 
 
@@ -18,22 +24,39 @@ class TrainData:
     tokenizer_path: str | None = None  # tokens: the tokenizer.json the run dir gets a copy of
 
 
-def build_data(config: DataConfig) -> TrainData:
+def build_data(config: DataConfig, codec=None) -> TrainData:
+    """`codec`: the text codec of model.init_from's checkpoint (a tokenizer or a character
+    vocabulary); it then encodes data.task=char text instead of a vocabulary of its own."""
+    if config.task == "char" and codec is not None:
+        return _encoded_text(config, codec)
     if config.task == "addition":
         train = AdditionDataset(config.digits, "train")
         test = AdditionDataset(config.digits, "test")
         return TrainData(train, test, train.vocab_size, train.block_size, None)
     if config.task == "tokens":
-        from triax.data.tokens import load_token_datasets
 
         train, val, vocab_size, tokenizer_path = load_token_datasets(config.path, config.block_size,
                                                                      config.vocab_size, config.token_dtype)
         tokenizer = None
         if tokenizer_path is not None:
-            from triax.data.tokenizer import BPETokenizer
 
             tokenizer = BPETokenizer.from_file(tokenizer_path)
         return TrainData(train, val, vocab_size, config.block_size, tokenizer, tokenizer_path)
     train, val, vocab = load_char_datasets(config.path, config.block_size, config.train_split,
                                            config.truncate)
     return TrainData(train, val, len(vocab), config.block_size, vocab)
+
+
+def _encoded_text(config: DataConfig, codec) -> TrainData:
+    """The text of data.path cut as for task=char, but as ids of `codec`."""
+
+
+    text = read_text(config.path)
+    ids = torch.tensor(codec.encode(text[: int(len(text) * config.truncate)]), dtype=torch.int32)
+    split = int(len(ids) * config.train_split)
+    if config.block_size >= min(split, len(ids) - split):
+        raise ConfigError(f"data.block_size={config.block_size} is not smaller than the text it must cut into "
+                          f"windows ({split} training / {len(ids) - split} validation tokens); use a smaller "
+                          "block_size or more text")
+    train, val = CharDataset(ids[:split], config.block_size, codec), CharDataset(ids[split:], config.block_size, codec)
+    return TrainData(train, val, len(codec), config.block_size, codec, getattr(codec, "source_path", None))

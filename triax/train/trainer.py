@@ -41,6 +41,7 @@ from triax.process_group import init_distributed
 from triax.rendezvous import restart_count
 from triax.stragglers import StragglerCheck
 from triax.timeouts import collective_timeout, slow_phase_timeout
+from triax.train import init_from
 from triax.train.config import TrainConfig, gpt_config, snapshot_root, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
@@ -87,10 +88,13 @@ class Trainer:
         self.device = pick_device(trainer.device, self.place.local_rank)
         self.precision = Precision(trainer.precision)
         self.precision.check_device(self.device)
-        self.data = build_data(config.data)
+        self.init_source = self._init_source()
+        self.data = build_data(config.data, self.init_source.codec if self.init_source else None)
         parallel = config.parallel
         self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
                                      self.place.world_size)
+        if self.init_source is not None:
+            self._take_architecture()
         validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
                         block_size=self.data.block_size, batch_size=trainer.batch_size,
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
@@ -104,9 +108,15 @@ class Trainer:
         release = trainer.return_freed_memory
         if release if release is not None else self.layout.dp_shard > 1:
             return_freed_memory_to_os()
-        padded_rows = padded_vocab_size(self.data.vocab_size, self.layout.tp, self._saved_vocab_rows())
-        model_config = gpt_config(config.model, self.data.vocab_size, self.data.block_size,
-                                  padded_rows if padded_rows != self.data.vocab_size else None)
+        # A checkpoint to start from fixes the vocabulary and the context (the data may use less).
+        vocab_size, block_size = self.data.vocab_size, self.data.block_size
+        saved_rows = self._saved_vocab_rows()
+        if self.init_source is not None:
+            vocab_size, block_size = (self.init_source.architecture[key] for key in ("vocab_size", "block_size"))
+            saved_rows = saved_rows or self.init_source.saved_rows
+        padded_rows = padded_vocab_size(vocab_size, self.layout.tp, saved_rows)
+        model_config = gpt_config(config.model, vocab_size, block_size,
+                                  padded_rows if padded_rows != vocab_size else None)
         # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
         self.global_micro_batch = trainer.batch_size * self.layout.dp
         self.samples_per_step = self.global_micro_batch * trainer.grad_accum
@@ -176,6 +186,10 @@ class Trainer:
         # The plain GPT to call for evaluation and sampling (sharded in place by TP/FSDP); a
         # pipeline rank holds only stages of it and evaluates through the schedule instead.
         self.raw_model = None if self.parallel_model.pipelined else unwrap(self.model)
+        if self.init_source is not None:
+            # Before the optimizer exists; a resumed run's snapshot then replaces these weights.
+            init_from.load_weights(self.init_source, self.raw_model if self.raw_model is not None else self.model,
+                                   model_config, self._stored_name())
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
@@ -230,6 +244,33 @@ class Trainer:
                     checkpoint.remove_snapshots(self.snapshot_root)
 
     # ---- set-up helpers ------------------------------------------------------------------------
+
+    def _init_source(self):
+        """model.init_from, resolved and checked before any process group exists."""
+        path = self.config.model.init_from
+        if not path:
+            return None
+        source = init_from.resolve(path)
+        if source.codec is None and self.config.data.task == "char":
+            raise ConfigError(f"model.init_from={path!r} has no tokenizer.json, so text cannot be encoded for it; "
+                              "put GPT-2's tokenizer.json there, or train on token files (data.task=tokens)")
+        return source
+
+    def _take_architecture(self) -> None:
+        """The checkpoint's shape replaces model.* (dropout stays this run's choice)."""
+        source, model = self.init_source, self.config.model
+        init_from.check_fits(source, self.data.vocab_size, self.data.block_size)
+        for key in ("n_layer", "n_head", "n_embd", "bias", "tie_embeddings", "gelu"):
+            setattr(model, key, source.architecture[key])
+        if model.tie_embeddings and (self.layout.tp > 1 or self.layout.pp > 1):
+            # Tensor and pipeline parallelism need an untied head: it starts as a copy of the
+            # embedding (the same logits), and the two then train apart.
+            model.tie_embeddings = False
+            source.architecture = dict(source.architecture, tie_embeddings=False)
+            if self.place.is_main:
+                print(f"triax: warning: model.init_from={source.path!r} ties the head to the embedding; with tensor or pipeline "
+                      "parallelism they are untied (the head starts as a copy) and train separately",
+                      file=sys.stderr, flush=True)
 
     def _saved_vocab_rows(self) -> int | None:
         """Embedding rows of the model in the snapshot a resume will start from (its vocabulary
