@@ -777,3 +777,173 @@ def test_a_run_config_cannot_send_generate_to_another_host(sandbox, run_copy, mo
     monkeypatch.setattr(fsspec.core, "url_to_fs", no_network)
     sandbox.refused(["generate", str(run_copy)], "ftp://", "snapshot_dir")
     sandbox.refused(["export", str(run_copy), str(sandbox.work / "m.safetensors")], "ftp://")
+
+
+# ---- what a bad snapshot, a full disk or an odd path leaves behind ------------------------------------
+
+
+def _damage_tensor_bytes(snapshot):
+    """Flip one byte of the tensor data: the manifest and shard metadata still vouch for the file's
+    size, so only the chunk's sha256, checked as it is read, finds it."""
+    shard = os.path.join(snapshot, "shards", "rank_00000.bin")
+    with open(shard, "r+b") as handle:
+        handle.seek(8)
+        byte = handle.read(1)
+        handle.seek(8)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_damaged_tensor_bytes_make_export_and_generate_fall_back(tmp_path, tiny_corpus, capsys):
+    run_dir = tmp_path / "run"
+    assert triax_main(["train", *tiny_overrides(run_dir, tiny_corpus, **{
+        "trainer.max_steps": 2, "trainer.save_every": 1})]) == 0
+    _damage_tensor_bytes(str(run_dir / "snapshots" / "step_00000002"))
+    for argv in (["export", str(run_dir), str(tmp_path / "m.safetensors")],
+                 ["export", str(run_dir), str(tmp_path / "hf"), "--format", "hf"],
+                 ["generate", str(run_dir), "--tokens", "3", "--prompt", "the"]):
+        capsys.readouterr()
+        assert triax_main(argv) == 0, argv
+        captured = capsys.readouterr()
+        assert "sha256" in captured.err and "trying the previous snapshot" in captured.err, captured.err
+    assert (tmp_path / "m.safetensors").exists() and (tmp_path / "hf" / "model.safetensors").exists()
+    assert os.path.isdir(run_dir / "snapshots" / "step_00000002")  # read-only commands move nothing
+
+
+def test_hf_export_inside_the_snapshots_is_refused(sandbox, run_copy):
+    sandbox.refused(["export", str(run_copy), str(run_copy / "snapshots" / "hf"), "--format", "hf"],
+                    "inside the run's snapshots")
+
+
+def test_requarantining_a_step_keeps_the_earlier_copy(tmp_path):
+    from triax import checkpoint
+
+    model, optimizer, _, newest = _two_snapshots(tmp_path)
+    first = checkpoint.quarantine_snapshot(newest)
+    second_write = checkpoint.save_snapshot(str(tmp_path), 4, model, optimizer, {})
+    second = checkpoint.quarantine_snapshot(second_write)
+    assert first != second and os.path.isdir(first) and os.path.isdir(second)
+    checkpoint.remove_snapshots(str(tmp_path))  # trainer.overwrite=true clears every copy
+    assert os.listdir(tmp_path) == []
+
+
+def test_overwrite_refuses_a_symlinked_snapshots_directory(sandbox, tiny_corpus):
+    elsewhere = sandbox.root / "elsewhere"
+    (elsewhere / "step_00000001").mkdir(parents=True)
+    run_dir = sandbox.work / "run"
+    run_dir.mkdir()
+    os.symlink(elsewhere, run_dir / "snapshots")
+    sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus, **{
+        "trainer.resume": "false", "trainer.overwrite": "true"})], "snapshots", "symlink", "trainer.snapshot_dir")
+    assert os.listdir(elsewhere) == ["step_00000001"]
+
+
+def test_metrics_that_cannot_be_written_are_dropped_with_one_warning(tmp_path, capsys):
+    import errno
+
+    from triax.metrics import MetricsLogger
+
+    logger = MetricsLogger(str(tmp_path), enabled=True, tensorboard=False, progress=False)
+
+    class FullDisk:
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    logger._jsonl.close()
+    logger._jsonl = FullDisk()
+    logger.log(1, {"loss": 1.0})
+    logger.log(2, {"loss": 0.5})  # training goes on; nothing more is attempted
+    logger.close()
+    err = capsys.readouterr().err
+    assert err.count("cannot append") == 1 and "No space left" in err
+
+
+def test_control_characters_in_a_path_are_escaped(sandbox, run_copy):
+    """A message that quotes a path as it is (here: model.json is damaged) still prints one line,
+    with the newline and the terminal escape shown escaped."""
+    evil = sandbox.work / "evil\n\x1b[2Jrun"
+    os.rename(run_copy, evil)
+    (evil / "model.json").write_text("{nope")
+    err = sandbox.refused(["generate", str(evil)], "model.json", "damaged")
+    assert "\x1b" not in err and "\\n\\x1b[2Jrun" in err
+
+
+def test_accelerator_state_positions_lie_within_their_epoch():
+    from triax.accelerate.saving import validate_state
+    from triax.checkpoint import SnapshotError
+
+    state = {"schedulers": [], "custom": [], "optimizer_steps": [], "stateless_optimizers": [],
+             "saved_models": [0], "num_models": 1, "micro_step": 0, "scaler": {},
+             "dataloaders": [{"epoch": 0, "batch": 3, "num_samples": 10, "total_batch_size": 4, "seed": 0}]}
+    validate_state(state, "s")
+    state["dataloaders"][0]["batch"] = 2**40
+    with pytest.raises(SnapshotError, match=f"batch {2**40} in an epoch of 3 batches"):
+        validate_state(state, "s")
+
+
+def test_accelerator_state_keeps_an_infinity_it_wrote_but_not_in_a_learning_rate():
+    import json
+    import math
+
+    from triax.accelerate.saving import from_json, to_json
+    from triax.checkpoint.numbers import bad_number, finite_float, reject_constant
+
+    plateau = {"best": math.inf, "mode_worse": -math.inf, "last_epoch": 0}
+    text = json.dumps(to_json(plateau))
+    stored = json.loads(text, parse_constant=reject_constant, parse_float=finite_float)  # strict JSON reads it
+    assert from_json(stored) == plateau and bad_number({"schedulers": [stored]}) is None
+    assert "base_lrs" in bad_number({"schedulers": [to_json({"base_lrs": [math.nan], "last_epoch": 0})]})
+    assert "betas" in bad_number({"optimizer": to_json({"betas": (1.5, 0.999)})})
+
+
+def test_hostfile_that_is_a_fifo_is_refused_at_once(tmp_path):
+    from triax.errors import TriaxError
+    from triax.horovod.run import parse_hosts
+
+    import signal
+
+    def expired(*_):
+        raise TimeoutError("blocked on the FIFO")
+
+    os.mkfifo(tmp_path / "hosts")
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(30)
+    try:
+        with pytest.raises(TriaxError, match="not a regular file"):
+            parse_hosts(None, str(tmp_path / "hosts"), None)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    (tmp_path / "real").write_text("localhost slots=2\n")
+    os.symlink(tmp_path / "real", tmp_path / "link")  # the user's own argument: a link they name is read
+    assert parse_hosts(None, str(tmp_path / "link"), None) == [("localhost", 2)]
+
+
+def test_long_lines_are_cut_and_ordinary_text_is_not():
+    from triax.data.tokenize_files import LONGEST_PIECE, pieces
+
+    text = "a b\nccc\n" * 10
+    assert pieces(text) == text.splitlines(keepends=True)
+    blob = "x y" * (30 * LONGEST_PIECE)
+    assert "".join(pieces(blob)) == blob and max(map(len, pieces(blob))) <= LONGEST_PIECE
+
+
+def test_tokenize_a_file_without_line_breaks(tmp_path):
+    """One word of 1.2 MB: byte-level BPE on it whole takes minutes (400 KB took over a minute)."""
+    import random
+    import signal
+
+    def expired(*_):
+        raise TimeoutError("tokenize took over 60 s")
+
+    blob = tmp_path / "blob.txt"
+    blob.write_text("".join(random.Random(0).choices("abcdefghij", k=1_200_000)))
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(60)
+    try:
+        assert triax_main(["tokenize", str(blob), "--out", str(tmp_path / "t"), "--vocab-size", "300"]) == 0
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

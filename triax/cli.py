@@ -83,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     except TriaxError as error:
         if debug:
             raise
-        print(f"triax: error: {error}", file=sys.stderr)
+        # One line whatever the message quotes: a control character in a path the user gave (a
+        # newline, an escape sequence) is shown escaped, never printed raw.
+        text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(error))
+        print(f"triax: error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("triax: interrupted", file=sys.stderr)

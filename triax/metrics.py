@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -104,7 +105,8 @@ class MetricsLogger:
         if tensorboard and os.path.lexists(board_dir):
             safe_files.real_directory(board_dir)  # refused before metrics.jsonl is created
         # Never appended through a planted link, never blocked on a FIFO.
-        self._jsonl = safe_files.open_append(os.path.join(run_dir, "metrics.jsonl"))
+        self._jsonl_path = os.path.join(run_dir, "metrics.jsonl")
+        self._jsonl = safe_files.open_append(self._jsonl_path)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -137,7 +139,17 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"step": step, **record, "time": round(time.time(), 3)}
-        self._jsonl.write(json.dumps(record) + "\n")
+        if self._jsonl is not None:
+            try:
+                self._jsonl.write(json.dumps(record) + "\n")  # line-buffered: written out here
+            except OSError as error:
+                # A full disk: say so once, stop writing metrics, keep training (only rank 0 logs,
+                # so raising here would leave the other ranks waiting in the next collective).
+                print(f"triax: warning: cannot append to {self._jsonl_path!r} ({error.strerror or error}); "
+                      "metrics.jsonl is no longer written for this run", file=sys.stderr, flush=True)
+                handle, self._jsonl = self._jsonl, None
+                with contextlib.suppress(OSError):
+                    handle.close()
         if self._tensorboard is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("step", "time"):
@@ -149,6 +161,7 @@ class MetricsLogger:
         if self._bar is not None:
             self._bar.close()
         if self._jsonl is not None:
-            self._jsonl.close()
+            with contextlib.suppress(OSError):  # a write it could not finish was reported when made
+                self._jsonl.close()
         if self._tensorboard is not None:
             self._tensorboard.close()

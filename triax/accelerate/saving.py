@@ -16,6 +16,7 @@ switching to another format (e.g. sharded snapshots) means changing those two an
 from __future__ import annotations
 
 import base64
+import math
 import os
 
 import numpy as np
@@ -60,6 +61,10 @@ def to_json(value):
         return {"__tuple__": [to_json(item) for item in value]}
     if isinstance(value, list):
         return [to_json(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        # Spelled out: snapshot JSON is strict (no NaN or Infinity literal), but a state may hold
+        # inf on purpose (ReduceLROnPlateau's best before its first epoch).
+        return {"__float__": repr(value)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise AcceleratorTypeError(f"save_state cannot store a {type(value).__name__} ({value!r:.60}) from a "
@@ -82,6 +87,9 @@ def _from_json(value, where: str):
         return value
     if "__tensor__" in value:
         return _tensor_from_json(value, where)
+    if "__float__" in value:
+        _expect(value.get("__float__") in ("inf", "-inf", "nan"), where, "a float that is not inf, -inf or nan")
+        return float(value["__float__"])
     if "__tuple__" in value:
         _expect(isinstance(value["__tuple__"], list), where, "a tuple that is not a list")
         return tuple(_from_json(item, where) for item in value["__tuple__"])
@@ -147,6 +155,10 @@ def validate_state(state, snapshot: str) -> dict:
     for loader in state["dataloaders"]:
         _expect(isinstance(loader, dict) and all(_is_int(loader.get(k), low) for k, low in loader_keys.items()),
                 where, "a dataloader position without non-negative integer epoch/batch/num_samples/seed")
+        # A position lies within its epoch: at most the batches of num_samples (the last one partial).
+        batches = -(-loader["num_samples"] // loader["total_batch_size"])
+        _expect(loader["batch"] <= batches, where,
+                f"a dataloader position of batch {loader['batch']} in an epoch of {batches} batches")
     _expect(isinstance(state.get("scaler"), dict), where, "no loss-scaler state")
     return state
 

@@ -41,12 +41,15 @@ def bad_number(value, path: str = "") -> str | None:
         for key, item in value.items():
             key = str(key)
             where = f"{path}.{key}" if path else key
+            plain = _plain(item)
             if key in RANGES:
-                for number in (item if isinstance(item, (list, tuple)) else [item]):
+                for number in (map(_plain, plain) if isinstance(plain, (list, tuple)) else [plain]):
                     if is_number(number) and not _in_range(number, *RANGES[key]):
                         return f"{where}={number!r}"
-            if key in COUNTERS and is_number(item) and not (type(item) is int and -1 <= item <= MAX_COUNT):
-                return f"{where}={item!r}"
+            if key in COUNTERS and is_number(plain) and not (type(plain) is int and -1 <= plain <= MAX_COUNT):
+                return f"{where}={plain!r}"
+            if _spelled_float(item):
+                continue  # inf or nan written on purpose, in a field without a range (a plateau's best)
             found = bad_number(item, where)
             if found:
                 return found
@@ -60,6 +63,18 @@ def bad_number(value, path: str = "") -> str | None:
     elif type(value) is int and abs(value) > 2**63:
         return f"{path}={value!r}"
     return None
+
+
+def _spelled_float(item) -> bool:
+    return isinstance(item, dict) and set(item) == {"__float__"} and item["__float__"] in ("inf", "-inf", "nan")
+
+
+def _plain(item):
+    """The Accelerator's JSON spellings of a tuple and of inf / nan (triax/accelerate/saving.py),
+    as the values they stand for, so a range applies to them too."""
+    if isinstance(item, dict) and set(item) == {"__tuple__"}:
+        return item["__tuple__"]
+    return float(item["__float__"]) if _spelled_float(item) else item
 
 
 def reject_constant(name: str):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -61,6 +62,7 @@ SNAPSHOT_PREFIX = "step_"
 STAGING_SUFFIX = ".tmp"  # a local snapshot being written
 REPLACED_SUFFIX = ".old"  # a local snapshot being replaced by a new one of the same step
 QUARANTINE_SUFFIX = ".corrupt"  # a snapshot that failed verification, kept for inspection
+QUARANTINED_NAME = re.compile(r"^step_\d{8}\.corrupt(\.\d+)?$")  # .corrupt.2, ... when a step failed again
 _SHARDED = StateDictOptions(full_state_dict=False)
 
 MODEL_KEY, OPTIMIZER_KEY = "model/", "optim/"
@@ -354,7 +356,8 @@ def remove_snapshots(snapshot_root: str) -> None:
     store = Store(snapshot_root)
     for name in store.names():
         path = store.path(name)
-        if _ours(name, "", STAGING_SUFFIX, REPLACED_SUFFIX, QUARANTINE_SUFFIX) and store.is_directory(path):
+        quarantined = QUARANTINED_NAME.match(name) is not None
+        if (quarantined or _ours(name, "", STAGING_SUFFIX, REPLACED_SUFFIX)) and store.is_directory(path):
             store.remove_tree(path)
 
 
@@ -520,8 +523,13 @@ def quarantine_snapshot(snapshot: str) -> str:
     post-mortem); on an object store its manifest is deleted. Returns where it went."""
     store = Store(snapshot)
     if store.local:
-        target = store.root.rstrip(os.sep) + QUARANTINE_SUFFIX
-        store.remove_tree(target)
+        # A step quarantined before (a run that fell back, then wrote and lost the same step
+        # again) keeps its earlier copy: the new one gets the next free number.
+        base = store.root.rstrip(os.sep) + QUARANTINE_SUFFIX
+        target, number = base, 1
+        while os.path.lexists(target):
+            number += 1
+            target = f"{base}.{number}"
         os.replace(store.root, target)
         return target
     if store.exists(store.path(MANIFEST)):

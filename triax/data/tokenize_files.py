@@ -21,6 +21,11 @@ from triax.data.errors import DataError
 
 # Progress bars (tqdm, disable=None) show only when stderr is a terminal: logs and pipes get one line.
 CHUNK_CHARACTERS = 1 << 20  # text handed to the tokenizer at once; bounds memory whatever the input size
+# Byte-level BPE works word by word, and its cost grows faster than a word's length: a file with
+# no line break or space (minified JSON, a base64 blob) is one word of megabytes and took minutes.
+# Longer lines are cut into pieces of at most this many characters, at the last space when there
+# is one. Ordinary text never has a line this long, so its ids are those of the whole text.
+LONGEST_PIECE = 4096
 MIN_VOCAB_SIZE = 256  # byte-level BPE starts from the 256 byte symbols
 OUTPUT_FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
 
@@ -86,6 +91,18 @@ def read_chunks(files, progress=None):
                 yield carry
 
 
+def pieces(text: str) -> list[str]:
+    """The lines of `text` (ends kept), each line longer than LONGEST_PIECE cut into pieces."""
+    result = []
+    for line in text.splitlines(keepends=True):
+        while len(line) > LONGEST_PIECE:
+            cut = line.rfind(" ", LONGEST_PIECE // 2, LONGEST_PIECE) + 1 or LONGEST_PIECE
+            result.append(line[:cut])
+            line = line[cut:]
+        result.append(line)
+    return result
+
+
 def train_bpe(files, vocab_size: int):
     from triax.data.tokenizer import require_tokenizers
 
@@ -102,7 +119,8 @@ def train_bpe(files, vocab_size: int):
                                   show_progress=False)
     total = sum(size for _, _, size in files)
     with tqdm(total=total, unit="B", unit_scale=True, desc="train BPE", leave=False, disable=None) as progress:
-        tokenizer.train_from_iterator(read_chunks(files, progress), trainer=trainer)
+        tokenizer.train_from_iterator((piece for chunk in read_chunks(files, progress) for piece in pieces(chunk)),
+                                      trainer=trainer)
     return tokenizer.to_str()
 
 
@@ -162,7 +180,7 @@ def encode_files(files, tokenizer, out_fs, out_dir: str, dtype: str, val_fractio
                     if part:
                         # Line by line in one call: the tokenizer encodes a batch on all cores. Lines
                         # end where GPT-2's pre-tokenizer splits anyway, so the ids are those of the whole text.
-                        lines = tokenizer.encode_batch(part.decode("utf-8").splitlines(keepends=True))
+                        lines = tokenizer.encode_batch(pieces(part.decode("utf-8")))
                         ids = np.fromiter((i for line in lines for i in line), dtype=dtype)
                         handles[split].write(ids.tobytes())
                         counts[split] += len(ids)

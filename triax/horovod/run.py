@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 
+from triax import safe_files
 from triax.errors import TriaxError
 from triax.rendezvous import free_port
 
@@ -111,14 +112,18 @@ def _entry(host: str, slots: str, where: str) -> tuple[str, int]:
     return host, count
 
 
+MAX_HOSTFILE_BYTES = 1 << 20  # one 'host slots=N' line per host: far more hosts than any job
+
+
 def parse_hosts(hosts: str | None, hostfile: str | None, np: int | None) -> list[tuple[str, int]]:
     if hosts and hostfile:
         raise TriaxError("pass either -H or --hostfile, not both")
     entries: list[tuple[str, int]] = []
     if hostfile:
         try:
-            with open(hostfile) as handle:
-                lines = handle.read(1 << 20).splitlines()
+            # A regular file of at most 1 MiB, opened without blocking: a FIFO is refused instead of
+            # waited on. The path is the user's own argument, so a link they name is followed.
+            lines = safe_files.read_text(os.path.realpath(hostfile), MAX_HOSTFILE_BYTES).splitlines()
         except OSError as error:
             raise TriaxError(f"cannot read the hostfile {hostfile}: {error.strerror or error}") from None
         except UnicodeDecodeError:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from triax import safe_files
-from triax.errors import TriaxError
+from triax.errors import TriaxError, UsageError
 
 # Below this the logits divided by the temperature overflow float32 (probabilities of NaN); above
 # it sampling is uniform in all but name.
@@ -46,9 +46,10 @@ def _snapshot_root(run_dir: str) -> str:
     return snapshot_root(config)
 
 
-def newest_good_snapshot(root: str, run_dir: str):
+def newest_good_snapshot(root: str, run_dir: str, skip: int = 0):
     """The validated reader of the newest snapshot that passes validation (older ones are tried
-    when the newest is damaged, as a resume would; nothing is moved: this is a read-only command)."""
+    when the newest is damaged, as a resume would; nothing is moved: this is a read-only command),
+    passing over the first `skip` good ones (whose tensor bytes a caller found damaged)."""
     from triax import checkpoint
 
     snapshots = checkpoint.list_snapshots(root)
@@ -57,9 +58,13 @@ def newest_good_snapshot(root: str, run_dir: str):
                          "(trainer.save_every) or the end of training")
     for snapshot in reversed(snapshots):
         try:
-            return checkpoint.open_snapshot(snapshot)
+            reader = checkpoint.open_snapshot(snapshot)
         except checkpoint.SnapshotCorruptError as error:
             print(f"triax: warning: {error}; trying the previous snapshot", file=sys.stderr)
+            continue
+        if skip == 0:
+            return reader
+        skip -= 1
     raise TriaxError(f"none of the {len(snapshots)} snapshot(s) in {root} passed verification")
 
 
@@ -71,16 +76,32 @@ def run_snapshot_root(run_dir: str) -> str:
     return _snapshot_root(run_dir)
 
 
-def open_run(run_dir: str, snapshot_root: str | None = None):
+def open_run(run_dir: str, snapshot_root: str | None = None, skip: int = 0):
     """(validated reader of the newest good snapshot, the checked model config, the text codec or
-    None) of a run directory. model.json is checked against the snapshot before anything is
-    allocated: a damaged one must not make us build a model of terabytes."""
+    None) of a run directory; `skip`: see newest_good_snapshot. model.json is checked against the
+    snapshot before anything is allocated: a damaged one must not make us build a model of terabytes."""
     from triax.train.run_files import read_model_config, read_vocabulary
 
     root = snapshot_root or run_snapshot_root(run_dir)
-    reader = newest_good_snapshot(root, run_dir)
+    reader = newest_good_snapshot(root, run_dir, skip)
     model_config = read_model_config(run_dir, reader)  # matched against its tensors before building
     return reader, model_config, read_vocabulary(run_dir, model_config.vocab_size)
+
+
+def with_fallback(run_dir: str, root: str, action):
+    """`action(reader, model_config, vocab)` on the newest good snapshot; when its tensor bytes
+    turn out damaged (a chunk fails its sha256, found only when it is read), on the one before,
+    as a resume falls back. Read-only: nothing is moved aside."""
+    from triax import checkpoint  # deferred: imports torch; `triax --help` stays fast
+
+    skip = 0
+    while True:
+        opened = open_run(run_dir, root, skip)
+        try:
+            return action(*opened)
+        except checkpoint.SnapshotCorruptError as error:
+            print(f"triax: warning: {error}; trying the previous snapshot", file=sys.stderr)
+            skip += 1
 
 
 def _true_shapes(model_config, vocab) -> tuple[dict, dict]:
@@ -150,15 +171,19 @@ def generate_main(argv: list[str]) -> int:
     need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
     check_device("--device", args.device)
     device = pick_device(args.device)
-    opened = open_run(args.run_dir)
-    vocab = opened[2]
-    if vocab is None:
-        raise TriaxError(f"{args.run_dir!r} has no vocab.json or tokenizer.json (trained on ids without a "
-                         "tokenizer, or on the addition task); nothing to decode text with")
-    prompt_ids = vocab.encode(args.prompt)  # one line naming characters the run never saw
-    if not prompt_ids:
-        raise TriaxError(f"--prompt {args.prompt!r} encodes to no tokens; give at least one character")
-    model, vocab, _ = load_run_model(args.run_dir, device, opened)
+
+    def load(*opened):
+        vocab = opened[2]
+        if vocab is None:
+            raise TriaxError(f"{args.run_dir!r} has no vocab.json or tokenizer.json (trained on ids without a "
+                             "tokenizer, or on the addition task); nothing to decode text with")
+        prompt_ids = vocab.encode(args.prompt)  # one line naming characters the run never saw
+        if not prompt_ids:
+            raise TriaxError(f"--prompt {args.prompt!r} encodes to no tokens; give at least one character")
+        model, vocab, _ = load_run_model(args.run_dir, device, opened)
+        return model, vocab, prompt_ids
+
+    model, vocab, prompt_ids = with_fallback(args.run_dir, run_snapshot_root(args.run_dir), load)
     idx = torch.tensor([prompt_ids], device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k,
@@ -172,16 +197,21 @@ def check_export_output(output: str, run_dir: str, force: bool, snapshot_root: s
     """Refuse, before any work, an output that is a directory, lies in a missing directory, is one
     of the run's own files or inside its snapshots, or is a file triax did not write (without --force)."""
     from triax.arguments import check_output_file, written_by_triax_safetensors
-    from triax.errors import UsageError
 
     check_output_file("output", output, force, written_by_triax_safetensors)
+    check_not_in_run(output, run_dir, snapshot_root)
+
+
+def check_not_in_run(output: str, run_dir: str, snapshot_root: str, option: str = "output") -> None:
+    """Refuse an output inside the run's snapshots (the next prune would delete it) or one of the
+    run's own files."""
     target = os.path.realpath(output)
-    protected = [os.path.realpath(snapshot_root)]
+    protected = [os.path.realpath(snapshot_root)] if "://" not in snapshot_root else []
     if any(target == root or target.startswith(root + os.sep) for root in protected):
-        raise UsageError(f"output {output!r} lies inside the run's snapshots ({protected[0]}); "
+        raise UsageError(f"{option} {output!r} lies inside the run's snapshots ({protected[0]}); "
                          "write the export somewhere else")
     if os.path.dirname(target) == os.path.realpath(run_dir) and os.path.basename(target) in RUN_FILES:
-        raise UsageError(f"output {output!r} is the run's own {os.path.basename(target)}; "
+        raise UsageError(f"{option} {output!r} is the run's own {os.path.basename(target)}; "
                          "write the export somewhere else")
 
 
@@ -208,15 +238,18 @@ def export_main(argv: list[str]) -> int:
     # The output is checked before any snapshot is read (the run's snapshot root found once).
     root = run_snapshot_root(args.run_dir)
     check_export_output(args.output, args.run_dir, args.force, root)
-    reader, model_config, vocab = open_run(args.run_dir, root)
-    true_config, shapes = _true_shapes(model_config, vocab)
-    # Plain tensors with plain names, and the architecture and vocabulary as string metadata:
-    # loadable with safetensors alone, no triax classes needed. Written tensor by tensor.
-    metadata = {"format": "pt", "triax_model": json.dumps(true_config)}
-    if vocab is not None and hasattr(vocab, "to_json"):
-        metadata["triax_vocab"] = vocab.to_json()
-    count, values = export_safetensors(reader, args.output, shapes, metadata)
-    print(f"wrote {count} tensors ({values / 1e6:.2f}M values) from {reader.snapshot} to {args.output}")
+
+    def export(reader, model_config, vocab):
+        true_config, shapes = _true_shapes(model_config, vocab)
+        # Plain tensors with plain names, and the architecture and vocabulary as string metadata:
+        # loadable with safetensors alone, no triax classes needed. Written tensor by tensor.
+        metadata = {"format": "pt", "triax_model": json.dumps(true_config)}
+        if vocab is not None and hasattr(vocab, "to_json"):
+            metadata["triax_vocab"] = vocab.to_json()
+        return (reader.snapshot, *export_safetensors(reader, args.output, shapes, metadata))
+
+    snapshot, count, values = with_fallback(args.run_dir, root, export)
+    print(f"wrote {count} tensors ({values / 1e6:.2f}M values) from {snapshot} to {args.output}")
     return 0
 
 
@@ -226,15 +259,18 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
 
     from triax.models import GPTConfig
 
-    reader, model_config, vocab = open_run(run_dir)
-    true_config, shapes = _true_shapes(model_config, vocab)
-    config = GPTConfig(**true_config)
-    snapshot = reader.snapshot
-    # The converter reads one tensor at a time from the validated snapshot (padding rows cut).
-    source = tensor_source(reader, shapes)
+    root = run_snapshot_root(run_dir)
+    check_not_in_run(out_dir, run_dir, root, "OUT_DIR")
     tokenizer = os.path.join(run_dir, "tokenizer.json")
     tokenizer = tokenizer if safe_files.is_regular(tokenizer) else None
-    values = export_hf(config, source, out_dir, tokenizer)
+
+    def export(reader, model_config, vocab):
+        true_config, shapes = _true_shapes(model_config, vocab)
+        # The converter reads one tensor at a time from the validated snapshot (padding rows cut).
+        source = tensor_source(reader, shapes)
+        return reader.snapshot, export_hf(GPTConfig(**true_config), source, out_dir, tokenizer)
+
+    snapshot, values = with_fallback(run_dir, root, export)
     note = " with its tokenizer" if tokenizer else (" (character vocabulary: no Hugging Face tokenizer written)"
                                                     if os.path.exists(os.path.join(run_dir, "vocab.json")) else "")
     print(f"wrote a transformers GPT-2 ({values / 1e6:.2f}M values) from {snapshot} to {out_dir}{note}")

@@ -127,6 +127,12 @@ class Trainer:
                 f"{self.layout.dp} data-parallel ranks x grad_accum {trainer.grad_accum}) but the training "
                 f"set has {len(self.data.train)}; lower trainer.batch_size or grad_accum")
         self.snapshot_root = snapshot_root(config)
+        default_root = os.path.join(trainer.run_dir, "snapshots")
+        if trainer.snapshot_dir is None and os.path.lexists(default_root):
+            try:  # a planted link would send snapshot writes, prunes and overwrite's deletes elsewhere
+                safe_files.real_directory(default_root)
+            except safe_files.UnsafeFileError as error:
+                raise ConfigError(f"{error}; or name the place explicitly with trainer.snapshot_dir") from None
         # A restart by torchrun (--max-restarts) continues this job's own snapshots whatever
         # trainer.resume says: with resume=false the first attempt refused or cleared older ones.
         self.restarted = restart_count() > 0
