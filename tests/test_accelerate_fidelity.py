@@ -147,3 +147,24 @@ def test_two_processes_follow_accelerate(tmp_path):
     launch(2, [script, str(tmp_path)], env=quiet_env(PYTHONPATH=ROOT), timeout=300)
     for rank in (0, 1):
         assert (tmp_path / f"ok_{rank}").read_text() == "ok"
+
+
+def test_a_stream_resumes_where_it_was_saved(fresh_state, tmp_path):
+    """A loader over an IterableDataset has no length (saved as 0 samples): a position saved in
+    the middle of its pass is restored, and the next pass continues after it."""
+    from triax.accelerate import Accelerator
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield from range(10)
+
+    accelerator = Accelerator()
+    loader = accelerator.prepare(DataLoader(Stream(), batch_size=2))
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    accelerator.save_state(str(tmp_path / "state"))
+    rest = [batch.tolist() for batch in batches]
+    assert rest == [[6, 7], [8, 9]]
+    accelerator.load_state(str(tmp_path / "state"))
+    assert [batch.tolist() for batch in loader] == rest

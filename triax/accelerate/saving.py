@@ -156,8 +156,10 @@ def validate_state(state, snapshot: str) -> dict:
         _expect(isinstance(loader, dict) and all(_is_int(loader.get(k), low) for k, low in loader_keys.items()),
                 where, "a dataloader position without non-negative integer epoch/batch/num_samples/seed")
         # A position lies within its epoch: at most the batches of num_samples (the last one partial).
+        # A stream (an IterableDataset) has no known length, saved as 0 samples: its position is only
+        # bounded as a counter, and skipping to it ends where the stream ends.
         batches = -(-loader["num_samples"] // loader["total_batch_size"])
-        _expect(loader["batch"] <= batches, where,
+        _expect(loader["num_samples"] == 0 or loader["batch"] <= batches, where,
                 f"a dataloader position of batch {loader['batch']} in an epoch of {batches} batches")
     _expect(isinstance(state.get("scaler"), dict), where, "no loss-scaler state")
     return state
