@@ -168,3 +168,27 @@ def test_a_stream_resumes_where_it_was_saved(fresh_state, tmp_path):
     assert rest == [[6, 7], [8, 9]]
     accelerator.load_state(str(tmp_path / "state"))
     assert [batch.tolist() for batch in loader] == rest
+
+
+def test_accelerate_helpers_kept_by_the_script_see_triax_accelerator(fresh_state, recwarn):
+    """A script that switched only its Accelerator to triax's may keep Accelerate's own helpers;
+    they ask Accelerate's AcceleratorState, which triax's Accelerator sets up for the same job."""
+    accelerate_state = pytest.importorskip("accelerate.state")
+    from accelerate.utils import gather
+    from triax.accelerate import Accelerator
+    from triax.accelerate.state import AcceleratorState
+
+    accelerate_state.AcceleratorState._reset_state(reset_partial_state=True)
+    with pytest.raises(ValueError, match="initialize your accelerator"):
+        accelerate_state.AcceleratorState()  # Accelerate's own rule without any Accelerator
+    accelerate_state.AcceleratorState._reset_state(reset_partial_state=True)  # its half-made state
+    accelerator = Accelerator(mixed_precision="bf16")
+    theirs = accelerate_state.AcceleratorState()
+    assert (theirs.num_processes, theirs.process_index, theirs.mixed_precision) == (1, 0, "bf16")
+    assert theirs.device == accelerator.device
+    assert torch.equal(gather(torch.arange(3)), torch.arange(3))
+    # A reset of triax's state resets Accelerate's, so the next Accelerator may choose again.
+    AcceleratorState._reset_state()
+    Accelerator(mixed_precision="no")
+    assert accelerate_state.AcceleratorState().mixed_precision == "no"
+    assert not [w for w in recwarn if "helpers will not see" in str(w.message)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -54,9 +55,25 @@ def _restart_safe_store(place: Place, timeout: datetime.timedelta):
     return attempt_store(store, "triax")
 
 
-def shutdown_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+# After a gloo collective completes, gloo's worker thread still has to release the work. A work
+# started during backward holds Python state (torch keeps backward's contextvars in thread-local
+# state, which the work captures), so that release needs the GIL. Destroying the group joins those
+# threads, and when the group's last reference goes away inside a C++ destructor (DDP's reducer,
+# freed with the model), the main thread joins them while holding the GIL: both wait forever.
+# Seen with torch 2.13 on a DDP script that tears down right after its last step (Accelerate's own
+# test_sync hung at exit in 2 runs of 15). A short sleep before the teardown hands the GIL over so
+# the threads finish releasing first; the DDP collectives have completed by then (the reducer
+# waits for them before the optimizer step), so nothing else is waited for.
+GLOO_RELEASE_SECONDS = 0.05
+
+
+def shutdown_distributed(group=None) -> None:
+    """Destroy `group` (default: every group), letting gloo's threads finish first (above)."""
+    if not dist.is_initialized():
+        return
+    if "gloo" in str(dist.get_backend(group)):
+        time.sleep(GLOO_RELEASE_SECONDS)
+    dist.destroy_process_group(group)
 
 
 def is_distributed() -> bool:

@@ -25,7 +25,7 @@ from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeErro
 from triax.accelerate.options import PRECISION_ALIASES, refuse_unsupported, resolve, unsupported
 from triax.accelerate.saving import load_state as _load_state
 from triax.accelerate.saving import save_state as _save_state
-from triax.accelerate.state import AcceleratorState, GradientState
+from triax.accelerate.state import AcceleratorState, GradientState, share_with_accelerate
 from triax.accelerate.tracking import Trackers, parse_log_with
 from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
 from triax.agreement import raise_together
@@ -103,6 +103,7 @@ class Accelerator:
             # (fp32 arithmetic); the state still reports "fp16".
             self.precision = Precision("fp32")
         self.precision.check_device(self.state.device)
+        share_with_accelerate(self.state.mixed_precision, cpu=self.state.device.type == "cpu")
 
         plugin = options.accumulation
         self.gradient_state = GradientState(plugin.num_steps, sync_with_dataloader=plugin.sync_with_dataloader,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import sys
+import warnings
 
 import torch.distributed as dist
 
@@ -19,7 +21,7 @@ from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueErr
 from triax.agreement import raise_together
 from triax.collectives import barrier
 from triax.place import detect_place, pick_device
-from triax.process_group import init_distributed, is_distributed
+from triax.process_group import init_distributed, is_distributed, shutdown_distributed
 
 
 class PartialState:
@@ -49,6 +51,7 @@ class PartialState:
         """Forget the process information (the process group stays); the next PartialState()
         finds it again. For starting over in one process, as Accelerate's."""
         PartialState._shared_state.clear()
+        _reset_accelerate("PartialState")
 
     @property
     def initialized(self) -> bool:
@@ -161,8 +164,7 @@ class PartialState:
         yield slice_for_process(inputs, self.process_index, self.num_processes, apply_padding)
 
     def destroy_process_group(self, group=None) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group(group)
+        shutdown_distributed(group)
 
     def __repr__(self) -> str:
         return (f"Distributed environment: {self.distributed_type}\nNum processes: {self.num_processes}\n"
@@ -207,6 +209,7 @@ class AcceleratorState(PartialState):
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
         AcceleratorState._shared_state.clear()
+        _reset_accelerate("AcceleratorState")
         if reset_partial_state:
             PartialState._reset_state()
 
@@ -276,6 +279,7 @@ class GradientState:
     def _reset_state() -> None:
         """Forget the shared step state; the next Accelerator (or GradientState()) starts afresh."""
         GradientState._shared_state.clear()
+        _reset_accelerate("GradientState")
 
     @property
     def initialized(self) -> bool:
@@ -323,3 +327,39 @@ class GradientState:
         if self.sync_gradients:
             self.micro_step = 0
         return self.sync_gradients
+
+
+# ---- Accelerate's own helpers beside triax's Accelerator ----------------------------------------
+
+
+def share_with_accelerate(mixed_precision: str, cpu: bool) -> None:
+    """Let helpers the script keeps from Accelerate itself see this job.
+
+    A script that switched its Accelerator to triax's may still call Accelerate's own helpers
+    (accelerate.test_utils, accelerate.utils' operations). Those build Accelerate's AcceleratorState,
+    which refuses to exist unless an Accelerate Accelerator made it first. So when the script has
+    imported Accelerate, triax's Accelerator initialises Accelerate's state as well, for the same
+    process group (already joined: Accelerate only finds it), device and precision. Where the
+    script has not imported Accelerate, nothing is imported and nothing is done.
+    """
+    accelerate_state = sys.modules.get("accelerate.state")
+    if accelerate_state is None:
+        return
+    try:
+        # What Accelerate's Accelerator passes (its state reads the plugin): no compilation.
+        dynamo = sys.modules["accelerate.utils.dataclasses"].TorchDynamoPlugin()
+        accelerate_state.AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, dynamo_plugin=dynamo,
+                                          _from_accelerator=True)
+        accelerate_state.GradientState()
+    except Exception as error:  # another Accelerate version's checks: triax's own Accelerator is unaffected
+        warnings.warn(f"triax: Accelerate's own helpers will not see this Accelerator "
+                      f"({type(error).__name__}: {error})", stacklevel=3)
+
+
+def _reset_accelerate(class_name: str) -> None:
+    # A reset of triax's state resets Accelerate's counterpart too, so the next Accelerator can
+    # set it up again with other choices (Accelerate refuses to change an initialised state).
+    accelerate_state = sys.modules.get("accelerate.state")
+    reset = getattr(getattr(accelerate_state, class_name, None), "_reset_state", None)
+    if reset is not None:
+        reset()

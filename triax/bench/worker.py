@@ -25,7 +25,7 @@ from triax.bench.models import make_bench_model
 from triax.metrics import peak_flops
 from triax.place import detect_place, pick_device
 from triax.precision import Precision
-from triax.process_group import init_distributed, is_distributed
+from triax.process_group import init_distributed, is_distributed, shutdown_distributed
 
 
 def add_step_arguments(parser: argparse.ArgumentParser) -> None:
@@ -178,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as handle:
             json.dump(record, handle, indent=1)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    shutdown_distributed()
     return 0
 
 

@@ -18,7 +18,7 @@ from triax.horovod import basics, handles, process_sets, set_registration
 from triax.horovod.basics import CHECK_ENV
 from triax.horovod.errors import HorovodTypeError, HorovodValueError
 from triax.place import detect_place, pick_device
-from triax.process_group import init_distributed
+from triax.process_group import init_distributed, shutdown_distributed
 from triax.rendezvous import attempt_store, set_rendezvous_defaults
 from triax.timeouts import collective_timeout, process_group_timeout
 
@@ -109,6 +109,6 @@ def shutdown() -> None:
     owns_group = basics.world().owns_group
     handles.forget_all()
     process_sets.forget_all()
-    if owns_group and dist.is_initialized():
-        dist.destroy_process_group()
+    if owns_group:
+        shutdown_distributed()
     basics.set_world(None)

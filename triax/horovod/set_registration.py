@@ -13,6 +13,7 @@ import torch.distributed as dist
 from triax.horovod import basics, check, process_sets
 from triax.horovod.process_sets import ProcessSet, global_process_set
 from triax.horovod.errors import HorovodTypeError
+from triax.process_group import shutdown_distributed
 
 
 def _register(process_set: ProcessSet) -> ProcessSet:
@@ -45,7 +46,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
                 name="remove_process_set")
     group = process_sets.drop(process_set)
     if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
-        dist.destroy_process_group(group)
+        shutdown_distributed(group)
     return True
 
 
