@@ -842,7 +842,7 @@ def test_metrics_that_cannot_be_written_are_dropped_with_one_warning(tmp_path, c
 
     from triax.metrics import MetricsLogger
 
-    logger = MetricsLogger(str(tmp_path), enabled=True, tensorboard=False, progress=False)
+    logger = MetricsLogger(str(tmp_path), enabled=True, loggers=["jsonl"], progress=False)
 
     class FullDisk:
         def write(self, data):
@@ -851,8 +851,9 @@ def test_metrics_that_cannot_be_written_are_dropped_with_one_warning(tmp_path, c
         def close(self):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    logger._jsonl.close()
-    logger._jsonl = FullDisk()
+    (jsonl,) = logger.trackers
+    jsonl._handle.close()
+    jsonl._handle = FullDisk()
     logger.log(1, {"loss": 1.0})
     logger.log(2, {"loss": 0.5})  # training goes on; nothing more is attempted
     logger.close()

@@ -1,9 +1,7 @@
-"""Throughput, MFU, memory, and where they are written: console, progress bar, JSONL, TensorBoard."""
+"""Throughput, MFU, memory, and where they are written: console, progress bar, and the run's trackers."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sys
 import time
@@ -11,6 +9,7 @@ import time
 import torch
 
 from triax import safe_files
+from triax.trackers import open_tracker
 
 # Dense (no sparsity) peak tensor-core FLOP/s by GPU name fragment, for bf16/fp16 and for tf32
 # (fp32 matmuls run as tf32 when allowed). Figures from the vendors' data sheets.
@@ -89,31 +88,31 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class MetricsLogger:
-    """Writes one record per logged step. Only the main process creates one with enabled=True;
-    the others get a silent logger so call sites need no rank checks."""
+    """Writes one record per logged step to the run's trackers (triax.trackers: metrics.jsonl,
+    TensorBoard, W&B, MLflow) and prints the console line. Only the main process creates one with
+    enabled=True; the others get a silent logger so call sites need no rank checks."""
 
     def __init__(self, run_dir: str | None, enabled: bool, total_steps: int | None = None,
-                 tensorboard: bool = True, progress: bool | None = None):
+                 loggers=("tensorboard", "jsonl"), progress: bool | None = None, project: str = "triax",
+                 run_name: str | None = None, config: dict | None = None):
         self.enabled = enabled and run_dir is not None
-        self._jsonl = None
-        self._tensorboard = None
+        self.trackers: list = []
         self._bar = None
         if not self.enabled:
             return
         safe_files.make_directory(run_dir)
         board_dir = os.path.join(run_dir, "tensorboard")
-        if tensorboard and os.path.lexists(board_dir):
+        if "tensorboard" in loggers and os.path.lexists(board_dir):
             safe_files.real_directory(board_dir)  # refused before metrics.jsonl is created
-        # Never appended through a planted link, never blocked on a FIFO.
-        self._jsonl_path = os.path.join(run_dir, "metrics.jsonl")
-        self._jsonl = safe_files.open_append(self._jsonl_path)
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tensorboard = SummaryWriter(safe_files.make_directory(board_dir))
-            except ImportError:  # tensorboard is a dependency, but a trimmed install still trains
-                self._tensorboard = None
+        try:
+            # metrics.jsonl first: a refused one (a planted link) stops the run before anything is written.
+            for name in sorted(loggers, key=lambda name: name != "jsonl"):
+                self.trackers.append(open_tracker(name, run_dir, project, run_name))
+                if config is not None:
+                    self.trackers[-1].store_init_configuration(config)
+        except BaseException:
+            self.close()  # the ones opened so far (a W&B run left open would linger)
+            raise
         if progress is None:
             progress = sys.stderr.isatty()
         if progress and total_steps:
@@ -138,30 +137,14 @@ class MetricsLogger:
     def log(self, step: int, record: dict, console: str | None = None) -> None:
         if not self.enabled:
             return
-        record = {"step": step, **record, "time": round(time.time(), 3)}
-        if self._jsonl is not None:
-            try:
-                self._jsonl.write(json.dumps(record) + "\n")  # line-buffered: written out here
-            except OSError as error:
-                # A full disk: say so once, stop writing metrics, keep training (only rank 0 logs,
-                # so raising here would leave the other ranks waiting in the next collective).
-                print(f"triax: warning: cannot append to {self._jsonl_path!r} ({error.strerror or error}); "
-                      "metrics.jsonl is no longer written for this run", file=sys.stderr, flush=True)
-                handle, self._jsonl = self._jsonl, None
-                with contextlib.suppress(OSError):
-                    handle.close()
-        if self._tensorboard is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key not in ("step", "time"):
-                    self._tensorboard.add_scalar(key, value, step)
+        for tracker in self.trackers:
+            tracker.log(record, step)
         if console:
             self.print(console)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        if self._jsonl is not None:
-            with contextlib.suppress(OSError):  # a write it could not finish was reported when made
-                self._jsonl.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.finish()

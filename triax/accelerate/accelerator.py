@@ -26,7 +26,7 @@ from triax.accelerate.options import PRECISION_ALIASES, refuse_unsupported, reso
 from triax.accelerate.saving import load_state as _load_state
 from triax.accelerate.saving import save_state as _save_state
 from triax.accelerate.state import AcceleratorState, GradientState, share_with_accelerate
-from triax.accelerate.tracking import Trackers, parse_log_with
+from triax.accelerate.tracking import BlankTracker, parse_log_with
 from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
 from triax.agreement import raise_together
 from triax.collectives import any_rank
@@ -35,6 +35,7 @@ from triax.parallel.fsdp import apply_fsdp_by_blocks
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.no_sync import no_sync, sync_in_backward
 from triax.precision import Precision
+from triax.trackers import open_tracker
 
 __all__ = ["Accelerator", "SkipFirstBatches", "PRECISION_ALIASES"]
 
@@ -51,7 +52,8 @@ class Accelerator:
     cpu: use the CPU even where a GPU exists.
     dataloader_config: DataLoaderConfiguration (split_batches, even_batches, use_seedable_sampler...).
     fsdp_plugin: any value selects parallel='fsdp' (PyTorch's fully_shard through triax.parallel).
-    log_with: "tensorboard", "jsonl", "all", or a list of those, for init_trackers/log.
+    log_with: "tensorboard", "jsonl", "wandb", "mlflow", "all" (the installed ones), a tracker object
+        of your own, or a list of those, for init_trackers/log (triax.accelerate.tracking).
     project_dir / project_config: where save_state and trackers write (ProjectConfiguration adds
         automatic checkpoint naming and total_limit).
     step_scheduler_with_optimizer: a prepared scheduler steps only when the optimizer really did.
@@ -119,7 +121,7 @@ class Accelerator:
         self.seed = seed if seed is not None else self.dataloader_config.data_seed
         self.rng_types = rng_types
         self.log_with = parse_log_with(log_with)
-        self.trackers: Trackers | None = None
+        self.trackers: list = []  # started by init_trackers, on the main process only
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -639,23 +641,43 @@ class Accelerator:
     # ---- tracking -------------------------------------------------------------------------------
 
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
-        root = self.logging_dir or "."
-        self.trackers = Trackers(self.log_with, os.path.join(root, project_name), self.is_main_process, config)
+        """Start the trackers named in log_with (main process only), in <logging_dir>/<project_name>;
+        `config` is stored with each, and init_kwargs[name] goes to that library's own start call."""
+        if not self.is_main_process:
+            return
+        init_kwargs = init_kwargs or {}
+        directory = os.path.join(self.logging_dir or ".", project_name)
+        for entry in self.log_with:
+            if isinstance(entry, str):
+                entry = open_tracker(entry, directory, project_name, options=init_kwargs.get(entry))
+            self.trackers.append(entry)
+        if config is not None:
+            for tracker in self.trackers:
+                tracker.store_init_configuration(config)
 
     def get_tracker(self, name: str, unwrap: bool = False):
-        if self.trackers is None or name not in self.trackers.names:
-            raise AcceleratorValueError(f"no tracker {name!r}; pass log_with=[{name!r}] and call init_trackers first")
-        return self.trackers.logger
+        """The tracker called `name` (its library's own object with unwrap=True); a tracker that
+        does nothing on processes without trackers, as Accelerate's."""
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        if self.trackers:
+            raise AcceleratorValueError(f"{name} is not an available tracker stored inside the Accelerator "
+                                        f"(it has {', '.join(t.name for t in self.trackers)})")
+        return BlankTracker()
 
     def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
-        if self.trackers is not None:
-            self.trackers.log(values, step)
+        """Log `values` to every tracker (main process only); log_kwargs[name] goes to that tracker."""
+        log_kwargs = log_kwargs or {}
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
 
     def end_training(self) -> None:
-        if self.trackers is not None:
-            self.trackers.close()
-            self.trackers = None
-        self.wait_for_everyone()
+        """Finish the trackers and leave the process group, as Accelerate's end_training."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.finish()
+        self.state.destroy_process_group()
 
     def free_memory(self, *objects):
         """Forget every prepared object (and empty the CUDA cache); returns `objects` as Nones."""

@@ -50,6 +50,24 @@ class PrecisionType(str, enum.Enum):
         return self.value
 
 
+class LoggerType(str, enum.Enum):
+    """Accelerate's tracker names; triax has tensorboard, wandb and mlflow of these (and its own "jsonl")."""
+
+    ALL = "all"
+    AIM = "aim"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    TRACKIO = "trackio"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class _Defaults:
     """`to_kwargs()`: the fields whose value differs from the class default (Accelerate's rule:
     only what the user changed is passed on, so triax's own defaults hold otherwise)."""

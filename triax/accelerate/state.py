@@ -346,6 +346,9 @@ def share_with_accelerate(mixed_precision: str, cpu: bool) -> None:
     if accelerate_state is None:
         return
     try:
+        # triax's Accelerator may change the precision of an existing state; Accelerate's refuses
+        # to, so its copy is made afresh each time (the process information stays).
+        accelerate_state.AcceleratorState._reset_state()
         # What Accelerate's Accelerator passes (its state reads the plugin): no compilation.
         dynamo = sys.modules["accelerate.utils.dataclasses"].TorchDynamoPlugin()
         accelerate_state.AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, dynamo_plugin=dynamo,

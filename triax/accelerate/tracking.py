@@ -1,54 +1,55 @@
-"""Experiment tracking for the Accelerator: triax's MetricsLogger (JSONL + TensorBoard)."""
+"""Experiment tracking for the Accelerator: Accelerate's `log_with`, over triax.trackers.
+
+As in Accelerate: `log_with` takes a tracker name, a `LoggerType`, a tracker object of your own
+(anything with `log` and `finish`, e.g. a subclass of Accelerate's GeneralTracker), a list of
+those, or "all" (every tracker whose package is installed). A name Accelerate knows but whose
+package is missing is left out; a name nobody knows is a ValueError. Trackers exist on the main
+process only; elsewhere `log` does nothing.
+"""
 
 from __future__ import annotations
 
-import json
-import os
-
-import torch
+import warnings
 
 from triax.accelerate.errors import AcceleratorValueError
-from triax.metrics import MetricsLogger
+from triax.trackers import TRACKERS, Tracker, available_trackers, is_available
 
-TRACKERS = ("tensorboard", "jsonl")
+# Trackers Accelerate has and triax does not: named in log_with, they are left out with a warning.
+ACCELERATE_ONLY = ("aim", "comet_ml", "clearml", "dvclive", "swanlab", "trackio")
 
 
-def parse_log_with(log_with) -> list[str]:
-    """None -> [], "all" -> every tracker, a name or a list of names -> those names."""
+def _is_tracker_object(candidate) -> bool:
+    return not isinstance(candidate, str) and callable(getattr(candidate, "log", None)) \
+        and callable(getattr(candidate, "finish", None))
+
+
+def parse_log_with(log_with) -> list:
+    """log_with as a list of tracker names (triax's) and tracker objects (the user's)."""
     if log_with is None:
         return []
-    names = [log_with] if isinstance(log_with, str) else list(log_with)
+    entries = list(log_with) if isinstance(log_with, (list, tuple)) else [log_with]
+    objects = [entry for entry in entries if _is_tracker_object(entry)]
+    names = [str(getattr(entry, "value", entry)) for entry in entries if not _is_tracker_object(entry)]
     if "all" in names:
-        return list(TRACKERS)
+        return objects + available_trackers()
+    chosen = []
     for name in names:
-        if name not in TRACKERS:
-            raise AcceleratorValueError(f"log_with={name!r} is not a tracker triax has; use one of "
-                              f"{', '.join(TRACKERS)} or 'all'")
-    return names
+        if name in ACCELERATE_ONLY:
+            warnings.warn(f"triax has no {name!r} tracker; nothing is logged to it (triax logs to "
+                          f"{', '.join(TRACKERS)})", stacklevel=3)
+        elif name not in TRACKERS:
+            raise AcceleratorValueError(f"Unsupported logging capability: {name!r}; use any of "
+                                        f"{', '.join(TRACKERS)}, 'all', or a tracker object")
+        elif not is_available(name):
+            warnings.warn(f"log_with={name!r}: its package is not installed, so it is left out "
+                          f"(as Accelerate does); pip install 'triax[{name}]'", stacklevel=3)
+        elif name not in chosen:
+            chosen.append(name)
+    return objects + chosen
 
 
-class Trackers:
-    """The trackers of one run. Only the main process writes; the others hold a silent logger."""
+class BlankTracker(Tracker):
+    """What get_tracker returns on a process without trackers (Accelerate's blank GeneralTracker)."""
 
-    def __init__(self, names: list[str], run_dir: str, is_main: bool, config: dict | None):
-        self.names = names
-        self.run_dir = run_dir
-        # MetricsLogger always writes metrics.jsonl (it is cheap and is triax's run record);
-        # TensorBoard event files only when asked for.
-        self.logger = MetricsLogger(run_dir, enabled=is_main and bool(names),
-                                    tensorboard="tensorboard" in names, progress=False)
-        self._next_step = 0
-        if self.logger.enabled and config is not None:
-            with open(os.path.join(run_dir, "config.json"), "w") as handle:
-                json.dump(config, handle, indent=1, default=str)
-
-    def log(self, values: dict, step: int | None = None) -> None:
-        if step is None:
-            step = self._next_step
-        self._next_step = step + 1
-        record = {key: value.item() if isinstance(value, torch.Tensor) else value
-                  for key, value in values.items()}
-        self.logger.log(step, record)
-
-    def close(self) -> None:
-        self.logger.close()
+    def log(self, values: dict, step: int | None = None, **kwargs) -> None:
+        pass

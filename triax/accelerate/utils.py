@@ -22,6 +22,7 @@ from triax.accelerate.dataclasses import (
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    LoggerType,
     PrecisionType,
     ProjectConfiguration,
 )
@@ -70,7 +71,7 @@ __all__ = [
     "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",
     "DistributedType", "SeedableRandomSampler", "are_the_same_tensors", "prepare_data_loader",
     "synchronize_rng_state", "synchronize_rng_states",
-    "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PrecisionType",
+    "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "PrecisionType",
     "ProjectConfiguration", "broadcast", "broadcast_object_list", "find_executable_batch_size", "gather",
     "gather_object", "is_torch_version", "notebook_launcher", "pad_across_processes", "reduce",
     "release_memory", "send_to_device", "set_seed", "should_reduce_batch_size", "skip_first_batches",

@@ -34,6 +34,7 @@ from triax.parallel.comm_hooks import check_compression
 from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
 from triax.precision import POLICY_NAMES
 from triax.timeouts import collective_timeout
+from triax.trackers import check_trackers
 from triax.train.strict import check_composed, check_overrides, schema_keys, unknown_key_error
 
 
@@ -203,7 +204,19 @@ class TrainerConfig:
     every token once."""
 
     log_every: int = 10
-    """Log a line and a metrics.jsonl record every N steps."""
+    """Log a line and a record to each tracker every N steps."""
+
+    loggers: List[str] = field(default_factory=lambda: ["tensorboard", "jsonl"])
+    """Where the logged records go, any of: tensorboard (<run_dir>/tensorboard), jsonl
+    (<run_dir>/metrics.jsonl), wandb (Weights & Biases; pip install 'triax[wandb]'), mlflow
+    (pip install 'triax[mlflow]'). W&B and MLflow read their usual environment (WANDB_MODE,
+    WANDB_DIR, MLFLOW_TRACKING_URI...)."""
+
+    project: str = "triax"
+    """The W&B project and the MLflow experiment the run is logged to."""
+
+    run_name: Optional[str] = None
+    """The run's name in W&B and MLflow; unset = the name of run_dir."""
 
     sample_tokens: int = 200
     """Characters of text sampled at each evaluation."""
@@ -448,6 +461,8 @@ def _check_trainer(trainer: TrainerConfig) -> None:
           trainer.snapshot_dir, "give a directory or URL, or leave it unset for <run_dir>/snapshots")
     if trainer.collective_timeout is not None:
         collective_timeout(trainer.collective_timeout)  # raises with the key and value if not positive
+    check_trackers(trainer.loggers, "trainer.loggers")  # names known, packages installed
+    _need(trainer.project.strip() != "", "trainer.project", trainer.project, "give a project name")
 
 
 def _check_parallel(parallel: ParallelConfig) -> None:

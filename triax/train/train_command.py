@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from triax.collectives import barrier
 from triax.process_group import shutdown_distributed
 from triax.train.config import compose_config, describe_keys
@@ -36,12 +34,10 @@ def train_main(argv: list[str]) -> int:
     try:
         trainer = Trainer(config)
         trainer.fit()
-        # Free the DDP model while the process group is still registered, then let gloo's worker
-        # threads finish with their last work items (sleeping releases the GIL) before the group
-        # is torn down: tearing it down while a worker still needs the GIL can hang at exit.
+        # Free the DDP model while the process group is still registered, so the group's teardown
+        # below (which first lets gloo's threads finish their last works) is the last one.
         del trainer
         barrier()
-        time.sleep(0.05)
     finally:
         shutdown_distributed()
     return 0

@@ -234,7 +234,10 @@ class Trainer:
                 if self.is_main:
                     lock_run_dir(trainer.run_dir)  # before anything in it is written or deleted
                     weakref.finalize(self, unlock_run_dir, trainer.run_dir)  # a Trainer never fitted
-                self.logger = MetricsLogger(trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps)
+                self.logger = MetricsLogger(
+                    trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps, loggers=trainer.loggers,
+                    project=trainer.project, config=to_dict(self.config),
+                    run_name=trainer.run_name or os.path.basename(os.path.normpath(trainer.run_dir)))
                 if self.is_main:
                     self._write_run_files()
             except OSError as error:
