@@ -81,7 +81,41 @@ class Trainer:
 
     def __init__(self, config: TrainConfig):
         self.config = config
-        trainer = config.trainer
+        model_config, created_run_dir = self._check_inputs()
+        self._join_job(created_run_dir)
+        self._build_model(model_config)
+        self._build_optimizer()
+        # The position in training: optimizer steps taken, epoch, and the global sample index
+        # within the epoch where the next step starts.
+        self.step = 0
+        self.epoch = 0
+        self.sample_index = 0
+        self.save_failures = 0  # consecutive failed snapshot writes
+        self.last_snapshot: str | None = None
+        self.saved_step: int | None = None  # the step of the newest snapshot this process wrote or loaded
+        self.pending_save: checkpoint.PendingSnapshot | None = None  # trainer.async_save: the write in flight
+        self.pending_step: int | None = None
+        self.resume_stats: dict = {}  # bytes_read: what this rank read of the snapshot it resumed from
+        self.stop_reason: str | None = None  # set when a signal stopped the run early
+        self.first_step = True  # compiles and sets up lazily: the watchdog gives it the slow allowance
+        self.timing = {"step": 0.0, "data": 0.0, "forward": 0.0}  # this rank's seconds in the log interval
+        self.stragglers = StragglerCheck()
+        self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
+        self._peak_flops: tuple[float, str] | None = None
+        self._open_run_files()
+        if self.resume:
+            self._maybe_resume()
+        elif config.trainer.overwrite:
+            with raise_together(f"deleting the old snapshots in {self.snapshot_root}"):
+                if self.is_main:
+                    checkpoint.remove_snapshots(self.snapshot_root)
+
+    # ---- the phases of __init__ ----------------------------------------------------------------
+
+    def _check_inputs(self):
+        """Everything about the input, before any process group exists; returns the model's config
+        and whether the run directory was created here."""
+        config, trainer, parallel = self.config, self.config.trainer, self.config.parallel
         # Everything that can be wrong with the input is checked before the process group
         # exists, so a mistake is one message per rank, never a hang in a collective.
         self.place = detect_place()
@@ -90,7 +124,6 @@ class Trainer:
         self.precision.check_device(self.device)
         self.init_source = self._init_source()
         self.data = build_data(config.data, self.init_source.codec if self.init_source else None)
-        parallel = config.parallel
         self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
                                      self.place.world_size)
         if self.init_source is not None:
@@ -146,6 +179,11 @@ class Trainer:
                     "trainer.overwrite=true to delete its snapshots and start over")
         # Created only once every check above passed: a refused start leaves no empty run directory.
         created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
+        return model_config, created_run_dir
+
+    def _join_job(self, created_run_dir: bool) -> None:
+        """The watchdog and the process group."""
+        trainer = self.config.trainer
         # The watchdog enforces trainer.collective_timeout on each step phase and names the rank a
         # hang waits for; the process group's own timeout covers the slow phases (start-up, snapshots).
         self.collective_timeout = collective_timeout(trainer.collective_timeout)
@@ -176,6 +214,9 @@ class Trainer:
         self.is_main = self.rank == 0
         self.dp_rank = self.layout.dp_rank(self.rank)
 
+    def _build_model(self, model_config) -> None:
+        """This rank's part of the model, in its layout, from the seed (or model.init_from)."""
+        trainer, parallel = self.config.trainer, self.config.parallel
         seed_everything(trainer.seed)
         self.model_config = model_config
         self._pipeline_reduction = "mean"  # what _pipeline_loss returns: "sum" while evaluating
@@ -200,33 +241,21 @@ class Trainer:
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
 
-        optim = config.optim
+    def _build_optimizer(self) -> None:
+        """AdamW over this rank's parameters, the schedule, the loss scaler and the data order."""
+        optim, parallel = self.config.optim, self.config.parallel
         # With parallel.cpu_offload the shards, their gradients and so the optimizer step live on the host.
         optimizer_device = torch.device("cpu") if parallel.cpu_offload else self.device
         self.optimizer = make_adamw(self.raw_model if self.raw_model is not None else self.model,
                                     optim.lr, optim.weight_decay, optim.betas, optimizer_device)
-        self.sampler = GlobalSampler(len(self.data.train), seed=trainer.seed)
+        self.sampler = GlobalSampler(len(self.data.train), seed=self.config.trainer.seed)
         self.total_steps = self._total_steps()
         self.scheduler = make_schedule(self.optimizer, self.total_steps, optim.warmup_steps, optim.min_lr)
         self.scaler = self.precision.make_scaler(self.device)
 
-        # The position in training: optimizer steps taken, epoch, and the global sample index
-        # within the epoch where the next step starts.
-        self.step = 0
-        self.epoch = 0
-        self.sample_index = 0
-        self.save_failures = 0  # consecutive failed snapshot writes
-        self.last_snapshot: str | None = None
-        self.saved_step: int | None = None  # the step of the newest snapshot this process wrote or loaded
-        self.pending_save: checkpoint.PendingSnapshot | None = None  # trainer.async_save: the write in flight
-        self.pending_step: int | None = None
-        self.resume_stats: dict = {}  # bytes_read: what this rank read of the snapshot it resumed from
-        self.stop_reason: str | None = None  # set when a signal stopped the run early
-        self.first_step = True  # compiles and sets up lazily: the watchdog gives it the slow allowance
-        self.timing = {"step": 0.0, "data": 0.0, "forward": 0.0}  # this rank's seconds in the log interval
-        self.stragglers = StragglerCheck()
-        self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
-        self._peak_flops: tuple[float, str] | None = None
+    def _open_run_files(self) -> None:
+        """The run lock, the trackers, and the files generate/export need (rank 0 writes them)."""
+        trainer = self.config.trainer
         # Rank 0 alone writes these; the ranks agree before the next collective (the resume), so
         # a failure there stops every rank at once instead of leaving the others waiting.
         with raise_together(f"writing the run files in {trainer.run_dir}"):
@@ -245,12 +274,6 @@ class Trainer:
                     unlock_run_dir(trainer.run_dir, remove=True)
                 raise ConfigError(f"cannot write {error.filename or 'the run files'} in trainer.run_dir "
                                   f"({error.strerror or error}); fix it or choose another run directory") from None
-        if self.resume:
-            self._maybe_resume()
-        elif trainer.overwrite:
-            with raise_together(f"deleting the old snapshots in {self.snapshot_root}"):
-                if self.is_main:
-                    checkpoint.remove_snapshots(self.snapshot_root)
 
     # ---- set-up helpers ------------------------------------------------------------------------
 
