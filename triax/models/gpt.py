@@ -189,6 +189,13 @@ class PaddedVocabMask(nn.Module):
         return logits.masked_fill(ids >= self.vocab_size, torch.finfo(logits.dtype).min)
 
 
+def _embedding(rows: int, width: int) -> nn.Embedding:
+    # An embedding without nn.Embedding's own N(0, 1) fill: init_weights fills it (or nothing
+    # does, on the meta device). On the meta device that fill would import torch._dynamo, about
+    # 0.6 s of every run's start-up.
+    return nn.Embedding(rows, width, _weight=torch.empty(rows, width))
+
+
 class GPT(nn.Module):
     """Token ids (batch, seq) -> logits (batch, seq, vocab).
 
@@ -205,8 +212,8 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         rows = config.vocab_rows
-        self.tok_emb = nn.Embedding(rows, config.n_embd) if embeddings else None
-        self.pos_emb = nn.Embedding(config.block_size, config.n_embd) if embeddings else None
+        self.tok_emb = _embedding(rows, config.n_embd) if embeddings else None
+        self.pos_emb = _embedding(config.block_size, config.n_embd) if embeddings else None
         self.drop = nn.Dropout(config.dropout)
         # A ModuleDict keyed by layer number, not a ModuleList: a pipeline stage holds only some
         # layers and keeps their names ("layers.5"), so checkpoints written by any layout share
