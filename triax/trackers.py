@@ -57,6 +57,11 @@ def available_trackers() -> list[str]:
     return [name for name in TRACKERS if is_available(name)]
 
 
+def install_hint(name: str) -> str:
+    """The command that installs a tracker's package."""
+    return f"pip install 'triax[{name}]'" if name in EXTRAS else f"pip install {PACKAGES[name]}"
+
+
 def check_trackers(names, where: str) -> list[str]:
     """The tracker names, checked: known, not repeated, and their package installed. One line
     naming the extra to install otherwise (raised before anything starts)."""
@@ -65,30 +70,24 @@ def check_trackers(names, where: str) -> list[str]:
         if name not in TRACKERS:
             raise ConfigError(f"{where}: {name!r} is not a tracker triax has; use any of {', '.join(TRACKERS)}")
         if not is_available(name):
-            install = f"pip install 'triax[{name}]'" if name in EXTRAS else f"pip install {PACKAGES[name]}"
             raise ConfigError(f"{where}: the {name!r} tracker needs the {PACKAGES[name]} package; "
-                              f"install it with: {install}")
+                              f"install it with: {install_hint(name)}")
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise ConfigError(f"{where}: {', '.join(repeated)} named more than once")
     return names
 
 
-def numbers_only(values: dict) -> dict:
-    """The values a metric store takes: real numbers (and 0-d tensors), not strings or bools."""
-    numbers = {}
-    for key, value in values.items():
-        if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-            value = value.item()
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            numbers[key] = value
-    return numbers
-
-
 def _plain(values: dict) -> dict:
     # 0-d tensors as the numbers they hold, so a record is plain JSON.
     return {key: value.item() if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else value
             for key, value in values.items()}
+
+
+def numbers_only(values: dict) -> dict:
+    """The values a metric store takes: real numbers (and 0-d tensors), not strings or bools."""
+    return {key: value for key, value in _plain(values).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
 def flatten(config: dict, prefix: str = "") -> dict:
@@ -108,6 +107,7 @@ class Tracker:
 
     name = ""
     main_process_only = True  # Accelerate's attribute: triax opens trackers on the main process only
+    _next_step = 0  # the step of the next record logged without one
 
     @property
     def tracker(self):
@@ -122,6 +122,13 @@ class Tracker:
     def finish(self) -> None:
         pass
 
+    def _numbered(self, step: int | None) -> int:
+        # A record logged without a step gets the one after the last (MLflow would otherwise file
+        # every such point under step 0; metrics.jsonl needs a step in each record).
+        step = self._next_step if step is None else step
+        self._next_step = step + 1
+        return step
+
 
 class JsonlTracker(Tracker):
     """<directory>/metrics.jsonl: one JSON object per logged step, triax's own run record."""
@@ -132,16 +139,13 @@ class JsonlTracker(Tracker):
         self.path = os.path.join(directory, "metrics.jsonl")
         safe_files.make_directory(directory)
         self._handle = safe_files.open_append(self.path)  # never through a planted link, never a FIFO
-        self._next_step = 0  # for records logged without a step
 
     @property
     def tracker(self):
         return self._handle
 
     def log(self, values: dict, step: int | None = None, **kwargs) -> None:
-        if step is None:
-            step = self._next_step
-        self._next_step = step + 1
+        step = self._numbered(step)
         if self._handle is None:
             return
         record = {"step": step, **_plain(values), "time": round(time.time(), 3)}
@@ -237,7 +241,6 @@ class MLflowTracker(Tracker):
         if run_name is not None:
             kwargs.setdefault("run_name", run_name)
         self.run = mlflow.start_run(**kwargs)
-        self._next_step = 0
 
     @property
     def tracker(self):
@@ -249,11 +252,7 @@ class MLflowTracker(Tracker):
             self.mlflow.log_params(dict(params[start:start + MLFLOW_PARAMS_PER_CALL]))
 
     def log(self, values: dict, step: int | None = None, **kwargs) -> None:
-        # Without a step MLflow would file every point under step 0; count them instead, as the
-        # JSONL tracker and W&B do.
-        if step is None:
-            step = self._next_step
-        self._next_step = step + 1
+        step = self._numbered(step)  # W&B counts steps itself; MLflow does not
         metrics = numbers_only(values)
         if metrics:
             self.mlflow.log_metrics(metrics, step=step, **kwargs)
@@ -266,14 +265,12 @@ def open_tracker(name: str, directory: str, project: str, run_name: str | None =
                  options: dict | None = None) -> Tracker:
     """One tracker by name, writing its files (if any) under `directory`; `options` go to the
     library's own call (SummaryWriter, wandb.init, mlflow.start_run)."""
+    check_trackers([name], "tracker")  # known, and its package installed
     options = dict(options or {})
     if name == "jsonl":
         return JsonlTracker(directory)
     if name == "tensorboard":
         return TensorBoardTracker(directory, **options)
-    if name not in ("wandb", "mlflow"):
-        raise ConfigError(f"{name!r} is not a tracker triax has; use any of {', '.join(TRACKERS)}")
-    check_trackers([name], "tracker")  # its package is installed
     try:
         if name == "wandb":
             return WandbTracker(project, run_name, directory, **options)

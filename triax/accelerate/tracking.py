@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 
 from triax.accelerate.errors import AcceleratorValueError
-from triax.trackers import TRACKERS, Tracker, available_trackers, is_available
+from triax.trackers import TRACKERS, Tracker, available_trackers, install_hint, is_available
 
 # Trackers Accelerate has and triax does not: named in log_with, they are left out with a warning.
 ACCELERATE_ONLY = ("aim", "comet_ml", "clearml", "dvclive", "swanlab", "trackio")
@@ -42,7 +42,7 @@ def parse_log_with(log_with) -> list:
                                         f"{', '.join(TRACKERS)}, 'all', or a tracker object")
         elif not is_available(name):
             warnings.warn(f"log_with={name!r}: its package is not installed, so it is left out "
-                          f"(as Accelerate does); pip install 'triax[{name}]'", stacklevel=3)
+                          f"(as Accelerate does); {install_hint(name)}", stacklevel=3)
         elif name not in chosen:
             chosen.append(name)
     return objects + chosen
