@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from triax.cli import main as triax_main
 from triax.data import builtin_corpus
 from triax.models import GPT, GPTConfig
+from triax.models.gpt import KVCache
 
 from helpers import final_weights, tiny_overrides, train
 
@@ -89,6 +90,39 @@ def test_presets_and_parameter_count(preset, expected_millions):
         model = GPT(config)
     # GPT-2 small: 124M parameters with tied embeddings, counting position embeddings.
     assert abs(model.num_params(exclude_position=False) / 1e6 - expected_millions) < 0.1
+
+
+@pytest.mark.parametrize("bias,dropout", [(True, 0.0), (False, 0.1)])
+def test_cached_positions_give_the_full_forward_logits(bias, dropout):
+    # Fed in pieces (a prompt, then one token at a time, then two at once) through a KVCache, the
+    # model gives the logits of feeding the whole sequence at once.
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=12, n_layer=2, n_head=2, n_embd=16, bias=bias,
+                          dropout=dropout)).eval()
+    ids = torch.randint(0, 11, (3, 12))
+    with torch.no_grad():
+        whole = model(ids)
+        cache, pieces, start = KVCache(), [], 0
+        for size in (5, 1, 1, 2, 3):
+            pieces.append(model(ids[:, start:start + size], cache))
+            start += size
+        assert cache.length == 12
+        with pytest.raises(ValueError, match="exceeds block_size"):
+            model(ids[:, :1], cache)  # no room left in the window
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("prompt_len", [1, 6, 14])
+def test_generation_with_the_cache_equals_generation_without(prompt_len):
+    # Within the window (and the switch to a sliding window once the text outgrows it, and a
+    # prompt longer than the window), sampled and greedy text match token for token.
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(vocab_size=9, block_size=10, n_layer=2, n_head=2, n_embd=16)).eval()
+    prompt = torch.randint(0, 9, (2, prompt_len))
+    for kwargs in ({"greedy": True}, {"temperature": 0.9, "top_k": 5}):
+        runs = [model.generate(prompt, 15, generator=torch.Generator().manual_seed(3), use_cache=use_cache,
+                               **kwargs) for use_cache in (True, False)]
+        assert torch.equal(runs[0], runs[1])
 
 
 def test_generate_never_draws_padding_ids():

@@ -56,8 +56,9 @@ class AdditionDataset(Dataset):
 
 @torch.no_grad()
 def addition_accuracy(model, dataset: AdditionDataset, device, batch_size: int = 500,
-                      max_problems: int | None = None) -> float:
-    """Exact-match accuracy: give the model a and b, decode the sum greedily, compare."""
+                      max_problems: int | None = None, use_cache: bool = True) -> float:
+    """Exact-match accuracy: give the model a and b, decode the sum greedily (`use_cache`: as in
+    GPT.generate), compare."""
     n = dataset.digits
     total = len(dataset) if max_problems is None else min(len(dataset), max_problems)
     correct = 0
@@ -67,7 +68,7 @@ def addition_accuracy(model, dataset: AdditionDataset, device, batch_size: int =
         indices = torch.arange(start, min(start + batch_size, total))
         sequences = dataset._render(dataset.problems[indices]).to(device)
         question = sequences[:, : 2 * n]
-        answer = model.generate(question, n + 1, greedy=True)[:, 2 * n:]
+        answer = model.generate(question, n + 1, greedy=True, use_cache=use_cache)[:, 2 * n:]
         correct += (answer == sequences[:, 2 * n:]).all(dim=1).sum().item()
     model.train(was_training)
     return correct / max(total, 1)

@@ -116,6 +116,39 @@ class GPTConfig:
         return self.padded_vocab_size or self.vocab_size
 
 
+class LayerCache:
+    """One attention layer's keys and values (batch, heads, positions, head size) of the positions
+    already processed, so generation feeds each new token alone instead of the whole context."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.size(2)
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the new positions; returns the keys and values of all positions so far."""
+        if self.keys is not None:
+            keys, values = torch.cat((self.keys, keys), dim=2), torch.cat((self.values, values), dim=2)
+        self.keys, self.values = keys, values
+        return keys, values
+
+
+class KVCache:
+    """Keys and values of every layer for the positions fed so far (`GPT.forward(idx, cache)`).
+    Valid only while the sequence grows within the context window: with learned absolute
+    positions, sliding the window moves every token to a new position and changes every key."""
+
+    def __init__(self):
+        self.layers: dict[str, LayerCache] = {}
+        self.length = 0  # positions held
+
+    def layer(self, name: str) -> LayerCache:
+        return self.layers.setdefault(name, LayerCache())
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -130,14 +163,22 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         # -1 for the head count: under tensor parallelism this rank holds only some heads.
         q = self.q_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        # One fused call: flash / memory-efficient kernels on GPU, a fused kernel on CPU.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.append(k, v)
+        mask = None
+        if past and seq > 1:  # new queries after cached keys: query i sees keys up to past + i
+            mask = torch.ones(seq, past + seq, dtype=torch.bool, device=x.device).tril(diagonal=past)
+        # One fused call: flash / memory-efficient kernels on GPU, a fused kernel on CPU. A single
+        # query after cached keys sees all of them: no causal mask.
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not past,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(batch, seq, -1)
         return self.resid_dropout(self.out_proj(y))
@@ -168,8 +209,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        # The cache by keyword: tensor-parallel input plans count the positional inputs.
+        x = x + self.attn(self.ln_1(x), cache=cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -263,19 +305,24 @@ class GPT(nn.Module):
                 if bias is not None:
                     init_constant(bias, 0.0)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """`cache`: positions already fed (their keys and values); `idx` then holds only the new
+        tokens, which take the positions after them (generation, under torch.no_grad)."""
         # A pipeline stage may lack the embeddings (it then takes hidden states instead of ids) or
         # the final LayerNorm and head (it then returns hidden states instead of logits).
+        past = cache.length if cache is not None else 0
         if self.tok_emb is not None:
             seq = idx.shape[1]
-            if seq > self.config.block_size:
-                raise ValueError(f"sequence length {seq} exceeds block_size {self.config.block_size}")
-            positions = torch.arange(seq, device=idx.device)
+            if past + seq > self.config.block_size:
+                raise ValueError(f"sequence length {past + seq} exceeds block_size {self.config.block_size}")
+            positions = torch.arange(past, past + seq, device=idx.device)
             x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))
         else:
             x = idx
-        for block in self.layers.values():
-            x = block(x)
+        for name, block in self.layers.items():
+            x = block(x, cache=cache.layer(name) if cache is not None else None)
+        if cache is not None:
+            cache.length = past + idx.shape[1]
         if self.ln_f is not None:
             x = self.ln_f(x)
         if self.lm_head is not None:
@@ -304,14 +351,25 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, greedy: bool = False,
-                 generator: torch.Generator | None = None, vocab_limit: int | None = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None, vocab_limit: int | None = None,
+                 use_cache: bool = True) -> torch.Tensor:
         """Extend `idx` (batch, seq) by `max_new_tokens`, one token at a time. `vocab_limit`: only
-        ids below it are drawn (a vocabulary padded for tensor parallelism has unused rows)."""
+        ids below it are drawn (a vocabulary padded for tensor parallelism has unused rows).
+        `use_cache`: while the text fits in the context window, feed each new token alone and keep
+        the keys and values of the earlier ones (KVCache), instead of running the whole context
+        again; once it outgrows the window, each token sees the last block_size tokens, recomputed,
+        as without the cache. The same text either way, up to float rounding."""
         if temperature <= 0 and not greedy:
             raise ValueError(f"temperature must be > 0 (got {temperature}); use greedy=True instead")
+        block_size = self.config.block_size
+        cache = KVCache() if use_cache else None
         for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size:]
-            logits = self(context)[:, -1, :].float()
+            if cache is not None and idx.size(1) <= block_size:
+                logits = self(idx[:, cache.length:], cache)
+            else:
+                cache = None  # the window slides: every position changes
+                logits = self(idx[:, -block_size:])
+            logits = logits[:, -1, :].float()
             if vocab_limit is not None:
                 logits[:, vocab_limit:] = float("-inf")
             if greedy:

@@ -609,7 +609,8 @@ class Trainer:
         result = {"val_loss": totals[0] / max(totals[1], 1.0),
                   "val_tokens": round(totals[1] * self.layout.dp / self.world_size)}
         if self.config.data.task == "addition" and self._can_generate():
-            result["val_accuracy"] = addition_accuracy(self.raw_model, val, self.device)
+            result["val_accuracy"] = addition_accuracy(self.raw_model, val, self.device,
+                                                       use_cache=self._generation_cache())
         self.model.train()
         return result
 
@@ -627,7 +628,8 @@ class Trainer:
         self.raw_model.eval()
         with self.precision.autocast(self.device):
             out = self.raw_model.generate(idx, self.config.trainer.sample_tokens, temperature=0.8,
-                                          top_k=20, generator=generator, vocab_limit=len(vocab))
+                                          top_k=20, generator=generator, vocab_limit=len(vocab),
+                                          use_cache=self._generation_cache())
         self.raw_model.train()
         return vocab.decode(out[0].tolist())
 
@@ -635,6 +637,12 @@ class Trainer:
         """Token-by-token generation needs the whole model and full logits on one rank: not
         available with pipeline stages or vocabulary-sharded logits (`triax generate` after the run is)."""
         return not self.parallel_model.pipelined and not self.parallel_model.loss_parallel
+
+    def _generation_cache(self) -> bool:
+        """Generation keeps earlier tokens' keys and values (GPT.generate's use_cache) except where a
+        token fed alone does not suit the layout: sequence-parallel layers split the sequence over
+        the tensor-parallel ranks, and compiled blocks would recompile for every new length."""
+        return self.layout.tp == 1 and not self.config.parallel.compile
 
     # ---- the loop ------------------------------------------------------------------------------
 
