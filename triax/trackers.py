@@ -183,8 +183,19 @@ class TensorBoardTracker(Tracker):
         self.writer.add_text("config", "```\n" + json.dumps(values, indent=1, default=str) + "\n```")
 
     def log(self, values: dict, step: int | None = None, **kwargs) -> None:
-        for key, value in numbers_only(values).items():
-            self.writer.add_scalar(key, value, step, **kwargs)
+        numbers = numbers_only(values)
+        if kwargs or not numbers:  # add_scalar's own options (walltime, new_style, ...): its own path
+            for key, value in numbers.items():
+                self.writer.add_scalar(key, value, step, **kwargs)
+        else:
+            # One event holding every value of the step: what add_scalar writes per value (a
+            # simple_value), at a seventh of the cost (~0.6 ms a record of ten values is 1% of a
+            # small model's CPU step when every step is logged).
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            summary = Summary(value=[Summary.Value(tag=key, simple_value=float(value))
+                                     for key, value in numbers.items()])
+            self.writer._get_file_writer().add_summary(summary, step)
         for key, value in values.items():
             if isinstance(value, str):
                 self.writer.add_text(key, value, step)
