@@ -30,6 +30,7 @@ every 250 steps and snapshots every 250 steps, as the flags below say.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pickle
 import re
@@ -144,6 +145,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS for both")
     parser.add_argument("--text", help="UTF-8 text both train on (default: triax's built-in corpus)")
     parser.add_argument("--keep", help="keep the logs and run directories here")
+    parser.add_argument("--judge", action="store_true",
+                        help="also score both final models over the whole validation split with one evaluator "
+                             "that is neither's: transformers' GPT2LMHeadModel (needs transformers)")
     args = parser.parse_args(argv)
     if not args.nanogpt:
         print("vs_nanogpt: skipped: no nanoGPT checkout given (--nanogpt PATH or NANOGPT_DIR); nothing is downloaded")
@@ -203,7 +207,76 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{label:22s}{n[key] * scale:10.3f}{t[key] * scale:10.3f}")
     print(f"triax speed against nanoGPT (nanoGPT wall / triax wall): {n['wall_s'] / t['wall_s']:.3f}x; "
           f"first step {t['first_step_s'] - n['first_step_s']:+.2f} s")
+    if args.judge:
+        val_ids = np.fromfile(os.path.join(nano_dir, "data", "shakespeare_char", "val.bin"), dtype=np.uint16)
+        scores = judge(os.path.join(nano_dir, "out-shakespeare-char", "ckpt.pt"),
+                       os.path.join(work, f"triax-run-{args.rounds - 1}"), val_ids, work)
+        print(f"whole validation split ({scores['tokens']} tokens), scored by transformers' GPT-2, last round's "
+              f"models: nanoGPT {scores['nanogpt']:.4f} (its checkpoint of step {scores['nanogpt_step']}: it saves "
+              f"when the validation loss improves), triax {scores['triax']:.4f}")
     print(f"logs: {work}")
+
+
+def judge(nanogpt_checkpoint: str, triax_run: str, val_ids: np.ndarray, work: str) -> dict:
+    """Mean next-token loss of both models over every target of the validation split (windows of 64
+    targets, the tail by a last window that scores only its new targets), computed by transformers'
+    GPT2LMHeadModel: triax's model as `triax export --format hf` writes it, nanoGPT's checkpoint
+    converted here (Linear -> Conv1D transposes, its absent biases as zeros)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    exported = os.path.join(work, "triax-hf")
+    shutil.rmtree(exported, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "triax", "export", triax_run, exported, "--format", "hf"], check=True,
+                   stdout=subprocess.DEVNULL)
+    with open(os.path.join(triax_run, "vocab.json")) as handle:
+        triax_chars = json.load(handle)["chars"]
+    with open(os.path.join(os.path.dirname(os.path.dirname(nanogpt_checkpoint)), "data", "shakespeare_char",
+                           "meta.pkl"), "rb") as handle:
+        nanogpt_chars = [char for _, char in sorted(pickle.load(handle)["itos"].items())]
+    if triax_chars != nanogpt_chars:
+        raise SystemExit("vs_nanogpt: the two runs' vocabularies differ; the judge needs one id for each character")
+
+    checkpoint = torch.load(nanogpt_checkpoint, map_location="cpu", weights_only=False)
+    args = checkpoint["model_args"]
+    config = GPT2Config(vocab_size=args["vocab_size"], n_positions=args["block_size"], n_embd=args["n_embd"],
+                        n_layer=args["n_layer"], n_head=args["n_head"], activation_function="gelu",
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5)
+    nanogpt = GPT2LMHeadModel(config).eval()
+    state = {key.removeprefix("_orig_mod."): value for key, value in checkpoint["model"].items()}
+    converted = {}
+    for name, parameter in nanogpt.named_parameters():
+        source = state.get(name)
+        if source is None:  # nanoGPT's bias=False: no biases
+            converted[name] = torch.zeros_like(parameter)
+        elif name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+            converted[name] = source.t()  # nn.Linear (out, in) -> Conv1D (in, out)
+        else:
+            converted[name] = source
+    nanogpt.load_state_dict(converted, strict=False)
+    triax_model = GPT2LMHeadModel.from_pretrained(exported, local_files_only=True).eval()
+
+    ids = torch.from_numpy(val_ids.astype(np.int64))
+    block = args["block_size"]
+    targets = len(ids) - 1
+    windows = [(start, 0) for start in range(0, targets - block + 1, block)]
+    if targets % block:
+        windows.append((targets - block, block - targets % block))
+    scores = {"tokens": targets, "nanogpt_step": checkpoint.get("iter_num")}
+    for name, model in (("nanogpt", nanogpt), ("triax", triax_model)):
+        total = 0.0
+        with torch.no_grad():
+            for begin in range(0, len(windows), 256):
+                chunk = windows[begin:begin + 256]
+                x = torch.stack([ids[start:start + block] for start, _ in chunk])
+                y = torch.stack([ids[start + 1:start + block + 1] for start, _ in chunk])
+                for row, (_, skip) in enumerate(chunk):
+                    y[row, :skip] = -100  # already scored by the window before
+                logits = model(x).logits
+                total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100,
+                                                           reduction="sum").item()
+        scores[name] = total / targets
+    return scores
 
 
 def snapshot_seconds(lines: list[tuple[float, str]], median_step: float) -> float:
