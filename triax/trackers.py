@@ -191,7 +191,7 @@ class TensorBoardTracker(Tracker):
             # One event holding every value of the step: what add_scalar writes per value (a
             # simple_value), at a seventh of the cost (~0.6 ms a record of ten values is 1% of a
             # small model's CPU step when every step is logged).
-            from tensorboard.compat.proto.summary_pb2 import Summary
+            from tensorboard.compat.proto.summary_pb2 import Summary  # deferred: as SummaryWriter, above
 
             summary = Summary(value=[Summary.Value(tag=key, simple_value=float(value))
                                      for key, value in numbers.items()])
