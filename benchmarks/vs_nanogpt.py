@@ -241,7 +241,8 @@ def judge(nanogpt_checkpoint: str, triax_run: str, val_ids: np.ndarray, work: st
     args = checkpoint["model_args"]
     config = GPT2Config(vocab_size=args["vocab_size"], n_positions=args["block_size"], n_embd=args["n_embd"],
                         n_layer=args["n_layer"], n_head=args["n_head"], activation_function="gelu",
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5)
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
+                        bos_token_id=None, eos_token_id=None)  # a character vocabulary has neither
     nanogpt = GPT2LMHeadModel(config).eval()
     state = {key.removeprefix("_orig_mod."): value for key, value in checkpoint["model"].items()}
     converted = {}
