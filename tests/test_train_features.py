@@ -125,6 +125,25 @@ def test_generation_with_the_cache_equals_generation_without(prompt_len):
         assert torch.equal(runs[0], runs[1])
 
 
+@pytest.mark.multiprocess
+def test_a_sharded_runs_sample_is_the_one_process_sample_without_the_cache(tmp_path, tiny_corpus):
+    # FSDP x 2 samples with the cache (every rank takes part in each forward); the same weights in
+    # one process, without the cache, draw the same text from the same prompt and seed.
+    from triax.train.commands import load_run_model
+
+    run_dir = tmp_path / "run"
+    # A 64-character window: the 16-character prompt and 40 new ones fit, so the cache is used throughout.
+    result = train(tiny_overrides(run_dir, tiny_corpus, **{"trainer.eval_every": 4, "trainer.max_steps": 4,
+                                                           "trainer.sample_tokens": 40, "data.block_size": 64})
+                   + ["parallel.dp_replicate=1", "parallel.dp_shard=2"], nproc=2)
+    sample = result.stdout.split("--- sample at step 4 ---\n", 1)[1].split("\n---\n", 1)[0]
+    model, vocab, _ = load_run_model(str(run_dir))
+    prompt = torch.tensor([vocab.encode(sample[:16])])
+    again = model.generate(prompt, 40, temperature=0.8, top_k=20, vocab_limit=len(vocab), use_cache=False,
+                           generator=torch.Generator().manual_seed(1337))
+    assert vocab.decode(again[0].tolist()) == sample
+
+
 def test_generate_never_draws_padding_ids():
     # A vocabulary padded to a multiple of tp has rows no character maps to; make them the most
     # likely ids and check sampling still stays below the real vocabulary.
