@@ -639,10 +639,10 @@ class Trainer:
         return not self.parallel_model.pipelined and not self.parallel_model.loss_parallel
 
     def _generation_cache(self) -> bool:
-        """Generation keeps earlier tokens' keys and values (GPT.generate's use_cache) except where a
-        token fed alone does not suit the layout: sequence-parallel layers split the sequence over
-        the tensor-parallel ranks, and compiled blocks would recompile for every new length."""
-        return self.layout.tp == 1 and not self.config.parallel.compile
+        """Generation keeps earlier tokens' keys and values (GPT.generate's use_cache), except with
+        compiled blocks, which would recompile for every new length. (Tensor-parallel runs do not
+        generate: see _can_generate.)"""
+        return not self.config.parallel.compile
 
     # ---- the loop ------------------------------------------------------------------------------
 
