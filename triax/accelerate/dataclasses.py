@@ -15,7 +15,14 @@ import enum
 from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError
 
 
-class DistributedType(str, enum.Enum):
+class _StrEnum(str, enum.Enum):
+    """Accelerate's enums: members are their string values, printed as those values."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class DistributedType(_StrEnum):
     """How the processes are set up. A str enum, as in Accelerate: members equal their names
     (`DistributedType.MULTI_CPU == "MULTI_CPU"`) and serialise to JSON as strings. Every member of
     Accelerate's enum is here, in its order, so scripts that compare against any of them run; triax
@@ -36,21 +43,15 @@ class DistributedType(str, enum.Enum):
     MULTI_HPU = "MULTI_HPU"
     MULTI_NEURON = "MULTI_NEURON"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class PrecisionType(str, enum.Enum):
+class PrecisionType(_StrEnum):
     NO = "no"
     FP8 = "fp8"
     FP16 = "fp16"
     BF16 = "bf16"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class LoggerType(str, enum.Enum):
+class LoggerType(_StrEnum):
     """Accelerate's tracker names; triax has tensorboard, wandb and mlflow of these (and its own "jsonl")."""
 
     ALL = "all"
@@ -63,9 +64,6 @@ class LoggerType(str, enum.Enum):
     CLEARML = "clearml"
     DVCLIVE = "dvclive"
     SWANLAB = "swanlab"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class _Defaults:
