@@ -143,7 +143,11 @@ class KVCache:
 
     def __init__(self):
         self.layers: dict[str, LayerCache] = {}
-        self.length = 0  # positions held
+
+    @property
+    def length(self) -> int:
+        """Positions held (every layer holds the same)."""
+        return next(iter(self.layers.values())).length if self.layers else 0
 
     def layer(self, name: str) -> LayerCache:
         return self.layers.setdefault(name, LayerCache())
@@ -310,9 +314,9 @@ class GPT(nn.Module):
         tokens, which take the positions after them (generation, under torch.no_grad)."""
         # A pipeline stage may lack the embeddings (it then takes hidden states instead of ids) or
         # the final LayerNorm and head (it then returns hidden states instead of logits).
-        past = cache.length if cache is not None else 0
         if self.tok_emb is not None:
             seq = idx.shape[1]
+            past = cache.length if cache is not None else 0
             if past + seq > self.config.block_size:
                 raise ValueError(f"sequence length {past + seq} exceeds block_size {self.config.block_size}")
             positions = torch.arange(past, past + seq, device=idx.device)
@@ -321,8 +325,6 @@ class GPT(nn.Module):
             x = idx
         for name, block in self.layers.items():
             x = block(x, cache=cache.layer(name) if cache is not None else None)
-        if cache is not None:
-            cache.length = past + idx.shape[1]
         if self.ln_f is not None:
             x = self.ln_f(x)
         if self.lm_head is not None:
