@@ -184,10 +184,10 @@ class TensorBoardTracker(Tracker):
 
     def log(self, values: dict, step: int | None = None, **kwargs) -> None:
         numbers = numbers_only(values)
-        if kwargs or not numbers:  # add_scalar's own options (walltime, new_style, ...): its own path
+        if kwargs:  # add_scalar's own options (walltime, new_style, ...): its own path
             for key, value in numbers.items():
                 self.writer.add_scalar(key, value, step, **kwargs)
-        else:
+        elif numbers:
             # One event holding every value of the step: what add_scalar writes per value (a
             # simple_value), at a seventh of the cost (~0.6 ms a record of ten values is 1% of a
             # small model's CPU step when every step is logged).
