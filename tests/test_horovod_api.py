@@ -11,7 +11,7 @@ import torch
 
 import triax.horovod as hvd
 from triax.errors import TriaxError
-from triax.horovod import run as horovodrun
+from triax.horovod import horovodrun
 
 from horovod_support import horovod  # noqa: F401  (fixture: one process joined as a Horovod job)
 

@@ -16,8 +16,8 @@ from triax.horovod.broadcast_helpers import broadcast_optimizer_state, broadcast
 from triax.horovod.collectives import (
     allgather, allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall,
     alltoall_async, barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
-    grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
-    grouped_allreduce_async_, grouped_reducescatter, poll, reducescatter, reducescatter_async,
+    grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+    grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, poll, reducescatter, reducescatter_async,
     sparse_allreduce_async,
     synchronize,
 )
