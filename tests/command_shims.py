@@ -99,8 +99,9 @@ def serve(path: str) -> None:
     for name in [*forked.PRELOAD, "torch.distributed.run"]:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(path + ".starting")
     listener.listen(16)
+    os.rename(path + ".starting", path)  # the path appears once connections are accepted
     jobs: dict[socket.socket, dict] = {}  # connection -> {"pids": {pid: exit or None}}
 
     def kill(job):

@@ -238,6 +238,10 @@ def command_server(tmp_path_factory):
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **{command_shims.SERVER_VARIABLE: socket_path})
     for name in ("TRIAX_CONFIG_FILE", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "TRIAX_DEBUG"):
         env.pop(name, None)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(socket_path):  # the server imports torch before it listens
+        assert server.poll() is None and time.monotonic() < deadline, "the command server did not start"
+        time.sleep(0.1)
     try:
         yield env
     finally:
