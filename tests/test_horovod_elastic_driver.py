@@ -3,7 +3,8 @@ slots to 1 and back to 2, then a worker is killed; the job finishes, every rank 
 weights, and those weights are what one process gets by replaying the committed global batches.
 
 The two "hosts" are this machine under two names (localhost and 127.0.0.1), as horovodrun treats
-them: Horovod blacklists the host of a failed worker, so one host alone cannot survive a kill.
+them (Horovod blacklists the host of a failed worker, so one host alone cannot survive a kill),
+then two simulated nodes (network namespaces, scripts/netns.sh) where they can be made.
 """
 
 import os
@@ -19,12 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from horovod_support import WORKERS, child_env
+from triax.bench.netns import SimulatedNetwork, unavailable_reason
 
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = str(WORKERS / "elastic_resize.py")
-TWO_HOSTS = "localhost:1\n127.0.0.1:1\n"
 EVENT_TIMEOUT_S = 180  # one step of the scenario, on a loaded 2-core machine
+NETNS_REASON = unavailable_reason()
 
 
 class Job:
@@ -80,9 +82,12 @@ def replay(history, initial):
     return model.state_dict()
 
 
-def test_scale_down_up_and_a_killed_worker(tmp_path):
+def scale_down_up_and_kill(tmp_path, first: str, second: str, wrap=lambda argv: argv, env=None):
+    """The scenario on hosts `first` and `second` (1 slot each); `wrap` turns the driver's argv into
+    the command that starts it (e.g. inside a network namespace)."""
+    both = f"{first}:1\n{second}:1\n"
     hosts = tmp_path / "hosts"
-    hosts.write_text(TWO_HOSTS)
+    hosts.write_text(both)
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(0o755)
@@ -90,18 +95,19 @@ def test_scale_down_up_and_a_killed_worker(tmp_path):
     argv = [sys.executable, "-m", "triax", "horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2",
             "--host-discovery-script", str(discover), "--blacklist-cooldown-range", "1", "2",
             sys.executable, SCRIPT, "--out", str(out), "--stop-file", str(stop_file)]
-    job = Job(argv, child_env())
+    second_pattern = re.escape(second)
+    job = Job(wrap(argv), env or child_env())
     try:
         at, _ = job.wait_for(r"^step \d+ size 2")
-        hosts.write_text("localhost:1\n")  # 2 slots -> 1
+        hosts.write_text(f"{first}:1\n")  # 2 slots -> 1
         at, _ = job.wait_for(r"round 1: 1 worker", at)
         at, _ = job.wait_for(r"^step \d+ size 1", at)
-        hosts.write_text(TWO_HOSTS)  # back to 2
+        hosts.write_text(both)  # back to 2
         at, _ = job.wait_for(r"round 2: 2 worker", at)
-        at, match = job.wait_for(r"^joined 127\.0\.0\.1 rank 1 size 2 pid (\d+)", at)
+        at, match = job.wait_for(rf"^joined {second_pattern} rank 1 size 2 pid (\d+)", at)
         at, _ = job.wait_for(r"^step \d+ size 2", at)
         os.kill(int(match.group(1)), signal.SIGKILL)  # a worker lost mid-run
-        at, _ = job.wait_for(r"blacklisting host 127\.0\.0\.1", at)
+        at, _ = job.wait_for(rf"blacklisting host {second_pattern}", at)
         at, _ = job.wait_for(r"round 3: 1 worker", at)
         # its cooldown (1-2 s) over, the host comes back as an added host
         at, _ = job.wait_for(r"round 4: 2 worker", at)
@@ -127,3 +133,37 @@ def test_scale_down_up_and_a_killed_worker(tmp_path):
         # amplify; a few hundred steps stay far below 1e-5. A lost or repeated step moves weights by
         # ~lr * gradient, 1e-3 and more.
         assert torch.allclose(value, expected[name], atol=1e-5), (name, (value - expected[name]).abs().max())
+
+
+def test_scale_down_up_and_a_killed_worker(tmp_path):
+    scale_down_up_and_kill(tmp_path, "localhost", "127.0.0.1")
+
+
+FAKE_SSH = """#!/bin/sh
+# ssh for the simulated network: "ssh [options] -- HOST COMMAND" runs COMMAND in HOST's namespace
+# (named in $SIMULATED_HOSTS as address=namespace ...), stdin passed through, as sshd would.
+while [ "$1" != "--" ]; do shift; done
+shift; host=$1; shift
+for pair in $SIMULATED_HOSTS; do
+  [ "${pair%%=*}" = "$host" ] && exec ip netns exec "${pair#*=}" sh -c "$*"
+done
+echo "ssh: no simulated host $host" >&2; exit 255
+"""
+
+
+@pytest.mark.skipif(NETNS_REASON is not None, reason=f"simulated network unavailable: {NETNS_REASON}")
+def test_scale_down_up_and_a_killed_worker_across_simulated_hosts(tmp_path):
+    """The same on two simulated nodes: the driver runs on node 0 and starts node 1's worker over
+    "ssh" (a stand-in that enters node 1's namespace), so the remote start, the driver's address as
+    node 1 sees it, and gloo across the link are the ones a real second host would use."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    with SimulatedNetwork(nodes=2, rate="1gbit") as network:
+        first, second = network.address(0), network.address(1)
+        env = SimulatedNetwork.environment(child_env())
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+        env["SIMULATED_HOSTS"] = f"{first}={network.namespace(0)} {second}={network.namespace(1)}"
+        scale_down_up_and_kill(tmp_path, first, second, env=env,
+                               wrap=lambda argv: ["ip", "netns", "exec", network.namespace(0), *argv])

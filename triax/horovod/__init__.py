@@ -28,6 +28,7 @@ from triax.horovod.objects import allgather_object, broadcast_object
 from triax.horovod.process_sets import ProcessSet, global_process_set
 from triax.horovod.set_registration import add_process_set, remove_process_set
 from triax.horovod.optimizer import DistributedOptimizer
+from triax.horovod.run_function import run
 from triax.horovod.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from triax.horovod.sync_batchnorm import SyncBatchNorm
 from triax.horovod import elastic

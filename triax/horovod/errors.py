@@ -27,6 +27,10 @@ class WorkerRemoved(TriaxError, RuntimeError):
     blacklisted): Horovod's workers fail hvd.init() with the same words and leave the job."""
 
 
+class HorovodRunError(TriaxError, RuntimeError):
+    """`hvd.run`: a process of the job exited with a non-zero status (Horovod raises RuntimeError)."""
+
+
 class HorovodValueError(TriaxError, ValueError):
     """A bad argument value (root rank out of range, unknown op, uninitialized Horovod, ...)."""
 

@@ -161,8 +161,8 @@ class HostManager:
         self.order += [host for host in available if host not in self.order]
         return flags
 
-    def blacklist(self, host: str) -> None:
-        self._state(host).blacklist(time.monotonic())
+    def blacklist(self, host: str, now: float | None = None) -> None:
+        self._state(host).blacklist(time.monotonic() if now is None else now)
         self.order = [name for name in self.order if name != host]
 
     def is_blacklisted(self, host: str) -> bool:

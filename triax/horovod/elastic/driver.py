@@ -148,7 +148,8 @@ class _Driver:
             raise TriaxError(f"cannot start {self.settings.command[0]}: {error.strerror or error}") from None
         self.workers[name] = _Worker(name, slot, process)
         if self.settings.verbose:
-            self.say(f"started {name} on {slot.hostname}[{slot.local_rank}] as rank {slot.rank} of {slot.size}")
+            self.say(f"started {name} on {slot.hostname}[{slot.local_rank}] as rank {slot.rank} of {slot.size} "
+                     f"(pid {process.pid})")
 
     def reap(self) -> None:
         """Note workers that exited, and workers that came back READY."""
