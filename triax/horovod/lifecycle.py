@@ -8,6 +8,7 @@ the handles in flight.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 
@@ -28,6 +29,7 @@ from triax.timeouts import collective_timeout, process_group_timeout
 # previous store, or read the previous group's keys) and hang.
 _base_store = None
 _generation = 0
+_shutdown_registered = False
 
 
 def _check_from_env() -> bool:
@@ -88,6 +90,15 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
                       HOROVOD_LOCAL_RANK=str(local_rank), HOROVOD_LOCAL_SIZE=str(local_size),
                       HOROVOD_CROSS_RANK=str(cross_rank), HOROVOD_CROSS_SIZE=str(cross_size))
     set_registration.register_at_init(process_sets)
+    global _shutdown_registered
+    if not _shutdown_registered:
+        # As Horovod's init does: leave the job when the script ends. A process group still alive
+        # while the interpreter finalizes is destroyed then, and gloo's threads, releasing the
+        # collectives' tensors, need a GIL that is gone: the process aborts ("terminate called
+        # without an active exception") after a run that succeeded. Horovod's own scripts end
+        # without hvd.shutdown().
+        atexit.register(shutdown)
+        _shutdown_registered = True
 
 
 def gloo_timeout() -> float:
