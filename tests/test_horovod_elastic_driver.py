@@ -116,6 +116,11 @@ def scale_down_up_and_kill(tmp_path, first: str, second: str, wrap=lambda argv: 
         assert job.process.wait(EVENT_TIMEOUT_S) == 0, "\n".join(job.lines[-40:])
     finally:
         job.stop()
+    # every worker started with Horovod's variables, rank and size those of its first round
+    starts = [line for line in job.lines if line.startswith("started with ")]
+    assert len(starts) >= 4 and all("=None" not in line for line in starts), starts
+    assert any(f"HOROVOD_HOSTNAME={second} HOROVOD_RANK=1 HOROVOD_SIZE=2 HOROVOD_LOCAL_RANK=0 HOROVOD_LOCAL_SIZE=1 "
+               "HOROVOD_CROSS_RANK=1 HOROVOD_CROSS_SIZE=2" in line for line in starts), starts
     finals = [line.split() for line in job.lines if line.startswith("final ")]
     assert len(finals) == 2 and {words[-1] for words in finals} == {finals[0][-1]}, finals  # equal weights
     saved = torch.load(out, weights_only=True)

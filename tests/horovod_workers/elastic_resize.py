@@ -5,7 +5,7 @@ It trains a small model with an ElasticSampler in a TorchState, committing after
 the file --stop-file exists (checked at the end of each epoch). Every rank keeps, in the state,
 the global batch of every committed step (the indices of all ranks, gathered), so after any
 reset the committed history is exactly what the model went through. Prints, for the test to
-follow: `joined HOST rank R size S pid P` at every (re)join, `step N size S` after each commit,
+follow: `started with HOROVOD_...=...` before hvd.init(), `joined HOST rank R size S pid P` at every (re)join, `step N size S` after each commit,
 and `final rank R size S digest D` at the end. Rank 0 writes --out: the committed history, the
 initial and final weights and the resets each rank saw.
 """
@@ -56,6 +56,10 @@ def say(text):
     print(text, flush=True)
 
 
+# What horovodrun put in this worker's environment before the script started.
+HOROVOD_VARIABLES = ["HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+                     "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE"]
+say("started with " + " ".join(f"{name}={os.environ.get(name)}" for name in HOROVOD_VARIABLES))
 hvd.init()
 dataset = Numbered(args.samples)
 model = build_model()
