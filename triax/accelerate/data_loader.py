@@ -33,6 +33,7 @@ from triax.accelerate.errors import AcceleratorValueError
 from triax.accelerate.operations import broadcast_object_list, map_tensors, send_to_device
 from triax.accelerate.random import SeedableRandomSampler, synchronize_generator
 from triax.accelerate.state import GradientState, PartialState
+from triax.accelerate.surface import serve_absent
 from triax.data.sampler import GlobalSampler
 
 
@@ -508,3 +509,9 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
         num_processes=state.num_processes if num_processes is None else num_processes,
         gradient_state=GradientState(), seed=0, split_batches=split_batches, even_batches=even_batches,
         use_seedable_sampler=use_seedable_sampler, data_seed=data_seed)
+
+
+# accelerate.data_loader's counterpart: these names, and its other names as stand-ins (surface.py).
+__all__ = ["SeedableRandomSampler", "prepare_data_loader", "skip_first_batches"]
+
+__getattr__, __dir__ = serve_absent(__name__)
