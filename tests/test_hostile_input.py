@@ -876,7 +876,7 @@ def test_accelerator_state_positions_lie_within_their_epoch():
     from triax.checkpoint import SnapshotError
 
     state = {"schedulers": [], "custom": [], "optimizer_steps": [], "stateless_optimizers": [],
-             "saved_models": [0], "num_models": 1, "micro_step": 0, "scaler": {},
+             "saved_models": [0], "num_models": 1, "micro_step": 0, "scaler": {}, "units": [[[0], []]],
              "dataloaders": [{"epoch": 0, "batch": 3, "num_samples": 10, "total_batch_size": 4, "seed": 0}]}
     validate_state(state, "s")
     state["dataloaders"][0]["batch"] = 2**40
