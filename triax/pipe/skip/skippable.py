@@ -153,7 +153,7 @@ def skippable(stash=(), pop=()):
     stashable_names, poppable_names = frozenset(stash), frozenset(pop)
 
     def make_skippable(module_cls: type) -> type:
-        # The new class takes the decorated one's name and place, so it reads and pickles as it.
+        # The new class takes the decorated one's name, module and docstring: it stands in for it.
         return type(module_cls.__name__, (Skippable,), {
             "module_cls": module_cls, "stashable_names": stashable_names, "poppable_names": poppable_names,
             "__module__": module_cls.__module__, "__qualname__": module_cls.__qualname__, "__doc__": module_cls.__doc__,
