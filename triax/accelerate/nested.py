@@ -23,7 +23,7 @@ def is_namedtuple(data) -> bool:
     return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(data, "_asdict")
 
 
-def _is_mapping(data) -> bool:
+def is_mapping(data) -> bool:
     # transformers' BatchEncoding is a Mapping; objects that only look like one (keys and .to) count too.
     return isinstance(data, Mapping) or (hasattr(data, "keys") and callable(getattr(data, "to", None)))
 
@@ -43,7 +43,7 @@ def recursively_apply(function, data, *args, test_type=is_torch_tensor, error_on
         return honor_type(data, (recursively_apply(function, item, *args, test_type=test_type,
                                                    error_on_other_type=error_on_other_type, **kwargs)
                                  for item in data))
-    if _is_mapping(data):
+    if is_mapping(data):
         return type(data)({key: recursively_apply(function, data[key], *args, test_type=test_type,
                                                   error_on_other_type=error_on_other_type, **kwargs)
                            for key in data.keys()})
@@ -66,7 +66,7 @@ def send_to_device(data, device, non_blocking: bool = False, skip_keys=None):
             return data.to(device)
     if isinstance(data, (list, tuple)):
         return honor_type(data, (send_to_device(item, device, non_blocking, skip_keys) for item in data))
-    if _is_mapping(data):
+    if is_mapping(data):
         skipped = [skip_keys] if isinstance(skip_keys, str) else list(skip_keys or [])
         return type(data)({key: data[key] if key in skipped else send_to_device(data[key], device, non_blocking,
                                                                                  skip_keys)
@@ -85,7 +85,7 @@ def listify(data):
 
 def find_batch_size(data) -> int:
     """The first dimension of the first tensor found (depth first)."""
-    if isinstance(data, (list, tuple)) or _is_mapping(data):
+    if isinstance(data, (list, tuple)) or is_mapping(data):
         if len(data) == 0:
             raise AcceleratorValueError(f"Cannot find the batch size from empty {type(data)}.")
         return find_batch_size(data[0] if isinstance(data, (list, tuple)) else data[next(iter(data.keys()))])
@@ -107,7 +107,7 @@ def concatenate(data: list, dim: int = 0):
     first = data[0]
     if isinstance(first, (list, tuple)):
         return honor_type(first, (concatenate([item[index] for item in data], dim=dim) for index in range(len(first))))
-    if _is_mapping(first):
+    if is_mapping(first):
         return type(first)({key: concatenate([item[key] for item in data], dim=dim) for key in first.keys()})
     if is_torch_tensor(first):
         return torch.cat(list(data), dim=dim)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from triax.accelerate.errors import AcceleratorValueError, DistributedOperationException
-from triax.accelerate.nested import _is_mapping, recursively_apply, send_to_device  # noqa: F401 (re-exported)
+from triax.accelerate.nested import is_mapping, recursively_apply, send_to_device  # noqa: F401 (re-exported)
 from triax.collectives import all_gather_bytes
 from triax.kept_works import wait_and_keep
 from triax.process_group import collective_device, is_distributed
@@ -41,7 +41,7 @@ def signature(data, full_shape: bool) -> list[str]:
             shape = list(value.shape) if value.dim() else [1]
             shown = {True: shape, False: ["*", *shape[1:]], None: ["*"] * len(shape)}[full_shape]
             lines.append(f"{path}: {str(value.dtype).removeprefix('torch.')} tensor {shown}".replace("'", ""))
-        elif _is_mapping(value):
+        elif is_mapping(value):
             keys = list(value.keys())
             lines.append(f"{path}: {type(value).__name__} with keys {keys}")
             for key in keys:

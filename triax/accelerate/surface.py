@@ -58,8 +58,6 @@ DISPATCH = ("Accelerate's batch-dispatch internals are not part of triax: every 
             "of each batch (prepare your DataLoader with Accelerator.prepare)")
 STATE_INTERNALS = "an Accelerate internal; use PartialState / AcceleratorState"
 OPTIMIZER_INTERNALS = "an Accelerate internal; prepare the optimizer with Accelerator.prepare"
-DATA_LOADER_CLASSES = ("triax prepares every DataLoader as one class, PreparedDataLoader (Accelerator.prepare or "
-                       "prepare_data_loader); skip batches with skip_first_batches")
 TRACKERS = ("triax logs to tensorboard, wandb, mlflow and jsonl; for another service, subclass GeneralTracker and "
             "pass it in log_with (or register_tracker_class)")
 DEVICE_PROBES = ("Accelerate's hardware probes are not part of triax; ask torch directly (torch.cuda, "
@@ -89,10 +87,6 @@ _ABSENT_GROUPS = {
     ],
     "accelerate.checkpointing": [
         (CHECKPOINT_INTERNALS, "load_accelerator_state load_custom_state save_accelerator_state save_custom_state"),
-    ],
-    "accelerate.data_loader": [
-        (DATA_LOADER_CLASSES, "BatchSamplerShard DataLoaderAdapter DataLoaderDispatcher DataLoaderShard "
-                              "DataLoaderStateMixin IterableDatasetShard SkipBatchSampler SkipDataLoader get_sampler"),
     ],
     "accelerate.hooks": [
         (BIG_MODEL, "AlignDevicesHook CpuOffload LayerwiseCastingHook ModelHook SequentialHook UserCpuOffloadHook "
@@ -234,6 +228,9 @@ ELSEWHERE: dict[str, dict[str, str]] = {
         "JsonlTracker": "triax's own: metrics.jsonl",
     },
     "accelerate.utils": {
+        **{name: "accelerate.data_loader" for name in (
+            "BatchSamplerShard", "DataLoaderAdapter", "DataLoaderDispatcher", "DataLoaderShard", "DataLoaderStateMixin",
+            "IterableDatasetShard", "SkipBatchSampler", "SkipDataLoader", "get_sampler")},
         "DistributedOperationException": "accelerate.utils.operations",
         "SeedableRandomSampler": "accelerate.data_loader",
         "are_the_same_tensors": "accelerate.test_utils",

@@ -15,7 +15,16 @@ from packaging.version import Version, parse
 
 from triax.accelerate import constants, imports
 from triax.accelerate.constants import *  # noqa: F401,F403 (Accelerate's constants, listed in __all__)
-from triax.accelerate.data_loader import prepare_data_loader, skip_first_batches
+from triax.accelerate.data_loader import (
+    DataLoaderAdapter,
+    DataLoaderDispatcher,
+    DataLoaderShard,
+    DataLoaderStateMixin,
+    SkipDataLoader,
+    get_sampler,
+    prepare_data_loader,
+    skip_first_batches,
+)
 from triax.accelerate.dataclasses import (
     AutocastKwargs,
     ComputeEnvironment,
@@ -78,6 +87,7 @@ from triax.accelerate.operations import (
     reduce,
 )
 from triax.accelerate.random import SeedableRandomSampler, synchronize_rng_state, synchronize_rng_states
+from triax.accelerate.sharding import BatchSamplerShard, IterableDatasetShard, SkipBatchSampler
 from triax.accelerate.state import PartialState
 from triax.accelerate.surface import serve_absent
 from triax.checkpoint.rng import seed_everything
@@ -182,6 +192,9 @@ __all__ = sorted([
     "prepare_data_loader", "recursive_getattr", "recursively_apply", "reduce", "release_memory", "save",
     "send_to_device", "set_seed", "should_reduce_batch_size", "skip_first_batches", "str_to_bool",
     "synchronize_rng_state", "synchronize_rng_states", "tqdm", "wait_for_everyone",
+    # accelerate.data_loader's classes, kept here too (as SeedableRandomSampler and prepare_data_loader are)
+    "BatchSamplerShard", "DataLoaderAdapter", "DataLoaderDispatcher", "DataLoaderShard", "DataLoaderStateMixin",
+    "IterableDatasetShard", "SkipBatchSampler", "SkipDataLoader", "get_sampler",
     *(name for name in vars(constants) if name.isupper()), *imports.PROBES])
 
 __getattr__, __dir__ = serve_absent(__name__)
