@@ -196,3 +196,90 @@ def test_torch_state_keeps_every_model_and_optimizer_it_is_given(horovod):
         replacement.weight.zero_()
     state.restore()
     assert state.head is replacement and not torch.equal(replacement.weight, torch.zeros(1, 3))
+
+
+# ---- the driver's decisions, Horovod's rules, without processes ------------------------------
+class FakeStore:
+    def __init__(self):
+        self.values = {}
+
+    def set(self, key, value):
+        self.values[key] = value
+
+    def check(self, keys):
+        return all(key in self.values for key in keys)
+
+    def add(self, key, amount):
+        self.values[key] = self.values.get(key, 0) + amount
+        return self.values[key]
+
+
+class FakeProcess:
+    pid = 0
+
+    def poll(self):
+        return None
+
+
+def driver_with(hosts, *, reset_limit=None, min_np=1, max_np=None):
+    from triax.horovod.elastic import driver as elastic_driver
+    from triax.horovod.elastic.discovery import FixedHosts
+
+    settings = elastic_driver.ElasticSettings(command=["python", "train.py"], np=min_np, min_np=min_np,
+                                              max_np=max_np, discovery=FixedHosts(hosts), reset_limit=reset_limit,
+                                              cooldown_range=None, elastic_timeout=5, ssh=None)
+    job = elastic_driver._Driver(settings, store=FakeStore(), hosts=HostManager())
+    job.hosts.update(dict(hosts), now=0)
+    job.assignment = assign(job.hosts.available(), max_np)
+    started = []
+    job.start_worker = lambda slot: started.append(slot)
+    for number, slot in enumerate(job.assignment):
+        job.workers[f"w{number}"] = elastic_driver._Worker(f"w{number}", slot, FakeProcess())
+    return job, started
+
+
+def test_driver_ends_the_job_when_a_worker_succeeds_or_every_worker_failed():
+    job, _ = driver_with([("a", 1), ("b", 1)])
+    job.workers["w0"].exit_code, job.workers["w1"].exit_code = 0, 0
+    assert job.decide() == 0
+    job, _ = driver_with([("a", 1), ("b", 1)])
+    job.workers["w0"].exit_code, job.workers["w1"].ready = 0, True
+    assert job.decide() == 0  # one success ends the job (the waiting worker is stopped)
+    job, _ = driver_with([("a", 1), ("b", 1)])
+    job.workers["w0"].exit_code, job.workers["w1"].exit_code = 3, 4
+    assert job.decide() == 3
+
+
+def test_driver_blacklists_a_failed_workers_host_and_hands_out_the_next_round():
+    job, started = driver_with([("a", 2), ("b", 1)])
+    job.workers["w0"].ready = job.workers["w1"].ready = True
+    job.workers["w2"].exit_code = -9  # b's worker was killed
+    assert job.decide() is None and job.hosts.is_blacklisted("b")
+    assert job.round == 1 and job.resets == 1 and not started
+    assert job.store.values[protocol.assignment_key(1, "w0")].startswith("0,2,0,2,0,1;")
+    assert job.store.values[protocol.assignment_key(1, "w1")].startswith("1,2,1,2,0,1;")
+    assert set(job.workers) == {"w0", "w1"}
+
+
+def test_driver_stops_after_the_reset_limit_and_when_every_host_is_blacklisted(capsys):
+    job, _ = driver_with([("a", 1), ("b", 1)], reset_limit=0)
+    job.workers["w0"].ready, job.workers["w1"].exit_code = True, 1
+    assert job.decide() == 1
+    assert "number of resets during elastic job exceeded limit: 0" in capsys.readouterr().err
+    job, _ = driver_with([("a", 2)])
+    job.workers["w0"].ready, job.workers["w1"].exit_code = True, 1
+    assert job.decide() == 1  # a's worker failed: a is blacklisted, and a was the only host
+    assert "every host of the job is blacklisted" in capsys.readouterr().err
+
+
+def test_driver_removes_and_adds_slots_as_the_hosts_change():
+    job, started = driver_with([("a", 1), ("b", 1)], max_np=3)
+    job.hosts.update({"a": 1}, now=1)  # b left: its worker is told it was removed
+    job.workers["w0"].ready = job.workers["w1"].ready = True
+    assert job.decide() is None
+    assert job.store.values[protocol.assignment_key(1, "w1")] == protocol.REMOVED_ANSWER
+    assert job.store.values[protocol.assignment_key(1, "w0")].startswith("0,1,0,1,0,1;")
+    job.hosts.update({"a": 1, "c": 3}, now=2)  # c joins with 3 slots: 2 more fit under --max-np 3
+    job.workers["w0"].ready = True
+    assert job.decide() is None
+    assert [(slot.hostname, slot.local_rank, slot.rank) for slot in started] == [("c", 0, 1), ("c", 1, 2)]
