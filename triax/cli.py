@@ -57,7 +57,7 @@ def run_command(argv: list[str]) -> int:
         print(_usage())
         return 0
     if argv[0] in ("--version", "version"):
-        from triax import __version__
+        from triax.version import __version__
 
         print(f"triax {__version__}")
         return 0

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -57,6 +58,7 @@ from triax.checkpoint.shards import SHARDS_METADATA, ShardReader, ShardWriter
 from triax.checkpoint.storage import Store, sha256
 from triax.collectives import broadcast_int, max_across_ranks
 from triax.errors import TriaxError
+from triax.version import __version__
 
 SNAPSHOT_PREFIX = "step_"
 STAGING_SUFFIX = ".tmp"  # a local snapshot being written
@@ -162,13 +164,19 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"  # e.g. a caller's state that is not JSON
 
 
-def _checkpoint_failure(error: CheckpointException) -> str:
-    """The first rank's error inside DCP's wrapper, in one line."""
+def _retryable(error: BaseException) -> bool:
+    """Whether a later attempt may succeed: a storage fault (OSError), not a fault of the program."""
+    return error.retryable if isinstance(error, SnapshotWriteError) else isinstance(error, OSError)
+
+
+def _checkpoint_failure(error: CheckpointException) -> tuple[str, bool]:
+    """The first rank's error inside DCP's wrapper, in one line, and whether it is retryable."""
     for rank, (failure, _) in sorted(error.failures.items()):
         if isinstance(failure, OSError):
-            return f"rank {rank}: {type(failure).__name__}: {failure.strerror or failure}"
-        return f"rank {rank}: {type(failure).__name__}: {str(failure).strip().splitlines()[0] if str(failure).strip() else ''}"
-    return "unknown failure"
+            return f"rank {rank}: {type(failure).__name__}: {failure.strerror or failure}", True
+        text = str(failure).strip().splitlines()[0] if str(failure).strip() else ""
+        return f"rank {rank}: {type(failure).__name__}: {text}", _retryable(failure)
+    return "unknown failure", True
 
 
 class PendingSnapshot:
@@ -188,9 +196,11 @@ class PendingSnapshot:
                 self._future.result()
                 self._result = self.path
             except CheckpointException as error:
-                self._result = SnapshotWriteError(f"could not write snapshot {self.path}: {_checkpoint_failure(error)}")
+                text, retryable = _checkpoint_failure(error)
+                self._result = SnapshotWriteError(f"could not write snapshot {self.path}: {text}", retryable)
             except Exception as error:  # noqa: BLE001 - reported as a write failure on every rank
-                self._result = SnapshotWriteError(f"could not write snapshot {self.path}: {type(error).__name__}: {error}")
+                self._result = SnapshotWriteError(f"could not write snapshot {self.path}: {type(error).__name__}: "
+                                                  f"{error}", _retryable(error))
             if isinstance(self._result, BaseException):
                 self._cleanup()
         if isinstance(self._result, BaseException):
@@ -241,14 +251,12 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
         with raise_together("writing its RNG state", SnapshotWriteError):
             store.write(store.join(work, "rng", f"rank_{rank:05d}.json"), json.dumps(capture_rng_state()).encode())
             if rank == 0:
-                from triax import __version__
-
                 record = dict(state, step=step, world_size=world, triax_version=__version__,
                               optimizer_groups=_hyper_parameters(optim_state))
                 store.write(store.join(work, STATE), json.dumps(record, indent=1).encode())
     except Exception as failure:
         cleanup()
-        raise SnapshotWriteError(f"could not write snapshot {url}: {_describe(failure)}") from None
+        raise SnapshotWriteError(f"could not write snapshot {url}: {_describe(failure)}", _retryable(failure)) from None
 
     def finish(shards_json: bytes) -> None:  # the coordinator, once every shard file is durable
         _complete(store, work, final, step, world, shards_json)
@@ -261,8 +269,6 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
 
     writer = ShardWriter(store, work, finish)
     if asynchronous:
-        from torch.distributed.checkpoint.staging import BlockingAsyncStager
-
         # The stager copies every tensor to CPU memory before returning: training may go on.
         future = dcp.async_save(tensors, storage_writer=writer, process_group=_async_process_group(),
                                 async_stager=BlockingAsyncStager(), no_dist=not dist.is_initialized())
@@ -303,8 +309,6 @@ def _prepare(store: Store, work: str) -> None:
 
 def _complete(store: Store, work: str, final: str, step: int, world: int, shards_json: bytes) -> None:
     """Write shards.json and the manifest (last), then give the directory its final name."""
-    from triax import __version__
-
     files = {}
     store.write(store.join(work, SHARDS_METADATA), shards_json)
     for relative, entry in json.loads(shards_json)["files"].items():

@@ -420,6 +420,12 @@ class Trainer:
         trainer = self.config.trainer
         self.save_failures += 1
         last_good = self.last_snapshot or "none yet"
+        # Agreed by every rank (a collective), so all stop or all go on: a rank may hold only
+        # another rank's "failed elsewhere" and not know the cause.
+        if any_rank(not getattr(error, "retryable", True)):
+            raise checkpoint.SnapshotWriteError(
+                f"{error}; not a storage fault, so another attempt would fail the same way: the run stops "
+                f"(last good snapshot: {last_good})", retryable=False) from None
         if self.save_failures >= trainer.max_save_failures:
             raise checkpoint.SnapshotWriteError(
                 f"{error}; {self.save_failures} snapshot attempts in a row failed (trainer.max_save_failures="
