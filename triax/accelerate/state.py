@@ -11,17 +11,40 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import os
 import sys
 import warnings
+import weakref
 
 import torch.distributed as dist
 
 from triax.accelerate.dataclasses import DistributedType
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.accelerate.surface import serve_absent
 from triax.agreement import raise_together
 from triax.collectives import barrier
 from triax.place import detect_place, pick_device
 from triax.process_group import init_distributed, is_distributed, shutdown_distributed
+
+__all__ = ["AcceleratorState", "GradientState", "PartialState", "is_initialized"]
+
+
+def _of_the_state(getter):
+    """A property read from the process state: after _reset_state() it raises AttributeError, so
+    the class's __getattr__ says the state was reset (as Accelerate's do)."""
+
+    @functools.wraps(getter)
+    def read(self):
+        if not self.initialized:
+            raise AttributeError(getter.__name__)
+        return getter(self)
+
+    return property(read)
+
+
+def _after_reset(class_name: str, name: str) -> str:
+    return (f"`{class_name}` object has no attribute `{name}`. This happens if `{class_name}._reset_state()` was "
+            f"called after it was made; create the Accelerator (or {class_name}()) again before using it")
 
 
 class PartialState:
@@ -38,7 +61,9 @@ class PartialState:
         if self._shared_state.get("_initialized"):
             return  # the job's state exists already: this instance shares it
         place = detect_place()
-        self.device = pick_device("cpu" if cpu else None, place.local_rank)
+        # ACCELERATE_TORCH_DEVICE names the device outright (as in Accelerate), e.g. "cuda:3".
+        self.device = pick_device(os.environ.get("ACCELERATE_TORCH_DEVICE") or ("cpu" if cpu else None),
+                                  place.local_rank)
         # Uses a process group the script already created (e.g. under torchrun), or creates one.
         timeout_s = timeout.total_seconds() if timeout is not None else None  # None: triax.timeouts' default
         self.place = init_distributed(self.device, place, backend=backend, timeout_s=timeout_s)
@@ -57,13 +82,20 @@ class PartialState:
     def initialized(self) -> bool:
         return self.__dict__.get("_initialized", False)
 
+    def __getattr__(self, name: str):
+        # Reached for attributes the shared state lacks: a name it never had, or (after
+        # _reset_state()) one of the state's own, whose properties then raise AttributeError too.
+        if name.startswith("__") or self.initialized:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        raise AttributeError(_after_reset(type(self).__name__, name))
+
     # ---- who am I -------------------------------------------------------------------------------
 
-    @property
+    @_of_the_state
     def num_processes(self) -> int:
         return dist.get_world_size() if is_distributed() else 1
 
-    @property
+    @_of_the_state
     def process_index(self) -> int:
         return dist.get_rank() if is_distributed() else 0
 
@@ -213,25 +245,52 @@ class AcceleratorState(PartialState):
         if reset_partial_state:
             PartialState._reset_state()
 
-    def __getattr__(self, name: str):
-        # Reached only for attributes the shared state lacks, i.e. after _reset_state().
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(f"`AcceleratorState` object has no attribute `{name}`. This happens if "
-                             "`AcceleratorState._reset_state()` was called after the Accelerator was created; "
-                             "create a new Accelerator (or AcceleratorState) before using it again")
-
     @property
     def initialized(self) -> bool:
         return bool(self._shared_state)
 
-    # Process information is PartialState's, so it survives a reset of this state.
-    num_processes = property(lambda self: PartialState().num_processes)
-    process_index = property(lambda self: PartialState().process_index)
-    local_process_index = property(lambda self: PartialState().local_process_index)
+    # Process information is PartialState's (it survives a reset of this state there); read through
+    # an AcceleratorState that was reset, it raises AttributeError, as Accelerate's.
+    @_of_the_state
+    def num_processes(self) -> int:
+        return PartialState().num_processes
+
+    @_of_the_state
+    def process_index(self) -> int:
+        return PartialState().process_index
+
+    @_of_the_state
+    def local_process_index(self) -> int:
+        return PartialState().local_process_index
+
+    # Asked of PartialState directly, as Accelerate's: these keep working after a reset of this state.
+    is_main_process = property(lambda self: PartialState().is_main_process)
+    is_local_main_process = property(lambda self: PartialState().is_local_main_process)
+    is_last_process = property(lambda self: PartialState().is_last_process)
+    use_distributed = property(lambda self: PartialState().use_distributed)
+
+    def wait_for_everyone(self) -> None:
+        PartialState().wait_for_everyone()
+
+    def print(self, *args, **kwargs) -> None:
+        PartialState().print(*args, **kwargs)
+
+    def main_process_first(self):
+        return PartialState().main_process_first()
+
+    def local_main_process_first(self):
+        return PartialState().local_main_process_first()
+
+    def split_between_processes(self, inputs, apply_padding: bool = False):
+        return PartialState().split_between_processes(inputs, apply_padding=apply_padding)
+
+    def destroy_process_group(self, group=None) -> None:
+        PartialState().destroy_process_group(group)
 
     @property
     def distributed_type(self) -> DistributedType:
+        if not self.initialized:
+            raise AttributeError("distributed_type")  # after _reset_state(): __getattr__ says so
         override = self.__dict__.get("distributed_type_override")
         return override if override is not None else PartialState.distributed_type.fget(self)
 
@@ -265,7 +324,9 @@ class GradientState:
         if not self._shared_state:
             self.sync_gradients = True
             self.micro_step = 0  # micro-steps since the last synchronising one, inside `accumulate`
-            self.active_loaders = []  # innermost (currently iterated) dataloader last
+            # Weak references: a dataloader in the middle of a pass must not outlive its owner
+            # (the shared state lives as long as the process).
+            self._loader_references: list = []
             self.accumulation_steps = 1
             self.sync_with_dataloader, self.sync_each_batch, self.adjust_scheduler = True, False, True
         if accumulation_steps is not None:
@@ -290,32 +351,37 @@ class GradientState:
         return self.accumulation_steps
 
     @property
-    def active_loader(self):
-        return self.active_loaders[-1] if self.active_loaders else None
+    def dataloader_references(self) -> list:
+        """The dataloaders being iterated, innermost last (None for one that no longer exists)."""
+        return [reference() for reference in self._loader_references]
 
-    active_dataloader = active_loader
+    def _add_dataloader(self, dataloader) -> None:
+        self._loader_references = self._loader_references + [weakref.ref(dataloader)]
+
+    def _remove_dataloader(self, dataloader) -> None:
+        self._loader_references = [reference for reference in self._loader_references
+                                   if reference() is not dataloader]
+
+    @property
+    def active_dataloader(self):
+        references = self._loader_references
+        return references[-1]() if references else None
 
     @property
     def in_dataloader(self) -> bool:
-        return self.active_loader is not None
+        return self.active_dataloader is not None
 
     @property
     def end_of_dataloader(self) -> bool:
-        loader = self.active_loader
-        return bool(loader is not None and loader.at_end)
+        loader = self.active_dataloader
+        return bool(loader is not None and loader.end_of_dataloader)
 
     @property
     def remainder(self) -> int:
         """Accelerate's meaning: how many real samples the last global batch holds (0 when the
-        dataset divides evenly, -1 outside a dataloader)."""
-        loader = self.active_loader
+        dataset divides evenly, -1 when unknown or outside a dataloader)."""
+        loader = self.active_dataloader
         return loader.remainder if loader is not None else -1
-
-    @property
-    def padding_in_last_batch(self) -> int:
-        """How many of the last global batch's samples repeat earlier ones (even_batches)."""
-        loader = self.active_loader
-        return loader.padding_in_last_batch if loader is not None else 0
 
     def next_micro_step(self) -> bool:
         """Advance `accumulate`'s counter; True when this micro-step must synchronise: every
@@ -327,6 +393,11 @@ class GradientState:
         if self.sync_gradients:
             self.micro_step = 0
         return self.sync_gradients
+
+
+def is_initialized() -> bool:
+    """True once an Accelerator (or AcceleratorState) has set up the state, until it is reset."""
+    return bool(AcceleratorState._shared_state)
 
 
 # ---- Accelerate's own helpers beside triax's Accelerator ----------------------------------------
@@ -366,3 +437,6 @@ def _reset_accelerate(class_name: str) -> None:
     reset = getattr(getattr(accelerate_state, class_name, None), "_reset_state", None)
     if reset is not None:
         reset()
+
+
+__getattr__, __dir__ = serve_absent(__name__)

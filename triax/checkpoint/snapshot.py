@@ -130,6 +130,12 @@ def _tensor_state(model: torch.nn.Module, optimizer, stored_name: Callable[[str]
     return flat, model_state, optim_state
 
 
+def _optimizers(optimizer) -> tuple:
+    """`optimizer` may be one optimizer or a tuple of optimizers over the model's parameters
+    (torch.distributed.checkpoint.state_dict takes both; their groups are saved in order)."""
+    return tuple(optimizer) if isinstance(optimizer, (list, tuple)) else (optimizer,)
+
+
 def _hyper_parameters(optim_state: dict | None) -> list | None:
     """Optimizer groups without their parameter lists (those differ per pipeline stage): JSON."""
     if optim_state is None:
@@ -407,6 +413,12 @@ def _same_kind(saved, current) -> bool:
     return False
 
 
+def _as_held(saved, current):
+    """JSON has no tuples: a saved list is given back as a tuple where the optimizer holds one
+    (Adam's betas), so the restored state_dict equals the saved one."""
+    return tuple(saved) if isinstance(current, tuple) and isinstance(saved, list) else saved
+
+
 def _check_groups(saved: list, current: list, snapshot: str) -> None:
     """Saved optimizer hyper-parameters must be the ones this optimizer has, with the same types:
     anything else would only fail later, inside a training step."""
@@ -432,7 +444,8 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
         if check_state is not None:
             check_state(reader.state)
         if optimizer is not None and reader.state.get("optimizer_groups") is not None:
-            _check_groups(reader.state["optimizer_groups"], optimizer.param_groups, snapshot)
+            groups = [group for one in _optimizers(optimizer) for group in one.param_groups]
+            _check_groups(reader.state["optimizer_groups"], groups, snapshot)
         rng_file = f"rng/rank_{_rank():05d}.json"
         # A rank that did not exist when saving (resuming on more processes) keeps its own seed.
         if restore_rng and reader.has(rng_file):
@@ -458,8 +471,10 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
             if len(saved_groups) != len(optim_state["param_groups"]):
                 raise ValueError(f"{len(saved_groups)} optimizer parameter groups saved, "
                                  f"{len(optim_state['param_groups'])} now")
-            optim_state["param_groups"] = [dict(group, **saved, params=group["params"])
-                                           for group, saved in zip(optim_state["param_groups"], saved_groups)]
+            optim_state["param_groups"] = [
+                dict(group, **{key: _as_held(value, group.get(key)) for key, value in saved.items()},
+                     params=group["params"])
+                for group, saved in zip(optim_state["param_groups"], saved_groups)]
             set_optimizer_state_dict(model, optimizer, optim_state, options=_SHARDED)
     except (RuntimeError, KeyError, ValueError, TypeError) as failure:
         raise _fit_error(snapshot, failure) from None
