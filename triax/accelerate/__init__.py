@@ -16,12 +16,13 @@ from triax.accelerate.dataclasses import (
     InitProcessGroupKwargs,
     ProjectConfiguration,
 )
+from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
 from triax.accelerate.launchers import notebook_launcher
 from triax.accelerate.memory import find_executable_batch_size
 from triax.accelerate.state import AcceleratorState, GradientState, PartialState
 
 __all__ = [
     "Accelerator", "AcceleratorState", "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
-    "DistributedType", "GradScalerKwargs", "GradientAccumulationPlugin", "GradientState", "InitProcessGroupKwargs",
+    "DistributedType", "FullyShardedDataParallelPlugin", "GradScalerKwargs", "GradientAccumulationPlugin", "GradientState", "InitProcessGroupKwargs",
     "PartialState", "ProjectConfiguration", "find_executable_batch_size", "notebook_launcher", "skip_first_batches",
 ]

@@ -227,8 +227,8 @@ def _no_model() -> torch.nn.Module:
 # ---- the storage seam: the only two calls into the snapshot format -------------------------------
 
 
-def _write_snapshot(root: str, step: int, model, optimizer, state: dict) -> str:
-    return save_snapshot(root, step, model, optimizer, state)
+def _write_snapshot(root: str, step: int, model, optimizer, state: dict, full: bool = False) -> str:
+    return save_snapshot(root, step, model, optimizer, state, full_state_dict=full)
 
 
 def _read_snapshot(snapshot: str, model, optimizer, restore_rng: bool) -> None:
@@ -245,10 +245,11 @@ def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
     # With every model taken over by hooks, the snapshot still carries the rest of the state.
     models = [accelerator._models[i] for i in saved] or [_no_model()]
     model_optimizers = [optimizers[i] for i in saved] or [None]
+    full = accelerator._saves_full_state_dict
     snapshot_name = None
     for index in range(1, len(models)):
         extra = _write_snapshot(os.path.join(root, f"model_{index}"), step, models[index],
-                                _in_snapshot(model_optimizers[index]), {})
+                                _in_snapshot(model_optimizers[index]), {}, full)
         snapshot_name = os.path.basename(extra)
     state = {"accelerator": {
         "num_models": len(saved),
@@ -263,7 +264,7 @@ def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
                                  if optimizer is not None and _in_snapshot(optimizer) is None else None
                                  for optimizer in model_optimizers],
     }}
-    path = _write_snapshot(root, step, models[0], _in_snapshot(model_optimizers[0]), state)
+    path = _write_snapshot(root, step, models[0], _in_snapshot(model_optimizers[0]), state, full)
     assert snapshot_name in (None, os.path.basename(path))
     return path
 

@@ -27,6 +27,7 @@ from triax.accelerate.dataclasses import (
     ProjectConfiguration,
 )
 from triax.accelerate.errors import DistributedOperationException
+from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
 from triax.accelerate.launchers import notebook_launcher
 from triax.accelerate.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
 from triax.accelerate.operations import (
@@ -69,7 +70,7 @@ def is_torch_version(operation: str, version: str) -> bool:
 
 __all__ = [
     "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",
-    "DistributedType", "SeedableRandomSampler", "are_the_same_tensors", "prepare_data_loader",
+    "DistributedType", "FullyShardedDataParallelPlugin", "SeedableRandomSampler", "are_the_same_tensors", "prepare_data_loader",
     "synchronize_rng_state", "synchronize_rng_states",
     "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "PrecisionType",
     "ProjectConfiguration", "broadcast", "broadcast_object_list", "find_executable_batch_size", "gather",
