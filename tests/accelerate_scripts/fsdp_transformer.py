@@ -53,6 +53,9 @@ def main():
     parser.add_argument("--save-at", type=int, default=0)
     parser.add_argument("--save", default=None)
     parser.add_argument("--resume", default=None)
+    parser.add_argument("--others-on-meta", action="store_true",
+                        help="processes other than 0 build the model on the meta device (no weights at all), "
+                             "as cpu_ram_efficient_loading allows")
     args = parser.parse_args()
 
     if args.door == "accelerate":
@@ -69,7 +72,8 @@ def main():
         if accelerator.state.mixed_precision != "no":
             plugin.set_mixed_precision(accelerator.state.mixed_precision)
 
-    model = tiny_llama()
+    with torch.device("meta" if args.others_on_meta and accelerator.process_index > 0 else "cpu"):
+        model = tiny_llama()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     tokens = torch.randint(3, 64, (args.batch_size * args.steps, 16), generator=torch.Generator().manual_seed(1))
     data = DataLoader(tokens, batch_size=args.batch_size // accelerator.num_processes)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError, UnsupportedFeatureError
+from triax.agreement import raise_together
 from triax.parallel.activation_checkpoint import apply_activation_checkpointing
 from triax.parallel.fsdp import each_block, offload_policy, shard_units, sharded_parameter_device
 
@@ -280,7 +281,7 @@ def _load_from_rank0(model: nn.Module, full_state: dict, buffers: list, device: 
     model.to_empty(device=device)
     set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     for (module, name), value in buffers:
-        value = value.to(device).clone()
+        value = torch.empty_like(value, device=device) if value.is_meta else value.to(device).clone()
         dist.broadcast(value, src=0)
         module._buffers[name] = value
 
@@ -330,7 +331,14 @@ def shard_model(model: nn.Module, settings: FSDPSettings, mesh, device: torch.de
         for parameter in model.parameters():
             if parameter.requires_grad and parameter.dtype != torch.float32:
                 parameter.data = parameter.data.float()
-    units = wrapped_modules(settings, model)
+    # Agreed by every process before any collective: one process alone raising would leave the
+    # others waiting in their first all-gather.
+    with raise_together("preparing the model for FSDP", AcceleratorValueError):
+        units = wrapped_modules(settings, model)
+        if not settings.weights_from_rank0 and any(p.is_meta for p in model.parameters()):
+            raise AcceleratorValueError("prepare got a model with parameters on the meta device (no values); give "
+                                        "FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True) to load "
+                                        "process 0's weights into every shard, or build the model with its weights")
     if settings.activation_checkpointing:
         apply_activation_checkpointing(model, "full", blocks=units, offload=settings.activation_checkpointing_offload)
     first, last = _embedding_units(model, units)

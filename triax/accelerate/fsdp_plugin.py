@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import warnings
 from typing import Any, Callable
@@ -34,14 +35,14 @@ BACKWARD_PREFETCHES = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 PRECISION_DTYPES = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def str_to_bool(value: str) -> bool:
-    """Accelerate's reading of a true/false environment value (anything else is an error)."""
+def str_to_bool(value: str, name: str) -> bool:
+    """Accelerate's reading of a true/false value of option `name` (anything else is an error)."""
     text = str(value).lower()
     if text in ("y", "yes", "t", "true", "on", "1"):
         return True
     if text in ("n", "no", "f", "false", "off", "0"):
         return False
-    raise AcceleratorValueError(f"invalid truth value {value!r}; use true or false")
+    raise AcceleratorValueError(f"{name}={value!r} is not a truth value; use true or false")
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -49,7 +50,7 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 
 def _env_bool(name: str, default: str = "false") -> bool:
-    return str_to_bool(_env(name, default))
+    return str_to_bool(_env(name, default), ENV_PREFIX + name)
 
 
 def _sharding_strategy(value):
@@ -93,7 +94,7 @@ class FullyShardedDataParallelPlugin:
     min_num_params: int | None = None
 
     def __post_init__(self):
-        obsolete = []  # Accelerate's FSDP2 deprecation notes, given in one warning
+        obsolete = []  # Accelerate's deprecation notes, given in one log record
         if self.fsdp_version is None:
             self.fsdp_version = int(_env("VERSION", "1"))
         if self.fsdp_version not in (1, 2):
@@ -146,7 +147,8 @@ class FullyShardedDataParallelPlugin:
         if self.mixed_precision_policy is not None:
             self.validate_mixed_precision_policy()
         if obsolete:
-            warnings.warn("FSDP2: " + "; ".join(obsolete), stacklevel=3)
+            # A log record, as Accelerate gives these notes (they change nothing FSDP2 does).
+            logging.getLogger(__name__).warning("FullyShardedDataParallelPlugin: " + "; ".join(obsolete))
 
     # ---- normalisation, one field at a time (Accelerate's rules) -------------------------------------
 
@@ -154,7 +156,8 @@ class FullyShardedDataParallelPlugin:
         if self.reshard_after_forward is None and self.sharding_strategy is None:
             self.reshard_after_forward = _env("RESHARD_AFTER_FORWARD", "true" if self.fsdp_version == 2 else "FULL_SHARD")
         if isinstance(self.reshard_after_forward, str):
-            self.reshard_after_forward = (str_to_bool(self.reshard_after_forward) if self.fsdp_version == 2
+            self.reshard_after_forward = (str_to_bool(self.reshard_after_forward, "reshard_after_forward")
+                                          if self.fsdp_version == 2
                                           else _sharding_strategy(self.reshard_after_forward))
         if self.fsdp_version == 2 and self.reshard_after_forward is not None \
                 and not isinstance(self.reshard_after_forward, bool):
