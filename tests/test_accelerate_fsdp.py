@@ -104,6 +104,24 @@ def test_accelerator_mixed_precision_gives_accelerates_fsdp_policy():
         assert default_mixed_precision_policy(name) == plugin.mixed_precision_policy
 
 
+def test_accelerator_without_a_plugin_builds_one_from_the_fsdp_environment(monkeypatch, capsys):
+    from triax.accelerate import Accelerator
+    from triax.launch.launcher import main as launch
+
+    for name, value in {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "SIZE_BASED_WRAP",
+                        "FSDP_MIN_NUM_PARAMS": "1000", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT"}.items():
+        monkeypatch.setenv(name, value)
+    accelerator = Accelerator()
+    plugin = accelerator.state.fsdp_plugin
+    assert accelerator.parallel == "fsdp" and accelerator.is_fsdp2 is False  # one process: nothing to shard
+    assert (plugin.fsdp_version, plugin.state_dict_type.name, plugin.min_num_params) == (2, "FULL_STATE_DICT", 1000)
+    assert plugin.auto_wrap_policy.__name__ == "size_based_auto_wrap_policy"
+    # triax launch hands that environment on, with the FSDP layout, as accelerate launch does.
+    monkeypatch.setenv("TRIAX_CONFIG_FILE", "/nonexistent/config.yaml")
+    assert launch(["--num_processes", "2", "--dry-run", "demo.py"]) == 0
+    assert "TRIAX_PARALLEL=fsdp" in capsys.readouterr().out
+
+
 # ---- refused in one line ----------------------------------------------------------------------
 
 REFUSED = [

@@ -79,6 +79,10 @@ def resolve_config(args) -> tuple[LaunchConfig, dict[str, str]]:
     config, environment = read_config_file(path) or (default_config(), {})
     overrides = {field.name: getattr(args, field.name, None) for field in dataclasses.fields(LaunchConfig)}
     overrides["use_cpu"] = args.cpu
+    if overrides["parallel"] is None and os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+        # The FSDP environment of `accelerate launch --use_fsdp`, set by hand: the workers
+        # inherit its FSDP_* variables, and their Accelerator builds its plugin from them.
+        overrides["parallel"] = "fsdp"
     config = dataclasses.replace(config, **{key: value for key, value in overrides.items() if value is not None})
     return config.validate("triax launch"), environment
 
