@@ -21,8 +21,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
 from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError, UnsupportedFeatureError
+from triax.accelerate.fsdp_plugin import PRECISION_DTYPES, FullyShardedDataParallelPlugin, find_layer_classes
 from triax.agreement import raise_together
 from triax.parallel.activation_checkpoint import apply_activation_checkpointing
 from triax.parallel.fsdp import each_block, offload_policy, shard_units, sharded_parameter_device
@@ -52,8 +56,6 @@ class FSDPSettings:
 def default_plugin():
     """`parallel="fsdp"` without a plugin: FSDP2 with each block of the model its own unit (the
     other options from the FSDP_* environment, as for any plugin)."""
-    from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
-
     return FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy=each_block)
 
 
@@ -89,8 +91,6 @@ def _reshard_after_forward(plugin) -> bool:
 
 def _offload(plugin) -> tuple[bool, bool]:
     """(offload to host memory, pin it): FSDP2's OffloadPolicy, or FSDP1's CPUOffload."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
-
     value = plugin.cpu_offload
     if isinstance(value, bool):
         return value, True
@@ -106,8 +106,6 @@ def _offload(plugin) -> tuple[bool, bool]:
 
 def _mixed_precision(plugin):
     """FSDP2's MixedPrecisionPolicy as it is; FSDP1's MixedPrecision as its FSDP2 counterpart."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     policy = plugin.mixed_precision_policy
     if policy is None or isinstance(policy, MixedPrecisionPolicy):
         return policy
@@ -182,19 +180,8 @@ def bottom_up(model: nn.Module) -> list[nn.Module]:
     return order[::-1]
 
 
-def find_layer_classes(model: nn.Module, names) -> set:
-    found = {type(module).__name__: type(module) for module in model.modules()}
-    missing = [name for name in names if name not in found]
-    if missing:
-        raise AcceleratorValueError(f"Could not find the transformer layer class {', '.join(missing)} in the model "
-                                    f"(transformer_cls_names_to_wrap); it has {', '.join(sorted(found))[:300]}")
-    return {found[name] for name in names}
-
-
 def wrapped_modules(settings: FSDPSettings, model: nn.Module) -> list[nn.Module]:
     """The modules the auto wrap policy makes units of, bottom-up (Accelerate's FSDP2 rules)."""
-    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
-
     policy = settings.auto_wrap_policy
     function = policy.func if isinstance(policy, functools.partial) else policy
     bound = policy.keywords if isinstance(policy, functools.partial) else {}
@@ -276,8 +263,6 @@ def _to_meta(model: nn.Module) -> None:
 def _load_from_rank0(model: nn.Module, full_state: dict, buffers: list, device: torch.device) -> None:
     """Allocate this process's shards only (the model is on the meta device), then every shard
     and every buffer takes process 0's values (torch's broadcast_from_rank0)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     model.to_empty(device=device)
     set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     for (module, name), value in buffers:
@@ -307,10 +292,6 @@ def _ignored_parameters(settings: FSDPSettings, model: nn.Module, device: torch.
 def default_mixed_precision_policy(mixed_precision: str):
     """Accelerate's rule for FSDP under Accelerator(mixed_precision=...): parameters, gradient
     reduction and outputs all in that dtype."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    from triax.accelerate.fsdp_plugin import PRECISION_DTYPES
-
     dtype = PRECISION_DTYPES.get(mixed_precision)
     if dtype is None or dtype == torch.float32:
         return MixedPrecisionPolicy()

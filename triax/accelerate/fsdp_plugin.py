@@ -24,6 +24,21 @@ import warnings
 from typing import Any, Callable
 
 import torch
+from torch.distributed.fsdp import (
+    BackwardPrefetch,
+    CPUOffload,
+    CPUOffloadPolicy,
+    FullOptimStateDictConfig,
+    FullStateDictConfig,
+    MixedPrecision,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    ShardedOptimStateDictConfig,
+    ShardedStateDictConfig,
+    ShardingStrategy,
+    StateDictType,
+)
+from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
 from triax.accelerate.errors import AcceleratorValueError
 
@@ -55,8 +70,6 @@ def _env_bool(name: str, default: str = "false") -> bool:
 
 def _sharding_strategy(value):
     """A name, a number (1 = FULL_SHARD ...) or torch's enum -> torch's ShardingStrategy."""
-    from torch.distributed.fsdp import ShardingStrategy
-
     if isinstance(value, ShardingStrategy):
         return value
     text = str(value).upper()
@@ -65,6 +78,16 @@ def _sharding_strategy(value):
     if text.isdigit():
         return ShardingStrategy(int(text))
     raise AcceleratorValueError(f"sharding strategy {value!r} is not one of {', '.join(SHARDING_STRATEGIES)}")
+
+
+def find_layer_classes(model: torch.nn.Module, names) -> set:
+    """The classes named `names` among `model`'s modules (transformer_cls_names_to_wrap)."""
+    found = {type(module).__name__: type(module) for module in model.modules()}
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise AcceleratorValueError(f"Could not find the transformer layer class {', '.join(missing)} in the model "
+                                    f"(transformer_cls_names_to_wrap); it has {', '.join(sorted(found))[:300]}")
+    return {found[name] for name in names}
 
 
 @dataclasses.dataclass
@@ -168,8 +191,6 @@ class FullyShardedDataParallelPlugin:
                                         "supported with FSDP1, please set to a `str` or a ShardingStrategy")
 
     def _set_backward_prefetch(self, obsolete: list) -> None:
-        from torch.distributed.fsdp import BackwardPrefetch
-
         if self.backward_prefetch is None:
             self.backward_prefetch = _env("BACKWARD_PREFETCH")
         if isinstance(self.backward_prefetch, str) and self.backward_prefetch.upper() == "NO_PREFETCH":
@@ -189,8 +210,6 @@ class FullyShardedDataParallelPlugin:
             self.backward_prefetch = None
 
     def _set_auto_wrap_policy(self) -> None:
-        from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
-
         if self.auto_wrap_policy is None:
             self.auto_wrap_policy = _env("AUTO_WRAP_POLICY", "NO_WRAP")
         if not isinstance(self.auto_wrap_policy, str):
@@ -219,14 +238,6 @@ class FullyShardedDataParallelPlugin:
 
     def set_state_dict_type(self, state_dict_type=None) -> None:
         """Set (or change, e.g. to FULL_STATE_DICT before a final save) the state dict type."""
-        from torch.distributed.fsdp import (
-            FullOptimStateDictConfig,
-            FullStateDictConfig,
-            ShardedOptimStateDictConfig,
-            ShardedStateDictConfig,
-            StateDictType,
-        )
-
         if state_dict_type is not None:
             self.state_dict_type = state_dict_type
         if self.state_dict_type is None:
@@ -256,9 +267,6 @@ class FullyShardedDataParallelPlugin:
     def set_auto_wrap_policy(self, model: torch.nn.Module) -> None:
         """Bind the wrap policy to `model`'s classes, as Accelerate does before wrapping (the
         transformer classes default to the model's `_no_split_modules`)."""
-        from triax.accelerate.fsdp import find_layer_classes
-        from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
-
         if self.auto_wrap_policy is transformer_auto_wrap_policy:
             if self.transformer_cls_names_to_wrap is None:
                 self.transformer_cls_names_to_wrap = list(getattr(model, "_no_split_modules", None) or [])
@@ -272,8 +280,6 @@ class FullyShardedDataParallelPlugin:
         """A name ("bf16", "fp16", "fp32", "fp8") or dtype gives that dtype for parameters,
         gradient reduction and outputs; a dict gives them one by one. Without `override` an
         existing policy is kept (what the Accelerator's mixed_precision does)."""
-        from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
-
         dtype = mixed_precision
         if isinstance(mixed_precision, str):
             dtype = PRECISION_DTYPES.get(mixed_precision)
@@ -300,8 +306,6 @@ class FullyShardedDataParallelPlugin:
             self.mixed_precision_policy = policy_class(**given)
 
     def validate_mixed_precision_policy(self) -> None:
-        from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
-
         required = MixedPrecisionPolicy if self.fsdp_version == 2 else MixedPrecision
         if not isinstance(self.mixed_precision_policy, required):
             raise AcceleratorValueError(f"mixed_precision_policy must be an instance of "
@@ -309,8 +313,6 @@ class FullyShardedDataParallelPlugin:
                                         f"{self.fsdp_version}), or a name or dict of dtypes")
 
     def set_cpu_offload(self) -> None:
-        from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy
-
         if isinstance(self.cpu_offload, bool):
             if self.fsdp_version == 2:
                 self.cpu_offload = CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()
@@ -318,8 +320,6 @@ class FullyShardedDataParallelPlugin:
                 self.cpu_offload = CPUOffload(offload_params=self.cpu_offload)
 
     def validate_cpu_offload(self) -> None:
-        from torch.distributed.fsdp import CPUOffload, OffloadPolicy
-
         required = OffloadPolicy if self.fsdp_version == 2 else CPUOffload
         if not isinstance(self.cpu_offload, required):
             raise AcceleratorValueError(f"`cpu_offload` must be a bool or a `torch.distributed.fsdp."

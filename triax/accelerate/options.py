@@ -25,6 +25,7 @@ from triax.accelerate.dataclasses import (
 )
 from triax.accelerate.errors import AcceleratorValueError, UnsupportedFeatureError
 from triax.accelerate.fsdp import default_plugin, read_plugin
+from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
 from triax.launch import settings as launch_settings
 
 # What `triax launch` hands over (names, choices, environment variables) lives in one place.
@@ -191,8 +192,6 @@ def resolve_fsdp_plugin(parallel: str, fsdp_plugin) -> tuple:
         os.environ["ACCELERATE_USE_FSDP"] = "true"
         return fsdp_plugin, settings
     if _env_flag("ACCELERATE_USE_FSDP"):
-        from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
-
         fsdp_plugin = FullyShardedDataParallelPlugin()
     else:
         fsdp_plugin = default_plugin()
