@@ -118,7 +118,7 @@ def test_accelerator_without_a_plugin_builds_one_from_the_fsdp_environment(monke
     assert plugin.auto_wrap_policy.__name__ == "size_based_auto_wrap_policy"
     # triax launch hands that environment on, with the FSDP layout, as accelerate launch does.
     monkeypatch.setenv("TRIAX_CONFIG_FILE", "/nonexistent/config.yaml")
-    assert launch(["--num_processes", "2", "--dry-run", "demo.py"]) == 0
+    assert launch(["--num_processes", "2", "--main_process_port", "0", "--dry-run", "demo.py"]) == 0
     assert "TRIAX_PARALLEL=fsdp" in capsys.readouterr().out
 
 
@@ -305,6 +305,27 @@ def _snapshot_tensors(root):
 
     reader = SnapshotReader(latest_snapshot(str(root)))
     return {name: reader.full_tensor(name) for name in reader.tensor_names()}
+
+
+@pytest.mark.multiprocess
+def test_ignored_modules_sync_module_states_and_forward_prefetch_are_honoured(tmp_path):
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    from fsdp_options import model_for
+
+    options = {"fsdp_version": 2, "auto_wrap_policy": "size_based_wrap", "min_num_params": 200,
+               "ignored_modules": "4", "sync_module_states": True, "forward_prefetch": True}
+    import forked
+
+    forked.launch(2, [os.path.join(os.path.dirname(SCRIPT), "fsdp_options.py"), "--out", str(tmp_path / "out"),
+                      "--plugin", json.dumps(options)], env=_env(tmp_path), timeout=300)
+    reference = {name: tensor.tolist() for name, tensor in model_for(seed=0).state_dict().items()}
+    for rank in (0, 1):
+        record = json.load(open(tmp_path / "out" / f"rank_{rank}.json"))
+        assert record["units"] == ["", "0", "2"]  # the Linears over 200 parameters, and the root
+        assert record["sharded"] == ["0.bias", "0.weight", "2.bias", "2.weight"]  # "4" is ignored
+        assert record["prefetched"] == {"": 0, "0": 1, "2": 0}
+        # Each process built its own weights; sync_module_states gave every one process 0's.
+        assert record["weights"] == reference
 
 
 PLUGIN = dict(WRAP, state_dict_type="SHARDED_STATE_DICT", activation_checkpointing=True,

@@ -284,7 +284,8 @@ def _ignored_parameters(settings: FSDPSettings, model: nn.Module, device: torch.
         modules = [module for name, module in model.named_modules() if pattern.fullmatch(name)]
     parameters = set()
     for module in modules:
-        module.to(device)
+        if not any(p.is_meta for p in module.parameters()):  # meta ones are allocated with the shards
+            module.to(device)
         parameters.update(module.parameters())
     return parameters
 
@@ -323,12 +324,12 @@ def shard_model(model: nn.Module, settings: FSDPSettings, mesh, device: torch.de
     if settings.activation_checkpointing:
         apply_activation_checkpointing(model, "full", blocks=units, offload=settings.activation_checkpointing_offload)
     first, last = _embedding_units(model, units)
-    ignored = _ignored_parameters(settings, model, device)
     full_state, buffers = None, []
     if settings.weights_from_rank0:
         full_state = model.state_dict() if rank == 0 else {}
         buffers = [(entry, entry[0]._buffers[entry[1]]) for entry in _non_persistent_buffers(model)]
         _to_meta(model)
+    ignored = _ignored_parameters(settings, model, device)  # the parameters as they are now (meta ones too)
     policy = settings.mixed_precision_policy or default_mixed_precision_policy(mixed_precision)
     shard_units(model, mesh, units + first, mp_policy=policy, reshard_after_forward=settings.reshard_after_forward,
                 offload=offload_policy(settings.cpu_offload, device.type, settings.pin_memory),
