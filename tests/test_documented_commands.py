@@ -23,8 +23,8 @@ How a command runs here (tests/command_shims.py has the details):
 - The directory holds what the pages refer to: `input.txt`, `other.txt`, `more/*.txt`, a tiny
   transformers GPT-2 with its tokenizer in `path/to/gpt2/`, nanoGPT-layout token files in
   `nanogpt/data/openwebtext/`, `val.bin`, the README's Accelerate example as `demo.py` (and as the
-  module `my_package.train`), its Horovod example as `train.py`, and `runs/gpt/`, made by the
-  quickstart's own `triax train`. HOME is that directory too (`~` and `~/.cache` stay inside it).
+  module `my_package.train`), its Horovod example as `train.py`, the repository's `examples/`, and
+  `runs/gpt/`, made by the quickstart's own `triax train`. HOME is that directory too (`~` and `~/.cache` stay inside it).
   Questions a command asks are answered with Enter (each default).
 """
 
@@ -282,6 +282,7 @@ def prepared(command_server, tmp_path_factory):
     (base / "my_package" / "__init__.py").write_text("")
     (base / "my_package" / "train.py").write_text(_readme_example("from triax import Accelerator"))
     (base / "train.py").write_text(_readme_example("import triax.horovod as hvd"))
+    (base / "examples").symlink_to(ROOT / "examples")  # pages run the repository's example scripts
     result = run_line("triax train", base, command_server)  # the quickstart's run: runs/gpt
     assert result.returncode == 0, result.stderr[-4000:]
     return base
