@@ -82,9 +82,11 @@ def main():
     accelerator.register_for_checkpointing(progress)
     if args.resume:
         accelerator.load_state(args.resume)
+    # Accelerate's recipe for resuming mid-epoch (the loader is not shuffled: its order is fixed).
+    batches = accelerator.skip_first_batches(data, progress.steps) if progress.steps else data
 
     losses = []
-    for batch in data:
+    for batch in batches:
         loss = model(input_ids=batch, labels=batch).loss
         accelerator.backward(loss)
         optimizer.step()
