@@ -876,7 +876,7 @@ def test_accelerator_state_dataloader_entries_are_null_or_objects():
     from triax.checkpoint import SnapshotError
 
     state = {"schedulers": [], "custom": [], "optimizer_steps": [], "stateless_optimizers": [],
-             "saved_models": [0], "num_models": 1, "micro_step": 0, "scaler": {},
+             "saved_models": [0], "num_models": 1, "micro_step": 0, "scaler": {}, "units": [[[0], []]],
              "dataloaders": [None, {"_num_yielded": 3}]}
     validate_state(state, "s")
     state["dataloaders"][0] = 5

@@ -28,11 +28,12 @@ from triax.accelerate.data_loader import (
 from triax.accelerate.dataclasses import DistributedType
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
 from triax.accelerate.fsdp import FULL, shard_model, state_dict_type
-from triax.accelerate.options import PRECISION_ALIASES, refuse_unsupported, resolve, unsupported
+from triax.accelerate.models import extract_model_from_parallel, offloaded_state_dict
+from triax.accelerate.options import refuse_unsupported, resolve, unsupported
 from triax.accelerate.saving import load_state as _load_state
 from triax.accelerate.saving import save_state as _save_state
 from triax.accelerate.state import AcceleratorState, GradientState, share_with_accelerate
-from triax.accelerate.tracking import BlankTracker, parse_log_with
+from triax.accelerate.tracking import GeneralTracker, filter_trackers, start_trackers
 from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
 from triax.agreement import raise_together
 from triax.collectives import any_rank
@@ -40,9 +41,8 @@ from triax.parallel.ddp import apply_ddp, unwrap
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.no_sync import no_sync, sync_in_backward
 from triax.precision import Precision
-from triax.trackers import open_tracker
 
-__all__ = ["Accelerator", "PRECISION_ALIASES"]
+__all__ = ["Accelerator"]
 
 
 class Accelerator:
@@ -130,7 +130,7 @@ class Accelerator:
         self.seed = seed if seed is not None else self.dataloader_config.data_seed
         # As Accelerate: the shuffling generator of a prepared dataloader is synchronised.
         self.rng_types = ["generator"] if rng_types is None else rng_types
-        self.log_with = parse_log_with(log_with)
+        self.log_with = filter_trackers(log_with, self.logging_dir)
         self.trackers: list = []  # started by init_trackers, on the main process only
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
@@ -287,6 +287,8 @@ class Accelerator:
             for index, obj in enumerate(objects):
                 if kinds[index] == kind:
                     results[index] = getattr(self, f"prepare_{kind}")(obj, device_placement=placement[index])
+                    # As Accelerate: what prepare made says so (libraries check it before preparing again).
+                    results[index]._is_accelerate_prepared = True
         return results[0] if len(results) == 1 else tuple(results)
 
     @staticmethod
@@ -316,6 +318,11 @@ class Accelerator:
         if already is not None:
             return already  # a second prepare of the same model: registering it twice would break save_state
         device_map = getattr(model, "hf_device_map", None)
+        quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
+        if quantized and isinstance(device_map, dict) and {"cpu", "disk"} & {str(d) for d in device_map.values()}:
+            raise AcceleratorValueError(f"prepare got a model loaded in 8-bit or 4-bit precision with CPU or disk "
+                                        f"offload (hf_device_map {device_map}); a quantized model cannot be trained "
+                                        "with offloaded weights: load it whole onto the training device")
         if isinstance(device_map, dict) and len({str(d) for d in device_map.values()}) > 1:
             raise unsupported("device maps", "prepare got a model loaded with a device_map over several devices")
         if device_placement is None:
@@ -564,17 +571,22 @@ class Accelerator:
 
     # ---- models and state -----------------------------------------------------------------------
 
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-        if not keep_fp32_wrapper:
-            forward = model.__dict__.get("forward")
-            if forward is not None and getattr(forward, "__wrapped_by_triax__", False):
-                del model.forward
-        return unwrap(model)
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The model as the script made it: without DDP (or DataParallel) around it; without the
+        mixed-precision forward with keep_fp32_wrapper=False; and with keep_torch_compile=False
+        without its torch.compile wrapper either (triax.accelerate.models.extract_model_from_parallel)."""
+        return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper,
+                                           keep_torch_compile=keep_torch_compile)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
-        """The full, name-keyed state of a (possibly wrapped or sharded) model, on CPU."""
+        """The full, name-keyed state of a (possibly wrapped or sharded) model, on CPU. Weights
+        that offloading hooks keep off the model (Accelerate's big-model dispatch leaves them on the
+        meta device) are read from the hooks."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        if any(tensor.is_meta for tensor in model.state_dict().values()):
+            return offloaded_state_dict(extract_model_from_parallel(model))
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def save_model(self, model: torch.nn.Module, save_directory: str, safe_serialization: bool = True,
@@ -600,10 +612,14 @@ class Accelerator:
             torch.save(obj, path)
 
     def register_for_checkpointing(self, *objects) -> None:
-        for obj in objects:
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise AcceleratorTypeError(f"register_for_checkpointing needs objects with state_dict() and "
-                                           f"load_state_dict(); got a {type(obj).__name__}")
+        """save_state / load_state also save and restore these objects (each has state_dict() and
+        load_state_dict()). A ValueError, as Accelerate's, names every object that has not."""
+        invalid = [f"Item at index {index} ({type(obj).__name__})" for index, obj in enumerate(objects)
+                   if not all(callable(getattr(obj, method, None)) for method in ("state_dict", "load_state_dict"))]
+        if invalid:
+            raise AcceleratorValueError(f"register_for_checkpointing needs objects with state_dict() and "
+                                        f"load_state_dict(); {', '.join(invalid)} lack them: wrap each in an object "
+                                        "that has both")
         self._custom_objects.extend(objects)
 
     def register_save_state_pre_hook(self, hook):
@@ -674,16 +690,12 @@ class Accelerator:
     # ---- tracking -------------------------------------------------------------------------------
 
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
-        """Start the trackers named in log_with (main process only), in <logging_dir>/<project_name>;
-        `config` is stored with each, and init_kwargs[name] goes to that library's own start call."""
+        """Start the trackers of log_with (main process only): each named one is made with
+        project_name (and logging_dir when it writes files: <logging_dir>/<project_name>) and
+        init_kwargs[name], then every tracker's start() runs, then `config` is stored with each."""
         if not self.is_main_process:
             return
-        init_kwargs = init_kwargs or {}
-        directory = os.path.join(self.logging_dir or ".", project_name)
-        for entry in self.log_with:
-            if isinstance(entry, str):
-                entry = open_tracker(entry, directory, project_name, options=init_kwargs.get(entry))
-            self.trackers.append(entry)
+        self.trackers.extend(start_trackers(self.log_with, project_name, self.logging_dir, init_kwargs or {}))
         if config is not None:
             for tracker in self.trackers:
                 tracker.store_init_configuration(config)
@@ -697,7 +709,7 @@ class Accelerator:
         if self.trackers:
             raise AcceleratorValueError(f"{name} is not an available tracker stored inside the Accelerator "
                                         f"(it has {', '.join(t.name for t in self.trackers)})")
-        return BlankTracker()
+        return GeneralTracker(_blank=True)
 
     def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
         """Log `values` to every tracker (main process only); log_kwargs[name] goes to that tracker."""

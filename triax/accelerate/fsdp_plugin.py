@@ -90,6 +90,17 @@ def find_layer_classes(model: torch.nn.Module, names) -> set:
     return {found[name] for name in names}
 
 
+def enable_fsdp_ram_efficient_loading() -> None:
+    """Have transformers' from_pretrained load weights on process 0 only, under FSDP (the
+    variables it reads; the Accelerator then gives every shard process 0's values)."""
+    os.environ.setdefault("ACCELERATE_USE_FSDP", "True")
+    os.environ[ENV_PREFIX + "CPU_RAM_EFFICIENT_LOADING"] = "True"
+
+
+def disable_fsdp_ram_efficient_loading() -> None:
+    os.environ[ENV_PREFIX + "CPU_RAM_EFFICIENT_LOADING"] = "False"
+
+
 @dataclasses.dataclass
 class FullyShardedDataParallelPlugin:
     """Accelerate's fields, in its order. What each does in triax: docs/accelerate.md#fsdp."""

@@ -132,6 +132,12 @@ def _tensor_state(model: torch.nn.Module, optimizer, stored_name: Callable[[str]
     return flat, model_state, optim_state
 
 
+def _optimizers(optimizer) -> tuple:
+    """`optimizer` may be one optimizer or a tuple of optimizers over the model's parameters
+    (torch.distributed.checkpoint.state_dict takes both; their groups are saved in order)."""
+    return tuple(optimizer) if isinstance(optimizer, (list, tuple)) else (optimizer,)
+
+
 def _hyper_parameters(optim_state: dict | None) -> list | None:
     """Optimizer groups without their parameter lists (those differ per pipeline stage): JSON."""
     if optim_state is None:
@@ -441,7 +447,8 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
         if check_state is not None:
             check_state(reader.state)
         if optimizer is not None and reader.state.get("optimizer_groups") is not None:
-            _check_groups(reader.state["optimizer_groups"], optimizer.param_groups, snapshot)
+            groups = [group for one in _optimizers(optimizer) for group in one.param_groups]
+            _check_groups(reader.state["optimizer_groups"], groups, snapshot)
         rng_file = f"rng/rank_{_rank():05d}.json"
         # A rank that did not exist when saving (resuming on more processes) keeps its own seed.
         if restore_rng and reader.has(rng_file):
