@@ -49,6 +49,8 @@ XLA = "XLA/TPU is not supported by triax; run on CPU or CUDA devices"
 SAGEMAKER = "Amazon SageMaker launching is not part of triax; start processes with `triax launch`"
 FSDP_INTERNALS = ("Accelerate's FSDP helpers are not part of triax; the Accelerator applies FSDP2 itself and "
                   "save_state / load_state / get_state_dict read and write its shards")
+FSDP_PLUGIN = ("triax has no FullyShardedDataParallelPlugin class of its own yet; pass Accelerator(parallel='fsdp'), "
+               "or Accelerate's own plugin as fsdp_plugin=")
 LAYOUTS = ("Accelerate's tensor/context-parallel configuration is not part of triax; use `triax train` layouts "
            "(docs/parallelism.md)")
 COMPILE = "Accelerate's compilation helpers are not part of triax; call torch.compile(model) before prepare"
@@ -79,7 +81,7 @@ _ABSENT_GROUPS = {
                     "load_checkpoint_and_dispatch load_checkpoint_in_model"),
         (META_INIT, "init_empty_weights init_on_device"),
         (PIPPY, "prepare_pippy"),
-        (FSDP_INTERNALS, "FullyShardedDataParallelPlugin"),
+        (FSDP_PLUGIN, "FullyShardedDataParallelPlugin"),
     ],
     "accelerate.big_modeling": [
         (BIG_MODEL, "attach_layerwise_casting_hooks cpu_offload cpu_offload_with_hook disk_offload dispatch_model "
@@ -134,7 +136,8 @@ _ABSENT_GROUPS = {
         (CONFIG_FILE, "write_basic_config"),
         (XLA, "install_xla prepare_tpu"),
         (SAGEMAKER, "prepare_sagemager_args_inputs"),
-        (FSDP_INTERNALS, "FullyShardedDataParallelPlugin disable_fsdp_ram_efficient_loading "
+        (FSDP_PLUGIN, "FullyShardedDataParallelPlugin"),
+        (FSDP_INTERNALS, "disable_fsdp_ram_efficient_loading "
                          "enable_fsdp_ram_efficient_loading ensure_weights_retied fsdp2_apply_ac "
                          "fsdp2_canonicalize_names fsdp2_load_full_state_dict fsdp2_prepare_model "
                          "fsdp2_switch_optimizer_parameters get_fsdp2_grad_scaler load_fsdp_model load_fsdp_optimizer "
