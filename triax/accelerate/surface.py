@@ -15,6 +15,7 @@ rendered from them when the site is built (scripts/accelerate_names.py).
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from triax.accelerate.errors import UnsupportedFeatureError
@@ -295,8 +296,6 @@ def markdown_table() -> str:
     """docs/accelerate.md's table: per Accelerate module, the names triax has as they are, the ones
     it has otherwise (how) and the ones it lacks (what instead). Read from the counterpart modules'
     `__all__` and the tables above, so the page follows the code."""
-    import importlib
-
     lines = []
     for accelerate_module in MODULES:
         home = triax_module_name(accelerate_module)
