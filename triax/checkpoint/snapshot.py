@@ -66,6 +66,8 @@ REPLACED_SUFFIX = ".old"  # a local snapshot being replaced by a new one of the 
 QUARANTINE_SUFFIX = ".corrupt"  # a snapshot that failed verification, kept for inspection
 QUARANTINED_NAME = re.compile(r"^step_\d{8}\.corrupt(\.\d+)?$")  # .corrupt.2, ... when a step failed again
 _SHARDED = StateDictOptions(full_state_dict=False)
+# Gathered whole, on the CPU of rank 0 only (the others hold nothing): Accelerate's FULL_STATE_DICT.
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 MODEL_KEY, OPTIMIZER_KEY = "model/", "optim/"
 
@@ -111,17 +113,19 @@ def _identity(key: str) -> str:
     return key
 
 
-def _tensor_state(model: torch.nn.Module, optimizer, stored_name: Callable[[str], str]):
+def _tensor_state(model: torch.nn.Module, optimizer, stored_name: Callable[[str], str], full: bool = False):
     """(flat {stored key: tensor} for DCP, the model's own state dict, the optimizer's).
 
     Keys are this rank's parameter names mapped by `stored_name` (a pipeline stage strips its part
-    prefix, so the names are the plain model's whatever the layout). Tensors stay sharded."""
-    model_state = get_model_state_dict(model, options=_SHARDED)
+    prefix, so the names are the plain model's whatever the layout). Tensors stay sharded, unless
+    `full`: then rank 0 gathers them whole into host memory and writes them alone."""
+    options = _FULL if full else _SHARDED
+    model_state = get_model_state_dict(model, options=options)
     flat = {MODEL_KEY + stored_name(key): value for key, value in model_state.items()}
     optim_state = None
     if optimizer is not None:
-        optim_state = get_optimizer_state_dict(model, optimizer, options=_SHARDED)
-        for name, entries in optim_state["state"].items():
+        optim_state = get_optimizer_state_dict(model, optimizer, options=options)
+        for name, entries in optim_state.get("state", {}).items():  # {} on ranks > 0 when `full`
             for key, value in list(entries.items()):
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     value = entries[key] = torch.tensor(value)
@@ -228,13 +232,15 @@ def _async_process_group():
 
 def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
-                   stored_name: Callable[[str], str] = _identity, asynchronous: bool = False) -> PendingSnapshot:
+                   stored_name: Callable[[str], str] = _identity, asynchronous: bool = False,
+                   full_state_dict: bool = False) -> PendingSnapshot:
     """Begin a snapshot of `model`, `optimizer`, the JSON-able `state` and every rank's RNG states.
     Collective: every rank calls it. With `asynchronous`, the tensors are copied to CPU memory
     and written in the background (DCP's async_save); otherwise the write is done on return.
     Either way the manifest is written only when every rank's shard file is durable, then the
     snapshot is renamed into place and `keep_last` > 0 deletes all but that many newest ones.
-    `stored_name` maps this rank's parameter names to the names stored (pipeline stages)."""
+    `stored_name` maps this rank's parameter names to the names stored (pipeline stages).
+    `full_state_dict`: rank 0 gathers the tensors and writes them all (loading is the same)."""
     rank, world = _rank(), _world()
     store = Store(snapshot_root)
     final = store.path(snapshot_name(step))
@@ -248,7 +254,7 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
             with contextlib.suppress(Exception):  # best effort; a leftover is ignored anyway
                 store.remove_tree(work)
 
-    tensors, _, optim_state = _tensor_state(model, optimizer, stored_name)
+    tensors, _, optim_state = _tensor_state(model, optimizer, stored_name, full_state_dict)
     try:
         # Each rank's part may fail alone; every rank learns it before the next collective.
         with raise_together("creating the snapshot directory", SnapshotWriteError):
@@ -294,10 +300,11 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
 
 def save_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
                   optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
-                  stored_name: Callable[[str], str] = _identity) -> str:
+                  stored_name: Callable[[str], str] = _identity, full_state_dict: bool = False) -> str:
     """Write a snapshot and return its path (see start_snapshot). If storage fails, every rank
     raises SnapshotWriteError and earlier snapshots are untouched."""
-    return start_snapshot(snapshot_root, step, model, optimizer, state, keep_last, stored_name).wait()
+    return start_snapshot(snapshot_root, step, model, optimizer, state, keep_last, stored_name,
+                          full_state_dict=full_state_dict).wait()
 
 
 def _prepare(store: Store, work: str) -> None:
