@@ -14,17 +14,6 @@ import torch
 from torch.utils.data import DataLoader
 
 
-@pytest.fixture
-def fresh_state():
-    from triax.accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def test_states_after_a_reset_say_so_and_other_missing_names_do_not(fresh_state):
     from triax.accelerate import Accelerator, AcceleratorState, PartialState
 

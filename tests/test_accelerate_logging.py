@@ -14,17 +14,6 @@ from triax.testing import quiet_env
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def fresh_state():
-    from triax.accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def test_logging_before_the_state_exists_is_a_runtime_error(fresh_state):
     from triax.accelerate.logging import get_logger
     from triax.errors import TriaxError

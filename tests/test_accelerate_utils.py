@@ -18,17 +18,6 @@ theirs = pytest.importorskip("accelerate.utils", reason="Accelerate is in the te
 Pair = collections.namedtuple("Pair", "a b")
 
 
-@pytest.fixture
-def fresh_state():
-    from triax.accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def same(a, b) -> bool:
     """Equal values, containers of the same types, tensors equal in dtype and values."""
     if isinstance(a, torch.Tensor):

@@ -4,6 +4,8 @@ The file names are those of Accelerate's checkpoints; triax's save_state writes 
 layout (docs/snapshots.md), so they matter only to scripts that build paths from them.
 """
 
+from torch.distributed.run import get_args_parser
+
 # Accelerate's checkpoint and weight file names.
 MODEL_NAME = "pytorch_model"
 SAFE_MODEL_NAME = "model"
@@ -31,8 +33,6 @@ TORCH_DISTRIBUTED_OPERATION_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON
 
 def _torchrun_options() -> list[str]:
     # torchrun's own option names, from the installed torch's parser (Accelerate keeps a list).
-    from torch.distributed.run import get_args_parser
-
     return [action.dest for action in get_args_parser()._actions
             if action.option_strings and action.dest != "help"]
 

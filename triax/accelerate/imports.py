@@ -12,7 +12,10 @@ import importlib.util
 import sys
 
 import torch
+import torch.distributed as dist
 from packaging.version import Version
+
+from triax.accelerate.environment import parse_flag_from_env
 
 # is_<key>_available: (import name, distribution names to look for, oldest version, first version that is too new).
 _PACKAGES = {
@@ -162,8 +165,6 @@ def is_tensorboard_available() -> bool:
 
 def is_rich_available() -> bool:
     """rich is installed and ACCELERATE_ENABLE_RICH says to use it."""
-    from triax.accelerate.environment import parse_flag_from_env
-
     return importlib.util.find_spec("rich") is not None and parse_flag_from_env("ACCELERATE_ENABLE_RICH", False)
 
 
@@ -180,8 +181,6 @@ def is_pippy_available() -> bool:
 
 
 def is_xccl_available() -> bool:
-    import torch.distributed as dist
-
     probe = getattr(dist.distributed_c10d, "is_xccl_available", None)
     return callable(probe) and probe()
 

@@ -7,6 +7,8 @@ import logging
 import types
 
 import torch
+from safetensors.torch import save_file
+from torch.distributed.fsdp import FullyShardedDataParallel
 
 from triax.accelerate.errors import AcceleratorValueError
 from triax.accelerate.state import PartialState
@@ -24,10 +26,8 @@ def has_compiled_regions(module: torch.nn.Module) -> bool:
     return bool(module._modules) and any(is_compiled_module(child) for child in module.modules())
 
 
-def _parallel_wrappers() -> tuple:
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel, FullyShardedDataParallel
+# The wrappers whose real model is their `.module` (FSDP version 1 is one; FSDP2 wraps nothing).
+PARALLEL_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel, FullyShardedDataParallel)
 
 
 def remove_precision_wrapper(model: torch.nn.Module) -> None:
@@ -56,8 +56,7 @@ def extract_model_from_parallel(model, keep_fp32_wrapper: bool = True, keep_torc
     compiled = model if is_compiled_module(model) else None
     if compiled is not None:
         model = model._orig_mod
-    wrappers = _parallel_wrappers()
-    while isinstance(model, wrappers):
+    while isinstance(model, PARALLEL_WRAPPERS):
         model = model.module
     if recursive:
         model = _unwrap_children(model)
@@ -104,8 +103,6 @@ def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = Fal
     if not (state.is_local_main_process if save_on_each_node else state.is_main_process):
         return
     if safe_serialization:
-        from safetensors.torch import save_file
-
         save_file(_without_shared_storage(dict(obj)), f, metadata={"format": "pt"})
     else:
         torch.save(obj, f)

@@ -15,6 +15,7 @@ rendered from them when the site is built (scripts/accelerate_names.py).
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from triax.accelerate.errors import UnsupportedFeatureError
@@ -78,7 +79,6 @@ _ABSENT_GROUPS = {
                     "load_checkpoint_and_dispatch load_checkpoint_in_model"),
         (META_INIT, "init_empty_weights init_on_device"),
         (PIPPY, "prepare_pippy"),
-        (FSDP_INTERNALS, "FullyShardedDataParallelPlugin"),
     ],
     "accelerate.big_modeling": [
         (BIG_MODEL, "attach_layerwise_casting_hooks cpu_offload cpu_offload_with_hook disk_offload dispatch_model "
@@ -133,8 +133,7 @@ _ABSENT_GROUPS = {
         (CONFIG_FILE, "write_basic_config"),
         (XLA, "install_xla prepare_tpu"),
         (SAGEMAKER, "prepare_sagemager_args_inputs"),
-        (FSDP_INTERNALS, "FullyShardedDataParallelPlugin disable_fsdp_ram_efficient_loading "
-                         "enable_fsdp_ram_efficient_loading ensure_weights_retied fsdp2_apply_ac "
+        (FSDP_INTERNALS, "ensure_weights_retied fsdp2_apply_ac "
                          "fsdp2_canonicalize_names fsdp2_load_full_state_dict fsdp2_prepare_model "
                          "fsdp2_switch_optimizer_parameters get_fsdp2_grad_scaler load_fsdp_model load_fsdp_optimizer "
                          "merge_fsdp_weights save_fsdp_model save_fsdp_optimizer"),
@@ -159,8 +158,11 @@ _DATA_LOADER_CONFIGURATION = ("dispatch_batches=True is accepted with a warning:
 _COMM_HOOKS = "fp16/bf16/power_sgd map onto triax's gradient compression"
 _DEBUG_LAUNCHER = ("the processes find each other through torchrun's variables on a free port (Accelerate's: a "
                    "rendezvous file, port 29500)")
+_FSDP_PLUGIN = ("always runs FSDP2 (fully_shard): fsdp_version=1 is mapped as `accelerate to-fsdp2` maps it, and "
+                "sync_module_states / forward_prefetch are honoured with FSDP2 too (docs/accelerate.md, FSDP)")
 _DIFFERS_GROUPS = {
     "accelerate": [
+        (_FSDP_PLUGIN, "FullyShardedDataParallelPlugin"),
         ("triax's own Accelerator on triax's core: the rest of this page says where it differs", "Accelerator"),
         (_DATA_LOADER_CONFIGURATION, "DataLoaderConfiguration"),
         (_COMM_HOOKS, "DDPCommunicationHookType"),
@@ -187,6 +189,7 @@ _DIFFERS_GROUPS = {
         ("the trackers triax has (tensorboard, wandb, mlflow) plus the ones registered", "LOGGER_TYPE_TO_CLASS"),
     ],
     "accelerate.utils": [
+        (_FSDP_PLUGIN, "FullyShardedDataParallelPlugin"),
         (_DATA_LOADER_CONFIGURATION, "DataLoaderConfiguration"),
         (_COMM_HOOKS, "DDPCommunicationHookType"),
         ("checks every process's structure, dtypes and shapes first and raises DistributedOperationException on "
@@ -293,8 +296,6 @@ def markdown_table() -> str:
     """docs/accelerate.md's table: per Accelerate module, the names triax has as they are, the ones
     it has otherwise (how) and the ones it lacks (what instead). Read from the counterpart modules'
     `__all__` and the tables above, so the page follows the code."""
-    import importlib
-
     lines = []
     for accelerate_module in MODULES:
         home = triax_module_name(accelerate_module)

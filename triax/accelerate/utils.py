@@ -53,7 +53,12 @@ from triax.accelerate.environment import (
     patch_environment,
     str_to_bool,
 )
-from triax.accelerate.errors import DistributedOperationException
+from triax.accelerate.errors import AcceleratorValueError, DistributedOperationException
+from triax.accelerate.fsdp_plugin import (
+    FullyShardedDataParallelPlugin,
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
+)
 from triax.accelerate.launchers import notebook_launcher
 from triax.accelerate.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
 from triax.accelerate.models import (
@@ -123,8 +128,6 @@ def compare_versions(library_or_version, operation: str, requirement_version: st
     """`<version> <operation> requirement_version`, where the version is given, or is that of the
     installed library named."""
     if operation not in _COMPARISONS:
-        from triax.accelerate.errors import AcceleratorValueError
-
         raise AcceleratorValueError(f"compare_versions got operation {operation!r}; use one of "
                                     f"{', '.join(_COMPARISONS)}")
     if isinstance(library_or_version, str):
@@ -169,7 +172,7 @@ def convert_bytes(size: float) -> str:
 
 def tqdm(*args, main_process_only: bool = True, **kwargs):
     """tqdm.auto.tqdm, shown only on each machine's local main process unless main_process_only=False."""
-    from tqdm.auto import tqdm as progress_bar
+    from tqdm.auto import tqdm as progress_bar  # deferred: tqdm is imported only by scripts that use it
 
     disable = kwargs.pop("disable", False)
     if main_process_only and not disable:
@@ -180,7 +183,9 @@ def tqdm(*args, main_process_only: bool = True, **kwargs):
 __all__ = sorted([
     "AutocastKwargs", "CannotPadNestedTensorWarning", "ComputeEnvironment", "DDPCommunicationHookType",
     "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException", "DistributedType",
-    "DynamoBackend", "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "KwargsHandler",
+    "DynamoBackend", "FullyShardedDataParallelPlugin", "GradScalerKwargs", "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs", "KwargsHandler", "disable_fsdp_ram_efficient_loading",
+    "enable_fsdp_ram_efficient_loading",
     "LoggerType", "PrecisionType", "ProjectConfiguration", "RNGType", "SageMakerDistributedType",
     "SeedableRandomSampler", "are_the_same_tensors", "broadcast", "broadcast_object_list", "check_os_kernel",
     "clear_environment", "compare_versions", "concatenate", "convert_bytes",

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from triax.accelerate.state import GradientState
+
 
 class PreparedOptimizer(torch.optim.Optimizer):
     """Wraps a torch optimizer. It subclasses Optimizer only so LR schedulers accept it; all
@@ -44,8 +46,6 @@ class PreparedOptimizer(torch.optim.Optimizer):
         return {key: value for key, value in self.__dict__.items() if key != "gradient_state"}
 
     def __setstate__(self, state: dict) -> None:
-        from triax.accelerate.state import GradientState
-
         self.__dict__.update(state)
         self.gradient_state = GradientState()
 
