@@ -93,8 +93,8 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
     global _shutdown_registered
     if not _shutdown_registered:
         # As Horovod's init does: leave the job when the script ends. A process group still alive
-        # while the interpreter finalizes is destroyed then, and gloo's threads, releasing the
-        # collectives' tensors, need a GIL that is gone: the process aborts ("terminate called
+        # while the interpreter finalizes is destroyed then, and a gloo thread still releasing a
+        # collective's tensors needs a GIL that is gone: the process can abort ("terminate called
         # without an active exception") after a run that succeeded. Horovod's own scripts end
         # without hvd.shutdown().
         atexit.register(shutdown)
