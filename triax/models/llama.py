@@ -61,19 +61,22 @@ class RotaryEmbedding:
         return self._last[1]
 
     def _compute(self, past: int, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) of each position's angles, (seq, head size): the sin of the first half
+        negated, which is the sign `rotate` needs (a table computed once instead of a negation of
+        q and k in every layer, forward and backward)."""
         positions = torch.arange(past, past + seq, device=device, dtype=torch.float32)
         angles = torch.outer(positions, self.inverse.to(device))
-        angles = torch.cat((angles, angles), dim=-1)
-        return angles.cos(), angles.sin()
+        return torch.cat((angles, angles), dim=-1).cos(), torch.cat((-angles.sin(), angles.sin()), dim=-1)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of x (batch, heads, seq, head size): each value i of a head's first half
-    turns with value i of its second half by its position's angle."""
+    turns with value i of its second half by its position's angle a, (x1, x2) -> (x1 cos a - x2
+    sin a, x2 cos a + x1 sin a): transformers' x * cos + rotate_half(x) * sin, exactly."""
     values = x.float()
     half = values.size(-1) // 2
-    turned = torch.cat((-values[..., half:], values[..., :half]), dim=-1)
-    return (values * cos + turned * sin).to(x.dtype)
+    swapped = torch.cat((values[..., half:], values[..., :half]), dim=-1)
+    return (values * cos + swapped * signed_sin).to(x.dtype)
 
 
 class GroupedQueryAttention(nn.Module):
