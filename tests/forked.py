@@ -109,6 +109,13 @@ def _rank(argv, env, cwd, out_path, err_path):
     # Line-buffered, like PYTHONUNBUFFERED output interleaved by several ranks into one file.
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
+    os._exit(run_as_python(argv, env))
+
+
+def run_as_python(argv, env):
+    """In a forked child whose environment, directory and standard streams are set: run the
+    command line `python *argv` would (`-m module ...` or `script.py ...`) and return its exit
+    code, after what a normal interpreter exit does (atexit handlers, flushing)."""
     if env.get("OMP_NUM_THREADS", "").isdigit():
         # OpenMP read the variable when the server imported torch; a job may ask for another count.
         import torch
@@ -130,15 +137,15 @@ def _rank(argv, env, cwd, out_path, err_path):
     except BaseException:  # noqa: BLE001 - reported like the interpreter would, then exit 1
         traceback.print_exc()
         code = 1
-    # What a normal interpreter exit does (atexit handlers, logging's flush), then leave without
-    # unwinding into the server's loop.
+    # What a normal interpreter exit does (atexit handlers, logging's flush); the caller then
+    # leaves with os._exit, without unwinding into the server's loop.
     try:
         atexit._run_exitfuncs()
     except BaseException:  # noqa: BLE001 - an exit handler's failure is reported, the exit code kept
         traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    return code
 
 
 # ---- the client, in the test process -----------------------------------------------------------

@@ -85,3 +85,41 @@ def test_launch_settings_reach_the_accelerator(monkeypatch):
     assert accelerator.gradient_accumulation_steps == 3
     # An argument wins over what the launcher set.
     assert Accelerator(mixed_precision="no", gradient_accumulation_steps=1).precision.name == "fp32"
+
+
+def test_min_lr_follows_lr_unless_set():
+    """A fine-tuning rate below the old fixed floor (1e-4) must not trip it: unset, optim.min_lr is
+    optim.lr / 10 (nanoGPT's rule); set, it is checked against optim.lr."""
+    from triax.train.config import final_lr
+
+    assert final_lr(compose_config(["optim.lr=3e-5"]).optim) == pytest.approx(3e-6)
+    assert final_lr(compose_config([]).optim) == pytest.approx(1e-4)  # the default run is unchanged
+    assert final_lr(compose_config(["optim.lr=3e-5", "optim.min_lr=0"]).optim) == 0
+    with pytest.raises(ConfigError, match=r"optim.min_lr=0.001 is invalid; use 0 <= min_lr <= optim.lr"):
+        compose_config(["optim.lr=3e-5", "optim.min_lr=1e-3"])
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("trainer.max_steps=five", "trainer.max_steps=five is not an integer; give an integer or null (default 500)"),
+    ("optim.lr=abc", "optim.lr=abc is not a number; give a number (default 0.001)"),
+    ("trainer.async_save=maybe", "trainer.async_save=maybe is not true or false; give true or false (default false)"),
+    ("trainer.loggers=jsonl", "trainer.loggers is a list; write it in brackets (default "
+                              "trainer.loggers=[tensorboard,jsonl])"),
+])
+def test_a_wrong_type_names_the_key_the_value_and_the_type_expected(override, expected):
+    with pytest.raises(ConfigError) as error:
+        compose_config([override])
+    assert str(error.value) == expected
+
+
+def test_a_derived_count_is_named_as_what_it_follows():
+    """parallel.pp_microbatches unset is 2 x pp: the error names the keys the user did set."""
+    from triax.parallel.mesh import Layout, validate_layout
+
+    with pytest.raises(ConfigError) as error:
+        validate_layout(Layout(pp=2), n_layer=4, n_head=4, block_size=16, batch_size=3)
+    assert str(error.value).startswith("4 pipeline micro-batches (parallel.pp_microbatches unset: 2 x "
+                                       "parallel.pp=2) do not divide trainer.batch_size=3")
+    assert "set parallel.pp_microbatches to one of 3" in str(error.value)
+    with pytest.raises(ConfigError, match=r"^parallel.pp_microbatches=2 does not divide trainer.batch_size=3"):
+        validate_layout(Layout(pp=2), n_layer=4, n_head=4, block_size=16, batch_size=3, pp_microbatches=2)

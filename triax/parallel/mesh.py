@@ -142,17 +142,22 @@ def validate_layout(layout: Layout, *, n_layer: int, n_head: int, block_size: in
     micro = pipeline_microbatches(pp_microbatches, layout.pp)
     if pp_microbatches < 0:
         raise ConfigError(f"parallel.pp_microbatches={pp_microbatches} must be >= 0 (0 means 2 x pp)")
+    # A count the user never set is named as what it follows, so the message points at keys they did set.
+    given = (f"parallel.pp_microbatches={micro}" if pp_microbatches else
+             f"{micro} pipeline micro-batches (parallel.pp_microbatches unset: 2 x parallel.pp={layout.pp})")
     if batch_size % micro != 0:
-        raise ConfigError(f"parallel.pp_microbatches={micro} does not divide trainer.batch_size={batch_size} "
-                          "(samples per data-parallel rank); choose a divisor of the batch size")
+        divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0 and d >= min(layout.pp, batch_size)]
+        raise ConfigError(f"{given} {'does' if pp_microbatches else 'do'} not divide trainer.batch_size={batch_size} (samples per data-parallel "
+                          f"rank); set parallel.pp_microbatches to one of {', '.join(map(str, divisors[:6]))} "
+                          f"or make trainer.batch_size a multiple of {micro}")
     if pp_schedule == "1f1b" and micro < layout.pp:
         raise ConfigError(f"parallel.pp_schedule=1f1b needs at least pp={layout.pp} micro-batches, got "
-                          f"parallel.pp_microbatches={micro}; raise it (and keep it dividing trainer.batch_size)")
+                          f"{given}; raise it (and keep it dividing trainer.batch_size)")
     if pp_schedule in MULTI_STAGE_SCHEDULES:
         rounds = max(1, micro // layout.pp)
         if micro % rounds != 0 or micro < layout.pp:
             raise ConfigError(f"parallel.pp_schedule={pp_schedule} needs a multiple of pp={layout.pp} micro-batches, "
-                              f"got parallel.pp_microbatches={micro}; use e.g. {2 * layout.pp}")
+                              f"got {given}; use e.g. {2 * layout.pp}")
 
 
 def check_cpu_offload(layout: Layout, cpu_offload: bool) -> None:

@@ -8,7 +8,9 @@ before the gradient reaches `Checkpoint`). Around them, the pipe's own business:
 
 * Layers must know when they are being recomputed, so a `DeferredBatchNorm` does not count the
   same micro-batch twice. `is_recomputing()` answers that, per thread: recomputation runs in
-  the backward thread while forward work runs in the partition workers.
+  the backward thread while forward work runs in the partition workers. `is_checkpointing()`
+  likewise answers during the forward pass that keeps no activations (a skip connection's portal
+  then keeps its tensor for the recomputation, see skip/tracker.py).
 * A plain BatchNorm would update its running statistics a second time while being recomputed;
   its statistics are put back afterwards, so checkpointing never changes them.
 * Random numbers. The generator state is saved when the forward starts and restored when
@@ -29,6 +31,7 @@ import threading
 import torch
 from torch import nn
 
+from triax.pipe.dependency import phony
 from triax.pipe.microbatch import Batch, check_batch, rebuild, tensors_of
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
@@ -42,19 +45,37 @@ _generator_locks: dict[str, threading.Lock] = {}
 _generator_locks_guard = threading.Lock()
 
 
+def is_checkpointing() -> bool:
+    """True while the current thread runs a checkpointed forward pass (activations not kept)."""
+    return getattr(_thread_state, "checkpointing", False)
+
+
 def is_recomputing() -> bool:
-    """True while the current thread re-runs a forward pass for checkpointing."""
+    """True while the current thread re-runs a checkpointed forward pass during backward.
+
+    A layer with side effects checks it so they happen once: `if not is_recomputing(): count += 1`.
+    """
     return getattr(_thread_state, "recomputing", False)
 
 
 @contextlib.contextmanager
-def _recomputing(flag: bool):
-    previous = is_recomputing()
-    _thread_state.recomputing = flag
+def _thread_flag(name: str):
+    previous = getattr(_thread_state, name, False)
+    setattr(_thread_state, name, True)
     try:
         yield
     finally:
-        _thread_state.recomputing = previous
+        setattr(_thread_state, name, previous)
+
+
+def enable_checkpointing():
+    """Make `is_checkpointing()` true in this thread within the context (FairScale's name)."""
+    return _thread_flag("checkpointing")
+
+
+def enable_recomputing():
+    """Make `is_recomputing()` true in this thread within the context (FairScale's name)."""
+    return _thread_flag("recomputing")
 
 
 def checkpoint_stop(mode: str, num_micro_batches: int, training: bool) -> int:
@@ -129,7 +150,7 @@ class _Recorded:
             if self.cuda_rng is not None:
                 torch.cuda.set_rng_state(self.cuda_rng, self.device)
             on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
-            with torch.enable_grad(), self.caller_state(), on_device, _recomputing(True), \
+            with torch.enable_grad(), self.caller_state(), on_device, enable_recomputing(), \
                     _batch_norm_statistics_kept(self.partition):
                 outputs = self.partition(rebuild(leaves, self.like))
         self.recomputed = (tensors_of(outputs), leaves)
@@ -148,7 +169,7 @@ class Checkpoint(torch.autograd.Function):
         ctx.recorded = recorded
         recorded.inputs = inputs
         recorded.save_rng()
-        with torch.no_grad():
+        with torch.no_grad(), enable_checkpointing():
             outputs = recorded.partition(rebuild(inputs, recorded.like))
         check_batch(outputs, recorded.label)  # the rule at partition boundaries, checked before autograd sees it
         recorded.single_output = isinstance(outputs, torch.Tensor)
@@ -185,11 +206,14 @@ class Recompute(torch.autograd.Function):
 
 def run_partition(partition: nn.Module, batch: Batch, checkpoint: bool, device: torch.device | None = None,
                   caller_state=None, label: str = "partition output") -> Batch:
-    """Forward `batch` through `partition`, keeping activations or only the input (checkpoint)."""
+    """Forward `batch` through `partition`, keeping activations or only the input (checkpoint).
+
+    `caller_state` makes the context the forward pass runs under (autograd and autocast modes, the
+    micro-batch's skip tracker): the recomputation runs under it again, in the backward thread.
+    """
     if not checkpoint:
         return partition(batch)
     device = device if device is not None else torch.device("cpu")
     recorded = _Recorded(partition, batch, device, caller_state or contextlib.nullcontext, label)
-    phony = torch.empty(0, device=device, requires_grad=True)
-    outputs = Checkpoint.apply(phony, recorded, *tensors_of(batch))
+    outputs = Checkpoint.apply(phony(device, requires_grad=True), recorded, *tensors_of(batch))
     return Recompute.apply(recorded, *outputs)

@@ -1,5 +1,6 @@
-"""FairScale's Pipe raises `TypeError`, `ValueError` and `IndexError`; triax raises the same
-built-in classes, each also a `TriaxError` (one clear line on the command line)."""
+"""FairScale's Pipe raises `TypeError`, `ValueError`, `IndexError` and, for skip connections,
+`RuntimeError`; triax raises the same built-in classes, each also a `TriaxError` (one clear line
+on the command line)."""
 
 from __future__ import annotations
 
@@ -17,3 +18,8 @@ class PipeTypeError(TriaxError, TypeError):
 
 class PipeIndexError(TriaxError, IndexError):
     """A layer index out of range, or fewer devices than partitions (as FairScale)."""
+
+
+class PipeRuntimeError(TriaxError, RuntimeError):
+    """A skippable layer broke its declaration at run time: stashed or popped a name it did not
+    declare, or left a declared one unused."""

@@ -21,6 +21,7 @@ processes and machines belong to triax's multi-process pipeline stages, which co
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from collections import OrderedDict
 from typing import Iterable
@@ -34,6 +35,9 @@ from triax.pipe.checkpoint import (CHECKPOINT_MODES, checkpoint_stop, draws_rand
 from triax.pipe.errors import PipeIndexError, PipeTypeError, PipeValueError
 from triax.pipe.microbatch import Batch, check_batch, check_tensors, coerce_chunks, join, split, to_device
 from triax.pipe.schedule import clock_cycles
+from triax.pipe.skip.layout import inspect_skip_layout
+from triax.pipe.skip.skippable import verify_skippables
+from triax.pipe.skip.tracker import SkipTrackerThroughPortals, use_skip_tracker
 from triax.pipe.worker import capture_caller_state, spawn_workers
 
 
@@ -192,6 +196,7 @@ class Pipe(nn.Module):
         self.chunks = coerce_chunks(chunks)
         self.checkpoint = _check_checkpoint(checkpoint)
         layers = _check_module(module)
+        verify_skippables(module)  # static, so checked before anything runs (as FairScale)
         balance = _check_balance(balance, len(layers))
         self.devices = _resolve_devices(devices, len(balance))
         self.balance = balance
@@ -204,6 +209,7 @@ class Pipe(nn.Module):
         for size, device in zip(balance, self.devices):
             self.partitions.append(nn.Sequential(OrderedDict(layers[start:start + size])).to(device))
             start += size
+        self._skip_layout = inspect_skip_layout(self.partitions)
 
     # -- the layers, as if this were still the Sequential -------------------------------------
 
@@ -267,17 +273,27 @@ class Pipe(nn.Module):
         locks = [generator_lock(device) if stop > 0 or draws_random_numbers(partition) else None
                  for partition, device in zip(self.partitions, self.devices)]
         caller_state = capture_caller_state()
+        skip_trackers = [SkipTrackerThroughPortals(self._skip_layout) for _ in micro_batches]
+
+        @contextlib.contextmanager
+        def micro_batch_state(index: int):
+            # What micro-batch `index` runs under, in its forward pass and in its recomputation:
+            # the caller's autograd and autocast modes, and the micro-batch's stashed skip tensors.
+            with caller_state(), use_skip_tracker(skip_trackers[index]):
+                yield
 
         def task(index: int, partition_index: int, micro_batch: Batch):
             # Runs in the partition's worker thread.
             device = self.devices[partition_index]
             lock = locks[partition_index] or contextlib.nullcontext()
             on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-            with caller_state(), on_device, lock:
+            with micro_batch_state(index), on_device, lock:
                 micro_batch = to_device(micro_batch, device)
+                for _, namespace, name in self._skip_layout.copy_policy(partition_index):
+                    micro_batch = skip_trackers[index].copy(micro_batch, namespace, name, device)
                 label = f"output of partition {partition_index}"
                 output = run_partition(self.partitions[partition_index], micro_batch, index < stop, device,
-                                       caller_state, label)
+                                       functools.partial(micro_batch_state, index), label)
             check_batch(output, label)
             return output
 

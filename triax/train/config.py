@@ -128,8 +128,9 @@ class OptimConfig:
     lr: float = 1e-3
     """Peak learning rate, reached after warm-up."""
 
-    min_lr: float = 1e-4
-    """Learning rate at the end of the cosine decay."""
+    min_lr: Optional[float] = None
+    """Learning rate at the end of the cosine decay; unset = optim.lr / 10 (nanoGPT's rule), so it
+    follows a learning rate given on the command line."""
 
     warmup_steps: int = 20
     """Linear warm-up length in optimizer steps."""
@@ -366,6 +367,10 @@ def _one_line(error: Exception) -> str:
     if key and re.match(r"Key '.*' not in", first):
         return str(unknown_key_error(key.group(1), sorted(schema_keys(TrainConfig))))
     if key:
+        wrong_type = _wrong_type(key.group(1), first)
+        if wrong_type:
+            return wrong_type
+    if key:
         first = f"{key.group(1)}: {first}"
     options = re.search(r"Available options in '[^']*':\n((?:\t\S+\n?)+)", text)
     if options:
@@ -373,6 +378,31 @@ def _one_line(error: Exception) -> str:
     if "Could not override" in first:
         first += "; run `triax train --help` to list the valid keys"
     return f"config error: {first}"
+
+
+# OmegaConf's name for a type it could not convert to -> how the error names what is expected.
+_EXPECTED = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "text"}
+
+
+def _wrong_type(key: str, message: str) -> str | None:
+    """One line for a value of the wrong type: the key, the value, the type expected and the
+    default as an example (OmegaConf's own wording names neither the expectation nor an example)."""
+    section, _, name = key.partition(".")
+    schema = typing.get_type_hints(TrainConfig).get(section)
+    item = next((item for item in dataclasses.fields(schema) if item.name == name), None) if schema else None
+    if item is None:
+        return None
+    hint = typing.get_type_hints(schema)[name]
+    default = _format_value(_default(item))
+    converted = (re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", message)
+                 or re.match(r"Value '(.*)' is not a valid (bool)", message))
+    expected = _EXPECTED.get(converted.group(2).capitalize().replace("Bool", "Boolean")) if converted else None
+    if expected:
+        optional = " or null" if typing.get_origin(hint) is typing.Union else ""
+        return f"{key}={converted.group(1)} is not {expected}; give {expected}{optional} (default {default})"
+    if "is not a ListConfig" in message:
+        return f"{key} is a list; write it in brackets (default {key}={default})"
+    return None
 
 
 def _need(ok: bool, key: str, value, what: str) -> None:
@@ -430,8 +460,8 @@ def _check_data(data: DataConfig) -> None:
 
 def _check_optim(optim: OptimConfig) -> None:
     _need(_finite(optim.lr) and optim.lr > 0, "optim.lr", optim.lr, "use a positive learning rate such as 1e-3")
-    _need(_finite(optim.min_lr) and 0 <= optim.min_lr <= optim.lr, "optim.min_lr", optim.min_lr,
-          f"use 0 <= min_lr <= optim.lr ({optim.lr})")
+    _need(optim.min_lr is None or (_finite(optim.min_lr) and 0 <= optim.min_lr <= optim.lr), "optim.min_lr",
+          optim.min_lr, f"use 0 <= min_lr <= optim.lr ({optim.lr}), or leave it unset for optim.lr / 10")
     _need(optim.warmup_steps >= 0, "optim.warmup_steps", optim.warmup_steps, "use 0 or more")
     _need(len(optim.betas) == 2, "optim.betas", optim.betas, "give two values, e.g. [0.9,0.95]")
     _need(all(_finite(beta) and 0 <= beta < 1 for beta in optim.betas), "optim.betas", optim.betas,
@@ -490,6 +520,11 @@ def _check_debug(debug: DebugConfig) -> None:
     _need(debug.preempt_rank >= 0, "debug.preempt_rank", debug.preempt_rank, "use 0 or more")
 
 
+def final_lr(optim: OptimConfig) -> float:
+    """optim.min_lr, or what it follows when unset: optim.lr / 10."""
+    return optim.min_lr if optim.min_lr is not None else optim.lr / 10
+
+
 def snapshot_root(config: TrainConfig) -> str:
     """Where a run's snapshots live: trainer.snapshot_dir, else <run_dir>/snapshots."""
     return config.trainer.snapshot_dir or os.path.join(config.trainer.run_dir, "snapshots")
@@ -516,6 +551,8 @@ def _format_value(value) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(map(_format_value, value)) + "]"
     return str(value).replace(" ", "")
 
 

@@ -42,7 +42,7 @@ from triax.rendezvous import restart_count
 from triax.stragglers import StragglerCheck
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train import init_from
-from triax.train.config import TrainConfig, gpt_config, snapshot_root, to_dict
+from triax.train.config import TrainConfig, final_lr, gpt_config, snapshot_root, to_dict
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import lock_run_dir, unlock_run_dir
@@ -251,7 +251,7 @@ class Trainer:
                                     optim.lr, optim.weight_decay, optim.betas, optimizer_device)
         self.sampler = GlobalSampler(len(self.data.train), seed=self.config.trainer.seed)
         self.total_steps = self._total_steps()
-        self.scheduler = make_schedule(self.optimizer, self.total_steps, optim.warmup_steps, optim.min_lr)
+        self.scheduler = make_schedule(self.optimizer, self.total_steps, optim.warmup_steps, final_lr(optim))
         self.scaler = self.precision.make_scaler(self.device)
 
     def _open_run_files(self) -> None:
