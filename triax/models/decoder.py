@@ -76,6 +76,42 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: L
                                           enable_gqa=k.size(1) != q.size(1))
 
 
+class SelfAttention(nn.Module):
+    """Causal self-attention with n_kv_head key/value heads, each shared by n_head / n_kv_head
+    query heads (GPT-2: as many as query heads; 1: multi-query). `rotary`: a callable that turns
+    (q, k, positions before them) into rotated (q, k) (the llama family's rotary positions; GPT-2
+    adds learned positions to the embeddings instead)."""
+
+    def __init__(self, config: GPTConfig, rotary=None):
+        super().__init__()
+        self.head_dim = config.head_dim
+        width = config.n_head * config.head_dim
+        # Separate q/k/v projections (rather than one fused tensor) so a tensor-parallel plan can
+        # shard each by heads with a plain column-parallel split.
+        self.q_proj = nn.Linear(config.n_embd, width, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.n_embd, config.n_kv_head * config.head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.n_embd, config.n_kv_head * config.head_dim, bias=config.qkv_bias)
+        self.out_proj = nn.Linear(width, config.n_embd, bias=config.bias)
+        self.out_proj.residual_projection = True  # marks it for the scaled init
+        self.rotary = rotary
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # -1 for the head counts: under tensor parallelism this rank holds only some heads.
+        q = self.q_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        if self.rotary is not None:
+            # The new positions come after the cached ones. The whole sequence is here even under
+            # sequence parallelism (the tensor-parallel plan gathers it before attention).
+            q, k = self.rotary(q, k, cache.length if cache is not None else 0)
+        y = causal_attention(q, k, v, cache, self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).reshape(batch, seq, -1)
+        return self.resid_dropout(self.out_proj(y))
+
+
 class Block(nn.Module):
     """A pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 

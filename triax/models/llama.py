@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from triax.models.config import GPTConfig
-from triax.models.decoder import Block, Decoder, LayerCache, causal_attention
+from triax.models.decoder import Block, Decoder, SelfAttention
 
 
 def inverse_frequencies(config: GPTConfig) -> torch.Tensor:
@@ -52,6 +52,11 @@ class RotaryEmbedding:
         self.inverse = inverse_frequencies(config)
         self._last: tuple | None = None
 
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, past: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k (batch, heads, seq, head size) of the positions after `past`, rotated."""
+        cos, signed_sin = self.tables(past, q.size(2), q.device)
+        return rotate(q, cos, signed_sin), rotate(k, cos, signed_sin)
+
     def tables(self, past: int, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if torch.compiler.is_compiling():  # inside a compiled graph: computed there, fused, kept by nothing
             return self._compute(past, seq, device)
@@ -79,39 +84,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     return (values * cos + swapped * signed_sin).to(x.dtype)
 
 
-class GroupedQueryAttention(nn.Module):
-    """Causal self-attention with n_kv_head key/value heads, each shared by n_head / n_kv_head
-    query heads (n_kv_head = n_head: multi-head; 1: multi-query)."""
-
-    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding):
-        super().__init__()
-        self.head_dim = config.head_dim
-        width = config.n_head * config.head_dim
-        # Separate q/k/v projections so tensor parallelism can shard each by heads column-wise.
-        self.q_proj = nn.Linear(config.n_embd, width, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(config.n_embd, config.n_kv_head * config.head_dim, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(config.n_embd, config.n_kv_head * config.head_dim, bias=config.qkv_bias)
-        self.out_proj = nn.Linear(width, config.n_embd, bias=config.bias)
-        self.out_proj.residual_projection = True  # marks it for the scaled init
-        self.rotary = rotary
-        self.dropout = config.dropout
-        self.resid_dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        # -1 for the head counts: under tensor parallelism this rank holds only some heads.
-        q = self.q_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        # The positions: after the cached ones. The whole sequence is here even under sequence
-        # parallelism (the tensor-parallel plan gathers it before attention).
-        cos, sin = self.rotary.tables(cache.length if cache is not None else 0, seq, x.device)
-        y = causal_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, cache,
-                             self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(batch, seq, -1)
-        return self.resid_dropout(self.out_proj(y))
-
-
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)) (Shazeer 2020)."""
 
@@ -137,7 +109,7 @@ class Llama(Decoder):
     def make_block(self, config: GPTConfig) -> nn.Module:
         if "rotary" not in self.__dict__:  # one table for all layers (built with the first)
             self.rotary = RotaryEmbedding(config)
-        return Block(self.make_norm(config), GroupedQueryAttention(config, self.rotary), self.make_norm(config),
+        return Block(self.make_norm(config), SelfAttention(config, self.rotary), self.make_norm(config),
                      SwiGLU(config))
 
     def make_norm(self, config: GPTConfig) -> nn.Module:
