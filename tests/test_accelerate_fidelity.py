@@ -124,7 +124,8 @@ def test_seedable_sampler_order_equals_accelerate(fresh_state):
 
 
 def test_batch_sampler_and_iterable_dataset_are_prepared(fresh_state):
-    from triax.accelerate.utils import prepare_data_loader
+    # One process, as Accelerate: the user's own batch sampler, and the stream batched as it is.
+    from triax.accelerate.utils import DataLoaderShard, prepare_data_loader
 
     class Stream(IterableDataset):
         def __iter__(self):
@@ -132,10 +133,10 @@ def test_batch_sampler_and_iterable_dataset_are_prepared(fresh_state):
 
     sampler = BatchSampler(RandomSampler(range(10)), batch_size=4, drop_last=False)
     prepared = prepare_data_loader(DataLoader(list(range(10)), batch_sampler=sampler))
-    assert prepared.batch_sampler.batch_sampler is sampler and prepared.batch_sampler.even_batches
+    assert isinstance(prepared, DataLoaderShard) and prepared.batch_sampler is sampler
     assert sorted(sum((b.tolist() for b in prepared), [])) == list(range(10))
     stream = prepare_data_loader(DataLoader(Stream(), batch_size=3))
-    assert [b.tolist() for b in stream] == [[0, 1, 2], [3, 4, 5], [6]] and stream.batch_sampler is None
+    assert [b.tolist() for b in stream] == [[0, 1, 2], [3, 4, 5], [6]]
 
 
 @pytest.mark.multiprocess
@@ -149,25 +150,27 @@ def test_two_processes_follow_accelerate(tmp_path):
         assert (tmp_path / f"ok_{rank}").read_text() == "ok"
 
 
-def test_a_stream_resumes_where_it_was_saved(fresh_state, tmp_path):
-    """A loader over an IterableDataset has no length (saved as 0 samples): a position saved in
-    the middle of its pass is restored, and the next pass continues after it."""
-    from triax.accelerate import Accelerator
+def test_a_stateful_dataloader_resumes_where_it_was_saved(fresh_state, tmp_path):
+    """use_stateful_dataloader=True: the loader is a torchdata StatefulDataLoader whose position
+    save_state keeps; after load_state its next pass continues after the batch last handed out
+    (it reads one batch ahead, which must not count). Without it nothing of the data is saved."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    from torchdata.stateful_dataloader import StatefulDataLoader
 
-    class Stream(IterableDataset):
-        def __iter__(self):
-            yield from range(10)
+    from triax.accelerate import Accelerator, DataLoaderConfiguration
 
-    accelerator = Accelerator()
-    loader = accelerator.prepare(DataLoader(Stream(), batch_size=2))
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    loader = accelerator.prepare(DataLoader(list(range(10)), batch_size=2))
+    assert isinstance(loader, StatefulDataLoader)
     batches = iter(loader)
-    for _ in range(3):
+    for _ in range(2):
         next(batches)
     accelerator.save_state(str(tmp_path / "state"))
     rest = [batch.tolist() for batch in batches]
-    assert rest == [[6, 7], [8, 9]]
+    assert rest == [[4, 5], [6, 7], [8, 9]]
     accelerator.load_state(str(tmp_path / "state"))
     assert [batch.tolist() for batch in loader] == rest
+    assert [batch.tolist() for batch in loader][:1] == [[0, 1]]  # the pass after that is a whole one
 
 
 def test_accelerate_helpers_kept_by_the_script_see_triax_accelerator(fresh_state, recwarn):

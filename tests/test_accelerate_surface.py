@@ -181,8 +181,10 @@ def test_configuration_objects_and_bad_values():
         Accelerator(project_config=ProjectConfiguration(project_dir="/p", total_limit=0))
     with pytest.raises(TypeError, match="DataLoaderConfiguration"):
         Accelerator(dataloader_config=42)
-    with pytest.warns(UserWarning, match="dispatch_batches"):
-        Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    dispatching = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    from torch.utils.data import DataLoader
+
+    assert type(dispatching.prepare(DataLoader(list(range(4))))).__name__ == "DataLoaderDispatcher"
 
 
 def test_accelerate_launch_environment_is_read(monkeypatch):
@@ -225,8 +227,11 @@ def test_prepare_twice_returns_the_same_objects(tmp_path):
     loader = DataLoader(list(range(4)), batch_size=2)
     prepared = accelerator.prepare(model, optimizer, loader)
     again = accelerator.prepare(model, optimizer, loader)
-    assert all(a is b for a, b in zip(prepared, again)) and accelerator.prepare(prepared[0]) is prepared[0]
-    assert len(accelerator._models) == len(accelerator._optimizers) == len(accelerator._dataloaders) == 1
+    assert all(a is b for a, b in zip(prepared[:2], again[:2])) and accelerator.prepare(prepared[0]) is prepared[0]
+    assert len(accelerator._models) == len(accelerator._optimizers) == 1
+    # As Accelerate: a DataLoader prepared twice is two loaders; a prepared one is returned as it is.
+    assert again[2] is not prepared[2] and accelerator.prepare(prepared[2]) is prepared[2]
+    assert len(accelerator._dataloaders) == 2
     accelerator.save_state()
 
 
@@ -254,9 +259,9 @@ def _scaler_tensor(state, value):
     lambda s: _scaler_tensor(s, {"__items__": 5}),
     lambda s: s.update(num_models="abc"),
     lambda s: s.pop("dataloaders"),
-    lambda s: s.update(dataloaders=[{"epoch": -1, "batch": 0, "num_samples": 4, "total_batch_size": 0, "seed": 1}]),
+    lambda s: s.update(dataloaders=[5]),
     lambda s: _scaler_tensor(s, "DEEP"),
-    lambda s: s["dataloaders"][0].update(seed=10**40),
+    lambda s: s.update(dataloaders=[{"_num_yielded": 10**40}]),
 ])
 def test_hostile_state_json_is_one_clear_error(tmp_path, edit):
     from torch.utils.data import DataLoader

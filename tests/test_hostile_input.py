@@ -602,7 +602,7 @@ def test_a_resigned_state_with_numbers_out_of_range_falls_back(name, tmp_path):
     lambda s: s["schedulers"][0].update(last_epoch="abc"),
     lambda s: s["schedulers"][0].update(base_lrs=[float("nan")]),
     lambda s: s["schedulers"][0].update(base_lrs=[float("inf")]),
-    lambda s: s["dataloaders"][0].update(num_samples=2**61),
+    lambda s: s.update(dataloaders=[{"_num_yielded": 2**70}]),
 ])
 def test_accelerator_load_state_refuses_numbers_out_of_range(tmp_path, edit):
     import json
@@ -873,17 +873,39 @@ def test_control_characters_in_a_path_are_escaped(sandbox, run_copy):
     assert "\x1b" not in err and "\\n\\x1b[2Jrun" in err
 
 
-def test_accelerator_state_positions_lie_within_their_epoch():
+def test_accelerator_state_dataloader_entries_are_null_or_objects():
     from triax.accelerate.saving import validate_state
     from triax.checkpoint import SnapshotError
 
     state = {"schedulers": [], "custom": [], "optimizer_steps": [], "stateless_optimizers": [],
              "saved_models": [0], "num_models": 1, "micro_step": 0, "scaler": {},
-             "dataloaders": [{"epoch": 0, "batch": 3, "num_samples": 10, "total_batch_size": 4, "seed": 0}]}
+             "dataloaders": [None, {"_num_yielded": 3}]}
     validate_state(state, "s")
-    state["dataloaders"][0]["batch"] = 2**40
-    with pytest.raises(SnapshotError, match=f"batch {2**40} in an epoch of 3 batches"):
+    state["dataloaders"][0] = 5
+    with pytest.raises(SnapshotError, match="neither null nor an object"):
         validate_state(state, "s")
+
+
+def test_a_stateful_dataloader_position_beyond_its_epoch_is_refused(tmp_path):
+    """A saved StatefulDataLoader position is fast-forwarded through on the next pass: a count
+    larger than the epoch (2**40 batches) would keep the run busy for ever, so it is refused."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    import json
+
+    from torch.utils.data import DataLoader
+
+    from triax.accelerate import Accelerator, DataLoaderConfiguration
+    from triax.checkpoint import SnapshotCorruptError
+
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    loader = accelerator.prepare(DataLoader(list(range(6)), batch_size=2))
+    next(iter(loader))
+    snapshot = accelerator.save_state(str(tmp_path))
+    document = json.load(open(os.path.join(snapshot, "state.json")))
+    document["accelerator"]["dataloaders"][0]["_sampler_iter_yielded"] = 2**40
+    _resign(snapshot, "state.json", json.dumps(document))
+    with pytest.raises(SnapshotCorruptError, match="1099511627776"):
+        accelerator.load_state(snapshot)
 
 
 def test_accelerator_state_keeps_an_infinity_it_wrote_but_not_in_a_learning_rate():

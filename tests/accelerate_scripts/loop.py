@@ -15,6 +15,20 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Dataset
 
 from triax import Accelerator
+from triax.accelerate import DataLoaderConfiguration
+
+
+class Progress:
+    """Batches done, saved with the Accelerator's state (register_for_checkpointing)."""
+
+    def __init__(self):
+        self.batches_done = 0
+
+    def state_dict(self):
+        return {"batches_done": self.batches_done}
+
+    def load_state_dict(self, state):
+        self.batches_done = state["batches_done"]
 
 
 class Synthetic(Dataset):
@@ -56,25 +70,33 @@ def main():
 
     if args.init_group:
         torch.distributed.init_process_group("gloo")
+    # The seedable sampler draws epoch e's order from (seed + e) with the DataLoader's own generator,
+    # never from torch's global one: 1 process and N draw the same order, and a resumed run, whose
+    # global generator load_state restores, sees the same dropout masks as the uninterrupted one.
     accelerator = Accelerator(gradient_accumulation_steps=args.accumulate, parallel=args.parallel,
-                              scheduler_steps=args.scheduler_steps)
+                              scheduler_steps=args.scheduler_steps,
+                              dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Dropout(args.dropout),
                                 torch.nn.Linear(32, 5))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
-    data = DataLoader(Synthetic(args.samples), batch_size=args.batch_size, shuffle=True)
+    data = DataLoader(Synthetic(args.samples), batch_size=args.batch_size, shuffle=True,
+                      generator=torch.Generator().manual_seed(0))
     eval_data = DataLoader(Synthetic(args.eval_samples), batch_size=args.eval_batch_size)
     model, optimizer, data, scheduler, eval_data = accelerator.prepare(model, optimizer, data, scheduler, eval_data)
 
-    batches_done = 0
+    progress = Progress()
+    accelerator.register_for_checkpointing(progress)
     if args.resume:
         accelerator.load_state(args.resume)
-        batches_done = data.epoch * len(data) + data.batch_in_epoch
+    # Accelerate's way to resume: the epoch from the count of batches done, then skip_first_batches.
+    first_epoch, skip = divmod(progress.batches_done, len(data))
     losses = []
     model.train()
-    for epoch in range(batches_done // len(data), args.epochs):
-        for batch in data:
+    for epoch in range(first_epoch, args.epochs):
+        data.set_epoch(epoch)
+        for batch in accelerator.skip_first_batches(data, skip) if epoch == first_epoch and skip else data:
             with accelerator.accumulate(model):
                 output = model(batch["inputs"])
                 loss = F.cross_entropy(output, batch["labels"])
@@ -83,8 +105,8 @@ def main():
                 scheduler.step()
                 optimizer.zero_grad()
             losses.append(loss.item())
-            batches_done += 1
-            if args.save_at and batches_done == args.save_at:
+            progress.batches_done += 1
+            if args.save_at and progress.batches_done == args.save_at:
                 accelerator.save_state(args.save)
 
     gathered_ids = []

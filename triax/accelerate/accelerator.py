@@ -19,7 +19,12 @@ from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
 from triax.accelerate import checkpoints, operations
-from triax.accelerate.data_loader import PreparedDataLoader, SkipFirstBatches, skip_first_batches
+from triax.accelerate.data_loader import (
+    DataLoaderDispatcher,
+    DataLoaderShard,
+    prepare_data_loader,
+    skip_first_batches,
+)
 from triax.accelerate.dataclasses import DistributedType
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
 from triax.accelerate.options import PRECISION_ALIASES, refuse_unsupported, resolve, unsupported
@@ -37,7 +42,7 @@ from triax.parallel.no_sync import no_sync, sync_in_backward
 from triax.precision import Precision
 from triax.trackers import open_tracker
 
-__all__ = ["Accelerator", "SkipFirstBatches", "PRECISION_ALIASES"]
+__all__ = ["Accelerator", "PRECISION_ALIASES"]
 
 
 class Accelerator:
@@ -62,9 +67,10 @@ class Accelerator:
         scheduler_steps: "per_process" (Accelerate's: a prepared scheduler steps num_processes times
         per optimizer update unless split_batches) or "per_update" (once per update);
         data_order: "loader" (Accelerate's: the DataLoader's own sampler and generator, drawn alike on
-        every process) or "seeded" (triax's permutation of (seed, epoch), resumable at any world size);
-        seed: the "seeded" order's seed (default: the DataLoader's generator seed, else
-        torch.initial_seed() of process 0).
+        every process) or "seeded" (a shuffled DataLoader's order is triax's permutation of
+        (seed, epoch), which draws nothing from any generator);
+        seed: the "seeded" order's seed (default: data_seed, else the DataLoader's generator seed,
+        else torch.initial_seed() of process 0).
     DeepSpeed, Megatron-LM, XLA, fp8, ParallelismConfig and dynamo_backend raise
     UnsupportedFeatureError here, naming what to use instead.
     """
@@ -119,13 +125,14 @@ class Accelerator:
         self.data_order = options.data_order
         self.device_placement = device_placement
         self.seed = seed if seed is not None else self.dataloader_config.data_seed
-        self.rng_types = rng_types
+        # As Accelerate: the shuffling generator of a prepared dataloader is synchronised.
+        self.rng_types = ["generator"] if rng_types is None else rng_types
         self.log_with = parse_log_with(log_with)
         self.trackers: list = []  # started by init_trackers, on the main process only
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
-        self._dataloaders: list[PreparedDataLoader] = []
+        self._dataloaders: list = []  # DataLoaderShard / DataLoaderDispatcher
         self._custom_objects: list = []
         self._replaced_parameters: dict[int, torch.nn.Parameter] = {}  # FSDP: id(old) -> sharded
         # OrderedDicts: torch's RemovableHandle keeps a weak reference to them (plain dicts refuse).
@@ -273,7 +280,7 @@ class Accelerator:
             return "model"
         if isinstance(obj, torch.optim.Optimizer):
             return "optimizer"
-        if isinstance(obj, (DataLoader, PreparedDataLoader)):
+        if isinstance(obj, DataLoader):
             return "dataloader"
         if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, PreparedScheduler)) or (
                 hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "state_dict")):
@@ -370,23 +377,32 @@ class Accelerator:
         self._schedulers.append(prepared)
         return prepared
 
-    def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None):
-        already = self._already_prepared(dataloader, self._dataloaders, "base_dataloader")
-        if already is not None:
-            return already
-        seed = self.seed
-        if seed is None:
-            generator = getattr(dataloader, "generator", None)
-            seed = generator.initial_seed() if generator is not None else torch.initial_seed()
-        # Every process must draw the same order: process 0's seed wins.
-        seed = operations.broadcast_object_list([int(seed) % 2**31])[0]
+    def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None,
+                            slice_fn_for_dispatch=None):
+        """This process's share of `dataloader`: a DataLoaderShard (or DataLoaderDispatcher), drawing
+        the same random numbers as Accelerate's (triax.accelerate.data_loader)."""
+        if isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
+            if not any(dataloader is known for known in self._dataloaders):
+                self._dataloaders.append(dataloader)
+            return dataloader
+        if device_placement is None:
+            device_placement = self.device_placement
         config = self.dataloader_config
-        prepared = PreparedDataLoader(
-            dataloader, device=self.device if device_placement is not False else None,
-            process_index=self.process_index, num_processes=self.num_processes,
-            gradient_state=self.gradient_state, seed=seed, split_batches=config.split_batches,
-            even_batches=config.even_batches, data_order=self.data_order,
-            use_seedable_sampler=config.use_seedable_sampler, data_seed=config.data_seed)
+        order_seed = None
+        if self.data_order == "seeded":
+            order_seed = self.seed
+            if order_seed is None:
+                generator = getattr(dataloader, "generator", None)
+                order_seed = generator.initial_seed() if generator is not None else torch.initial_seed()
+            # Every process must draw the same order: process 0's seed wins.
+            order_seed = operations.broadcast_object_list([int(order_seed) % 2**63])[0]
+        prepared = prepare_data_loader(
+            dataloader, self.device, num_processes=self.num_processes, process_index=self.process_index,
+            split_batches=config.split_batches, put_on_device=device_placement, rng_types=list(self.rng_types),
+            dispatch_batches=config.dispatch_batches, even_batches=config.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed, non_blocking=config.non_blocking,
+            use_stateful_dataloader=config.use_stateful_dataloader, order_seed=order_seed)
         self._dataloaders.append(prepared)
         return prepared
 
@@ -446,11 +462,11 @@ class Accelerator:
         saved = []
         if even_batches is not None:
             for loader in self._dataloaders:
-                if loader.batch_sampler is None:
+                if isinstance(loader, DataLoaderDispatcher) or not hasattr(loader.batch_sampler, "even_batches"):
                     continue
                 saved.append((loader, loader.batch_sampler.even_batches))
                 loader.batch_sampler.even_batches = even_batches
-            if any(loader.batch_sampler is None for loader in self._dataloaders):
+            if any(isinstance(loader, DataLoaderDispatcher) for loader in self._dataloaders):
                 warnings.warn("join_uneven_inputs(even_batches=...) is only supported for map-style datasets; "
                               "the prepared dataloaders over iterable datasets keep their setting", stacklevel=3)
         else:
@@ -512,9 +528,10 @@ class Accelerator:
             data = operations.gather_object(items)
         else:
             data = operations.gather(input_data)
-        padding = self.gradient_state.padding_in_last_batch
-        if padding and self.gradient_state.end_of_dataloader:
-            keep = self.gradient_state.remainder
+        # At the end of a dataloader, the last global batch keeps only its real samples (the rest
+        # repeat the start of the epoch to even the batches out).
+        keep = self.gradient_state.remainder
+        if self.gradient_state.end_of_dataloader and keep > 0:
             if isinstance(data, list):
                 return data[:keep]
             return operations.map_tensors(lambda t: t[:keep], data)

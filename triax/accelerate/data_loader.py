@@ -1,510 +1,664 @@
-"""Dataloaders sharded across processes, as Accelerate shards them.
+"""Prepared dataloaders, drawing the same random numbers in the same order as Accelerate's.
 
-A prepared dataloader keeps the user's dataset, sampler, collate function and workers. What it
-hands out depends on how the DataLoader was built:
+A prepared dataloader is a new torch DataLoader over the user's dataset that keeps their
+sampler, collate function, workers and generator, and hands this process its share of each step
+(sharding.py). It must give a script Accelerate's numbers bit for bit, and those depend on every
+draw from torch's global generator, not only on the batches. So the rules below are Accelerate
+1.15's, draw for draw:
 
-- batch_size=... over a map-style dataset (the common case): the epoch's sample order comes from
-  the DataLoader's own sampler (Accelerate's rule, `data_order="loader"`): a RandomSampler (or
-  SeedableRandomSampler) draws it from its generator, whose state is first made equal on every
-  process (process 0's), so every process draws the same order, exactly the order one process
-  would draw. A step takes the next `global batch` of that order and process r takes the r-th
-  contiguous slice, so N processes with batch B see the samples one process sees with batch N*B.
-  With `data_order="seeded"` the order is triax's permutation of (seed, epoch) instead
-  (triax.data.sampler.GlobalSampler): independent of any generator and resumable exactly at any
-  number of processes.
-- batch_sampler=... (or a BatchSampler given as sampler with batch_size=None): the batches are the
-  user's; step k gives process r batch k*N + r (split_batches: one batch, cut into N pieces).
-- an IterableDataset: every process reads the stream and takes its batch of each group of N.
+- One process: the user's own batch sampler, unchanged. A shuffled DataLoader's RandomSampler
+  without a generator draws its seed from torch's global generator at the start of each pass.
+- N processes: a RandomSampler without a generator gets one at prepare time, seeded by one draw
+  from torch's global generator; before each pass, process 0's generator state is handed to
+  every process (rng_types=["generator"], the Accelerator's default), so every process draws the
+  same order. Batches are dealt out with BatchSamplerShard; streams are cut by
+  IterableDatasetShard, or read on process 0 only and broadcast (DataLoaderDispatcher, the
+  default for an IterableDataset when batches are placed on the device).
+- Every pass draws the DataLoader's base seed for workers (from the DataLoader's generator, else
+  torch's global one), as any DataLoader does, and the loader reads one batch ahead, so it knows
+  the last batch is the last (end_of_dataloader) when it hands it out: a collate function that
+  draws random numbers does so one batch earlier than in a plain loop, as in Accelerate.
+- use_seedable_sampler replaces a RandomSampler with SeedableRandomSampler, whose order is a
+  function of (seed, epoch); the loader tells it the epoch (its `iteration`) before each pass.
+- save_state keeps no data position (load_state restores the random states only, and scripts skip
+  what they have seen with skip_first_batches), except with use_stateful_dataloader=True: then
+  the loader is a torchdata StatefulDataLoader and its state_dict is saved and restored.
 
-even_batches (the default) repeats data from the start of the epoch so every process gets the
-same number of batches; gather_for_metrics drops the repeats again. The position in the epoch is
-the number of steps taken, which save_state/load_state and skip_first_batches use.
+triax's own choice, off by default: data_order="seeded" (Accelerator) replaces a RandomSampler
+with SeededOrderSampler, an order that is a function of (seed, epoch) and draws nothing.
 """
 
 from __future__ import annotations
 
-import base64
-import itertools
+import inspect
+import sys
+from contextlib import suppress
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from triax.accelerate.errors import AcceleratorValueError
-from triax.accelerate.operations import broadcast_object_list, map_tensors, send_to_device
-from triax.accelerate.random import SeedableRandomSampler, synchronize_generator
+from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
+from triax.accelerate.operations import broadcast, broadcast_object_list, is_mapping, map_tensors, send_to_device
+from triax.accelerate.random import SeedableRandomSampler, synchronize_rng_states
+from triax.accelerate.sharding import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    SeededOrderSampler,
+    SkipBatchSampler,
+)
 from triax.accelerate.state import GradientState, PartialState
-from triax.data.sampler import GlobalSampler
+
+# The DataLoader arguments a prepared loader copies from the user's (with their defaults); the
+# sampling ones (batch_size, shuffle, sampler, batch_sampler, drop_last) are replaced instead.
+LOADER_OPTIONS = {
+    "num_workers": 0, "collate_fn": None, "pin_memory": False, "timeout": 0, "worker_init_fn": None,
+    "multiprocessing_context": None, "generator": None, "prefetch_factor": 2, "persistent_workers": False,
+    "pin_memory_device": "",
+}
+if "in_order" in inspect.signature(DataLoader.__init__).parameters:
+    LOADER_OPTIONS["in_order"] = True
 
 
-class ShardedBatchSampler:
-    """What `prepared.batch_sampler` shows, as Accelerate's BatchSamplerShard: the user's batch
-    sampler (`.batch_sampler`) and how it is shared out (`even_batches` can be changed, e.g. by
-    join_uneven_inputs, and applies from the next pass)."""
-
-    def __init__(self, loader: "PreparedDataLoader", batch_sampler):
-        self._loader = loader
-        self.batch_sampler = batch_sampler
-        self.num_processes = loader.num_processes
-        self.process_index = loader.process_index
-        self.split_batches = loader.split_batches
-
-    @property
-    def even_batches(self) -> bool:
-        return self._loader.even_batches
-
-    @even_batches.setter
-    def even_batches(self, value: bool) -> None:
-        self._loader.even_batches = value
-
-    @property
-    def batch_size(self):
-        return getattr(self.batch_sampler, "batch_size", None)
-
-    def __len__(self) -> int:
-        return len(self._loader)
+def _loader_options(dataloader) -> dict:
+    return {name: getattr(dataloader, name, default) for name, default in LOADER_OPTIONS.items()}
 
 
-class PreparedDataLoader:
-    def __init__(self, dataloader: DataLoader, *, device: torch.device | None, process_index: int,
-                 num_processes: int, gradient_state, seed: int, split_batches: bool = False,
-                 even_batches: bool = True, data_order: str = "loader", use_seedable_sampler: bool = False,
-                 data_seed: int | None = None):
-        self.base_dataloader = dataloader
-        self.dataset = dataloader.dataset
-        self.device = device
-        self.process_index = process_index
-        self.num_processes = num_processes
-        self.gradient_state = gradient_state
-        self.even_batches = even_batches
-        self.split_batches = split_batches
-        self.drop_last = dataloader.drop_last
-        self.data_order = data_order
-        if isinstance(dataloader.dataset, IterableDataset):
-            self.mode = "stream"
-        elif dataloader.batch_size is None:
-            self.mode = "batches"
-        else:
-            self.mode = "samples"
-        size = dataloader.batch_size
-        if size is None and self.mode == "batches":
-            size = getattr(dataloader.batch_sampler if dataloader.batch_sampler is not None else dataloader.sampler,
-                           "batch_size", None)
-        if split_batches:
-            if size is None:
-                raise AcceleratorValueError("split_batches=True needs a batch size: the DataLoader's batch_size or a "
-                                            "batch_sampler with a batch_size attribute")
-            if size > 1 and size % num_processes:
-                raise AcceleratorValueError(f"split_batches=True needs a batch_size divisible by the {num_processes} "
-                                            f"processes, got batch_size={size}")
-        self.batch_size = size // num_processes if split_batches and size else size
-        self.total_batch_size = (self.batch_size or 1) * num_processes
-
-        sampler = dataloader.sampler
-        if use_seedable_sampler and type(sampler) is RandomSampler:
-            # Accelerate's use_seedable_sampler: the order is a function of (seed, epoch).
-            sampler = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement,
-                                            num_samples=sampler._num_samples, generator=sampler.generator,
-                                            data_seed=data_seed)
-            sampler.initial_seed = broadcast_object_list([sampler.initial_seed])[0]
-        elif isinstance(sampler, RandomSampler) and sampler.generator is None and self.mode == "samples":
-            # As Accelerate: the sampler gets a generator of its own, seeded from torch's, whose
-            # state process 0 hands to the others before every pass.
-            sampler.generator = torch.Generator().manual_seed(int(torch.empty((), dtype=torch.int64).random_()))
-        self.order_source = sampler
-        self._generator_at_pass_start: torch.Tensor | None = None
-
-        if self.mode == "samples":
-            self._custom_sampler = None if isinstance(sampler, (RandomSampler, SequentialSampler)) else sampler
-            self.num_samples = len(sampler)
-            shown = BatchSampler(sampler, dataloader.batch_size, dataloader.drop_last)
-        elif self.mode == "batches":
-            self._custom_sampler = dataloader.batch_sampler if dataloader.batch_sampler is not None else sampler
-            self.num_samples = len(self._custom_sampler)  # batches, here
-            self.total_batch_size = num_processes
-            shown = self._custom_sampler
-        else:
-            self._custom_sampler = None
-            self.num_samples = 0  # unknown until the stream ends
-            self.total_batch_size = num_processes
-            shown = None
-        self.batch_sampler = ShardedBatchSampler(self, shown) if shown is not None else None
-        self.sampler = GlobalSampler(max(self.num_samples, 1), seed,
-                                     shuffle=isinstance(sampler, RandomSampler))
-        self._custom_orders: dict[int, list] = {}
-
-        self.epoch = 0
-        self.batch_in_epoch = 0  # steps handed out so far in this epoch: the saved position
-        self.at_end = False
-        self._start_batch = 0  # where the next pass begins (load_state / skip_first_batches)
-        self._stream_tail = (0, 0)  # stream mode: real and repeated samples of the last step
-        self._loader_options = dict(
-            collate_fn=dataloader.collate_fn, num_workers=dataloader.num_workers,
-            pin_memory=dataloader.pin_memory, timeout=dataloader.timeout,
-            worker_init_fn=dataloader.worker_init_fn,
-            multiprocessing_context=dataloader.multiprocessing_context,
-        )
-        if dataloader.num_workers > 0:
-            self._loader_options["prefetch_factor"] = dataloader.prefetch_factor
-
-    # ---- sizes and positions -------------------------------------------------------------------
-
-    def _items_per_step(self) -> int:
-        """How many order items one step consumes: samples (samples mode) or batches."""
-        if self.mode == "samples":
-            return self.total_batch_size
-        return 1 if self.split_batches else self.num_processes
-
-    def __len__(self) -> int:
-        """Batches this process gets per epoch (with even_batches=False the last, partial step may
-        give some processes one fewer)."""
-        if self.mode == "stream":
-            return self._shares(len(self.base_dataloader))
-        return self._shares(self.num_samples)
-
-    def _shares(self, items: int) -> int:
-        per_step = self._items_per_step()
-        full, rest = divmod(items, per_step)
-        if not rest or (self.drop_last and self.mode == "samples"):
-            return full
-        if self.even_batches or self.split_batches and self.mode != "samples":
-            return full + 1
-        unit = self.batch_size if self.mode == "samples" else 1
-        return full + (1 if rest > self.process_index * unit else 0)
-
-    @property
-    def remainder(self) -> int:
-        """Real samples in the last step's global batch (0 when the data divides evenly), as
-        Accelerate's GradientState.remainder."""
-        if self.mode == "samples":
-            return 0 if self.drop_last else self.num_samples % self.total_batch_size
-        return self._stream_tail[0]
-
-    @property
-    def padding_in_last_batch(self) -> int:
-        """Samples repeated to fill the last step (0 when it is full or not padded)."""
-        if not self.at_end or not self._pads:
-            return 0
-        if self.mode != "samples":
-            return self._stream_tail[1]
-        rest = self.num_samples % self.total_batch_size
-        if not rest or self.drop_last:
-            return 0
-        return self.total_batch_size - rest
-
-    @property
-    def _pads(self) -> bool:
-        """Whether the last step is filled with repeats: even_batches, and only with several
-        processes (one process gets the DataLoader's own batches, as in Accelerate)."""
-        return self.even_batches and self.num_processes > 1
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def state_dict(self) -> dict:
-        state = {"epoch": self.epoch, "batch": self.batch_in_epoch, "num_samples": self.num_samples,
-                 "total_batch_size": self.total_batch_size, "seed": self.sampler.seed}
-        if self._generator_at_pass_start is not None:
-            # The sampler's generator as the current pass began: resuming draws the same order.
-            state["generator"] = base64.b64encode(self._generator_at_pass_start.numpy().tobytes()).decode()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from a saved position: the next pass yields the rest of the saved epoch.
-        The position is kept as a global index, so a different number of processes (or batch
-        size) resumes from the same sample when the index falls on a step boundary."""
-        global_index = state["batch"] * state["total_batch_size"]
-        if global_index % self.total_batch_size:
-            raise AcceleratorValueError(f"cannot resume at global sample {global_index}: it is not a multiple of "
-                                        f"this run's global batch {self.total_batch_size}; keep the global batch size")
-        if state["num_samples"] != self.num_samples:
-            raise AcceleratorValueError(f"the saved dataloader had {state['num_samples']} samples, this one has "
-                                        f"{self.num_samples}; resume with the same dataset")
-        generator = state.get("generator")
-        if generator is not None:
-            if not isinstance(generator, str) or self._generator() is None:
-                raise AcceleratorValueError("the saved dataloader has a generator state this dataloader cannot "
-                                            "take; resume with the same DataLoader (shuffle and sampler)")
-            try:
-                raw = torch.frombuffer(bytearray(base64.b64decode(generator, validate=True)), dtype=torch.uint8)
-                self._generator().set_state(raw)
-            except (ValueError, RuntimeError) as failure:
-                raise AcceleratorValueError(f"the saved dataloader's generator state is damaged ({failure}); "
-                                            "resume from another checkpoint") from None
-            self._restored_generator = True
-        self.sampler = GlobalSampler(max(self.num_samples, 1), state["seed"], shuffle=self.sampler.shuffle)
-        self.epoch = state["epoch"]
-        self._start_batch = global_index // self.total_batch_size
-        self.batch_in_epoch = self._start_batch
-
-    # ---- which samples ---------------------------------------------------------------------------
-
-    def _generator(self) -> torch.Generator | None:
-        return getattr(self.order_source, "generator", None)
-
-    def _begin_pass(self) -> None:
-        """Make the order's random state equal on every process (process 0's), and keep it so a
-        saved position can redraw this pass's order."""
-        if self.data_order != "loader" or self.mode != "samples":
-            return
-        if isinstance(self.order_source, SeedableRandomSampler):
-            self.order_source.set_epoch(self.epoch)
-        generator = self._generator()
-        if generator is None or not isinstance(self.order_source, RandomSampler):
-            return
-        if not getattr(self, "_restored_generator", False):
-            synchronize_generator(generator)
-        self._restored_generator = False
-        self._generator_at_pass_start = generator.get_state()
-
-    def _order(self, epoch: int) -> list:
-        """The epoch's order: sample ids (samples mode) or the user's batches (batches mode)."""
-        if self.mode == "samples" and self.data_order == "seeded" and self._custom_sampler is None:
-            return self.sampler.epoch_order(epoch).tolist()
-        if self.mode == "samples" and self._custom_sampler is None:
-            return list(iter(self.order_source))  # every process draws alike (_begin_pass)
-        if epoch not in self._custom_orders:
-            # Any other sampler is asked on process 0, and its order is shared.
-            if hasattr(self._custom_sampler, "set_epoch"):
-                self._custom_sampler.set_epoch(epoch)
-            shared = broadcast_object_list([[_plain(item) for item in iter(self._custom_sampler)]])
-            self._custom_orders = {epoch: shared[0]}
-        return self._custom_orders[epoch]
-
-    def batch_indices(self, order: list, batch: int):
-        """What this process takes at step `batch` of an epoch whose order is `order`."""
-        if self.mode == "batches":
-            return self._batch_of_batches(order, batch)
-        start = batch * self.total_batch_size
-        begin = self.process_index * self.batch_size
-        if start + self.total_batch_size <= len(order):
-            return order[start + begin:start + begin + self.batch_size]
-        real = order[start:]
-        if not self._pads:
-            # As Accelerate: the short global batch is cut into per-process batches in process
-            # order, so the last processes may get a short batch or none.
-            return real[begin:begin + self.batch_size]
-        # Even batches: fill the last global batch from the start of the epoch's order, so every
-        # process steps the same number of times; gather_for_metrics drops the repeats again.
-        filled = list(real)
-        while len(filled) < self.total_batch_size:
-            filled += order[:self.total_batch_size - len(filled)]
-        return filled[begin:begin + self.batch_size]
-
-    def _batch_of_batches(self, batches: list, step: int):
-        if self.split_batches:
-            whole = batches[step] if step < len(batches) else []
-            size = self.batch_size or -(-len(whole) // self.num_processes)
-            piece = list(whole[self.process_index * size:(self.process_index + 1) * size])
-            if self._pads and len(piece) < size:
-                piece += list(batches[0])[:size - len(piece)]
-            return piece
-        index = step * self.num_processes + self.process_index
-        if index < len(batches):
-            return batches[index]
-        return batches[(index - len(batches)) % len(batches)]  # even_batches: repeat from the start
-
-    def _tail(self, batches: list) -> tuple[int, int]:
-        """Real and repeated samples in the last step of a batches-mode epoch."""
-        if self.split_batches:
-            last = len(batches[-1]) if batches else 0
-            size = self.batch_size * self.num_processes if self.batch_size else last
-            return (last, size - last) if last < size else (0, 0)
-        rest = len(batches) % self.num_processes
-        if not rest:
-            return 0, 0
-        real = sum(len(batch) for batch in batches[-rest:])
-        repeated = sum(len(batches[i % len(batches)]) for i in range(self.num_processes - rest))
-        return real, repeated
-
-    # ---- iteration -------------------------------------------------------------------------------
-
-    def __iter__(self):
-        if self.mode == "stream":
-            yield from self._iter_stream()
-            return
-        start, self._start_batch = self._start_batch, 0
-        epoch, total = self.epoch, len(self)
-        self._begin_pass()
-        loader_mode = self.data_order == "loader"
-        # The user's generator (if any) draws the workers' base seed before the sampler draws the
-        # order, as a plain DataLoader does, so one prepared process equals the plain loop.
-        # Otherwise a generator of our own draws it: drawing from torch's global one would shift
-        # the user's random stream (dropout...) after load_state, which restores that stream.
-        generator = self.base_dataloader.generator if loader_mode else None
-        if generator is None:
-            generator = torch.Generator().manual_seed(self.sampler.seed * 1_000_003 + epoch)
-        steps = _PassSteps(self, epoch, start, total)
-        if self.mode == "batches" and self.base_dataloader.batch_sampler is None:
-            loader = DataLoader(self.dataset, sampler=steps, batch_size=None, generator=generator,
-                                **self._loader_options)
-        else:
-            loader = DataLoader(self.dataset, batch_sampler=steps, generator=generator, **self._loader_options)
-        yield from self._hand_out(loader, start, total)
-
-    def _hand_out(self, batches, start: int, total: int | None):
-        non_blocking = self.device is not None and self.device.type == "cuda"
-        self.batch_in_epoch, self.at_end = start, total is not None and start >= total
-        self.gradient_state.active_loaders.append(self)
-        try:
-            for batch in batches:
-                self.batch_in_epoch += 1
-                if total is not None:
-                    self.at_end = self.batch_in_epoch == total
-                yield batch if self.device is None else send_to_device(batch, self.device, non_blocking)
-        finally:
-            self.gradient_state.active_loaders.remove(self)
-        # Only a pass that ran to the end moves on to the next epoch.
-        self.epoch += 1
-        self.batch_in_epoch, self.at_end = 0, False
-
-    # ---- iterable datasets -----------------------------------------------------------------------
-
-    def _iter_stream(self):
-        start, self._start_batch = self._start_batch, 0
-        self._stream_tail = (0, 0)
-        yield from self._hand_out(self._stream_steps(start), start, None)
-
-    def _stream_steps(self, start: int):
-        """This process's batch of each step, read from the user's own DataLoader: the r-th batch
-        of each group of N (split_batches: the r-th piece of each batch). One step is read ahead,
-        so the last one is known to be the last (end_of_dataloader) when it is handed out."""
-        steps = iter(self._stream_groups())
-        first_group, current = None, next(steps, None)
-        index = 0
-        while current is not None:
-            following = next(steps, None)
-            if first_group is None:
-                first_group = current
-            if following is None:
-                self.at_end = True
-            mine = self._stream_share(current, first_group, last=following is None)
-            if index >= start and mine is not None:
-                yield mine
-            index += 1
-            current = following
-
-    def _stream_groups(self):
-        group = []
-        for batch in self.base_dataloader:
-            if self.split_batches:
-                yield [batch]
-                continue
-            group.append(batch)
-            if len(group) == self.num_processes:
-                yield group
-                group = []
-        if group:
-            yield group
-
-    def _stream_share(self, group: list, first_group: list, last: bool):
-        if self.split_batches:
-            whole = group[0]
-            size = _length(whole)
-            piece = -(-size // self.num_processes) if not self.batch_size else self.batch_size
-            if last and size < piece * self.num_processes:
-                self._stream_tail = (size, piece * self.num_processes - size)
-            return _slice(whole, self.process_index * piece, (self.process_index + 1) * piece)
-        if last and len(group) < self.num_processes:
-            self._stream_tail = (sum(_length(b) for b in group),
-                                 sum(_length(first_group[i % len(first_group)])
-                                     for i in range(self.num_processes - len(group))))
-        if self.process_index < len(group):
-            return group[self.process_index]
-        if not self._pads:
-            return None
-        return first_group[(self.process_index - len(group)) % len(first_group)]
+def _default_generator() -> torch.Generator:
+    return torch.Generator(device=torch.get_default_device() if hasattr(torch, "get_default_device") else "cpu")
 
 
-class _PassSteps:
-    """The sampler a pass's inner DataLoader reads: this process's indices (or batches) for steps
-    start..total-1. The order is drawn on the first next(), after the DataLoader drew its base
-    seed, exactly as a plain DataLoader's sampler is."""
+class DataLoaderStateMixin:
+    """Where a prepared loader is in its pass, for the GradientState: end_of_dataloader is True
+    while the last batch is out; remainder is the number of real samples in the last global
+    batch (-1 when unknown), which gather_for_metrics keeps."""
 
-    def __init__(self, loader: PreparedDataLoader, epoch: int, start: int, total: int):
-        self.loader, self.epoch, self.start, self.total = loader, epoch, start, total
+    end_of_dataloader = False
+    remainder = -1
 
-    def __len__(self) -> int:
-        return max(self.total - self.start, 0)
+    def reset(self) -> None:
+        self.end_of_dataloader = False
+        self.remainder = -1
 
-    def __iter__(self):
-        order = self.loader._order(self.epoch)
-        if self.loader.mode == "batches":
-            self.loader._stream_tail = self.loader._tail(order)
-        for step in range(self.start, self.total):
-            yield self.loader.batch_indices(order, step)
+    def begin(self) -> None:
+        self.reset()
+        with suppress(Exception):  # a loader without a length (or a drop_last) keeps -1
+            if not self._drop_last:
+                length = getattr(self.dataset, "total_dataset_length", len(self.dataset))
+                self.remainder = length % self.total_batch_size
+        self.gradient_state._add_dataloader(self)
 
-
-def _plain(item):
-    """A sampler's item as plain Python (ints, or lists of them) for sharing between processes."""
-    if isinstance(item, torch.Tensor):
-        return item.tolist()
-    if isinstance(item, (list, tuple)):
-        return [_plain(x) for x in item]
-    return int(item) if hasattr(item, "__index__") else item
+    def end(self) -> None:
+        self.gradient_state._remove_dataloader(self)
 
 
-def _length(batch) -> int:
-    sizes = []
-    map_tensors(lambda tensor: sizes.append(tensor.shape[0] if tensor.dim() else 1), batch)
-    if sizes:
-        return sizes[0]
-    return len(batch) if hasattr(batch, "__len__") else 1
+class DataLoaderAdapter(DataLoader):
+    """The base of prepared loaders: a torch DataLoader, or with use_stateful_dataloader=True a
+    torchdata StatefulDataLoader (the class is then a subclass of both, made on first use).
 
+    In Accelerate the prepared loader wraps a second DataLoader, `base_dataloader`; here the
+    prepared loader is that DataLoader itself, and `base_dataloader` names it."""
 
-def _slice(batch, begin: int, end: int):
-    if isinstance(batch, (list, tuple)) and not any(isinstance(x, torch.Tensor) for x in batch):
-        return batch[begin:end]
-    return map_tensors(lambda tensor: tensor[begin:end], batch)
+    def __new__(cls, *args, use_stateful_dataloader: bool = False, **kwargs):
+        if use_stateful_dataloader and not issubclass(cls, _StatefulPosition):
+            cls = _stateful_variant(cls)
+        return super().__new__(cls)
 
-
-class SkipFirstBatches:
-    """A view of a prepared dataloader whose next pass starts `num_batches` into the epoch."""
-
-    def __init__(self, dataloader: PreparedDataLoader, num_batches: int):
-        self.dataloader = dataloader
-        self.num_batches = num_batches
-
-    def __len__(self) -> int:
-        return max(len(self.dataloader) - self.num_batches, 0)
-
-    def __iter__(self):
-        self.dataloader._start_batch = self.num_batches
-        self.dataloader.batch_in_epoch = self.num_batches
-        yield from self.dataloader
+    def __init__(self, dataset, use_stateful_dataloader: bool = False, batch_sampler=None, **kwargs):
+        if use_stateful_dataloader and "in_order" in kwargs and not _stateful_takes("in_order"):
+            kwargs.pop("in_order")  # torchdata before 0.11 does not know it
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+        self.use_stateful_dataloader = use_stateful_dataloader
+        self._record_initial_position()
 
     def __getattr__(self, name):
-        return getattr(self.dataloader, name)
+        # Only for instances: `DataLoaderShard.base_dataloader` is an AttributeError, as in Accelerate.
+        if name == "base_dataloader":
+            return self
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _record_initial_position(self) -> None:
+        """Stateful loaders only (see _StatefulPosition)."""
+
+    def _update_state_dict(self) -> None:
+        """Record the position to save (stateful loaders only: see _StatefulPosition)."""
+
+    def get_sampler(self):
+        return get_sampler(self)
+
+    def set_sampler(self, sampler) -> None:
+        """Make `sampler` the one the (sharded) batch sampler draws indices from."""
+        if isinstance(self.sampler, BatchSampler):
+            self.sampler.sampler = sampler
+        else:
+            self.batch_sampler.sampler = sampler
+            if hasattr(self.batch_sampler, "batch_sampler"):
+                self.batch_sampler.batch_sampler.sampler = sampler
 
 
-def skip_first_batches(dataloader, num_batches: int = 0):
-    if isinstance(dataloader, PreparedDataLoader):
-        return SkipFirstBatches(dataloader, num_batches)
-    if isinstance(dataloader, SkipFirstBatches):
-        return SkipFirstBatches(dataloader.dataloader, num_batches)
+class _StatefulPosition:
+    """With use_stateful_dataloader: the loader is also a StatefulDataLoader. Because it reads one
+    batch ahead, its live state is one batch past what the user holds, so the state is recorded
+    before each read ahead and state_dict() returns that record."""
 
-    class _Skipped:  # a plain iterable (not prepared): drop the first batches of its next pass
-        def __len__(self):
-            return max(len(dataloader) - num_batches, 0)
+    def state_dict(self) -> dict:
+        return self._saved_position
 
-        def __iter__(self):
-            return itertools.islice(iter(dataloader), num_batches, None)
+    def load_state_dict(self, state_dict: dict) -> None:
+        _stateful_class().load_state_dict(self, state_dict)
 
-    return _Skipped()
+    def _record_initial_position(self) -> None:
+        # As Accelerate: asking a new StatefulDataLoader for its state starts its iterator (the
+        # base seed is drawn now), which the first pass then uses.
+        self._saved_position = _stateful_class().state_dict(self)
+
+    def _update_state_dict(self) -> None:
+        self._saved_position = _stateful_class().state_dict(self)
+        self.adjust_state_dict_for_prefetch()
+        self._saved_position["_iterator_finished"] = self.end_of_dataloader
+
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """A correction for reading ahead, where the loader reads more than one batch ahead."""
+
+
+def _stateful_class():
+    try:  # deferred: torchdata is optional, and needed only with use_stateful_dataloader=True
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        raise ImportError("use_stateful_dataloader=True needs torchdata 0.8 or later (pip install torchdata); "
+                          "or leave it False and skip seen batches with skip_first_batches") from None
+    return StatefulDataLoader
+
+
+def _stateful_takes(argument: str) -> bool:
+    return argument in inspect.signature(_stateful_class().__init__).parameters
+
+
+def _stateful_variant(cls):
+    """`cls` as a StatefulDataLoader too (made once per class, kept in this module for pickle)."""
+    name = f"Stateful{cls.__name__}"
+    variant = globals().get(name)
+    if variant is None:
+        variant = type(name, (_StatefulPosition, cls, _stateful_class()), {"__module__": __name__})
+        globals()[name] = variant
+    return variant
+
+
+class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
+    """This process's share of a DataLoader (Accelerate's class of the same name): batches moved
+    to `device` (if given), the generators in `rng_types` synchronised from process 0 before each
+    pass, `skip_batches` left out at the start of each pass; `iteration` counts finished passes
+    and is the epoch given to samplers and datasets that take one (set_epoch)."""
+
+    def __init__(self, dataset, device=None, rng_types=None, synchronized_generator=None, skip_batches: int = 0,
+                 use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
+                 torch_device_mesh=None, iteration: int = 0, **kwargs):
+        self.gradient_state = GradientState()
+        self._drop_last = _drop_last
+        super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
+        self.device = device
+        self.rng_types = rng_types
+        self.synchronized_generator = synchronized_generator
+        self.skip_batches = skip_batches
+        self._non_blocking = _non_blocking
+        self.iteration = iteration
+
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """Each process reads its own shard one batch ahead, and the state is recorded before that
+        read: nothing to correct."""
+
+    def __iter__(self):
+        if self.rng_types is not None:
+            synchronize_rng_states(self.rng_types, self.synchronized_generator)
+        self.begin()
+        self.set_epoch(self.iteration)
+        batches = super().__iter__()
+        try:
+            current = next(batches)
+        except StopIteration:
+            self.end()
+            return
+        index = 0
+        while True:
+            if self.device is not None:
+                current = send_to_device(current, self.device, non_blocking=self._non_blocking)
+            self._update_state_dict()
+            try:
+                following = next(batches)
+            except StopIteration:
+                self.end_of_dataloader = True
+                self._update_state_dict()
+                if index >= self.skip_batches:
+                    yield current
+                break
+            if index >= self.skip_batches:
+                yield current
+            index += 1
+            current = following
+        # As in Accelerate, a pass left early (break) is neither counted nor ended.
+        self.iteration += 1
+        self.end()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch for the batch sampler, its sampler and (otherwise) the dataset, where they
+        take one; it becomes this loader's `iteration`."""
+        self.iteration = epoch
+        if hasattr(self.batch_sampler, "set_epoch"):
+            self.batch_sampler.set_epoch(epoch)
+        if hasattr(self.batch_sampler, "sampler") and hasattr(self.batch_sampler.sampler, "set_epoch"):
+            self.batch_sampler.sampler.set_epoch(epoch)
+        inner = getattr(getattr(self.batch_sampler, "batch_sampler", None), "sampler", None)
+        if hasattr(inner, "set_epoch"):
+            inner.set_epoch(epoch)
+        elif hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    @property
+    def total_batch_size(self) -> int:
+        batch_sampler = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        if getattr(batch_sampler, "split_batches", False):
+            return batch_sampler.batch_size
+        return batch_sampler.batch_size * getattr(batch_sampler, "num_processes", 1)
+
+    @property
+    def total_dataset_length(self) -> int:
+        return self.dataset.total_length if hasattr(self.dataset, "total_length") else len(self.dataset)
+
+
+class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
+    """Batches read on process 0 only and sent to every process (Accelerate's class of the same
+    name, its dispatch_batches=True): each step process 0 reads N batches (one with
+    split_batches), joins them, broadcasts the result, and every process keeps its slice. The
+    last, short step is completed from the first one unless drop_last."""
+
+    def __init__(self, dataset, split_batches: bool = False, skip_batches: int = 0,
+                 use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
+                 slice_fn=None, torch_device_mesh=None, iteration: int = 0, **kwargs):
+        shuffle = _datapipe_shuffle(dataset)
+        self.gradient_state = GradientState()
+        self._drop_last = _drop_last
+        self.split_batches = split_batches
+        super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
+        if shuffle:  # DataLoader turned a datapipe's shuffling off; it was on
+            torch.utils.data.graph_settings.apply_shuffle_settings(dataset, shuffle=True)
+        self.state = PartialState()
+        self._non_blocking = _non_blocking
+        self.skip_batches = skip_batches
+        self.torch_device_mesh = torch_device_mesh
+        self.slice_fn = slice_fn if slice_fn is not None else slice_tensors
+        self.iteration = iteration
+        mesh_names = getattr(torch_device_mesh, "mesh_dim_names", None) or ()
+        if "tp" in mesh_names and ("dp" in mesh_names or "fsdp" in mesh_names):
+            raise AcceleratorValueError("dispatch_batches does not support tensor parallel combined with data "
+                                        "parallel or FSDP in the device mesh; use dispatch_batches=False")
+        self._tensor_parallel = "tp" in mesh_names
+
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """Process 0 records the state before its last read of a step's N batches: N - 1 reads
+        ahead of the step boundary it must resume from."""
+        if not self.state.use_distributed:
+            return
+        ahead = self.state.num_processes - 1
+        state = self._saved_position
+        if state.get("_sampler_iter_yielded", 0) > 0:
+            state["_sampler_iter_yielded"] -= ahead
+        if state.get("_num_yielded", 0) > 0:
+            state["_num_yielded"] -= ahead
+        sampler_state = state.get("_index_sampler_state")
+        if isinstance(sampler_state, dict) and sampler_state.get("samples_yielded", 0) > 0:
+            sampler_state["samples_yielded"] -= self.batch_size * ahead
+
+    def _read_step(self, batches):
+        """Process 0 reads the next step's data; every process learns its structure, or that the
+        pass has ended. Returns (batch or None, [structure, finished])."""
+        joined, group = None, []
+        if self.state.process_index == 0:
+            try:
+                if self.split_batches or self._tensor_parallel:
+                    self._update_state_dict()
+                    joined = next(batches)
+                    if not self.split_batches:  # tensor parallel: every process gets the same batch
+                        group = [joined] * self.state.num_processes
+                else:
+                    for _ in range(self.state.num_processes):
+                        self._update_state_dict()
+                        group.append(next(batches))
+                if group:
+                    joined = _join(group)
+                info = [_structure(joined), False]
+            except StopIteration:
+                info = [None, True]
+        else:
+            info = [None, self._finished]
+        broadcast_object_list(info)
+        self._finished = info[1]
+        if self._finished and not self.split_batches and not self._drop_last:
+            # A last step with fewer than N batches is still handed out.
+            if self.state.process_index == 0 and group:
+                joined = _join(group)
+                info = [_structure(joined), False]
+            else:
+                info = [None, True]
+            broadcast_object_list(info)
+        return joined, info
+
+    def __iter__(self):
+        self.begin()
+        self.set_epoch(self.iteration)
+        # Every process makes the iterator (a datapipe's seed is shared through it, and so the
+        # base seed is drawn everywhere); only process 0 reads from it.
+        batches = super().__iter__()
+        self._finished = False
+        first_slice = None
+        following, following_info = self._read_step(batches)
+        index, stop = 0, False
+        count, me = self.state.num_processes, self.state.process_index
+        while not stop:
+            batch, info = following, following_info
+            if me != 0:
+                batch = _empty_like_structure(info[0])
+            batch = send_to_device(batch, self.state.device, non_blocking=self._non_blocking)
+            batch = broadcast(batch, from_process=0)
+            if not self._drop_last and first_slice is None:
+                first_slice = self.slice_fn(batch, slice(0, count), process_index=me, num_processes=count)
+            if batch is None:
+                raise AcceleratorValueError(f"a dispatched batch holds no data ({batch}); the dataset ended before "
+                                            "its announced end")
+            observed = _batch_size(batch)
+            size = observed // count
+            stop = self._finished
+            if not stop:
+                following, following_info = self._read_step(batches)
+                if self._finished and following_info[0] is None:
+                    stop = True
+            if not self._drop_last and stop and observed % count:
+                batch = _join([batch, first_slice])  # complete the last step from the first
+                size += 1
+            batch = self.slice_fn(batch, slice(me * size, (me + 1) * size), process_index=me, num_processes=count)
+            if stop:
+                self.end_of_dataloader = True
+                self._update_state_dict()
+                self.remainder = observed
+            if index >= self.skip_batches:
+                yield batch
+            index += 1
+        self.iteration += 1
+        self.end()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.iteration = epoch
+        if hasattr(self.batch_sampler, "sampler") and hasattr(self.batch_sampler.sampler, "set_epoch"):
+            self.batch_sampler.sampler.set_epoch(epoch)
+        elif hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        whole = super().__len__()
+        if self.split_batches:
+            return whole
+        if self._drop_last:
+            return whole // self.state.num_processes
+        return -(-whole // self.state.num_processes)
+
+    @property
+    def total_batch_size(self) -> int:
+        size = self.batch_size if self.batch_size is not None else getattr(self.batch_sampler, "batch_size", 1)
+        return size if self.split_batches else size * self.state.num_processes
+
+    @property
+    def total_dataset_length(self) -> int:
+        return len(self.dataset)
+
+
+class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
+    """A DataLoader whose passes leave out their first `skip_batches` batches (Accelerate's
+    class); skip_first_batches makes one for an unprepared loader over a stream."""
+
+    def __init__(self, dataset, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs):
+        super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
+        self.skip_batches = skip_batches
+        self.gradient_state = GradientState()
+
+    def __iter__(self):
+        self.begin()
+        for index, batch in enumerate(super().__iter__()):
+            if index >= self.skip_batches:
+                self._update_state_dict()
+                yield batch
+        self.end()
+
+    def __len__(self) -> int:
+        return super().__len__() - self.skip_batches
+
+
+# ---- nested batches -------------------------------------------------------------------------------
+
+
+def slice_tensors(data, tensor_slice, process_index=None, num_processes=None):
+    """Every tensor of a nested batch sliced along its first dimension (Accelerate's helper)."""
+    return map_tensors(lambda tensor: tensor[tensor_slice], data)
+
+
+def _join(batches: list):
+    """Concatenate batches of the same structure along the first dimension; a single batch of
+    anything is returned as it is."""
+    first = batches[0]
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(_join([b[i] for b in batches]) for i in range(len(first))))
+    if isinstance(first, (tuple, list)):
+        return type(first)(_join([b[i] for b in batches]) for i in range(len(first)))
+    if is_mapping(first):
+        return type(first)({key: _join([b[key] for b in batches]) for key in first.keys()})
+    if isinstance(first, torch.Tensor):
+        try:
+            return torch.cat(batches, dim=0)
+        except RuntimeError as error:
+            raise AcceleratorRuntimeError(
+                f"dispatch_batches cannot join batches of different shapes ({error}); pass dispatch_batches=False "
+                "so each process reads its own batches, or split_batches=True") from error
+    if len(batches) == 1:
+        return first
+    raise AcceleratorTypeError(f"dispatch_batches can only join tensors, got a {type(first).__name__}; pass "
+                               "dispatch_batches=False so each process reads its own batches")
+
+
+def _structure(batch):
+    """The batch with each tensor replaced by (shape, dtype): what other processes need to receive it."""
+    return map_tensors(lambda tensor: _TensorInformation((tuple(tensor.shape), tensor.dtype)), batch)
+
+
+class _TensorInformation(tuple):
+    """(shape, dtype) of a tensor to be received."""
+
+
+def _empty_like_structure(structure):
+    if isinstance(structure, _TensorInformation):
+        return torch.empty(*structure[0], dtype=structure[1])
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+        return type(structure)(*(_empty_like_structure(item) for item in structure))
+    if isinstance(structure, (list, tuple)):
+        return type(structure)(_empty_like_structure(item) for item in structure)
+    if is_mapping(structure):
+        return type(structure)({key: _empty_like_structure(item) for key, item in structure.items()})
+    return structure
+
+
+def _batch_size(batch) -> int:
+    if (isinstance(batch, (tuple, list)) or is_mapping(batch)) and not len(batch):
+        raise AcceleratorValueError(f"cannot find the batch size of an empty {type(batch).__name__}")
+    if isinstance(batch, (tuple, list)):
+        return _batch_size(batch[0])
+    if is_mapping(batch):
+        return _batch_size(batch[next(iter(batch.keys()))])
+    if not isinstance(batch, torch.Tensor):
+        raise AcceleratorValueError(f"cannot find the batch size of a {type(batch).__name__}; batches must hold "
+                                    "tensors to be dispatched")
+    return batch.shape[0]
+
+
+def _datapipe_shuffle(dataset) -> bool:
+    try:  # deferred: torch's datapipes are deprecated; imported only for a dispatched loader
+        from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
+    except ImportError:  # datapipes were removed from torch: nothing to keep
+        return False
+    return isinstance(dataset, ShufflerIterDataPipe) and dataset._shuffle_enabled
+
+
+# ---- preparing and skipping ---------------------------------------------------------------------
+
+
+def get_sampler(dataloader):
+    """The sampler of indices inside a dataloader's batch sampler (None for a custom one)."""
+    if isinstance(dataloader.sampler, BatchSampler):
+        return getattr(dataloader.sampler, "sampler", None)
+    return getattr(dataloader.batch_sampler, "sampler", None)
+
+
+def _data_processes(state, num_processes: int, process_index: int, torch_device_mesh):
+    """(number, index) of this process among those that get different data: processes that
+    differ only in a tensor-parallel or context-parallel coordinate read the same batches."""
+    if torch_device_mesh is None:
+        return num_processes, process_index
+    names = torch_device_mesh.mesh_dim_names or ()
+
+    def size(name):
+        return torch_device_mesh[name].size() if name in names else 1
+
+    same_data = size("tp") * size("cp")
+    return size("dp_replicate") * size("dp_shard"), process_index // same_data
 
 
 def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = None, num_processes: int | None = None,
                         process_index: int | None = None, split_batches: bool = False, put_on_device: bool = False,
                         rng_types=None, dispatch_batches: bool | None = None, even_batches: bool = True,
                         slice_fn_for_dispatch=None, use_seedable_sampler: bool = False, data_seed: int | None = None,
-                        non_blocking: bool = False, use_stateful_dataloader: bool = False, **unused):
-    """Accelerate's function of the same name: `dataloader` sharded for this process, without an
-    Accelerator (process information from PartialState). Batches are moved to `device` only with
-    put_on_device=True. dispatch_batches, rng_types and the stateful options are accepted: every
-    process reads its own share, and the order is always drawn alike on every process."""
+                        non_blocking: bool = False, use_stateful_dataloader: bool = False, torch_device_mesh=None,
+                        order_seed: int | None = None):
+    """Accelerate's function of the same name: `dataloader` as this process's DataLoaderShard
+    (or DataLoaderDispatcher). Process information comes from PartialState unless given.
+    order_seed (triax's data_order="seeded") replaces a RandomSampler with SeededOrderSampler."""
+    if dispatch_batches is None:
+        dispatch_batches = put_on_device and isinstance(dataloader.dataset, IterableDataset)
+    if dispatch_batches and not put_on_device:
+        raise AcceleratorValueError("dispatch_batches=True needs put_on_device=True (the batches are broadcast "
+                                    "from process 0's device)")
     state = PartialState()
-    return PreparedDataLoader(
-        dataloader, device=(device or state.device) if put_on_device else None,
-        process_index=state.process_index if process_index is None else process_index,
-        num_processes=state.num_processes if num_processes is None else num_processes,
-        gradient_state=GradientState(), seed=0, split_batches=split_batches, even_batches=even_batches,
-        use_seedable_sampler=use_seedable_sampler, data_seed=data_seed)
+    num_processes = state.num_processes if num_processes is None else num_processes
+    process_index = state.process_index if process_index is None else process_index
+    num_processes, process_index = _data_processes(state, num_processes, process_index, torch_device_mesh)
+    if split_batches:
+        _check_split(dataloader, num_processes)
+
+    dataset = dataloader.dataset
+    batch_sampler = None if isinstance(dataset, IterableDataset) else dataloader.batch_sampler
+    sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
+    synchronized_generator = None
+    sampler = get_sampler(dataloader)
+    replacement = None
+    if isinstance(sampler, RandomSampler) and use_seedable_sampler:
+        sampler = replacement = SeedableRandomSampler(
+            data_source=sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples,
+            generator=sampler.generator, data_seed=data_seed)
+    elif (isinstance(sampler, RandomSampler) and order_seed is not None and not sampler.replacement
+          and sampler._num_samples is None):
+        sampler = replacement = SeededOrderSampler(len(sampler.data_source), order_seed)
+
+    if num_processes != 1 and not dispatch_batches:
+        hf_datasets = sys.modules.get("datasets")  # a Hugging Face IterableDataset has it imported
+        if (hf_datasets is not None and isinstance(dataset, getattr(hf_datasets, "IterableDataset", ()))
+                and not split_batches and dataset.n_shards >= num_processes):
+            dataset = dataset.shard(num_shards=num_processes, index=process_index)
+        elif isinstance(dataset, IterableDataset):
+            if getattr(dataloader.dataset, "generator", None) is not None:
+                synchronized_generator = dataloader.dataset.generator
+            dataset = IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
+                                           num_processes=num_processes, process_index=process_index,
+                                           split_batches=split_batches)
+        else:
+            if not use_seedable_sampler and hasattr(sampler, "generator"):
+                if sampler.generator is None:
+                    # One draw from torch's generator seeds the order's own; process 0's state
+                    # is handed to every process before each pass.
+                    sampler.generator = _default_generator()
+                    sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+                synchronized_generator = sampler.generator
+            batch_sampler = BatchSamplerShard(dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler,
+                                              num_processes=num_processes, process_index=process_index,
+                                              split_batches=split_batches, even_batches=even_batches)
+
+    if rng_types is not None and synchronized_generator is None and "generator" in rng_types:
+        rng_types.remove("generator")
+    options = _loader_options(dataloader)
+    if batch_sampler is None:
+        options["drop_last"] = dataloader.drop_last
+        options["batch_size"] = (dataloader.batch_size // num_processes if split_batches and not dispatch_batches
+                                 else dataloader.batch_size)
+    device = device if put_on_device else None
+    if dispatch_batches:
+        options.pop("generator")
+        prepared = DataLoaderDispatcher(dataset, split_batches=split_batches, batch_sampler=batch_sampler,
+                                        _drop_last=dataloader.drop_last, _non_blocking=non_blocking,
+                                        slice_fn=slice_fn_for_dispatch, use_stateful_dataloader=use_stateful_dataloader,
+                                        torch_device_mesh=torch_device_mesh, **options)
+    elif sampler_is_batch_sampler:
+        prepared = DataLoaderShard(dataset, device=device, sampler=batch_sampler, batch_size=dataloader.batch_size,
+                                   rng_types=rng_types, _drop_last=dataloader.drop_last, _non_blocking=non_blocking,
+                                   synchronized_generator=synchronized_generator,
+                                   use_stateful_dataloader=use_stateful_dataloader, **options)
+    else:
+        prepared = DataLoaderShard(dataset, device=device, batch_sampler=batch_sampler, rng_types=rng_types,
+                                   synchronized_generator=synchronized_generator, _drop_last=dataloader.drop_last,
+                                   _non_blocking=non_blocking, use_stateful_dataloader=use_stateful_dataloader,
+                                   **options)
+    if replacement is not None:
+        prepared.set_sampler(replacement)
+    return prepared
+
+
+def _check_split(dataloader, num_processes: int) -> None:
+    size = dataloader.batch_size
+    if size is None:
+        size = getattr(dataloader.batch_sampler, "batch_size", None)
+        if size is None:
+            raise AcceleratorValueError(
+                "split_batches=True needs a batch_size on the DataLoader or on its batch_sampler "
+                f"({type(dataloader.batch_sampler).__name__} has none)")
+    if size > 1 and size % num_processes:
+        raise AcceleratorValueError(f"split_batches=True needs the batch size ({size}) to be a round multiple of "
+                                    f"the number of processes ({num_processes})")
+
+
+def skip_first_batches(dataloader, num_batches: int = 0):
+    """A new dataloader like `dataloader` whose passes begin `num_batches` batches in (Accelerate's
+    function): a prepared loader stays prepared, keeping its generators and its epoch count."""
+    dataset = dataloader.dataset
+    sampler_is_batch_sampler = False
+    if isinstance(dataset, IterableDataset):
+        skipping = None
+    else:
+        sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
+        skipping = SkipBatchSampler(dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler,
+                                    skip_batches=num_batches)
+    options = _loader_options(dataloader)
+    if skipping is None:
+        options["drop_last"] = dataloader.drop_last
+        options["batch_size"] = dataloader.batch_size
+
+    if isinstance(dataloader, DataLoaderDispatcher):
+        if skipping is None:
+            options["skip_batches"] = num_batches
+        return DataLoaderDispatcher(dataset, split_batches=dataloader.split_batches, batch_sampler=skipping,
+                                    _drop_last=dataloader._drop_last, iteration=dataloader.iteration, **options)
+    if isinstance(dataloader, DataLoaderShard):
+        if skipping is None:
+            options["skip_batches"] = num_batches
+        elif sampler_is_batch_sampler:
+            options["sampler"] = skipping
+            options["batch_size"] = dataloader.batch_size
+        else:
+            options["batch_sampler"] = skipping
+        return DataLoaderShard(dataset, device=dataloader.device, rng_types=dataloader.rng_types,
+                               synchronized_generator=dataloader.synchronized_generator,
+                               iteration=dataloader.iteration, **options)
+    if skipping is None:
+        return SkipDataLoader(dataset, skip_batches=num_batches, **options)
+    return DataLoader(dataset, batch_sampler=skipping, **options)

@@ -80,15 +80,18 @@ class _Defaults:
 
 @dataclasses.dataclass
 class DataLoaderConfiguration(_Defaults):
-    """split_batches: a dataloader's batch_size is the global batch, divided among processes.
-    dispatch_batches: accepted and ignored: every process reads its own samples by index
-    (there is no process-0-reads-and-sends mode in triax).
-    even_batches: repeat samples from the epoch's start so every process gets the same number
-    of batches; gather_for_metrics drops the repeats.
-    use_seedable_sampler: accepted; triax's order always depends only on (seed, epoch).
-    data_seed: the seed of that order (default: the DataLoader's generator, else torch's seed).
-    non_blocking: host-to-GPU copies of batches are non-blocking (they always are on CUDA).
-    use_stateful_dataloader: not needed: prepared dataloaders save their position in save_state.
+    """As Accelerate's (triax.accelerate.data_loader follows its rules draw for draw):
+    split_batches: a dataloader's batch_size is the global batch, cut into one piece per process.
+    dispatch_batches: process 0 reads every batch and sends each process its part (default: for
+    an IterableDataset when batches are placed on the device).
+    even_batches: repeat samples from the start of the pass so every process gets as many batches;
+    gather_for_metrics drops the repeats.
+    use_seedable_sampler: a shuffled DataLoader's order becomes a function of (seed, epoch)
+    (SeedableRandomSampler); call the loader's set_epoch(epoch) each epoch.
+    data_seed: that order's seed (default: torch's initial seed).
+    non_blocking: host-to-device copies of batches do not wait (with pin_memory).
+    use_stateful_dataloader: prepared loaders are torchdata StatefulDataLoaders, whose position
+    save_state keeps and load_state restores.
     """
 
     split_batches: bool = False

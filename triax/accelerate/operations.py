@@ -33,7 +33,7 @@ def map_tensors(function, data):
     return data
 
 
-def _is_mapping(data) -> bool:
+def is_mapping(data) -> bool:
     return isinstance(data, dict) or (hasattr(data, "to") and callable(data.to) and hasattr(data, "keys"))
 
 
@@ -48,7 +48,7 @@ def signature(data, full_shape: bool) -> list[str]:
             shape = list(value.shape) if value.dim() else [1]
             shown = {True: shape, False: ["*", *shape[1:]], None: ["*"] * len(shape)}[full_shape]
             lines.append(f"{path}: {str(value.dtype).removeprefix('torch.')} tensor {shown}".replace("'", ""))
-        elif _is_mapping(value):
+        elif is_mapping(value):
             keys = list(value.keys())
             lines.append(f"{path}: {type(value).__name__} with keys {keys}")
             for key in keys:

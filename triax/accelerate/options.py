@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 
 from triax.accelerate.dataclasses import (
     AutocastKwargs,
@@ -100,8 +99,8 @@ SCHEDULER_STEPS = {
 DATA_ORDERS = {
     "loader": "Accelerate's rule: the DataLoader's own sampler and generator give the order, drawn alike "
               "on every process",
-    "seeded": "triax's permutation of (seed, epoch): independent of the generator, resumable exactly "
-              "at any number of processes",
+    "seeded": "triax's permutation of (seed, epoch) for a shuffled DataLoader: it draws nothing from any "
+              "generator, and is the same at any number of processes",
 }
 
 
@@ -180,11 +179,6 @@ def resolve_dataloader(dataloader_config, split_batches, even_batches) -> DataLo
         dataloader.split_batches = bool(split_batches)
     if even_batches is not None:
         dataloader.even_batches = bool(even_batches)
-    if dataloader.dispatch_batches:
-        # Every process reads its own samples by index; the sharding (and so the result) is the
-        # same as with dispatching, only process 0 does not read for the others.
-        warnings.warn("DataLoaderConfiguration(dispatch_batches=True) has no effect in triax: each process "
-                      "reads its own share of every batch", stacklevel=4)
     return dataloader
 
 

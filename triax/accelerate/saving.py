@@ -2,7 +2,7 @@
 
 The first prepared model and its optimizer go into the snapshot itself (safetensors, JSON, RNG
 states per rank: triax.checkpoint). Everything else a run needs to continue exactly — schedulers,
-the loss scaler, each dataloader's position, objects given to register_for_checkpointing, further
+the loss scaler, a stateful dataloader's position, objects given to register_for_checkpointing, further
 models — rides along in the snapshot's JSON state, or, for further models, in sibling snapshots
 `<root>/model_<i>/step_<n>` written *before* the main one, whose appearance marks completion.
 Nothing is pickled, and nothing read is trusted: the Accelerator's part of state.json is checked
@@ -151,16 +151,9 @@ def validate_state(state, snapshot: str) -> dict:
     _expect(all(_is_int(i) for i in state["saved_models"]) and state["num_models"] == len(state["saved_models"]),
             where, "a saved_models list that does not match num_models")
     _expect(all(_is_int(n) for n in state["optimizer_steps"]), where, "optimizer step counts that are not integers")
-    loader_keys = {"epoch": 0, "batch": 0, "num_samples": 0, "total_batch_size": 1, "seed": 0}
-    for loader in state["dataloaders"]:
-        _expect(isinstance(loader, dict) and all(_is_int(loader.get(k), low) for k, low in loader_keys.items()),
-                where, "a dataloader position without non-negative integer epoch/batch/num_samples/seed")
-        # A position lies within its epoch: at most the batches of num_samples (the last one partial).
-        # A stream (an IterableDataset) has no known length, saved as 0 samples: its position is only
-        # bounded as a counter, and skipping to it ends where the stream ends.
-        batches = -(-loader["num_samples"] // loader["total_batch_size"])
-        _expect(loader["num_samples"] == 0 or loader["batch"] <= batches, where,
-                f"a dataloader position of batch {loader['batch']} in an epoch of {batches} batches")
+    # A dataloader's entry is its StatefulDataLoader state (use_stateful_dataloader), else null.
+    _expect(all(loader is None or isinstance(loader, dict) for loader in state["dataloaders"]), where,
+            "a dataloader state that is neither null nor an object")
     _expect(isinstance(state.get("scaler"), dict), where, "no loss-scaler state")
     return state
 
@@ -255,7 +248,7 @@ def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
         "saved_models": list(saved),
         "schedulers": [to_json(scheduler.state_dict()) for scheduler in accelerator._schedulers],
         "scaler": to_json(accelerator.scaler.state_dict()),
-        "dataloaders": [loader.state_dict() for loader in accelerator._dataloaders],
+        "dataloaders": [_dataloader_state(loader) for loader in accelerator._dataloaders],
         "custom": [to_json(obj.state_dict()) for obj in accelerator._custom_objects],
         "optimizer_steps": [optimizer.num_steps for optimizer in accelerator._optimizers],
         "micro_step": accelerator.gradient_state.micro_step,
@@ -266,6 +259,38 @@ def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
     path = _write_snapshot(root, step, models[0], _in_snapshot(model_optimizers[0]), state)
     assert snapshot_name in (None, os.path.basename(path))
     return path
+
+
+def _dataloader_state(loader):
+    """What save_state keeps of a prepared dataloader, as Accelerate: the StatefulDataLoader state
+    of one made with use_stateful_dataloader=True (process 0's: every process is at the same
+    step), else nothing (load_state restores the random states; scripts skip seen batches)."""
+    return to_json(loader.state_dict()) if getattr(loader, "use_stateful_dataloader", False) else None
+
+
+# The counters of a StatefulDataLoader state that its next pass fast-forwards through.
+POSITION_COUNTERS = ("_sampler_iter_yielded", "_num_yielded", "_snapshot_step", "_steps_since_snapshot")
+
+
+def _check_dataloader_position(saved, loader, snapshot: str) -> None:
+    """A saved position lies within the loader's epoch: the next pass skips that many batches, so
+    a hostile count (2**40) would keep the run busy for ever."""
+    if saved is None or not getattr(loader, "use_stateful_dataloader", False):
+        return
+    try:
+        limit = len(loader)
+    except TypeError:  # a stream without a length: its position is only bounded as a counter
+        limit = None
+
+    def check(value):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key in POSITION_COUNTERS:
+                    _expect(_is_int(item) and (limit is None or item <= limit), f"snapshot {snapshot}: state.json",
+                            f"a dataloader position {key}={str(item)[:40]} outside its epoch of {limit} batches")
+                check(item)
+
+    check(saved)
 
 
 def _agree(error: Exception | None, doing: str) -> None:
@@ -280,7 +305,6 @@ def _agree(error: Exception | None, doing: str) -> None:
 def _check_counts(accelerator, state: dict, snapshot: str, loaded: list[int]) -> None:
     checks = [("models", state["saved_models"], loaded),
               ("schedulers", len(state["schedulers"]), len(accelerator._schedulers)),
-              ("dataloaders", len(state["dataloaders"]), len(accelerator._dataloaders)),
               ("registered objects", len(state["custom"]), len(accelerator._custom_objects)),
               ("optimizers", len(state["optimizer_steps"]), len(accelerator._optimizers)),
               ("model optimizers", len(state["stateless_optimizers"]), max(len(loaded), 1))]
@@ -311,9 +335,11 @@ def load_state(accelerator, path: str, loaded: list[int]) -> str:
             raise StateCorruptError(f"snapshot {snapshot}: state.json is corrupt: it holds {wrong[:120]}, "
                                     "outside what that field allows")
         decoded = {key: [from_json(item, f"snapshot {snapshot}: state.json {key}") for item in state[key]]
-                   for key in ("schedulers", "custom", "stateless_optimizers")}
+                   for key in ("schedulers", "custom", "stateless_optimizers", "dataloaders")}
         for saved, scheduler in zip(decoded["schedulers"], accelerator._schedulers):
             _check_scheduler(saved, scheduler.state_dict(), snapshot)
+        for saved, loader in zip(decoded["dataloaders"], accelerator._dataloaders):
+            _check_dataloader_position(saved, loader, snapshot)
         decoded["scaler"] = from_json(state["scaler"], f"snapshot {snapshot}: state.json scaler")
     except Exception as failure:  # agreed first, then raised as it is (or wrapped) on every process
         error = failure
@@ -342,8 +368,9 @@ def load_state(accelerator, path: str, loaded: list[int]) -> str:
         for scheduler, saved in zip(accelerator._schedulers, decoded["schedulers"]):
             scheduler.load_state_dict(saved)
         accelerator.scaler.load_state_dict(decoded["scaler"])
-        for loader, saved in zip(accelerator._dataloaders, state["dataloaders"]):
-            loader.load_state_dict(saved)
+        for loader, saved in zip(accelerator._dataloaders, decoded["dataloaders"]):
+            if saved is not None and getattr(loader, "use_stateful_dataloader", False):
+                loader.load_state_dict(saved)
         for obj, saved in zip(accelerator._custom_objects, decoded["custom"]):
             obj.load_state_dict(saved)
     except Exception as failure:

@@ -13,6 +13,7 @@ import datetime
 import functools
 import sys
 import warnings
+import weakref
 
 import torch.distributed as dist
 
@@ -265,7 +266,9 @@ class GradientState:
         if not self._shared_state:
             self.sync_gradients = True
             self.micro_step = 0  # micro-steps since the last synchronising one, inside `accumulate`
-            self.active_loaders = []  # innermost (currently iterated) dataloader last
+            # Weak references: a dataloader in the middle of a pass must not outlive its owner
+            # (the shared state lives as long as the process).
+            self._loader_references: list = []
             self.accumulation_steps = 1
             self.sync_with_dataloader, self.sync_each_batch, self.adjust_scheduler = True, False, True
         if accumulation_steps is not None:
@@ -290,32 +293,37 @@ class GradientState:
         return self.accumulation_steps
 
     @property
-    def active_loader(self):
-        return self.active_loaders[-1] if self.active_loaders else None
+    def dataloader_references(self) -> list:
+        """The dataloaders being iterated, innermost last (None for one that no longer exists)."""
+        return [reference() for reference in self._loader_references]
 
-    active_dataloader = active_loader
+    def _add_dataloader(self, dataloader) -> None:
+        self._loader_references = self._loader_references + [weakref.ref(dataloader)]
+
+    def _remove_dataloader(self, dataloader) -> None:
+        self._loader_references = [reference for reference in self._loader_references
+                                   if reference() is not dataloader]
+
+    @property
+    def active_dataloader(self):
+        references = self._loader_references
+        return references[-1]() if references else None
 
     @property
     def in_dataloader(self) -> bool:
-        return self.active_loader is not None
+        return self.active_dataloader is not None
 
     @property
     def end_of_dataloader(self) -> bool:
-        loader = self.active_loader
-        return bool(loader is not None and loader.at_end)
+        loader = self.active_dataloader
+        return bool(loader is not None and loader.end_of_dataloader)
 
     @property
     def remainder(self) -> int:
         """Accelerate's meaning: how many real samples the last global batch holds (0 when the
-        dataset divides evenly, -1 outside a dataloader)."""
-        loader = self.active_loader
+        dataset divides evenly, -1 when unknown or outside a dataloader)."""
+        loader = self.active_dataloader
         return loader.remainder if loader is not None else -1
-
-    @property
-    def padding_in_last_batch(self) -> int:
-        """How many of the last global batch's samples repeat earlier ones (even_batches)."""
-        loader = self.active_loader
-        return loader.padding_in_last_batch if loader is not None else 0
 
     def next_micro_step(self) -> bool:
         """Advance `accumulate`'s counter; True when this micro-step must synchronise: every

@@ -13,7 +13,16 @@ from packaging.version import parse
 
 from triax.checkpoint.rng import seed_everything
 
-from triax.accelerate.data_loader import prepare_data_loader, skip_first_batches
+from triax.accelerate.data_loader import (
+    DataLoaderAdapter,
+    DataLoaderDispatcher,
+    DataLoaderShard,
+    DataLoaderStateMixin,
+    SkipDataLoader,
+    get_sampler,
+    prepare_data_loader,
+    skip_first_batches,
+)
 from triax.accelerate.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -39,6 +48,7 @@ from triax.accelerate.operations import (
     send_to_device,
 )
 from triax.accelerate.random import SeedableRandomSampler, synchronize_rng_state, synchronize_rng_states
+from triax.accelerate.sharding import BatchSamplerShard, IterableDatasetShard, SkipBatchSampler
 from triax.accelerate.state import PartialState
 from triax.collectives import barrier as wait_for_everyone
 
@@ -76,4 +86,7 @@ __all__ = [
     "gather_object", "is_torch_version", "notebook_launcher", "pad_across_processes", "reduce",
     "release_memory", "send_to_device", "set_seed", "should_reduce_batch_size", "skip_first_batches",
     "wait_for_everyone",
+    # accelerate.data_loader's classes, kept here too (as SeedableRandomSampler and prepare_data_loader are)
+    "BatchSamplerShard", "DataLoaderAdapter", "DataLoaderDispatcher", "DataLoaderShard", "DataLoaderStateMixin",
+    "IterableDatasetShard", "SkipBatchSampler", "SkipDataLoader", "get_sampler",
 ]

@@ -403,6 +403,12 @@ def _same_kind(saved, current) -> bool:
     return False
 
 
+def _as_held(saved, current):
+    """JSON has no tuples: a saved list is given back as a tuple where the optimizer holds one
+    (Adam's betas), so the restored state_dict equals the saved one."""
+    return tuple(saved) if isinstance(current, tuple) and isinstance(saved, list) else saved
+
+
 def _check_groups(saved: list, current: list, snapshot: str) -> None:
     """Saved optimizer hyper-parameters must be the ones this optimizer has, with the same types:
     anything else would only fail later, inside a training step."""
@@ -454,8 +460,10 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
             if len(saved_groups) != len(optim_state["param_groups"]):
                 raise ValueError(f"{len(saved_groups)} optimizer parameter groups saved, "
                                  f"{len(optim_state['param_groups'])} now")
-            optim_state["param_groups"] = [dict(group, **saved, params=group["params"])
-                                           for group, saved in zip(optim_state["param_groups"], saved_groups)]
+            optim_state["param_groups"] = [
+                dict(group, **{key: _as_held(value, group.get(key)) for key, value in saved.items()},
+                     params=group["params"])
+                for group, saved in zip(optim_state["param_groups"], saved_groups)]
             set_optimizer_state_dict(model, optimizer, optim_state, options=_SHARDED)
     except (RuntimeError, KeyError, ValueError, TypeError) as failure:
         raise _fit_error(snapshot, failure) from None
