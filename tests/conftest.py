@@ -17,3 +17,16 @@ def tiny_corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text(text)
     return str(path)
+
+
+@pytest.fixture
+def fresh_state():
+    """triax.accelerate's process-wide states (and Accelerate's, which they reset too) forgotten
+    before and after the test, so each test makes its Accelerator from scratch."""
+    from triax.accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()

@@ -41,7 +41,7 @@ def test_the_tracker_stores_every_number_it_is_given(tmp_path):
     expected = {step: {key: float32(value) for key, value in record.items() if key in ("loss", "lr", "tokens")}
                 for step, record in records.items()}
     expected[7] = {"extra": 0.5}
-    assert read_scalars(tmp_path / "tensorboard") == expected
+    assert read_scalars(tmp_path) == expected
 
 
 def test_a_runs_event_files_equal_its_metrics_jsonl(tmp_path, tiny_corpus):

@@ -166,14 +166,14 @@ class JsonlTracker(Tracker):
 
 
 class TensorBoardTracker(Tracker):
-    """TensorBoard event files in <directory>/tensorboard (`tensorboard --logdir runs`)."""
+    """TensorBoard event files in `directory` (`tensorboard --logdir runs`)."""
 
     name = "tensorboard"
 
     def __init__(self, directory: str, **kwargs):
         from torch.utils.tensorboard import SummaryWriter  # deferred: only runs that ask for it pay the import
 
-        self.writer = SummaryWriter(safe_files.make_directory(os.path.join(directory, "tensorboard")), **kwargs)
+        self.writer = SummaryWriter(safe_files.make_directory(directory), **kwargs)
 
     @property
     def tracker(self):
@@ -274,14 +274,15 @@ class MLflowTracker(Tracker):
 
 def open_tracker(name: str, directory: str, project: str, run_name: str | None = None,
                  options: dict | None = None) -> Tracker:
-    """One tracker by name, writing its files (if any) under `directory`; `options` go to the
-    library's own call (SummaryWriter, wandb.init, mlflow.start_run)."""
+    """One tracker by name, writing its files (if any) under `directory` (TensorBoard's in its
+    tensorboard/ folder); `options` go to the library's own call (SummaryWriter, wandb.init,
+    mlflow.start_run)."""
     check_trackers([name], "tracker")  # known, and its package installed
     options = dict(options or {})
     if name == "jsonl":
         return JsonlTracker(directory)
     if name == "tensorboard":
-        return TensorBoardTracker(directory, **options)
+        return TensorBoardTracker(os.path.join(directory, "tensorboard"), **options)
     try:
         if name == "wandb":
             return WandbTracker(project, run_name, directory, **options)

@@ -1,7 +1,10 @@
-"""`triax.Accelerator` and the rest of Hugging Face Accelerate's everyday surface (seed 003's door).
+"""`triax.Accelerator` and the rest of Hugging Face Accelerate's surface (seed 003's door).
 
-Mirrors Accelerate's import paths: `from triax.accelerate import Accelerator, PartialState,
-notebook_launcher` and `from triax.accelerate.utils import set_seed, DistributedType, ...`.
+Mirrors Accelerate's modules name by name: `from triax.accelerate import Accelerator, PartialState`,
+`from triax.accelerate.utils import set_seed, ...`, `from triax.accelerate.logging import get_logger`,
+and so on for state, data_loader, tracking, optimizer, scheduler, launchers, local_sgd, ...
+(triax.accelerate.surface lists them, with the names triax deliberately lacks: those import, and
+raise one line naming the alternative when used).
 """
 
 from triax.accelerate.accelerator import Accelerator
@@ -9,6 +12,7 @@ from triax.accelerate.data_loader import skip_first_batches
 from triax.accelerate.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
+    DDPCommunicationHookType,
     DistributedDataParallelKwargs,
     DistributedType,
     GradientAccumulationPlugin,
@@ -16,12 +20,21 @@ from triax.accelerate.dataclasses import (
     InitProcessGroupKwargs,
     ProjectConfiguration,
 )
-from triax.accelerate.launchers import notebook_launcher
+from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
+from triax.accelerate.imports import is_rich_available
+from triax.accelerate.launchers import debug_launcher, notebook_launcher
 from triax.accelerate.memory import find_executable_batch_size
+from triax.accelerate.random import synchronize_rng_states
 from triax.accelerate.state import AcceleratorState, GradientState, PartialState
+from triax.accelerate.surface import serve_absent
 
 __all__ = [
-    "Accelerator", "AcceleratorState", "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
-    "DistributedType", "GradScalerKwargs", "GradientAccumulationPlugin", "GradientState", "InitProcessGroupKwargs",
-    "PartialState", "ProjectConfiguration", "find_executable_batch_size", "notebook_launcher", "skip_first_batches",
+    "Accelerator", "AcceleratorState", "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs", "DistributedType", "FullyShardedDataParallelPlugin",
+    "GradScalerKwargs", "GradientAccumulationPlugin",
+    "GradientState", "InitProcessGroupKwargs", "PartialState", "ProjectConfiguration", "debug_launcher",
+    "find_executable_batch_size", "is_rich_available", "notebook_launcher", "skip_first_batches",
+    "synchronize_rng_states",
 ]
+
+__getattr__, __dir__ = serve_absent(__name__)

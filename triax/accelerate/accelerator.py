@@ -27,22 +27,22 @@ from triax.accelerate.data_loader import (
 )
 from triax.accelerate.dataclasses import DistributedType
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
-from triax.accelerate.options import PRECISION_ALIASES, refuse_unsupported, resolve, unsupported
+from triax.accelerate.fsdp import FULL, shard_model, state_dict_type
+from triax.accelerate.models import extract_model_from_parallel, offloaded_state_dict
+from triax.accelerate.options import refuse_unsupported, resolve, unsupported
 from triax.accelerate.saving import load_state as _load_state
 from triax.accelerate.saving import save_state as _save_state
 from triax.accelerate.state import AcceleratorState, GradientState, share_with_accelerate
-from triax.accelerate.tracking import BlankTracker, parse_log_with
+from triax.accelerate.tracking import GeneralTracker, filter_trackers, start_trackers
 from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
 from triax.agreement import raise_together
 from triax.collectives import any_rank
 from triax.parallel.ddp import apply_ddp, unwrap
-from triax.parallel.fsdp import apply_fsdp_by_blocks
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.no_sync import no_sync, sync_in_backward
 from triax.precision import Precision
-from triax.trackers import open_tracker
 
-__all__ = ["Accelerator", "PRECISION_ALIASES"]
+__all__ = ["Accelerator"]
 
 
 class Accelerator:
@@ -56,7 +56,8 @@ class Accelerator:
         (or gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=...)).
     cpu: use the CPU even where a GPU exists.
     dataloader_config: DataLoaderConfiguration (split_batches, even_batches, use_seedable_sampler...).
-    fsdp_plugin: any value selects parallel='fsdp' (PyTorch's fully_shard through triax.parallel).
+    fsdp_plugin: a FullyShardedDataParallelPlugin (triax's or Accelerate's) selects parallel='fsdp' with its
+        options (FSDP2's fully_shard through triax.parallel; see triax.accelerate.fsdp).
     log_with: "tensorboard", "jsonl", "wandb", "mlflow", "all" (the installed ones), a tracker object
         of your own, or a list of those, for init_trackers/log (triax.accelerate.tracking).
     project_dir / project_config: where save_state and trackers write (ProjectConfiguration adds
@@ -100,12 +101,14 @@ class Accelerator:
         self.dataloader_config = options.dataloader
         self.project_configuration = options.project
         self._ddp_options = options.ddp_options
+        self._fsdp = options.fsdp
         self._grad_compression = options.grad_compression
 
         # Joins the process group (or uses the one the script created) once per process.
         self.state = AcceleratorState(mixed_precision={"fp32": "no"}.get(self._mixed_precision, self._mixed_precision),
                                       cpu=options.cpu, timeout=options.init_timeout, backend=options.init_backend)
         self.state.fsdp = self.parallel == "fsdp"
+        self.state.fsdp_plugin = options.fsdp_plugin
         if self.precision.needs_loss_scaling and self.state.device.type == "cpu":
             # As Accelerate: fp16 on CPU is accepted and runs without autocast or loss scaling
             # (fp32 arithmetic); the state still reports "fp16".
@@ -127,7 +130,7 @@ class Accelerator:
         self.seed = seed if seed is not None else self.dataloader_config.data_seed
         # As Accelerate: the shuffling generator of a prepared dataloader is synchronised.
         self.rng_types = ["generator"] if rng_types is None else rng_types
-        self.log_with = parse_log_with(log_with)
+        self.log_with = filter_trackers(log_with, self.logging_dir)
         self.trackers: list = []  # started by init_trackers, on the main process only
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
@@ -161,6 +164,18 @@ class Accelerator:
     @property
     def mixed_precision(self) -> str:
         return self.state.mixed_precision
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when prepared models are sharded: triax's FSDP is always FSDP2 (fully_shard)."""
+        return self.distributed_type == DistributedType.FSDP
+
+    @property
+    def _saves_full_state_dict(self) -> bool:
+        """FSDP with state_dict_type FULL_STATE_DICT: save_state gathers the model and optimizer on
+        process 0's CPU, which writes them alone (Accelerate's rule); otherwise each process
+        writes its own shards."""
+        return self.is_fsdp2 and self.state.fsdp_plugin is not None and state_dict_type(self.state.fsdp_plugin) == FULL
 
     @property
     def native_amp(self) -> bool:
@@ -272,6 +287,8 @@ class Accelerator:
             for index, obj in enumerate(objects):
                 if kinds[index] == kind:
                     results[index] = getattr(self, f"prepare_{kind}")(obj, device_placement=placement[index])
+                    # As Accelerate: what prepare made says so (libraries check it before preparing again).
+                    results[index]._is_accelerate_prepared = True
         return results[0] if len(results) == 1 else tuple(results)
 
     @staticmethod
@@ -301,21 +318,26 @@ class Accelerator:
         if already is not None:
             return already  # a second prepare of the same model: registering it twice would break save_state
         device_map = getattr(model, "hf_device_map", None)
+        quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
+        if quantized and isinstance(device_map, dict) and {"cpu", "disk"} & {str(d) for d in device_map.values()}:
+            raise AcceleratorValueError(f"prepare got a model loaded in 8-bit or 4-bit precision with CPU or disk "
+                                        f"offload (hf_device_map {device_map}); a quantized model cannot be trained "
+                                        "with offloaded weights: load it whole onto the training device")
         if isinstance(device_map, dict) and len({str(d) for d in device_map.values()}) > 1:
             raise unsupported("device maps", "prepare got a model loaded with a device_map over several devices")
         if device_placement is None:
             device_placement = self.device_placement
-        if device_placement:
+        trainable = any(p.requires_grad for p in model.parameters())
+        wrap = self.parallel if self.use_distributed and trainable and not evaluation_mode else None
+        if device_placement and wrap != "fsdp":  # fully_shard places the shards itself
             model = model.to(self.device)
         if self.precision.param_dtype != torch.float32:
             model = model.to(dtype=self.precision.param_dtype)
-        trainable = any(p.requires_grad for p in model.parameters())
-        if self.use_distributed and trainable and not evaluation_mode:
-            if self.parallel == "ddp":
-                model = apply_ddp(model, self.device, grad_compression=self._grad_compression,
-                                  ddp_options=self._ddp_options)
-            elif self.parallel == "fsdp":
-                model = self._apply_fsdp(model)
+        if wrap == "ddp":
+            model = apply_ddp(model, self.device, grad_compression=self._grad_compression,
+                              ddp_options=self._ddp_options)
+        elif wrap == "fsdp":
+            model = self._apply_fsdp(model)
         if self.precision.uses_autocast:
             self._autocast_forward(model)
         self._models.append(model)
@@ -329,7 +351,8 @@ class Accelerator:
 
         before = dict(model.named_parameters())
         mesh = init_device_mesh(self.device.type, (self.num_processes,))
-        apply_fsdp_by_blocks(model, mesh, self.precision)
+        mixed_precision = self.precision.name if self.precision.uses_autocast else "no"
+        shard_model(model, self._fsdp, mesh, self.device, mixed_precision, self.process_index)
         after = dict(model.named_parameters())
         self._replaced_parameters.update({id(before[name]): after[name] for name in before if name in after})
         return model
@@ -548,17 +571,22 @@ class Accelerator:
 
     # ---- models and state -----------------------------------------------------------------------
 
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-        if not keep_fp32_wrapper:
-            forward = model.__dict__.get("forward")
-            if forward is not None and getattr(forward, "__wrapped_by_triax__", False):
-                del model.forward
-        return unwrap(model)
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The model as the script made it: without DDP (or DataParallel) around it; without the
+        mixed-precision forward with keep_fp32_wrapper=False; and with keep_torch_compile=False
+        without its torch.compile wrapper either (triax.accelerate.models.extract_model_from_parallel)."""
+        return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper,
+                                           keep_torch_compile=keep_torch_compile)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
-        """The full, name-keyed state of a (possibly wrapped or sharded) model, on CPU."""
+        """The full, name-keyed state of a (possibly wrapped or sharded) model, on CPU. Weights
+        that offloading hooks keep off the model (Accelerate's big-model dispatch leaves them on the
+        meta device) are read from the hooks."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        if any(tensor.is_meta for tensor in model.state_dict().values()):
+            return offloaded_state_dict(extract_model_from_parallel(model))
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def save_model(self, model: torch.nn.Module, save_directory: str, safe_serialization: bool = True,
@@ -584,10 +612,14 @@ class Accelerator:
             torch.save(obj, path)
 
     def register_for_checkpointing(self, *objects) -> None:
-        for obj in objects:
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise AcceleratorTypeError(f"register_for_checkpointing needs objects with state_dict() and "
-                                           f"load_state_dict(); got a {type(obj).__name__}")
+        """save_state / load_state also save and restore these objects (each has state_dict() and
+        load_state_dict()). A ValueError, as Accelerate's, names every object that has not."""
+        invalid = [f"Item at index {index} ({type(obj).__name__})" for index, obj in enumerate(objects)
+                   if not all(callable(getattr(obj, method, None)) for method in ("state_dict", "load_state_dict"))]
+        if invalid:
+            raise AcceleratorValueError(f"register_for_checkpointing needs objects with state_dict() and "
+                                        f"load_state_dict(); {', '.join(invalid)} lack them: wrap each in an object "
+                                        "that has both")
         self._custom_objects.extend(objects)
 
     def register_save_state_pre_hook(self, hook):
@@ -658,16 +690,12 @@ class Accelerator:
     # ---- tracking -------------------------------------------------------------------------------
 
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
-        """Start the trackers named in log_with (main process only), in <logging_dir>/<project_name>;
-        `config` is stored with each, and init_kwargs[name] goes to that library's own start call."""
+        """Start the trackers of log_with (main process only): each named one is made with
+        project_name (and logging_dir when it writes files: <logging_dir>/<project_name>) and
+        init_kwargs[name], then every tracker's start() runs, then `config` is stored with each."""
         if not self.is_main_process:
             return
-        init_kwargs = init_kwargs or {}
-        directory = os.path.join(self.logging_dir or ".", project_name)
-        for entry in self.log_with:
-            if isinstance(entry, str):
-                entry = open_tracker(entry, directory, project_name, options=init_kwargs.get(entry))
-            self.trackers.append(entry)
+        self.trackers.extend(start_trackers(self.log_with, project_name, self.logging_dir, init_kwargs or {}))
         if config is not None:
             for tracker in self.trackers:
                 tracker.store_init_configuration(config)
@@ -681,7 +709,7 @@ class Accelerator:
         if self.trackers:
             raise AcceleratorValueError(f"{name} is not an available tracker stored inside the Accelerator "
                                         f"(it has {', '.join(t.name for t in self.trackers)})")
-        return BlankTracker()
+        return GeneralTracker(_blank=True)
 
     def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
         """Log `values` to every tracker (main process only); log_kwargs[name] goes to that tracker."""

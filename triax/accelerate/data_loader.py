@@ -47,6 +47,7 @@ from triax.accelerate.sharding import (
     SkipBatchSampler,
 )
 from triax.accelerate.state import GradientState, PartialState
+from triax.accelerate.surface import serve_absent
 
 # The DataLoader arguments a prepared loader copies from the user's (with their defaults); the
 # sampling ones (batch_size, shuffle, sampler, batch_sampler, drop_last) are replaced instead.
@@ -662,3 +663,11 @@ def skip_first_batches(dataloader, num_batches: int = 0):
     if skipping is None:
         return SkipDataLoader(dataset, skip_batches=num_batches, **options)
     return DataLoader(dataset, batch_sampler=skipping, **options)
+
+
+# accelerate.data_loader's counterpart (triax.accelerate.surface).
+__all__ = ["BatchSamplerShard", "DataLoaderAdapter", "DataLoaderDispatcher", "DataLoaderShard", "DataLoaderStateMixin",
+           "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler", "SkipDataLoader", "get_sampler",
+           "prepare_data_loader", "skip_first_batches"]
+
+__getattr__, __dir__ = serve_absent(__name__)

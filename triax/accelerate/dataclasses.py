@@ -66,9 +66,73 @@ class LoggerType(_StrEnum):
     SWANLAB = "swanlab"
 
 
-class _Defaults:
-    """`to_kwargs()`: the fields whose value differs from the class default (Accelerate's rule:
-    only what the user changed is passed on, so triax's own defaults hold otherwise)."""
+class RNGType(_StrEnum):
+    """The random generators Accelerator(rng_types=...) can keep in step (triax's devices use torch,
+    cuda and generator; the others are Accelerate's other accelerators)."""
+
+    TORCH = "torch"
+    CUDA = "cuda"
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NPU = "npu"
+    XLA = "xla"
+    XPU = "xpu"
+    HPU = "hpu"
+    NEURON = "neuron"
+    GENERATOR = "generator"
+
+
+class DDPCommunicationHookType(_StrEnum):
+    """DistributedDataParallelKwargs(comm_hook=...): fp16, bf16 and power_sgd are triax's gradient
+    compression; batched_power_sgd is refused when the model is prepared."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+class DynamoBackend(_StrEnum):
+    """torch.compile's backends by Accelerate's names (triax compiles only when the script calls
+    torch.compile itself: Accelerator(dynamo_backend=...) is refused)."""
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
+
+
+class ComputeEnvironment(_StrEnum):
+    """Where an `accelerate config` file says the job runs (triax runs on the local machine)."""
+
+    LOCAL_MACHINE = "LOCAL_MACHINE"
+    AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
+
+
+class SageMakerDistributedType(_StrEnum):
+    NO = "NO"
+    DATA_PARALLEL = "DATA_PARALLEL"
+    MODEL_PARALLEL = "MODEL_PARALLEL"
+
+
+class KwargsHandler:
+    """The base of the kwargs handlers. `to_kwargs()`: the fields whose value differs from the
+    class default (Accelerate's rule: only what the user changed is passed on, so triax's own
+    defaults hold otherwise)."""
 
     def to_dict(self) -> dict:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
@@ -79,7 +143,7 @@ class _Defaults:
 
 
 @dataclasses.dataclass
-class DataLoaderConfiguration(_Defaults):
+class DataLoaderConfiguration(KwargsHandler):
     """As Accelerate's (triax.accelerate.data_loader follows its rules draw for draw):
     split_batches: a dataloader's batch_size is the global batch, cut into one piece per process.
     dispatch_batches: process 0 reads every batch and sends each process its part (default: for
@@ -104,7 +168,7 @@ class DataLoaderConfiguration(_Defaults):
 
 
 @dataclasses.dataclass
-class GradientAccumulationPlugin(_Defaults):
+class GradientAccumulationPlugin(KwargsHandler):
     """num_steps: micro-steps per optimizer update inside `accumulate`.
     adjust_scheduler: accepted (a prepared scheduler always steps once per real update).
     sync_with_dataloader: also synchronise (and step) on the last batch of a dataloader.
@@ -118,7 +182,7 @@ class GradientAccumulationPlugin(_Defaults):
 
 
 @dataclasses.dataclass
-class ProjectConfiguration(_Defaults):
+class ProjectConfiguration(KwargsHandler):
     """project_dir: where save_state writes without a directory (`<project_dir>/checkpoints`).
     logging_dir: where trackers write (default: project_dir).
     automatic_checkpoint_naming: save_state() writes `<project_dir>/checkpoints/checkpoint_<iteration>`.
@@ -145,7 +209,7 @@ class ProjectConfiguration(_Defaults):
 
 
 @dataclasses.dataclass
-class DistributedDataParallelKwargs(_Defaults):
+class DistributedDataParallelKwargs(KwargsHandler):
     """Options of torch's DistributedDataParallel for prepared models (only changed ones are passed).
     comm_hook: "no", "fp16", "bf16" or "power_sgd" (triax's gradient compression)."""
 
@@ -162,7 +226,7 @@ class DistributedDataParallelKwargs(_Defaults):
 
 
 @dataclasses.dataclass
-class GradScalerKwargs(_Defaults):
+class GradScalerKwargs(KwargsHandler):
     """Options of torch.amp.GradScaler for mixed_precision='fp16'."""
 
     init_scale: float = 65536.0
@@ -173,7 +237,7 @@ class GradScalerKwargs(_Defaults):
 
 
 @dataclasses.dataclass
-class InitProcessGroupKwargs(_Defaults):
+class InitProcessGroupKwargs(KwargsHandler):
     """Options for creating the process group: backend and timeout (a datetime.timedelta)."""
 
     backend: str | None = "nccl"
@@ -182,7 +246,7 @@ class InitProcessGroupKwargs(_Defaults):
 
 
 @dataclasses.dataclass
-class AutocastKwargs(_Defaults):
+class AutocastKwargs(KwargsHandler):
     enabled: bool = True
     cache_enabled: bool | None = None
 

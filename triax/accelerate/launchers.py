@@ -8,14 +8,23 @@ import os
 import sys
 
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError, UnsupportedFeatureError
+from triax.accelerate.state import AcceleratorState, GradientState, PartialState
 from triax.launch import settings as launch_settings
 from triax.rendezvous import free_port
 
 
+__all__ = ["debug_launcher", "notebook_launcher", "test_launch"]
+
+
 def _worker(local_rank: int, function, args: tuple, environment: dict) -> None:
-    # Runs in the child: it is rank `local_rank` of this one-machine job.
+    # Runs in the child: it is rank `local_rank` of this one-machine job. A forked child inherits
+    # the parent's process state (a one-process PartialState, say); it is a new process of a new
+    # job, so that state is forgotten and the function's Accelerator finds the job afresh.
     os.environ.update(environment)
-    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank))
+    if environment["WORLD_SIZE"] != "1":  # one process alone is no distributed job (as Accelerate's launcher)
+        os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
     function(*args)
 
 
@@ -41,24 +50,47 @@ def notebook_launcher(function, args: tuple = (), num_processes: int | None = No
         return
     if not isinstance(num_processes, int) or num_processes < 1:
         raise AcceleratorValueError(f"notebook_launcher(num_processes={num_processes!r}) must be a positive integer")
+    _start("notebook_launcher", function, args, num_processes, master_addr, use_port, start_method,
+           {launch_settings.ENVIRONMENT["mixed_precision"]: mixed_precision})
+
+
+def debug_launcher(function, args: tuple = (), num_processes: int = 2) -> None:
+    """Call `function(*args)` in `num_processes` CPU processes on this machine (forked, even for
+    one), for trying distributed code without a GPU; raises when a process fails."""
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise AcceleratorValueError(f"debug_launcher(num_processes={num_processes!r}) must be a positive integer")
+    # Accelerate's own launch variables too: code of Accelerate's that the function may call
+    # (its state, its test scripts) then sees the CPU job Accelerate's debug_launcher makes.
+    _start("debug_launcher", function, args, num_processes, "127.0.0.1", None, "fork",
+           {launch_settings.ENVIRONMENT["mixed_precision"]: "no", launch_settings.ENVIRONMENT["use_cpu"]: "true",
+            "ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_USE_CPU": "yes"})
+
+
+def test_launch() -> None:
+    """Check that this process can set up its process state (PartialState)."""
+    PartialState()
+
+
+def _start(who: str, function, args: tuple, num_processes: int, master_addr: str, use_port, start_method: str | None,
+           settings: dict) -> None:
+    """Run function(*args) in num_processes child processes of one job; wait for all of them."""
     import torch.distributed as dist
     import torch.multiprocessing as multiprocessing
 
     if dist.is_initialized():
-        raise AcceleratorRuntimeError("notebook_launcher was called after a process group was created in this "
+        raise AcceleratorRuntimeError(f"{who} was called after a process group was created in this "
                                       "process (an Accelerator was made here?); restart the notebook kernel "
-                                      "and call notebook_launcher before creating one")
+                                      f"and call {who} before creating one")
     port = int(use_port) if use_port not in (None, "") else free_port(master_addr)
     environment = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "WORLD_SIZE": str(num_processes),
-                   "LOCAL_WORLD_SIZE": str(num_processes),
-                   launch_settings.ENVIRONMENT["mixed_precision"]: mixed_precision}
+                   "LOCAL_WORLD_SIZE": str(num_processes), **settings}
     method = start_method or ("spawn" if sys.platform == "win32" else "fork")
     try:
         multiprocessing.start_processes(_worker, args=(function, tuple(args), environment), nprocs=num_processes,
                                         join=True, start_method=method)
     except multiprocessing.ProcessRaisedException as error:
-        raise AcceleratorRuntimeError(f"a process started by notebook_launcher failed: "
+        raise AcceleratorRuntimeError(f"a process started by {who} failed: "
                                       f"{str(error).strip().splitlines()[-1]}") from error
     except multiprocessing.ProcessExitedException as error:
-        raise AcceleratorRuntimeError(f"a process started by notebook_launcher exited with code "
+        raise AcceleratorRuntimeError(f"a process started by {who} exited with code "
                                       f"{error.exit_code}") from error

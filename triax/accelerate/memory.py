@@ -10,9 +10,12 @@ import torch
 
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError
 
-# Messages of the RuntimeErrors that mean "out of memory" (older torch raised plain RuntimeErrors).
-OUT_OF_MEMORY_MESSAGES = ("CUDA out of memory.", "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
-                          "DefaultCPUAllocator: can't allocate memory")
+# Parts of the messages of RuntimeErrors that mean "out of memory", on every device torch runs on
+# (older torch raised plain RuntimeErrors, and some devices still do): "<DEVICE> out of memory."
+# (CUDA, HIP, XPU, CPU...), Apple's MPS, a cuDNN refusal that goes away with a smaller batch, the
+# CPU allocator, and Intel Gaudi's (HPU) device-memory allocator.
+OUT_OF_MEMORY_MESSAGES = (" out of memory.", "MPS backend out of memory", "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
+                          "DefaultCPUAllocator: can't allocate memory", "MODULE:PT_DEVMEM Allocation failed")
 
 
 def should_reduce_batch_size(error: BaseException) -> bool:

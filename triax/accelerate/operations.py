@@ -8,33 +8,24 @@ all_gather_into_tensor for every dtype, so the list form of all_gather is used t
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 import torch
 import torch.distributed as dist
 
 from triax.accelerate.errors import AcceleratorValueError, DistributedOperationException
+from triax.accelerate.nested import is_mapping, recursively_apply, send_to_device  # noqa: F401 (re-exported)
 from triax.collectives import all_gather_bytes
 from triax.kept_works import wait_and_keep
 from triax.process_group import collective_device, is_distributed
 
 
-def map_tensors(function, data):
-    """Apply `function` to every tensor in a nested structure, keeping its shape and types."""
-    if isinstance(data, torch.Tensor):
-        return function(data)
-    if isinstance(data, dict):
-        return type(data)({key: map_tensors(function, value) for key, value in data.items()})
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(map_tensors(function, value) for value in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(map_tensors(function, value) for value in data)
-    if hasattr(data, "to") and callable(data.to) and hasattr(data, "keys"):  # BatchEncoding-like
-        return type(data)({key: map_tensors(function, data[key]) for key in data.keys()})
-    return data
+# Every function here walks nested data the same way (triax.accelerate.nested).
+map_tensors = recursively_apply
 
 
-def is_mapping(data) -> bool:
-    return isinstance(data, dict) or (hasattr(data, "to") and callable(data.to) and hasattr(data, "keys"))
+class CannotPadNestedTensorWarning(UserWarning):
+    """pad_across_processes met a nested tensor (sizes that vary inside it) and left it unpadded."""
 
 
 def signature(data, full_shape: bool) -> list[str]:
@@ -44,7 +35,9 @@ def signature(data, full_shape: bool) -> list[str]:
     lines: list[str] = []
 
     def visit(value, path: str) -> None:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and value.is_nested:
+            lines.append(f"{path}: nested tensor of {value.size(0)}")
+        elif isinstance(value, torch.Tensor):
             shape = list(value.shape) if value.dim() else [1]
             shown = {True: shape, False: ["*", *shape[1:]], None: ["*"] * len(shape)}[full_shape]
             lines.append(f"{path}: {str(value.dtype).removeprefix('torch.')} tensor {shown}".replace("'", ""))
@@ -88,10 +81,6 @@ def check_same_everywhere(data, what: str, full_shape: bool = False) -> None:
                     f"process {rank} has {theirs!r:.200}; every process must pass the same structure "
                     f"(keys, dtypes and shapes{'' if full_shape else ' except the first dimension'})")
     raise DistributedOperationException(f"{what} got different data on different processes")  # digest only
-
-
-def send_to_device(data, device: torch.device, non_blocking: bool = False):
-    return map_tensors(lambda tensor: tensor.to(device, non_blocking=non_blocking), data)
 
 
 def _world() -> int:
@@ -152,13 +141,18 @@ def gather_object(items: list) -> list:
 
 
 def pad_across_processes(data, dim: int = 0, pad_index=0, pad_first: bool = False):
-    """Pad each tensor along `dim` to the largest size any process has, so they can be gathered."""
-    if not is_distributed():
-        return data
-    check_same_everywhere(data, "pad_across_processes", full_shape=None)
+    """Pad each tensor along `dim` to the largest size any process has, so they can be gathered.
+    A tensor without dimension `dim` is left as it is; so is a nested tensor, with a
+    CannotPadNestedTensorWarning (its sizes vary inside it)."""
+    if is_distributed():
+        check_same_everywhere(data, "pad_across_processes", full_shape=None)
 
     def pad(tensor):
-        if dim >= tensor.dim() or dim < -tensor.dim():
+        if tensor.is_nested:
+            warnings.warn("pad_across_processes cannot pad a nested tensor (its sizes vary inside it); it is "
+                          "returned as it is", CannotPadNestedTensorWarning, stacklevel=4)
+            return tensor
+        if not is_distributed() or dim >= tensor.dim() or dim < -tensor.dim():
             return tensor
         return _pad_to(tensor, max(_sizes_along(tensor, dim)), dim, pad_index, pad_first)
 
@@ -209,21 +203,39 @@ def broadcast_object_list(objects: list, from_process: int = 0) -> list:
 
 
 def slice_for_process(inputs, process_index: int, num_processes: int, apply_padding: bool = False):
-    """This process's contiguous share of a list, tuple, tensor or dict of them: the first
-    len % num_processes processes take one extra item. With apply_padding every share has the
-    same length, the short ones repeating their last item (so results can be gathered)."""
+    """This process's contiguous share of a list, tuple, tensor, datasets.Dataset (anything with
+    `select(indices)`), or dict of those (of one length): the first len % num_processes processes
+    take one extra item. With apply_padding every share has the same length, the short ones
+    repeating the last item of `inputs` (so results can be gathered). Other objects, and
+    everything with one process, come back as they are."""
+    if num_processes == 1:
+        return inputs
     if isinstance(inputs, dict):
-        return {key: slice_for_process(value, process_index, num_processes, apply_padding)
-                for key, value in inputs.items()}
-    length = len(inputs)
+        lengths = {len(value) for value in inputs.values()}
+        if len(lengths) > 1:
+            raise AcceleratorValueError(f"split_between_processes got a dict whose values have lengths "
+                                        f"{sorted(lengths)}; give every value the same length")
+        length = lengths.pop() if lengths else 0
+    elif isinstance(inputs, (list, tuple, torch.Tensor)) or callable(getattr(inputs, "select", None)):
+        length = len(inputs)
+    else:
+        return inputs
     base, extra = divmod(length, num_processes)
     start = process_index * base + min(process_index, extra)
     end = start + base + (1 if process_index < extra else 0)
+    padding = (base + (1 if extra else 0)) - (end - start) if apply_padding and length else 0
+    return _share(inputs, start, end, padding)
+
+
+def _share(inputs, start: int, end: int, padding: int):
+    """inputs[start:end] followed by `padding` copies of inputs' last item."""
+    if isinstance(inputs, dict):
+        return {key: _share(value, start, end, padding) for key, value in inputs.items()}
+    if callable(getattr(inputs, "select", None)) and not isinstance(inputs, (list, tuple, torch.Tensor)):
+        return inputs.select(list(range(start, end)) + [len(inputs) - 1] * padding)
     share = inputs[start:end]
-    if apply_padding and extra and process_index >= extra and length:
-        last = inputs[end - 1:end] if end > start else inputs[-1:]
-        if isinstance(share, torch.Tensor):
-            share = torch.cat([share, last])
-        else:
-            share = share + type(share)(last)
-    return share
+    if not padding:
+        return share
+    if isinstance(share, torch.Tensor):
+        return torch.cat([share, inputs[-1:].expand(padding, *inputs.shape[1:])])
+    return share + type(share)([inputs[-1]] * padding)

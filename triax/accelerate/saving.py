@@ -5,6 +5,8 @@ states per rank: triax.checkpoint). Everything else a run needs to continue exac
 the loss scaler, a stateful dataloader's position, objects given to register_for_checkpointing, further
 models — rides along in the snapshot's JSON state, or, for further models, in sibling snapshots
 `<root>/model_<i>/step_<n>` written *before* the main one, whose appearance marks completion.
+Optimizers need not match models one to one (snapshot_units): models that one optimizer steps
+together share a snapshot, and so do parameters an optimizer steps that no prepared model holds.
 Nothing is pickled, and nothing read is trusted: the Accelerator's part of state.json is checked
 against a schema (types, sizes, tensor dtypes from a fixed list, byte counts that match shapes)
 before anything is applied, and every process agrees on the outcome before any collective.
@@ -143,7 +145,8 @@ def validate_state(state, snapshot: str) -> dict:
     """The Accelerator's part of state.json, checked for shape and types before anything uses it."""
     where = f"snapshot {snapshot}: state.json"
     _expect(isinstance(state, dict), where, "no 'accelerator' section of the right kind")
-    lists = ("schedulers", "dataloaders", "custom", "optimizer_steps", "stateless_optimizers", "saved_models")
+    lists = ("schedulers", "dataloaders", "custom", "optimizer_steps", "stateless_optimizers", "saved_models",
+             "units")
     for key in lists:
         _expect(isinstance(state.get(key), list), where, f"no list {key!r}")
     _expect(_is_int(state.get("num_models")) and _is_int(state.get("micro_step")), where,
@@ -172,20 +175,83 @@ def _check_scheduler(saved, current, snapshot: str) -> None:
                     f"scheduler {key} that is not a list of {len(value)} numbers")
 
 
-# ---- pairing optimizers with the models whose parameters they hold ------------------------------
+# ---- which snapshot holds which models and optimizers ---------------------------------------------
 
 
-def pair_optimizers(models: list, optimizers: list) -> list:
-    """For each model, its one prepared optimizer (or None)."""
-    pairs = [None] * len(models)
-    for optimizer in optimizers:
-        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        owners = [i for i, model in enumerate(models) if params & {id(p) for p in model.parameters()}]
-        if len(owners) != 1 or pairs[owners[0]] is not None:
-            raise AcceleratorValueError("save_state supports one optimizer per prepared model, each holding that "
-                             f"model's parameters; found an optimizer matching models {owners}")
-        pairs[owners[0]] = optimizer
-    return pairs
+class Holder(torch.nn.Module):
+    """What a snapshot saves when one prepared model is not the whole story: the prepared models
+    that one optimizer steps together (children `model_<index>`), and the parameters an optimizer
+    steps that no prepared model holds (`parameters.<n>`, in the optimizers' order)."""
+
+    def __init__(self, models: dict, loose: list):
+        super().__init__()
+        for index, model in models.items():
+            self.add_module(f"model_{index}", model)
+        self.parameters_of_no_model = torch.nn.Module()
+        for number, parameter in enumerate(loose):
+            # Kept as the very object the optimizer holds: optimizer state is matched by identity.
+            self.parameters_of_no_model._parameters[str(number)] = parameter
+
+
+def snapshot_units(models: list, optimizers: list, saved: list[int]) -> list[dict]:
+    """What each snapshot holds: {"models": model indices, "optimizers": optimizer indices,
+    "module": what is saved}, the first one being the main snapshot's. Saved models an optimizer
+    steps together share a unit (transitively); an optimizer's parameters that no prepared model
+    holds go with it. A unit of one model and no such parameters saves the model itself (so its
+    snapshot holds the model's own parameter names). An optimizer over models a save hook took
+    over only is left out with them."""
+    owner = {}
+    for index, model in enumerate(models):
+        for parameter in model.parameters():
+            owner.setdefault(id(parameter), index)
+    root = {index: index for index in saved}  # union-find over the saved models
+
+    def find(index: int) -> int:
+        while root[index] != index:
+            index = root[index]
+        return index
+
+    reach = []  # per optimizer: (saved models it steps, its parameters no model holds), or None
+    for number, optimizer in enumerate(optimizers):
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        touched = sorted({owner[id(p)] for p in parameters if id(p) in owner})
+        loose = [p for p in parameters if id(p) not in owner]
+        hooked = [index for index in touched if index not in root]
+        if hooked and (loose or len(hooked) < len(touched)):
+            raise AcceleratorValueError(f"save_state: optimizer {number} steps parameters of models {hooked}, which "
+                                        "a save hook took over, and of others; let the hook take over all of that "
+                                        "optimizer's models or none")
+        if hooked:
+            reach.append(None)
+            continue
+        for index in touched[1:]:
+            root[find(index)] = find(touched[0])
+        reach.append((touched, loose))
+    units = {}
+    for index in saved:
+        units.setdefault(find(index), {"models": [], "optimizers": [], "loose": []})["models"].append(index)
+    stray = []  # optimizers over parameters of no prepared model only
+    for number, entry in enumerate(reach):
+        if entry is None:
+            continue
+        touched, loose = entry
+        unit = units[find(touched[0])] if touched else {"models": [], "optimizers": [], "loose": []}
+        if not touched:
+            stray.append(unit)
+        unit["optimizers"].append(number)
+        unit["loose"].extend(loose)
+    ordered = sorted(units.values(), key=lambda unit: unit["models"][0]) + stray
+    for unit in ordered:
+        if len(unit["models"]) == 1 and not unit["loose"]:
+            unit["module"] = models[unit["models"][0]]
+        else:
+            unit["module"] = Holder({index: models[index] for index in unit["models"]}, unit.pop("loose"))
+        unit.pop("loose", None)
+    return ordered or [{"models": [], "optimizers": [], "module": _no_model()}]
+
+
+def _unit_signature(units: list[dict]) -> list:
+    return [[unit["models"], unit["optimizers"]] for unit in units]
 
 
 def resolve_snapshot(path: str) -> str:
@@ -199,14 +265,17 @@ def resolve_snapshot(path: str) -> str:
     return snapshot
 
 
-def _in_snapshot(optimizer):
-    """The raw optimizer if its state goes into the snapshot's safetensors, else None.
-    An optimizer without per-parameter state (plain SGD) cannot go through
-    torch.distributed.checkpoint's loader, which needs a state tensor to find the device; its
-    hyper-parameters travel in the JSON state instead."""
-    if optimizer is None or not any(optimizer.optimizer.state.values()):
-        return None
-    return optimizer.optimizer
+def _in_snapshot(optimizer) -> bool:
+    """Whether an optimizer's state goes into the snapshot's tensors. One without per-parameter
+    state (plain SGD) cannot go through torch.distributed.checkpoint's loader, which needs a state
+    tensor to find the device; its hyper-parameters travel in the JSON state instead."""
+    return any(optimizer.optimizer.state.values())
+
+
+def _snapshot_optimizer(accelerator, unit: dict, in_snapshot: list[bool]):
+    """The raw optimizer(s) of a unit whose state is in its snapshot: None, one, or a tuple."""
+    raw = tuple(accelerator._optimizers[number].optimizer for number in unit["optimizers"] if in_snapshot[number])
+    return None if not raw else raw[0] if len(raw) == 1 else raw
 
 
 def _no_model() -> torch.nn.Module:
@@ -220,8 +289,8 @@ def _no_model() -> torch.nn.Module:
 # ---- the storage seam: the only two calls into the snapshot format -------------------------------
 
 
-def _write_snapshot(root: str, step: int, model, optimizer, state: dict) -> str:
-    return save_snapshot(root, step, model, optimizer, state)
+def _write_snapshot(root: str, step: int, model, optimizer, state: dict, full: bool = False) -> str:
+    return save_snapshot(root, step, model, optimizer, state, full_state_dict=full)
 
 
 def _read_snapshot(snapshot: str, model, optimizer, restore_rng: bool) -> None:
@@ -234,18 +303,19 @@ def _read_snapshot(snapshot: str, model, optimizer, restore_rng: bool) -> None:
 def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
     """Write the models at indices `saved` of accelerator._models (those no save hook took over)
     with their optimizers, and everything else as JSON. Collective."""
-    optimizers = pair_optimizers(accelerator._models, accelerator._optimizers)
-    # With every model taken over by hooks, the snapshot still carries the rest of the state.
-    models = [accelerator._models[i] for i in saved] or [_no_model()]
-    model_optimizers = [optimizers[i] for i in saved] or [None]
+    units = snapshot_units(accelerator._models, accelerator._optimizers, saved)
+    in_snapshot = [_in_snapshot(optimizer) for optimizer in accelerator._optimizers]
+    full = accelerator._saves_full_state_dict
     snapshot_name = None
-    for index in range(1, len(models)):
-        extra = _write_snapshot(os.path.join(root, f"model_{index}"), step, models[index],
-                                _in_snapshot(model_optimizers[index]), {})
+    for index in range(1, len(units)):
+        extra = _write_snapshot(os.path.join(root, f"model_{index}"), step, units[index]["module"],
+                                _snapshot_optimizer(accelerator, units[index], in_snapshot), {}, full)
         snapshot_name = os.path.basename(extra)
+    stepped = {number for unit in units for number in unit["optimizers"]}
     state = {"accelerator": {
         "num_models": len(saved),
         "saved_models": list(saved),
+        "units": _unit_signature(units),
         "schedulers": [to_json(scheduler.state_dict()) for scheduler in accelerator._schedulers],
         "scaler": to_json(accelerator.scaler.state_dict()),
         "dataloaders": [_dataloader_state(loader) for loader in accelerator._dataloaders],
@@ -253,10 +323,11 @@ def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
         "optimizer_steps": [optimizer.num_steps for optimizer in accelerator._optimizers],
         "micro_step": accelerator.gradient_state.micro_step,
         "stateless_optimizers": [to_json(optimizer.optimizer.state_dict())
-                                 if optimizer is not None and _in_snapshot(optimizer) is None else None
-                                 for optimizer in model_optimizers],
+                                 if number in stepped and not in_snapshot[number] else None
+                                 for number, optimizer in enumerate(accelerator._optimizers)],
     }}
-    path = _write_snapshot(root, step, models[0], _in_snapshot(model_optimizers[0]), state)
+    path = _write_snapshot(root, step, units[0]["module"], _snapshot_optimizer(accelerator, units[0], in_snapshot),
+                           state, full)
     assert snapshot_name in (None, os.path.basename(path))
     return path
 
@@ -302,16 +373,17 @@ def _agree(error: Exception | None, doing: str) -> None:
             raise error
 
 
-def _check_counts(accelerator, state: dict, snapshot: str, loaded: list[int]) -> None:
+def _check_counts(accelerator, state: dict, snapshot: str, loaded: list[int], units: list[dict]) -> None:
     checks = [("models", state["saved_models"], loaded),
               ("schedulers", len(state["schedulers"]), len(accelerator._schedulers)),
               ("registered objects", len(state["custom"]), len(accelerator._custom_objects)),
               ("optimizers", len(state["optimizer_steps"]), len(accelerator._optimizers)),
-              ("model optimizers", len(state["stateless_optimizers"]), max(len(loaded), 1))]
+              ("optimizer states", len(state["stateless_optimizers"]), len(accelerator._optimizers)),
+              ("[models, their optimizers] per snapshot", state["units"], _unit_signature(units))]
     for what, saved, now in checks:
         if saved != now:
-            raise AcceleratorValueError(f"{snapshot!r} holds {what} {saved} but this run has {now}; prepare (and "
-                             "register, and hook) the same objects before load_state")
+            raise AcceleratorValueError(f"{snapshot!r} holds {what} {str(saved)[:120]} but this run has {now}; "
+                                        "prepare (and register, and hook) the same objects before load_state")
 
 
 def load_state(accelerator, path: str, loaded: list[int]) -> str:
@@ -329,7 +401,8 @@ def load_state(accelerator, path: str, loaded: list[int]) -> str:
             raise StateCorruptError(f"{snapshot!r} is a triax snapshot but not one written by "
                                     "Accelerator.save_state")
         state = validate_state(section, snapshot)
-        _check_counts(accelerator, state, snapshot, loaded)
+        units = snapshot_units(accelerator._models, accelerator._optimizers, loaded)
+        _check_counts(accelerator, state, snapshot, loaded, units)
         wrong = bad_number(section)
         if wrong is not None:
             raise StateCorruptError(f"snapshot {snapshot}: state.json is corrupt: it holds {wrong[:120]}, "
@@ -345,25 +418,19 @@ def load_state(accelerator, path: str, loaded: list[int]) -> str:
         error = failure
     _agree(error, "reading the saved state")
 
-    optimizers = pair_optimizers(accelerator._models, accelerator._optimizers)
-    models = [accelerator._models[i] for i in loaded] or [_no_model()]
-    model_optimizers = [optimizers[i] for i in loaded] or [None]
     stateless = decoded["stateless_optimizers"]
-
-    def raw(index):
-        optimizer = model_optimizers[index]
-        return optimizer.optimizer if optimizer is not None and stateless[index] is None else None
-
+    in_snapshot = [saved is None for saved in stateless]  # saved with the tensors unless saved as JSON
     root = os.path.dirname(snapshot)
     error = None
     try:
-        for index in range(1, len(models)):
-            _read_snapshot(os.path.join(root, f"model_{index}", os.path.basename(snapshot)), models[index],
-                           raw(index), restore_rng=False)
+        for index in range(1, len(units)):
+            _read_snapshot(os.path.join(root, f"model_{index}", os.path.basename(snapshot)), units[index]["module"],
+                           _snapshot_optimizer(accelerator, units[index], in_snapshot), restore_rng=False)
         # Last, so the random-number generators are left exactly as they were at save time.
-        _read_snapshot(snapshot, models[0], raw(0), restore_rng=True)
-        for optimizer, saved in zip(model_optimizers, stateless):
-            if optimizer is not None and saved is not None:
+        _read_snapshot(snapshot, units[0]["module"], _snapshot_optimizer(accelerator, units[0], in_snapshot),
+                       restore_rng=True)
+        for optimizer, saved in zip(accelerator._optimizers, stateless):
+            if saved is not None:
                 optimizer.optimizer.load_state_dict(saved)
         for scheduler, saved in zip(accelerator._schedulers, decoded["schedulers"]):
             scheduler.load_state_dict(saved)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import os
 import sys
 import warnings
 import weakref
@@ -19,10 +20,31 @@ import torch.distributed as dist
 
 from triax.accelerate.dataclasses import DistributedType
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.accelerate.surface import serve_absent
 from triax.agreement import raise_together
 from triax.collectives import barrier
 from triax.place import detect_place, pick_device
 from triax.process_group import init_distributed, is_distributed, shutdown_distributed
+
+__all__ = ["AcceleratorState", "GradientState", "PartialState", "is_initialized"]
+
+
+def _of_the_state(getter):
+    """A property read from the process state: after _reset_state() it raises AttributeError, so
+    the class's __getattr__ says the state was reset (as Accelerate's do)."""
+
+    @functools.wraps(getter)
+    def read(self):
+        if not self.initialized:
+            raise AttributeError(getter.__name__)
+        return getter(self)
+
+    return property(read)
+
+
+def _after_reset(class_name: str, name: str) -> str:
+    return (f"`{class_name}` object has no attribute `{name}`. This happens if `{class_name}._reset_state()` was "
+            f"called after it was made; create the Accelerator (or {class_name}()) again before using it")
 
 
 class PartialState:
@@ -39,12 +61,15 @@ class PartialState:
         if self._shared_state.get("_initialized"):
             return  # the job's state exists already: this instance shares it
         place = detect_place()
-        self.device = pick_device("cpu" if cpu else None, place.local_rank)
+        # ACCELERATE_TORCH_DEVICE names the device outright (as in Accelerate), e.g. "cuda:3".
+        self.device = pick_device(os.environ.get("ACCELERATE_TORCH_DEVICE") or ("cpu" if cpu else None),
+                                  place.local_rank)
         # Uses a process group the script already created (e.g. under torchrun), or creates one.
         timeout_s = timeout.total_seconds() if timeout is not None else None  # None: triax.timeouts' default
         self.place = init_distributed(self.device, place, backend=backend, timeout_s=timeout_s)
         self.backend = dist.get_backend() if dist.is_initialized() else None
         self.fsdp = False  # the Accelerator sets this for parallel='fsdp' (distributed_type FSDP)
+        self.fsdp_plugin = None  # and the FullyShardedDataParallelPlugin it runs with
         self._initialized = True
 
     @staticmethod
@@ -58,13 +83,20 @@ class PartialState:
     def initialized(self) -> bool:
         return self.__dict__.get("_initialized", False)
 
+    def __getattr__(self, name: str):
+        # Reached for attributes the shared state lacks: a name it never had, or (after
+        # _reset_state()) one of the state's own, whose properties then raise AttributeError too.
+        if name.startswith("__") or self.initialized:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        raise AttributeError(_after_reset(type(self).__name__, name))
+
     # ---- who am I -------------------------------------------------------------------------------
 
-    @property
+    @_of_the_state
     def num_processes(self) -> int:
         return dist.get_world_size() if is_distributed() else 1
 
-    @property
+    @_of_the_state
     def process_index(self) -> int:
         return dist.get_rank() if is_distributed() else 0
 
@@ -214,25 +246,52 @@ class AcceleratorState(PartialState):
         if reset_partial_state:
             PartialState._reset_state()
 
-    def __getattr__(self, name: str):
-        # Reached only for attributes the shared state lacks, i.e. after _reset_state().
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(f"`AcceleratorState` object has no attribute `{name}`. This happens if "
-                             "`AcceleratorState._reset_state()` was called after the Accelerator was created; "
-                             "create a new Accelerator (or AcceleratorState) before using it again")
-
     @property
     def initialized(self) -> bool:
         return bool(self._shared_state)
 
-    # Process information is PartialState's, so it survives a reset of this state.
-    num_processes = property(lambda self: PartialState().num_processes)
-    process_index = property(lambda self: PartialState().process_index)
-    local_process_index = property(lambda self: PartialState().local_process_index)
+    # Process information is PartialState's (it survives a reset of this state there); read through
+    # an AcceleratorState that was reset, it raises AttributeError, as Accelerate's.
+    @_of_the_state
+    def num_processes(self) -> int:
+        return PartialState().num_processes
+
+    @_of_the_state
+    def process_index(self) -> int:
+        return PartialState().process_index
+
+    @_of_the_state
+    def local_process_index(self) -> int:
+        return PartialState().local_process_index
+
+    # Asked of PartialState directly, as Accelerate's: these keep working after a reset of this state.
+    is_main_process = property(lambda self: PartialState().is_main_process)
+    is_local_main_process = property(lambda self: PartialState().is_local_main_process)
+    is_last_process = property(lambda self: PartialState().is_last_process)
+    use_distributed = property(lambda self: PartialState().use_distributed)
+
+    def wait_for_everyone(self) -> None:
+        PartialState().wait_for_everyone()
+
+    def print(self, *args, **kwargs) -> None:
+        PartialState().print(*args, **kwargs)
+
+    def main_process_first(self):
+        return PartialState().main_process_first()
+
+    def local_main_process_first(self):
+        return PartialState().local_main_process_first()
+
+    def split_between_processes(self, inputs, apply_padding: bool = False):
+        return PartialState().split_between_processes(inputs, apply_padding=apply_padding)
+
+    def destroy_process_group(self, group=None) -> None:
+        PartialState().destroy_process_group(group)
 
     @property
     def distributed_type(self) -> DistributedType:
+        if not self.initialized:
+            raise AttributeError("distributed_type")  # after _reset_state(): __getattr__ says so
         override = self.__dict__.get("distributed_type_override")
         return override if override is not None else PartialState.distributed_type.fget(self)
 
@@ -337,6 +396,11 @@ class GradientState:
         return self.sync_gradients
 
 
+def is_initialized() -> bool:
+    """True once an Accelerator (or AcceleratorState) has set up the state, until it is reset."""
+    return bool(AcceleratorState._shared_state)
+
+
 # ---- Accelerate's own helpers beside triax's Accelerator ----------------------------------------
 
 
@@ -374,3 +438,6 @@ def _reset_accelerate(class_name: str) -> None:
     reset = getattr(getattr(accelerate_state, class_name, None), "_reset_state", None)
     if reset is not None:
         reset()
+
+
+__getattr__, __dir__ = serve_absent(__name__)

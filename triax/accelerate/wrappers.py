@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from triax.accelerate.state import GradientState
+
 
 class PreparedOptimizer(torch.optim.Optimizer):
     """Wraps a torch optimizer. It subclasses Optimizer only so LR schedulers accept it; all
@@ -23,9 +25,29 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.gradient_state = gradient_state
         self.scaler = scaler
-        self.step_was_skipped = False  # fp16: the scaler found inf/nan gradients and skipped
+        self._is_overflow = False  # fp16: the scaler found inf/nan gradients and skipped the step
         self.num_steps = 0  # real updates so far
         self.gradients_unscaled = False
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last step() left the weights as they were (fp16 overflow). Accelerate keeps
+        this in `_is_overflow`, which scripts and schedulers also read and set."""
+        return self._is_overflow
+
+    @step_was_skipped.setter
+    def step_was_skipped(self, value: bool) -> None:
+        self._is_overflow = value
+
+    # Pickling and deepcopy take the wrapper's own fields; torch.optim.Optimizer's __setstate__
+    # would look for Optimizer fields that live in the wrapped optimizer. The step state it shares
+    # with the Accelerator is the process's, so a copy joins this process's GradientState.
+    def __getstate__(self) -> dict:
+        return {key: value for key, value in self.__dict__.items() if key != "gradient_state"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.gradient_state = GradientState()
 
     # The wrapped optimizer's own containers, so code that edits param_groups (schedulers,
     # user code changing lr) edits the real thing.
@@ -47,6 +69,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
     def __getattr__(self, name):
         # Only reached for attributes this wrapper lacks (hooks, private fields of Optimizer).
+        if "optimizer" not in self.__dict__:  # half-built (while unpickling): nothing to forward to
+            raise AttributeError(name)
         return getattr(self.__dict__["optimizer"], name)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -125,6 +149,8 @@ class PreparedScheduler:
         self.scheduler.load_state_dict(state_dict)
 
     def __getattr__(self, name):
+        if "scheduler" not in self.__dict__:  # half-built (while unpickling): nothing to forward to
+            raise AttributeError(name)
         return getattr(self.__dict__["scheduler"], name)
 
     def __repr__(self) -> str:

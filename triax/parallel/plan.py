@@ -66,16 +66,19 @@ class ModelShape:
     vocab_size: int
     block_size: int
     bias: bool | None = None  # unset: the architecture's (GPTConfig)
+    tie_embeddings: bool = False  # the head is the embedding: no lm_head.weight of its own
     arch: str = "gpt2"
     n_kv_head: int | None = None
     intermediate_size: int | None = None
     head_dim: int | None = None
 
     @classmethod
-    def from_config(cls, config) -> "ModelShape":
-        """The shape of a GPTConfig (vocabulary padding aside: the layout decides it here)."""
-        return cls(config.n_layer, config.n_head, config.n_embd, config.vocab_size, config.block_size, config.bias,
-                   config.arch, config.n_kv_head, config.intermediate_size, config.head_dim)
+    def from_config(cls, config, block_size: int | None = None) -> "ModelShape":
+        """The shape of a GPTConfig (vocabulary padding aside: the layout decides it here), for
+        sequences of `block_size` (default: the model's context)."""
+        return cls(config.n_layer, config.n_head, config.n_embd, config.vocab_size, block_size or config.block_size,
+                   config.bias, config.tie_embeddings, config.arch, config.n_kv_head, config.intermediate_size,
+                   config.head_dim)
 
     def config(self, tp: int = 1):
         """The GPTConfig of this shape, its vocabulary padded for tp."""
@@ -83,10 +86,12 @@ class ModelShape:
         return GPTConfig(vocab_size=self.vocab_size, block_size=self.block_size, arch=self.arch,
                          n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, n_kv_head=self.n_kv_head,
                          head_dim=self.head_dim, intermediate_size=self.intermediate_size, bias=self.bias,
+                         tie_embeddings=self.tie_embeddings,
                          padded_vocab_size=padded if padded != self.vocab_size else None)
 
     def parameter_shapes(self, tp: int = 1) -> dict[str, tuple[int, ...]]:
-        """Name -> full shape of every parameter of the model (vocabulary padded for tp)."""
+        """Name -> full shape of every parameter of the model (vocabulary padded for tp; a tied
+        head is the embedding and has no entry of its own)."""
         return dict(_parameter_shapes(self, tp))
 
     def num_params(self) -> int:
@@ -244,6 +249,27 @@ def plan(shape: ModelShape, world: int, memory_gb: float, global_batch: int, **k
                 fitting.append(result)
                 break
     return sorted(fitting, key=lambda e: (e.step_s, e.total_gb))
+
+
+def check_memory(shape: ModelShape, layout: Layout, memory_gb: float, where: str, *, batch_size: int,
+                 **kwargs) -> None:
+    """Refuse, before anything is allocated, a run whose per-device estimate (`estimate`, the
+    formulas above: an undercount, without the runtime) exceeds `memory_gb`, the memory `where`
+    describes. One line naming the keys that decide the larger part."""
+    result = estimate(shape, layout, batch_size=batch_size, **kwargs)
+    if result.total_gb <= memory_gb:
+        return
+    states = result.params_gb + result.grads_gb + result.optimizer_gb + result.gathered_gb
+    if result.activations_gb >= states:
+        cause = (f"data.block_size={shape.block_size} with trainer.batch_size={batch_size} needs "
+                 f"{result.activations_gb:.1f} GiB of activations")
+        advice = "lower data.block_size or trainer.batch_size, or set parallel.activation_checkpointing=full"
+    else:
+        cause = (f"the model ({shape.num_params() / 1e6:,.0f}M parameters: model.n_layer={shape.n_layer}, "
+                 f"model.n_embd={shape.n_embd}) needs {states:.1f} GiB for its weights, gradients and AdamW state")
+        advice = "use a smaller model, or shard it over more processes (parallel.dp_shard)"
+    raise ConfigError(f"{cause} per process, {result.total_gb:.1f} GiB in all (triax plan's estimate), but {where} "
+                      f"has {memory_gb:.1f} GiB; {advice}")
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,9 @@
+"""accelerate.optimizer's counterpart: AcceleratedOptimizer is the optimizer Accelerator.prepare
+returns (triax.accelerate.wrappers.PreparedOptimizer), so isinstance checks in scripts hold."""
+
+from triax.accelerate.surface import serve_absent
+from triax.accelerate.wrappers import PreparedOptimizer as AcceleratedOptimizer
+
+__all__ = ["AcceleratedOptimizer"]
+
+__getattr__, __dir__ = serve_absent(__name__)
