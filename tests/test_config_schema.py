@@ -99,7 +99,7 @@ def test_min_lr_follows_lr_unless_set():
 @pytest.mark.parametrize("override, expected", [
     ("trainer.max_steps=five", "trainer.max_steps=five is not an integer; give an integer or null (default 500)"),
     ("optim.lr=abc", "optim.lr=abc is not a number; give a number (default 0.001)"),
-    ("trainer.async_save=maybe", "trainer.async_save=maybe is not true or false; give true or false (default false)"),
+    ("trainer.resume=maybe", "trainer.resume=maybe is not true or false; give true or false (default true)"),
     ("trainer.loggers=jsonl", "trainer.loggers is a list; write it in brackets (default "
                               "trainer.loggers=[tensorboard,jsonl])"),
 ])

@@ -57,7 +57,7 @@ def run_command(argv: list[str]) -> int:
         print(_usage())
         return 0
     if argv[0] in ("--version", "version"):
-        from triax import __version__
+        from triax.version import __version__
 
         print(f"triax {__version__}")
         return 0
@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(error))
         print(f"triax: error: {text}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("triax: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:
+        # The trainer's second Ctrl-C says where a restart will begin.
+        print(f"triax: interrupted{'; ' + str(interrupt) if str(interrupt) else ''}", file=sys.stderr)
         return 130
     return code
 

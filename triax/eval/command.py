@@ -37,20 +37,20 @@ from triax.train.data import build_data
 
 
 def load_model(path: str, device: torch.device):
-    """(plain GPT in eval mode, its text codec or None, the run's data config or None) of a run
+    """(plain GPT in eval mode, its text codec or None, the run's config or None) of a run
     directory or a transformers GPT-2 directory."""
 
     if os.path.isfile(os.path.join(path, "model.json")):
 
         model, vocab, _ = load_run_model(path, str(device))
         config_file = os.path.join(path, "config.yaml")
-        data = None
+        config = TrainConfig()
         if os.path.isfile(config_file):
 
             _snapshot_root(path)  # reports a damaged config.yaml in one line
             with open(config_file) as handle:
-                data = from_dict(yaml.safe_load(handle) or {}).data
-        return model, vocab, data if data is not None else TrainConfig().data
+                config = from_dict(yaml.safe_load(handle) or {})
+        return model, vocab, config
     if os.path.isdir(path) and hf_gpt2.is_hf_gpt2(path):
         model = load_hf_model(path, device)
         tokenizer = hf_gpt2.tokenizer_file(path)
@@ -76,7 +76,7 @@ def load_hf_model(directory: str, device: torch.device, dropout: float = 0.0):
     return model.eval()
 
 
-def datasets(args, model, vocab, data_config):
+def datasets(args, model, vocab, run_config):
     """[(name, dataset)] to score: the given files, else the run's split."""
 
     block = args.block_size or model.config.block_size
@@ -104,12 +104,14 @@ def datasets(args, model, vocab, data_config):
         found.append((path, CharDataset(torch.tensor(ids), block, vocab)))
     if found:
         return found
-    if data_config is None:
+    if run_config is None:
         raise TriaxError(f"{args.model!r} is not a triax run, so it has no splits; give --tokens or --text files")
-
+    data_config = run_config.data
     if args.block_size:
         data_config.block_size = args.block_size
-    data = build_data(data_config)
+    # A run started from a checkpoint (model.init_from) encoded its text with that checkpoint's
+    # codec, which it keeps in the run directory: score the same tokens it trained and evaluated on.
+    data = build_data(data_config, vocab if run_config.model.init_from else None)
     return [(f"{args.split} split", data.val if args.split == "val" else data.train)]
 
 
@@ -154,12 +156,12 @@ def main(argv: list[str]) -> int:
     try:
         if place.world_size > 1:
             place = init_distributed(device, place)
-        model, vocab, data_config = load_model(args.model, device)
+        model, vocab, run_config = load_model(args.model, device)
         if args.block_size and args.block_size > model.config.block_size:
             raise TriaxError(f"--block-size {args.block_size} is longer than the model's context "
                              f"({model.config.block_size})")
         progress = None
-        found = datasets(args, model, vocab, data_config)
+        found = datasets(args, model, vocab, run_config)
         if place.rank == 0 and sys.stderr.isatty() and not args.json:
 
             batches = sum(-(-len(evaluation_windows(d)) // (args.batch_size * place.world_size)) for _, d in found)

@@ -56,6 +56,7 @@ class ModelShape:
     vocab_size: int
     block_size: int
     bias: bool = True
+    tie_embeddings: bool = False  # the head is the embedding: no lm_head.weight of its own
 
     def parameter_shapes(self, tp: int = 1) -> dict[str, tuple[int, ...]]:
         """Name -> full shape of every parameter of the GPT (vocabulary padded for tp)."""
@@ -74,7 +75,8 @@ class ModelShape:
         shapes["ln_f.weight"] = (h,)
         if self.bias:
             shapes["ln_f.bias"] = (h,)
-        shapes["lm_head.weight"] = (v, h)
+        if not self.tie_embeddings:
+            shapes["lm_head.weight"] = (v, h)
         return shapes
 
     def num_params(self) -> int:
@@ -219,6 +221,27 @@ def plan(shape: ModelShape, world: int, memory_gb: float, global_batch: int, **k
                 fitting.append(result)
                 break
     return sorted(fitting, key=lambda e: (e.step_s, e.total_gb))
+
+
+def check_memory(shape: ModelShape, layout: Layout, memory_gb: float, where: str, *, batch_size: int,
+                 **kwargs) -> None:
+    """Refuse, before anything is allocated, a run whose per-device estimate (`estimate`, the
+    formulas above: an undercount, without the runtime) exceeds `memory_gb`, the memory `where`
+    describes. One line naming the keys that decide the larger part."""
+    result = estimate(shape, layout, batch_size=batch_size, **kwargs)
+    if result.total_gb <= memory_gb:
+        return
+    states = result.params_gb + result.grads_gb + result.optimizer_gb + result.gathered_gb
+    if result.activations_gb >= states:
+        cause = (f"data.block_size={shape.block_size} with trainer.batch_size={batch_size} needs "
+                 f"{result.activations_gb:.1f} GiB of activations")
+        advice = "lower data.block_size or trainer.batch_size, or set parallel.activation_checkpointing=full"
+    else:
+        cause = (f"the model ({shape.num_params() / 1e6:,.0f}M parameters: model.n_layer={shape.n_layer}, "
+                 f"model.n_embd={shape.n_embd}) needs {states:.1f} GiB for its weights, gradients and AdamW state")
+        advice = "use a smaller model, or shard it over more processes (parallel.dp_shard)"
+    raise ConfigError(f"{cause} per process, {result.total_gb:.1f} GiB in all (triax plan's estimate), but {where} "
+                      f"has {memory_gb:.1f} GiB; {advice}")
 
 
 def main(argv: list[str]) -> int:

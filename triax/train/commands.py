@@ -55,7 +55,7 @@ def newest_good_snapshot(root: str, run_dir: str, skip: int = 0):
     snapshots = checkpoint.list_snapshots(root)
     if not snapshots:
         raise TriaxError(f"{run_dir!r} has no snapshot yet in {root}; wait for the first save "
-                         "(trainer.save_every) or the end of training")
+                         "(the first evaluation, trainer.save_every) or the end of training")
     for snapshot in reversed(snapshots):
         try:
             reader = checkpoint.open_snapshot(snapshot)

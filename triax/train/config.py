@@ -172,8 +172,10 @@ class TrainerConfig:
     run_dir: str = "runs/gpt"
     """Where metrics, TensorBoard events and snapshots go."""
 
-    save_every: int = 0
-    """Snapshot every N steps (0: only at the end, at epoch ends if asked, and when preempted)."""
+    save_every: Optional[int] = None
+    """Snapshot every N steps; unset = at every evaluation (trainer.eval_every), as nanoGPT checkpoints
+    at each evaluation, so a crash loses at most that many steps; 0 = only at the end, at epoch ends if
+    asked, and when stopped by a signal."""
 
     save_on_epoch_end: bool = False
     """Also snapshot when an epoch of the training set ends."""
@@ -193,8 +195,11 @@ class TrainerConfig:
     max_save_failures: int = 3
     """Consecutive failed snapshot writes (full or unwritable storage) before the run stops."""
 
-    async_save: bool = False
-    """Write snapshots in the background from a CPU copy while training goes on (at most one in flight)."""
+    async_save: Optional[bool] = None
+    """Write snapshots in the background from a host-memory copy while training goes on (at most one
+    in flight); unset = on with CUDA devices (the copy leaves the GPU's memory alone and the write
+    overlaps GPU work), off on a CPU (the copy would double the host memory the model and optimizer
+    take, and the writer would compete with the step for the same cores)."""
 
     eval_every: int = 100
     """Evaluate (and sample text) every N steps; 0 disables."""
@@ -221,6 +226,16 @@ class TrainerConfig:
 
     sample_tokens: int = 200
     """Characters of text sampled at each evaluation."""
+
+    peak_flops: Optional[float] = None
+    """Peak FLOP/s of one device, which MFU (model FLOPs utilisation) is reported against; unset =
+    the data-sheet peak of a known GPU for the run's precision (triax/metrics.py), and on a CPU or
+    another GPU no MFU: tokens/s alone."""
+
+    stop_grace: float = 30.0
+    """Seconds a stop request (SIGTERM, Ctrl-C) waits for the step in progress to end; past it the
+    process exits without a snapshot of that step (a restart resumes from the last one). 30 s is the
+    grace torchrun and most schedulers give before they kill."""
 
     collective_timeout: Optional[float] = None
     """Seconds a step phase may stall before the watchdog names the silent rank, writes a report and
@@ -478,13 +493,19 @@ def _check_trainer(trainer: TrainerConfig) -> None:
         _need(value is None or value >= 1, f"trainer.{name}", value, "use 1 or more (or null)")
     for name in ("batch_size", "grad_accum", "log_every", "max_save_failures"):
         _need(getattr(trainer, name) >= 1, f"trainer.{name}", getattr(trainer, name), "use 1 or more")
-    for name in ("save_every", "eval_every", "eval_batches", "keep_last", "sample_tokens"):
+    _need(trainer.save_every is None or trainer.save_every >= 0, "trainer.save_every", trainer.save_every,
+          "use 0 or more (or leave it unset to snapshot at every evaluation)")
+    for name in ("eval_every", "eval_batches", "keep_last", "sample_tokens"):
         _need(getattr(trainer, name) >= 0, f"trainer.{name}", getattr(trainer, name), "use 0 or more")
     _need(_finite(trainer.grad_clip) and trainer.grad_clip >= 0, "trainer.grad_clip", trainer.grad_clip,
           "use 0 (no clipping) or a positive norm")
     _need(trainer.precision in POLICY_NAMES, "trainer.precision", trainer.precision,
           f"use one of {', '.join(POLICY_NAMES)}")
     _need(0 <= trainer.seed < 2**63, "trainer.seed", trainer.seed, "use 0 .. 2**63-1")
+    _need(trainer.peak_flops is None or (_finite(trainer.peak_flops) and trainer.peak_flops > 0), "trainer.peak_flops",
+          trainer.peak_flops, "use a positive FLOP/s figure such as 3.12e14, or leave it unset")
+    _need(_finite(trainer.stop_grace) and trainer.stop_grace > 0, "trainer.stop_grace", trainer.stop_grace,
+          "use a positive number of seconds")
     _check_device(trainer.device)
     _need(trainer.run_dir.strip() != "", "trainer.run_dir", trainer.run_dir, "give a directory")
     _need(trainer.snapshot_dir is None or trainer.snapshot_dir.strip() != "", "trainer.snapshot_dir",
@@ -523,6 +544,16 @@ def _check_debug(debug: DebugConfig) -> None:
 def final_lr(optim: OptimConfig) -> float:
     """optim.min_lr, or what it follows when unset: optim.lr / 10."""
     return optim.min_lr if optim.min_lr is not None else optim.lr / 10
+
+
+def snapshot_every(trainer: TrainerConfig) -> int:
+    """trainer.save_every, or what it follows when unset: trainer.eval_every."""
+    return trainer.save_every if trainer.save_every is not None else trainer.eval_every
+
+
+def asynchronous_snapshots(trainer: TrainerConfig, device: torch.device) -> bool:
+    """trainer.async_save, or what it follows when unset: whether the device is a GPU."""
+    return trainer.async_save if trainer.async_save is not None else device.type == "cuda"
 
 
 def snapshot_root(config: TrainConfig) -> str:
