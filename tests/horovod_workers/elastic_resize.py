@@ -53,7 +53,9 @@ def build_model():
 
 
 def say(text):
-    print(text, flush=True)
+    # One write per line: every worker shares the driver's stdout, and print() writes the text and
+    # its newline separately when unbuffered, so two workers' lines could run into each other.
+    os.write(1, (text + "\n").encode())
 
 
 # What horovodrun put in this worker's environment before the script started.

@@ -253,7 +253,10 @@ class _Driver:
         return ", ".join(f"{host}:{slots}" for host, slots in hosts)
 
     def say(self, message: str) -> None:
-        print(f"triax horovodrun: {message}", file=sys.stderr, flush=True)
+        # One write per line (print writes the newline separately when unbuffered): the workers
+        # write to the same terminal, and a line of theirs must not land inside one of ours.
+        sys.stderr.write(f"triax horovodrun: {message}\n")
+        sys.stderr.flush()
 
 
 def run_elastic(settings: ElasticSettings, dry_run: bool = False) -> int:

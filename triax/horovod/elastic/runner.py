@@ -51,7 +51,8 @@ def run(func):
             try:
                 lifecycle.init()
             except WorkerRemoved as removed:
-                print(f"hvd.elastic: {removed}", file=sys.stderr, flush=True)
+                sys.stderr.write(f"hvd.elastic: {removed}\n")  # one write: other workers share the terminal
+                sys.stderr.flush()
                 raise SystemExit(0) from None
             state.on_reset()
 
