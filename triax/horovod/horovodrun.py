@@ -143,7 +143,7 @@ def supervise(hosts: list[str], started: list) -> int:
         raise
 
 
-def _launch_fixed(args, command: list[str]) -> int:
+def _launch_fixed(args, command: list[str], extra_env: dict[str, str]) -> int:
     entries = parse_hosts(args.hosts, args.hostfile, args.np)
     np = args.np if args.np is not None else sum(slots for _, slots in entries)
     placed = place_processes(entries, np)
@@ -153,7 +153,7 @@ def _launch_fixed(args, command: list[str]) -> int:
         if host in LOCAL_NAMES:
             launches.append((host, torchrun, None))
         else:
-            launches.append((host, *processes.remote_start(host, torchrun, args)))
+            launches.append((host, *processes.remote_start(host, torchrun, args, extra_env)))
     if args.dry_run or args.verbose:
         for host, command_argv, script in launches:
             line = f"[{host}] {shlex.join(command_argv)}"
@@ -167,14 +167,14 @@ def _launch_fixed(args, command: list[str]) -> int:
     started = []
     try:
         for host, command_argv, script in launches:
-            started.append(processes.start(command_argv, script))
+            started.append(processes.start(command_argv, script, {**os.environ, **extra_env}))
     except OSError as error:
         processes.stop(started)
         raise TriaxError(f"cannot start {command_argv[0]}: {error.strerror or error}") from None
     return supervise([host for host, _, _ in launches], started)
 
 
-def elastic_settings(args, command: list[str]) -> ElasticSettings:
+def elastic_settings(args, command: list[str], extra_env: dict[str, str] | None = None) -> ElasticSettings:
     """Check the elastic options (one line for the first wrong one) and gather them."""
     if args.host_discovery_script and (args.hosts or args.hostfile):
         raise TriaxError("pass either --host-discovery-script or -H/--hostfile, not both")
@@ -210,7 +210,7 @@ def elastic_settings(args, command: list[str]) -> ElasticSettings:
             raise TriaxError(f"${TIMEOUT_ENV}={text!r} is not a whole number of seconds") from None
     return ElasticSettings(command=command, np=np, min_np=min_np, max_np=args.max_np, discovery=find_hosts,
                            reset_limit=args.reset_limit, cooldown_range=cooldown, elastic_timeout=timeout,
-                           ssh=args, verbose=args.verbose)
+                           ssh=args, verbose=args.verbose, extra_env=dict(extra_env or {}))
 
 
 def _worker_environment(args) -> None:
@@ -223,7 +223,10 @@ def _worker_environment(args) -> None:
         os.environ["HOROVOD_GLOO_IFACE"] = args.network_interface.split(",")[0]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, extra_env: dict[str, str] | None = None) -> int:
+    """The command line; `extra_env`: variables for every process of the job, beside ours
+    (hvd.run passes its store's address and key this way)."""
+    extra_env = dict(extra_env or {})
     args = _parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -233,11 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, flag in ELASTIC_ONLY.items():
             if getattr(args, name) is not None:
                 raise TriaxError(f"{flag} applies to elastic jobs only; add --min-np N or --host-discovery-script")
-    settings = elastic_settings(args, command) if elastic else None
+    settings = elastic_settings(args, command, extra_env) if elastic else None
     if settings is not None:
         settings.discovery.check()  # the script runs once now: a broken one stops the job before it starts
     _worker_environment(args)
     if settings is None:
-        return _launch_fixed(args, command)
+        return _launch_fixed(args, command, extra_env)
     return run_elastic(settings, dry_run=args.dry_run)
 

@@ -15,12 +15,10 @@ dependency for this); without it, plain pickle sends functions by their importab
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import hashlib
 import hmac
-import os
 import pickle
 import secrets
 import sys
@@ -83,21 +81,6 @@ def _argv(options: dict, executable: str) -> list[str]:
     return argv + ["--", executable, "-m", "triax.horovod.run_task"]
 
 
-@contextlib.contextmanager
-def _exported(values: dict):
-    """Set environment variables for the job's launch (workers inherit or get them forwarded)."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=None, slots=None,
         reset_limit=None, cooldown_range=None, hosts=None, hostfile=None, host_discovery_script=None,
         start_timeout=None, ssh_port=None, ssh_identity_file=None, disable_cache=None, output_filename=None,
@@ -143,11 +126,10 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     # Elastic workers find this machine at the driver's address (the driver runs here too; it
     # works out the address each host reaches it at); fixed ones at ours toward the first remote host.
     address = "" if elastic else address_toward(remote[0]) if remote else "127.0.0.1"
-    with _exported({STORE_ENV: f"{address}:{store.port}", KEY_ENV: key.hex()}):
-        try:
-            code = horovodrun.main(argv)
-        except TriaxError as error:
-            raise HorovodValueError(str(error)) from None
+    try:
+        code = horovodrun.main(argv, extra_env={STORE_ENV: f"{address}:{store.port}", KEY_ENV: key.hex()})
+    except TriaxError as error:
+        raise HorovodValueError(str(error)) from None
     if code != 0:
         raise HorovodRunError(f"hvd.run: one or more processes exited with a non-zero status ({code}); "
                               "their output above says why")

@@ -57,6 +57,7 @@ class ElasticSettings:
     elastic_timeout: float
     ssh: Any  # ssh_option, ssh_port, ssh_identity_file (the command line's)
     verbose: bool = False
+    extra_env: dict = field(default_factory=dict)  # for every worker, beside Horovod's variables
 
 
 @dataclass
@@ -133,7 +134,7 @@ class _Driver:
     def start_worker(self, slot: SlotInfo) -> None:
         name = f"w{next(self.names)}"
         local = is_local(slot.hostname)
-        env = {**slot.environment(),
+        env = {**self.settings.extra_env, **slot.environment(),
                protocol.ELASTIC_ENV: "1", protocol.ADDRESS_ENV: "127.0.0.1" if local else address_toward(slot.hostname),
                protocol.PORT_ENV: str(self.port), protocol.WORKER_ENV: name, protocol.ROUND_ENV: str(self.round),
                protocol.NOTICES_ENV: str(self.notices), protocol.TIMEOUT_ENV: f"{self.settings.elastic_timeout:g}",
