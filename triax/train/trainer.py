@@ -290,7 +290,7 @@ class Trainer:
                     lock_run_dir(trainer.run_dir)  # before anything in it is written or deleted
                     weakref.finalize(self, unlock_run_dir, trainer.run_dir, True)  # a Trainer never fitted
                 self.logger = MetricsLogger(
-                    trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps, loggers=trainer.loggers,
+                    trainer.run_dir, enabled=self.is_main, loggers=trainer.loggers,
                     project=trainer.project, config=to_dict(self.config),
                     run_name=trainer.run_name or os.path.basename(os.path.normpath(trainer.run_dir)))
                 if self.is_main:
@@ -698,12 +698,17 @@ class Trainer:
         trainer = self.config.trainer
         if self.is_main:
             params = self.num_params
+            # What was loaded, not the preset's name: model.init_from replaced the preset's shape.
+            loaded = f"from {self.config.model.init_from}" if self.config.model.init_from else self.config.model.name
             self.logger.print(
-                f"training {self.config.model.name} ({params / 1e6:.2f}M params) on {self.device} x "
+                f"training {loaded} ({params / 1e6:.2f}M params) on {self.device} x "
                 f"{self.world_size} process(es) ({self.layout.describe()}), precision {self.precision.name}, "
                 f"{self.total_steps} steps of {self.samples_per_step} samples "
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
         self.model.train()
+        self.logger.start_progress(self.total_steps, self.step)
+        self.started = (time.perf_counter(), self.step)
+        self.best_val: tuple[float, int] | None = None
         debug = self.config.debug
         stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank, trainer.stop_grace,
                            self._restart_point).install()
@@ -711,6 +716,8 @@ class Trainer:
             last = self._loop(stop)
             stop.reached()  # at a step boundary: the final snapshot is not cut short
             self._finish()
+            if self.stop_reason is None:
+                self.logger.print(self._summary())
         finally:
             stop.uninstall()
             if self.sample_log is not None:
@@ -743,9 +750,11 @@ class Trainer:
         while self.step < self.total_steps:
             step_started = time.perf_counter()
             loss, grad_norm = self.train_step()
-            self.timing["step"] += time.perf_counter() - step_started
+            step_seconds = time.perf_counter() - step_started
+            self.timing["step"] += step_seconds
             interval_steps += 1
-            self.logger.advance(1, loss=f"{loss:.4f}")
+            tokens_per_s = self.samples_per_step * self.data.block_size / max(step_seconds, 1e-9)
+            self.logger.advance(1, loss=f"{loss:.4f}", tokens_per_s=f"{tokens_per_s:,.0f}")
             record = None
             if self.step % trainer.log_every == 0 or self.step == self.total_steps:
                 elapsed = time.perf_counter() - interval_start
@@ -758,6 +767,8 @@ class Trainer:
             if trainer.eval_every and (self.step % trainer.eval_every == 0 or self.step == self.total_steps):
                 self._phase("evaluation", self.step)
                 record = {**(record or {}), **self.evaluate()}
+                if self.best_val is None or record["val_loss"] < self.best_val[0]:
+                    self.best_val = (record["val_loss"], self.step)
                 sample = self.sample_text()
                 if sample is not None:
                     self.logger.print(f"--- sample at step {self.step} ---\n{sample}\n---")
@@ -780,6 +791,30 @@ class Trainer:
                 self.stop_reason = stop.reason or "a signal on another rank"
                 break
         return last
+
+    def _time_left(self) -> str:
+        """The rest of the run at this session's pace so far (steps, evaluations and snapshots)."""
+        started, first_step = self.started
+        done = self.step - first_step
+        seconds = (time.perf_counter() - started) / max(done, 1) * (self.total_steps - self.step)
+        return _duration(seconds)
+
+    def _summary(self) -> str:
+        """The end of a run: how long, how fast, how good, and where its files are."""
+        started, first_step = self.started
+        seconds = time.perf_counter() - started
+        tokens = (self.step - first_step) * self.samples_per_step * self.data.block_size
+        parts = [f"done: {self.step - first_step} steps in {_duration(seconds)} ({tokens / max(seconds, 1e-9):,.0f} "
+                 "tokens/s)"]
+        if self.best_val is not None:
+            parts.append(f"best val_loss {self.best_val[0]:.4f} (step {self.best_val[1]})")
+        if self.last_snapshot is not None:
+            parts.append(f"snapshot {self.last_snapshot}")
+        files = [os.path.join(self.config.trainer.run_dir, name) for name, tracker in
+                 (("metrics.jsonl", "jsonl"), ("tensorboard", "tensorboard")) if tracker in self.config.trainer.loggers]
+        if files:
+            parts.append("logs " + ", ".join(files))
+        return "; ".join(parts)
 
     def _restart_point(self) -> str:
         """Where a restart would begin now, for a stop without a snapshot of this step."""
@@ -811,6 +846,8 @@ class Trainer:
             parts.append(f"val_loss {record['val_loss']:.4f} ({record['val_tokens']} tokens)")
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
+        if self.step < self.total_steps:
+            parts.append(f"{self._time_left()} left")
         return " | ".join(parts)
 
 
@@ -838,6 +875,16 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b:
             changed.append(f"{prefix}{key}: {a} -> {b}")
     return changed
+
+
+def _duration(seconds: float) -> str:
+    """1h02m, 3m05s, 42s."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
 
 
 def _remove_if_empty(path: str) -> None:
