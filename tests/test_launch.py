@@ -151,3 +151,10 @@ def test_a_triax_error_in_a_job_is_printed_once(tmp_path):
     assert sum(line.startswith("triax: error:") for line in lines) == 1, lines
     root_cause = lines[next(i for i, line in enumerate(lines) if line.startswith("Root Cause")):]
     assert any("traceback : triax: error: the world size 2" in line for line in root_cause), lines[-12:]
+
+
+def test_config_help_says_where_the_file_goes(capsys):
+    with pytest.raises(SystemExit):
+        main(["config", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: $TRIAX_CONFIG_FILE, else ~/.cache/triax/default_config.yaml)" in text and "None" not in text

@@ -96,3 +96,11 @@ def test_a_context_no_host_could_hold_stops_before_anything_is_allocated(tmp_pat
                                                    "needs"), result.stderr
     assert "GiB of activations" in lines[0] and "but this host has" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_generate_help_speaks_of_tokens(capsys):
+    """--greedy takes the most likely token: a BPE run's tokens are not characters."""
+    with pytest.raises(SystemExit):
+        triax_main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "always take the most likely token (a character in a character-level run)" in text

@@ -152,7 +152,8 @@ def generate_main(argv: list[str]) -> int:
     parser.add_argument("--tokens", type=int, default=300, help="tokens (characters for a char run) to generate")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--greedy", action="store_true", help="always take the most likely character")
+    parser.add_argument("--greedy", action="store_true",
+                        help="always take the most likely token (a character in a character-level run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
@@ -165,7 +166,7 @@ def generate_main(argv: list[str]) -> int:
         need(math.isfinite(args.temperature) and MIN_TEMPERATURE <= args.temperature <= MAX_TEMPERATURE,
              "--temperature", args.temperature,
              f"use a number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] (e.g. 0.8), or --greedy for the most "
-             "likely character")
+             "likely token")
     if args.top_k is not None:
         at_least("--top-k", args.top_k, 1)
     need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
