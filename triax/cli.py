@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from triax.errors import TriaxError
+from triax.errors import TriaxError, printable
 from triax.launch.settings import ERRORS_REPORTED_BY_LAUNCHER_ENV
 
 # sub-command -> (module with main(argv), one-line help)
@@ -108,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # One line whatever the message quotes: a control character in a path the user gave (a
         # newline, an escape sequence) is shown escaped, never printed raw.
-        text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(error))
-        report_error(f"triax: error: {text}")
+        report_error(f"triax: error: {printable(str(error))}")
         return 2
     except KeyboardInterrupt as interrupt:
         # The trainer's second Ctrl-C says where a restart will begin.

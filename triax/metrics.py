@@ -10,6 +10,7 @@ import time
 import torch
 
 from triax import safe_files
+from triax.errors import printable
 from triax.trackers import open_tracker
 
 # Dense (no sparsity) peak FLOP/s of one GPU per precision, from NVIDIA's data sheets (their tensor
@@ -173,6 +174,9 @@ class MetricsLogger:
     def print(self, message: str) -> None:
         if not self.enabled:
             return
+        # Names in it come from configs and files, samples from the data: nothing reaches the
+        # terminal raw but line breaks and tabs.
+        message = printable(message, keep="\n\t")
         if self._bar is not None:
             self._bar.write(message)
         else:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from triax import safe_files
-from triax.errors import TriaxError, UsageError
+from triax.errors import TriaxError, UsageError, printable
 
 # Below this the logits divided by the temperature overflow float32 (probabilities of NaN); above
 # it sampling is uniform in all but name.
@@ -60,7 +60,7 @@ def newest_good_snapshot(root: str, run_dir: str, skip: int = 0):
         try:
             reader = checkpoint.open_snapshot(snapshot)
         except checkpoint.SnapshotCorruptError as error:
-            print(f"triax: warning: {error}; trying the previous snapshot", file=sys.stderr)
+            print(printable(f"triax: warning: {error}; trying the previous snapshot"), file=sys.stderr)
             continue
         if skip == 0:
             return reader
@@ -100,7 +100,7 @@ def with_fallback(run_dir: str, root: str, action):
         try:
             return action(*opened)
         except checkpoint.SnapshotCorruptError as error:
-            print(f"triax: warning: {error}; trying the previous snapshot", file=sys.stderr)
+            print(printable(f"triax: warning: {error}; trying the previous snapshot"), file=sys.stderr)
             skip += 1
 
 
@@ -190,7 +190,7 @@ def generate_main(argv: list[str]) -> int:
     out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k,
                          vocab_limit=min(len(vocab), model.config.vocab_size),
                          greedy=args.greedy, generator=generator)
-    print(vocab.decode(out[0].tolist()))
+    print(printable(vocab.decode(out[0].tolist()), keep="\n\t"))  # text from the data: no escape sequences
     return 0
 
 
@@ -250,7 +250,7 @@ def export_main(argv: list[str]) -> int:
         return (reader.snapshot, *export_safetensors(reader, args.output, shapes, metadata))
 
     snapshot, count, values = with_fallback(args.run_dir, root, export)
-    print(f"wrote {count} tensors ({values / 1e6:.2f}M values) from {snapshot} to {args.output}")
+    print(printable(f"wrote {count} tensors ({values / 1e6:.2f}M values) from {snapshot} to {args.output}"))
     return 0
 
 
@@ -274,5 +274,5 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
     snapshot, values = with_fallback(run_dir, root, export)
     note = " with its tokenizer" if tokenizer else (" (character vocabulary: no Hugging Face tokenizer written)"
                                                     if os.path.exists(os.path.join(run_dir, "vocab.json")) else "")
-    print(f"wrote a transformers GPT-2 ({values / 1e6:.2f}M values) from {snapshot} to {out_dir}{note}")
+    print(printable(f"wrote a transformers GPT-2 ({values / 1e6:.2f}M values) from {snapshot} to {out_dir}{note}"))
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import sys
 import time
 import weakref
@@ -24,7 +25,7 @@ from triax.checkpoint.rng import seed_everything
 from triax.collectives import any_rank, gather_floats, mean_across_ranks
 from triax.data import GlobalSampler
 from triax.data.addition import IGNORE_INDEX, addition_accuracy
-from triax.errors import ConfigError
+from triax.errors import ConfigError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
 from triax.metrics import MetricsLogger, peak_memory_mb, stated_peak_flops
@@ -47,7 +48,7 @@ from triax.train.config import (TrainConfig, asynchronous_snapshots, final_lr, g
                                 snapshot_root, to_dict)
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
-from triax.train.run_lock import lock_run_dir, unlock_run_dir
+from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
 from triax.train.sample_log import SampleLog
 from triax.watchdog import Watchdog
 
@@ -105,7 +106,7 @@ class Trainer:
         self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
         self._peak_flops = stated_peak_flops(self.device, self.precision.compute_dtype, config.trainer.peak_flops)
         self._mfu_warned = False
-        self._open_run_files()
+        self._open_run_files(created_run_dir)
         if self.resume:
             self._maybe_resume()
         elif config.trainer.overwrite:
@@ -279,9 +280,11 @@ class Trainer:
         self.save_every = snapshot_every(self.config.trainer)
         self.async_save = asynchronous_snapshots(self.config.trainer, self.device)
 
-    def _open_run_files(self) -> None:
-        """The run lock, the trackers, and the files generate/export need (rank 0 writes them)."""
+    def _open_run_files(self, created_run_dir: bool) -> None:
+        """The run lock, the trackers, and the files generate/export need (rank 0 writes them).
+        A start that fails here (a full disk) removes what it created, and nothing else."""
         trainer = self.config.trainer
+        existing = set(os.listdir(trainer.run_dir)) if self.is_main else set()
         # Rank 0 alone writes these; the ranks agree before the next collective (the resume), so
         # a failure there stops every rank at once instead of leaving the others waiting.
         with raise_together(f"writing the run files in {trainer.run_dir}"):
@@ -297,7 +300,12 @@ class Trainer:
                     self._write_run_files()
             except OSError as error:
                 if self.is_main:
+                    if getattr(self, "logger", None) is not None:
+                        self.logger.close()
+                    _remove_new_entries(trainer.run_dir, existing | {LOCK_NAME})
                     unlock_run_dir(trainer.run_dir, remove=True)
+                    if created_run_dir:
+                        _remove_if_empty(trainer.run_dir)
                 raise ConfigError(f"cannot write {error.filename or 'the run files'} in trainer.run_dir "
                                   f"({error.strerror or error}); fix it or choose another run directory") from None
 
@@ -326,7 +334,7 @@ class Trainer:
             model.tie_embeddings = False
             source.architecture = dict(source.architecture, tie_embeddings=False)
             if self.place.is_main:
-                print(f"triax: warning: model.init_from={source.path!r} ties the head to the embedding; with tensor or pipeline "
+                print(f"triax: warning: model.init_from={printable(source.path)!r} ties the head to the embedding; with tensor or pipeline "
                       "parallelism they are untied (the head starts as a copy) and train separately",
                       file=sys.stderr, flush=True)
 
@@ -375,7 +383,7 @@ class Trainer:
 
     def _warn(self, message: str) -> None:
         if self.is_main:
-            print(f"triax: warning: {message}", file=sys.stderr, flush=True)
+            print(f"triax: warning: {printable(message)}", file=sys.stderr, flush=True)
 
     def _maybe_resume(self) -> None:
         found = checkpoint.load_latest_snapshot(self.snapshot_root, self.model, self.optimizer, report=self._warn,
@@ -885,6 +893,16 @@ def _duration(seconds: float) -> str:
     if seconds >= 60:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds}s"
+
+
+def _remove_new_entries(directory: str, existing: set[str]) -> None:
+    """Delete what appeared in `directory` besides `existing` (files, links unfollowed, directories)."""
+    for name in set(os.listdir(directory)) - existing:
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            safe_files.remove_file(path)
 
 
 def _remove_if_empty(path: str) -> None:
