@@ -407,7 +407,8 @@ def read_model_tensors(snapshot: str) -> dict:
 def _fit_error(snapshot: str, error: BaseException) -> SnapshotError:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return SnapshotError(f"snapshot {snapshot} does not fit this model/optimizer ({first[:300]}); "
-                         "resume with the model config it was saved with")
+                         "resume with the model config it was saved with, or train this model in another "
+                         "trainer.run_dir")
 
 
 def _same_kind(saved, current) -> bool:
