@@ -722,6 +722,8 @@ def test_model_json_larger_than_the_snapshot_tensors_is_refused(sandbox, run_cop
         handle.truncate(2 * 2**40)
     values = json.loads((run_copy / "model.json").read_text())
     values["n_embd"] = 2**15
+    # A consistent model.json (the widths that follow from n_embd too), so only its size is wrong.
+    values.update(n_head=256, n_kv_head=256, head_dim=128, intermediate_size=4 * 2**15)
     (run_copy / "model.json").write_text(json.dumps(values))
     sandbox.refused(["generate", str(run_copy)], "model.json", "stores only")
 

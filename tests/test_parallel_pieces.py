@@ -106,15 +106,15 @@ def test_the_memory_check_names_what_decides_the_larger_part():
     from triax.parallel.mesh import Layout
     from triax.parallel.plan import check_memory
 
-    micro = ModelShape(*PRESETS["gpt-micro"], vocab_size=161, block_size=100_000)
+    micro = ModelShape(**PRESETS["gpt-micro"], vocab_size=161, block_size=100_000)
     with pytest.raises(ConfigError, match=r"^data.block_size=100000 with trainer.batch_size=32 needs [\d.]+ GiB of "
                                           r"activations per process.*but this host has 24.0 GiB; lower data.block_size"):
         check_memory(micro, Layout(), 24.0, "this host", batch_size=32, precision="fp32")
-    xl = ModelShape(*PRESETS["gpt2-xl"], vocab_size=50257, block_size=64)
+    xl = ModelShape(**PRESETS["gpt2-xl"], vocab_size=50257, block_size=64)
     with pytest.raises(ConfigError, match=r"^the model \([\d,]+M parameters: model.n_layer=48, model.n_embd=1600\) "
                                           r"needs [\d.]+ GiB for its weights"):
         check_memory(xl, Layout(), 8.0, "this host", batch_size=1, precision="fp32")
-    check_memory(ModelShape(*PRESETS["gpt-micro"], vocab_size=161, block_size=64), Layout(), 1.0, "this host",
+    check_memory(ModelShape(**PRESETS["gpt-micro"], vocab_size=161, block_size=64), Layout(), 1.0, "this host",
                  batch_size=32, precision="fp32")
-    tied = ModelShape(*PRESETS["gpt2"], vocab_size=50257, block_size=1024, tie_embeddings=True)
-    assert ModelShape(*PRESETS["gpt2"], vocab_size=50257, block_size=1024).num_params() - tied.num_params() == 50257 * 768
+    tied = ModelShape(**PRESETS["gpt2"], vocab_size=50257, block_size=1024, tie_embeddings=True)
+    assert ModelShape(**PRESETS["gpt2"], vocab_size=50257, block_size=1024).num_params() - tied.num_params() == 50257 * 768

@@ -17,10 +17,10 @@ from triax.launch.settings import ERRORS_REPORTED_BY_LAUNCHER_ENV
 
 # sub-command -> (module with main(argv), one-line help)
 COMMANDS = {
-    "train": ("triax.train.train_command:train_main", "train a GPT model from a Hydra config"),
+    "train": ("triax.train.train_command:train_main", "train a GPT or Llama-family model from a Hydra config"),
     "generate": ("triax.train.commands:generate_main", "sample text from a trained run"),
     "export": ("triax.train.commands:export_main", "write a run's weights as one safetensors file (or --format hf)"),
-    "eval": ("triax.eval.command:main", "loss and perplexity of a run or a transformers GPT-2 on a split or files"),
+    "eval": ("triax.eval.command:main", "loss and perplexity of a run or a transformers model on a split or files"),
     "tokenize": ("triax.data.tokenize_files:main", "text files -> BPE token files for data.task=tokens"),
     "plan": ("triax.parallel.plan:main", "list parallel layouts that fit a model on given devices"),
     "config": ("triax.launch.config:main", "write the default launch configuration"),

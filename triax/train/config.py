@@ -1,7 +1,7 @@
 """The training configuration: typed dataclasses (the schema) composed by Hydra from YAML.
 
 `triax train model=gpt2 trainer.max_steps=100` composes triax/conf/config.yaml, the chosen model
-preset (triax.models.gpt.PRESETS), and the command-line overrides, then checks the result against
+preset (triax.models.config.PRESETS), and the command-line overrides, then checks the result against
 these dataclasses: an unknown key or a value of the wrong type fails with a message naming it.
 """
 
@@ -29,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
-from triax.models.gpt import PRESETS, GPTConfig
+from triax.models.config import PRESETS, GPTConfig, preset_fields
 from triax.parallel.comm_hooks import check_compression
 from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
 from triax.precision import POLICY_NAMES
@@ -60,7 +60,7 @@ def field_docs(schema: type) -> dict[str, str]:
 
 
 # The model keys are GPTConfig's own fields, with its defaults and docstrings: the shape is written
-# once, in triax/models/gpt.py. The data decides vocab_size and block_size, the layout the padding.
+# once, in triax/models/config.py. The data decides vocab_size and block_size, the layout the padding.
 DERIVED_MODEL_FIELDS = ("vocab_size", "block_size", "padded_vocab_size")
 _gpt_types = typing.get_type_hints(GPTConfig)
 ModelConfig = dataclasses.make_dataclass(
@@ -69,11 +69,12 @@ ModelConfig = dataclasses.make_dataclass(
     + [(item.name, _gpt_types[item.name], field(default=item.default))
        for item in dataclasses.fields(GPTConfig) if item.name not in DERIVED_MODEL_FIELDS]
     + [("init_from", Optional[str], field(default=None))],
-    namespace={"__doc__": "The GPT's shape: start from a preset (model=NAME), then change any key.",
+    namespace={"__doc__": "The model's architecture and shape: start from a preset (model=NAME), then change any key.",
                "__module__": __name__,
                "__field_docs__": {"name": "The preset this started from (informational once composed).",
-                                  "init_from": "Start from these weights: a transformers GPT-2 directory (save_pretrained "
-                                               "output or a Hugging Face cache snapshot) or a triax run directory. Its "
+                                  "init_from": "Start from these weights: a transformers directory of model_type gpt2, llama, "
+                                               "qwen2 or mistral (save_pretrained output or a Hugging Face cache "
+                                               "snapshot) or a triax run directory. Its "
                                                "architecture replaces the shape keys (dropout aside), its tokenizer "
                                                "encodes text data; unset = random initialisation.",
                                   **{name: doc for name, doc in field_docs(GPTConfig).items()
@@ -325,15 +326,14 @@ _registered = False
 
 
 def _register_schema() -> None:
-    """The schema, and the `model=<preset>` group made from triax.models.gpt.PRESETS (their one
+    """The schema, and the `model=<preset>` group made from triax.models.config.PRESETS (their one
     home; there are no YAML files for them)."""
     global _registered
     if not _registered:
         store = ConfigStore.instance()
         store.store(name="triax_schema", node=TrainConfig)
-        for name, (n_layer, n_head, n_embd) in PRESETS.items():
-            store.store(group="model", name=name,
-                        node={"name": name, "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd})
+        for name in PRESETS:
+            store.store(group="model", name=name, node={"name": name, **preset_fields(name)})
         _registered = True
 
 

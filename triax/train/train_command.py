@@ -9,14 +9,16 @@ from triax.train.trainer import Trainer
 
 TRAIN_HELP = """usage: triax train [key=value ...] [model=PRESET] [+experiment=NAME]
 
-Train a GPT. With no arguments: a small model (500 steps) on the built-in corpus (minutes on 2 CPU
-cores; the progress bar and each log line show the time left). Run under torchrun (or `triax
-launch`) for several processes.
+Train a GPT (or, with model.arch=llama or model=llama-debug, a Llama). With no arguments: a small
+GPT (500 steps) on the built-in corpus (minutes on 2 CPU cores; the progress bar and each log line
+show the time left). Run under torchrun (or `triax launch`) for several processes.
 
 examples:
   triax train
   triax train model=gpt-mini trainer.max_steps=1000 data.path=input.txt
   triax train data.task=addition trainer.max_steps=2000
+  triax train model=llama-debug trainer.max_steps=1000
+  triax train model.init_from=path/to/hf-llama data.task=tokens data.path=tokens/
   triax train data.task=tokens data.path=tokens/   # a directory from `triax tokenize` or nanoGPT
   torchrun --nproc-per-node 4 -m triax train trainer.precision=bf16
 

@@ -29,7 +29,7 @@ from triax.errors import ConfigError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
 from triax.metrics import MetricsLogger, peak_memory_mb, stated_peak_flops
-from triax.models import GPT
+from triax.models import build_model
 from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
@@ -137,7 +137,8 @@ class Trainer:
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
                         pp_microbatches=parallel.pp_microbatches, pp_balance=list(parallel.pp_balance),
                         activation_checkpointing=parallel.activation_checkpointing,
-                        tie_embeddings=config.model.tie_embeddings, cpu_offload=parallel.cpu_offload)
+                        tie_embeddings=config.model.tie_embeddings, cpu_offload=parallel.cpu_offload,
+                        n_kv_head=config.model.n_kv_head)
         # Before the model exists: with FSDP, freed parameter and gradient buffers must go back to
         # the OS rather than stay in glibc's heap, or each rank's memory stays at its step-time high
         # (see the function). Off by default without sharding: a small model's many activation
@@ -200,8 +201,7 @@ class Trainer:
             memory = memory // processes if memory else None
         if memory is None:
             return
-        shape = ModelShape(model_config.n_layer, model_config.n_head, model_config.n_embd, model_config.vocab_size,
-                           self.data.block_size, model_config.bias, model_config.tie_embeddings)
+        shape = ModelShape.from_config(model_config, block_size=self.data.block_size)
         check_memory(shape, self.layout, memory / 2**30, where, batch_size=trainer.batch_size,
                      precision=trainer.precision, checkpointing=parallel.activation_checkpointing,
                      pp_schedule=parallel.pp_schedule, microbatches=parallel.pp_microbatches)
@@ -246,7 +246,7 @@ class Trainer:
         self.model_config = model_config
         self._pipeline_reduction = "mean"  # what _pipeline_loss returns: "sum" while evaluating
         with torch.device("meta"):  # the whole model's shape, for counting; no memory
-            described = GPT(model_config)
+            described = build_model(model_config)
         self.num_params = described.num_params()
         self.flops_per_token = described.flops_per_token(self.data.block_size)
         self.mesh = build_mesh(self.layout, self.device.type)
@@ -326,8 +326,9 @@ class Trainer:
         """The checkpoint's shape replaces model.* (dropout stays this run's choice)."""
         source, model = self.init_source, self.config.model
         init_from.check_fits(source, self.data.vocab_size, self.data.block_size)
-        for key in ("n_layer", "n_head", "n_embd", "bias", "tie_embeddings", "gelu"):
-            setattr(model, key, source.architecture[key])
+        for key, value in source.architecture.items():
+            if key not in ("vocab_size", "block_size"):  # the data's sizes, checked above
+                setattr(model, key, value)
         if model.tie_embeddings and (self.layout.tp > 1 or self.layout.pp > 1):
             # Tensor and pipeline parallelism need an untied head: it starts as a copy of the
             # embedding (the same logits), and the two then train apart.
