@@ -190,7 +190,9 @@ def generate_main(argv: list[str]) -> int:
     out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k,
                          vocab_limit=min(len(vocab), model.config.vocab_size),
                          greedy=args.greedy, generator=generator)
-    print(printable(vocab.decode(out[0].tolist()), keep="\n\t"))  # text from the data: no escape sequences
+    text = vocab.decode(out[0].tolist())
+    # Exactly the text into a file or a pipe; on a terminal, no escape sequence the data taught it.
+    print(printable(text, keep="\n\t") if sys.stdout.isatty() else text)
     return 0
 
 
