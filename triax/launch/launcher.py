@@ -155,9 +155,9 @@ def loopback_store(config: LaunchConfig):
     returned objects alive while torchrun runs."""
     if config.num_machines != 1:
         return None
-    import datetime
+    import datetime  # deferred: with torch below, only when workers are about to start
 
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: `triax launch --dry-run` and argument errors stay fast
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
