@@ -125,7 +125,10 @@ def score(model, dataset, batch_size: int, rank: int, ranks: int, device, progre
         total += F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), ignore_index=IGNORE_INDEX,
                                  reduction="sum").item()
         count += int((y != IGNORE_INDEX).sum())
-        if progress is not None:
+        if progress is not None:  # batches done, the time left, and this rank's tokens per second
+            progress.scored = getattr(progress, "scored", 0) + int((y != IGNORE_INDEX).sum())
+            progress.set_postfix(tokens_per_s=f"{progress.scored / max(progress.format_dict['elapsed'], 1e-9):,.0f}",
+                                 refresh=False)
             progress.update(1)
     return total, count
 
