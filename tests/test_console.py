@@ -77,5 +77,6 @@ def test_progress_bars_show_on_a_terminal(tmp_path, tiny_corpus):
     code, shown = on_a_terminal([sys.executable, "-m", "triax", "export", str(run_dir),
                                  str(tmp_path / "model.safetensors")], tmp_path)
     assert code == 0 and "export:" in shown, shown[-3000:]
-    code, shown = on_a_terminal([sys.executable, "-m", "triax", "eval", str(run_dir), "--batch-size", "1"], tmp_path)
+    code, shown = on_a_terminal([sys.executable, "-m", "triax", "eval", str(run_dir), "--split", "train", "--batch-size", "1"],
+                                tmp_path)
     assert code == 0 and re.search(r"batch/s, tokens_per_s=[\d,]+\]", shown), shown[-3000:]
