@@ -33,11 +33,8 @@ args = parser.parse_args()
 
 if args.library == "triax":
     from triax.accelerate import Accelerator, DataLoaderConfiguration
+    from triax.accelerate.logging import get_logger
     from triax.accelerate.utils import set_seed
-    try:
-        from triax.accelerate.logging import get_logger
-    except ImportError:  # until triax has its own: Accelerate's logger works beside triax's Accelerator
-        from accelerate.logging import get_logger
 else:
     from accelerate import Accelerator, DataLoaderConfiguration
     from accelerate.logging import get_logger
