@@ -1,5 +1,5 @@
 """Run by test_sharded_construction under torchrun: build the trainer for a layout and report
-what each rank constructed (was every GPT built on the meta device? which layers?) and what it
+what each rank constructed (was every model built on the meta device? which layers?) and what it
 holds afterwards (parameter values per rank, against the whole model)."""
 
 import json
@@ -11,18 +11,22 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-from triax.models import gpt  # noqa: E402
+from triax.models import decoder  # noqa: E402
 from triax.process_group import shutdown_distributed  # noqa: E402
 from triax.train.config import compose_config  # noqa: E402
 from triax.train.trainer import Trainer  # noqa: E402
 
 built = []
-original_init = gpt.GPT.__init__
+original_init = decoder.Decoder.__init__
+MODELS = os.path.dirname(os.path.abspath(decoder.__file__))
 
 
 def recording_init(self, *args, **kwargs):
     original_init(self, *args, **kwargs)
-    caller = os.path.basename(sys._getframe(1).f_code.co_filename)
+    frame = sys._getframe(1)
+    while os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == MODELS:  # past build_model
+        frame = frame.f_back
+    caller = os.path.basename(frame.f_code.co_filename)
     built.append({"by": caller, "layers": sorted(int(k) for k in self.layers.keys()), "embeddings": self.tok_emb is not None,
                   "head": self.lm_head is not None, "meta": all(p.is_meta for p in self.parameters())})
 
@@ -33,7 +37,7 @@ def local(tensor):
 
 def main():
     report_dir, overrides = sys.argv[1], sys.argv[2:]
-    gpt.GPT.__init__ = recording_init
+    decoder.Decoder.__init__ = recording_init
     trainer = Trainer(compose_config(overrides))
     params = list(trainer.model.parameters())
     report = {"rank": trainer.rank, "built": built, "local_values": sum(local(p).numel() for p in params),

@@ -1,7 +1,9 @@
-"""An evaluator independent of triax: transformers' GPT2LMHeadModel scores a token sequence.
+"""An evaluator independent of triax: transformers' AutoModelForCausalLM (GPT-2, Llama, Qwen2...)
+scores a token sequence.
 
 Used to check triax's own numbers (the trainer's val_loss, `triax eval`) against a model exported
-with `triax export --format hf`. Nothing here imports triax.
+with `triax export --format hf`, or an export against the checkpoint it started from. Nothing here
+imports triax.
 """
 
 import json
@@ -24,9 +26,9 @@ def char_validation_ids(run_dir, corpus_path, train_split=0.9):
 def hf_mean_loss(model_dir, ids, block_size, tail=True, batch_size=64):
     """(mean next-token loss, tokens scored) over consecutive windows of `block_size` targets;
     with `tail`, the targets left over at the end are scored too, by a window ending at the last token."""
-    from transformers import GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM
 
-    model = GPT2LMHeadModel.from_pretrained(model_dir, local_files_only=True).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
     targets = len(ids) - 1
     full = targets // block_size
     windows = [(k * block_size, 0) for k in range(full)]

@@ -29,7 +29,7 @@ def main():
     optimizer_values = sum(local(value) for p in params for value in trainer.optimizer.state[p].values()
                            if torch.is_tensor(value) and value.dim() > 0)
     c = trainer.model_config
-    shape = ModelShape(c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.block_size, c.bias)
+    shape = ModelShape.from_config(c)
     report = {"rank": trainer.rank, "local_params": sum(local(p) for p in params),
               "local_optimizer": optimizer_values, "total_params": shape.num_params(),
               "planned_params": local_parameter_count(shape, trainer.layout, trainer.config.parallel.pp_schedule,

@@ -2,12 +2,15 @@
 level, the caller's file and line), the same refusal before the process state exists, and, on two
 processes, main_process_only and in_order."""
 
+import copy
 import json
 import logging
 import os
 import sys
 
 import pytest
+import torch
+import torch.utils.data
 
 from triax.testing import quiet_env
 
@@ -87,8 +90,6 @@ def test_log_level_sets_the_logger_and_the_root(fresh_state, monkeypatch):
 
 def _two_process_job(out):
     """Run by debug_launcher in each of two processes: logs, a LocalSGD run, results to `out`."""
-    import torch
-
     from triax.accelerate import Accelerator
     from triax.accelerate.local_sgd import LocalSGD
     from triax.accelerate.logging import get_logger
@@ -127,8 +128,28 @@ def _two_process_job(out):
         with accelerator.split_between_processes(inputs, apply_padding=padded) as share:
             shares[str(padded)] = {"list": share["list"], "tensor": share["tensor"].tolist(),
                                    "rows": share["rows"].rows}
+    # A stateful loader over a stream (process 0 reads, DataLoaderDispatcher) saved mid-pass
+    # resumes with exactly the batches the pass had not yet given.
+    accelerator.dataloader_config.use_stateful_dataloader = True
+    loader = accelerator.prepare(torch.utils.data.DataLoader(Stream(torch.arange(40)), batch_size=2))
+    unseen = []
+    for step, batch in enumerate(loader):
+        if step == 2:
+            position = copy.deepcopy(loader.state_dict())
+        elif step > 2:
+            unseen.append(batch.tolist())
+    loader.load_state_dict(position)
+    resumed = [batch.tolist() for batch in loader]
     with open(os.path.join(out, f"rank_{rank}.json"), "w") as handle:
-        json.dump({"agreed": agreed, "shares": shares}, handle)
+        json.dump({"agreed": agreed, "shares": shares, "unseen": unseen, "resumed": resumed}, handle)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __init__(self, values):
+        self.values = values
+
+    def __iter__(self):
+        yield from self.values
 
 
 class Rows:
@@ -176,4 +197,7 @@ except RuntimeError as error:
     assert [record["shares"]["False"] for record in records] == [
         {"list": [0, 1], "tensor": [0, 1], "rows": [0, 1]}, {"list": [2], "tensor": [2], "rows": [2]}]
     assert records[1]["shares"]["True"] == {"list": [2, 2], "tensor": [2, 2], "rows": [2, 2]}
+    for rank, record in enumerate(records):
+        assert record["resumed"] == record["unseen"] and len(record["unseen"]) == 7
+        assert record["unseen"][0] == [12 + 2 * rank, 13 + 2 * rank]  # steps of 2 x 2 samples: step 3 starts at 12
     assert "raised:" in result.stdout and "boom in a child" in result.stdout

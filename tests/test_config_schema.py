@@ -8,7 +8,7 @@ import pytest
 from triax.errors import ConfigError, TriaxError
 from triax.launch import settings
 from triax.launch.config import LaunchConfig
-from triax.models.gpt import PRESETS
+from triax.models.config import PRESETS
 from triax.rendezvous import restart_count
 from triax.train.config import TrainConfig, compose_config, describe_keys, field_docs
 
@@ -53,7 +53,10 @@ def test_model_presets_come_from_one_table():
     from hydra.core.config_store import ConfigStore
 
     model = compose_config(["model=gpt2"]).model
-    assert (model.name, model.n_layer, model.n_head, model.n_embd) == ("gpt2", *PRESETS["gpt2"])
+    assert (model.name, model.n_layer, model.n_head, model.n_embd) == ("gpt2", 12, 12, 768)
+    assert {key: getattr(model, key) for key in PRESETS["gpt2"]} == PRESETS["gpt2"]
+    llama = compose_config(["model=llama-debug"]).model
+    assert (llama.arch, llama.n_kv_head) == ("llama", 2)
     group = ConfigStore.instance().list("model")
     assert sorted(group) == sorted(f"{name}.yaml" for name in PRESETS)
     with pytest.raises(ConfigError, match="unknown model preset"):
@@ -99,7 +102,7 @@ def test_min_lr_follows_lr_unless_set():
 @pytest.mark.parametrize("override, expected", [
     ("trainer.max_steps=five", "trainer.max_steps=five is not an integer; give an integer or null (default 500)"),
     ("optim.lr=abc", "optim.lr=abc is not a number; give a number (default 0.001)"),
-    ("trainer.async_save=maybe", "trainer.async_save=maybe is not true or false; give true or false (default false)"),
+    ("trainer.resume=maybe", "trainer.resume=maybe is not true or false; give true or false (default true)"),
     ("trainer.loggers=jsonl", "trainer.loggers is a list; write it in brackets (default "
                               "trainer.loggers=[tensorboard,jsonl])"),
 ])

@@ -126,3 +126,20 @@ def test_eval_refuses_what_is_not_a_model(tmp_path):
     from triax.cli import main
 
     assert main(["eval", str(tmp_path)]) == 2
+
+
+def test_eval_of_a_fine_tuned_text_run_uses_its_tokenizer(tmp_path, tiny_corpus):
+    """A run started from GPT-2 weights (model.init_from) on text trains on the checkpoint's BPE
+    tokens: `triax eval` scores the same tokens, not the characters, so it reports the trainer's
+    own last evaluation (same windows, fp32: equal but for the order of the sums)."""
+    from test_init_from import build_gpt2
+
+    build_gpt2(tmp_path / "gpt2", tiny_corpus, tie=False)
+    run_dir = tmp_path / "run"
+    train(tiny_overrides(run_dir, tiny_corpus, **{"model.init_from": tmp_path / "gpt2", "trainer.max_steps": 2,
+                                                   "trainer.eval_every": 2, "trainer.eval_batches": 0}))
+    record = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "val_loss" in line][-1]
+    result = eval_json([run_dir])
+    assert result["tokens"] == record["val_tokens"]
+    assert result["loss"] == pytest.approx(record["val_loss"], rel=1e-5)
+    assert "bits_per_character" not in result  # a token is not a character

@@ -183,6 +183,61 @@ def test_sigkill_chaos_under_torchrun_resumes_bitwise(tmp_path, tiny_corpus, ref
     assert sorted(os.listdir(snapshot_root)) == [checkpoint.snapshot_name(s) for s in (21, STEPS)]
 
 
+def test_sigkill_with_the_default_config_loses_at_most_eval_every_steps(tmp_path, tiny_corpus):
+    """No snapshot key set: a snapshot is written at every evaluation, so a SIGKILL at a random
+    step after the first one resumes at most trainer.eval_every steps back (and the run completes)."""
+    import sys
+
+    every, steps = 3, 24
+    run_dir, log = tmp_path / "run", tmp_path / "samples"
+    overrides = tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": steps, "trainer.eval_every": every,
+                                                       "trainer.eval_batches": 1, "trainer.log_every": 1})
+    seed = int(os.environ.get("TRIAX_CHAOS_SEED") or time.time_ns() % 10_000)
+    print(f"seed {seed}: replay with TRIAX_CHAOS_SEED={seed}")
+    target = random.Random(seed).randint(every + 1, steps - 2)
+    command = [sys.executable, "-m", "triax", "train", *overrides]
+    with started([*command, f"debug.sample_log={log}"], log) as job:
+        assert wait_until(lambda: last_step(log) >= target, job, what=f"step {target}")
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    reached = last_step(log)  # the sample log has a line for every step the killed run finished
+    newest = checkpoint.latest_snapshot(str(run_dir / "snapshots"))
+    assert newest is not None, f"seed {seed}: killed after step {reached}, no snapshot to resume from"
+    resumed = checkpoint.snapshot_step(newest)
+    assert every <= resumed <= reached and reached - resumed <= every, (seed, reached, resumed)
+    result = subprocess.run(command, capture_output=True, text=True, env=quiet_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming from {newest}: step {resumed}/{steps}" in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("signals, grace", [(("SIGTERM",), 1), (("SIGINT", "SIGINT"), 120)],
+                         ids=["grace", "double-ctrl-c"])
+def test_a_stop_does_not_wait_for_a_stuck_step_and_says_where_a_restart_begins(tmp_path, tiny_corpus, signals, grace):
+    """The forward of step 3 hangs (a stuck kernel, a huge batch: Python cannot interrupt it). A
+    SIGTERM stops the process once trainer.stop_grace has passed; a second Ctrl-C at once. Either
+    way the last line says where a restart will begin: the snapshot of step 2 (one per evaluation)."""
+    run_dir, marker = tmp_path / "run", tmp_path / "hanging"
+    faults = json.dumps({"hang": {"rank": 0, "step": 3, "marker": str(marker)}})
+    command = torchrun_command(1, [FAULT_WORKER, faults, *tiny_overrides(run_dir, tiny_corpus, **{
+        "trainer.eval_every": 1, "trainer.eval_batches": 1, "trainer.stop_grace": grace})])
+    with started(command, tmp_path / "job") as job:
+        assert wait_until(marker.exists, job, what="the hang in step 3")
+        worker = worker_pids(job.pid)[0]
+        for name in signals:
+            os.kill(worker, getattr(signal, name))
+            time.sleep(0.2)  # two presses, not one
+        output = finish(job, timeout=120)
+    assert job.returncode != 0
+    snapshot = checkpoint.latest_snapshot(str(run_dir / "snapshots"))
+    assert checkpoint.snapshot_step(snapshot) == 2
+    where = f"stopped in step 3 without a snapshot of it: a restart resumes from {snapshot} (step 2)"
+    # (This worker calls train_main itself: the second Ctrl-C's KeyboardInterrupt carries the line
+    # that `triax` prints as "triax: interrupted; ..." - test_train_inputs.py checks that part.)
+    said = ("the current step did not end within trainer.stop_grace=1 s of SIGTERM; exiting: " if len(signals) == 1
+            else "KeyboardInterrupt: ") + where
+    assert said in output, output[-3000:]
+
+
 def test_sigterm_on_one_rank_snapshots_exits_zero_and_resumes(tmp_path, tiny_corpus, reference):
     run_dir, log = tmp_path / "term", tmp_path / "samples"
     command = torchrun_command(2, [FAULT_WORKER, PAUSED_SHARD_WRITES, *tiny_overrides(run_dir, tiny_corpus, **CHAOS),

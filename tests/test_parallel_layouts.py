@@ -2,8 +2,11 @@
 
 Same seed, data and global batch: the training and validation loss after K steps and the final (exported) parameters of
 DDP, FSDP2, HSDP, tensor parallel, pipeline parallel (each schedule) and their mixes must equal the
-single-process run's to fp32 round-off. Checkpoints written in one layout resume in another.
-Kept cheap: a 4-layer, 32-wide model, 3 steps, a global batch of 8 that every degree divides.
+single-process run's to fp32 round-off, for the GPT and for the llama family (grouped-query
+attention, rotary positions, SwiGLU; its rows also switch on activation checkpointing, CPU offload
+and torch.compile, which must not change the result either). Checkpoints written in one layout
+resume in another. Kept cheap: a 4-layer, 32-wide model, 3 steps, a global batch of 8 that every
+degree divides.
 """
 
 import json
@@ -30,8 +33,14 @@ GLOBAL_BATCH = 8
 LOSS_RTOL = 1e-5
 
 
-def overrides(run_dir, corpus, batch_size, **extra):
-    values = {"model.n_layer": 4, "model.n_head": 2, "model.n_embd": 32, "data.path": corpus,
+# model.* keys of each architecture under test: 4 query heads on 2 key/value heads for the llama
+# family, so tensor parallelism over 2 splits both.
+ARCHITECTURES = {"gpt2": {"model.n_head": 2},
+                 "llama": {"model.arch": "llama", "model.n_head": 4, "model.n_kv_head": 2, "model.intermediate_size": 64}}
+
+
+def overrides(run_dir, corpus, batch_size, arch="gpt2", **extra):
+    values = {"model.n_layer": 4, **ARCHITECTURES[arch], "model.n_embd": 32, "data.path": corpus,
               "data.block_size": 16, "trainer.max_steps": STEPS, "trainer.batch_size": batch_size,
               "trainer.eval_every": STEPS, "trainer.eval_batches": 1, "trainer.log_every": STEPS,
               "trainer.run_dir": str(run_dir),
@@ -46,10 +55,22 @@ def final_loss(run_dir, key="loss"):
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory, tiny_corpus):
-    run_dir = tmp_path_factory.mktemp("single")
-    train(overrides(run_dir, tiny_corpus, GLOBAL_BATCH, **{"trainer.save_every": 1}))
-    return run_dir
+def baselines(tmp_path_factory, tiny_corpus):
+    """arch -> the single-process run (trained on first use)."""
+    runs = {}
+
+    def baseline(arch):
+        if arch not in runs:
+            runs[arch] = tmp_path_factory.mktemp(f"single_{arch}")
+            train(overrides(runs[arch], tiny_corpus, GLOBAL_BATCH, arch, **{"trainer.save_every": 1}))
+        return runs[arch]
+
+    return baseline
+
+
+@pytest.fixture(scope="module")
+def baseline(baselines):
+    return baselines("gpt2")
 
 
 # name: (processes, per-data-parallel-rank batch, parallel.* settings)
@@ -65,13 +86,24 @@ LAYOUTS = {
     "pp2_dp2": (4, 4, {"parallel.pp": 2, "parallel.dp_replicate": 2, "parallel.pp_microbatches": 2}),
     "hsdp2x2": (4, 2, {"parallel.dp_replicate": 2, "parallel.dp_shard": 2}),
 }
+# The llama family in every layout, with the single-process techniques layered on some of them
+# (recomputation and offloading change where values live, never the values).
+LLAMA_EXTRAS = {"fsdp2": {"parallel.activation_checkpointing": "selective"},
+                "tp2": {"parallel.activation_checkpointing": "full"},
+                "hsdp2x2": {"parallel.cpu_offload": "true"}}
+CASES = [("gpt2", name) for name in LAYOUTS] + [("llama", name) for name in LAYOUTS] + [("llama", "compiled")]
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_equals_single_process(name, tmp_path, tiny_corpus, baseline):
-    nproc, batch_size, settings = LAYOUTS[name]
+@pytest.mark.parametrize("arch,name", CASES, ids=[f"{arch}-{name}" for arch, name in CASES])
+def test_layout_equals_single_process(arch, name, tmp_path, tiny_corpus, baselines):
+    baseline = baselines(arch)
+    if name == "compiled":  # torch.compile per block, in one process: compiling takes ~30 s a process
+        nproc, batch_size, settings = 1, GLOBAL_BATCH, {"parallel.compile": "true"}
+    else:
+        nproc, batch_size, settings = LAYOUTS[name]
+        settings = {**settings, **(LLAMA_EXTRAS.get(name, {}) if arch == "llama" else {})}
     assert batch_size * nproc // _model_parallel(settings) == GLOBAL_BATCH
-    train(overrides(tmp_path, tiny_corpus, batch_size, **settings), nproc=nproc)
+    train(overrides(tmp_path, tiny_corpus, batch_size, arch, **settings), nproc=nproc, timeout=400)
     assert final_loss(tmp_path) == pytest.approx(final_loss(baseline), rel=LOSS_RTOL)
     # Evaluation too (through the pipeline schedule, or with vocabulary-sharded logits).
     assert final_loss(tmp_path, "val_loss") == pytest.approx(final_loss(baseline, "val_loss"), rel=LOSS_RTOL)

@@ -96,3 +96,25 @@ def test_plan_memory_shrinks_with_sharding_and_ranks_fastest_first():
     assert results and [r.step_s for r in results] == sorted(r.step_s for r in results)
     assert all(r.total_gb <= 16.0 for r in results)
     assert plan(shape, 1, 0.5, 32) == []
+
+
+def test_the_memory_check_names_what_decides_the_larger_part():
+    """One line before anything is allocated: the context and batch when activations dominate, the
+    model when its weights, gradients and AdamW state do; nothing when the estimate fits."""
+    from triax.errors import ConfigError
+    from triax.models.gpt import PRESETS
+    from triax.parallel.mesh import Layout
+    from triax.parallel.plan import check_memory
+
+    micro = ModelShape(**PRESETS["gpt-micro"], vocab_size=161, block_size=100_000)
+    with pytest.raises(ConfigError, match=r"^data.block_size=100000 with trainer.batch_size=32 needs [\d.]+ GiB of "
+                                          r"activations per process.*but this host has 24.0 GiB; lower data.block_size"):
+        check_memory(micro, Layout(), 24.0, "this host", batch_size=32, precision="fp32")
+    xl = ModelShape(**PRESETS["gpt2-xl"], vocab_size=50257, block_size=64)
+    with pytest.raises(ConfigError, match=r"^the model \([\d,]+M parameters: model.n_layer=48, model.n_embd=1600\) "
+                                          r"needs [\d.]+ GiB for its weights"):
+        check_memory(xl, Layout(), 8.0, "this host", batch_size=1, precision="fp32")
+    check_memory(ModelShape(**PRESETS["gpt-micro"], vocab_size=161, block_size=64), Layout(), 1.0, "this host",
+                 batch_size=32, precision="fp32")
+    tied = ModelShape(**PRESETS["gpt2"], vocab_size=50257, block_size=1024, tie_embeddings=True)
+    assert ModelShape(**PRESETS["gpt2"], vocab_size=50257, block_size=1024).num_params() - tied.num_params() == 50257 * 768

@@ -311,3 +311,51 @@ def test_async_save_trainer_run_equals_synchronous(tmp_path, tiny_corpus):
     assert [checkpoint.snapshot_step(s) for s in checkpoint.list_snapshots(background.snapshot_root)] == [2, 4]
     expected, got = checkpoint.read_model_tensors(sync.last_snapshot), checkpoint.read_model_tensors(background.last_snapshot)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_a_failure_no_retry_can_fix_stops_at_once_with_its_cause(tmp_path, tiny_corpus, monkeypatch, capsys):
+    """Only a storage fault (an OSError) is retried at the next save; anything else (here a
+    RuntimeError from inside the writer) would fail again: one attempt, the real cause, no advice
+    about free space."""
+    import triax.checkpoint.snapshot as snapshot
+
+    attempts = []
+
+    def broken_rng_state():
+        attempts.append(1)
+        raise RuntimeError("the RNG state cannot be read")
+
+    monkeypatch.setattr(snapshot, "capture_rng_state", broken_rng_state)
+    code = triax_main(["train", *tiny_overrides(tmp_path / "run", tiny_corpus, **{
+        "trainer.max_steps": 8, "trainer.save_every": 2})])
+    err = capsys.readouterr().err
+    assert code == 2 and len(attempts) == 1, err
+    assert "RuntimeError: the RNG state cannot be read" in err and "not a storage fault" in err
+    assert "Free space" not in err and "retries at the next save" not in err
+
+
+@pytest.mark.multiprocess
+def test_snapshots_need_no_attribute_of_the_triax_package(tmp_path, tiny_corpus):
+    """With an editable install, a folder named `triax` in the working directory (the parent of a
+    checkout) makes `triax` a namespace package: its submodules load, its __init__ never runs. A
+    run there must still write its snapshots (it once failed at every save, importing
+    triax.__version__ at save time)."""
+    import subprocess
+    import sys
+
+    import triax
+    from triax.testing import quiet_env
+
+    package_dir = os.path.dirname(triax.__file__)
+    script = ("import sys, types\n"
+              "namespace = types.ModuleType('triax')\n"
+              f"namespace.__path__ = [{package_dir!r}]\n"
+              "sys.modules['triax'] = namespace\n"
+              "from triax.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))\n")
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-c", script, "train",
+                             *tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 2})],
+                            capture_output=True, text=True, env=quiet_env(), timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert checkpoint.snapshot_step(checkpoint.latest_snapshot(str(run_dir / "snapshots"))) == 2

@@ -68,3 +68,31 @@ def test_real_command_exits_nonzero_without_traceback_and_debug_shows_it(tmp_pat
     assert "Traceback" not in result.stderr and "/nonexistent.txt" in result.stderr
     debug = subprocess.run(args + ["--debug"], capture_output=True, text=True, env=quiet_env(), timeout=120)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_an_interrupt_says_what_the_trainer_said(monkeypatch, capsys):
+    """The trainer's second Ctrl-C carries where a restart will begin; `triax` prints it."""
+    import triax.cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt("stopped in step 3 without a snapshot of it: a restart resumes from R (step 2)")
+
+    monkeypatch.setattr(triax.cli, "run_command", interrupted)
+    assert triax_main(["train"]) == 130
+    assert capsys.readouterr().err == ("triax: interrupted; stopped in step 3 without a snapshot of it: a restart "
+                                       "resumes from R (step 2)\n")
+
+
+def test_a_context_no_host_could_hold_stops_before_anything_is_allocated(tmp_path):
+    """data.block_size=100000 on the built-in corpus once ran for ten minutes, growing to 8.8 GB,
+    before anything was printed: now one line naming the key and this host's memory."""
+    from forked import launch
+
+    result = launch(1, ["-m", "triax", "train", "data.block_size=100000", f"trainer.run_dir={tmp_path / 'run'}"],
+                    timeout=120, check=False)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("triax: error: data.block_size=100000 with trainer.batch_size=32 "
+                                                   "needs"), result.stderr
+    assert "GiB of activations" in lines[0] and "but this host has" in lines[0]
+    assert not (tmp_path / "run").exists()

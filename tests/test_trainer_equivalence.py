@@ -60,7 +60,8 @@ def test_metrics_jsonl_records_steps_and_eval(tmp_path, tiny_corpus):
     steps = [r["step"] for r in records]
     assert steps == sorted(steps) and steps[-1] == 6
     assert any("val_loss" in r for r in records)
-    assert all({"loss", "lr", "grad_norm", "tokens_per_s", "mfu"} <= r.keys() for r in records if r["step"] % 2 == 0)
+    assert all({"loss", "lr", "grad_norm", "tokens_per_s"} <= r.keys() for r in records if r["step"] % 2 == 0)
+    assert not any("mfu" in r for r in records)  # a CPU has no stated peak unless trainer.peak_flops sets one
     assert os.listdir(tmp_path / "run" / "tensorboard")
 
 

@@ -1,6 +1,6 @@
 """triax: distributed training for GPT-style and any PyTorch model."""
 
-__version__ = "0.1.0"
+from triax.version import __version__
 
 
 def __getattr__(name):

@@ -14,10 +14,10 @@ from triax.errors import TriaxError
 
 # sub-command -> (module with main(argv), one-line help)
 COMMANDS = {
-    "train": ("triax.train.train_command:train_main", "train a GPT model from a Hydra config"),
+    "train": ("triax.train.train_command:train_main", "train a GPT or Llama-family model from a Hydra config"),
     "generate": ("triax.train.commands:generate_main", "sample text from a trained run"),
     "export": ("triax.train.commands:export_main", "write a run's weights as one safetensors file (or --format hf)"),
-    "eval": ("triax.eval.command:main", "loss and perplexity of a run or a transformers GPT-2 on a split or files"),
+    "eval": ("triax.eval.command:main", "loss and perplexity of a run or a transformers model on a split or files"),
     "tokenize": ("triax.data.tokenize_files:main", "text files -> BPE token files for data.task=tokens"),
     "plan": ("triax.parallel.plan:main", "list parallel layouts that fit a model on given devices"),
     "config": ("triax.launch.config:main", "write the default launch configuration"),
@@ -57,7 +57,7 @@ def run_command(argv: list[str]) -> int:
         print(_usage())
         return 0
     if argv[0] in ("--version", "version"):
-        from triax import __version__
+        from triax.version import __version__
 
         print(f"triax {__version__}")
         return 0
@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(error))
         print(f"triax: error: {text}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("triax: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:
+        # The trainer's second Ctrl-C says where a restart will begin.
+        print(f"triax: interrupted{'; ' + str(interrupt) if str(interrupt) else ''}", file=sys.stderr)
         return 130
     return code
 

@@ -56,3 +56,26 @@ def glibc_version() -> str:
         return os.confstr("CS_GNU_LIBC_VERSION") or ""  # "glibc 2.36"; unknown name off glibc
     except (ValueError, OSError):
         return ""
+
+
+# Where a container's memory limit is (cgroup v2, then v1); "max" or a huge number means none.
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def host_memory_bytes() -> int | None:
+    """The memory this host gives its processes: physical memory, or the container's limit when
+    that is lower; None where neither can be read (not Linux)."""
+    sizes = []
+    try:
+        sizes.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path) as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:
+            sizes.append(int(text))
+    return min(sizes) if sizes else None

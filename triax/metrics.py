@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
@@ -11,31 +12,69 @@ import torch
 from triax import safe_files
 from triax.trackers import open_tracker
 
-# Dense (no sparsity) peak tensor-core FLOP/s by GPU name fragment, for bf16/fp16 and for tf32
-# (fp32 matmuls run as tf32 when allowed). Figures from the vendors' data sheets.
-GPU_PEAK_FLOPS = {
-    # name fragment: (bf16/fp16, tf32)
-    "H200": (989e12, 494e12),
-    "H100 PCIe": (756e12, 378e12),
-    "H100": (989e12, 494e12),
-    "A100": (312e12, 156e12),
-    "L40S": (362e12, 183e12),
-    "L4": (121e12, 60e12),
-    "A10G": (70e12, 35e12),
-    "A10": (125e12, 62.5e12),
-    "V100": (125e12, 15.7e12),
-    "RTX 4090": (165e12, 82.6e12),
-    "RTX 3090": (71e12, 35.6e12),
-}
+# Dense (no sparsity) peak FLOP/s of one GPU per precision, from NVIDIA's data sheets (their tensor
+# core figures "with sparsity" are twice these). tf32 is what float32 matmuls run at when PyTorch
+# allows TF32 (torch.set_float32_matmul_precision("high")); otherwise float32 is the fp32 figure.
+# Matched in order against torch.cuda.get_device_name (e.g. "NVIDIA H100 80GB HBM3").
+GPU_PEAK_FLOPS = [
+    # H100 SXM5 / H100 NVL data sheet: BF16 & FP16 tensor 1,979* / 1,671*, TF32 989* / 835*, FP32 67 / 60 TFLOPS
+    (r"\bH100\b.*\bNVL\b", {"bf16": 835e12, "fp16": 835e12, "tf32": 417.5e12, "fp32": 60e12}),
+    # H100 PCIe data sheet: BF16 & FP16 tensor 1,513*, TF32 756*, FP32 51 TFLOPS
+    (r"\bH100\b.*\bPCIe\b", {"bf16": 756.5e12, "fp16": 756.5e12, "tf32": 378e12, "fp32": 51e12}),
+    (r"\bH100\b", {"bf16": 989.5e12, "fp16": 989.5e12, "tf32": 494.5e12, "fp32": 67e12}),
+    # H200 SXM / H200 NVL data sheet: the H100's figures (same GH100 compute, more memory)
+    (r"\bH200\b.*\bNVL\b", {"bf16": 835e12, "fp16": 835e12, "tf32": 417.5e12, "fp32": 60e12}),
+    (r"\bH200\b", {"bf16": 989.5e12, "fp16": 989.5e12, "tf32": 494.5e12, "fp32": 67e12}),
+    # A100 data sheet (SXM and PCIe, 40 and 80 GB): BF16 & FP16 tensor 312, TF32 156, FP32 19.5 TFLOPS
+    (r"\bA100\b", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+    # L40S data sheet: BF16 & FP16 tensor 362.05 (733*), TF32 183 (366*), FP32 91.6 TFLOPS
+    (r"\bL40S\b", {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12}),
+    # L4 data sheet: BF16 & FP16 tensor 242*, TF32 120*, FP32 30.3 TFLOPS
+    (r"\bL4\b", {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12}),
+    # A10 data sheet: BF16 & FP16 tensor 125 (250*), TF32 62.5 (125*), FP32 31.2 TFLOPS
+    (r"\bA10\b", {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12}),
+    # V100 data sheet (SXM2 / PCIe): FP16 tensor 125 / 112, FP32 15.7 / 14 TFLOPS; no bf16, no tf32
+    (r"\bV100\b.*\bPCIE\b", {"fp16": 112e12, "fp32": 14e12}),
+    (r"\bV100\b", {"fp16": 125e12, "fp32": 15.7e12}),
+    # Ada and Ampere whitepapers, FP32 accumulate: RTX 4090 BF16/FP16 165.2, TF32 82.6, FP32 82.6;
+    # RTX 3090 BF16/FP16 71, TF32 35.6, FP32 35.6 TFLOPS
+    (r"RTX 4090", {"bf16": 165.2e12, "fp16": 165.2e12, "tf32": 82.6e12, "fp32": 82.6e12}),
+    (r"RTX 3090", {"bf16": 71e12, "fp16": 71e12, "tf32": 35.6e12, "fp32": 35.6e12}),
+]
+
+
+def precision_name(dtype: torch.dtype) -> str:
+    """The data-sheet column a matmul in `dtype` runs at (float32: tf32 when PyTorch allows it)."""
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype == torch.float16:
+        return "fp16"
+    return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def gpu_peak_flops(name: str, dtype: torch.dtype) -> float | None:
+    """The data-sheet dense peak of the GPU called `name` for `dtype`; None if not in the table."""
+    for pattern, peaks in GPU_PEAK_FLOPS:
+        if re.search(pattern, name):
+            return peaks.get(precision_name(dtype))
+    return None
 
 
 def table_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for fragment, (half, tf32) in GPU_PEAK_FLOPS.items():
-        if fragment in name:
-            return half if dtype in (torch.bfloat16, torch.float16) else tf32
+    return gpu_peak_flops(torch.cuda.get_device_name(device), dtype)
+
+
+def stated_peak_flops(device: torch.device, dtype: torch.dtype, given: float | None) -> tuple[float, str] | None:
+    """(the peak MFU is reported against, where it comes from): the user's, else a known GPU's data
+    sheet, else None: no MFU. Never a peak measured at start-up, which varied 5x between two
+    starts of one run on a shared CPU and so made MFU a figure of the machine's load."""
+    if given is not None:
+        return given, "trainer.peak_flops"
+    value = table_peak_flops(device, dtype)
+    if value is not None:
+        return value, f"data sheet: {torch.cuda.get_device_name(device)} {precision_name(dtype)}"
     return None
 
 
@@ -70,8 +109,9 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, size: int | Non
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
-    """(peak FLOP/s, where the figure comes from): the data-sheet table for known GPUs,
-    else a measured matmul peak, labelled 'measured'."""
+    """(peak FLOP/s, where the figure comes from): the data-sheet table for known GPUs, else a
+    measured matmul peak, labelled 'measured' (for benchmarks, which compare runs side by side on
+    one machine; the trainer reports MFU against a stated peak only: stated_peak_flops)."""
     value = table_peak_flops(device, dtype)
     if value is not None:
         return value, f"table:{torch.cuda.get_device_name(device)}"

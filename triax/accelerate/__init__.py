@@ -20,6 +20,7 @@ from triax.accelerate.dataclasses import (
     InitProcessGroupKwargs,
     ProjectConfiguration,
 )
+from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
 from triax.accelerate.imports import is_rich_available
 from triax.accelerate.launchers import debug_launcher, notebook_launcher
 from triax.accelerate.memory import find_executable_batch_size
@@ -29,7 +30,8 @@ from triax.accelerate.surface import serve_absent
 
 __all__ = [
     "Accelerator", "AcceleratorState", "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
-    "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs", "GradientAccumulationPlugin",
+    "DistributedDataParallelKwargs", "DistributedType", "FullyShardedDataParallelPlugin",
+    "GradScalerKwargs", "GradientAccumulationPlugin",
     "GradientState", "InitProcessGroupKwargs", "PartialState", "ProjectConfiguration", "debug_launcher",
     "find_executable_batch_size", "is_rich_available", "notebook_launcher", "skip_first_batches",
     "synchronize_rng_states",

@@ -27,6 +27,7 @@ from triax.accelerate.data_loader import (
 )
 from triax.accelerate.dataclasses import DistributedType
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
+from triax.accelerate.fsdp import FULL, shard_model, state_dict_type
 from triax.accelerate.models import extract_model_from_parallel, offloaded_state_dict
 from triax.accelerate.options import refuse_unsupported, resolve, unsupported
 from triax.accelerate.saving import load_state as _load_state
@@ -37,7 +38,6 @@ from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
 from triax.agreement import raise_together
 from triax.collectives import any_rank
 from triax.parallel.ddp import apply_ddp, unwrap
-from triax.parallel.fsdp import apply_fsdp_by_blocks
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.no_sync import no_sync, sync_in_backward
 from triax.precision import Precision
@@ -56,7 +56,8 @@ class Accelerator:
         (or gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=...)).
     cpu: use the CPU even where a GPU exists.
     dataloader_config: DataLoaderConfiguration (split_batches, even_batches, use_seedable_sampler...).
-    fsdp_plugin: any value selects parallel='fsdp' (PyTorch's fully_shard through triax.parallel).
+    fsdp_plugin: a FullyShardedDataParallelPlugin (triax's or Accelerate's) selects parallel='fsdp' with its
+        options (FSDP2's fully_shard through triax.parallel; see triax.accelerate.fsdp).
     log_with: "tensorboard", "jsonl", "wandb", "mlflow", "all" (the installed ones), a tracker object
         of your own, or a list of those, for init_trackers/log (triax.accelerate.tracking).
     project_dir / project_config: where save_state and trackers write (ProjectConfiguration adds
@@ -100,12 +101,14 @@ class Accelerator:
         self.dataloader_config = options.dataloader
         self.project_configuration = options.project
         self._ddp_options = options.ddp_options
+        self._fsdp = options.fsdp
         self._grad_compression = options.grad_compression
 
         # Joins the process group (or uses the one the script created) once per process.
         self.state = AcceleratorState(mixed_precision={"fp32": "no"}.get(self._mixed_precision, self._mixed_precision),
                                       cpu=options.cpu, timeout=options.init_timeout, backend=options.init_backend)
         self.state.fsdp = self.parallel == "fsdp"
+        self.state.fsdp_plugin = options.fsdp_plugin
         if self.precision.needs_loss_scaling and self.state.device.type == "cpu":
             # As Accelerate: fp16 on CPU is accepted and runs without autocast or loss scaling
             # (fp32 arithmetic); the state still reports "fp16".
@@ -161,6 +164,18 @@ class Accelerator:
     @property
     def mixed_precision(self) -> str:
         return self.state.mixed_precision
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when prepared models are sharded: triax's FSDP is always FSDP2 (fully_shard)."""
+        return self.distributed_type == DistributedType.FSDP
+
+    @property
+    def _saves_full_state_dict(self) -> bool:
+        """FSDP with state_dict_type FULL_STATE_DICT: save_state gathers the model and optimizer on
+        process 0's CPU, which writes them alone (Accelerate's rule); otherwise each process
+        writes its own shards."""
+        return self.is_fsdp2 and self.state.fsdp_plugin is not None and state_dict_type(self.state.fsdp_plugin) == FULL
 
     @property
     def native_amp(self) -> bool:
@@ -312,17 +327,17 @@ class Accelerator:
             raise unsupported("device maps", "prepare got a model loaded with a device_map over several devices")
         if device_placement is None:
             device_placement = self.device_placement
-        if device_placement:
+        trainable = any(p.requires_grad for p in model.parameters())
+        wrap = self.parallel if self.use_distributed and trainable and not evaluation_mode else None
+        if device_placement and wrap != "fsdp":  # fully_shard places the shards itself
             model = model.to(self.device)
         if self.precision.param_dtype != torch.float32:
             model = model.to(dtype=self.precision.param_dtype)
-        trainable = any(p.requires_grad for p in model.parameters())
-        if self.use_distributed and trainable and not evaluation_mode:
-            if self.parallel == "ddp":
-                model = apply_ddp(model, self.device, grad_compression=self._grad_compression,
-                                  ddp_options=self._ddp_options)
-            elif self.parallel == "fsdp":
-                model = self._apply_fsdp(model)
+        if wrap == "ddp":
+            model = apply_ddp(model, self.device, grad_compression=self._grad_compression,
+                              ddp_options=self._ddp_options)
+        elif wrap == "fsdp":
+            model = self._apply_fsdp(model)
         if self.precision.uses_autocast:
             self._autocast_forward(model)
         self._models.append(model)
@@ -336,7 +351,8 @@ class Accelerator:
 
         before = dict(model.named_parameters())
         mesh = init_device_mesh(self.device.type, (self.num_processes,))
-        apply_fsdp_by_blocks(model, mesh, self.precision)
+        mixed_precision = self.precision.name if self.precision.uses_autocast else "no"
+        shard_model(model, self._fsdp, mesh, self.device, mixed_precision, self.process_index)
         after = dict(model.named_parameters())
         self._replaced_parameters.update({id(before[name]): after[name] for name in before if name in after})
         return model

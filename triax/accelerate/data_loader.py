@@ -123,6 +123,10 @@ class DataLoaderAdapter(DataLoader):
     def _update_state_dict(self) -> None:
         """Record the position to save (stateful loaders only: see _StatefulPosition)."""
 
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """Correct a recorded position for batches read ahead of the user: nothing to correct
+        unless the loader reads more than one batch ahead (DataLoaderDispatcher)."""
+
     def get_sampler(self):
         return get_sampler(self)
 
@@ -156,9 +160,9 @@ class _StatefulPosition:
         self._saved_position = _stateful_class().state_dict(self)
         self.adjust_state_dict_for_prefetch()
         self._saved_position["_iterator_finished"] = self.end_of_dataloader
-
-    def adjust_state_dict_for_prefetch(self) -> None:
-        """A correction for reading ahead, where the loader reads more than one batch ahead."""
+        # adjust_state_dict_for_prefetch is the loader class's own (DataLoaderDispatcher's corrects
+        # for the reads ahead of a step): this mixin comes first in the stateful variant's bases, so
+        # the default lives in DataLoaderAdapter, behind the classes that override it.
 
 
 def _stateful_class():

@@ -23,6 +23,8 @@ from triax.accelerate.dataclasses import (
     split_kwargs_handlers,
 )
 from triax.accelerate.errors import AcceleratorValueError, UnsupportedFeatureError
+from triax.accelerate.fsdp import default_plugin, read_plugin
+from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
 from triax.launch import settings as launch_settings
 
 # What `triax launch` hands over (names, choices, environment variables) lives in one place.
@@ -69,6 +71,8 @@ class Options:
     init_backend: str | None
     scheduler_steps: str  # SCHEDULER_STEPS
     data_order: str  # DATA_ORDERS
+    fsdp_plugin: object = None  # the FullyShardedDataParallelPlugin FSDP runs with (parallel='fsdp')
+    fsdp: object = None  # what it asks for (triax.accelerate.fsdp.FSDPSettings)
 
 
 def refuse_unsupported(mixed_precision, deepspeed_plugin, megatron_lm_plugin, parallelism_config,
@@ -115,9 +119,11 @@ def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulati
             logging_dir, kwargs_handlers, scheduler_steps="per_process", data_order="loader") -> Options:
     mixed_precision = resolve_precision(mixed_precision)
     handlers = resolve_handlers(kwargs_handlers)
+    parallel = resolve_parallel(parallel, fsdp_plugin)
+    fsdp_plugin, fsdp = resolve_fsdp_plugin(parallel, fsdp_plugin)
     return Options(
         mixed_precision=mixed_precision, precision_policy=PRECISION_ALIASES[mixed_precision],
-        parallel=resolve_parallel(parallel, fsdp_plugin),
+        parallel=parallel, fsdp_plugin=fsdp_plugin, fsdp=fsdp,
         cpu=bool(cpu) or launch_settings.flag_from_environment("use_cpu") or _env_flag("ACCELERATE_USE_CPU"),
         dataloader=resolve_dataloader(dataloader_config, split_batches, even_batches),
         accumulation=resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin),
@@ -171,6 +177,24 @@ def resolve_parallel(parallel, fsdp_plugin) -> str:
         raise AcceleratorValueError(f"parallel={parallel!r} is not a layout the Accelerator knows; use one of "
                                     f"{', '.join(PARALLEL_CHOICES)}")
     return parallel
+
+
+def resolve_fsdp_plugin(parallel: str, fsdp_plugin) -> tuple:
+    """(plugin, what it asks for) for parallel='fsdp', else (None, None). The plugin is the one
+    given; else, under `accelerate launch --use_fsdp` (or `triax launch` with an Accelerate FSDP
+    config), one read from its FSDP_* environment, as Accelerate does; else triax's default."""
+    if parallel != "fsdp":
+        return None, None
+    if fsdp_plugin is not None:
+        settings = read_plugin(fsdp_plugin)
+        # As Accelerate: transformers' from_pretrained reads it (cpu_ram_efficient_loading).
+        os.environ["ACCELERATE_USE_FSDP"] = "true"
+        return fsdp_plugin, settings
+    if _env_flag("ACCELERATE_USE_FSDP"):
+        fsdp_plugin = FullyShardedDataParallelPlugin()
+    else:
+        fsdp_plugin = default_plugin()
+    return fsdp_plugin, read_plugin(fsdp_plugin)
 
 
 def resolve_dataloader(dataloader_config, split_batches, even_batches) -> DataLoaderConfiguration:

@@ -289,8 +289,8 @@ def _no_model() -> torch.nn.Module:
 # ---- the storage seam: the only two calls into the snapshot format -------------------------------
 
 
-def _write_snapshot(root: str, step: int, model, optimizer, state: dict) -> str:
-    return save_snapshot(root, step, model, optimizer, state)
+def _write_snapshot(root: str, step: int, model, optimizer, state: dict, full: bool = False) -> str:
+    return save_snapshot(root, step, model, optimizer, state, full_state_dict=full)
 
 
 def _read_snapshot(snapshot: str, model, optimizer, restore_rng: bool) -> None:
@@ -305,10 +305,11 @@ def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
     with their optimizers, and everything else as JSON. Collective."""
     units = snapshot_units(accelerator._models, accelerator._optimizers, saved)
     in_snapshot = [_in_snapshot(optimizer) for optimizer in accelerator._optimizers]
+    full = accelerator._saves_full_state_dict
     snapshot_name = None
     for index in range(1, len(units)):
         extra = _write_snapshot(os.path.join(root, f"model_{index}"), step, units[index]["module"],
-                                _snapshot_optimizer(accelerator, units[index], in_snapshot), {})
+                                _snapshot_optimizer(accelerator, units[index], in_snapshot), {}, full)
         snapshot_name = os.path.basename(extra)
     stepped = {number for unit in units for number in unit["optimizers"]}
     state = {"accelerator": {
@@ -326,7 +327,7 @@ def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
                                  for number, optimizer in enumerate(accelerator._optimizers)],
     }}
     path = _write_snapshot(root, step, units[0]["module"], _snapshot_optimizer(accelerator, units[0], in_snapshot),
-                           state)
+                           state, full)
     assert snapshot_name in (None, os.path.basename(path))
     return path
 

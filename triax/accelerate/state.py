@@ -69,6 +69,7 @@ class PartialState:
         self.place = init_distributed(self.device, place, backend=backend, timeout_s=timeout_s)
         self.backend = dist.get_backend() if dist.is_initialized() else None
         self.fsdp = False  # the Accelerator sets this for parallel='fsdp' (distributed_type FSDP)
+        self.fsdp_plugin = None  # and the FullyShardedDataParallelPlugin it runs with
         self._initialized = True
 
     @staticmethod

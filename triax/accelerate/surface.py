@@ -49,8 +49,6 @@ XLA = "XLA/TPU is not supported by triax; run on CPU or CUDA devices"
 SAGEMAKER = "Amazon SageMaker launching is not part of triax; start processes with `triax launch`"
 FSDP_INTERNALS = ("Accelerate's FSDP helpers are not part of triax; the Accelerator applies FSDP2 itself and "
                   "save_state / load_state / get_state_dict read and write its shards")
-FSDP_PLUGIN = ("triax has no FullyShardedDataParallelPlugin class of its own yet; pass Accelerator(parallel='fsdp'), "
-               "or Accelerate's own plugin as fsdp_plugin=")
 LAYOUTS = ("Accelerate's tensor/context-parallel configuration is not part of triax; use `triax train` layouts "
            "(docs/parallelism.md)")
 COMPILE = "Accelerate's compilation helpers are not part of triax; call torch.compile(model) before prepare"
@@ -81,7 +79,6 @@ _ABSENT_GROUPS = {
                     "load_checkpoint_and_dispatch load_checkpoint_in_model"),
         (META_INIT, "init_empty_weights init_on_device"),
         (PIPPY, "prepare_pippy"),
-        (FSDP_PLUGIN, "FullyShardedDataParallelPlugin"),
     ],
     "accelerate.big_modeling": [
         (BIG_MODEL, "attach_layerwise_casting_hooks cpu_offload cpu_offload_with_hook disk_offload dispatch_model "
@@ -136,9 +133,7 @@ _ABSENT_GROUPS = {
         (CONFIG_FILE, "write_basic_config"),
         (XLA, "install_xla prepare_tpu"),
         (SAGEMAKER, "prepare_sagemager_args_inputs"),
-        (FSDP_PLUGIN, "FullyShardedDataParallelPlugin"),
-        (FSDP_INTERNALS, "disable_fsdp_ram_efficient_loading "
-                         "enable_fsdp_ram_efficient_loading ensure_weights_retied fsdp2_apply_ac "
+        (FSDP_INTERNALS, "ensure_weights_retied fsdp2_apply_ac "
                          "fsdp2_canonicalize_names fsdp2_load_full_state_dict fsdp2_prepare_model "
                          "fsdp2_switch_optimizer_parameters get_fsdp2_grad_scaler load_fsdp_model load_fsdp_optimizer "
                          "merge_fsdp_weights save_fsdp_model save_fsdp_optimizer"),
@@ -163,8 +158,11 @@ _DATA_LOADER_CONFIGURATION = ("dispatch_batches=True is accepted with a warning:
 _COMM_HOOKS = "fp16/bf16/power_sgd map onto triax's gradient compression"
 _DEBUG_LAUNCHER = ("the processes find each other through torchrun's variables on a free port (Accelerate's: a "
                    "rendezvous file, port 29500)")
+_FSDP_PLUGIN = ("always runs FSDP2 (fully_shard): fsdp_version=1 is mapped as `accelerate to-fsdp2` maps it, and "
+                "sync_module_states / forward_prefetch are honoured with FSDP2 too (docs/accelerate.md, FSDP)")
 _DIFFERS_GROUPS = {
     "accelerate": [
+        (_FSDP_PLUGIN, "FullyShardedDataParallelPlugin"),
         ("triax's own Accelerator on triax's core: the rest of this page says where it differs", "Accelerator"),
         (_DATA_LOADER_CONFIGURATION, "DataLoaderConfiguration"),
         (_COMM_HOOKS, "DDPCommunicationHookType"),
@@ -191,6 +189,7 @@ _DIFFERS_GROUPS = {
         ("the trackers triax has (tensorboard, wandb, mlflow) plus the ones registered", "LOGGER_TYPE_TO_CLASS"),
     ],
     "accelerate.utils": [
+        (_FSDP_PLUGIN, "FullyShardedDataParallelPlugin"),
         (_DATA_LOADER_CONFIGURATION, "DataLoaderConfiguration"),
         (_COMM_HOOKS, "DDPCommunicationHookType"),
         ("checks every process's structure, dtypes and shapes first and raises DistributedOperationException on "

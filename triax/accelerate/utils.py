@@ -54,6 +54,11 @@ from triax.accelerate.environment import (
     str_to_bool,
 )
 from triax.accelerate.errors import AcceleratorValueError, DistributedOperationException
+from triax.accelerate.fsdp_plugin import (
+    FullyShardedDataParallelPlugin,
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
+)
 from triax.accelerate.launchers import notebook_launcher
 from triax.accelerate.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
 from triax.accelerate.models import (
@@ -178,7 +183,9 @@ def tqdm(*args, main_process_only: bool = True, **kwargs):
 __all__ = sorted([
     "AutocastKwargs", "CannotPadNestedTensorWarning", "ComputeEnvironment", "DDPCommunicationHookType",
     "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException", "DistributedType",
-    "DynamoBackend", "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "KwargsHandler",
+    "DynamoBackend", "FullyShardedDataParallelPlugin", "GradScalerKwargs", "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs", "KwargsHandler", "disable_fsdp_ram_efficient_loading",
+    "enable_fsdp_ram_efficient_loading",
     "LoggerType", "PrecisionType", "ProjectConfiguration", "RNGType", "SageMakerDistributedType",
     "SeedableRandomSampler", "are_the_same_tensors", "broadcast", "broadcast_object_list", "check_os_kernel",
     "clear_environment", "compare_versions", "concatenate", "convert_bytes",

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from triax.errors import TriaxError
-from triax.models.gpt import GPT, PRESETS, GPTConfig
+from triax.models import PRESETS, GPTConfig, build_model
 
 MLP_NAME = "mlp"
 
@@ -58,7 +58,7 @@ def make_bench_model(name: str, block_size: int = 128, vocab_size: int | None = 
     vocab_size = vocab_size or builtin_vocab_size()
     config = GPTConfig.from_preset(name, vocab_size=vocab_size, block_size=block_size)
     def build() -> nn.Module:
-        return seeded(lambda: GPT(config))
+        return seeded(lambda: build_model(config))
 
     def batch(rank: int, size: int, device: torch.device):
         generator = torch.Generator().manual_seed(1000 + rank)
@@ -71,7 +71,7 @@ def make_bench_model(name: str, block_size: int = 128, vocab_size: int | None = 
 
 def _gpt_flops_per_token(config: GPTConfig, block_size: int) -> float:
     with torch.device("meta"):  # no memory, no init: only the parameter count is needed
-        model = GPT(config)
+        model = build_model(config)
     return model.flops_per_token(block_size)
 
 

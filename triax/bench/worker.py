@@ -30,7 +30,7 @@ from triax.process_group import init_distributed, is_distributed, shutdown_distr
 
 def add_step_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments that describe the step; cli.py passes them through unchanged."""
-    parser.add_argument("--model", default="gpt-nano", help="GPT preset or 'mlp' (default gpt-nano)")
+    parser.add_argument("--model", default="gpt-nano", help="model preset (GPT or Llama) or 'mlp' (default gpt-nano)")
     parser.add_argument("--batch-size", type=int, default=8, help="samples per process per step")
     parser.add_argument("--block-size", type=int, default=128, help="tokens per sample (GPT models)")
     # fp16 needs loss scaling, which would make the ways differ in more than their plumbing.

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -57,6 +58,7 @@ from triax.checkpoint.shards import SHARDS_METADATA, ShardReader, ShardWriter
 from triax.checkpoint.storage import Store, sha256
 from triax.collectives import broadcast_int, max_across_ranks
 from triax.errors import TriaxError
+from triax.version import __version__
 
 SNAPSHOT_PREFIX = "step_"
 STAGING_SUFFIX = ".tmp"  # a local snapshot being written
@@ -64,6 +66,8 @@ REPLACED_SUFFIX = ".old"  # a local snapshot being replaced by a new one of the 
 QUARANTINE_SUFFIX = ".corrupt"  # a snapshot that failed verification, kept for inspection
 QUARANTINED_NAME = re.compile(r"^step_\d{8}\.corrupt(\.\d+)?$")  # .corrupt.2, ... when a step failed again
 _SHARDED = StateDictOptions(full_state_dict=False)
+# Gathered whole, on the CPU of rank 0 only (the others hold nothing): Accelerate's FULL_STATE_DICT.
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 MODEL_KEY, OPTIMIZER_KEY = "model/", "optim/"
 
@@ -109,17 +113,19 @@ def _identity(key: str) -> str:
     return key
 
 
-def _tensor_state(model: torch.nn.Module, optimizer, stored_name: Callable[[str], str]):
+def _tensor_state(model: torch.nn.Module, optimizer, stored_name: Callable[[str], str], full: bool = False):
     """(flat {stored key: tensor} for DCP, the model's own state dict, the optimizer's).
 
     Keys are this rank's parameter names mapped by `stored_name` (a pipeline stage strips its part
-    prefix, so the names are the plain model's whatever the layout). Tensors stay sharded."""
-    model_state = get_model_state_dict(model, options=_SHARDED)
+    prefix, so the names are the plain model's whatever the layout). Tensors stay sharded, unless
+    `full`: then rank 0 gathers them whole into host memory and writes them alone."""
+    options = _FULL if full else _SHARDED
+    model_state = get_model_state_dict(model, options=options)
     flat = {MODEL_KEY + stored_name(key): value for key, value in model_state.items()}
     optim_state = None
     if optimizer is not None:
-        optim_state = get_optimizer_state_dict(model, optimizer, options=_SHARDED)
-        for name, entries in optim_state["state"].items():
+        optim_state = get_optimizer_state_dict(model, optimizer, options=options)
+        for name, entries in optim_state.get("state", {}).items():  # {} on ranks > 0 when `full`
             for key, value in list(entries.items()):
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     value = entries[key] = torch.tensor(value)
@@ -168,13 +174,19 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"  # e.g. a caller's state that is not JSON
 
 
-def _checkpoint_failure(error: CheckpointException) -> str:
-    """The first rank's error inside DCP's wrapper, in one line."""
+def _retryable(error: BaseException) -> bool:
+    """Whether a later attempt may succeed: a storage fault (OSError), not a fault of the program."""
+    return error.retryable if isinstance(error, SnapshotWriteError) else isinstance(error, OSError)
+
+
+def _checkpoint_failure(error: CheckpointException) -> tuple[str, bool]:
+    """The first rank's error inside DCP's wrapper, in one line, and whether it is retryable."""
     for rank, (failure, _) in sorted(error.failures.items()):
         if isinstance(failure, OSError):
-            return f"rank {rank}: {type(failure).__name__}: {failure.strerror or failure}"
-        return f"rank {rank}: {type(failure).__name__}: {str(failure).strip().splitlines()[0] if str(failure).strip() else ''}"
-    return "unknown failure"
+            return f"rank {rank}: {type(failure).__name__}: {failure.strerror or failure}", True
+        text = str(failure).strip().splitlines()[0] if str(failure).strip() else ""
+        return f"rank {rank}: {type(failure).__name__}: {text}", _retryable(failure)
+    return "unknown failure", True
 
 
 class PendingSnapshot:
@@ -194,9 +206,11 @@ class PendingSnapshot:
                 self._future.result()
                 self._result = self.path
             except CheckpointException as error:
-                self._result = SnapshotWriteError(f"could not write snapshot {self.path}: {_checkpoint_failure(error)}")
+                text, retryable = _checkpoint_failure(error)
+                self._result = SnapshotWriteError(f"could not write snapshot {self.path}: {text}", retryable)
             except Exception as error:  # noqa: BLE001 - reported as a write failure on every rank
-                self._result = SnapshotWriteError(f"could not write snapshot {self.path}: {type(error).__name__}: {error}")
+                self._result = SnapshotWriteError(f"could not write snapshot {self.path}: {type(error).__name__}: "
+                                                  f"{error}", _retryable(error))
             if isinstance(self._result, BaseException):
                 self._cleanup()
         if isinstance(self._result, BaseException):
@@ -218,13 +232,15 @@ def _async_process_group():
 
 def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
-                   stored_name: Callable[[str], str] = _identity, asynchronous: bool = False) -> PendingSnapshot:
+                   stored_name: Callable[[str], str] = _identity, asynchronous: bool = False,
+                   full_state_dict: bool = False) -> PendingSnapshot:
     """Begin a snapshot of `model`, `optimizer`, the JSON-able `state` and every rank's RNG states.
     Collective: every rank calls it. With `asynchronous`, the tensors are copied to CPU memory
     and written in the background (DCP's async_save); otherwise the write is done on return.
     Either way the manifest is written only when every rank's shard file is durable, then the
     snapshot is renamed into place and `keep_last` > 0 deletes all but that many newest ones.
-    `stored_name` maps this rank's parameter names to the names stored (pipeline stages)."""
+    `stored_name` maps this rank's parameter names to the names stored (pipeline stages).
+    `full_state_dict`: rank 0 gathers the tensors and writes them all (loading is the same)."""
     rank, world = _rank(), _world()
     store = Store(snapshot_root)
     final = store.path(snapshot_name(step))
@@ -238,7 +254,7 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
             with contextlib.suppress(Exception):  # best effort; a leftover is ignored anyway
                 store.remove_tree(work)
 
-    tensors, _, optim_state = _tensor_state(model, optimizer, stored_name)
+    tensors, _, optim_state = _tensor_state(model, optimizer, stored_name, full_state_dict)
     try:
         # Each rank's part may fail alone; every rank learns it before the next collective.
         with raise_together("creating the snapshot directory", SnapshotWriteError):
@@ -247,14 +263,12 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
         with raise_together("writing its RNG state", SnapshotWriteError):
             store.write(store.join(work, "rng", f"rank_{rank:05d}.json"), json.dumps(capture_rng_state()).encode())
             if rank == 0:
-                from triax import __version__
-
                 record = dict(state, step=step, world_size=world, triax_version=__version__,
                               optimizer_groups=_hyper_parameters(optim_state))
                 store.write(store.join(work, STATE), json.dumps(record, indent=1).encode())
     except Exception as failure:
         cleanup()
-        raise SnapshotWriteError(f"could not write snapshot {url}: {_describe(failure)}") from None
+        raise SnapshotWriteError(f"could not write snapshot {url}: {_describe(failure)}", _retryable(failure)) from None
 
     def finish(shards_json: bytes) -> None:  # the coordinator, once every shard file is durable
         _complete(store, work, final, step, world, shards_json)
@@ -267,8 +281,6 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
 
     writer = ShardWriter(store, work, finish)
     if asynchronous:
-        from torch.distributed.checkpoint.staging import BlockingAsyncStager
-
         # The stager copies every tensor to CPU memory before returning: training may go on.
         future = dcp.async_save(tensors, storage_writer=writer, process_group=_async_process_group(),
                                 async_stager=BlockingAsyncStager(), no_dist=not dist.is_initialized())
@@ -288,10 +300,11 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
 
 def save_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
                   optimizer: torch.optim.Optimizer | None, state: dict, keep_last: int = 0,
-                  stored_name: Callable[[str], str] = _identity) -> str:
+                  stored_name: Callable[[str], str] = _identity, full_state_dict: bool = False) -> str:
     """Write a snapshot and return its path (see start_snapshot). If storage fails, every rank
     raises SnapshotWriteError and earlier snapshots are untouched."""
-    return start_snapshot(snapshot_root, step, model, optimizer, state, keep_last, stored_name).wait()
+    return start_snapshot(snapshot_root, step, model, optimizer, state, keep_last, stored_name,
+                          full_state_dict=full_state_dict).wait()
 
 
 def _prepare(store: Store, work: str) -> None:
@@ -309,8 +322,6 @@ def _prepare(store: Store, work: str) -> None:
 
 def _complete(store: Store, work: str, final: str, step: int, world: int, shards_json: bytes) -> None:
     """Write shards.json and the manifest (last), then give the directory its final name."""
-    from triax import __version__
-
     files = {}
     store.write(store.join(work, SHARDS_METADATA), shards_json)
     for relative, entry in json.loads(shards_json)["files"].items():

@@ -1,5 +1,5 @@
 """`triax eval MODEL`: loss, perplexity (and bits per character for a character model) of a
-trained run's newest snapshot, or of a transformers GPT-2 directory, over the whole of a split or
+trained run's newest snapshot, or of a transformers directory (GPT-2, Llama, Qwen2, Mistral), over the whole of a split or
 of given token or text files.
 
 Every token counts once (triax.eval.windows: non-overlapping windows of the block size, the
@@ -28,7 +28,7 @@ from triax.data.tokenizer import BPETokenizer
 from triax.data.tokens import TOKEN_DTYPES, TokenDataset, TokenFile
 from triax.errors import TriaxError
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
-from triax.models import GPT, GPTConfig, hf_gpt2
+from triax.models import GPTConfig, build_model, hf
 from triax.place import detect_place, pick_device
 from triax.process_group import init_distributed, shutdown_distributed
 from triax.train.commands import _snapshot_root, load_run_model
@@ -37,46 +37,45 @@ from triax.train.data import build_data
 
 
 def load_model(path: str, device: torch.device):
-    """(plain GPT in eval mode, its text codec or None, the run's data config or None) of a run
-    directory or a transformers GPT-2 directory."""
+    """(plain model in eval mode, its text codec or None, the run's config or None) of a run
+    directory or a transformers directory."""
 
     if os.path.isfile(os.path.join(path, "model.json")):
 
         model, vocab, _ = load_run_model(path, str(device))
         config_file = os.path.join(path, "config.yaml")
-        data = None
+        config = TrainConfig()
         if os.path.isfile(config_file):
 
             _snapshot_root(path)  # reports a damaged config.yaml in one line
             with open(config_file) as handle:
-                data = from_dict(yaml.safe_load(handle) or {}).data
-        return model, vocab, data if data is not None else TrainConfig().data
-    if os.path.isdir(path) and hf_gpt2.is_hf_gpt2(path):
+                config = from_dict(yaml.safe_load(handle) or {})
+        return model, vocab, config
+    if os.path.isdir(path) and hf.is_hf_directory(path):
         model = load_hf_model(path, device)
-        tokenizer = hf_gpt2.tokenizer_file(path)
+        tokenizer = hf.tokenizer_file(path)
         vocab = None
         if tokenizer is not None:
 
             vocab = BPETokenizer.from_file(tokenizer)
         return model, vocab, None
-    raise TriaxError(f"{path!r} is neither a triax run directory (model.json) nor a transformers GPT-2 "
+    raise TriaxError(f"{path!r} is neither a triax run directory (model.json) nor a transformers "
                      "directory (config.json); give one of them")
 
 
 def load_hf_model(directory: str, device: torch.device, dropout: float = 0.0):
-    """A whole plain GPT holding a transformers GPT-2 checkpoint's weights."""
-
-    config = GPTConfig(**hf_gpt2.architecture(hf_gpt2.read_hf_config(directory)), dropout=dropout)
+    """A whole plain model holding a transformers checkpoint's weights."""
+    config = GPTConfig(**hf.architecture(directory), dropout=dropout)
     with torch.device("meta"):
-        model = GPT(config)
+        model = build_model(config)
     model.to_empty(device=device)
     if config.tie_embeddings:
         model.lm_head.weight = model.tok_emb.weight
-    hf_gpt2.copy_into(model, hf_gpt2.HFWeights(directory), config.n_embd, config.vocab_size)
+    hf.load_into(model, directory, config)
     return model.eval()
 
 
-def datasets(args, model, vocab, data_config):
+def datasets(args, model, vocab, run_config):
     """[(name, dataset)] to score: the given files, else the run's split."""
 
     block = args.block_size or model.config.block_size
@@ -104,12 +103,14 @@ def datasets(args, model, vocab, data_config):
         found.append((path, CharDataset(torch.tensor(ids), block, vocab)))
     if found:
         return found
-    if data_config is None:
+    if run_config is None:
         raise TriaxError(f"{args.model!r} is not a triax run, so it has no splits; give --tokens or --text files")
-
+    data_config = run_config.data
     if args.block_size:
         data_config.block_size = args.block_size
-    data = build_data(data_config)
+    # A run started from a checkpoint (model.init_from) encoded its text with that checkpoint's
+    # codec, which it keeps in the run directory: score the same tokens it trained and evaluated on.
+    data = build_data(data_config, vocab if run_config.model.init_from else None)
     return [(f"{args.split} split", data.val if args.split == "val" else data.train)]
 
 
@@ -132,8 +133,9 @@ def score(model, dataset, batch_size: int, rank: int, ranks: int, device, progre
 def main(argv: list[str]) -> int:
 
     parser = ArgumentParser(prog="triax eval", description="loss and perplexity of a run or a transformers "
-                                                           "GPT-2 over a whole split or given files")
-    parser.add_argument("model", help="a triax run directory, or a transformers GPT-2 directory")
+                                                           "model over a whole split or given files")
+    parser.add_argument("model", help="a triax run directory, or a transformers directory (GPT-2, Llama, Qwen2, "
+                                      "Mistral)")
     parser.add_argument("--split", choices=("val", "train"), default="val", help="the run's split to score")
     parser.add_argument("--tokens", nargs="+", metavar="FILE", help="token files (flat arrays of ids) to score")
     parser.add_argument("--token-dtype", choices=TOKEN_DTYPES, default="uint16")
@@ -154,12 +156,12 @@ def main(argv: list[str]) -> int:
     try:
         if place.world_size > 1:
             place = init_distributed(device, place)
-        model, vocab, data_config = load_model(args.model, device)
+        model, vocab, run_config = load_model(args.model, device)
         if args.block_size and args.block_size > model.config.block_size:
             raise TriaxError(f"--block-size {args.block_size} is longer than the model's context "
                              f"({model.config.block_size})")
         progress = None
-        found = datasets(args, model, vocab, data_config)
+        found = datasets(args, model, vocab, run_config)
         if place.rank == 0 and sys.stderr.isatty() and not args.json:
 
             batches = sum(-(-len(evaluation_windows(d)) // (args.batch_size * place.world_size)) for _, d in found)

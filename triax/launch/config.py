@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 import yaml
 
 from triax.errors import ConfigError, TriaxError
+from triax.launch.accelerate_config import from_accelerate, is_accelerate_config
 from triax.launch.settings import MIXED_PRECISION_CHOICES, PARALLEL_CHOICES
 
 ENV_CONFIG_FILE = "TRIAX_CONFIG_FILE"
@@ -92,7 +93,13 @@ def config_path() -> str:
 
 def load_config(path: str | None = None) -> LaunchConfig | None:
     """The config at `path` (default: config_path()), or None if there is no file there."""
-    path = path or config_path()
+    read = read_config_file(path or config_path())
+    return None if read is None else read[0]
+
+
+def read_config_file(path: str) -> tuple[LaunchConfig, dict[str, str]] | None:
+    """(config, environment for the workers) from a file `triax config` wrote, or from one
+    `accelerate config` wrote (triax.launch.accelerate_config); None if there is no file."""
     if not os.path.exists(path):
         return None
     if not os.path.isfile(path):
@@ -108,11 +115,14 @@ def load_config(path: str | None = None) -> LaunchConfig | None:
         raise ConfigError(f"cannot read {path} ({getattr(error, 'strerror', None) or error})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} should hold key: value pairs, found a {type(data).__name__}")
+    if is_accelerate_config(data):
+        values, environment = from_accelerate(data, path)
+        return LaunchConfig(**values).validate(path), environment
     known = {field.name for field in fields(LaunchConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known keys are {', '.join(sorted(known))}")
-    return LaunchConfig(**data).validate(path)
+    return LaunchConfig(**data).validate(path), {}
 
 
 HEADER = "# triax launch configuration (written by `triax config`)"

@@ -24,7 +24,7 @@ def collect() -> dict:
     import torch
     import torch.distributed as dist
 
-    from triax import __version__
+    from triax.version import __version__
     from triax.launch.config import config_path, load_config
 
     flags = cpu_flags()

@@ -25,7 +25,7 @@ from triax.launch.config import (
     LaunchConfig,
     config_path,
     default_config,
-    load_config,
+    read_config_file,
 )
 
 
@@ -70,16 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_config(args) -> LaunchConfig:
-    """Command line over config file over built-in defaults."""
+def resolve_config(args) -> tuple[LaunchConfig, dict[str, str]]:
+    """Command line over config file over built-in defaults; with the environment the file asks
+    for the workers (an Accelerate config's FSDP section)."""
     path = args.config_file or config_path()
     if args.config_file and not os.path.exists(path):
         raise TriaxError(f"--config-file {path} does not exist; run `triax config --config-file {path}` first")
-    config = load_config(path) or default_config()
+    config, environment = read_config_file(path) or (default_config(), {})
     overrides = {field.name: getattr(args, field.name, None) for field in dataclasses.fields(LaunchConfig)}
     overrides["use_cpu"] = args.cpu
+    if overrides["parallel"] is None and os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+        # The FSDP environment of `accelerate launch --use_fsdp`, set by hand: the workers
+        # inherit its FSDP_* variables, and their Accelerator builds its plugin from them.
+        overrides["parallel"] = "fsdp"
     config = dataclasses.replace(config, **{key: value for key, value in overrides.items() if value is not None})
-    return config.validate("triax launch")
+    return config.validate("triax launch"), environment
 
 
 def _port_is_free(port: int) -> bool:
@@ -184,7 +189,7 @@ def main(argv: list[str]) -> int:
     check_rdzv_conf(args.rdzv_conf)
     if args.bucket_cap_mb is not None and not (math.isfinite(args.bucket_cap_mb) and args.bucket_cap_mb > 0):
         raise UsageError(f"--bucket-cap-mb {args.bucket_cap_mb} is invalid; use a positive size in MB (DDP's default: 25)")
-    config = resolve_config(args)
+    config, file_environment = resolve_config(args)
     if not args.dry_run:  # a dry run only prints the command: its script may live on another machine
         check_target(args.script, args.module)
     if config.num_machines == 1 and config.main_process_ip not in ("127.0.0.1", "localhost", "::1"):
@@ -192,7 +197,7 @@ def main(argv: list[str]) -> int:
         config = dataclasses.replace(config, main_process_ip="127.0.0.1")
     config = check_port(config)
     script, script_args, module = args.script, args.script_args, args.module
-    env = child_environment(config)
+    env = {**file_environment, **child_environment(config)}
     if args.collective_timeout is not None:
         from triax.timeouts import ENV_COLLECTIVE_TIMEOUT, collective_timeout
 

@@ -1,3 +1,15 @@
-from triax.models.gpt import GPT, GPTConfig, PRESETS
+from triax.models.config import ARCHITECTURES, PRESETS, GPTConfig
+from triax.models.decoder import Decoder, KVCache
+from triax.models.gpt import GPT
+from triax.models.llama import Llama
 
-__all__ = ["GPT", "GPTConfig", "PRESETS"]
+FAMILIES = {"gpt": GPT, "llama": Llama}
+
+
+def build_model(config: GPTConfig, **parts) -> Decoder:
+    """The model of `config`'s architecture (GPT or Llama); `parts` as Decoder takes them (a
+    pipeline stage's layers, embeddings, head; the seed)."""
+    return FAMILIES[config.family](config, **parts)
+
+
+__all__ = ["ARCHITECTURES", "Decoder", "GPT", "GPTConfig", "KVCache", "Llama", "PRESETS", "build_model"]

@@ -1,202 +1,25 @@
-"""A GPT in one readable file (the minGPT/GPT-2 architecture).
-
-The model is plain PyTorch and knows nothing about processes or devices: data, fully-sharded,
-tensor and pipeline parallelism are applied from outside by `triax.parallel`. What it does offer
-is a description of itself that those plans need (`flops_per_token`, the layer list).
-"""
+"""GPT-2's blocks (the minGPT/GPT-2 architecture): learned positions, pre-LayerNorm blocks, a GELU
+MLP and full multi-head attention. The skeleton they sit in (embeddings, head, initialisation,
+cache, generation) is triax/models/decoder.py, shared with the llama family."""
 
 from __future__ import annotations
-
-import math
-from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from triax.errors import ConfigError
-from triax.models.init import init_constant, init_normal
+from triax.models.config import GELU_FORMS, MAX_SIZES, PRESETS, SIZE_REASON, GPTConfig
+from triax.models.decoder import Block, Decoder, KVCache, LayerCache, PaddedVocabMask, SelfAttention
 
-# (n_layer, n_head, n_embd), as in minGPT.
-PRESETS: dict[str, tuple[int, int, int]] = {
-    "openai-gpt": (12, 12, 768),   # 117M
-    "gpt2": (12, 12, 768),         # 124M
-    "gpt2-medium": (24, 16, 1024),  # 350M
-    "gpt2-large": (36, 20, 1280),  # 774M
-    "gpt2-xl": (48, 25, 1600),     # 1558M
-    "gopher-44m": (8, 16, 512),
-    "gpt-mini": (6, 6, 192),
-    "gpt-micro": (4, 4, 128),
-    "gpt-nano": (3, 3, 48),
-}
-
-
-# model.gelu -> F.gelu's `approximate` argument.
-GELU_FORMS = {"tanh": "tanh", "exact": "none"}
-
-
-# Upper bounds on a model's sizes, checked before anything is allocated: each is several times the
-# largest in published GPT-style models (widths of 25,600, ~100 layers, vocabularies of ~256k,
-# contexts of ~1M), so a typo or a hostile file (n_embd=1000000, vocab_size=2**40) is refused
-# instead of asking for terabytes.
-MAX_SIZES = {"vocab_size": 2**24, "block_size": 2**21, "n_layer": 1024, "n_head": 1024, "n_embd": 2**16}
-SIZE_REASON = "several times the largest published GPT-style models; a larger value is a typo or a damaged file"
-
-
-@dataclass
-class GPTConfig:
-    """The GPT's shape. `triax train`'s model.* keys are these fields (their defaults and the
-    docstrings below), less vocab_size, block_size and padded_vocab_size, which the data and the
-    layout decide."""
-
-    vocab_size: int
-    """Token ids are < this."""
-
-    block_size: int
-    """Context length in tokens."""
-
-    n_layer: int = 4
-    """Transformer blocks."""
-
-    n_head: int = 4
-    """Attention heads; must divide n_embd."""
-
-    n_embd: int = 128
-    """Width of the residual stream."""
-
-    dropout: float = 0.0
-    """Dropout on embeddings, attention weights and residual branches."""
-
-    bias: bool = True
-    """Biases in Linear and LayerNorm layers."""
-
-    tie_embeddings: bool = False
-    """Share the token embedding with the output head."""
-
-    gelu: str = "tanh"
-    """The MLP's GELU: tanh (GPT-2's approximation, what its weights were trained with) | exact
-    (erf, as nn.GELU and nanoGPT; about 3x cheaper on a CPU)."""
-
-    padded_vocab_size: int | None = None
-    """Rows of the embedding and head when the vocabulary is padded (to a multiple of the tensor-
-    parallel degree, so it splits evenly); None: no padding. Padding rows start at zero, their
-    logits are masked out, so they never take probability, gradient or a sampled id."""
-
-    def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"model.{name}={value!r} must be a positive integer")
-            if value > MAX_SIZES[name]:
-                raise ConfigError(f"model.{name}={value} is above triax's bound of {MAX_SIZES[name]} "
-                                  f"({SIZE_REASON}); use a smaller value")
-        if self.padded_vocab_size is not None and (not isinstance(self.padded_vocab_size, int)
-                                                   or self.padded_vocab_size < self.vocab_size):
-            raise ConfigError(f"padded_vocab_size must be an integer >= vocab_size={self.vocab_size}, "
-                              f"got {self.padded_vocab_size!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ConfigError(f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}; "
-                              f"choose n_embd as a multiple of n_head")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
-        if self.gelu not in GELU_FORMS:
-            raise ConfigError(f"model.gelu={self.gelu!r} must be one of {', '.join(GELU_FORMS)}")
-
-    @classmethod
-    def from_preset(cls, name: str, **kwargs) -> "GPTConfig":
-        if name not in PRESETS:
-            raise ConfigError(f"unknown model preset {name!r}; presets are: {', '.join(PRESETS)}")
-        n_layer, n_head, n_embd = PRESETS[name]
-        return cls(n_layer=n_layer, n_head=n_head, n_embd=n_embd, **kwargs)
-
-    @property
-    def vocab_rows(self) -> int:
-        """Rows of the token embedding and the head (the vocabulary with its padding)."""
-        return self.padded_vocab_size or self.vocab_size
-
-
-class LayerCache:
-    """One attention layer's keys and values (batch, heads, positions, head size) of the positions
-    already processed, so generation feeds each new token alone instead of the whole context."""
-
-    def __init__(self):
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.size(2)
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the new positions; returns the keys and values of all positions so far."""
-        if self.keys is not None:
-            keys, values = torch.cat((self.keys, keys), dim=2), torch.cat((self.values, values), dim=2)
-        self.keys, self.values = keys, values
-        return keys, values
-
-
-class KVCache:
-    """Keys and values of every layer for the positions fed so far (`GPT.forward(idx, cache)`).
-    Valid only while the sequence grows within the context window: with learned absolute
-    positions, sliding the window moves every token to a new position and changes every key."""
-
-    def __init__(self):
-        self.layers: dict[str, LayerCache] = {}
-
-    @property
-    def length(self) -> int:
-        """Positions held (every layer holds the same)."""
-        return next(iter(self.layers.values())).length if self.layers else 0
-
-    def layer(self, name: str) -> LayerCache:
-        return self.layers.setdefault(name, LayerCache())
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.n_head = config.n_head
-        # Separate q/k/v projections (rather than one fused c_attn) so a tensor-parallel plan can
-        # shard each by heads with a plain column-parallel split.
-        self.q_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.k_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.v_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.out_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.out_proj.residual_projection = True  # marks it for the GPT-2 scaled init
-        self.dropout = config.dropout
-        self.resid_dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        # -1 for the head count: under tensor parallelism this rank holds only some heads.
-        q = self.q_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        past = 0
-        if cache is not None:
-            past = cache.length
-            k, v = cache.append(k, v)
-        mask = None
-        if past and seq > 1:  # new queries after cached keys: query i sees keys up to past + i
-            mask = torch.ones(seq, past + seq, dtype=torch.bool, device=x.device).tril(diagonal=past)
-        # One fused call: flash / memory-efficient kernels on GPU, a fused kernel on CPU. A single
-        # query after cached keys sees all of them: no causal mask.
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not past,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(batch, seq, -1)
-        return self.resid_dropout(self.out_proj(y))
-
-    @property
-    def head_dim(self) -> int:
-        return self.q_proj.in_features // self.n_head
+__all__ = ["GPT", "GPTConfig", "KVCache", "LayerCache", "PaddedVocabMask", "PRESETS", "MAX_SIZES", "SIZE_REASON",
+           "GELU_FORMS"]
 
 
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.up_proj = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.down_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=config.bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=config.bias)
         self.down_proj.residual_projection = True
         self.dropout = nn.Dropout(config.dropout)
         self.approximate = GELU_FORMS[config.gelu]
@@ -205,183 +28,15 @@ class MLP(nn.Module):
         return self.dropout(self.down_proj(F.gelu(self.up_proj(x), approximate=self.approximate)))
 
 
-class Block(nn.Module):
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+class GPT(Decoder):
+    """GPT-2: token + learned position embeddings, LayerNorm blocks with a GELU MLP.
+    See Decoder for the arguments (a pipeline stage's parts, the seed)."""
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        # The cache by keyword: tensor-parallel input plans count the positional inputs.
-        x = x + self.attn(self.ln_1(x), cache=cache)
-        return x + self.mlp(self.ln_2(x))
+    family = "gpt"
+    learned_positions = True
 
+    def make_block(self, config: GPTConfig) -> nn.Module:
+        return Block(self.make_norm(config), SelfAttention(config), self.make_norm(config), MLP(config))
 
-class PaddedVocabMask(nn.Module):
-    """Gives the logits of padding rows the lowest value, so softmax assigns them exactly zero
-    probability: the loss, the gradients and sampling are those of the unpadded vocabulary."""
-
-    def __init__(self, vocab_size: int):
-        super().__init__()
-        self.vocab_size = vocab_size
-        # The vocabulary id of this process's first logit column: tensor parallelism may leave the
-        # logits sharded over the vocabulary (see triax.parallel.tensor_parallel).
-        self.first_id = 0
-
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        ids = torch.arange(self.first_id, self.first_id + logits.shape[-1], device=logits.device)
-        return logits.masked_fill(ids >= self.vocab_size, torch.finfo(logits.dtype).min)
-
-
-def _embedding(rows: int, width: int) -> nn.Embedding:
-    # An embedding without nn.Embedding's own N(0, 1) fill: init_weights fills it (or nothing
-    # does, on the meta device). On the meta device that fill would import torch._dynamo, about
-    # 0.6 s of every run's start-up.
-    return nn.Embedding(rows, width, _weight=torch.empty(rows, width))
-
-
-class GPT(nn.Module):
-    """Token ids (batch, seq) -> logits (batch, seq, vocab).
-
-    `layers`, `embeddings`, `head`: build only part of the model (a pipeline stage): those layer
-    numbers, with or without the embeddings and the final LayerNorm + head. Parameter names stay
-    the full model's. `seed`: the initial weights are a function of (seed, parameter name) only
-    (triax.models.init), so a part, a shard or the whole model built from one seed agree; None
-    draws the seed from torch's global generator (so torch.manual_seed still decides it). Built
-    on the meta device, nothing is initialised: materialise with `to_empty`, then `init_weights`.
-    """
-
-    def __init__(self, config: GPTConfig, layers: Iterable[int] | None = None, embeddings: bool = True,
-                 head: bool = True, seed: int | None = None):
-        super().__init__()
-        self.config = config
-        rows = config.vocab_rows
-        self.tok_emb = _embedding(rows, config.n_embd) if embeddings else None
-        self.pos_emb = _embedding(config.block_size, config.n_embd) if embeddings else None
-        self.drop = nn.Dropout(config.dropout)
-        # A ModuleDict keyed by layer number, not a ModuleList: a pipeline stage holds only some
-        # layers and keeps their names ("layers.5"), so checkpoints written by any layout share
-        # one set of parameter names.
-        numbers = range(config.n_layer) if layers is None else layers
-        self.layers = nn.ModuleDict({str(i): Block(config) for i in numbers})
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias) if head else None
-        self.lm_head = nn.Linear(config.n_embd, rows, bias=False) if head else None
-        self.vocab_mask = PaddedVocabMask(config.vocab_size) if head and rows > config.vocab_size else None
-        if config.tie_embeddings and embeddings and head:
-            self.lm_head.weight = self.tok_emb.weight
-        if not any(p.is_meta for p in self.parameters()):
-            self.init_weights(seed)
-
-    def init_weights(self, seed: int | None = None) -> None:
-        """GPT-2 initialisation: N(0, 0.02), and residual projections scaled by 1/sqrt(2 * n_layer)
-        so the residual stream's variance does not grow with depth; padding rows of the vocabulary
-        zero. Fills whatever part of each parameter this process holds (plain or DTensor shard)."""
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
-        if self.config.tie_embeddings and self.tok_emb is not None and self.lm_head is not None:
-            # Materialising from the meta device (to_empty) gives each module its own tensor: tie again.
-            self.lm_head.weight = self.tok_emb.weight
-        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
-        vocab = self.config.vocab_size
-        done = set()
-        for module_name, module in self.named_modules():
-            prefix = module_name + "." if module_name else ""
-            if isinstance(module, nn.Linear):
-                std = residual_std if getattr(module, "residual_projection", False) else 0.02
-                weights = [(module.weight, std, vocab if module is self.lm_head else None)]
-                biases = [module.bias]
-            elif isinstance(module, nn.Embedding):
-                weights = [(module.weight, 0.02, vocab if module is self.tok_emb else None)]
-                biases = []
-            elif isinstance(module, nn.LayerNorm):
-                weights, biases = [], [module.bias]
-                if module.weight is not None:
-                    init_constant(module.weight, 1.0)
-            else:
-                continue
-            for weight, std, drawn_rows in weights:
-                if id(weight) not in done:  # a tied weight: initialised once, by its first name
-                    done.add(id(weight))
-                    init_normal(weight, seed, prefix + "weight", std, drawn_rows)
-            for bias in biases:
-                if bias is not None:
-                    init_constant(bias, 0.0)
-
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """`cache`: positions already fed (their keys and values); `idx` then holds only the new
-        tokens, which take the positions after them (generation, under torch.no_grad)."""
-        # A pipeline stage may lack the embeddings (it then takes hidden states instead of ids) or
-        # the final LayerNorm and head (it then returns hidden states instead of logits).
-        if self.tok_emb is not None:
-            seq = idx.shape[1]
-            past = cache.length if cache is not None else 0
-            if past + seq > self.config.block_size:
-                raise ValueError(f"sequence length {past + seq} exceeds block_size {self.config.block_size}")
-            positions = torch.arange(past, past + seq, device=idx.device)
-            x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))
-        else:
-            x = idx
-        for name, block in self.layers.items():
-            x = block(x, cache=cache.layer(name) if cache is not None else None)
-        if self.ln_f is not None:
-            x = self.ln_f(x)
-        if self.lm_head is not None:
-            x = self.lm_head(x)
-        if self.vocab_mask is not None:
-            x = self.vocab_mask(x)
-        return x
-
-    def num_params(self, exclude_position: bool = True) -> int:
-        """Parameter count; position embeddings are excluded by default (they cost no matmul
-        FLOPs). Tied weights count once."""
-        total = sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
-        if exclude_position and self.pos_emb is not None:
-            total -= self.pos_emb.weight.numel()
-        return total
-
-    def flops_per_token(self, seq_len: int | None = None, num_params: int | None = None) -> float:
-        """Training FLOPs per token by the PaLM formula: 6N + 12·L·H·Q·T
-        (N parameters without position embeddings, L layers, H heads, Q head size, T sequence).
-        Pass `num_params` when this module holds only a shard of the model."""
-        c = self.config
-        seq_len = seq_len or c.block_size
-        n = self.num_params() if num_params is None else num_params
-        return 6 * n + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * seq_len
-
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, greedy: bool = False,
-                 generator: torch.Generator | None = None, vocab_limit: int | None = None,
-                 use_cache: bool = True) -> torch.Tensor:
-        """Extend `idx` (batch, seq) by `max_new_tokens`, one token at a time. `vocab_limit`: only
-        ids below it are drawn (a vocabulary padded for tensor parallelism has unused rows).
-        `use_cache`: while the text fits in the context window, feed each new token alone and keep
-        the keys and values of the earlier ones (KVCache), instead of running the whole context
-        again; once it outgrows the window, each token sees the last block_size tokens, recomputed,
-        as without the cache. The same text either way, up to float rounding."""
-        if temperature <= 0 and not greedy:
-            raise ValueError(f"temperature must be > 0 (got {temperature}); use greedy=True instead")
-        block_size = self.config.block_size
-        cache = KVCache() if use_cache else None
-        for _ in range(max_new_tokens):
-            if cache is not None and idx.size(1) <= block_size:
-                logits = self(idx[:, cache.length:], cache)
-            else:
-                cache = None  # the window slides: every position changes
-                logits = self(idx[:, -block_size:])
-            logits = logits[:, -1, :].float()
-            if vocab_limit is not None:
-                logits[:, vocab_limit:] = float("-inf")
-            if greedy:
-                next_id = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                probs = F.softmax(logits, dim=-1)
-                next_id = torch.multinomial(probs, num_samples=1, generator=generator)
-            idx = torch.cat((idx, next_id), dim=1)
-        return idx
+    def make_norm(self, config: GPTConfig) -> nn.Module:
+        return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)

@@ -31,15 +31,25 @@ def _policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
+def apply_activation_checkpointing(model: nn.Module, mode: str, blocks=None, offload: bool = False) -> nn.Module:
+    """Checkpoint each of `blocks` (default: a GPT's `model.layers`) in `mode`. With `offload`, the
+    inputs each checkpoint keeps for its recomputation wait in host memory until backward (the
+    activation that grows with sequence length), pinned when a GPU will fetch them back."""
     if mode == "none":
         return model
     context_fn = (functools.partial(create_selective_checkpoint_contexts, _policy)
                   if mode == "selective" else None)
-    for block in model.layers.values():
+    for block in (model.layers.values() if blocks is None else blocks):
         forward = block.forward
         kwargs = {"use_reentrant": False}
         if context_fn is not None:
             kwargs["context_fn"] = context_fn
         block.forward = functools.partial(checkpoint, forward, **kwargs)
+        if offload:
+            block.forward = functools.partial(_saved_on_host, block.forward, torch.cuda.is_available())
     return model
+
+
+def _saved_on_host(forward, pin_memory: bool, *args, **kwargs):
+    with torch.autograd.graph.save_on_cpu(pin_memory=pin_memory):
+        return forward(*args, **kwargs)

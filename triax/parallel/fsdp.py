@@ -43,8 +43,7 @@ def apply_fsdp(model: nn.Module, dp_mesh, precision: Precision, reshard_after_fo
     each would multiply the all-gather traffic.
     """
     policy = mixed_precision_policy(precision)
-    # Pinned host memory makes the host-to-device copies asynchronous; there is none without a GPU.
-    offload = CPUOffloadPolicy(pin_memory=dp_mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
+    offload = offload_policy(cpu_offload, dp_mesh.device_type)
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
                     offload_policy=offload)
@@ -54,18 +53,36 @@ def apply_fsdp(model: nn.Module, dp_mesh, precision: Precision, reshard_after_fo
     return model
 
 
-def apply_fsdp_by_blocks(model: nn.Module, dp_mesh, precision: Precision) -> nn.Module:
-    """Shard any `model` (not only a GPT) over `dp_mesh` in place: each trainable child of a
-    ModuleList/ModuleDict (a transformer's blocks, wherever they sit) becomes its own unit, so only
-    one block's full parameters exist at a time; the root takes the rest. Used by the Accelerator,
-    whose users bring their own models."""
-    policy = mixed_precision_policy(precision)
-    for module in list(model.modules()):
-        if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
-            for block in module.children():
-                if any(p.requires_grad for p in block.parameters()):
-                    fully_shard(block, mesh=dp_mesh, mp_policy=policy)
-    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+def each_block(model: nn.Module) -> list[nn.Module]:
+    """triax's FSDP units for any model (not only a GPT): each trainable child of a ModuleList or
+    ModuleDict (a transformer's blocks, wherever they sit), so only one block's full parameters
+    exist at a time; the root takes the rest."""
+    return [block for module in model.modules() if isinstance(module, (nn.ModuleList, nn.ModuleDict))
+            for block in module.children() if any(p.requires_grad for p in block.parameters())]
+
+
+def offload_policy(cpu_offload: bool, device_type: str, pin_memory: bool = True) -> OffloadPolicy:
+    """FSDP2's policy for keeping shards in host memory. Pinned memory makes the host-to-device
+    copies asynchronous; there is nothing to pin for without a GPU."""
+    if not cpu_offload:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=pin_memory and device_type == "cuda")
+
+
+def shard_units(model: nn.Module, mesh, units: list, *, mp_policy: MixedPrecisionPolicy,
+                reshard_after_forward: bool, offload: OffloadPolicy, ignored_params: set | None = None,
+                last_units: list | None = None) -> nn.Module:
+    """Shard `model` over `mesh` in place: each entry of `units` (a module, or a list of modules
+    sharing one all-gather) becomes its own FSDP unit, then the root takes what is left.
+    `last_units` are gathered for the end of forward (final norm, head) and kept until backward
+    (resharding them would only re-gather at once). The root follows torch's rule for
+    reshard_after_forward (False: its parameters are needed again first in backward)."""
+    options = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload, ignored_params=ignored_params)
+    for unit in units:
+        fully_shard(unit, reshard_after_forward=reshard_after_forward, **options)
+    for unit in last_units or []:
+        fully_shard(unit, reshard_after_forward=False, **options)
+    fully_shard(model, **options)
     return model
 
 

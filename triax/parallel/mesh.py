@@ -98,8 +98,9 @@ def pipeline_microbatches(requested: int, pp: int) -> int:
 def validate_layout(layout: Layout, *, n_layer: int, n_head: int, block_size: int, batch_size: int,
                     grad_accum: int = 1, pp_schedule: str = "1f1b", pp_microbatches: int = 0,
                     pp_balance: list[int] | None = None, activation_checkpointing: str = "none",
-                    tie_embeddings: bool = False, cpu_offload: bool = False) -> None:
-    """Every check a layout must pass for a GPT of this shape; raises ConfigError naming the key."""
+                    tie_embeddings: bool = False, cpu_offload: bool = False, n_kv_head: int | None = None) -> None:
+    """Every check a layout must pass for a model of this shape; raises ConfigError naming the key.
+    `n_kv_head`: key/value heads of grouped-query attention (None: one per query head)."""
     check_cpu_offload(layout, cpu_offload)
     if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
         raise ConfigError(f"parallel.activation_checkpointing={activation_checkpointing!r} is unknown; "
@@ -108,6 +109,10 @@ def validate_layout(layout: Layout, *, n_layer: int, n_head: int, block_size: in
         if n_head % layout.tp != 0:
             raise ConfigError(f"parallel.tp={layout.tp} does not divide model.n_head={n_head}; tensor parallelism "
                               "splits attention by heads, so choose tp among the divisors of n_head")
+        if n_kv_head is not None and n_kv_head % layout.tp != 0:
+            raise ConfigError(f"parallel.tp={layout.tp} does not divide model.n_kv_head={n_kv_head}; tensor "
+                              "parallelism gives each rank whole key/value heads with their query heads, so choose "
+                              "tp among the divisors of n_kv_head")
         if block_size % layout.tp != 0:
             raise ConfigError(f"parallel.tp={layout.tp} does not divide the sequence length {block_size} "
                               "(data.block_size); sequence parallelism splits it, so make it a multiple of tp")

@@ -1,4 +1,4 @@
-"""Build a GPT in a layout: tensor parallel, activation checkpointing, compile, then data parallel
+"""Build a model (GPT or Llama) in a layout: tensor parallel, activation checkpointing, compile, then data parallel
 (FSDP2 / HSDP / DDP) — always in this order (docs/architecture.md) — on each pipeline stage.
 
 Sharded construction: each rank builds only its pipeline stages, on the meta device (no memory),
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from triax.models.gpt import GPT, GPTConfig
+from triax.models import GPTConfig, build_model
 from triax.parallel.activation_checkpoint import apply_activation_checkpointing
 from triax.parallel.compile import apply_compile
 from triax.parallel.mesh import Layout, check_cpu_offload, pipeline_microbatches
@@ -91,8 +91,8 @@ def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precisio
 
 def parallelize(model_config: GPTConfig, layout: Layout, mesh, precision: Precision, parallel,
                 device: torch.device, *, seed: int, loss_fn=None, rank: int = 0) -> ParallelModel:
-    """Build this rank's part of a GPT of `model_config` in `layout`: cut (pp), shard (tp, fsdp),
-    wrap (ddp), with initial weights equal to the single-process model's `GPT(model_config, seed=seed)`.
+    """Build this rank's part of the model of `model_config` in `layout`: cut (pp), shard (tp, fsdp),
+    wrap (ddp), with initial weights equal to the single-process `build_model(model_config, seed=seed)`.
 
     `parallel` is a triax.train.config.ParallelConfig; `loss_fn(logits, targets)` is needed for pp > 1.
     """
@@ -102,7 +102,7 @@ def parallelize(model_config: GPTConfig, layout: Layout, mesh, precision: Precis
         # Vocabulary-parallel loss when TP shards the head (and no pipeline needs plain outputs).
         loss_parallel = layout.tp > 1
         with torch.device("meta"):
-            model = GPT(model_config).to(dtype)
+            model = build_model(model_config).to(dtype)
         model = _parallelize_part(model, layout, mesh, precision, parallel, device, loss_parallel, seed)
         return ParallelModel(layout, mesh, [model], model, loss_parallel=loss_parallel)
 

@@ -24,7 +24,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
-from triax.models.gpt import GPT, GPTConfig
+from triax.models import Decoder, GPTConfig, build_model
 from triax.parallel.mesh import num_stages
 
 SCHEDULES = {
@@ -55,12 +55,12 @@ def stage_ids_for_rank(pp_rank: int, pp: int, schedule: str) -> list[int]:
     return list(range(pp_rank, num_stages(pp, schedule), pp))
 
 
-def build_stage_modules(config: GPTConfig | GPT, pp_rank: int, pp: int, schedule: str,
+def build_stage_modules(config: GPTConfig | Decoder, pp_rank: int, pp: int, schedule: str,
                         balance: list[int] | None = None, seed: int | None = None) -> list[tuple[int, nn.Module]]:
-    """(stage index, module) for each stage this rank runs; each module is a GPT holding only its
+    """(stage index, module) for each stage this rank runs; each module is a model holding only its
     stage's parts. From a config, they are built wherever torch's default device points (the meta
     device, for sharded construction: nothing is allocated until the layout is applied). From an
-    existing GPT, each stage is a new module holding copies of that model's stage weights."""
+    existing model, each stage is a new module holding copies of that model's stage weights."""
     source = config if isinstance(config, nn.Module) else None
     config = source.config if source is not None else config
     total = num_stages(pp, schedule)
@@ -69,11 +69,11 @@ def build_stage_modules(config: GPTConfig | GPT, pp_rank: int, pp: int, schedule
     for stage_id in stage_ids_for_rank(pp_rank, pp, schedule):
         parts = dict(layers=ranges[stage_id], embeddings=stage_id == 0, head=stage_id == total - 1)
         if source is None:
-            stages.append((stage_id, GPT(config, seed=seed, **parts)))
+            stages.append((stage_id, build_model(config, seed=seed, **parts)))
             continue
         reference = next(source.parameters())
         with torch.device("meta"):
-            stage = GPT(config, **parts).to(reference.dtype)
+            stage = build_model(config, **parts).to(reference.dtype)
         weights = source.state_dict()
         stage.to_empty(device=reference.device)
         stage.load_state_dict({name: weights[name] for name in stage.state_dict()})

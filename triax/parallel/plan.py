@@ -1,8 +1,10 @@
 """`triax plan`: which layouts fit a model on given devices, and which should be fastest.
 
 Per-device memory, by formula (B = bytes per value of the parameter dtype: 4 fp32, 2 bf16-pure):
-- parameters:  sum over this device's tensors of their local size x B. A tensor split by tensor
-  parallelism (q/k/v/up/head/embeddings along dim 0, out/down projections along dim 1) holds
+- parameters:  sum over this device's tensors of their local size x B (the tensors and their full
+  shapes are the model's own, built on the meta device: GPT-2 or the llama family with its
+  grouped key/value heads and SwiGLU MLP). A tensor split by tensor
+  parallelism (q/k/v/gate/up/head/embeddings along dim 0, out/down projections along dim 1) holds
   ceil(n/tp) of that dimension; FSDP then keeps ceil(dim0/dp_shard) rows of what is left; a
   pipeline stage holds only its layers (plus embeddings first, final norm and head last). The
   figure is for the most loaded device (the first stage, rank 0 of each group).
@@ -12,16 +14,18 @@ Per-device memory, by formula (B = bytes per value of the parameter dtype: 4 fp3
   dtype (A bytes): none 17·s·b·h·A/tp (Korthikanti et al. 2022, 34·s·b·h bytes at A = 2, without
   the attention-score term a fused attention kernel does not store); selective 10·s·b·h·A/tp (the
   matmul and attention outputs); full s·b·h·A (each layer's input) plus one layer's 17·s·b·h·A/tp
-  being recomputed. Micro-batches alive on the first stage: m for gpipe, min(m, pp) for 1f1b-style
+  being recomputed (the same per-layer terms serve the llama family's blocks: an estimate). Micro-batches
+  alive on the first stage: m for gpipe, min(m, pp) for 1f1b-style
   schedules. Plus the fp32 logits and their gradient, 2·s·b·V·4/tp, on the last stage.
 - gathered:    with FSDP (dp_shard > 1), the whole (unsharded) blocks in flight: about two
   blocks' parameters all-gathered (the one computing and the one prefetched) and two blocks'
-  unsharded gradients before their reduce-scatter, 2·(12·h²/tp)·G + 2·(12·h²/tp)·4 bytes with G
-  the all-gather dtype's bytes (4·48·h² bytes in fp32: 0.19 GiB for gpt2-medium, where 0.18 GiB
-  was measured, benchmarks/memory_scaling.py).
+  unsharded gradients before their reduce-scatter, 2·(P/tp)·G + 2·(P/tp)·4 bytes with P a block's
+  parameters (12·h² for GPT-2) and G the all-gather dtype's bytes (4·48·h² bytes in fp32: 0.19 GiB
+  for gpt2-medium, where 0.18 GiB was measured, benchmarks/memory_scaling.py).
 Not included: the runtime itself (python + torch: about 0.3 GiB on a CPU, more with a CUDA
 context) and allocator slack: leave that margin out of --memory-gb.
-Step time, by formula: compute 6·N·T + 12·L·h·s·T FLOPs (T tokens per step) over world x
+Step time, by formula: compute 6·N·T + 12·L·H·Q·s·T FLOPs (T tokens per step, H·Q query heads
+times their width: h for GPT-2) over world x
 --tflops, x 4/3 for full recomputation (x 1.1 selective), / (1 - (pp-1)/(m+pp-1)) for the
 pipeline bubble; plus tensor-parallel traffic 8·L·s·b·h·A·(tp-1)/tp per micro-batch per device
 (4 all-gather/reduce-scatter pairs per layer, forward and backward) at --bandwidth; data-parallel
@@ -31,10 +35,15 @@ compute, so the step takes the longer of the two. These are estimates to rank la
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
+import torch
+
 from triax.errors import ConfigError
+from triax.models import build_model
+from triax.models.config import PRESETS, GPTConfig, preset_fields
 from triax.parallel.mesh import MULTI_STAGE_SCHEDULES, PP_SCHEDULES, Layout, num_stages, padded_vocab_size
 
 MAX_WORLD = 2**16  # the layout search grows with world x its divisors: beyond this it takes minutes
@@ -43,6 +52,7 @@ MAX_WORLD = 2**16  # the layout search grows with world x its divisors: beyond t
 _TP_SPLIT_DIM = {
     "q_proj.weight": 0, "q_proj.bias": 0, "k_proj.weight": 0, "k_proj.bias": 0,
     "v_proj.weight": 0, "v_proj.bias": 0, "up_proj.weight": 0, "up_proj.bias": 0,
+    "gate_proj.weight": 0, "gate_proj.bias": 0,
     "out_proj.weight": 1, "down_proj.weight": 1,
     "tok_emb.weight": 0, "pos_emb.weight": 0, "lm_head.weight": 0,
 }
@@ -55,34 +65,53 @@ class ModelShape:
     n_embd: int
     vocab_size: int
     block_size: int
-    bias: bool = True
+    bias: bool | None = None  # unset: the architecture's (GPTConfig)
+    tie_embeddings: bool = False  # the head is the embedding: no lm_head.weight of its own
+    arch: str = "gpt2"
+    n_kv_head: int | None = None
+    intermediate_size: int | None = None
+    head_dim: int | None = None
+
+    @classmethod
+    def from_config(cls, config, block_size: int | None = None) -> "ModelShape":
+        """The shape of a GPTConfig (vocabulary padding aside: the layout decides it here), for
+        sequences of `block_size` (default: the model's context)."""
+        return cls(config.n_layer, config.n_head, config.n_embd, config.vocab_size, block_size or config.block_size,
+                   config.bias, config.tie_embeddings, config.arch, config.n_kv_head, config.intermediate_size,
+                   config.head_dim)
+
+    def config(self, tp: int = 1):
+        """The GPTConfig of this shape, its vocabulary padded for tp."""
+        padded = padded_vocab_size(self.vocab_size, tp)
+        return GPTConfig(vocab_size=self.vocab_size, block_size=self.block_size, arch=self.arch,
+                         n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, n_kv_head=self.n_kv_head,
+                         head_dim=self.head_dim, intermediate_size=self.intermediate_size, bias=self.bias,
+                         tie_embeddings=self.tie_embeddings,
+                         padded_vocab_size=padded if padded != self.vocab_size else None)
 
     def parameter_shapes(self, tp: int = 1) -> dict[str, tuple[int, ...]]:
-        """Name -> full shape of every parameter of the GPT (vocabulary padded for tp)."""
-        h, v = self.n_embd, padded_vocab_size(self.vocab_size, tp)
-        shapes = {"tok_emb.weight": (v, h), "pos_emb.weight": (self.block_size, h)}
-        for i in range(self.n_layer):
-            p = f"layers.{i}."
-            layer = {"ln_1.weight": (h,), "attn.q_proj.weight": (h, h), "attn.k_proj.weight": (h, h),
-                     "attn.v_proj.weight": (h, h), "attn.out_proj.weight": (h, h), "ln_2.weight": (h,),
-                     "mlp.up_proj.weight": (4 * h, h), "mlp.down_proj.weight": (h, 4 * h)}
-            if self.bias:
-                layer.update({"ln_1.bias": (h,), "attn.q_proj.bias": (h,), "attn.k_proj.bias": (h,),
-                              "attn.v_proj.bias": (h,), "attn.out_proj.bias": (h,), "ln_2.bias": (h,),
-                              "mlp.up_proj.bias": (4 * h,), "mlp.down_proj.bias": (h,)})
-            shapes.update({p + name: shape for name, shape in layer.items()})
-        shapes["ln_f.weight"] = (h,)
-        if self.bias:
-            shapes["ln_f.bias"] = (h,)
-        shapes["lm_head.weight"] = (v, h)
-        return shapes
+        """Name -> full shape of every parameter of the model (vocabulary padded for tp; a tied
+        head is the embedding and has no entry of its own)."""
+        return dict(_parameter_shapes(self, tp))
 
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.parameter_shapes().values())
 
     def flops_per_token(self) -> float:
-        n = self.num_params() - self.block_size * self.n_embd
-        return 6 * n + 12 * self.n_layer * self.n_embd * self.block_size
+        c = self.config()
+        n = self.num_params() - (self.block_size * self.n_embd if c.family == "gpt" else 0)  # no position table
+        return 6 * n + 12 * self.n_layer * self.n_head * c.head_dim * self.block_size
+
+    def block_params(self) -> int:
+        """Parameters of one transformer block."""
+        return sum(math.prod(s) for name, s in self.parameter_shapes().items() if name.startswith("layers.0."))
+
+
+@functools.lru_cache(maxsize=64)
+def _parameter_shapes(shape: ModelShape, tp: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    with torch.device("meta"):  # the model's own tensors, without memory
+        model = build_model(shape.config(tp))
+    return tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
 
 
 def stage_parameter_names(shape: ModelShape, layout: Layout, pp_schedule: str, stage: int = 0,
@@ -174,7 +203,7 @@ def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: s
     dp_factor = 3 if layout.dp_shard > 1 else 2
     replica_bytes = local * layout.dp_shard * param_bytes  # one data-parallel replica's parameters
     dp_comm = 0.0 if dp == 1 else dp_factor * replica_bytes * (dp - 1) / dp / (bandwidth_gbs * 1e9)
-    block_values = 12 * h * h / t
+    block_values = shape.block_params() / t
     gathered = 2 * block_values * param_bytes_gathered(precision) + 2 * block_values * 4 if layout.dp_shard > 1 else 0.0
     return Estimate(layout, checkpointing, params, params, 2 * params, activations / gb,
                     max(compute, dp_comm) + tp_comm, gathered / gb)
@@ -193,7 +222,8 @@ def candidate_layouts(world: int, shape: ModelShape) -> list[Layout]:
                 rest = world // (pp * tp * dp_shard)
                 if pp * tp * dp_shard * rest != world:
                     continue
-                if shape.n_head % tp or pp > shape.n_layer or shape.block_size % tp:
+                if shape.n_head % tp or (shape.n_kv_head or shape.n_head) % tp or pp > shape.n_layer \
+                        or shape.block_size % tp:
                     continue
                 layouts.append(Layout(pp=pp, dp_replicate=rest, dp_shard=dp_shard, tp=tp))
     return layouts
@@ -221,8 +251,28 @@ def plan(shape: ModelShape, world: int, memory_gb: float, global_batch: int, **k
     return sorted(fitting, key=lambda e: (e.step_s, e.total_gb))
 
 
+def check_memory(shape: ModelShape, layout: Layout, memory_gb: float, where: str, *, batch_size: int,
+                 **kwargs) -> None:
+    """Refuse, before anything is allocated, a run whose per-device estimate (`estimate`, the
+    formulas above: an undercount, without the runtime) exceeds `memory_gb`, the memory `where`
+    describes. One line naming the keys that decide the larger part."""
+    result = estimate(shape, layout, batch_size=batch_size, **kwargs)
+    if result.total_gb <= memory_gb:
+        return
+    states = result.params_gb + result.grads_gb + result.optimizer_gb + result.gathered_gb
+    if result.activations_gb >= states:
+        cause = (f"data.block_size={shape.block_size} with trainer.batch_size={batch_size} needs "
+                 f"{result.activations_gb:.1f} GiB of activations")
+        advice = "lower data.block_size or trainer.batch_size, or set parallel.activation_checkpointing=full"
+    else:
+        cause = (f"the model ({shape.num_params() / 1e6:,.0f}M parameters: model.n_layer={shape.n_layer}, "
+                 f"model.n_embd={shape.n_embd}) needs {states:.1f} GiB for its weights, gradients and AdamW state")
+        advice = "use a smaller model, or shard it over more processes (parallel.dp_shard)"
+    raise ConfigError(f"{cause} per process, {result.total_gb:.1f} GiB in all (triax plan's estimate), but {where} "
+                      f"has {memory_gb:.1f} GiB; {advice}")
+
+
 def main(argv: list[str]) -> int:
-    from triax.models.gpt import PRESETS
 
     from triax.arguments import ArgumentParser, at_least, positive
 
@@ -233,7 +283,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--memory-gb", type=float, required=True, help="memory per device, GiB")
     parser.add_argument("--global-batch", type=int, default=32, help="sequences per optimizer step (all ranks)")
     parser.add_argument("--seq", type=int, default=1024, help="sequence length (block size)")
-    parser.add_argument("--vocab", type=int, default=50257, help="vocabulary size")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="vocabulary size (default: the preset's, else GPT-2's 50257)")
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16", "bf16-pure"])
     parser.add_argument("--pp-schedule", default="1f1b", choices=PP_SCHEDULES)
     parser.add_argument("--microbatches", type=int, default=0, help="pipeline micro-batches (0: 2 x pp)")
@@ -251,12 +302,13 @@ def main(argv: list[str]) -> int:
     for option, value in (("--memory-gb", args.memory_gb), ("--tflops", args.tflops),
                           ("--bandwidth", args.bandwidth)):
         positive(option, value)
+    if args.vocab is None:
+        args.vocab = PRESETS[args.model].get("vocab_size", 50257)
     for option, value in (("--global-batch", args.global_batch), ("--seq", args.seq), ("--vocab", args.vocab),
                           ("--top", args.top)):
         at_least(option, value, 1)
     at_least("--microbatches", args.microbatches, 0)
-    n_layer, n_head, n_embd = PRESETS[args.model]
-    shape = ModelShape(n_layer, n_head, n_embd, args.vocab, args.seq)
+    shape = ModelShape.from_config(GPTConfig(vocab_size=args.vocab, block_size=args.seq, **preset_fields(args.model)))
     results = plan(shape, args.world, args.memory_gb, args.global_batch, precision=args.precision,
                    pp_schedule=args.pp_schedule, microbatches=args.microbatches, tflops=args.tflops,
                    bandwidth_gbs=args.bandwidth)

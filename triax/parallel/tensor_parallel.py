@@ -1,11 +1,13 @@
-"""Tensor and sequence parallelism for the GPT, by DTensor's `parallelize_module`.
+"""Tensor and sequence parallelism for the GPT and the llama family, by DTensor's `parallelize_module`.
 
 The plan (Megatron-LM's, expressed in PyTorch's parallel styles):
-- q/k/v projections and the MLP up-projection are column-parallel: each rank computes some heads /
-  some hidden units, with no communication;
+- q/k/v projections and the MLP up-projection (and the llama family's gate projection) are
+  column-parallel: each rank computes some heads / some hidden units, with no communication; with
+  grouped-query attention each rank holds n_head / tp query heads and n_kv_head / tp key/value
+  heads, so every query head finds its key/value head on the same rank (tp must divide n_kv_head);
 - the attention output projection and the MLP down-projection are row-parallel: partial sums that
   are reduce-scattered along the sequence;
-- LayerNorms and dropout run sequence-parallel: between the parallel regions each rank holds a
+- LayerNorms / RMSNorms and dropout run sequence-parallel: between the parallel regions each rank holds a
   slice of the sequence, so their activations are not replicated tp times;
 - the token embedding is vocabulary-parallel (each rank holds 1/tp of the rows) and the head
   is column-parallel over the vocabulary. With `loss_parallel` the logits stay sharded and the
@@ -27,9 +29,10 @@ from torch.distributed.tensor.parallel import (
 )
 
 
-def block_plan() -> dict:
+def block_plan(block: nn.Module) -> dict:
     """The plan for one transformer Block; names are relative to the block."""
     gather_sequence = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    gate = {"mlp.gate_proj": ColwiseParallel()} if hasattr(block.mlp, "gate_proj") else {}
     return {
         "ln_1": SequenceParallel(),
         "attn": gather_sequence,
@@ -39,13 +42,14 @@ def block_plan() -> dict:
         "attn.out_proj": RowwiseParallel(output_layouts=Shard(1)),
         "ln_2": SequenceParallel(),
         "mlp": gather_sequence,
+        **gate,
         "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
     }
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool) -> nn.Module:
-    """Shard `model` (a GPT, or a pipeline stage of one) over `tp_mesh` in place.
+    """Shard `model` (a GPT or Llama, or a pipeline stage of one) over `tp_mesh` in place.
 
     `loss_parallel`: leave the logits sharded over the vocabulary as a DTensor; the caller must then
     compute the loss (and run backward) inside `torch.distributed.tensor.parallel.loss_parallel()`.
@@ -55,9 +59,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool) -> nn.
     if model.tok_emb is not None:
         # Embedding outputs go straight into the sequence-parallel region: sharded along the sequence.
         top["tok_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.pos_emb is not None:
         # The position table is indexed by position: its output's dim 0 is the sequence.
         top["pos_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
-    else:
+    if model.tok_emb is None:
         # A later pipeline stage receives full hidden states; cut them along the sequence.
         model.register_forward_pre_hook(_shard_sequence_hook(tp_mesh))
     if model.ln_f is not None:
@@ -77,7 +82,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool) -> nn.
         model.vocab_mask.first_id = tp_mesh.get_local_rank() * (model.config.vocab_rows // tp_mesh.size())
     parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan())
+        parallelize_module(block, tp_mesh, block_plan(block))
     return model
 
 

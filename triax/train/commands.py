@@ -55,7 +55,7 @@ def newest_good_snapshot(root: str, run_dir: str, skip: int = 0):
     snapshots = checkpoint.list_snapshots(root)
     if not snapshots:
         raise TriaxError(f"{run_dir!r} has no snapshot yet in {root}; wait for the first save "
-                         "(trainer.save_every) or the end of training")
+                         "(the first evaluation, trainer.save_every) or the end of training")
     for snapshot in reversed(snapshots):
         try:
             reader = checkpoint.open_snapshot(snapshot)
@@ -112,7 +112,7 @@ def _true_shapes(model_config, vocab) -> tuple[dict, dict]:
     import torch
 
     from triax.data import Vocabulary
-    from triax.models import GPT, GPTConfig
+    from triax.models import GPTConfig, build_model
 
     values = dataclasses.asdict(model_config)
     # model.json's vocab_size is the true vocabulary; padded_vocab_size the rows tensor
@@ -122,20 +122,20 @@ def _true_shapes(model_config, vocab) -> tuple[dict, dict]:
     # On the meta device: shapes only, no memory. The tensors whose shape changes with the
     # vocabulary are the ones that carry its padding.
     with torch.device("meta"):
-        padded_shapes = {k: list(v.shape) for k, v in GPT(model_config).state_dict().items()}
-        true_shapes = {k: list(v.shape) for k, v in GPT(GPTConfig(**true_config)).state_dict().items()}
+        padded_shapes = {k: list(v.shape) for k, v in build_model(model_config).state_dict().items()}
+        true_shapes = {k: list(v.shape) for k, v in build_model(GPTConfig(**true_config)).state_dict().items()}
     return true_config, {k: v for k, v in true_shapes.items() if padded_shapes.get(k) != v}
 
 
 def load_run_model(run_dir: str, device: str = "cpu", opened=None):
-    """The trained plain GPT of a run directory (newest good snapshot) and its text codec,
+    """The trained plain model of a run directory (newest good snapshot) and its text codec,
     loaded tensor by tensor through the validating reader, vocabulary padding dropped."""
     from triax.checkpoint.export import load_module_streaming
-    from triax.models import GPT, GPTConfig
+    from triax.models import GPTConfig, build_model
 
     reader, model_config, vocab = opened or open_run(run_dir)
     true_config, _ = _true_shapes(model_config, vocab)
-    model = GPT(GPTConfig(**true_config))
+    model = build_model(GPTConfig(**true_config))
     load_module_streaming(reader, model)
     return model.to(device).eval(), vocab, reader.snapshot
 
@@ -224,7 +224,7 @@ def export_main(argv: list[str]) -> int:
 
     parser = ArgumentParser(prog="triax export",
                             description="write a run's trained weights as one safetensors file, or "
-                                        "(--format hf) a directory transformers' GPT2LMHeadModel loads")
+                                        "(--format hf) a directory transformers' AutoModelForCausalLM loads")
     parser.add_argument("run_dir")
     parser.add_argument("output", help="path of the .safetensors file to write (--format hf: a new directory)")
     parser.add_argument("--format", choices=("safetensors", "hf"), default="safetensors")
@@ -268,10 +268,10 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
         true_config, shapes = _true_shapes(model_config, vocab)
         # The converter reads one tensor at a time from the validated snapshot (padding rows cut).
         source = tensor_source(reader, shapes)
-        return reader.snapshot, export_hf(GPTConfig(**true_config), source, out_dir, tokenizer)
+        return reader.snapshot, (export_hf(GPTConfig(**true_config), source, out_dir, tokenizer), model_config.arch)
 
-    snapshot, values = with_fallback(run_dir, root, export)
+    snapshot, (values, arch) = with_fallback(run_dir, root, export)
     note = " with its tokenizer" if tokenizer else (" (character vocabulary: no Hugging Face tokenizer written)"
                                                     if os.path.exists(os.path.join(run_dir, "vocab.json")) else "")
-    print(f"wrote a transformers GPT-2 ({values / 1e6:.2f}M values) from {snapshot} to {out_dir}{note}")
+    print(f"wrote a transformers {arch} model ({values / 1e6:.2f}M values) from {snapshot} to {out_dir}{note}")
     return 0

@@ -1,7 +1,7 @@
 """The training configuration: typed dataclasses (the schema) composed by Hydra from YAML.
 
 `triax train model=gpt2 trainer.max_steps=100` composes triax/conf/config.yaml, the chosen model
-preset (triax.models.gpt.PRESETS), and the command-line overrides, then checks the result against
+preset (triax.models.config.PRESETS), and the command-line overrides, then checks the result against
 these dataclasses: an unknown key or a value of the wrong type fails with a message naming it.
 """
 
@@ -29,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
-from triax.models.gpt import PRESETS, GPTConfig
+from triax.models.config import PRESETS, GPTConfig, preset_fields
 from triax.parallel.comm_hooks import check_compression
 from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
 from triax.precision import POLICY_NAMES
@@ -60,7 +60,7 @@ def field_docs(schema: type) -> dict[str, str]:
 
 
 # The model keys are GPTConfig's own fields, with its defaults and docstrings: the shape is written
-# once, in triax/models/gpt.py. The data decides vocab_size and block_size, the layout the padding.
+# once, in triax/models/config.py. The data decides vocab_size and block_size, the layout the padding.
 DERIVED_MODEL_FIELDS = ("vocab_size", "block_size", "padded_vocab_size")
 _gpt_types = typing.get_type_hints(GPTConfig)
 ModelConfig = dataclasses.make_dataclass(
@@ -69,11 +69,12 @@ ModelConfig = dataclasses.make_dataclass(
     + [(item.name, _gpt_types[item.name], field(default=item.default))
        for item in dataclasses.fields(GPTConfig) if item.name not in DERIVED_MODEL_FIELDS]
     + [("init_from", Optional[str], field(default=None))],
-    namespace={"__doc__": "The GPT's shape: start from a preset (model=NAME), then change any key.",
+    namespace={"__doc__": "The model's architecture and shape: start from a preset (model=NAME), then change any key.",
                "__module__": __name__,
                "__field_docs__": {"name": "The preset this started from (informational once composed).",
-                                  "init_from": "Start from these weights: a transformers GPT-2 directory (save_pretrained "
-                                               "output or a Hugging Face cache snapshot) or a triax run directory. Its "
+                                  "init_from": "Start from these weights: a transformers directory of model_type gpt2, llama, "
+                                               "qwen2 or mistral (save_pretrained output or a Hugging Face cache "
+                                               "snapshot) or a triax run directory. Its "
                                                "architecture replaces the shape keys (dropout aside), its tokenizer "
                                                "encodes text data; unset = random initialisation.",
                                   **{name: doc for name, doc in field_docs(GPTConfig).items()
@@ -172,8 +173,10 @@ class TrainerConfig:
     run_dir: str = "runs/gpt"
     """Where metrics, TensorBoard events and snapshots go."""
 
-    save_every: int = 0
-    """Snapshot every N steps (0: only at the end, at epoch ends if asked, and when preempted)."""
+    save_every: Optional[int] = None
+    """Snapshot every N steps; unset = at every evaluation (trainer.eval_every), as nanoGPT checkpoints
+    at each evaluation, so a crash loses at most that many steps; 0 = only at the end, at epoch ends if
+    asked, and when stopped by a signal."""
 
     save_on_epoch_end: bool = False
     """Also snapshot when an epoch of the training set ends."""
@@ -193,8 +196,11 @@ class TrainerConfig:
     max_save_failures: int = 3
     """Consecutive failed snapshot writes (full or unwritable storage) before the run stops."""
 
-    async_save: bool = False
-    """Write snapshots in the background from a CPU copy while training goes on (at most one in flight)."""
+    async_save: Optional[bool] = None
+    """Write snapshots in the background from a host-memory copy while training goes on (at most one
+    in flight); unset = on with CUDA devices (the copy leaves the GPU's memory alone and the write
+    overlaps GPU work), off on a CPU (the copy would double the host memory the model and optimizer
+    take, and the writer would compete with the step for the same cores)."""
 
     eval_every: int = 100
     """Evaluate (and sample text) every N steps; 0 disables."""
@@ -221,6 +227,16 @@ class TrainerConfig:
 
     sample_tokens: int = 200
     """Characters of text sampled at each evaluation."""
+
+    peak_flops: Optional[float] = None
+    """Peak FLOP/s of one device, which MFU (model FLOPs utilisation) is reported against; unset =
+    the data-sheet peak of a known GPU for the run's precision (triax/metrics.py), and on a CPU or
+    another GPU no MFU: tokens/s alone."""
+
+    stop_grace: float = 30.0
+    """Seconds a stop request (SIGTERM, Ctrl-C) waits for the step in progress to end; past it the
+    process exits without a snapshot of that step (a restart resumes from the last one). 30 s is the
+    grace torchrun and most schedulers give before they kill."""
 
     collective_timeout: Optional[float] = None
     """Seconds a step phase may stall before the watchdog names the silent rank, writes a report and
@@ -310,15 +326,14 @@ _registered = False
 
 
 def _register_schema() -> None:
-    """The schema, and the `model=<preset>` group made from triax.models.gpt.PRESETS (their one
+    """The schema, and the `model=<preset>` group made from triax.models.config.PRESETS (their one
     home; there are no YAML files for them)."""
     global _registered
     if not _registered:
         store = ConfigStore.instance()
         store.store(name="triax_schema", node=TrainConfig)
-        for name, (n_layer, n_head, n_embd) in PRESETS.items():
-            store.store(group="model", name=name,
-                        node={"name": name, "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd})
+        for name in PRESETS:
+            store.store(group="model", name=name, node={"name": name, **preset_fields(name)})
         _registered = True
 
 
@@ -478,13 +493,19 @@ def _check_trainer(trainer: TrainerConfig) -> None:
         _need(value is None or value >= 1, f"trainer.{name}", value, "use 1 or more (or null)")
     for name in ("batch_size", "grad_accum", "log_every", "max_save_failures"):
         _need(getattr(trainer, name) >= 1, f"trainer.{name}", getattr(trainer, name), "use 1 or more")
-    for name in ("save_every", "eval_every", "eval_batches", "keep_last", "sample_tokens"):
+    _need(trainer.save_every is None or trainer.save_every >= 0, "trainer.save_every", trainer.save_every,
+          "use 0 or more (or leave it unset to snapshot at every evaluation)")
+    for name in ("eval_every", "eval_batches", "keep_last", "sample_tokens"):
         _need(getattr(trainer, name) >= 0, f"trainer.{name}", getattr(trainer, name), "use 0 or more")
     _need(_finite(trainer.grad_clip) and trainer.grad_clip >= 0, "trainer.grad_clip", trainer.grad_clip,
           "use 0 (no clipping) or a positive norm")
     _need(trainer.precision in POLICY_NAMES, "trainer.precision", trainer.precision,
           f"use one of {', '.join(POLICY_NAMES)}")
     _need(0 <= trainer.seed < 2**63, "trainer.seed", trainer.seed, "use 0 .. 2**63-1")
+    _need(trainer.peak_flops is None or (_finite(trainer.peak_flops) and trainer.peak_flops > 0), "trainer.peak_flops",
+          trainer.peak_flops, "use a positive FLOP/s figure such as 3.12e14, or leave it unset")
+    _need(_finite(trainer.stop_grace) and trainer.stop_grace > 0, "trainer.stop_grace", trainer.stop_grace,
+          "use a positive number of seconds")
     _check_device(trainer.device)
     _need(trainer.run_dir.strip() != "", "trainer.run_dir", trainer.run_dir, "give a directory")
     _need(trainer.snapshot_dir is None or trainer.snapshot_dir.strip() != "", "trainer.snapshot_dir",
@@ -523,6 +544,16 @@ def _check_debug(debug: DebugConfig) -> None:
 def final_lr(optim: OptimConfig) -> float:
     """optim.min_lr, or what it follows when unset: optim.lr / 10."""
     return optim.min_lr if optim.min_lr is not None else optim.lr / 10
+
+
+def snapshot_every(trainer: TrainerConfig) -> int:
+    """trainer.save_every, or what it follows when unset: trainer.eval_every."""
+    return trainer.save_every if trainer.save_every is not None else trainer.eval_every
+
+
+def asynchronous_snapshots(trainer: TrainerConfig, device: torch.device) -> bool:
+    """trainer.async_save, or what it follows when unset: whether the device is a GPU."""
+    return trainer.async_save if trainer.async_save is not None else device.type == "cuda"
 
 
 def snapshot_root(config: TrainConfig) -> str:

@@ -1,7 +1,9 @@
 """`triax export RUN_DIR OUT_DIR --format hf`: a directory Hugging Face transformers loads with
-`GPT2LMHeadModel.from_pretrained(OUT_DIR)`, computing the same logits as triax's GPT.
+`AutoModelForCausalLM.from_pretrained(OUT_DIR)`, computing the same logits as the run's model:
+GPT2LMHeadModel for model.arch=gpt2 (below), LlamaForCausalLM / Qwen2ForCausalLM /
+MistralForCausalLM for the llama family (triax/models/hf_llama.py: the same tensors renamed).
 
-The mapping is exact because triax's GPT is GPT-2's architecture: pre-LayerNorm blocks (eps 1e-5),
+For GPT-2 the mapping is exact because triax's GPT is GPT-2's architecture: pre-LayerNorm blocks (eps 1e-5),
 GELU with the tanh approximation (transformers' "gelu_new"), attention scaled by 1/sqrt(head size),
 learned position embeddings. What differs is layout only:
 - q/k/v are three Linears in triax (so tensor parallelism can split heads); GPT-2 has one fused
@@ -25,11 +27,15 @@ import torch
 
 from triax import safe_files
 from triax.errors import TriaxError
+from triax.models import hf_llama
 
-LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which triax's GPT uses
-# GPTConfig fields the GPT-2 config can express. A field added to GPTConfig later must be mapped
-# here (or left at its default) before export accepts it, so nothing is silently dropped.
-MAPPED_FIELDS = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_embeddings", "gelu"}
+# GPTConfig fields the transformers config can express (the rotary ones and gelu each family's
+# GPTConfig checks hold at their defaults where they do not apply). A field added to GPTConfig later
+# must be mapped here (or left at its default) before export accepts it, so nothing is silently dropped.
+MAPPED_FIELDS = {"arch", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "head_dim",
+                 "intermediate_size", "dropout", "bias", "tie_embeddings", "gelu", "norm_eps", "rope_theta",
+                 "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                 "rope_original_context"}
 # model.gelu -> transformers' activation_function
 HF_ACTIVATIONS = {"tanh": "gelu_new", "exact": "gelu"}
 
@@ -42,16 +48,19 @@ def check_mappable(config) -> None:
     for field in fields(config):
         if field.name not in MAPPED_FIELDS and getattr(config, field.name) != field.default:
             raise ExportError(f"model option {field.name}={getattr(config, field.name)!r} has no equivalent in "
-                              "transformers' GPT-2; export this run with the plain safetensors format instead")
+                              f"transformers' {config.arch}; export this run with the plain safetensors format instead")
 
 
 def hf_config(config) -> dict:
-    """config.json for transformers' GPT2LMHeadModel."""
+    """config.json for the transformers class of the run's architecture."""
+    if config.family == "llama":
+        return hf_llama.hf_config(config)
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": config.vocab_size, "n_positions": config.block_size, "n_ctx": config.block_size,
-        "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": 4 * config.n_embd,
-        "activation_function": HF_ACTIVATIONS[config.gelu], "layer_norm_epsilon": LAYER_NORM_EPS,
+        "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head,
+        "n_inner": config.intermediate_size,
+        "activation_function": HF_ACTIVATIONS[config.gelu], "layer_norm_epsilon": config.norm_eps,
         "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
         "tie_word_embeddings": bool(config.tie_embeddings),
@@ -63,7 +72,13 @@ def hf_tensors(config, source: Mapping[str, torch.Tensor]) -> Iterator[tuple[str
     """(transformers name, a function that builds that tensor from `source`, its shape), in order.
 
     Each builder reads only the one to three source tensors it needs, when called."""
-    e, v = config.n_embd, config.vocab_size
+    if config.family == "llama":
+        return hf_llama.hf_tensors(config, source)
+    return _gpt2_tensors(config, source)
+
+
+def _gpt2_tensors(config, source):
+    e, v, inner = config.n_embd, config.vocab_size, config.intermediate_size
 
     def copy(name):
         return lambda: source[name]
@@ -89,8 +104,8 @@ def hf_tensors(config, source: Mapping[str, torch.Tensor]) -> Iterator[tuple[str
                (lambda names=attention: torch.cat([source[f"{n}.bias"] for n in names]))
                if config.bias else (lambda name=f"{ours}ln_1.weight": torch.zeros(3 * e, dtype=source[name].dtype)),
                (3 * e,))
-        for mine, hf, shape in (("attn.out_proj", "attn.c_proj", (e, e)), ("mlp.up_proj", "mlp.c_fc", (e, 4 * e)),
-                                ("mlp.down_proj", "mlp.c_proj", (4 * e, e))):
+        for mine, hf, shape in (("attn.out_proj", "attn.c_proj", (e, e)), ("mlp.up_proj", "mlp.c_fc", (e, inner)),
+                                ("mlp.down_proj", "mlp.c_proj", (inner, e))):
             yield f"{theirs}{hf}.weight", conv1d(f"{ours}{mine}.weight"), shape
             yield f"{theirs}{hf}.bias", bias_or_zeros(f"{ours}{mine}.bias", shape[1], f"{ours}{mine}.weight"), (shape[1],)
     yield "transformer.ln_f.weight", copy("ln_f.weight"), (e,)

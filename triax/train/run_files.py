@@ -15,8 +15,8 @@ import os
 from triax import safe_files
 from triax.checkpoint.reader import SnapshotReader
 from triax.checkpoint.snapshot import MODEL_KEY
-from triax.errors import TriaxError
-from triax.models.gpt import MAX_SIZES
+from triax.errors import ConfigError, TriaxError
+from triax.models.config import MAX_SIZES
 
 # Far beyond any model triax trains, small enough that arithmetic on them stays exact and cheap.
 SIZE_LIMITS = MAX_SIZES
@@ -33,14 +33,15 @@ def _read_small_json(path: str, what: str):
                          f"it is the run's {what}, written by `triax train`") from None
 
 
-def parameter_count(values: dict) -> int:
-    """Parameters of the GPT that model.json describes (the layout of triax.models.gpt), by arithmetic."""
-    v, s, h, layers = values["vocab_size"], values["block_size"], values["n_embd"], values["n_layer"]
-    bias = values.get("bias", True)
-    # q, k, v, out (4h^2) + up, down (8h^2); two norms (2h) and, with bias, 11h of biases
-    per_layer = 12 * h * h + (13 * h if bias else 2 * h)
-    head = 0 if values.get("tie_embeddings", False) else v * h
-    return (v + s) * h + layers * per_layer + (2 * h if bias else h) + head
+def parameter_count(config) -> int:
+    """Parameters of the model a checked GPTConfig describes, counted on the meta device (shapes
+    only: no memory, whatever the sizes)."""
+    import torch  # deferred: with build_model, only once model.json has passed the cheap checks
+
+    from triax.models import build_model  # deferred: see above
+
+    with torch.device("meta"):
+        return build_model(config).num_params(exclude_position=False)
 
 
 def snapshot_bytes(snapshot: str) -> int | None:
@@ -56,8 +57,9 @@ def snapshot_bytes(snapshot: str) -> int | None:
 
 
 def read_model_config(run_dir: str, snapshot=None):
-    """model.json as a GPTConfig, checked: known keys, types, sizes, and (with `snapshot`, a
-    validated SnapshotReader or a local path) a model no larger than what the snapshot stores."""
+    """model.json as a GPTConfig, checked: known keys, types, sizes (and GPTConfig's own checks),
+    and (with `snapshot`, a validated SnapshotReader or a local path) a model no larger than what
+    the snapshot stores."""
     from dataclasses import fields
 
     from triax.models import GPTConfig
@@ -81,23 +83,28 @@ def read_model_config(run_dir: str, snapshot=None):
     for name in ("bias", "tie_embeddings"):
         if name in values and not isinstance(values[name], bool):
             raise TriaxError(f"{path} is damaged: {name}={values[name]!r} (expected true or false)")
+    try:
+        config = GPTConfig(**values)
+    except (ConfigError, TypeError) as error:
+        raise TriaxError(f"{path} is damaged: {error}") from None
+    count = parameter_count(config)
     if isinstance(snapshot, SnapshotReader):
         # The validated snapshot's own tensor shapes (each backed by distinct verified bytes of a
         # listed file): the model must not need more values than the snapshot's model holds.
         stored_values = sum(math.prod(snapshot.tensor_info(key)[1]) for key in snapshot.tensor_names()
                             if key.startswith(MODEL_KEY))
-        if parameter_count(values) > stored_values:
-            raise TriaxError(f"{path} describes a model of {parameter_count(values):,} parameters but snapshot "
+        if count > stored_values:
+            raise TriaxError(f"{path} describes a model of {count:,} parameters but snapshot "
                              f"{snapshot.snapshot} stores only {stored_values:,} model values: model.json does "
                              "not belong to it (damaged or replaced); restore it from the run's config")
     elif snapshot is not None:
         stored = snapshot_bytes(snapshot)
-        needed = parameter_count(values) * MIN_BYTES_PER_PARAMETER
+        needed = count * MIN_BYTES_PER_PARAMETER
         if stored is not None and needed > stored:
-            raise TriaxError(f"{path} describes a model of {parameter_count(values):,} parameters but snapshot "
+            raise TriaxError(f"{path} describes a model of {count:,} parameters but snapshot "
                              f"{snapshot} stores only {stored:,} bytes: model.json does not belong to it "
                              "(damaged or replaced); restore it from the run's config")
-    return GPTConfig(**values)
+    return config
 
 
 def read_vocabulary(run_dir: str, vocab_size: int | None = None):

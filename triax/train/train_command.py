@@ -9,13 +9,15 @@ from triax.train.trainer import Trainer
 
 TRAIN_HELP = """usage: triax train [key=value ...] [model=PRESET] [+experiment=NAME]
 
-Train a GPT. With no arguments: a small model on the built-in corpus (under two minutes on 2 CPU
+Train a GPT (or, with model.arch=llama or model=llama-debug, a Llama). With no arguments: a small model on the built-in corpus (under two minutes on 2 CPU
 cores). Run under torchrun (or `triax launch`) for several processes.
 
 examples:
   triax train
   triax train model=gpt-mini trainer.max_steps=1000 data.path=input.txt
   triax train data.task=addition trainer.max_steps=2000
+  triax train model=llama-debug trainer.max_steps=1000
+  triax train model.init_from=path/to/hf-llama data.task=tokens data.path=tokens/
   triax train data.task=tokens data.path=tokens/   # a directory from `triax tokenize` or nanoGPT
   torchrun --nproc-per-node 4 -m triax train trainer.precision=bf16
 

@@ -26,15 +26,16 @@ from triax.data import GlobalSampler
 from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
-from triax.host_memory import return_freed_memory_to_os
-from triax.metrics import MetricsLogger, peak_flops, peak_memory_mb
-from triax.models import GPT
+from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
+from triax.metrics import MetricsLogger, peak_memory_mb, stated_peak_flops
+from triax.models import build_model
 from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.mesh import build_mesh, padded_vocab_size, resolve_layout, validate_layout
 from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import parallelize
+from triax.parallel.plan import ModelShape, check_memory
 from triax.place import detect_place, pick_device
 from triax.precision import Precision
 from triax.process_group import init_distributed
@@ -42,7 +43,8 @@ from triax.rendezvous import restart_count
 from triax.stragglers import StragglerCheck
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train import init_from
-from triax.train.config import TrainConfig, final_lr, gpt_config, snapshot_root, to_dict
+from triax.train.config import (TrainConfig, asynchronous_snapshots, final_lr, gpt_config, snapshot_every,
+                                snapshot_root, to_dict)
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import lock_run_dir, unlock_run_dir
@@ -101,7 +103,8 @@ class Trainer:
         self.timing = {"step": 0.0, "data": 0.0, "forward": 0.0}  # this rank's seconds in the log interval
         self.stragglers = StragglerCheck()
         self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
-        self._peak_flops: tuple[float, str] | None = None
+        self._peak_flops = stated_peak_flops(self.device, self.precision.compute_dtype, config.trainer.peak_flops)
+        self._mfu_warned = False
         self._open_run_files()
         if self.resume:
             self._maybe_resume()
@@ -133,7 +136,8 @@ class Trainer:
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
                         pp_microbatches=parallel.pp_microbatches, pp_balance=list(parallel.pp_balance),
                         activation_checkpointing=parallel.activation_checkpointing,
-                        tie_embeddings=config.model.tie_embeddings, cpu_offload=parallel.cpu_offload)
+                        tie_embeddings=config.model.tie_embeddings, cpu_offload=parallel.cpu_offload,
+                        n_kv_head=config.model.n_kv_head)
         # Before the model exists: with FSDP, freed parameter and gradient buffers must go back to
         # the OS rather than stay in glibc's heap, or each rank's memory stays at its step-time high
         # (see the function). Off by default without sharding: a small model's many activation
@@ -150,6 +154,7 @@ class Trainer:
         padded_rows = padded_vocab_size(vocab_size, self.layout.tp, saved_rows)
         model_config = gpt_config(config.model, vocab_size, block_size,
                                   padded_rows if padded_rows != vocab_size else None)
+        self._check_memory(model_config)
         # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
         self.global_micro_batch = trainer.batch_size * self.layout.dp
         self.samples_per_step = self.global_micro_batch * trainer.grad_accum
@@ -180,6 +185,25 @@ class Trainer:
         # Created only once every check above passed: a refused start leaves no empty run directory.
         created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
         return model_config, created_run_dir
+
+    def _check_memory(self, model_config) -> None:
+        """A model, batch and context this device cannot hold stop here, before anything is
+        allocated (triax plan's estimate, an undercount), instead of swapping for hours."""
+        trainer, parallel = self.config.trainer, self.config.parallel
+        if self.device.type == "cuda":
+            properties = torch.cuda.get_device_properties(self.device)
+            memory, where = properties.total_memory, f"{self.device} ({properties.name})"
+        else:
+            memory = host_memory_bytes()
+            processes = self.place.local_world_size
+            where = "this host" if processes == 1 else f"each of this host's {processes} processes"
+            memory = memory // processes if memory else None
+        if memory is None:
+            return
+        shape = ModelShape.from_config(model_config, block_size=self.data.block_size)
+        check_memory(shape, self.layout, memory / 2**30, where, batch_size=trainer.batch_size,
+                     precision=trainer.precision, checkpointing=parallel.activation_checkpointing,
+                     pp_schedule=parallel.pp_schedule, microbatches=parallel.pp_microbatches)
 
     def _join_job(self, created_run_dir: bool) -> None:
         """The watchdog and the process group."""
@@ -221,7 +245,7 @@ class Trainer:
         self.model_config = model_config
         self._pipeline_reduction = "mean"  # what _pipeline_loss returns: "sum" while evaluating
         with torch.device("meta"):  # the whole model's shape, for counting; no memory
-            described = GPT(model_config)
+            described = build_model(model_config)
         self.num_params = described.num_params()
         self.flops_per_token = described.flops_per_token(self.data.block_size)
         self.mesh = build_mesh(self.layout, self.device.type)
@@ -252,6 +276,8 @@ class Trainer:
         self.total_steps = self._total_steps()
         self.scheduler = make_schedule(self.optimizer, self.total_steps, optim.warmup_steps, final_lr(optim))
         self.scaler = self.precision.make_scaler(self.device)
+        self.save_every = snapshot_every(self.config.trainer)
+        self.async_save = asynchronous_snapshots(self.config.trainer, self.device)
 
     def _open_run_files(self) -> None:
         """The run lock, the trackers, and the files generate/export need (rank 0 writes them)."""
@@ -262,7 +288,7 @@ class Trainer:
             try:
                 if self.is_main:
                     lock_run_dir(trainer.run_dir)  # before anything in it is written or deleted
-                    weakref.finalize(self, unlock_run_dir, trainer.run_dir)  # a Trainer never fitted
+                    weakref.finalize(self, unlock_run_dir, trainer.run_dir, True)  # a Trainer never fitted
                 self.logger = MetricsLogger(
                     trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps, loggers=trainer.loggers,
                     project=trainer.project, config=to_dict(self.config),
@@ -292,8 +318,9 @@ class Trainer:
         """The checkpoint's shape replaces model.* (dropout stays this run's choice)."""
         source, model = self.init_source, self.config.model
         init_from.check_fits(source, self.data.vocab_size, self.data.block_size)
-        for key in ("n_layer", "n_head", "n_embd", "bias", "tie_embeddings", "gelu"):
-            setattr(model, key, source.architecture[key])
+        for key, value in source.architecture.items():
+            if key not in ("vocab_size", "block_size"):  # the data's sizes, checked above
+                setattr(model, key, value)
         if model.tie_embeddings and (self.layout.tp > 1 or self.layout.pp > 1):
             # Tensor and pipeline parallelism need an untied head: it starts as a copy of the
             # embedding (the same logits), and the two then train apart.
@@ -392,12 +419,12 @@ class Trainer:
         try:
             pending = checkpoint.start_snapshot(self.snapshot_root, self.step, self.model, self.optimizer, state,
                                                 keep_last=trainer.keep_last, stored_name=self._stored_name(),
-                                                asynchronous=trainer.async_save)
+                                                asynchronous=self.async_save)
         except checkpoint.SnapshotWriteError as error:
             self._save_failed(error)
             return None
         self.pending_save, self.pending_step = pending, self.step
-        if trainer.async_save:
+        if self.async_save:
             return None
         return self.finish_pending_save()
 
@@ -420,6 +447,12 @@ class Trainer:
         trainer = self.config.trainer
         self.save_failures += 1
         last_good = self.last_snapshot or "none yet"
+        # Agreed by every rank (a collective), so all stop or all go on: a rank may hold only
+        # another rank's "failed elsewhere" and not know the cause.
+        if any_rank(not getattr(error, "retryable", True)):
+            raise checkpoint.SnapshotWriteError(
+                f"{error}; not a storage fault, so another attempt would fail the same way: the run stops "
+                f"(last good snapshot: {last_good})", retryable=False) from None
         if self.save_failures >= trainer.max_save_failures:
             raise checkpoint.SnapshotWriteError(
                 f"{error}; {self.save_failures} snapshot attempts in a row failed (trainer.max_save_failures="
@@ -649,12 +682,18 @@ class Trainer:
     def _throughput(self, steps: int, seconds: float) -> dict:
         tokens = steps * self.samples_per_step * self.data.block_size
         tokens_per_s = tokens / max(seconds, 1e-9)
-        if self._peak_flops is None:
-            self._peak_flops = peak_flops(self.device, self.precision.compute_dtype)
+        figures = {"tokens_per_s": round(tokens_per_s, 1), "step_time_s": round(seconds / max(steps, 1), 5)}
+        if self._peak_flops is None:  # a CPU or an unknown GPU, no trainer.peak_flops: tokens/s alone
+            return figures
         peak, source = self._peak_flops
         mfu = self.flops_per_token * tokens_per_s / (peak * self.world_size)
-        return {"tokens_per_s": round(tokens_per_s, 1), "mfu": round(mfu, 5), "peak_flops_source": source,
-                "step_time_s": round(seconds / max(steps, 1), 5)}
+        if mfu > 1:  # more than the peak: the stated peak is wrong, and the figure would be no utilisation
+            if not self._mfu_warned:
+                self._mfu_warned = True
+                self._warn(f"{100 * mfu:.0f}% of the peak FLOP/s ({peak:.3g}, {source}) would be reported as "
+                           "MFU: that peak is too low for this device, so MFU is left out (set trainer.peak_flops)")
+            return figures
+        return {**figures, "mfu": round(mfu, 5), "peak_flops_source": source}
 
     def fit(self) -> dict:
         trainer = self.config.trainer
@@ -667,9 +706,11 @@ class Trainer:
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
         self.model.train()
         debug = self.config.debug
-        stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank).install()
+        stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank, trainer.stop_grace,
+                           self._restart_point).install()
         try:
             last = self._loop(stop)
+            stop.reached()  # at a step boundary: the final snapshot is not cut short
             self._finish()
         finally:
             stop.uninstall()
@@ -677,8 +718,8 @@ class Trainer:
                 self.sample_log.close()
             if self.watchdog is not None:
                 self.watchdog.stop()
-            if self.is_main:  # the job is over: the run directory is free (process exit does it too)
-                unlock_run_dir(self.config.trainer.run_dir)
+            if self.is_main:  # the job is over: the run directory is free, and no lock file stays behind
+                unlock_run_dir(self.config.trainer.run_dir, remove=True)
         with raise_together("closing the metrics files"):  # rank 0's files; the others wait at exit
             self.logger.close()
         return last
@@ -727,7 +768,7 @@ class Trainer:
                 last = record
                 interval_start, interval_steps = time.perf_counter(), 0
             epoch_ended = not self.sampler.fits(self.sample_index, self.samples_per_step)
-            if ((trainer.save_every and self.step % trainer.save_every == 0)
+            if ((self.save_every and self.step % self.save_every == 0)
                     or (trainer.save_on_epoch_end and epoch_ended)):
                 self.save()
             stop.after_step(self.step)
@@ -736,9 +777,17 @@ class Trainer:
             self._phase("stop-agreement all-reduce", self.step)
             self.first_step = False
             if any_rank(stop.requested):
+                stop.reached()
                 self.stop_reason = stop.reason or "a signal on another rank"
                 break
         return last
+
+    def _restart_point(self) -> str:
+        """Where a restart would begin now, for a stop without a snapshot of this step."""
+        if self.last_snapshot is None:
+            return f"stopped in step {self.step + 1} with no snapshot yet: a restart begins at step 0"
+        return (f"stopped in step {self.step + 1} without a snapshot of it: a restart resumes from "
+                f"{self.last_snapshot} (step {self.saved_step})")
 
     def _rank_times(self, steps: int) -> dict:
         """Every rank's seconds per step in this log interval (a collective), and a warning when one
@@ -755,9 +804,10 @@ class Trainer:
         parts = [f"step {self.step}/{self.total_steps}"]
         if "loss" in record:
             parts += [f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}", f"gnorm {record['grad_norm']:.3f}",
-                      f"{record['tokens_per_s']:.0f} tok/s",
-                      f"mfu {100 * record['mfu']:.2f}%{' (measured peak)' if record['peak_flops_source'] == 'measured' else ''}",
-                      f"mem {record['peak_mem_mb']:.0f}MB"]
+                      f"{record['tokens_per_s']:.0f} tok/s"]
+            if "mfu" in record:
+                parts.append(f"mfu {100 * record['mfu']:.2f}%")
+            parts.append(f"mem {record['peak_mem_mb']:.0f}MB")
         if "val_loss" in record:
             parts.append(f"val_loss {record['val_loss']:.4f} ({record['val_tokens']} tokens)")
         if "val_accuracy" in record:

@@ -1,4 +1,4 @@
-"""triax's own step: `Trainer.train_step` from `triax train` (GPT models), or for other models the
+"""triax's own step: `Trainer.train_step` from `triax train` (GPT and Llama models), or for other models the
 same core pieces the trainer composes (apply_ddp, Precision, make_adamw)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import torch
 
 from triax.bench.adapters import BETAS, GRAD_CLIP, LEARNING_RATE, WEIGHT_DECAY, StepSetup, Unavailable
 from triax.bench.models import loss_of
+from triax.models.config import architecture_fields
 
 
 def make_step(setup: StepSetup):
@@ -22,9 +23,9 @@ def _trainer_step(setup: StepSetup):
     from triax.train.trainer import Trainer
 
     gpt = setup.model.gpt_config
+    shape = {key: value for key, value in architecture_fields(gpt).items() if key not in ("vocab_size", "block_size")}
     config = from_dict({
-        "model": {"name": setup.model.name, "n_layer": gpt.n_layer, "n_head": gpt.n_head,
-                  "n_embd": gpt.n_embd, "dropout": 0.0, "bias": gpt.bias},
+        "model": {"name": setup.model.name, **shape, "dropout": 0.0},
         "data": {"block_size": gpt.block_size},
         "optim": {"lr": LEARNING_RATE, "min_lr": LEARNING_RATE, "warmup_steps": 0,
                   "betas": list(BETAS), "weight_decay": WEIGHT_DECAY},

@@ -1,0 +1,399 @@
+"""FSDP through Accelerate's own configuration: FullyShardedDataParallelPlugin, an `accelerate config`
+file under `triax launch --config_file`, and the FSDP_* environment, mapped onto triax's FSDP2 core.
+
+Without processes: the plugin reads the environment as Accelerate's does, a config file gives the
+environment `accelerate launch` would, every option triax cannot honour is refused in one line.
+With processes (a tiny transformers Llama, tests/accelerate_scripts/fsdp_transformer.py): 2 FSDP
+processes equal 1 plain process, Accelerate's own FSDP2 gives the same bits, a run launched from
+an Accelerate config file resumes bitwise, and save_state's FULL and SHARDED snapshots hold the
+same tensors.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from helpers import assert_adam_close, assert_bitwise_equal
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tests", "accelerate_scripts", "fsdp_transformer.py")
+STEPS, LR = 6, 3e-3  # the script's defaults
+WRAP = {"fsdp_version": 2, "auto_wrap_policy": "transformer_based_wrap",
+        "transformer_cls_names_to_wrap": ["LlamaDecoderLayer"]}
+
+
+@pytest.fixture(autouse=True)
+def no_fsdp_environment(monkeypatch):
+    """Each test starts without FSDP_* / ACCELERATE_USE_FSDP, and whatever it (or an Accelerator
+    given a plugin, as Accelerate's does) sets is undone afterwards."""
+    for name in [n for n in os.environ if n.startswith("FSDP_")]:
+        monkeypatch.delenv(name)
+    for name in ("FSDP_CPU_RAM_EFFICIENT_LOADING", "ACCELERATE_USE_FSDP"):
+        monkeypatch.setenv(name, "")  # so that monkeypatch remembers to remove them again
+        monkeypatch.delenv(name)
+
+
+# ---- the plugin, against Accelerate's -----------------------------------------------------------
+
+def _fields(plugin) -> dict:
+    """A plugin's normalised fields, comparable between triax's class and Accelerate's."""
+    def plain(value):
+        if hasattr(value, "__dict__") and not callable(value):
+            return (type(value).__name__, sorted(vars(value).items()))
+        return getattr(value, "__name__", value)
+
+    names = ["fsdp_version", "sharding_strategy", "reshard_after_forward", "backward_prefetch",
+             "mixed_precision_policy", "auto_wrap_policy", "cpu_offload", "ignored_modules", "state_dict_type",
+             "state_dict_config", "optim_state_dict_config", "limit_all_gathers", "use_orig_params",
+             "activation_checkpointing", "activation_checkpointing_offload", "cpu_ram_efficient_loading",
+             "transformer_cls_names_to_wrap", "min_num_params"]
+    return {name: plain(getattr(plugin, name)) for name in names}
+
+
+ENVIRONMENTS = [
+    # what `accelerate launch` sets for an FSDP2 config written by `accelerate config`
+    {"FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "false", "FSDP_OFFLOAD_PARAMS": "true",
+     "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP", "FSDP_TRANSFORMER_CLS_TO_WRAP": "LlamaDecoderLayer,Foo",
+     "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
+     "FSDP_ACTIVATION_CHECKPOINTING": "true", "FSDP_USE_ORIG_PARAMS": "true", "FSDP_IGNORED_MODULES": "lm_head"},
+    # FSDP1 (Accelerate's default version), size-based wrapping
+    {"FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP", "FSDP_AUTO_WRAP_POLICY": "SIZE_BASED_WRAP",
+     "FSDP_MIN_NUM_PARAMS": "2000", "FSDP_BACKWARD_PREFETCH": "BACKWARD_POST", "FSDP_USE_ORIG_PARAMS": "false"},
+    {},
+]
+ARGUMENTS = [
+    {"fsdp_version": 2, "mixed_precision_policy": "bf16", "cpu_offload": True, "reshard_after_forward": "false"},
+    {"fsdp_version": 2, "mixed_precision_policy": {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32,
+                                                   "output_dtype": torch.bfloat16}, "state_dict_type": "FULL_STATE_DICT"},
+    {"fsdp_version": 1, "reshard_after_forward": "SHARD_GRAD_OP", "mixed_precision_policy": "fp16"},
+]
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_plugin_reads_the_fsdp_environment_as_accelerate_does(environment, monkeypatch):
+    accelerate = pytest.importorskip("accelerate.utils")
+    from triax.accelerate.utils import FullyShardedDataParallelPlugin
+
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert _fields(FullyShardedDataParallelPlugin()) == _fields(accelerate.FullyShardedDataParallelPlugin())
+
+
+@pytest.mark.parametrize("arguments", ARGUMENTS)
+def test_plugin_normalises_its_arguments_as_accelerate_does(arguments):
+    accelerate = pytest.importorskip("accelerate.utils")
+    from triax.accelerate.utils import FullyShardedDataParallelPlugin
+
+    ours, theirs = FullyShardedDataParallelPlugin(**arguments), accelerate.FullyShardedDataParallelPlugin(**arguments)
+    assert _fields(ours) == _fields(theirs)
+    ours.set_state_dict_type("FULL_STATE_DICT")
+    theirs.set_state_dict_type("FULL_STATE_DICT")
+    assert _fields(ours) == _fields(theirs)
+
+
+def test_accelerator_mixed_precision_gives_accelerates_fsdp_policy():
+    accelerate = pytest.importorskip("accelerate.utils")
+    from triax.accelerate.fsdp import default_mixed_precision_policy
+
+    for name in ("bf16", "fp16"):
+        plugin = accelerate.FullyShardedDataParallelPlugin(fsdp_version=2)
+        plugin.set_mixed_precision(name)  # what Accelerate's state does for Accelerator(mixed_precision=name)
+        assert default_mixed_precision_policy(name) == plugin.mixed_precision_policy
+
+
+def test_accelerator_without_a_plugin_builds_one_from_the_fsdp_environment(monkeypatch, capsys):
+    from triax.accelerate import Accelerator
+    from triax.launch.launcher import main as launch
+
+    for name, value in {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "SIZE_BASED_WRAP",
+                        "FSDP_MIN_NUM_PARAMS": "1000", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT"}.items():
+        monkeypatch.setenv(name, value)
+    accelerator = Accelerator()
+    plugin = accelerator.state.fsdp_plugin
+    assert accelerator.parallel == "fsdp" and accelerator.is_fsdp2 is False  # one process: nothing to shard
+    assert (plugin.fsdp_version, plugin.state_dict_type.name, plugin.min_num_params) == (2, "FULL_STATE_DICT", 1000)
+    assert plugin.auto_wrap_policy.__name__ == "size_based_auto_wrap_policy"
+    # triax launch hands that environment on, with the FSDP layout, as accelerate launch does.
+    monkeypatch.setenv("TRIAX_CONFIG_FILE", "/nonexistent/config.yaml")
+    assert launch(["--num_processes", "2", "--main_process_port", "0", "--dry-run", "demo.py"]) == 0
+    assert "TRIAX_PARALLEL=fsdp" in capsys.readouterr().out
+
+
+# ---- refused in one line ----------------------------------------------------------------------
+
+REFUSED = [
+    ({"sharding_strategy": "NO_SHARD"}, NotImplementedError, "NO_SHARD"),
+    ({"sharding_strategy": "HYBRID_SHARD"}, NotImplementedError, "HYBRID_SHARD"),
+    ({"fsdp_version": 2, "state_dict_type": "LOCAL_STATE_DICT"}, ValueError, "LOCAL_STATE_DICT"),
+    ({"fsdp_version": 1, "state_dict_type": "LOCAL_STATE_DICT"}, ValueError, "LOCAL_STATE_DICT"),
+    ({"fsdp_version": 3}, ValueError, "fsdp_version"),
+    ({"fsdp_version": 2, "activation_checkpointing": True}, ValueError, "activation_checkpointing"),
+    ({"fsdp_version": 2, "activation_checkpointing_offload": True}, ValueError, "activation_checkpointing_offload"),
+    ({"fsdp_version": 2, "auto_wrap_policy": "layer_wrap"}, ValueError, "auto wrap policy"),
+    ({"fsdp_version": 2, "reshard_after_forward": "FULL_SHARD"}, ValueError, "reshard_after_forward"),
+    ({"fsdp_version": 2, "cpu_offload": "yes"}, ValueError, "cpu_offload"),
+    ({"fsdp_version": 2, "state_dict_type": "WHOLE"}, ValueError, "state_dict_type"),
+]
+
+
+@pytest.mark.parametrize("arguments, error, names", REFUSED)
+def test_options_triax_cannot_honour_are_refused_in_one_line(arguments, error, names):
+    from triax.accelerate import Accelerator
+    from triax.accelerate.utils import FullyShardedDataParallelPlugin
+    from triax.errors import TriaxError
+
+    with pytest.raises(error) as caught:
+        Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(**arguments))
+    message = str(caught.value)
+    assert isinstance(caught.value, TriaxError) and names in message and "\n" not in message, message
+
+
+def test_accelerates_own_plugin_is_read_and_refused_alike():
+    accelerate = pytest.importorskip("accelerate.utils")
+    from torch.distributed.fsdp import MixedPrecision
+
+    from triax.accelerate import Accelerator
+
+    with pytest.raises(NotImplementedError, match="HYBRID_SHARD_ZERO2"):
+        Accelerator(fsdp_plugin=accelerate.FullyShardedDataParallelPlugin(sharding_strategy="HYBRID_SHARD_ZERO2"))
+    keep = accelerate.FullyShardedDataParallelPlugin(mixed_precision_policy=MixedPrecision(keep_low_precision_grads=True))
+    with pytest.raises(NotImplementedError, match="keep_low_precision_grads"):
+        Accelerator(fsdp_plugin=keep)
+    with pytest.raises(TypeError, match="FullyShardedDataParallelPlugin"):
+        Accelerator(fsdp_plugin={"fsdp_version": 2})
+
+
+def test_fsdp1_runs_as_fsdp2_with_one_warning_naming_what_is_not_applied():
+    from triax.accelerate import Accelerator
+    from triax.accelerate.utils import FullyShardedDataParallelPlugin
+
+    with pytest.warns(UserWarning) as caught:
+        accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(
+            fsdp_version=1, sharding_strategy="SHARD_GRAD_OP", backward_prefetch="BACKWARD_POST", limit_all_gathers=False))
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2 and all("\n" not in m for m in messages), messages
+    assert "fsdp_version=1" in messages[0] and "backward_prefetch=BACKWARD_POST" in messages[0]
+    assert "limit_all_gathers=False" in messages[1]
+    assert accelerator._fsdp.reshard_after_forward is False  # SHARD_GRAD_OP, as `accelerate to-fsdp2` maps it
+    assert accelerator.state.fsdp_plugin.state_dict_type.name == "FULL_STATE_DICT"  # FSDP1's default
+
+
+def test_wrap_policies_choose_accelerates_units():
+    pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    from fsdp_transformer import tiny_llama
+
+    from triax.accelerate.fsdp import read_plugin, wrapped_modules
+    from triax.accelerate.utils import FullyShardedDataParallelPlugin
+
+    model = tiny_llama()
+    names = {id(module): name for name, module in model.named_modules()}
+
+    def units(**arguments):
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, **arguments)
+        return [names[id(module)] for module in wrapped_modules(read_plugin(plugin), model)]
+
+    layers = ["model.layers.0", "model.layers.1"]
+    assert units(auto_wrap_policy="transformer_based_wrap") == layers  # the model's _no_split_modules
+    assert units(auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["LlamaMLP"]) == [
+        "model.layers.0.mlp", "model.layers.1.mlp"]
+    # Accelerate's size rule counts every parameter below a module, so the ModuleList and the
+    # base model (each over 8000) become units too, around the layers.
+    assert units(auto_wrap_policy="size_based_wrap", min_num_params=8000) == [*layers, "model.layers", "model"]
+    assert units(auto_wrap_policy="size_based_wrap", min_num_params=0) == []  # Accelerate: 0 is no wrap
+    assert units() == []  # NO_WRAP
+    # Any other callable is asked as FSDP1 asks it (nonwrapped_numel: what no unit below took).
+    assert units(auto_wrap_policy=lambda module, recurse, nonwrapped_numel: nonwrapped_numel > 8000) == layers
+    with pytest.raises(ValueError, match="Could not find the transformer layer class GPT2Block"):
+        units(auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["GPT2Block"])
+
+
+# ---- an `accelerate config` file ----------------------------------------------------------------
+
+def write_accelerate_config(path, fsdp_config, **fields):
+    """The file `accelerate config` writes, by its own ClusterConfig class."""
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.utils import ComputeEnvironment, DistributedType
+
+    values = dict(compute_environment=ComputeEnvironment.LOCAL_MACHINE, distributed_type=DistributedType.FSDP,
+                  mixed_precision="no", use_cpu=True, debug=False, num_processes=2, fsdp_config=fsdp_config)
+    values.update(fields)
+    ClusterConfig(**values).to_yaml_file(str(path))
+    return str(path)
+
+
+FSDP_CONFIGS = [
+    {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_reshard_after_forward": False,
+     "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "fsdp_state_dict_type": "FULL_STATE_DICT",
+     "fsdp_offload_params": True, "fsdp_cpu_ram_efficient_loading": True, "fsdp_activation_checkpointing": True},
+    {"fsdp_version": 1, "fsdp_reshard_after_forward": "SHARD_GRAD_OP", "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+     "fsdp_min_num_params": 2000, "fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_use_orig_params": True,
+     "fsdp_cpu_ram_efficient_loading": False, "fsdp_sync_module_states": False},
+    {"version": 2, "state_dict_type": "SHARDED_STATE_DICT"},  # accelerate launch adds the fsdp_ prefix
+]
+
+
+@pytest.mark.parametrize("fsdp_config", FSDP_CONFIGS)
+def test_accelerate_config_file_gives_the_environment_accelerate_launch_gives(fsdp_config, tmp_path):
+    pytest.importorskip("accelerate")
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    from triax.launch.config import read_config_file
+
+    path = write_accelerate_config(tmp_path / "fsdp.yaml", fsdp_config, mixed_precision="bf16")
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", path, "x.py"]))
+    theirs = {k: v for k, v in prepare_multi_gpu_env(args).items() if k.startswith(("FSDP_", "ACCELERATE_USE_FSDP"))}
+    config, ours = read_config_file(path)
+    assert ours == theirs
+    assert (config.parallel, config.num_processes, config.use_cpu, config.mixed_precision) == ("fsdp", 2, True, "bf16")
+
+
+@pytest.mark.parametrize("fields, names", [
+    ({"distributed_type": "DEEPSPEED"}, "DEEPSPEED"),
+    ({"fsdp_config": {"fsdp_version": 2, "fsdp_cpu_ram_efficient_loading": True,
+                      "fsdp_sync_module_states": False}}, "fsdp_sync_module_states"),
+    ({"fsdp_config": {"fsdp_verison": 2}}, "fsdp_verison"),
+    ({"mixed_precision": "fp8"}, "fp8"),
+    ({"downcast_bf16": True}, "downcast_bf16"),
+    ({"dynamo_config": {"dynamo_backend": "INDUCTOR"}}, "dynamo_config"),
+])
+def test_accelerate_config_keys_triax_cannot_honour_are_refused_in_one_line(fields, names, tmp_path):
+    import yaml
+
+    from triax.errors import ConfigError
+    from triax.launch.config import read_config_file
+
+    data = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "num_processes": 2,
+            "mixed_precision": "no", "use_cpu": True, "fsdp_config": {"fsdp_version": 2}}
+    data.update(fields)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as caught:
+        read_config_file(str(tmp_path / "c.yaml"))
+    assert names in str(caught.value) and "\n" not in str(caught.value)
+
+
+# ---- with processes ----------------------------------------------------------------------------
+
+def _env(tmp_path):
+    from triax.testing import quiet_env
+
+    return quiet_env(PYTHONPATH=ROOT, TRIAX_CONFIG_FILE=str(tmp_path / "no-config.yaml"))
+
+
+def _forked(tmp_path, nproc, *args):
+    import forked
+
+    forked.launch(nproc, [SCRIPT, *args], env=_env(tmp_path), timeout=300)
+
+
+def _weights(out):
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(out, "model", "model.safetensors"))
+
+
+def _records(out):
+    return [json.load(open(os.path.join(out, f"rank_{rank}.json"))) for rank in (0, 1)]
+
+
+def _snapshot_tensors(root):
+    from triax.checkpoint import SnapshotReader, latest_snapshot
+
+    reader = SnapshotReader(latest_snapshot(str(root)))
+    return {name: reader.full_tensor(name) for name in reader.tensor_names()}
+
+
+@pytest.mark.multiprocess
+def test_ignored_modules_sync_module_states_and_forward_prefetch_are_honoured(tmp_path):
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    from fsdp_options import model_for
+
+    options = {"fsdp_version": 2, "auto_wrap_policy": "size_based_wrap", "min_num_params": 200,
+               "ignored_modules": "4", "sync_module_states": True, "forward_prefetch": True}
+    import forked
+
+    forked.launch(2, [os.path.join(os.path.dirname(SCRIPT), "fsdp_options.py"), "--out", str(tmp_path / "out"),
+                      "--plugin", json.dumps(options)], env=_env(tmp_path), timeout=300)
+    reference = {name: tensor.tolist() for name, tensor in model_for(seed=0).state_dict().items()}
+    for rank in (0, 1):
+        record = json.load(open(tmp_path / "out" / f"rank_{rank}.json"))
+        assert record["units"] == ["", "0", "2"]  # the Linears over 200 parameters, and the root
+        assert record["sharded"] == ["0.bias", "0.weight", "2.bias", "2.weight"]  # "4" is ignored
+        assert record["prefetched"] == {"": 0, "0": 1, "2": 0}
+        # Each process built its own weights; sync_module_states gave every one process 0's.
+        assert record["weights"] == reference
+
+
+PLUGIN = dict(WRAP, state_dict_type="SHARDED_STATE_DICT", activation_checkpointing=True,
+              cpu_ram_efficient_loading=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One plain process (the reference), and 2 FSDP processes through the plugin, saving its
+    state (SHARDED_STATE_DICT) after 3 of the 6 steps. Process 1 builds its model on the meta
+    device (no weights): with cpu_ram_efficient_loading every shard gets process 0's weights."""
+    pytest.importorskip("transformers")
+    tmp = tmp_path_factory.mktemp("fsdp")
+    _forked(tmp, 1, "--out", str(tmp / "one"))
+    _forked(tmp, 2, "--out", str(tmp / "fsdp"), "--plugin", json.dumps(PLUGIN), "--save-at", "3",
+            "--save", str(tmp / "sharded"), "--others-on-meta")
+    return tmp
+
+
+@pytest.mark.multiprocess
+def test_two_fsdp_processes_equal_one_process_and_save_model_writes_the_whole_model(runs):
+    from transformers import LlamaForCausalLM
+
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    from fsdp_transformer import tiny_llama
+
+    one, fsdp = _weights(runs / "one"), _weights(runs / "fsdp")
+    assert_adam_close(fsdp, one, [LR] * STEPS)
+    for record in _records(runs / "fsdp"):
+        # Each decoder layer, the input embedding, the final norm with the (tied) head, and the root.
+        assert record["units"] == ["", "model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm",
+                                   "lm_head"]
+        assert record["local_elements"] < record["elements"] and record["steps"] == STEPS
+    assert sum(r["local_elements"] for r in _records(runs / "fsdp")) == _records(runs / "fsdp")[0]["elements"]
+    # save_model's file loads into a fresh unsharded model, strictly.
+    model = tiny_llama()
+    assert isinstance(model, LlamaForCausalLM)
+    model.load_state_dict(fsdp, strict=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+@pytest.mark.multiprocess
+def test_accelerates_own_fsdp2_gives_the_same_bits(runs):
+    pytest.importorskip("accelerate")
+    _forked(runs, 2, "--out", str(runs / "accelerate"), "--plugin", json.dumps(PLUGIN), "--door", "accelerate")
+    assert_bitwise_equal(_weights(runs / "accelerate"), _weights(runs / "fsdp"))
+
+
+@pytest.mark.multiprocess
+def test_triax_launch_runs_an_accelerate_fsdp_config_and_resumes_bitwise(runs, tmp_path):
+    pytest.importorskip("accelerate")
+    from triax.testing import run
+
+    path = write_accelerate_config(tmp_path / "fsdp.yaml", FSDP_CONFIGS[0], main_process_port=0)
+    launch = [sys.executable, "-m", "triax", "launch", "--config_file", path, SCRIPT, "--others-on-meta"]
+    run(launch + ["--out", str(tmp_path / "full"), "--save-at", "3", "--save", str(tmp_path / "ckpt")],
+        env=_env(tmp_path), timeout=300)
+    # The file's FULL_STATE_DICT: process 0 gathered everything and wrote it alone, the same
+    # tensors (optimizer state included) the sharded save of the same step holds.
+    snapshot = os.path.join(tmp_path / "ckpt", sorted(os.listdir(tmp_path / "ckpt"))[-1])
+    assert os.listdir(os.path.join(snapshot, "shards")) == ["rank_00000.bin"]
+    assert_bitwise_equal(_snapshot_tensors(tmp_path / "ckpt"), _snapshot_tensors(runs / "sharded"))
+    # Offload, no resharding after forward, activation checkpointing: the same arithmetic.
+    assert_bitwise_equal(_weights(tmp_path / "full"), _weights(runs / "fsdp"))
+    run(launch + ["--out", str(tmp_path / "resumed"), "--resume", str(tmp_path / "ckpt")], env=_env(tmp_path),
+        timeout=300)
+    assert_bitwise_equal(_weights(tmp_path / "resumed"), _weights(tmp_path / "full"))
+    full, resumed = _records(tmp_path / "full"), _records(tmp_path / "resumed")
+    for before, after in zip(full, resumed):
+        assert after["losses"] == before["losses"][3:] and after["steps"] == STEPS
+        assert after["units"] == before["units"] and "model.layers.0" in after["units"]

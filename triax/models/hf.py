@@ -1,0 +1,73 @@
+"""Reading a Hugging Face `transformers` checkpoint directory into a triax model, whatever its
+family (model_type gpt2, llama, qwen2, mistral): which family reads it, the architecture it fixes,
+and this rank's slices of its weights. The files themselves are read by hf_files.py; what differs
+per family (config fields, tensor names and layouts) lives in hf_gpt2.py and hf_llama.py.
+`triax export --format hf` is the inverse (triax/train/hf_export.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+from triax.errors import ConfigError
+from triax.models import hf_gpt2, hf_llama
+from triax.models.config import GPTConfig, architecture_fields
+from triax.models.hf_files import CheckpointError, HFWeights, copy_into, is_hf_directory, read_json, tokenizer_file
+
+__all__ = ["CheckpointError", "HFWeights", "architecture", "family_of", "is_hf_directory", "load_into",
+           "read_hf_config", "tokenizer_file", "window_of"]
+
+FAMILIES = {**dict.fromkeys(hf_gpt2.MODEL_TYPES, hf_gpt2), **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
+
+
+def read_hf_config(directory: str) -> dict:
+    """config.json, of a model_type triax builds."""
+    path = os.path.join(directory, "config.json")
+    config = read_json(path, "give a directory written by save_pretrained")
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in FAMILIES:
+        raise CheckpointError(f"{path} has model_type {model_type!r}; triax builds {', '.join(FAMILIES)} "
+                              "(transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)")
+    return config
+
+
+def family_of(config: dict):
+    """The module (hf_gpt2 or hf_llama) that reads a checkpoint with this config.json."""
+    return FAMILIES[config["model_type"]]
+
+
+def architecture(directory: str) -> dict:
+    """Every GPTConfig field a checkpoint directory fixes (all but dropout, the fine-tuning run's own
+    choice, and the layout's vocabulary padding); one line naming any config field triax cannot
+    honour or any value out of range."""
+    path = os.path.join(directory, "config.json")
+    config = read_hf_config(directory)
+    try:
+        return architecture_fields(GPTConfig(**family_of(config).architecture(config)))
+    except CheckpointError as error:
+        raise CheckpointError(f"{path}: {str(error).removeprefix('config.json: ')}") from None
+    except ConfigError as error:
+        named = re.search(r"model\.(\w+)", str(error))
+        field = family_of(config).CONFIG_NAMES.get(named.group(1)) if named else None
+        source = f" (model.{named.group(1)} is config.json's {field})" if field else ""
+        raise CheckpointError(f"{path} describes a model triax cannot build: {error}{source}") from None
+    except (KeyError, TypeError, ValueError) as error:
+        what = f"it lacks {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
+        raise CheckpointError(f"{path}: {what}; not a config transformers wrote") from None
+
+
+def window_of(directory: str) -> int | None:
+    """The sliding attention window of a llama-family checkpoint's layers, if any."""
+    config = read_hf_config(directory)
+    return hf_llama.sliding_window(config) if config["model_type"] in hf_llama.MODEL_TYPES else None
+
+
+def load_into(model: torch.nn.Module, directory: str, model_config, stored_name=lambda n: n) -> int:
+    """copy_into with the family's name mapping: this rank's part of `model` from `directory`."""
+    config = read_hf_config(directory)
+    weights = HFWeights(directory)
+    source_of = family_of(config).sources(weights, model_config)
+    return copy_into(model, weights, source_of, model_config.vocab_size, stored_name)
