@@ -134,7 +134,8 @@ def main():
     if accelerator.is_main_process:
         save_file({name: tensor.contiguous() for name, tensor in state.items()},
                   os.path.join(args.output_dir, "weights.safetensors"))
-    accelerator.end_training()
+    # No end_training(): on Accelerate it destroys the gloo process group right after the last
+    # all-reduce, which can hang with torch 2.13 (docs/accelerate.md); the job ends here anyway.
 
 
 if __name__ == "__main__":
