@@ -12,9 +12,10 @@ fresh process, so load from anything else on the machine falls on both alike.
     python benchmarks/vs_transformers_llama.py                       # 3 rounds of 200 steps
     python benchmarks/vs_transformers_llama.py --rounds 1 --steps 30 # a quick look
 
-Printed per run: the median step, the training loop's wall-clock, and the last training loss (the
-two follow the same trajectory up to fp32 round-off); then the ratio transformers / triax of the
-median step (above 1: triax is faster). --fused-adamw gives the transformers loop the fused AdamW
+Printed per run: the median step (wall-clock, and this process's CPU time, which other jobs on a
+busy machine disturb less), the training loop's wall-clock, and the last training loss (the two
+follow the same trajectory up to fp32 round-off); then the ratios transformers / triax (above 1:
+triax is faster). --fused-adamw gives the transformers loop the fused AdamW
 kernel triax uses, to see how much of the difference is the optimizer.
 """
 
@@ -44,13 +45,15 @@ def config_overrides(run_dir: str, steps: int) -> list[str]:
             f"trainer.run_dir={run_dir}", "trainer.precision=fp32", "trainer.device=cpu", "trainer.loggers=[jsonl]"]
 
 
-def timed_steps(step, steps: int) -> tuple[list[float], float]:
-    times, loss = [], float("nan")
+def timed_steps(step, steps: int) -> tuple[dict, float]:
+    """{"step_times": wall seconds per step, "cpu_times": this process's CPU seconds per step}, last loss."""
+    times, cpu_times, loss = [], [], float("nan")
     for _ in range(steps):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         loss = step()
         times.append(time.perf_counter() - started)
-    return times, loss
+        cpu_times.append(time.process_time() - cpu_started)
+    return {"step_times": times, "cpu_times": cpu_times}, loss
 
 
 def run_triax(steps: int) -> dict:
@@ -64,7 +67,7 @@ def run_triax(steps: int) -> dict:
         times, loss = timed_steps(lambda: trainer.train_step()[0], steps)
         wall = time.perf_counter() - started
         trainer.logger.close()
-    return {"step_times": times, "wall_s": wall, "last_loss": loss}
+    return {**times, "wall_s": wall, "last_loss": loss}
 
 
 def run_transformers(steps: int, fused_adamw: bool) -> dict:
@@ -115,7 +118,7 @@ def run_transformers(steps: int, fused_adamw: bool) -> dict:
 
     started = time.perf_counter()
     times, loss = timed_steps(step, steps)
-    return {"step_times": times, "wall_s": time.perf_counter() - started, "last_loss": loss}
+    return {**times, "wall_s": time.perf_counter() - started, "last_loss": loss}
 
 
 def worker(which: str, steps: int, fused_adamw: bool) -> None:
@@ -158,18 +161,22 @@ def main(argv: list[str] | None = None) -> None:
         for which in ("triax", "transformers") if round_number % 2 == 0 else ("transformers", "triax"):
             result = run_worker(which, args.steps, args.fused_adamw)
             # The first steps warm the allocator and caches: the median of the rest is the step.
-            result["median_step_s"] = statistics.median(result["step_times"][min(5, args.steps - 1):])
+            skip = min(5, args.steps - 1)
+            result["median_step_s"] = statistics.median(result["step_times"][skip:])
+            result["median_cpu_s"] = statistics.median(result["cpu_times"][skip:])
             runs[which].append(result)
-            print(f"round {round_number + 1} {which:>12}: median step {1000 * result['median_step_s']:.2f} ms, "
-                  f"loop {result['wall_s']:.2f} s, last loss {result['last_loss']:.4f}", flush=True)
-    median = {which: statistics.median(r["median_step_s"] for r in results) for which, results in runs.items()}
-    wall = {which: statistics.median(r["wall_s"] for r in results) for which, results in runs.items()}
-    print(f"median step: triax {1000 * median['triax']:.2f} ms, transformers {1000 * median['transformers']:.2f} ms; "
-          f"ratio transformers / triax {median['transformers'] / median['triax']:.3f} "
-          f"(loop wall-clock ratio {wall['transformers'] / wall['triax']:.3f})")
+            print(f"round {round_number + 1} {which:>12}: median step {1000 * result['median_step_s']:.2f} ms "
+                  f"({1000 * result['median_cpu_s']:.2f} ms CPU), loop {result['wall_s']:.2f} s, "
+                  f"last loss {result['last_loss']:.4f}", flush=True)
+    summary = {key: {which: statistics.median(r[key] for r in results) for which, results in runs.items()}
+               for key in ("median_step_s", "median_cpu_s", "wall_s")}
+    step, cpu, wall = summary["median_step_s"], summary["median_cpu_s"], summary["wall_s"]
+    print(f"median step: triax {1000 * step['triax']:.2f} ms, transformers {1000 * step['transformers']:.2f} ms; "
+          f"ratio transformers / triax {step['transformers'] / step['triax']:.3f} (CPU time per step "
+          f"{cpu['transformers'] / cpu['triax']:.3f}, loop wall-clock {wall['transformers'] / wall['triax']:.3f})")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"runs": runs, "median_step_s": median, "wall_s": wall}, handle, indent=1)
+            json.dump({"runs": runs, **summary}, handle, indent=1)
 
 
 if __name__ == "__main__":
