@@ -26,7 +26,7 @@ from triax.data.addition import IGNORE_INDEX
 from triax.data.text import CharDataset, Vocabulary
 from triax.data.tokenizer import BPETokenizer
 from triax.data.tokens import TOKEN_DTYPES, TokenDataset, TokenFile
-from triax.errors import TriaxError
+from triax.errors import TriaxError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.models import GPTConfig, build_model, hf
 from triax.place import detect_place, pick_device
@@ -185,6 +185,6 @@ def main(argv: list[str]) -> int:
             print(json.dumps(result))
         else:
             extra = f", {result['bits_per_character']:.4f} bits/char" if "bits_per_character" in result else ""
-            print(f"{', '.join(result['data'])}: {tokens} tokens, loss {loss:.4f}, perplexity "
-                  f"{result['perplexity']:.3f}{extra}")
+            print(printable(f"{', '.join(result['data'])}: {tokens} tokens, loss {loss:.4f}, perplexity "
+                            f"{result['perplexity']:.3f}{extra}"))
     return 0
