@@ -150,6 +150,33 @@ def test_two_processes_follow_accelerate(tmp_path):
         assert (tmp_path / f"ok_{rank}").read_text() == "ok"
 
 
+def test_a_dataloader_in_the_middle_of_a_pass_does_not_outlive_its_owner(fresh_state):
+    """The GradientState (shared for the whole process) knows the dataloader being iterated only
+    by a weak reference: dropping the object that holds the Accelerator, the loader and a paused
+    pass frees all three at once, without waiting for the garbage collector."""
+    import gc
+    import weakref
+
+    from triax.accelerate import Accelerator
+
+    class Owner:
+        def __init__(self):
+            self.accelerator = Accelerator()
+            self.loader = self.accelerator.prepare(DataLoader(list(range(16)), batch_size=4))
+            self.batches = iter(self.loader)
+
+    owner = Owner()
+    assert next(owner.batches).tolist() == [0, 1, 2, 3]
+    assert owner.accelerator.gradient_state.active_dataloader is owner.loader
+    references = [weakref.ref(owner.accelerator), weakref.ref(owner.loader)]
+    gc.disable()
+    try:
+        del owner
+        assert [reference() for reference in references] == [None, None]
+    finally:
+        gc.enable()
+
+
 def test_a_stateful_dataloader_resumes_where_it_was_saved(fresh_state, tmp_path):
     """use_stateful_dataloader=True: the loader is a torchdata StatefulDataLoader whose position
     save_state keeps; after load_state its next pass continues after the batch last handed out

@@ -69,12 +69,38 @@ def test_configuration_reference_lists_every_key_with_its_docstring():
     assert hook.MARKER in (DOCS / "configuration.md").read_text()
 
 
-def test_site_builds_without_warnings(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site, built once with `mkdocs build --strict` (any warning fails the build)."""
     pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
     pytest.importorskip("mkdocstrings", reason="the docs extra is not installed: pip install -e '.[docs]'")
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+    directory = tmp_path_factory.mktemp("site")
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(directory)],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
+    return directory
+
+
+def test_site_builds_without_warnings(site):
+    assert (site / "index.html").is_file()
+
+
+def test_api_pages_list_arguments(site):
+    """Google-style `Args:` sections render as a table of parameters (the Accelerator's arguments
+    were once one run-on paragraph)."""
+    page = (site / "api" / "index.html").read_text()
+    accelerator = page[page.index('id="triax.accelerate.Accelerator"'):]
+    table = accelerator[accelerator.index("Parameters:"):accelerator.index("</table>")]
+    for name in ("device_placement", "mixed_precision", "gradient_accumulation_steps", "log_with", "parallel",
+                 "data_order"):
+        assert f"<code>{name}</code>" in table, name
+
+
+def test_configuration_table_keeps_key_names_whole(site):
+    page = (site / "configuration" / "index.html").read_text()
+    assert "stylesheets/extra.css" in page and "<td><code>trainer.collective_timeout</code></td>" in page
+    css = (site / "stylesheets" / "extra.css").read_text()
+    assert re.search(r"td:first-child code \{[^}]*white-space: nowrap", css)
 
 
 @pytest.mark.multiprocess

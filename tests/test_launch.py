@@ -96,3 +96,65 @@ def test_state_json_round_trip_keeps_tensors_tuples_and_int_keys():
     assert restored["pair"] == (1, 2.5) and restored["step"] == 3
     assert torch.equal(restored[7]["t"], state[7]["t"]) and restored[7]["t"].dtype == torch.bfloat16
     assert torch.equal(restored["scalar"], state["scalar"]) and restored["empty"].shape == (0,)
+
+
+LISTENING = """\
+import os
+port = int(os.environ["MASTER_PORT"])
+addresses = []
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        fields = line.split()
+        address, hex_port = fields[1].rsplit(":", 1)
+        if fields[3] == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            addresses.append(address)
+if os.environ["RANK"] == "0":
+    print("rendezvous store listens on", sorted(addresses))
+"""
+
+
+@pytest.mark.multiprocess
+def test_single_machine_launch_keeps_the_rendezvous_store_on_loopback(tmp_path):
+    """torchrun's TCPStore (no authentication) listens on every interface by default; on one
+    machine `triax launch` makes it listen on 127.0.0.1 only."""
+    import sys
+
+    from triax.testing import quiet_env, run
+
+    script = tmp_path / "listening.py"
+    script.write_text(LISTENING)
+    result = run([sys.executable, "-m", "triax", "launch", "--num-processes", "2", "--main-process-port", "0",
+                  str(script)], env=quiet_env(TRIAX_CONFIG_FILE=str(tmp_path / "none.yaml")), cwd=str(tmp_path))
+    assert "rendezvous store listens on ['0100007F']" in result.stdout, result.stdout  # 127.0.0.1, nothing else
+
+
+@pytest.mark.multiprocess
+def test_a_triax_error_in_a_job_is_printed_once(tmp_path):
+    """Every rank meets the same bad key. Under `triax launch`: one line, the last, and exit code 2.
+    Under plain torchrun: one line from the ranks, and torchrun's own summary shows it as the root
+    cause (torchrun's exit code and traceback are its own: docs/train.md)."""
+    import sys
+
+    from triax.testing import quiet_env, run, torchrun_command
+
+    bad = ["train", "parallel.tp=3", f"trainer.run_dir={tmp_path / 'run'}"]
+    env = quiet_env(TRIAX_CONFIG_FILE=str(tmp_path / "none.yaml"))
+    launched = run([sys.executable, "-m", "triax", "launch", "--num-processes", "2", "--main-process-port", "0",
+                    "-m", "triax", *bad], env=env, cwd=str(tmp_path), check=False)
+    output = launched.stdout + launched.stderr
+    assert launched.returncode == 2
+    assert output.count("triax: error:") == 1, output
+    assert launched.stderr.strip().splitlines()[-1].startswith("triax: error: the world size 2 is not divisible")
+    torchrun = run(torchrun_command(2, ["-m", "triax", *bad]), env=env, cwd=str(tmp_path), check=False)
+    lines = (torchrun.stdout + torchrun.stderr).splitlines()
+    assert torchrun.returncode != 0
+    assert sum(line.startswith("triax: error:") for line in lines) == 1, lines
+    root_cause = lines[next(i for i, line in enumerate(lines) if line.startswith("Root Cause")):]
+    assert any("traceback : triax: error: the world size 2" in line for line in root_cause), lines[-12:]
+
+
+def test_config_help_says_where_the_file_goes(capsys):
+    with pytest.raises(SystemExit):
+        main(["config", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: $TRIAX_CONFIG_FILE, else ~/.cache/triax/default_config.yaml)" in text and "None" not in text

@@ -96,3 +96,55 @@ def test_a_context_no_host_could_hold_stops_before_anything_is_allocated(tmp_pat
                                                    "needs"), result.stderr
     assert "GiB of activations" in lines[0] and "but this host has" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_generate_help_speaks_of_tokens(capsys):
+    """--greedy takes the most likely token: a BPE run's tokens are not characters."""
+    with pytest.raises(SystemExit):
+        triax_main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "always take the most likely token (a character in a character-level run)" in text
+
+
+def test_a_start_that_finds_the_disk_full_leaves_nothing_behind(tmp_path, tiny_corpus, capsys, monkeypatch):
+    """ENOSPC while writing the run files: one line, and no partly written run (an empty
+    metrics.jsonl, a tensorboard folder, the lock) left in the directory it created."""
+    import errno
+
+    from triax import safe_files
+
+    def disk_full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(safe_files, "write_atomic", disk_full)
+    run_dir = tmp_path / "run"
+    code, err = run_cli(capsys, ["train", *tiny_overrides(run_dir, tiny_corpus)])
+    assert code == 2 and len(err.splitlines()) == 1 and "No space left on device" in err, err
+    assert not run_dir.exists(), sorted(os.listdir(run_dir))
+
+
+def test_names_reach_the_terminal_escaped(tmp_path, tiny_corpus, capsys):
+    """A run directory named with an escape sequence (quoted for Hydra) trains, and its name is
+    printed escaped: a name from a config must not recolour or rewrite the user's terminal."""
+    run_dir = tmp_path / "a\x1b[31mred"
+    overrides = [override for override in tiny_overrides(tmp_path, tiny_corpus, **{"trainer.max_steps": 2})
+                 if not override.startswith("trainer.run_dir=")]
+    assert triax_main(["train", *overrides, f'trainer.run_dir="{run_dir}"']) == 0
+    output = capsys.readouterr()
+    assert "\x1b" not in output.out + output.err
+    assert "a\\x1b[31mred" in output.out and run_dir.is_dir()
+
+
+def test_a_non_ascii_run_directory_needs_no_quotes(tmp_path, tiny_corpus, capsys):
+    """Paths are text: Hydra's grammar refuses `ü` in an unquoted value, triax quotes it."""
+    run_dir = tmp_path / "rün_日本語"
+    assert triax_main(["train", *tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 2})]) == 0
+    assert (run_dir / "snapshots").is_dir()
+
+
+def test_printable_escapes_what_a_terminal_would_act_on():
+    from triax.errors import printable
+
+    assert printable("runs/a\x1b[31mred\u202etxt.exe\r") == "runs/a\\x1b[31mred\\u202etxt.exe\\r"
+    assert printable("rün_日本語　x") == "rün_日本語　x"  # letters and an ideographic space are text
+    assert printable("line one\nline\ttwo\x07", keep="\n\t") == "line one\nline\ttwo\\x07"

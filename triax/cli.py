@@ -7,10 +7,13 @@ so this file only routes; it never grows with features.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
+import time
 
-from triax.errors import TriaxError
+from triax.errors import TriaxError, printable
+from triax.launch.settings import ERRORS_REPORTED_BY_LAUNCHER_ENV
 
 # sub-command -> (module with main(argv), one-line help)
 COMMANDS = {
@@ -75,6 +78,26 @@ def run_command(argv: list[str]) -> int:
     return int(getattr(module, func_name)(rest) or 0)
 
 
+def report_error(line: str) -> None:
+    """Print a command's one-line error once per job. Under torchrun every rank of a job meets the
+    same bad input, and torchrun ends with a summary of its own: the line goes into the error file
+    torchrun gives each worker (TORCHELASTIC_ERROR_FILE), which that summary shows for the first
+    failing rank, and only rank 0 prints it as well; under `triax launch`, which prints the first
+    failing rank's line last, no rank does."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        try:
+            with open(error_file, "w", encoding="utf-8") as handle:
+                # torchrun's own layout (ErrorHandler.record_exception): its summary shows py_callstack.
+                json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                     "timestamp": str(int(time.time()))}}}, handle)
+        except OSError:
+            error_file = None  # nobody else will show it: print it here
+    if error_file and (os.environ.get(ERRORS_REPORTED_BY_LAUNCHER_ENV) == "1" or os.environ.get("RANK", "0") != "0"):
+        return
+    print(line, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = take_debug_flag(argv)
@@ -85,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # One line whatever the message quotes: a control character in a path the user gave (a
         # newline, an escape sequence) is shown escaped, never printed raw.
-        text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(error))
-        print(f"triax: error: {text}", file=sys.stderr)
+        report_error(f"triax: error: {printable(str(error))}")
         return 2
     except KeyboardInterrupt as interrupt:
         # The trainer's second Ctrl-C says where a restart will begin.

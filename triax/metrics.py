@@ -10,6 +10,7 @@ import time
 import torch
 
 from triax import safe_files
+from triax.errors import printable
 from triax.trackers import open_tracker
 
 # Dense (no sparsity) peak FLOP/s of one GPU per precision, from NVIDIA's data sheets (their tensor
@@ -132,12 +133,13 @@ class MetricsLogger:
     TensorBoard, W&B, MLflow) and prints the console line. Only the main process creates one with
     enabled=True; the others get a silent logger so call sites need no rank checks."""
 
-    def __init__(self, run_dir: str | None, enabled: bool, total_steps: int | None = None,
+    def __init__(self, run_dir: str | None, enabled: bool,
                  loggers=("tensorboard", "jsonl"), progress: bool | None = None, project: str = "triax",
                  run_name: str | None = None, config: dict | None = None):
         self.enabled = enabled and run_dir is not None
         self.trackers: list = []
         self._bar = None
+        self._progress = False
         if not self.enabled:
             return
         safe_files.make_directory(run_dir)
@@ -153,12 +155,15 @@ class MetricsLogger:
         except BaseException:
             self.close()  # the ones opened so far (a W&B run left open would linger)
             raise
-        if progress is None:
-            progress = sys.stderr.isatty()
-        if progress and total_steps:
-            from tqdm import tqdm
+        self._progress = sys.stderr.isatty() if progress is None else progress
 
-            self._bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True, leave=False)
+    def start_progress(self, total_steps: int, step: int) -> None:
+        """A progress bar (on a terminal only) from `step` (a resumed run's) to `total_steps`: steps
+        done, the pace, the time left, and the postfix `advance` gives (loss, tokens/s)."""
+        if self.enabled and self._progress and total_steps:
+            from tqdm import tqdm  # deferred: only a terminal shows a bar
+
+            self._bar = tqdm(total=total_steps, initial=step, unit="step", dynamic_ncols=True, leave=False)
 
     def advance(self, steps: int = 1, **postfix) -> None:
         if self._bar is not None:
@@ -169,6 +174,9 @@ class MetricsLogger:
     def print(self, message: str) -> None:
         if not self.enabled:
             return
+        # Names in it come from configs and files, samples from the data: nothing reaches the
+        # terminal raw but line breaks and tabs.
+        message = printable(message, keep="\n\t")
         if self._bar is not None:
             self._bar.write(message)
         else:

@@ -33,11 +33,8 @@ args = parser.parse_args()
 
 if args.library == "triax":
     from triax.accelerate import Accelerator, DataLoaderConfiguration
+    from triax.accelerate.logging import get_logger
     from triax.accelerate.utils import set_seed
-    try:
-        from triax.accelerate.logging import get_logger
-    except ImportError:  # until triax has its own: Accelerate's logger works beside triax's Accelerator
-        from accelerate.logging import get_logger
 else:
     from accelerate import Accelerator, DataLoaderConfiguration
     from accelerate.logging import get_logger
@@ -137,7 +134,8 @@ def main():
     if accelerator.is_main_process:
         save_file({name: tensor.contiguous() for name, tensor in state.items()},
                   os.path.join(args.output_dir, "weights.safetensors"))
-    accelerator.end_training()
+    # No end_training(): on Accelerate it destroys the gloo process group right after the last
+    # all-reduce, which can hang with torch 2.13 (docs/accelerate.md); the job ends here anyway.
 
 
 if __name__ == "__main__":

@@ -46,34 +46,39 @@ __all__ = ["Accelerator"]
 
 
 class Accelerator:
-    """Accelerate's Accelerator, on triax's core. Arguments as in Accelerate:
+    """Accelerate's Accelerator, on triax's core: the arguments are Accelerate's, plus a few of
+    triax's own (parallel, logging_dir, scheduler_steps, data_order, seed). DeepSpeed, Megatron-LM,
+    XLA, fp8, ParallelismConfig and dynamo_backend raise UnsupportedFeatureError here, naming what
+    to use instead.
 
-    device_placement: move prepared models and batches to `device`.
-    split_batches, even_batches: shortcuts for the DataLoaderConfiguration fields of those names.
-    mixed_precision: "no" | "bf16" | "fp16" (also triax's "fp32", "bf16-pure"); default from
-        $TRIAX_MIXED_PRECISION (set by `triax launch`) or $ACCELERATE_MIXED_PRECISION, else "no".
-    gradient_accumulation_steps: micro-steps per optimizer update inside `accumulate`
-        (or gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=...)).
-    cpu: use the CPU even where a GPU exists.
-    dataloader_config: DataLoaderConfiguration (split_batches, even_batches, use_seedable_sampler...).
-    fsdp_plugin: a FullyShardedDataParallelPlugin (triax's or Accelerate's) selects parallel='fsdp' with its
-        options (FSDP2's fully_shard through triax.parallel; see triax.accelerate.fsdp).
-    log_with: "tensorboard", "jsonl", "wandb", "mlflow", "all" (the installed ones), a tracker object
-        of your own, or a list of those, for init_trackers/log (triax.accelerate.tracking).
-    project_dir / project_config: where save_state and trackers write (ProjectConfiguration adds
-        automatic checkpoint naming and total_limit).
-    step_scheduler_with_optimizer: a prepared scheduler steps only when the optimizer really did.
-    kwargs_handlers: DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs.
-    triax's own: parallel ("ddp" default, "fsdp", "none"), logging_dir;
-        scheduler_steps: "per_process" (Accelerate's: a prepared scheduler steps num_processes times
-        per optimizer update unless split_batches) or "per_update" (once per update);
-        data_order: "loader" (Accelerate's: the DataLoader's own sampler and generator, drawn alike on
-        every process) or "seeded" (a shuffled DataLoader's order is triax's permutation of
-        (seed, epoch), which draws nothing from any generator);
-        seed: the "seeded" order's seed (default: data_seed, else the DataLoader's generator seed,
-        else torch.initial_seed() of process 0).
-    DeepSpeed, Megatron-LM, XLA, fp8, ParallelismConfig and dynamo_backend raise
-    UnsupportedFeatureError here, naming what to use instead.
+    Args:
+        device_placement: Move prepared models and batches to `device`.
+        split_batches: Shortcut for the DataLoaderConfiguration field of that name.
+        mixed_precision: "no" | "bf16" | "fp16" (also triax's "fp32", "bf16-pure"); default from
+            $TRIAX_MIXED_PRECISION (set by `triax launch`) or $ACCELERATE_MIXED_PRECISION, else "no".
+        gradient_accumulation_steps: Micro-steps per optimizer update inside `accumulate` (or
+            gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=...)).
+        cpu: Use the CPU even where a GPU exists.
+        dataloader_config: DataLoaderConfiguration (split_batches, even_batches,
+            use_seedable_sampler...).
+        fsdp_plugin: Any value selects parallel="fsdp" (PyTorch's fully_shard through triax.parallel).
+        log_with: "tensorboard", "jsonl", "wandb", "mlflow", "all" (the installed ones), a tracker
+            object of your own, or a list of those, for init_trackers/log (triax.accelerate.tracking).
+        project_dir: Where save_state and trackers write.
+        project_config: ProjectConfiguration: project_dir, automatic checkpoint naming, total_limit.
+        step_scheduler_with_optimizer: A prepared scheduler steps only when the optimizer really did.
+        kwargs_handlers: DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs.
+        even_batches: Shortcut for the DataLoaderConfiguration field of that name.
+        parallel: triax's: "ddp" (default), "fsdp" or "none".
+        logging_dir: triax's: where trackers write (default: project_dir).
+        seed: triax's: the "seeded" data order's seed (default: the DataLoader's generator seed,
+            else torch.initial_seed() of process 0).
+        scheduler_steps: triax's: "per_process" (Accelerate's: a prepared scheduler steps
+            num_processes times per optimizer update unless split_batches) or "per_update" (once
+            per update).
+        data_order: triax's: "loader" (Accelerate's: the DataLoader's own sampler and generator,
+            drawn alike on every process) or "seeded" (triax's permutation of (seed, epoch),
+            resumable at any world size).
     """
 
     def __init__(self, device_placement: bool = True, split_batches: bool | None = None,

@@ -14,6 +14,7 @@ import os
 import struct
 
 import torch
+from tqdm import tqdm
 
 from triax.checkpoint.errors import SnapshotError
 from triax.checkpoint.reader import SnapshotReader
@@ -74,10 +75,14 @@ def export_safetensors(reader: SnapshotReader, output: str, shapes: dict[str, li
         with create_new(tmp) as handle:
             handle.write(struct.pack("<Q", len(encoded)))
             handle.write(encoded)
-            for name, (_, shape) in plan.items():
-                tensor = _trim(reader.full_tensor(MODEL_KEY + name), shape)
-                handle.write(tensor_bytes(tensor))
-                del tensor
+            # A bar on a terminal only (disable=None): a large model's export takes minutes.
+            with tqdm(total=offset, unit="B", unit_scale=True, desc="export", leave=False, disable=None) as progress:
+                for name, (_, shape) in plan.items():
+                    tensor = _trim(reader.full_tensor(MODEL_KEY + name), shape)
+                    data = tensor_bytes(tensor)
+                    handle.write(data)
+                    progress.update(len(data))
+                    del tensor, data
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, output)

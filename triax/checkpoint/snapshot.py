@@ -57,7 +57,7 @@ from triax.checkpoint.rng import capture_rng_state, check_rng_state, restore_rng
 from triax.checkpoint.shards import SHARDS_METADATA, ShardReader, ShardWriter
 from triax.checkpoint.storage import Store, sha256
 from triax.collectives import broadcast_int, max_across_ranks
-from triax.errors import TriaxError
+from triax.errors import TriaxError, printable
 from triax.version import __version__
 
 SNAPSHOT_PREFIX = "step_"
@@ -276,8 +276,8 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
             try:
                 prune_snapshots(snapshot_root, keep_last)
             except Exception as error:  # the new snapshot is complete; old ones are only disk space
-                print(f"triax: warning: could not delete old snapshots in {snapshot_root}: {_describe(error)}",
-                      file=sys.stderr)
+                print(printable(f"triax: warning: could not delete old snapshots in {snapshot_root}: "
+                                f"{_describe(error)}"), file=sys.stderr)
 
     writer = ShardWriter(store, work, finish)
     if asynchronous:
@@ -407,7 +407,8 @@ def read_model_tensors(snapshot: str) -> dict:
 def _fit_error(snapshot: str, error: BaseException) -> SnapshotError:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return SnapshotError(f"snapshot {snapshot} does not fit this model/optimizer ({first[:300]}); "
-                         "resume with the model config it was saved with")
+                         "resume with the model config it was saved with, or train this model in another "
+                         "trainer.run_dir")
 
 
 def _same_kind(saved, current) -> bool:
@@ -541,7 +542,7 @@ def load_latest_snapshot(snapshot_root: str, model: torch.nn.Module,
             if report is not None:
                 report(f"{error}; moved it to {moved} and trying the previous snapshot")
         else:
-            print(f"triax: rank {rank}: {error}", file=sys.stderr)
+            print(printable(f"triax: rank {rank}: {error}"), file=sys.stderr)
 
 
 def quarantine_snapshot(snapshot: str) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 
 from triax import safe_files
 from triax.data.errors import DataError
+from triax.errors import printable
 
 # Progress bars (tqdm, disable=None) show only when stderr is a terminal: logs and pipes get one line.
 CHUNK_CHARACTERS = 1 << 20  # text handed to the tokenizer at once; bounds memory whatever the input size
@@ -244,7 +245,7 @@ def main(argv: list[str]) -> int:
     # last: marks the directory complete
     _write(out_fs, posixpath.join(out_dir, "meta.json"), json.dumps(meta, indent=1).encode("utf-8"))
     total_bytes = sum(size for _, _, size in files)
-    print(f"wrote {train_tokens} train + {val_tokens} val tokens ({dtype}, vocabulary {vocab_size}) from "
-          f"{len(files)} file(s), {total_bytes / 1e6:.2f} MB, to {args.out} "
-          f"({total_bytes / max(train_tokens + val_tokens, 1):.2f} bytes/token)")
+    print(printable(f"wrote {train_tokens} train + {val_tokens} val tokens ({dtype}, vocabulary {vocab_size}) from "
+                    f"{len(files)} file(s), {total_bytes / 1e6:.2f} MB, to {args.out} "
+                    f"({total_bytes / max(train_tokens + val_tokens, 1):.2f} bytes/token)"))
     return 0

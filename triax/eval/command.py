@@ -26,7 +26,7 @@ from triax.data.addition import IGNORE_INDEX
 from triax.data.text import CharDataset, Vocabulary
 from triax.data.tokenizer import BPETokenizer
 from triax.data.tokens import TOKEN_DTYPES, TokenDataset, TokenFile
-from triax.errors import TriaxError
+from triax.errors import TriaxError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.models import GPTConfig, build_model, hf
 from triax.place import detect_place, pick_device
@@ -125,7 +125,10 @@ def score(model, dataset, batch_size: int, rank: int, ranks: int, device, progre
         total += F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), ignore_index=IGNORE_INDEX,
                                  reduction="sum").item()
         count += int((y != IGNORE_INDEX).sum())
-        if progress is not None:
+        if progress is not None:  # batches done, the time left, and this rank's tokens per second
+            progress.scored = getattr(progress, "scored", 0) + int((y != IGNORE_INDEX).sum())
+            progress.set_postfix(tokens_per_s=f"{progress.scored / max(progress.format_dict['elapsed'], 1e-9):,.0f}",
+                                 refresh=False)
             progress.update(1)
     return total, count
 
@@ -185,6 +188,6 @@ def main(argv: list[str]) -> int:
             print(json.dumps(result))
         else:
             extra = f", {result['bits_per_character']:.4f} bits/char" if "bits_per_character" in result else ""
-            print(f"{', '.join(result['data'])}: {tokens} tokens, loss {loss:.4f}, perplexity "
-                  f"{result['perplexity']:.3f}{extra}")
+            print(printable(f"{', '.join(result['data'])}: {tokens} tokens, loss {loss:.4f}, perplexity "
+                            f"{result['perplexity']:.3f}{extra}"))
     return 0

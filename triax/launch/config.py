@@ -227,7 +227,8 @@ def main(argv: list[str]) -> int:
         "Write the launch configuration `triax launch` takes its defaults from. "
         f"File: ${ENV_CONFIG_FILE}, else ~/.cache/triax/default_config.yaml."))
     parser.add_argument("--default", action="store_true", help="write the defaults without asking")
-    parser.add_argument("--config-file", help="where to write (default: %(default)s from the environment)")
+    parser.add_argument("--config-file", help="where to write (default: $TRIAX_CONFIG_FILE, else "
+                                              "~/.cache/triax/default_config.yaml)")
     parser.add_argument("--show", action="store_true", help="print the active configuration and exit")
     parser.add_argument("--force", action="store_true", help="replace a --config-file triax did not write")
     args = parser.parse_args(argv)

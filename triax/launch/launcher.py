@@ -145,10 +145,34 @@ def torchrun_argv(config: LaunchConfig, script: str, script_args: list[str], mod
     return argv + [script, *script_args]
 
 
+def loopback_store(config: LaunchConfig):
+    """On one machine, the rendezvous store listening on loopback only; None on several machines.
+
+    torchrun's agent hosts a TCPStore (unauthenticated: anyone who reaches it can read and write the
+    job's keys), and a TCPStore's server listens on every interface whatever address it is given.
+    A store created first in this process on a socket bound to 127.0.0.1 (`master_listen_fd`), as
+    multi-tenant, is the server torchrun's own multi-tenant store for that port then uses: keep the
+    returned objects alive while torchrun runs."""
+    if config.num_machines != 1:
+        return None
+    import datetime  # deferred: with torch below, only when workers are about to start
+
+    import torch.distributed as dist  # deferred: `triax launch --dry-run` and argument errors stay fast
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", config.main_process_port))
+    listener.listen(socket.SOMAXCONN)
+    store = dist.TCPStore("127.0.0.1", config.main_process_port, None, True, datetime.timedelta(seconds=60),
+                          wait_for_workers=False, multi_tenant=True, master_listen_fd=listener.fileno())
+    return listener, store
+
+
 def child_environment(config: LaunchConfig) -> dict[str, str]:
     """Variables torchrun's workers inherit: the Accelerator's settings, and loopback for
     single-machine collectives (no reliance on the hostname resolving to a reachable address)."""
     env = settings.to_environment(config)
+    env[settings.ERRORS_REPORTED_BY_LAUNCHER_ENV] = "1"
     if config.num_machines == 1:
         loopback = _loopback_interface()
         if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
@@ -218,9 +242,16 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    store = loopback_store(config)  # noqa: F841 - held while torchrun runs
     try:
         run(parse_args(run_argv))
     except ChildFailedError as error:
+        _, first = error.get_first_failure()
+        message = first.message.get("message") if isinstance(first.message, dict) else first.message
+        if first.exitcode == 2 and isinstance(message, str) and message.startswith("triax: error:"):
+            # A triax command's one-line error (triax.cli.report_error): once, last, and its exit code.
+            print(message, file=sys.stderr)
+            return 2
         failures = ", ".join(f"rank {global_rank} (exit code {failure.exitcode})"
                              for global_rank, failure in error.failures.items())
         print(f"triax launch: {args.script} failed on {failures}; its output is above", file=sys.stderr)

@@ -8,7 +8,7 @@ import os
 import sys
 
 from triax import safe_files
-from triax.errors import TriaxError, UsageError
+from triax.errors import TriaxError, UsageError, printable
 
 # Below this the logits divided by the temperature overflow float32 (probabilities of NaN); above
 # it sampling is uniform in all but name.
@@ -60,7 +60,7 @@ def newest_good_snapshot(root: str, run_dir: str, skip: int = 0):
         try:
             reader = checkpoint.open_snapshot(snapshot)
         except checkpoint.SnapshotCorruptError as error:
-            print(f"triax: warning: {error}; trying the previous snapshot", file=sys.stderr)
+            print(printable(f"triax: warning: {error}; trying the previous snapshot"), file=sys.stderr)
             continue
         if skip == 0:
             return reader
@@ -100,7 +100,7 @@ def with_fallback(run_dir: str, root: str, action):
         try:
             return action(*opened)
         except checkpoint.SnapshotCorruptError as error:
-            print(f"triax: warning: {error}; trying the previous snapshot", file=sys.stderr)
+            print(printable(f"triax: warning: {error}; trying the previous snapshot"), file=sys.stderr)
             skip += 1
 
 
@@ -152,7 +152,8 @@ def generate_main(argv: list[str]) -> int:
     parser.add_argument("--tokens", type=int, default=300, help="tokens (characters for a char run) to generate")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--greedy", action="store_true", help="always take the most likely character")
+    parser.add_argument("--greedy", action="store_true",
+                        help="always take the most likely token (a character in a character-level run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
@@ -165,7 +166,7 @@ def generate_main(argv: list[str]) -> int:
         need(math.isfinite(args.temperature) and MIN_TEMPERATURE <= args.temperature <= MAX_TEMPERATURE,
              "--temperature", args.temperature,
              f"use a number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] (e.g. 0.8), or --greedy for the most "
-             "likely character")
+             "likely token")
     if args.top_k is not None:
         at_least("--top-k", args.top_k, 1)
     need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
@@ -189,7 +190,9 @@ def generate_main(argv: list[str]) -> int:
     out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k,
                          vocab_limit=min(len(vocab), model.config.vocab_size),
                          greedy=args.greedy, generator=generator)
-    print(vocab.decode(out[0].tolist()))
+    text = vocab.decode(out[0].tolist())
+    # Exactly the text into a file or a pipe; on a terminal, no escape sequence the data taught it.
+    print(printable(text, keep="\n\t") if sys.stdout.isatty() else text)
     return 0
 
 
@@ -249,7 +252,7 @@ def export_main(argv: list[str]) -> int:
         return (reader.snapshot, *export_safetensors(reader, args.output, shapes, metadata))
 
     snapshot, count, values = with_fallback(args.run_dir, root, export)
-    print(f"wrote {count} tensors ({values / 1e6:.2f}M values) from {snapshot} to {args.output}")
+    print(printable(f"wrote {count} tensors ({values / 1e6:.2f}M values) from {snapshot} to {args.output}"))
     return 0
 
 
@@ -273,5 +276,6 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
     snapshot, (values, arch) = with_fallback(run_dir, root, export)
     note = " with its tokenizer" if tokenizer else (" (character vocabulary: no Hugging Face tokenizer written)"
                                                     if os.path.exists(os.path.join(run_dir, "vocab.json")) else "")
-    print(f"wrote a transformers {arch} model ({values / 1e6:.2f}M values) from {snapshot} to {out_dir}{note}")
+    print(printable(f"wrote a transformers {arch} model ({values / 1e6:.2f}M values) from {snapshot} to "
+                    f"{out_dir}{note}"))
     return 0

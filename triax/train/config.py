@@ -35,7 +35,7 @@ from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
 from triax.precision import POLICY_NAMES
 from triax.timeouts import collective_timeout
 from triax.trackers import check_trackers
-from triax.train.strict import check_composed, check_overrides, schema_keys, unknown_key_error
+from triax.train.strict import check_composed, check_overrides, quote_text_values, schema_keys, unknown_key_error
 
 
 def field_docs(schema: type) -> dict[str, str]:
@@ -343,7 +343,7 @@ def _model_presets() -> list[str]:
 
 def compose_config(overrides: list[str] | None = None) -> TrainConfig:
     """Compose the bundled YAML with `key=value` overrides into a checked TrainConfig."""
-    overrides = list(overrides or [])
+    overrides = quote_text_values(list(overrides or []))
     for override in overrides:
         match = re.fullmatch(r"\+?\+?~?model=(.*)", override)
         if match and match.group(1) not in _model_presets():

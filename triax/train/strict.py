@@ -67,6 +67,21 @@ def _is_list_index(schema: dict, key: str) -> bool:
     return last.isdigit() and typing.get_origin(schema.get(parent)) in (list, typing.List)
 
 
+def quote_text_values(overrides: list[str]) -> list[str]:
+    """Hydra's override grammar takes only ASCII in an unquoted value (`trainer.run_dir=rün_日本語`
+    is a "token recognition error"), but a path is text: such a value is quoted for Hydra. Not a
+    value that holds quotes, backslashes or Hydra's own syntax (a list, a dict, an interpolation):
+    the user quotes those as Hydra documents."""
+    quoted = []
+    for override in overrides:
+        key, equals, value = override.partition("=")
+        if (equals and not value.isascii() and not any(ch in value for ch in "'\"\\")
+                and not value.startswith(("[", "{")) and "${" not in value):
+            override = f"{key}='{value}'"
+        quoted.append(override)
+    return quoted
+
+
 def check_overrides(overrides: list[str], schema) -> None:
     """Refuse, one line each, an override whose key is not in the schema (with or without `+`),
     a deletion (`~key`), and Hydra settings other than hydra.searchpath."""

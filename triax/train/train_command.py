@@ -9,8 +9,9 @@ from triax.train.trainer import Trainer
 
 TRAIN_HELP = """usage: triax train [key=value ...] [model=PRESET] [+experiment=NAME]
 
-Train a GPT (or, with model.arch=llama or model=llama-debug, a Llama). With no arguments: a small model on the built-in corpus (under two minutes on 2 CPU
-cores). Run under torchrun (or `triax launch`) for several processes.
+Train a GPT (or, with model.arch=llama or model=llama-debug, a Llama). With no arguments: a small
+GPT (500 steps) on the built-in corpus (minutes on 2 CPU cores; the progress bar and each log line
+show the time left). Run under torchrun (or `triax launch`) for several processes.
 
 examples:
   triax train

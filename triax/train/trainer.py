@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import sys
 import time
 import weakref
@@ -24,7 +25,7 @@ from triax.checkpoint.rng import seed_everything
 from triax.collectives import any_rank, gather_floats, mean_across_ranks
 from triax.data import GlobalSampler
 from triax.data.addition import IGNORE_INDEX, addition_accuracy
-from triax.errors import ConfigError
+from triax.errors import ConfigError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
 from triax.metrics import MetricsLogger, peak_memory_mb, stated_peak_flops
@@ -47,7 +48,7 @@ from triax.train.config import (TrainConfig, asynchronous_snapshots, final_lr, g
                                 snapshot_root, to_dict)
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
-from triax.train.run_lock import lock_run_dir, unlock_run_dir
+from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
 from triax.train.sample_log import SampleLog
 from triax.watchdog import Watchdog
 
@@ -105,7 +106,7 @@ class Trainer:
         self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
         self._peak_flops = stated_peak_flops(self.device, self.precision.compute_dtype, config.trainer.peak_flops)
         self._mfu_warned = False
-        self._open_run_files()
+        self._open_run_files(created_run_dir)
         if self.resume:
             self._maybe_resume()
         elif config.trainer.overwrite:
@@ -279,9 +280,11 @@ class Trainer:
         self.save_every = snapshot_every(self.config.trainer)
         self.async_save = asynchronous_snapshots(self.config.trainer, self.device)
 
-    def _open_run_files(self) -> None:
-        """The run lock, the trackers, and the files generate/export need (rank 0 writes them)."""
+    def _open_run_files(self, created_run_dir: bool) -> None:
+        """The run lock, the trackers, and the files generate/export need (rank 0 writes them).
+        A start that fails here (a full disk) removes what it created, and nothing else."""
         trainer = self.config.trainer
+        existing = set(os.listdir(trainer.run_dir)) if self.is_main else set()
         # Rank 0 alone writes these; the ranks agree before the next collective (the resume), so
         # a failure there stops every rank at once instead of leaving the others waiting.
         with raise_together(f"writing the run files in {trainer.run_dir}"):
@@ -290,14 +293,19 @@ class Trainer:
                     lock_run_dir(trainer.run_dir)  # before anything in it is written or deleted
                     weakref.finalize(self, unlock_run_dir, trainer.run_dir, True)  # a Trainer never fitted
                 self.logger = MetricsLogger(
-                    trainer.run_dir, enabled=self.is_main, total_steps=self.total_steps, loggers=trainer.loggers,
+                    trainer.run_dir, enabled=self.is_main, loggers=trainer.loggers,
                     project=trainer.project, config=to_dict(self.config),
                     run_name=trainer.run_name or os.path.basename(os.path.normpath(trainer.run_dir)))
                 if self.is_main:
                     self._write_run_files()
             except OSError as error:
                 if self.is_main:
+                    if getattr(self, "logger", None) is not None:
+                        self.logger.close()
+                    _remove_new_entries(trainer.run_dir, existing | {LOCK_NAME})
                     unlock_run_dir(trainer.run_dir, remove=True)
+                    if created_run_dir:
+                        _remove_if_empty(trainer.run_dir)
                 raise ConfigError(f"cannot write {error.filename or 'the run files'} in trainer.run_dir "
                                   f"({error.strerror or error}); fix it or choose another run directory") from None
 
@@ -327,7 +335,7 @@ class Trainer:
             model.tie_embeddings = False
             source.architecture = dict(source.architecture, tie_embeddings=False)
             if self.place.is_main:
-                print(f"triax: warning: model.init_from={source.path!r} ties the head to the embedding; with tensor or pipeline "
+                print(f"triax: warning: model.init_from={printable(source.path)!r} ties the head to the embedding; with tensor or pipeline "
                       "parallelism they are untied (the head starts as a copy) and train separately",
                       file=sys.stderr, flush=True)
 
@@ -376,7 +384,7 @@ class Trainer:
 
     def _warn(self, message: str) -> None:
         if self.is_main:
-            print(f"triax: warning: {message}", file=sys.stderr, flush=True)
+            print(f"triax: warning: {printable(message)}", file=sys.stderr, flush=True)
 
     def _maybe_resume(self) -> None:
         found = checkpoint.load_latest_snapshot(self.snapshot_root, self.model, self.optimizer, report=self._warn,
@@ -699,12 +707,17 @@ class Trainer:
         trainer = self.config.trainer
         if self.is_main:
             params = self.num_params
+            # What was loaded, not the preset's name: model.init_from replaced the preset's shape.
+            loaded = f"from {self.config.model.init_from}" if self.config.model.init_from else self.config.model.name
             self.logger.print(
-                f"training {self.config.model.name} ({params / 1e6:.2f}M params) on {self.device} x "
+                f"training {loaded} ({params / 1e6:.2f}M params) on {self.device} x "
                 f"{self.world_size} process(es) ({self.layout.describe()}), precision {self.precision.name}, "
                 f"{self.total_steps} steps of {self.samples_per_step} samples "
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
         self.model.train()
+        self.logger.start_progress(self.total_steps, self.step)
+        self.started = (time.perf_counter(), self.step)
+        self.best_val: tuple[float, int] | None = None
         debug = self.config.debug
         stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank, trainer.stop_grace,
                            self._restart_point).install()
@@ -712,6 +725,8 @@ class Trainer:
             last = self._loop(stop)
             stop.reached()  # at a step boundary: the final snapshot is not cut short
             self._finish()
+            if self.stop_reason is None:
+                self.logger.print(self._summary())
         finally:
             stop.uninstall()
             if self.sample_log is not None:
@@ -744,9 +759,11 @@ class Trainer:
         while self.step < self.total_steps:
             step_started = time.perf_counter()
             loss, grad_norm = self.train_step()
-            self.timing["step"] += time.perf_counter() - step_started
+            step_seconds = time.perf_counter() - step_started
+            self.timing["step"] += step_seconds
             interval_steps += 1
-            self.logger.advance(1, loss=f"{loss:.4f}")
+            tokens_per_s = self.samples_per_step * self.data.block_size / max(step_seconds, 1e-9)
+            self.logger.advance(1, loss=f"{loss:.4f}", tokens_per_s=f"{tokens_per_s:,.0f}")
             record = None
             if self.step % trainer.log_every == 0 or self.step == self.total_steps:
                 elapsed = time.perf_counter() - interval_start
@@ -759,6 +776,8 @@ class Trainer:
             if trainer.eval_every and (self.step % trainer.eval_every == 0 or self.step == self.total_steps):
                 self._phase("evaluation", self.step)
                 record = {**(record or {}), **self.evaluate()}
+                if self.best_val is None or record["val_loss"] < self.best_val[0]:
+                    self.best_val = (record["val_loss"], self.step)
                 sample = self.sample_text()
                 if sample is not None:
                     self.logger.print(f"--- sample at step {self.step} ---\n{sample}\n---")
@@ -781,6 +800,30 @@ class Trainer:
                 self.stop_reason = stop.reason or "a signal on another rank"
                 break
         return last
+
+    def _time_left(self) -> str:
+        """The rest of the run at this session's pace so far (steps, evaluations and snapshots)."""
+        started, first_step = self.started
+        done = self.step - first_step
+        seconds = (time.perf_counter() - started) / max(done, 1) * (self.total_steps - self.step)
+        return _duration(seconds)
+
+    def _summary(self) -> str:
+        """The end of a run: how long, how fast, how good, and where its files are."""
+        started, first_step = self.started
+        seconds = time.perf_counter() - started
+        tokens = (self.step - first_step) * self.samples_per_step * self.data.block_size
+        parts = [f"done: {self.step - first_step} steps in {_duration(seconds)} ({tokens / max(seconds, 1e-9):,.0f} "
+                 "tokens/s)"]
+        if self.best_val is not None:
+            parts.append(f"best val_loss {self.best_val[0]:.4f} (step {self.best_val[1]})")
+        if self.last_snapshot is not None:
+            parts.append(f"snapshot {self.last_snapshot}")
+        files = [os.path.join(self.config.trainer.run_dir, name) for name, tracker in
+                 (("metrics.jsonl", "jsonl"), ("tensorboard", "tensorboard")) if tracker in self.config.trainer.loggers]
+        if files:
+            parts.append("logs " + ", ".join(files))
+        return "; ".join(parts)
 
     def _restart_point(self) -> str:
         """Where a restart would begin now, for a stop without a snapshot of this step."""
@@ -812,6 +855,8 @@ class Trainer:
             parts.append(f"val_loss {record['val_loss']:.4f} ({record['val_tokens']} tokens)")
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
+        if self.step < self.total_steps:
+            parts.append(f"{self._time_left()} left")
         return " | ".join(parts)
 
 
@@ -839,6 +884,26 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b:
             changed.append(f"{prefix}{key}: {a} -> {b}")
     return changed
+
+
+def _duration(seconds: float) -> str:
+    """1h02m, 3m05s, 42s."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def _remove_new_entries(directory: str, existing: set[str]) -> None:
+    """Delete what appeared in `directory` besides `existing` (files, links unfollowed, directories)."""
+    for name in set(os.listdir(directory)) - existing:
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            safe_files.remove_file(path)
 
 
 def _remove_if_empty(path: str) -> None:
