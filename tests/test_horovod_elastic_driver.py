@@ -25,6 +25,7 @@ from triax.bench.netns import SimulatedNetwork, unavailable_reason
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = str(WORKERS / "elastic_resize.py")
+WORKER = r"^\[\d+\]<stdout>:"  # Horovod's launcher puts each worker's rank before its lines
 EVENT_TIMEOUT_S = 180  # one step of the scenario, on a loaded 2-core machine
 NETNS_REASON = unavailable_reason()
 
@@ -98,30 +99,31 @@ def scale_down_up_and_kill(tmp_path, first: str, second: str, wrap=lambda argv: 
     second_pattern = re.escape(second)
     job = Job(wrap(argv), env or child_env())
     try:
-        at, _ = job.wait_for(r"^step \d+ size 2")
+        at, _ = job.wait_for(WORKER + r"step \d+ size 2")
         hosts.write_text(f"{first}:1\n")  # 2 slots -> 1
         at, _ = job.wait_for(r"round 1: 1 worker", at)
-        at, _ = job.wait_for(r"^step \d+ size 1", at)
+        at, _ = job.wait_for(WORKER + r"step \d+ size 1", at)
         hosts.write_text(both)  # back to 2
         at, _ = job.wait_for(r"round 2: 2 worker", at)
-        at, match = job.wait_for(rf"^joined {second_pattern} rank 1 size 2 pid (\d+)", at)
-        at, _ = job.wait_for(r"^step \d+ size 2", at)
+        at, match = job.wait_for(WORKER + rf"joined {second_pattern} rank 1 size 2 pid (\d+)", at)
+        at, _ = job.wait_for(WORKER + r"step \d+ size 2", at)
         os.kill(int(match.group(1)), signal.SIGKILL)  # a worker lost mid-run
         at, _ = job.wait_for(rf"blacklisting host {second_pattern}", at)
         at, _ = job.wait_for(r"round 3: 1 worker", at)
         # its cooldown (1-2 s) over, the host comes back as an added host
         at, _ = job.wait_for(r"round 4: 2 worker", at)
-        at, _ = job.wait_for(r"^step \d+ size 2", at)
+        at, _ = job.wait_for(WORKER + r"step \d+ size 2", at)
         stop_file.touch()
         assert job.process.wait(EVENT_TIMEOUT_S) == 0, "\n".join(job.lines[-40:])
     finally:
         job.stop()
     # every worker started with Horovod's variables, rank and size those of its first round
-    starts = [line for line in job.lines if line.startswith("started with ")]
+    worker_lines = [re.sub(WORKER, "", line) for line in job.lines if re.match(WORKER, line)]
+    starts = [line for line in worker_lines if line.startswith("started with ")]
     assert len(starts) >= 4 and all("=None" not in line for line in starts), starts
     assert any(f"HOROVOD_HOSTNAME={second} HOROVOD_RANK=1 HOROVOD_SIZE=2 HOROVOD_LOCAL_RANK=0 HOROVOD_LOCAL_SIZE=1 "
                "HOROVOD_CROSS_RANK=1 HOROVOD_CROSS_SIZE=2" in line for line in starts), starts
-    finals = [line.split() for line in job.lines if line.startswith("final ")]
+    finals = [line.split() for line in worker_lines if line.startswith("final ")]
     assert len(finals) == 2 and {words[-1] for words in finals} == {finals[0][-1]}, finals  # equal weights
     saved = torch.load(out, weights_only=True)
     sizes = [size for _, size, _ in saved["history"]]

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import triax.horovod as hvd
-from triax.horovod import worker_env
+from triax import horovod_worker
+from triax.horovod import horovodrun
 
 from horovod_support import REPO, child_env, horovod  # noqa: F401  (horovod: a fixture)
 
@@ -25,25 +26,26 @@ def torchrun_env(rank, local_rank, node, world=6, local_world=4):
             "LOCAL_WORLD_SIZE": str(local_world), "GROUP_RANK": str(node)}
 
 
-def test_worker_env_gives_horovods_variables_for_uneven_hosts():
+def test_horovodrun_gives_horovods_variables_for_uneven_hosts():
     # 4 processes on node1, 2 on node2: local rank 1 exists on both hosts, local rank 3 on one only.
-    on_node2 = worker_env.horovod_variables(torchrun_env(5, 1, 1, local_world=2), [4, 2], "node2")
+    commands = dict(horovodrun.torchrun_commands([("node1", 4), ("node2", 2)], ["python", "train.py"], 1234, 0))
+    cross = {host: next(word for word in argv if word.startswith("--cross=")) for host, argv in commands.items()}
+    assert cross == {"node1": "--cross=0:2,0:2,0:1,0:1", "node2": "--cross=1:2,1:2"}
+    on_node2 = horovod_worker.horovod_variables(torchrun_env(5, 1, 1, local_world=2), [(1, 2), (1, 2)], "node2")
     assert on_node2 == {"HOROVOD_RANK": "5", "HOROVOD_SIZE": "6", "HOROVOD_LOCAL_RANK": "1",
                         "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2",
                         "HOROVOD_HOSTNAME": "node2"}
-    on_node1 = worker_env.horovod_variables(torchrun_env(3, 3, 0), [4, 2], "node1")
-    assert (on_node1["HOROVOD_CROSS_RANK"], on_node1["HOROVOD_CROSS_SIZE"]) == ("0", "1")
 
 
-def test_worker_env_sets_the_variables_before_the_command_runs():
+def test_the_worker_gets_the_variables_before_the_command_runs():
     env = child_env(**torchrun_env(2, 0, 1, world=4, local_world=2))
     shown = subprocess.run(
-        [sys.executable, "-m", "triax.horovod.worker_env", "--slots=2,2", "--hostname=nodeB", "--",
+        [sys.executable, "-m", "triax.horovod_worker", "--hostname=nodeB", "--cross=1:2,1:2", "--",
          sys.executable, "-c", "import os; print(os.environ['HOROVOD_RANK'], os.environ['HOROVOD_CROSS_RANK'], "
                                "os.environ['HOROVOD_HOSTNAME'])"],
         env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.split() == ["2", "1", "nodeB"]
+    assert shown.stdout.splitlines() == ["[2]<started>", "[2]<stdout>:2 1 nodeB"]
 
 
 def test_a_name_in_flight_twice_is_a_value_error_on_that_rank(horovod):
@@ -128,7 +130,8 @@ def _imports(path: Path):
     top = set(map(id, tree.body))
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("triax.horovod"):
+        if isinstance(node, ast.ImportFrom) and node.module and (node.module == "triax.horovod"
+                                                              or node.module.startswith("triax.horovod.")):
             names = [node.module] if node.module != "triax.horovod" else [f"triax.horovod.{a.name}" for a in node.names]
             found += [(name, id(node) in top) for name in names]
     return found

@@ -65,7 +65,7 @@ def test_launch_exports_the_timeout_to_the_workers(capsys, tmp_path):
         main(["--collective-timeout", "0", "--dry-run", "train.py"])
 
 
-def test_horovod_reads_its_gloo_timeout(monkeypatch):
+def test_horovod_reads_its_gloo_timeout(monkeypatch, capsys):
     from triax import timeouts
     from triax.horovod.lifecycle import gloo_timeout as _gloo_timeout
     from triax.horovod.horovodrun import main as horovodrun
@@ -74,6 +74,8 @@ def test_horovod_reads_its_gloo_timeout(monkeypatch):
     monkeypatch.delenv(ENV_COLLECTIVE_TIMEOUT, raising=False)
     assert _gloo_timeout() == timeouts.DEFAULT_PROCESS_GROUP_TIMEOUT_S  # triax's default applies
     assert horovodrun(["-np", "2", "--gloo-timeout-seconds", "90", "--dry-run", "python", "train.py"]) == 0
+    assert capsys.readouterr().out.startswith("[localhost] HOROVOD_GLOO_TIMEOUT_SECONDS=90 ")  # the workers' setting
+    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "90")
     assert _gloo_timeout() == 90
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "-3")
     with pytest.raises(ValueError, match="HOROVOD_GLOO_TIMEOUT_SECONDS=-3.0"):

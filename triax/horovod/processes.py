@@ -13,6 +13,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import time
 
 from triax.horovod.hosts import address_of
@@ -50,11 +51,20 @@ def remote_start(host: str, argv: list[str], args, extra_env: dict[str, str] | N
     return ssh, script
 
 
-def start(argv: list[str], script: str | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+def worker_command(command: list[str], timestamp: bool, *options: str) -> list[str]:
+    """The command that starts one worker: triax.horovod_worker (Horovod's variables under torchrun,
+    the rank before each line of output), then the user's command."""
+    return [sys.executable, "-m", "triax.horovod_worker", *options, *(["--timestamp"] if timestamp else []),
+            "--", *command]
+
+
+def start(argv: list[str], script: str | None = None, env: dict[str, str] | None = None,
+          pipes: bool = False) -> subprocess.Popen:
     """Start `argv` in a session of its own (stopping it stops everything it started); `script`
-    goes to its stdin (a remote start)."""
+    goes to its stdin (a remote start); with `pipes`, its stdout and stderr are pipes (output.py reads them)."""
+    output = subprocess.PIPE if pipes else None
     process = subprocess.Popen(argv, stdin=subprocess.PIPE if script is not None else None, env=env,
-                               start_new_session=True)
+                               stdout=output, stderr=output, start_new_session=True)
     if script is not None:
         process.stdin.write(script.encode())
         process.stdin.close()

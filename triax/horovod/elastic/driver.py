@@ -37,6 +37,7 @@ from triax.horovod import processes
 from triax.horovod.elastic import protocol
 from triax.horovod.elastic.discovery import DiscoveryError, HostManager
 from triax.horovod.hosts import address_toward, is_local
+from triax.horovod.output import JobOutput, StartWatch
 from triax.horovod.slots import SlotInfo, assign
 
 DISCOVERY_PERIOD_S = 1.0  # Horovod's DISCOVER_HOSTS_FREQUENCY_SECS
@@ -58,6 +59,9 @@ class ElasticSettings:
     ssh: Any  # ssh_option, ssh_port, ssh_identity_file (the command line's)
     verbose: bool = False
     extra_env: dict = field(default_factory=dict)  # for every worker, beside Horovod's variables
+    start_timeout: float = 30.0  # for the first round's workers to start (--start-timeout)
+    output_filename: str | None = None  # --output-filename: each rank's output also goes there
+    prefix_timestamp: bool = False  # --prefix-output-with-timestamp
 
 
 @dataclass
@@ -88,6 +92,8 @@ class _Driver:
     notices: int = 0
     next_discovery: float = 0.0
     names: Any = field(default_factory=lambda: itertools.count())
+    output: JobOutput = None
+    watch: StartWatch | None = None  # until the first round's workers have all started
 
     # ---- hosts ----------------------------------------------------------------------------------
     def discover(self, first: bool = False) -> None:
@@ -139,14 +145,19 @@ class _Driver:
                protocol.PORT_ENV: str(self.port), protocol.WORKER_ENV: name, protocol.ROUND_ENV: str(self.round),
                protocol.NOTICES_ENV: str(self.notices), protocol.TIMEOUT_ENV: f"{self.settings.elastic_timeout:g}",
                "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "PYTHONUNBUFFERED": "1"}
+        # horovod_worker runs the command and prefixes its output with the rank, as Horovod's launcher does
+        argv = processes.worker_command(self.settings.command, self.settings.prefix_timestamp)
         try:
             if local:
-                process = processes.start(self.settings.command, env={**os.environ, **env})
+                process = processes.start(argv, env={**os.environ, **env}, pipes=True)
             else:
-                process = processes.start(*processes.remote_start(slot.hostname, self.settings.command,
-                                                                  self.settings.ssh, env))
+                process = processes.start(*processes.remote_start(slot.hostname, argv, self.settings.ssh, env),
+                                          pipes=True)
         except OSError as error:
-            raise TriaxError(f"cannot start {self.settings.command[0]}: {error.strerror or error}") from None
+            raise TriaxError(f"cannot start {argv[0]}: {error.strerror or error}") from None
+        # Horovod's files are per rank; a later worker with a rank an earlier one had adds to them
+        self.output.open_rank(slot.rank, append=self.round > 0)
+        self.output.follow(process)
         self.workers[name] = _Worker(name, slot, process)
         if self.settings.verbose:
             self.say(f"started {name} on {slot.hostname}[{slot.local_rank}] as rank {slot.rank} of {slot.size} "
@@ -226,12 +237,15 @@ class _Driver:
     # ---- the whole job --------------------------------------------------------------------------
     def run(self) -> int:
         self.hosts = HostManager(self.settings.cooldown_range)
+        self.output = JobOutput(self.settings.output_filename, self.settings.np)
         self.store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=self.settings.elastic_timeout))
         self.port = self.store.port
         self.discover(first=True)
         self.wait_for_slots(self.settings.np)
         self.assignment = assign(self.hosts.available(), self.settings.max_np)
+        self.watch = StartWatch(self.settings.start_timeout, {s.rank: s.hostname for s in self.assignment},
+                                self.output)
         for slot in self.assignment:
             self.start_worker(slot)
         self.say(f"round 0: {len(self.assignment)} worker(s) on {self.describe(self.hosts.available())}")
@@ -241,6 +255,9 @@ class _Driver:
                 self.discover()
                 self.next_discovery = now + DISCOVERY_PERIOD_S
             self.reap()
+            if self.watch is not None and (self.round > 0 or self.watch.check(
+                    w.slot.rank for w in self.workers.values() if w.exit_code is None)):
+                self.watch = None  # the first round's workers started (or the job went on without them)
             if self.all_recorded():
                 code = self.decide()
                 if code is not None:
@@ -249,6 +266,8 @@ class _Driver:
 
     def stop_all(self) -> None:
         processes.stop([w.process for w in [*self.workers.values(), *self.leaving]])
+        if self.output is not None:
+            self.output.close()
 
     def describe(self, hosts: list[tuple[str, int]]) -> str:
         return ", ".join(f"{host}:{slots}" for host, slots in hosts)
