@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 
 import yaml
 
@@ -224,7 +225,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             continue
         if value is False:  # --no-mpi-threads-disable: an MPI setting as well
             flag = "--no-" + flag[2:]
-        where = f"{from_config[dest]} in --config-file {args.config_file}" if dest in from_config else flag
+        if dest in from_config:
+            shown = "mpi" if dest == "use_mpi" else value  # the file's `controller: mpi`
+            where = f"{from_config[dest]}={shown!r} in --config-file {args.config_file}"
+        else:  # the option as given: its value too, unless it is a switch
+            where = flag if isinstance(value, bool) else f"{flag} {shlex.quote(str(value))}"
         raise TriaxError(f"{where}: {why}")
     return args
 

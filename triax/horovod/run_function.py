@@ -76,6 +76,8 @@ def _argv(options: dict, executable: str) -> list[str]:
             argv.append(flag)
         elif isinstance(value, (list, tuple)):
             argv += [flag, *[str(v) for v in value]]
+        elif flag.startswith("--"):
+            argv.append(f"{flag}={value}")  # a value that starts with '-' stays the option's value
         else:
             argv += [flag, str(value)]
     return argv + ["--", executable, "-m", "triax.horovod.run_task"]
@@ -88,9 +90,9 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         network_interfaces=None, executable=None, np=None, min_np=None, max_np=None):
     """Run `func(*args, **kwargs)` on every process of a Horovod job; the results in rank order.
 
-    Horovod's signature and meaning (np, min_np, max_np: its deprecated names). `disable_cache`,
-    `output_filename` and `mpi_args` are accepted and have no effect; `use_mpi` runs the same job
-    (triax's collectives are torch.distributed's either way)."""
+    Horovod's signature and meaning (np, min_np, max_np: its deprecated names), each argument as
+    its `triax horovodrun` option: `use_mpi` and `mpi_args` are refused as --mpi and --mpi-args are
+    (triax horovodrun runs gloo only)."""
     if network_interface:
         network_interfaces = network_interface.split(",")
         warnings.warn("network_interface is deprecated, use network_interfaces instead", DeprecationWarning, 2)
@@ -111,7 +113,9 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
                "--reset-limit": reset_limit, "--blacklist-cooldown-range": cooldown_range, "-H": hosts,
                "--hostfile": hostfile, "--host-discovery-script": host_discovery_script,
                "--start-timeout": start_timeout, "-p": ssh_port, "-i": ssh_identity_file,
-               "--network-interface": ",".join(network_interfaces) if network_interfaces else None,
+               "--disable-cache": bool(disable_cache), "--output-filename": output_filename,
+               "--gloo": bool(use_gloo), "--mpi": bool(use_mpi), "--mpi-args": mpi_args,
+               "--network-interfaces": ",".join(network_interfaces) if network_interfaces else None,
                "--verbose": bool(verbose)}
     argv = _argv(options, executable or sys.executable)
     try:
