@@ -250,3 +250,12 @@ def test_workers_that_do_not_start_in_horovod_start_timeout_stop_the_job(tmp_pat
     assert done.returncode == 2, done.stderr
     assert "timed out after 2s waiting for the workers to start (rank 0 on localhost, rank 1 on node2 did not)" \
         in done.stderr, done.stderr
+
+
+def test_the_docs_table_names_every_horovod_option():
+    page = (REPO / "docs" / "horovod.md").read_text()
+    table = page[page.index("## `triax horovodrun` options"):page.index("## Coming from Horovod")]
+    flags = {o.partition("=")[0] for o in HOROVOD_OPTIONS}
+    missing = [f for f in flags if f"`{f}`" not in table and f"`{f} " not in table and f"/{f}`" not in table
+               and not (f.startswith("--autotune-") and "`--autotune-*`" in table)]
+    assert not missing, missing
