@@ -60,7 +60,7 @@ def read_model_config(run_dir: str, snapshot=None):
     """model.json as a GPTConfig, checked: known keys, types, sizes (and GPTConfig's own checks),
     and (with `snapshot`, a validated SnapshotReader or a local path) a model no larger than what
     the snapshot stores."""
-    from dataclasses import fields
+    from dataclasses import fields, replace
 
     from triax.models import GPTConfig
 
@@ -87,7 +87,9 @@ def read_model_config(run_dir: str, snapshot=None):
         config = GPTConfig(**values)
     except (ConfigError, TypeError) as error:
         raise TriaxError(f"{path} is damaged: {error}") from None
-    count = parameter_count(config)
+    # The model without its vocabulary padding: that is the layout's, and the snapshot may have
+    # been saved by another layout than the one model.json was last written by.
+    count = parameter_count(replace(config, padded_vocab_size=None))
     if isinstance(snapshot, SnapshotReader):
         # The validated snapshot's own tensor shapes (each backed by distinct verified bytes of a
         # listed file): the model must not need more values than the snapshot's model holds.
