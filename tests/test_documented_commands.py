@@ -63,6 +63,7 @@ NOT_RUN = {
     ('docs/getting-started.md', 'bash scripts/test.sh -m "not multiprocess"'): 'network',
     ('docs/getting-started.md', 'python3 -m pip install torch==2.13.0 && python3 -m pip install -e .'): 'network',
     ('docs/horovod.md', 'mpirun -np 2 python train.py'): 'MPI',
+    ('docs/horovod.md', 'triax horovodrun -np 4 --min-np 2 --max-np 8 --host-discovery-script ./discover_hosts.sh python train.py'): 'several machines',
     ('docs/horovod.md', 'triax horovodrun -np 8 -H node1:4,node2:4 python train.py'): 'several machines',
     ('docs/llama.md', 'OMP_NUM_THREADS=1 python benchmarks/vs_transformers_llama.py --rounds 3 --steps 200'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/allocator_cost.py'): 'a quiet machine',

@@ -11,7 +11,7 @@ import torch
 
 import triax.horovod as hvd
 from triax.errors import TriaxError
-from triax.horovod import run as horovodrun
+from triax.horovod import horovodrun
 
 from horovod_support import horovod  # noqa: F401  (fixture: one process joined as a Horovod job)
 
@@ -122,3 +122,14 @@ def test_horovodrun_maps_hosts_onto_torchrun(capsys):
     assert all("--master-addr=node1" in line and "--master-port=1234" in line for line in lines)
     with pytest.raises(TriaxError, match="slots"):
         horovodrun.main(["-np", "9", "-H", "node1:4,node2:4", "python", "train.py"])
+
+
+@pytest.mark.multiprocess
+def test_the_job_is_left_at_exit_without_hvd_shutdown():
+    # As Horovod's init registers shutdown: a gloo group still alive while the interpreter
+    # finalizes can abort the process after a successful run (see docs/horovod.md).
+    from forked import launch
+    from horovod_support import WORKERS, child_env
+
+    result = launch(2, [str(WORKERS / "exit_without_shutdown.py")], timeout=180, env=child_env())
+    assert result.stdout.count("process group alive at exit: False") == 2, result.stdout[-2000:]

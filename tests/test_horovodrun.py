@@ -10,7 +10,8 @@ import pytest
 
 from triax.cli import main as cli_main
 from triax.errors import TriaxError
-from triax.horovod import run as horovodrun
+from triax.horovod import horovodrun, processes
+from triax.horovod.hosts import parse_hosts
 
 
 
@@ -37,7 +38,7 @@ def test_hostfile_slots_are_validated(tmp_path):
                              ("-oProxyCommand=x slots=1\n", "not a host name"), ("# empty\n", "lists no hosts")]:
         hostfile.write_text(content)
         with pytest.raises(TriaxError, match=message):
-            horovodrun.parse_hosts(None, str(hostfile), None)
+            parse_hosts(None, str(hostfile), None)
 
 
 def options(**overrides):
@@ -49,7 +50,7 @@ def options(**overrides):
 def test_ssh_argv_puts_the_host_after_double_dash_and_keeps_values_off_it(monkeypatch):
     monkeypatch.setenv("HOROVOD_SECRET_TOKEN", "s3cret value; rm -rf /")
     monkeypatch.setenv("TRIAX_BAD NAME", "x")  # not a shell name: never forwarded
-    argv, script = horovodrun.remote_start("node2", ["python", "train.py", "--lr", "1e-3; id"],
+    argv, script = processes.remote_start("node2", ["python", "train.py", "--lr", "1e-3; id"],
                                            options(ssh_option=["StrictHostKeyChecking=accept-new"], ssh_port=2222))
     assert argv[:6] == ["ssh", "-o", "StrictHostKeyChecking=accept-new", "-p", "2222", "--"]
     assert argv[6] == "node2" and len(argv) == 8
@@ -66,7 +67,7 @@ def test_the_stdin_script_runs_every_word_literally(tmp_path, monkeypatch):
     marker = tmp_path / "out.txt"
     command = [sys.executable, "-c", "import os,sys; open(sys.argv[1],'w').write(os.environ['HOROVOD_PROBE'] + '|' + sys.argv[2])",
                str(marker), "$(touch pwned3); x"]
-    argv, script = horovodrun.remote_start("node2", command, options())
+    argv, script = processes.remote_start("node2", command, options())
     # What ssh would run on the far side, run here: the remote shell word and the stdin script.
     subprocess.run(["sh", "-c", argv[-1]], input=script.encode(), cwd=tmp_path, check=True, timeout=60)
     assert marker.read_text() == "$(touch pwned) `touch pwned2` 'q\"|$(touch pwned3); x"

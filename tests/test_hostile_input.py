@@ -960,7 +960,7 @@ def test_accelerator_state_keeps_an_infinity_it_wrote_but_not_in_a_learning_rate
 
 def test_hostfile_that_is_a_fifo_is_refused_at_once(tmp_path):
     from triax.errors import TriaxError
-    from triax.horovod.run import parse_hosts
+    from triax.horovod.hosts import parse_hosts
 
     import signal
 

@@ -37,7 +37,7 @@ UNEXPLAINED_BEFORE_THE_RULE: dict[str, int] = {
     "triax/checkpoint/snapshot.py": 3, "triax/cli.py": 1, "triax/data/text.py": 1,
     "triax/data/tokenize_files.py": 8, "triax/data/tokenizer.py": 2, "triax/data/tokens.py": 2,
     "triax/horovod/basics.py": 3, "triax/horovod/elastic/commits.py": 3, "triax/horovod/handles.py": 1,
-    "triax/horovod/process_sets.py": 2, "triax/horovod/run.py": 1, "triax/launch/config.py": 2,
+    "triax/horovod/process_sets.py": 2, "triax/launch/config.py": 2,
     "triax/launch/env.py": 5, "triax/launch/launcher.py": 5, "triax/metrics.py": 3, "triax/models/init.py": 2,
     "triax/parallel/comm_hooks.py": 1, "triax/parallel/grad_clip.py": 2, "triax/parallel/mesh.py": 1,
     "triax/parallel/parallelize.py": 5, "triax/parallel/plan.py": 3, "triax/parallel/tensor_parallel.py": 2,

@@ -26,7 +26,7 @@ COMMANDS = {
     "config": ("triax.launch.config:main", "write the default launch configuration"),
     "launch": ("triax.launch.launcher:main", "start a script on several processes (torchrun front end)"),
     "env": ("triax.launch.env:main", "print versions, devices and config for bug reports"),
-    "horovodrun": ("triax.horovod.run:main", "horovodrun-compatible launcher on torchrun"),
+    "horovodrun": ("triax.horovod.horovodrun:main", "horovodrun-compatible launcher (torchrun; elastic driver)"),
     "bench": ("triax.bench.cli:main", "measure throughput and scaling side by side"),
 }
 

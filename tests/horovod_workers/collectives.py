@@ -105,6 +105,13 @@ offset = sum(r + 1 for r in range(rank))
 assert_close(x.grad, coefficients[offset:offset + rank + 1])  # averaged over ranks: all equal
 grouped = hvd.grouped_allgather([rows_of(rank), torch.tensor([rank])])
 assert_close(grouped[1], torch.arange(size))
+handle = hvd.grouped_allgather_async([rows_of(rank), torch.tensor([rank])], name="grouped.gather")
+pending_max = hvd.allreduce_async(mine, op=hvd.Max)  # a second operation in flight beside it
+grouped_async = hvd.synchronize(handle)
+assert isinstance(grouped_async, list) and len(grouped_async) == 2
+assert_close(grouped_async[0], gathered)
+assert_close(grouped_async[1], torch.arange(size))
+assert_close(hvd.synchronize(pending_max), stack.max(0).values)
 
 # ---- broadcast --------------------------------------------------------------------------------
 root = size - 1
@@ -144,6 +151,15 @@ assert_close(hvd.reducescatter(scattered_inputs[rank], op=hvd.Sum), total[start:
 assert_close(hvd.reducescatter(scattered_inputs[rank]), (total / size)[start:start + shares[rank]])
 assert_close(hvd.synchronize(hvd.reducescatter_async(scattered_inputs[rank], op=hvd.Max)),
              scattered_inputs[-1][start:start + shares[rank]])
+# grouped and asynchronous: Horovod's positional order (tensors, name, op)
+second = [torch.full((size + 2, 3), float(r + 1)) for r in range(size)]
+second_shares = [(size + 2) // size + (1 if r < (size + 2) % size else 0) for r in range(size)]
+handle = hvd.grouped_reducescatter_async([scattered_inputs[rank], second[rank]], "grouped.scatter", hvd.Sum)
+first_out, second_out = hvd.synchronize(handle)
+assert_close(first_out, total[start:start + shares[rank]])
+assert_close(second_out, torch.full((second_shares[rank], 3), float(sum(range(1, size + 1)))))
+assert_close(hvd.synchronize(hvd.reducescatter_async(scattered_inputs[rank], "positional", hvd.Sum)),
+             total[start:start + shares[rank]])
 x = scattered_inputs[rank].clone().requires_grad_()
 hvd.reducescatter(x, op=hvd.Sum).sum().mul(rank + 1).backward()
 # Horovod's gradient: the gathered upstream gradients, times size for op=Sum

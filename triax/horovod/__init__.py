@@ -16,8 +16,8 @@ from triax.horovod.broadcast_helpers import broadcast_optimizer_state, broadcast
 from triax.horovod.collectives import (
     allgather, allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall,
     alltoall_async, barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
-    grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
-    grouped_allreduce_async_, grouped_reducescatter, poll, reducescatter, reducescatter_async,
+    grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+    grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, poll, reducescatter, reducescatter_async,
     sparse_allreduce_async,
     synchronize,
 )
@@ -28,6 +28,7 @@ from triax.horovod.objects import allgather_object, broadcast_object
 from triax.horovod.process_sets import ProcessSet, global_process_set
 from triax.horovod.set_registration import add_process_set, remove_process_set
 from triax.horovod.optimizer import DistributedOptimizer
+from triax.horovod.run_function import run
 from triax.horovod.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from triax.horovod.sync_batchnorm import SyncBatchNorm
 from triax.horovod import elastic

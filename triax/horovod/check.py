@@ -19,8 +19,7 @@ import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodInternalError, HorovodValueError
-from triax.horovod import basics, compat, process_sets, reduce_ops
-from triax.kept_works import wait_and_keep
+from triax.horovod import basics, compat, handles, process_sets, reduce_ops
 
 KINDS = ["none", "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier",
          "optimizer step", "broadcast_object", "allgather_object", "join", "optimizer layout",
@@ -149,7 +148,7 @@ def gather_rows(row: torch.Tensor) -> torch.Tensor:
     size = process_sets.active_size()
     device = basics.world().device if dist.get_backend() == "nccl" else torch.device("cpu")
     rows = torch.empty(size * SLOTS, dtype=torch.int64, device=device)
-    wait_and_keep(compat.all_gather_single(rows, row.to(device), group=process_sets.active_group(), async_op=True))
+    handles.wait_one(compat.all_gather_single(rows, row.to(device), group=process_sets.active_group(), async_op=True))
     return rows.view(size, SLOTS).cpu()
 
 
@@ -162,7 +161,7 @@ def _shared_problem(problem: str | None, rows: torch.Tensor, name: str | None) -
         mine[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
     device = basics.world().device if dist.get_backend() == "nccl" else torch.device("cpu")
     everyone = torch.empty(size * _PROBLEM_BYTES, dtype=torch.uint8, device=device)
-    wait_and_keep(compat.all_gather_single(everyone, mine.to(device), group=process_sets.active_group(), async_op=True))
+    handles.wait_one(compat.all_gather_single(everyone, mine.to(device), group=process_sets.active_group(), async_op=True))
     everyone = everyone.view(size, _PROBLEM_BYTES).cpu()
     reports: dict[str, list[int]] = {}  # problem text -> ranks that reported it
     for r in range(size):

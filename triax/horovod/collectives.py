@@ -147,6 +147,20 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     return [allgather(t, name, process_set) for t in _tensors(tensors, "grouped_allgather")]
 
 
+def _start_each(starts):
+    """Start several operations under one handle: (all their works, finish giving the list of results)."""
+    started = [start() for start in starts]
+    return [work for works, _ in started for work in works], lambda: [finish() for _, finish in started]
+
+
+@in_process_set
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """One handle for the allgather of every tensor; synchronize() gives the list of results."""
+    tensors = [t.detach() for t in _tensors(tensors, "grouped_allgather_async")]
+    return handles.submit(lambda: _start_each([lambda t=t: engine.start_allgather(t, name) for t in tensors]),
+                          name)
+
+
 # ---- sparse allreduce: every rank's (indices, values), gathered ---------------------------------
 @in_process_set
 def sparse_allreduce_async(tensor, name=None, op=reduce_ops.Average, process_set=global_process_set):
@@ -231,12 +245,24 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=reduce_ops
 
 
 @in_process_set
-def reducescatter_async(tensor, name=None, compression=Compression.none, op=reduce_ops.Average,
-                        process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(tensor, name=None, op=reduce_ops.Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0, *, compression=Compression.none):
+    # Horovod's positional order (name, op, ...); `compression` is triax's, by keyword only.
     op = reduce_ops.resolve(op)
     tensor = _tensor(tensor, "reducescatter_async").detach()
     return handles.submit(lambda: engine.start_reducescatter(tensor, op, prescale_factor, postscale_factor,
                                                              compression, name), name)
+
+
+@in_process_set
+def grouped_reducescatter_async(tensors, name=None, op=reduce_ops.Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """One handle for the reducescatter of every tensor (Horovod's signature: no compression)."""
+    op = reduce_ops.resolve(op)
+    tensors = [t.detach() for t in _tensors(tensors, "grouped_reducescatter_async")]
+    return handles.submit(lambda: _start_each([
+        lambda t=t: engine.start_reducescatter(t, op, prescale_factor, postscale_factor, name=name)
+        for t in tensors]), name)
 
 
 @in_process_set

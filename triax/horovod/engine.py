@@ -12,10 +12,9 @@ import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodInternalError, HorovodNotImplementedError, HorovodValueError
-from triax.horovod import adasum, check, compat, process_sets, reduce_ops
+from triax.horovod import adasum, check, compat, handles, process_sets, reduce_ops
 from triax.horovod.handles import wait_all
 from triax.horovod.compression import NoneCompressor
-from triax.kept_works import wait_and_keep
 
 _UNCHECKED = object()  # sentinel: run the check here
 
@@ -250,7 +249,7 @@ def start_alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,
     if not _distributed():
         return [], lambda: (tensor.clone(), torch.tensor(splits, dtype=torch.int32))
     received = torch.empty(size, dtype=torch.int64)
-    wait_and_keep(dist.all_to_all_single(received, torch.tensor(splits, dtype=torch.int64), group=_group(), async_op=True))
+    handles.wait_one(dist.all_to_all_single(received, torch.tensor(splits, dtype=torch.int64), group=_group(), async_op=True))
     received_splits = received.tolist()
     sent = to_wire(tensor)
     output = sent.new_empty((sum(received_splits),) + tuple(tensor.shape[1:]))

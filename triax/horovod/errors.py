@@ -22,6 +22,15 @@ class HostsUpdatedInterrupt(TriaxError, RuntimeError):
         self.skip_sync = skip_sync
 
 
+class WorkerRemoved(TriaxError, RuntimeError):
+    """The elastic driver gave this worker no slot in the next round (its host was removed or
+    blacklisted): Horovod's workers fail hvd.init() with the same words and leave the job."""
+
+
+class HorovodRunError(TriaxError, RuntimeError):
+    """`hvd.run`: a process of the job exited with a non-zero status (Horovod raises RuntimeError)."""
+
+
 class HorovodValueError(TriaxError, ValueError):
     """A bad argument value (root rank out of range, unknown op, uninitialized Horovod, ...)."""
 

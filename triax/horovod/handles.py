@@ -13,26 +13,41 @@ ValueError on the submitting rank only, as Horovod's does.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from triax.errors import TriaxError
 from triax.kept_works import keep_until_exit
 from triax.horovod import process_sets
 from triax.horovod.errors import HorovodInternalError, HorovodValueError
 
 
+@contextlib.contextmanager
+def failures_as_internal_error():
+    """A torch.distributed failure inside (gloo raises a plain RuntimeError when a peer is gone
+    or a timeout passes) becomes Horovod's HorovodInternalError, which elastic training loops
+    catch. triax's own errors pass through as they are."""
+    try:
+        yield
+    except TriaxError:
+        raise
+    except RuntimeError as error:
+        raise HorovodInternalError(f"a collective failed: {error}") from error
+
+
 def wait_all(works) -> None:
-    """Wait for torch.distributed work; a failed collective (a peer gone, a timeout) becomes
-    Horovod's HorovodInternalError, which elastic training loops catch."""
-    for work in works:
-        try:
+    """Wait for torch.distributed work (failures: HorovodInternalError, above)."""
+    with failures_as_internal_error():
+        for work in works:
             work.wait()
-        except HorovodInternalError:
-            raise
-        except RuntimeError as error:
-            raise HorovodInternalError(f"a collective failed: {error}") from error
     keep_until_exit(works)  # so a script that ends right after its last collective exits cleanly
+
+
+def wait_one(work) -> None:
+    """Wait for one collective started with async_op=True (see wait_all)."""
+    wait_all([work])
 
 
 @dataclass

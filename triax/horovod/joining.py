@@ -16,7 +16,6 @@ import torch.distributed as dist
 from triax.horovod.errors import HorovodInternalError, HorovodValueError
 from triax.horovod import basics, check, engine, handles, process_sets, reduce_ops
 from triax.horovod.process_sets import global_process_set, in_process_set
-from triax.kept_works import wait_and_keep
 
 # Layout digest -> DistributedOptimizer, so a joined rank can serve a gradient step (optimizer.py).
 optimizers_by_layout: dict = {}
@@ -56,14 +55,16 @@ def _serve(agreement: check.Agreement) -> None:
         raise HorovodInternalError("allreduce: op=hvd.Adasum cannot run while ranks have joined")
     if kind == "allreduce":
         buffer = reduce_ops.neutral_fill(torch.empty(check.replay_shape(row), dtype=check.replay_dtype(row), device=check.replay_device(row)), op)
-        wait_and_keep(dist.all_reduce(engine.to_wire(buffer), op=reduce_ops.torch_op(op), group=process_sets.active_group(),
+        handles.wait_one(dist.all_reduce(engine.to_wire(buffer), op=reduce_ops.torch_op(op), group=process_sets.active_group(),
                                async_op=True))
     elif kind == "barrier":
-        wait_and_keep(dist.barrier(group=process_sets.active_group(), async_op=True))
+        handles.wait_one(dist.barrier(group=process_sets.active_group(), async_op=True))
     elif kind == "broadcast_object":
-        dist.broadcast_object_list([None], src=root, group=process_sets.active_group())
+        with handles.failures_as_internal_error():
+            dist.broadcast_object_list([None], src=root, group=process_sets.active_group())
     elif kind == "allgather_object":
-        dist.all_gather_object([None] * process_sets.active_size(), None, group=process_sets.active_group())
+        with handles.failures_as_internal_error():
+            dist.all_gather_object([None] * process_sets.active_size(), None, group=process_sets.active_group())
     elif kind == "optimizer layout":
         pass  # a DistributedOptimizer was built; nothing to exchange
     elif kind == "optimizer step":

@@ -8,16 +8,18 @@ the handles in flight.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 
 import torch
 import torch.distributed as dist
 
-from triax.horovod import basics, handles, process_sets, set_registration
+from triax.horovod import basics, handles, optimizer, process_sets, set_registration
 from triax.horovod.basics import CHECK_ENV
 from triax.horovod.errors import HorovodTypeError, HorovodValueError
-from triax.place import detect_place, pick_device
+from triax.horovod.elastic import worker as elastic_worker
+from triax.place import Place, detect_place, pick_device
 from triax.process_group import init_distributed, shutdown_distributed
 from triax.rendezvous import attempt_store, set_rendezvous_defaults
 from triax.timeouts import collective_timeout, process_group_timeout
@@ -27,6 +29,7 @@ from triax.timeouts import collective_timeout, process_group_timeout
 # previous store, or read the previous group's keys) and hang.
 _base_store = None
 _generation = 0
+_shutdown_registered = False
 
 
 def _check_from_env() -> bool:
@@ -50,13 +53,20 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
         raise HorovodValueError(f"hvd.init(comm={comm!r}): sub-communicators are not supported; call hvd.init()")
     if basics.is_initialized():
         return  # Horovod allows repeated init(); the second call changes nothing
-    place = detect_place()
+    place, slot = detect_place(), None
+    if elastic_worker.under_driver():
+        # triax horovodrun's elastic driver says where this worker is (after a reset: blocks
+        # until the driver has decided the next round, or raises WorkerRemoved).
+        slot = elastic_worker.join()
+        place = Place(slot.rank, slot.size, slot.local_rank, slot.local_size, "horovod")
     # The device Horovod scripts pin themselves (torch.cuda.set_device(hvd.local_rank())) is the
     # one we pick too, so NCCL binds to the same GPU.
     device = pick_device("cuda" if torch.cuda.is_available() else "cpu", place.local_rank)
     owns_group = not dist.is_initialized()
     if place.world_size > 1 or dist.is_initialized():
-        store = _next_store(place) if owns_group and place.world_size > 1 else None
+        store = None
+        if owns_group and place.world_size > 1:
+            store = elastic_worker.group_store() if slot is not None else _next_store(place)
         place = init_distributed(device, place, backend=_backend_for(device), store=store, timeout_s=gloo_timeout())
     rank, size = place.rank, place.world_size
     local_rank, local_size = place.local_rank, place.local_world_size
@@ -65,10 +75,13 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
         # Horovod's cross communicator joins the ranks with the same local rank, one per node.
         mine = [socket.gethostname(), local_rank, local_size]
         everyone: list = [None] * size
-        dist.all_gather_object(everyone, mine)
+        with handles.failures_as_internal_error():
+            dist.all_gather_object(everyone, mine)
         same_local = [r for r, entry in enumerate(everyone) if entry[1] == local_rank]
         cross_rank, cross_size = same_local.index(rank), len(same_local)
         homogeneous = len({entry[2] for entry in everyone}) == 1
+    if slot is not None:  # the driver's placement names hosts as the user listed them
+        cross_rank, cross_size = slot.cross_rank, slot.cross_size
     basics.set_world(basics._World(rank, size, local_rank, local_size, cross_rank, cross_size, homogeneous, device,
                                    _check_from_env() if check is None else bool(check), owns_group))
     # Scripts written for horovodrun read these (`triax horovodrun` sets them before the script
@@ -77,6 +90,15 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
                       HOROVOD_LOCAL_RANK=str(local_rank), HOROVOD_LOCAL_SIZE=str(local_size),
                       HOROVOD_CROSS_RANK=str(cross_rank), HOROVOD_CROSS_SIZE=str(cross_size))
     set_registration.register_at_init(process_sets)
+    global _shutdown_registered
+    if not _shutdown_registered:
+        # As Horovod's init does: leave the job when the script ends. A process group still alive
+        # while the interpreter finalizes is destroyed then, and a gloo thread still releasing a
+        # collective's tensors needs a GIL that is gone: the process can abort ("terminate called
+        # without an active exception") after a run that succeeded. Horovod's own scripts end
+        # without hvd.shutdown().
+        atexit.register(shutdown)
+        _shutdown_registered = True
 
 
 def gloo_timeout() -> float:
@@ -108,6 +130,7 @@ def shutdown() -> None:
         return
     owns_group = basics.world().owns_group
     handles.forget_all()
+    optimizer.forget_in_flight()
     process_sets.forget_all()
     if owns_group:
         shutdown_distributed()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from triax.horovod import basics, check, engine, process_sets
+from triax.horovod import basics, check, engine, handles, process_sets
 from triax.horovod.process_sets import global_process_set, in_process_set
 
 
@@ -16,7 +16,8 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     if process_sets.active_size() == 1:
         return obj
     holder = [obj if basics.rank() == root_rank else None]
-    dist.broadcast_object_list(holder, src=root_rank, group=process_sets.active_group())
+    with handles.failures_as_internal_error():
+        dist.broadcast_object_list(holder, src=root_rank, group=process_sets.active_group())
     return holder[0]
 
 
@@ -27,5 +28,6 @@ def allgather_object(obj, name=None, process_set=global_process_set):
         return [obj]
     check.agree("allgather_object", name=name)
     everyone = [None] * process_sets.active_size()
-    dist.all_gather_object(everyone, obj, group=process_sets.active_group())
+    with handles.failures_as_internal_error():
+        dist.all_gather_object(everyone, obj, group=process_sets.active_group())
     return everyone

@@ -26,7 +26,7 @@ from triax.horovod import adasum, basics, check, collectives, fusion, handles, j
 from triax.horovod import process_sets
 from triax.horovod.process_sets import ProcessSet, global_process_set
 from triax.horovod.compression import Compression
-from triax.kept_works import wait_and_keep
+from triax.horovod.elastic import worker as elastic_worker
 
 
 class _DistributedOptimizer:
@@ -140,19 +140,34 @@ class _DistributedOptimizer:
             target.copy_(grad.reshape(-1))
         wire, ctx = self._hvd.compression.compress(bucket.flat)
         reduce_ops.scale_(wire, self._hvd.prescale)
-        group_size = len(self._hvd.process_set.ranks) if self._hvd.process_set.ranks else basics.size()
         if self._hvd.op == reduce_ops.Adasum:
             works = []  # combined parameter by parameter in _hvd_finish
         else:
-            works = [dist.all_reduce(wire, group=self._hvd.process_set._group, async_op=True)] if group_size > 1 else []
+            works = [dist.all_reduce(wire, group=self._hvd.process_set._group, async_op=True)] if self._hvd_set_size() > 1 else []
         bucket.pending = (works, wire, ctx)
+
+    def _hvd_set_size(self) -> int:
+        # Read at every step: an elastic reset changes the world's size under the same optimizer.
+        return len(self._hvd.process_set.ranks) if self._hvd.process_set.ranks else basics.size()
+
+    def _hvd_forget_in_flight(self):
+        """The group the exchange ran on is gone (hvd.shutdown, an elastic reset): drop the step
+        in progress, as if backward had not run, so the next one starts clean."""
+        for bucket in self._hvd.buckets:
+            bucket.pending = None
+            bucket.ready = 0
+        self._hvd.sparse.clear()
+        self._hvd.passes.clear()
+        self._hvd.next_bucket = 0
+        self._hvd.step_started = False
+        self._hvd.synchronized = False
 
     def _hvd_finish(self, bucket):
         works, wire, ctx = bucket.pending
         handles.wait_all(works)  # a lost peer surfaces as HorovodInternalError
         postscale = self._hvd.postscale
         if self._hvd.op == reduce_ops.Average:
-            postscale /= self._hvd.contributors
+            postscale /= self._hvd_set_size()  # Horovod averages over the whole set
         if self._hvd.op == reduce_ops.Adasum and basics.size() > 1:
             # Adasum's coefficients come from each gradient's own dot products: one tensor at a time.
             with process_sets.scoped(self._hvd.process_set):
@@ -182,7 +197,7 @@ class _DistributedOptimizer:
             first = bucket.params[0]
             zeros = torch.zeros(bucket.numel, dtype=first.dtype, device=first.device)
             wire, _ = self._hvd.compression.compress(zeros)
-            wait_and_keep(dist.all_reduce(wire, group=self._hvd.process_set._group, async_op=True))
+            handles.wait_one(dist.all_reduce(wire, group=self._hvd.process_set._group, async_op=True))
 
 
 def _check_passes(passes) -> int:
@@ -204,7 +219,6 @@ class _Exchange:
     postscale: float
     sparse_as_dense: bool
     process_set: ProcessSet
-    contributors: int  # the size of the set: Horovod averages over all of it
     layout: int  # digest of buckets and options, the same on every rank with the same model
     included: bool = True  # False on a rank outside the process set: no exchange at all
     bucket_of: dict = field(default_factory=dict)  # id(param) -> its bucket
@@ -244,6 +258,13 @@ def _parameter_names(optimizer, params: list, named_parameters) -> dict[int, str
 
 
 _classes: dict[type, type] = {}
+_wrapped = weakref.WeakSet()  # every DistributedOptimizer made, for forget_in_flight
+
+
+def forget_in_flight() -> None:
+    """hvd.shutdown(): every DistributedOptimizer drops the gradient exchange in progress."""
+    for optimizer in list(_wrapped):
+        optimizer._hvd_forget_in_flight()
 
 
 def _validated_op(op, gradient_predivide_factor, group_size: int) -> int:
@@ -332,15 +353,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     optimizer.backward_passes_per_step = passes
     optimizer._parameter_names = {p: names[id(p)] for p in params}  # Horovod's attribute: param -> name
     optimizer._hvd = _Exchange(names, buckets, compression, op, 1.0 / gradient_predivide_factor,
-                               gradient_predivide_factor, sparse_as_dense, process_set, group_size,
+                               gradient_predivide_factor, sparse_as_dense, process_set,
                                check.digest(layout))
     optimizer._hvd.bucket_of = {id(p): b for b in buckets for p in b.params}
+    _wrapped.add(optimizer)
     if not included:  # nothing to exchange: step() runs the optimizer's own step
         optimizer._hvd.included = False
         return optimizer
     joining.optimizers_by_layout[optimizer._hvd.layout] = weakref.ref(optimizer)
     optimizer._hvd.hook_handles = _hook_gradients(optimizer, trainable)
     # Same model, same order, same options on every rank? One round now rather than a hang later.
-    with process_sets.scoped(process_set):
-        check.agree("optimizer layout", extra=optimizer._hvd.layout, name="DistributedOptimizer")
+    # Not under the elastic driver: a worker added to a running job builds its optimizer while the
+    # others are in their training function (Horovod's constructor is not a collective either);
+    # the first step's round checks the same layout.
+    if not elastic_worker.under_driver():
+        with process_sets.scoped(process_set):
+            check.agree("optimizer layout", extra=optimizer._hvd.layout, name="DistributedOptimizer")
     return optimizer

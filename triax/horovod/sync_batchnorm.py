@@ -13,13 +13,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from triax.horovod import basics
-from triax.kept_works import wait_and_keep
+from triax.horovod import basics, handles
 
 
 def _sum_across_ranks(tensor: torch.Tensor) -> torch.Tensor:
     if basics.size() > 1:
-        wait_and_keep(dist.all_reduce(tensor, async_op=True))
+        handles.wait_one(dist.all_reduce(tensor, async_op=True))
     return tensor
 
 

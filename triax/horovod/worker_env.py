@@ -14,19 +14,21 @@ import argparse
 import os
 import sys
 
+from triax.horovod.slots import assign
+
 
 def horovod_variables(env, slots: list[int], hostname: str) -> dict[str, str]:
     """Horovod's variables for the worker torchrun described in `env`; `slots`: processes per host, in host order.
 
-    Horovod's cross communicator joins the processes with the same local rank, one per host, so
-    CROSS_SIZE counts the hosts with more than LOCAL_RANK processes and CROSS_RANK is this host's
-    place among them."""
+    Rank and sizes are torchrun's; the cross rank and size come from Horovod's placement (slots.py)."""
     local_rank, node = int(env["LOCAL_RANK"]), int(env["GROUP_RANK"])
-    hosts_with_it = [h for h, count in enumerate(slots) if count > local_rank]
+    # Hosts are named by their index here: two entries may name the same machine.
+    placed = next(info for info in assign([(str(h), count) for h, count in enumerate(slots)])
+                  if info.hostname == str(node) and info.local_rank == local_rank)
     return {
         "HOROVOD_RANK": env["RANK"], "HOROVOD_SIZE": env["WORLD_SIZE"],
         "HOROVOD_LOCAL_RANK": env["LOCAL_RANK"], "HOROVOD_LOCAL_SIZE": env["LOCAL_WORLD_SIZE"],
-        "HOROVOD_CROSS_RANK": str(hosts_with_it.index(node)), "HOROVOD_CROSS_SIZE": str(len(hosts_with_it)),
+        "HOROVOD_CROSS_RANK": str(placed.cross_rank), "HOROVOD_CROSS_SIZE": str(placed.cross_size),
         "HOROVOD_HOSTNAME": hostname,
     }
 

@@ -1,0 +1,81 @@
+"""Starting and stopping `triax horovodrun`'s processes, here or on another host over ssh.
+
+Remote starts are built so no host, option or value can be read as something else: the host
+follows `--` in ssh's argv; every remote word is quoted; environment values travel on ssh's stdin,
+not on any command line (where `ps` would show them); host-key checking is left to the user's ssh
+configuration (`--ssh-option` passes options through).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+
+from triax.horovod.hosts import address_of
+
+# Variables handed to remote hosts (horovodrun forwards the environment the same way).
+FORWARDED_PREFIXES = ("HOROVOD_", "TRIAX_", "NCCL_", "GLOO_", "PYTHONPATH", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The remote shell reads the environment and the command from stdin, so neither is on a command line.
+_REMOTE_SHELL = "sh -c 'eval \"$(cat)\"'"
+STOP_GRACE_S = 10.0
+
+
+def forwarded_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables a remote start exports: ours with a forwarded prefix, then `extra`."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
+    env.update(extra or {})
+    return {k: v for k, v in env.items() if _ENV_NAME.match(k)}
+
+
+def remote_start(host: str, argv: list[str], args, extra_env: dict[str, str] | None = None) -> tuple[list[str], str]:
+    """(ssh argv, script for its stdin). The script sets the environment and runs the command.
+    `args`: ssh_option (list), ssh_port, ssh_identity_file."""
+    ssh = ["ssh"]
+    for option in args.ssh_option:
+        ssh += ["-o", option]
+    if args.ssh_port:
+        ssh += ["-p", str(args.ssh_port)]
+    if args.ssh_identity_file:
+        ssh += ["-i", args.ssh_identity_file]
+    user, at, _ = host.rpartition("@")
+    ssh += ["--", user + at + address_of(host), _REMOTE_SHELL]  # ssh takes IPv6 addresses bare
+    exports = "".join(f"export {name}={shlex.quote(value)}\n"
+                      for name, value in forwarded_environment(extra_env).items())
+    script = f"cd {shlex.quote(os.getcwd())} || exit 1\n{exports}exec {shlex.join(argv)}\n"
+    return ssh, script
+
+
+def start(argv: list[str], script: str | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start `argv` in a session of its own (stopping it stops everything it started); `script`
+    goes to its stdin (a remote start)."""
+    process = subprocess.Popen(argv, stdin=subprocess.PIPE if script is not None else None, env=env,
+                               start_new_session=True)
+    if script is not None:
+        process.stdin.write(script.encode())
+        process.stdin.close()
+    return process
+
+
+def stop(processes: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM every process group still running, then SIGKILL what outlives the grace period."""
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
