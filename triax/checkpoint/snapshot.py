@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from triax.agreement import raise_together
 from triax.checkpoint.errors import SnapshotCorruptError, SnapshotError, SnapshotWriteError
+from triax.checkpoint.padding import PaddedRowsLoadPlanner
 from triax.checkpoint.reader import FORMAT, MANIFEST, SNAPSHOT_NAME, STATE, SnapshotReader
 from triax.checkpoint.rng import capture_rng_state, check_rng_state, restore_rng_state
 from triax.checkpoint.shards import SHARDS_METADATA, ShardReader, ShardWriter
@@ -132,6 +133,22 @@ def _tensor_state(model: torch.nn.Module, optimizer, stored_name: Callable[[str]
                 if isinstance(value, torch.Tensor):
                     flat[f"{OPTIMIZER_KEY}{stored_name(name)}/{key}"] = value
     return flat, model_state, optim_state
+
+
+def _padded_keys(tensors: dict, real_rows: dict[str, int] | None) -> dict[str, int]:
+    """{DCP key: real rows} of the tensors of `real_rows` ({stored parameter name: rows that hold
+    the model, the rest being padding}): the parameter and its optimizer state of the same rows."""
+    padded = {}
+    for key, value in tensors.items():
+        if key.startswith(MODEL_KEY):
+            name = key[len(MODEL_KEY):]
+        elif key.startswith(OPTIMIZER_KEY):
+            name = key[len(OPTIMIZER_KEY):].rsplit("/", 1)[0]
+        else:
+            continue
+        if real_rows and name in real_rows and value.dim() >= 1:  # not the optimizer's step count
+            padded[key] = real_rows[name]
+    return padded
 
 
 def _optimizers(optimizer) -> tuple:
@@ -439,12 +456,17 @@ def _check_groups(saved: list, current: list, snapshot: str) -> None:
 
 def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                   restore_rng: bool = True, stored_name: Callable[[str], str] = _identity,
-                  check_state: Callable[[dict], None] | None = None, stats: dict | None = None) -> dict:
+                  check_state: Callable[[dict], None] | None = None, stats: dict | None = None,
+                  real_rows: dict[str, int] | None = None) -> dict:
     """Load a snapshot into `model` (and `optimizer`), whatever layout either was saved or is
     now in, and restore this rank's RNG states. Returns the JSON state. Collective. Every rank
     reads only the byte ranges its own shards need (`stats["bytes_read"]` says how many).
     Raises SnapshotCorruptError on every rank if any rank finds the snapshot damaged;
-    `check_state(state)` may raise it too (the caller's own schema for its keys)."""
+    `check_state(state)` may raise it too (the caller's own schema for its keys).
+    `real_rows`: {stored parameter name: rows that hold the model} of tensors whose further rows
+    are zero padding (a vocabulary padded for tensor parallelism): only those rows are read, for
+    the parameter and its optimizer state, so a snapshot saved with any padding loads into any
+    other (triax.checkpoint.padding)."""
     reader, rng_state = None, None
     # Corrupt, or one rank's own refusal: agreed before any collective load, so nobody is left waiting.
     with raise_together(f"verifying snapshot {snapshot}", SnapshotCorruptError):
@@ -463,9 +485,11 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
     tensors, model_state, optim_state = _tensor_state(
         model, optimizer if state.get("optimizer_groups") is not None else None, stored_name)
     shard_reader = ShardReader(reader)
+    padded = _padded_keys(tensors, real_rows)
     try:
         with _single_process_quiet():
-            dcp.load(tensors, storage_reader=shard_reader, no_dist=not dist.is_initialized())
+            dcp.load(tensors, storage_reader=shard_reader, planner=PaddedRowsLoadPlanner(padded),
+                     no_dist=not dist.is_initialized())
     except CheckpointException as failure:
         causes = [cause for cause, _ in failure.failures.values()]
         corrupt = next((c for c in causes if isinstance(c, SnapshotCorruptError)), None)
@@ -504,10 +528,11 @@ def load_latest_snapshot(snapshot_root: str, model: torch.nn.Module,
                          report: Callable[[str], None] | None = None,
                          stored_name: Callable[[str], str] = _identity,
                          check_state: Callable[[dict], None] | None = None,
-                         stats: dict | None = None) -> tuple[str, dict] | None:
+                         stats: dict | None = None,
+                         real_rows: dict[str, int] | None = None) -> tuple[str, dict] | None:
     """Load the newest snapshot that passes verification on every rank, falling back to older
     ones (each rejected one is reported in one line and moved aside). Collective. Returns
-    (path, state), or None when there is no snapshot at all. `stats`: see load_snapshot."""
+    (path, state), or None when there is no snapshot at all. `stats`, `real_rows`: see load_snapshot."""
     rank = _rank()
     store = Store(snapshot_root)
     candidates = [snapshot_step(path) for path in list_snapshots(snapshot_root)] if rank == 0 else []
@@ -525,7 +550,7 @@ def load_latest_snapshot(snapshot_root: str, model: torch.nn.Module,
         error, fatal, state = None, None, None
         try:
             state = load_snapshot(path, model, optimizer, stored_name=stored_name, check_state=check_state,
-                                  stats=stats)
+                                  stats=stats, real_rows=real_rows)
         except SnapshotCorruptError as failure:
             error = str(failure)
         except Exception as failure:  # not a bad file (e.g. another model's snapshot): all ranks stop

@@ -1,5 +1,5 @@
 from triax.models.config import ARCHITECTURES, PRESETS, GPTConfig
-from triax.models.decoder import Decoder, KVCache
+from triax.models.decoder import VOCABULARY_PARAMETERS, Decoder, KVCache, vocabulary_rows
 from triax.models.gpt import GPT
 from triax.models.llama import Llama
 
@@ -12,4 +12,5 @@ def build_model(config: GPTConfig, **parts) -> Decoder:
     return FAMILIES[config.family](config, **parts)
 
 
-__all__ = ["ARCHITECTURES", "Decoder", "GPT", "GPTConfig", "KVCache", "Llama", "PRESETS", "build_model"]
+__all__ = ["ARCHITECTURES", "Decoder", "GPT", "GPTConfig", "KVCache", "Llama", "PRESETS", "VOCABULARY_PARAMETERS",
+           "build_model", "vocabulary_rows"]

@@ -150,6 +150,16 @@ def _embedding(rows: int, width: int) -> nn.Embedding:
 
 NORMS = (nn.LayerNorm, nn.RMSNorm)
 
+# The parameters with one row per token id: what a vocabulary padded for tensor parallelism pads.
+VOCABULARY_PARAMETERS = ("tok_emb.weight", "lm_head.weight")
+
+
+def vocabulary_rows(config: GPTConfig) -> dict[str, int]:
+    """{parameter name: rows that hold the model} of the tensors the vocabulary's padding extends:
+    the rows past `vocab_size` are zero whatever the padding (see PaddedVocabMask), so a snapshot
+    loads by these rows into a model of any padding (triax.checkpoint.load_snapshot's real_rows)."""
+    return {name: config.vocab_size for name in VOCABULARY_PARAMETERS}
+
 
 class Decoder(nn.Module):
     """Token ids (batch, seq) -> logits (batch, seq, vocab).

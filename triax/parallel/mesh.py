@@ -173,18 +173,11 @@ def num_stages(pp: int, pp_schedule: str) -> int:
     return pp * (STAGES_PER_RANK_INTERLEAVED if pp_schedule in MULTI_STAGE_SCHEDULES else 1)
 
 
-def padded_vocab_size(vocab_size: int, tp: int, saved_rows: int | None = None) -> int:
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
     """Round the vocabulary up to a multiple of tp (as Megatron does) so the embedding and head
-    split evenly; the extra rows are classes no target ever names, so training pushes them down.
-
-    `saved_rows`: the embedding rows of the snapshot a run resumes from. Its padding is kept (the
-    padded rows are part of the trained model), so it must split evenly over the new tp too."""
-    if saved_rows is None or saved_rows < vocab_size:
-        return -(-vocab_size // tp) * tp
-    if saved_rows % tp != 0:
-        raise ConfigError(f"the snapshot's vocabulary is padded to {saved_rows} rows, which parallel.tp={tp} does "
-                          f"not divide; resume with a tp that divides {saved_rows}")
-    return saved_rows
+    split evenly. The extra rows stay zero (their logits are masked), so the padding belongs to
+    the layout, not to the trained model: a snapshot loads into any padding by its real rows."""
+    return -(-vocab_size // tp) * tp
 
 
 def build_mesh(layout: Layout, device_type: str):

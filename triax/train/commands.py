@@ -106,25 +106,24 @@ def with_fallback(run_dir: str, root: str, action):
 
 def _true_shapes(model_config, vocab) -> tuple[dict, dict]:
     """(the model config without tensor-parallel vocabulary padding, {tensor name: its unpadded
-    shape})."""
+    shape} of the tensors the padding extends). The snapshot's own rows may differ from
+    model.json's padding: a run resumed in another layout writes model.json before its first
+    snapshot, and every layout's padding rows are zero."""
     import dataclasses
 
     import torch
 
     from triax.data import Vocabulary
-    from triax.models import GPTConfig, build_model
+    from triax.models import VOCABULARY_PARAMETERS, GPTConfig, build_model
 
     values = dataclasses.asdict(model_config)
     # model.json's vocab_size is the true vocabulary; padded_vocab_size the rows tensor
     # parallelism added (zero, masked, never sampled).
     rows = len(vocab) if isinstance(vocab, Vocabulary) else model_config.vocab_size
     true_config = dict(values, vocab_size=min(rows, model_config.vocab_size), padded_vocab_size=None)
-    # On the meta device: shapes only, no memory. The tensors whose shape changes with the
-    # vocabulary are the ones that carry its padding.
-    with torch.device("meta"):
-        padded_shapes = {k: list(v.shape) for k, v in build_model(model_config).state_dict().items()}
+    with torch.device("meta"):  # shapes only, no memory
         true_shapes = {k: list(v.shape) for k, v in build_model(GPTConfig(**true_config)).state_dict().items()}
-    return true_config, {k: v for k, v in true_shapes.items() if padded_shapes.get(k) != v}
+    return true_config, {k: v for k, v in true_shapes.items() if k in VOCABULARY_PARAMETERS}
 
 
 def load_run_model(run_dir: str, device: str = "cpu", opened=None):

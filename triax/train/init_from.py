@@ -20,6 +20,7 @@ from triax.data.tokenizer import BPETokenizer
 from triax.errors import ConfigError
 from triax.models import hf
 from triax.models.config import architecture_fields
+from triax.models.decoder import vocabulary_rows
 from triax.train.commands import open_run
 
 
@@ -29,7 +30,6 @@ class InitSource:
     kind: str  # "transformers" | "run"
     architecture: dict  # GPTConfig fields the checkpoint fixes
     codec: object | None  # encodes text for the run: a BPETokenizer or a character Vocabulary
-    saved_rows: int | None = None  # a run's embedding rows (its tensor-parallel padding must be kept)
     snapshot: str | None = None
     context_reason: str = ""  # why the context is what it is, when not the checkpoint's max positions
 
@@ -42,8 +42,7 @@ def resolve(path: str) -> InitSource:
         reader, model_config, vocab = open_run(path)
         if os.path.isfile(os.path.join(path, "tokenizer.json")):
             vocab.source_path = os.path.join(path, "tokenizer.json")  # the new run keeps a copy
-        return InitSource(path, "run", architecture_fields(model_config), vocab, model_config.vocab_rows,
-                          reader.snapshot)
+        return InitSource(path, "run", architecture_fields(model_config), vocab, reader.snapshot)
 
     if not hf.is_hf_directory(path):
         raise ConfigError(f"model.init_from={path!r} has neither model.json (a triax run) nor config.json "
@@ -77,6 +76,8 @@ def check_fits(source: InitSource, data_vocab_size: int, block_size: int) -> Non
 def load_weights(source: InitSource, model, model_config, stored_name) -> None:
     """Overwrite this rank's part of the freshly built model with the checkpoint's values."""
     if source.kind == "run":
-        checkpoint.load_snapshot(source.snapshot, model, None, restore_rng=False, stored_name=stored_name)
+        # By the real rows of the embedding and head: the run may have padded its vocabulary otherwise.
+        checkpoint.load_snapshot(source.snapshot, model, None, restore_rng=False, stored_name=stored_name,
+                                 real_rows=vocabulary_rows(model_config))
         return
     hf.load_into(model, source.path, model_config, stored_name)

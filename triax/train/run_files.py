@@ -85,9 +85,12 @@ def read_model_config(run_dir: str, snapshot=None):
             raise TriaxError(f"{path} is damaged: {name}={values[name]!r} (expected true or false)")
     try:
         config = GPTConfig(**values)
+        # Counted without its vocabulary padding: that is the layout's, and the snapshot may have
+        # been saved by another layout than the one that last wrote model.json.
+        unpadded = GPTConfig(**dict(values, padded_vocab_size=None))
     except (ConfigError, TypeError) as error:
         raise TriaxError(f"{path} is damaged: {error}") from None
-    count = parameter_count(config)
+    count = parameter_count(unpadded)
     if isinstance(snapshot, SnapshotReader):
         # The validated snapshot's own tensor shapes (each backed by distinct verified bytes of a
         # listed file): the model must not need more values than the snapshot's model holds.

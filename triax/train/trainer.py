@@ -29,7 +29,7 @@ from triax.errors import ConfigError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
 from triax.metrics import MetricsLogger, peak_memory_mb, stated_peak_flops
-from triax.models import build_model
+from triax.models import build_model, vocabulary_rows
 from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
@@ -148,11 +148,11 @@ class Trainer:
             return_freed_memory_to_os()
         # A checkpoint to start from fixes the vocabulary and the context (the data may use less).
         vocab_size, block_size = self.data.vocab_size, self.data.block_size
-        saved_rows = self._saved_vocab_rows()
         if self.init_source is not None:
             vocab_size, block_size = (self.init_source.architecture[key] for key in ("vocab_size", "block_size"))
-            saved_rows = saved_rows or self.init_source.saved_rows
-        padded_rows = padded_vocab_size(vocab_size, self.layout.tp, saved_rows)
+        self._check_saved_vocabulary(vocab_size)
+        # This layout's own padding: a snapshot saved with another loads by its real rows.
+        padded_rows = padded_vocab_size(vocab_size, self.layout.tp)
         model_config = gpt_config(config.model, vocab_size, block_size,
                                   padded_rows if padded_rows != vocab_size else None)
         self._check_memory(model_config)
@@ -339,23 +339,25 @@ class Trainer:
                       "parallelism they are untied (the head starts as a copy) and train separately",
                       file=sys.stderr, flush=True)
 
-    def _saved_vocab_rows(self) -> int | None:
-        """Embedding rows of the model in the snapshot a resume will start from (its vocabulary
-        padding must be kept), from the snapshot's validated state; None if there is none."""
+    def _check_saved_vocabulary(self, vocab_size: int) -> None:
+        """A resume reads the first vocab_size rows of the snapshot's embedding and head, whatever
+        padding it was saved with: refuse, before any process group, a snapshot of another
+        vocabulary (its rows would name other tokens). Read from the newest snapshot's validated
+        state; a damaged one is left to the resume, which falls back from it and says why."""
         if not (self.config.trainer.resume or restart_count() > 0):
-            return None
+            return
         snapshot = checkpoint.latest_snapshot(snapshot_root(self.config))
         if snapshot is None:
-            return None
+            return
         try:
             saved = checkpoint.read_state(snapshot).get("model")
         except checkpoint.SnapshotError:
-            return None  # the resume falls back from it, and reports why
-        if not isinstance(saved, dict):
-            return None
-        # The stored embedding rows: the padded count when tensor parallelism padded the vocabulary.
-        rows = saved.get("padded_vocab_size") or saved.get("vocab_size")
-        return rows if type(rows) is int and rows > 0 else None
+            return
+        saved = saved.get("vocab_size") if isinstance(saved, dict) else None
+        if type(saved) is int and saved != vocab_size:
+            raise ConfigError(f"snapshot {snapshot} was trained on a vocabulary of {saved} tokens, this run's has "
+                              f"{vocab_size}; resume with the data (or model.init_from) it was trained on, or train "
+                              "this one in another trainer.run_dir")
 
     def _total_steps(self) -> int:
         limits = []
@@ -389,7 +391,7 @@ class Trainer:
     def _maybe_resume(self) -> None:
         found = checkpoint.load_latest_snapshot(self.snapshot_root, self.model, self.optimizer, report=self._warn,
                                                 stored_name=self._stored_name(), check_state=self._check_state,
-                                                stats=self.resume_stats)
+                                                stats=self.resume_stats, real_rows=vocabulary_rows(self.model_config))
         if found is None:
             if self.restarted:
                 self.logger.print(f"restart: no snapshot in {self.snapshot_root} yet, starting from step 0")
