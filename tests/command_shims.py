@@ -10,8 +10,8 @@ so bash sees what `triax` itself returned.
 
 What differs from the real thing, on purpose and only here:
 
-- `triax train` (alone or under torchrun) is scaled down, the one change the harness makes to a
-  command: MODEL_SHAPE and AT_MOST below. A documented run of 2,000 steps of gpt2 trains here 4
+- `triax train` (alone or under torchrun) is scaled down, one of the two changes the harness makes
+  to a command: MODEL_SHAPE and AT_MOST below. A documented run of 2,000 steps of gpt2 trains here 4
   steps of a 2-layer, 32-wide model; every other key (data, layout, precision, init_from,
   resume...) is the page's.
 - `torchrun` is parsed by torchrun's own argument parser, then its ranks are forked with the
@@ -19,6 +19,8 @@ What differs from the real thing, on purpose and only here:
   without torchrun's agent: no restarts, no signal forwarding. What only the agent does is tested
   with the real torchrun elsewhere (test_fault_tolerance.py, test_launch.py). One machine only: a
   command naming several is marked `needs:` in its page and never comes here.
+- `triax launch` without a port of its own gets `--main-process-port 0` (a free port): its default,
+  29500, would collide between two test sessions on one machine (the other change; PORT_OPTIONS).
 - Commands started from inside a command (`triax launch` starts torchrun, which starts python) are
   the real programs.
 """
@@ -41,6 +43,12 @@ SERVER_VARIABLE = "TRIAX_DOCS_SERVER"  # the server's socket path, in the comman
 MODEL_SHAPE = {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32}
 AT_MOST = {"trainer.max_steps": 4, "trainer.eval_every": 2, "trainer.eval_batches": 2, "trainer.batch_size": 8,
            "trainer.sample_tokens": 16, "data.block_size": 32}
+
+
+# `triax launch` on one machine (a command for several is marked `needs:` and not run here) without
+# a port of its own gets port 0, a free one: the default, torchrun's 29500, is one port for the whole
+# machine, and two test sessions sharing it would collide there (refused as busy, or worse).
+PORT_OPTIONS = ("--main-process-port", "--main_process_port")
 
 
 def scaled(args: list[str]) -> list[str]:
@@ -68,6 +76,8 @@ def _python_argv(kind: str, args: list[str]) -> tuple[list[str], int, str | None
     if kind == "triax":
         if args[:1] == ["train"]:
             args = ["train", *scaled(args[1:])]
+        if args[:1] == ["launch"] and not any(arg.split("=")[0] in PORT_OPTIONS for arg in args):
+            args = ["launch", "--main-process-port", "0", *args[1:]]
         return ["-m", "triax", *args], 1, None
     from torch.distributed.run import get_args_parser
 

@@ -29,13 +29,14 @@ def hf_model(model_type, **options):
     return model.eval()
 
 
-def train_tokenizer(corpus, path):
+def train_tokenizer(corpus, path, special_tokens=()):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train([corpus], trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.train([corpus], trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                  special_tokens=list(special_tokens)))
     assert tokenizer.get_vocab_size() <= VOCAB
     tokenizer.save(str(path))
     return tokenizer

@@ -16,17 +16,6 @@ from triax.testing import quiet_env
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def fresh_state():
-    from triax.accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def test_distributed_type_has_every_member_of_accelerate():
     accelerate_utils = pytest.importorskip("accelerate.utils")
     from triax.accelerate.utils import DistributedType

@@ -252,6 +252,72 @@ def test_accelerate_config_file_gives_the_environment_accelerate_launch_gives(fs
     assert (config.parallel, config.num_processes, config.use_cpu, config.mixed_precision) == ("fsdp", 2, True, "bf16")
 
 
+# ---- `accelerate launch --use_fsdp --fsdp_*` flags ----------------------------------------------
+
+def accelerate_launch_environment(argv):
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args([*argv, "x.py"]))
+    return {k: v for k, v in prepare_multi_gpu_env(args).items() if k.startswith(("FSDP_", "ACCELERATE_USE_FSDP"))}
+
+
+def triax_launch_environment(argv):
+    from triax.launch.launcher import build_parser, resolve_config
+
+    config, environment = resolve_config(build_parser().parse_args([*argv, "x.py"]))
+    return config, environment
+
+
+FSDP_FLAGS = [
+    ["--use_fsdp"],
+    ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
+     "--fsdp_transformer_layer_cls_to_wrap", "LlamaDecoderLayer", "--fsdp_reshard_after_forward", "False",
+     "--fsdp_state_dict_type", "FULL_STATE_DICT", "--fsdp_offload_params", "True",
+     "--fsdp_activation_checkpointing", "True"],
+    ["--use_fsdp", "--fsdp_version", "1", "--fsdp_sharding_strategy", "SHARD_GRAD_OP",
+     "--fsdp_auto_wrap_policy", "SIZE_BASED_WRAP", "--fsdp_min_num_params", "2000",
+     "--fsdp_backward_prefetch", "BACKWARD_PRE", "--fsdp_cpu_ram_efficient_loading", "false",
+     "--fsdp_sync_module_states", "false", "--fsdp_forward_prefetch", "true", "--fsdp_use_orig_params", "false"],
+]
+
+
+@pytest.mark.parametrize("flags", FSDP_FLAGS)
+def test_fsdp_flags_give_the_environment_accelerate_launch_gives(flags, tmp_path, monkeypatch):
+    pytest.importorskip("accelerate")
+    monkeypatch.setenv("TRIAX_CONFIG_FILE", str(tmp_path / "none.yaml"))  # no saved `triax config`
+    monkeypatch.setattr("accelerate.commands.launch.default_config_file", str(tmp_path / "none.yaml"))  # nor Accelerate's
+    config, ours = triax_launch_environment(["--num_processes", "2", "--cpu", *flags])
+    assert ours == accelerate_launch_environment(["--num_processes", "2", *flags])
+    assert config.parallel == "fsdp"
+
+
+def test_fsdp_flags_win_over_the_config_file_as_in_accelerate_launch(tmp_path):
+    pytest.importorskip("accelerate")
+    path = write_accelerate_config(tmp_path / "fsdp.yaml", {"fsdp_version": 2, "fsdp_min_num_params": 1000,
+                                                             "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP"})
+    flags = ["--config_file", path, "--fsdp_min_num_params", "5000", "--fsdp_state_dict_type", "FULL_STATE_DICT"]
+    _, ours = triax_launch_environment(flags)
+    theirs = accelerate_launch_environment(flags)
+    assert ours == theirs
+    assert (ours["FSDP_MIN_NUM_PARAMS"], ours["FSDP_VERSION"]) == ("5000", "2")
+
+
+@pytest.mark.parametrize("flags, names", [
+    (["--fsdp_version", "2"], "--use_fsdp"),
+    (["--use_fsdp", "--parallel", "ddp"], "--parallel is ddp"),
+    (["--use_fsdp", "--fsdp_cpu_ram_efficient_loading", "true", "--fsdp_sync_module_states", "false"],
+     "fsdp_sync_module_states"),
+])
+def test_fsdp_flags_that_cannot_work_are_refused_in_one_line(flags, names, tmp_path, monkeypatch):
+    from triax.errors import TriaxError
+
+    monkeypatch.setenv("TRIAX_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    with pytest.raises(TriaxError) as caught:
+        triax_launch_environment(["--num_processes", "2", "--cpu", *flags])
+    assert names in str(caught.value) and "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize("fields, names", [
     ({"distributed_type": "DEEPSPEED"}, "DEEPSPEED"),
     ({"fsdp_config": {"fsdp_version": 2, "fsdp_cpu_ram_efficient_loading": True,

@@ -19,7 +19,9 @@ How a command runs here (tests/command_shims.py has the details):
 - `triax` and `torchrun` on PATH are the harness's own: they fork the command from a server that
   imported triax once (seconds saved per command), torchrun's ranks with torchrun's environment.
 - `triax train`, alone or under torchrun, is scaled down: at most 4 steps of a 2-layer, 32-wide
-  model on small batches (command_shims.MODEL_SHAPE, AT_MOST); nothing else in a command is changed.
+  model on small batches (command_shims.MODEL_SHAPE, AT_MOST), and `triax launch` without a port of
+  its own gets a free one (`--main-process-port 0`: the default 29500 would collide between two test
+  sessions on one machine); nothing else in a command is changed.
 - The directory holds what the pages refer to: `input.txt`, `other.txt`, `more/*.txt`, a tiny
   transformers GPT-2 with its tokenizer in `path/to/gpt2/`, nanoGPT-layout token files in
   `nanogpt/data/openwebtext/`, `val.bin`, the README's Accelerate example as `demo.py` (and as the

@@ -130,6 +130,12 @@ def test_accelerator_logs_to_every_tracker_as_accelerate(tmp_path, monkeypatch):
     for step in range(3):
         accelerator.log({"loss": 1.0 / (step + 1), "accuracy": 0.25 * step})
     accelerator.end_training()
+    # run.finish() (what end_training calls, as Accelerate does) only tells wandb's service process
+    # that the run is over: the service writes the .wandb file in 32 KiB blocks and writes the last
+    # one when it closes the run, after finish has returned. wandb.teardown() waits for the service
+    # to close every run and exit, as the interpreter's exit does; a run trained in a process of
+    # its own (the test above) is read only after that process has exited.
+    wandb.teardown()
 
     logged = jsonl_metrics(tmp_path / "logs" / "demo" / "metrics.jsonl")
     assert logged == {step: {"loss": 1.0 / (step + 1), "accuracy": 0.25 * step} for step in range(3)}

@@ -80,6 +80,18 @@ def fsdp_environment(fsdp_config: dict, path: str) -> dict[str, str]:
     return env
 
 
+# `accelerate launch`'s --fsdp_* flags: every fsdp_config key except fsdp_ignored_modules.
+FSDP_FLAGS = tuple(key for key in FSDP_ENVIRONMENT if key != "fsdp_ignored_modules")
+
+
+def fsdp_flags_environment(flags: dict, file_environment: dict[str, str]) -> dict[str, str]:
+    """The environment of `--use_fsdp --fsdp_*` flags over a config file's: as in accelerate
+    launch, a flag wins over the file's key, and a key neither gives takes launch's default."""
+    keys = {variable: key for key, (variable, _) in FSDP_ENVIRONMENT.items()}
+    from_file = {keys[name]: value for name, value in file_environment.items() if name in keys}
+    return {**file_environment, **fsdp_environment({**from_file, **flags}, "triax launch --use_fsdp")}
+
+
 def from_accelerate(data: dict, path: str) -> tuple[dict, dict[str, str]]:
     """(LaunchConfig fields, environment for the workers) from an Accelerate config file."""
     kind = str(data.get("distributed_type", "NO")).upper()

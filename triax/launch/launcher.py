@@ -20,6 +20,7 @@ import sys
 from triax.arguments import ArgumentParser
 from triax.errors import TriaxError, UsageError
 from triax.launch import settings
+from triax.launch.accelerate_config import FSDP_FLAGS, fsdp_flags_environment
 from triax.launch.config import (
     RDZV_BACKENDS,
     LaunchConfig,
@@ -61,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     option("grad-compression", choices=("none", "bf16", "fp16", "powersgd"),
                         help="DDP gradient compression for a plain DDP script, script untouched (triax.ddp_boost)")
     option("bucket-cap-mb", type=float, help="DDP bucket size for the script's DDP models (triax.ddp_boost)")
+    parser.add_argument("--use_fsdp", "--use-fsdp", action="store_true", default=None,
+                        help="FSDP for the Accelerator, set as accelerate launch sets it (with the --fsdp_* options)")
+    for key in FSDP_FLAGS:
+        option(key.replace("_", "-"), metavar="VALUE", help=f"with --use_fsdp: accelerate launch's --{key}")
     parser.add_argument("--cpu", action="store_true", default=None, help="train on the CPU only")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the target as a Python module (python -m)")
@@ -79,6 +84,17 @@ def resolve_config(args) -> tuple[LaunchConfig, dict[str, str]]:
     config, environment = read_config_file(path) or (default_config(), {})
     overrides = {field.name: getattr(args, field.name, None) for field in dataclasses.fields(LaunchConfig)}
     overrides["use_cpu"] = args.cpu
+    flags = {key: getattr(args, key) for key in FSDP_FLAGS if getattr(args, key) is not None}
+    if args.use_fsdp:
+        if overrides["parallel"] not in (None, "fsdp"):
+            raise UsageError(f"--use_fsdp asks for FSDP but --parallel is {overrides['parallel']}; pass one of them")
+        environment = fsdp_flags_environment(flags, environment)
+        overrides["parallel"] = "fsdp"
+    elif flags:
+        if "ACCELERATE_USE_FSDP" not in environment:
+            raise UsageError(f"--{next(iter(flags))} is an FSDP option, but FSDP is not asked for; add --use_fsdp "
+                             "(or use an Accelerate config file with distributed_type: FSDP)")
+        environment = fsdp_flags_environment(flags, environment)
     if overrides["parallel"] is None and os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
         # The FSDP environment of `accelerate launch --use_fsdp`, set by hand: the workers
         # inherit its FSDP_* variables, and their Accelerator builds its plugin from them.

@@ -15,10 +15,12 @@ import torch
 from triax.errors import ConfigError
 from triax.models import hf_gpt2, hf_llama
 from triax.models.config import GPTConfig, architecture_fields
-from triax.models.hf_files import CheckpointError, HFWeights, copy_into, is_hf_directory, read_json, tokenizer_file
+from triax.models.hf_files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, copy_into,
+                                   description_files, is_hf_directory, read_json, tokenizer_file)
 
-__all__ = ["CheckpointError", "HFWeights", "architecture", "family_of", "is_hf_directory", "load_into",
-           "read_hf_config", "tokenizer_file", "window_of"]
+__all__ = ["DESCRIPTION_FILES", "MAX_DESCRIPTION_BYTES", "CheckpointError", "HFWeights", "architecture",
+           "description_files", "family_of", "is_hf_directory", "load_into", "read_hf_config", "tokenizer_file",
+           "window_of"]
 
 FAMILIES = {**dict.fromkeys(hf_gpt2.MODEL_TYPES, hf_gpt2), **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
 

@@ -43,6 +43,35 @@ def read_json(path: str, what: str):
         raise CheckpointError(f"cannot read {path} ({type(error).__name__}: {error}); {what}") from None
 
 
+# The files of a checkpoint directory that describe it besides its weights: the config, the
+# generation defaults, and every file transformers' tokenizers read. A run started from the
+# checkpoint keeps copies of them, so that its `--format hf` export is a drop-in replacement of
+# the directory (triax/train/init_from.py keeps them, triax/train/hf_export.py writes them back).
+DESCRIPTION_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                     "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+                     "chat_template.jinja", "chat_template.json")
+# Tokenizers are the largest of them (Llama 3's tokenizer.json is 9 MB); no known one nears this.
+MAX_DESCRIPTION_BYTES = 64 * 2**20
+
+
+def description_files(directory: str, follow_links: bool = True) -> dict[str, str]:
+    """{name: path} of the DESCRIPTION_FILES `directory` has; one line for one that is not a small
+    regular file. A checkpoint's links (a cache snapshot's, to its blobs) are followed; the copies
+    a run keeps (follow_links=False) are files triax wrote, never links."""
+    found = {}
+    for name in DESCRIPTION_FILES:
+        path = os.path.join(directory, name)
+        if not os.path.lexists(path):
+            continue
+        if follow_links:
+            path = os.path.realpath(path)
+        if not safe_files.is_regular(path) or os.path.getsize(path) > MAX_DESCRIPTION_BYTES:
+            raise CheckpointError(f"{os.path.join(directory, name)} is not a regular file of at most "
+                                  f"{MAX_DESCRIPTION_BYTES} bytes; not a file transformers wrote")
+        found[name] = path
+    return found
+
+
 def tokenizer_file(directory: str) -> str | None:
     """The directory's tokenizer.json (a cache snapshot's link resolved to its blob), if any."""
     path = os.path.join(directory, "tokenizer.json")

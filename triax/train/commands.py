@@ -258,6 +258,7 @@ def export_main(argv: list[str]) -> int:
 def export_hf_main(run_dir: str, out_dir: str) -> int:
     from triax.checkpoint.export import tensor_source
     from triax.train.hf_export import export_hf
+    from triax.train.run_files import KEPT_SOURCE_DIR
 
     from triax.models import GPTConfig
 
@@ -265,16 +266,22 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
     check_not_in_run(out_dir, run_dir, root, "OUT_DIR")
     tokenizer = os.path.join(run_dir, "tokenizer.json")
     tokenizer = tokenizer if safe_files.is_regular(tokenizer) else None
+    # A run started from a transformers checkpoint kept its config and tokenizer files there.
+    kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
+    kept = kept if os.path.isdir(kept) and not os.path.islink(kept) else None
 
     def export(reader, model_config, vocab):
         true_config, shapes = _true_shapes(model_config, vocab)
         # The converter reads one tensor at a time from the validated snapshot (padding rows cut).
         source = tensor_source(reader, shapes)
-        return reader.snapshot, (export_hf(GPTConfig(**true_config), source, out_dir, tokenizer), model_config.arch)
+        return reader.snapshot, (export_hf(GPTConfig(**true_config), source, out_dir, tokenizer, kept),
+                                 model_config.arch)
 
     snapshot, (values, arch) = with_fallback(run_dir, root, export)
     note = " with its tokenizer" if tokenizer else (" (character vocabulary: no Hugging Face tokenizer written)"
                                                     if os.path.exists(os.path.join(run_dir, "vocab.json")) else "")
+    if kept is not None:
+        note += ", and the config, generation and tokenizer files of the checkpoint it was started from"
     print(printable(f"wrote a transformers {arch} model ({values / 1e6:.2f}M values) from {snapshot} to "
                     f"{out_dir}{note}"))
     return 0

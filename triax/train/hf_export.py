@@ -11,6 +11,11 @@ learned position embeddings. What differs is layout only:
 - GPT-2's projections are Conv1D modules storing weight as (in, out): the transpose of a Linear's.
 - bias=false has no GPT-2 switch, but a zero bias is the same function, so zeros are written.
 
+A run started from a transformers checkpoint (model.init_from) kept copies of the checkpoint's
+config, generation config and tokenizer files (triax/train/init_from.py); they are written back
+(`drop_in_files`), so the export replaces the checkpoint it was tuned from: the same token ids,
+sliding window, positions, rotary settings and dtype, GenerationConfig and AutoTokenizer.
+
 The converter reads a name -> tensor source (anything with `keys()` and `[name]`) and converts one
 output tensor at a time, so it works the same over a dict in memory or a lazy snapshot reader.
 """
@@ -26,8 +31,9 @@ from typing import Callable, Iterator, Mapping
 import torch
 
 from triax import safe_files
-from triax.errors import TriaxError
-from triax.models import hf_llama
+from triax.errors import ConfigError, TriaxError
+from triax.models import hf, hf_llama
+from triax.models.config import architecture_fields
 
 # GPTConfig fields the transformers config can express (the rotary ones and gelu each family's
 # GPTConfig checks hold at their defaults where they do not apply). A field added to GPTConfig later
@@ -146,31 +152,74 @@ def write_safetensors_streaming(path: str, entries, dtype: torch.dtype) -> int:
     return values
 
 
-def export_hf(config, source: Mapping[str, torch.Tensor], out_dir: str, tokenizer_file: str | None = None) -> int:
-    """Write config.json, model.safetensors and (if given) the tokenizer into `out_dir`."""
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def drop_in_files(config, ours: dict, kept_dir: str) -> tuple[dict, dict[str, bytes]]:
+    """(config.json, {name: contents} of the other files) for an export that replaces the
+    transformers checkpoint the run started from, whose files the run kept in `kept_dir`.
+
+    The checkpoint's own config.json is written back when it describes the run's model (every
+    field triax takes from it unchanged): so every field triax does not compute survives as it
+    was (token ids, sliding_window with its layer settings, the checkpoint's max_position_embeddings
+    above a context capped at the window, rope_scaling/rope_theta in the form it was written, the
+    torch_dtype it loads in, initializer_range...). Only what the run itself changed is triax's:
+    tie_word_embeddings (tensor and pipeline parallelism untie the head) and the class (a checkpoint
+    saved without its head comes back with one). A kept config that does not describe the model
+    (model.json edited since) gives way to triax's own, keeping only the token ids."""
+    kept = hf.description_files(kept_dir, follow_links=False)  # files the run wrote: a planted link is refused
+    files = {name: safe_files.read_bytes(path, hf.MAX_DESCRIPTION_BYTES) for name, path in kept.items()
+             if name != "config.json"}
+    if "config.json" not in kept:
+        return ours, files
+    source = hf.read_hf_config(kept_dir)
+    try:
+        fixed = dict(hf.architecture(kept_dir), tie_embeddings=config.tie_embeddings)
+    except ConfigError:  # CheckpointError: not a model triax builds any more
+        fixed = None
+    if fixed != architecture_fields(config):
+        return dict(ours, **{key: source[key] for key in TOKEN_IDS if key in source}), files
+    merged = dict(source, tie_word_embeddings=ours["tie_word_embeddings"], architectures=ours["architectures"])
+    if "torch_dtype" not in source and "dtype" not in source:
+        merged["torch_dtype"] = ours["torch_dtype"]
+    # The weights are written as the snapshot holds them (fp32 for a run trained in mixed precision):
+    # the checkpoint's torch_dtype stays, so `from_pretrained(..., dtype="auto")` loads the export in
+    # the dtype the checkpoint loaded in, at no loss.
+    return merged, files
+
+
+def export_hf(config, source: Mapping[str, torch.Tensor], out_dir: str, tokenizer_file: str | None = None,
+              kept_dir: str | None = None) -> int:
+    """Write config.json, model.safetensors and (if given) the tokenizer into `out_dir`; with
+    `kept_dir` (a fine-tuned transformers checkpoint's kept files) as a drop-in replacement of it."""
     check_mappable(config)
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ExportError(f"{out_dir!r} already exists and is not an empty directory; choose a new OUT_DIR")
     entries = list(hf_tensors(config, source))
     dtype = source["tok_emb.weight"].dtype
+    hf_values = hf_config(config)
+    hf_values["torch_dtype"] = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")
+    files = {}
+    if kept_dir is not None:
+        hf_values, files = drop_in_files(config, hf_values, kept_dir)
+    files["config.json"] = json.dumps(hf_values, indent=1).encode()
+    if tokenizer_file is not None:
+        # The tokenizer the run encoded its text with (the checkpoint's own, when it had one).
+        files["tokenizer.json"] = safe_files.read_bytes(tokenizer_file)
+        # PreTrainedTokenizerFast reads tokenizer.json as it is: AutoTokenizer.from_pretrained(OUT_DIR) works.
+        files.setdefault("tokenizer_config.json", json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.block_size}, indent=1).encode())
     created = not os.path.lexists(out_dir)
     safe_files.make_directory(out_dir)
     temporary = os.path.join(out_dir, "model.safetensors.tmp")
     try:
         values = write_safetensors_streaming(temporary, entries, dtype)
         os.replace(temporary, os.path.join(out_dir, "model.safetensors"))
-        hf = hf_config(config)
-        hf["torch_dtype"] = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")
-        safe_files.write_atomic(os.path.join(out_dir, "config.json"), json.dumps(hf, indent=1))
-        if tokenizer_file is not None:
-            safe_files.write_atomic(os.path.join(out_dir, "tokenizer.json"), safe_files.read_bytes(tokenizer_file))
-            # PreTrainedTokenizerFast reads tokenizer.json as it is: AutoTokenizer.from_pretrained(OUT_DIR) works.
-            safe_files.write_atomic(os.path.join(out_dir, "tokenizer_config.json"), json.dumps(
-                {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.block_size}, indent=1))
+        for name, data in files.items():
+            safe_files.write_atomic(os.path.join(out_dir, name), data)
     except BaseException:
         # A failed export leaves nothing behind, so the retry is not refused as "not empty".
-        for name in ("model.safetensors.tmp", "model.safetensors", "config.json", "tokenizer.json",
-                     "tokenizer_config.json"):
+        for name in ("model.safetensors.tmp", "model.safetensors", *files):
             safe_files.remove_file(os.path.join(out_dir, name))
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)

@@ -13,15 +13,16 @@ in its layout and before any step.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from triax import checkpoint
+from triax import checkpoint, safe_files
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import ConfigError
 from triax.models import hf
 from triax.models.config import architecture_fields
 from triax.models.decoder import vocabulary_rows
 from triax.train.commands import open_run
+from triax.train.run_files import KEPT_SOURCE_DIR
 
 
 @dataclass
@@ -32,6 +33,9 @@ class InitSource:
     codec: object | None  # encodes text for the run: a BPETokenizer or a character Vocabulary
     snapshot: str | None = None
     context_reason: str = ""  # why the context is what it is, when not the checkpoint's max positions
+    # {name: path} of the transformers files describing the checkpoint besides its weights (config,
+    # generation config, tokenizer files), which the run keeps a copy of (keep_description)
+    description: dict = field(default_factory=dict)
 
 
 def resolve(path: str) -> InitSource:
@@ -42,7 +46,11 @@ def resolve(path: str) -> InitSource:
         reader, model_config, vocab = open_run(path)
         if os.path.isfile(os.path.join(path, "tokenizer.json")):
             vocab.source_path = os.path.join(path, "tokenizer.json")  # the new run keeps a copy
-        return InitSource(path, "run", architecture_fields(model_config), vocab, reader.snapshot)
+        # A run started from a transformers checkpoint passes on the copies it kept of its files.
+        kept = os.path.join(path, KEPT_SOURCE_DIR)
+        description = hf.description_files(kept, follow_links=False) if _real_directory(kept) else {}
+        return InitSource(path, "run", architecture_fields(model_config), vocab, reader.snapshot,
+                          description=description)
 
     if not hf.is_hf_directory(path):
         raise ConfigError(f"model.init_from={path!r} has neither model.json (a triax run) nor config.json "
@@ -58,7 +66,32 @@ def resolve(path: str) -> InitSource:
     if architecture["arch"] != "gpt2" and hf.window_of(path) is not None:
         reason = (f" (its sliding_window: triax attends to the whole context, which equals sliding-window "
                   f"attention only within the window)")
-    return InitSource(path, "transformers", architecture, codec, context_reason=reason)
+    return InitSource(path, "transformers", architecture, codec, context_reason=reason,
+                      description=hf.description_files(path))
+
+
+def keep_description(source: InitSource | None, run_dir: str) -> None:
+    """Copy the checkpoint's description files into the run (RUN/init_from/), replacing what an
+    earlier start kept; a run without them keeps none. They are read now, with the weights, rather
+    than from model.init_from at export time: by then the directory may be gone (a pruned cache
+    snapshot) or hold another model (saved over), and the export must describe the checkpoint this
+    run actually started from."""
+    kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
+    description = source.description if source is not None else {}
+    # Read before anything is replaced (model.init_from may be this very directory's parent run).
+    contents = {name: safe_files.read_bytes(path, hf.MAX_DESCRIPTION_BYTES) for name, path in description.items()}
+    if contents:
+        safe_files.make_directory(kept)
+        for name, data in contents.items():
+            safe_files.write_atomic(os.path.join(kept, name), data)
+    if _real_directory(kept):
+        for name in set(hf.DESCRIPTION_FILES) - set(contents):
+            safe_files.remove_file(os.path.join(kept, name))
+        if not contents:
+            try:
+                os.rmdir(kept)
+            except OSError:  # holds something triax did not write: left alone
+                pass
 
 
 def check_fits(source: InitSource, data_vocab_size: int, block_size: int) -> None:
@@ -81,3 +114,7 @@ def load_weights(source: InitSource, model, model_config, stored_name) -> None:
                                  real_rows=vocabulary_rows(model_config))
         return
     hf.load_into(model, source.path, model_config, stored_name)
+
+
+def _real_directory(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)

@@ -22,6 +22,9 @@ from triax.models.config import MAX_SIZES
 SIZE_LIMITS = MAX_SIZES
 MIN_BYTES_PER_PARAMETER = 2
 MAX_SMALL_FILE_BYTES = 64 * 2**20  # model.json / vocab.json are kilobytes; never read a huge one whole
+# The directory of a run holding the copies of its transformers model.init_from's description
+# files (config, generation config, tokenizer files), which `triax export --format hf` writes back.
+KEPT_SOURCE_DIR = "init_from"
 
 
 def _read_small_json(path: str, what: str):

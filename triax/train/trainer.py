@@ -383,6 +383,8 @@ class Trainer:
             safe_files.write_atomic(os.path.join(run_dir, "tokenizer.json"), self.data.vocab.json_text)
         elif self.data.vocab is not None:
             safe_files.write_atomic(os.path.join(run_dir, "vocab.json"), self.data.vocab.to_json())
+        # A transformers model.init_from's config and tokenizer files, for a drop-in `--format hf` export.
+        init_from.keep_description(self.init_source, run_dir)
 
     def _warn(self, message: str) -> None:
         if self.is_main:
