@@ -72,6 +72,16 @@ def test_busy_port_is_refused_before_any_worker_starts(config_file, tmp_path, ca
     assert not marker.exists()
 
 
+def test_a_dry_run_prints_its_command_whatever_the_port_is_doing_now(config_file, capsys):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code = main(["launch", "--num-processes", "2", "--main-process-port", str(port), "--dry-run", "x.py"])
+    assert code == 0
+    assert f"--master-port={port}" in capsys.readouterr().out
+
+
 def test_env_reports_versions_and_config(config_file, capsys):
     main(["config", "--default"])
     capsys.readouterr()

@@ -116,9 +116,10 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
-def check_port(config: LaunchConfig) -> LaunchConfig:
+def check_port(config: LaunchConfig, dry_run: bool = False) -> LaunchConfig:
     """Pick a free port for 0; refuse a busy one before any worker starts (on machine 0, which
-    hosts the rendezvous)."""
+    hosts the rendezvous). A dry run starts nothing, so whether the port is busy now says nothing
+    about when its command runs."""
     if config.main_process_port == 0:
         if config.num_machines > 1:
             raise TriaxError("--main-process-port 0 (pick a free port) only works on one machine: the "
@@ -126,7 +127,7 @@ def check_port(config: LaunchConfig) -> LaunchConfig:
         from triax.rendezvous import free_port
 
         return dataclasses.replace(config, main_process_port=free_port())
-    if config.machine_rank == 0 and not _port_is_free(config.main_process_port):
+    if config.machine_rank == 0 and not dry_run and not _port_is_free(config.main_process_port):
         raise TriaxError(f"rendezvous port {config.main_process_port} is already in use on this machine "
                          "(another training job?); pass --main-process-port 0 to pick a free port, "
                          "or another port number")
@@ -235,7 +236,7 @@ def main(argv: list[str]) -> int:
     if config.num_machines == 1 and config.main_process_ip not in ("127.0.0.1", "localhost", "::1"):
         # One machine: everything stays on loopback, whatever the config says.
         config = dataclasses.replace(config, main_process_ip="127.0.0.1")
-    config = check_port(config)
+    config = check_port(config, args.dry_run)
     script, script_args, module = args.script, args.script_args, args.module
     env = {**file_environment, **child_environment(config)}
     if args.collective_timeout is not None:
