@@ -324,5 +324,7 @@ def main(argv: list[str]) -> int:
         print(f"{e.layout.describe():<36} {e.checkpointing:<9} {e.params_gb:7.2f} {e.grads_gb:7.2f} "
               f"{e.optimizer_gb:7.2f} {e.activations_gb:7.2f} {e.gathered_gb:7.2f} {e.total_gb:7.2f} {e.step_s:8.3f}")
     print("memory in GiB per device (most loaded device; gather: FSDP's unsharded blocks in flight), not counting "
-          "the runtime itself (~0.3 GiB on CPU, more with CUDA); formulas: triax/parallel/plan.py docstring")
+          "the runtime itself (~0.3 GiB on CPU, more with CUDA); step s: compute at --tflops "
+          f"{args.tflops:g} TFLOP/s per device and communication at --bandwidth {args.bandwidth:g} GB/s, "
+          "an estimate for ranking layouts; formulas: triax/parallel/plan.py docstring")
     return 0
