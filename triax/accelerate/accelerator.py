@@ -26,7 +26,12 @@ from triax.accelerate.data_loader import (
     skip_first_batches,
 )
 from triax.accelerate.dataclasses import DistributedType
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
+from triax.accelerate.errors import (
+    AcceleratorRuntimeError,
+    AcceleratorTypeError,
+    AcceleratorValueError,
+    UnsupportedFeatureError,
+)
 from triax.accelerate.fsdp import FULL, shard_model, state_dict_type
 from triax.accelerate.models import extract_model_from_parallel, offloaded_state_dict
 from triax.accelerate.options import refuse_unsupported, resolve, unsupported
@@ -122,9 +127,14 @@ class Accelerator:
         share_with_accelerate(self.state.mixed_precision, cpu=self.state.device.type == "cpu")
 
         plugin = options.accumulation
+        # Accelerate's GradientState keeps the plugin's to_kwargs() (the fields changed from their
+        # defaults) and reads adjust_scheduler from it with default False: the plugin's default True
+        # never reaches the scheduler. Followed, since the scheduler's saved _step_count depends on it.
+        recorded = plugin.to_kwargs()
         self.gradient_state = GradientState(plugin.num_steps, sync_with_dataloader=plugin.sync_with_dataloader,
                                             sync_each_batch=plugin.sync_each_batch,
-                                            adjust_scheduler=plugin.adjust_scheduler)
+                                            adjust_scheduler=recorded.get("adjust_scheduler", False),
+                                            plugin_kwargs=recorded)
         self.scaler = self.precision.make_scaler(self.device)
         if self.scaler.is_enabled() and options.scaler_options:
             self.scaler = torch.amp.GradScaler(self.device.type, **options.scaler_options)
@@ -148,6 +158,10 @@ class Accelerator:
         self._load_model_state_pre_hook: OrderedDict = OrderedDict()
         self._trigger = False
         self._save_count = 0
+        self._handlers = options.handlers
+        # Accelerate's micro-step counter: +1 per `accumulate` block, 0 again after a dataloader's
+        # last batch (sync_with_dataloader); scripts read it, the decision is GradientState's.
+        self.step = 0
 
     # ---- who am I (PartialState's answers) ------------------------------------------------------
 
@@ -174,6 +188,75 @@ class Accelerator:
     def is_fsdp2(self) -> bool:
         """True when prepared models are sharded: triax's FSDP is always FSDP2 (fully_shard)."""
         return self.distributed_type == DistributedType.FSDP
+
+    is_composable_parallelism_enabled = is_fsdp2  # as Accelerate
+
+    # ---- what scripts read of Accelerate's configuration ------------------------------------------
+
+    dispatch_batches = property(lambda self: self.dataloader_config.dispatch_batches)
+    use_seedable_sampler = property(lambda self: self.dataloader_config.use_seedable_sampler)
+    non_blocking = property(lambda self: self.dataloader_config.non_blocking)
+    use_stateful_dataloader = property(lambda self: self.dataloader_config.use_stateful_dataloader)
+    # The kwargs_handlers given (None where none was), as Accelerate keeps them.
+    ddp_handler = property(lambda self: self._handler("DistributedDataParallelKwargs"))
+    scaler_handler = property(lambda self: self._handler("GradScalerKwargs"))
+    init_handler = property(lambda self: self._handler("InitProcessGroupKwargs"))
+    autocast_handler = property(lambda self: self._handler("AutocastKwargs"))
+
+    def _handler(self, class_name: str):
+        return next((handler for cls, handler in self._handlers.items() if cls.__name__ == class_name), None)
+
+    # Features triax leaves out (refused when asked for: DeepSpeed, ParallelismConfig, fp8, profiling
+    # handlers, LOMO): Accelerate's values when they are off, so a script's checks take the plain path.
+    deepspeed_plugin = property(lambda self: None)
+    parallelism_config = property(lambda self: None)
+    torch_device_mesh = property(lambda self: None)
+    profile_handler = property(lambda self: None)
+    fp8_recipe_handler = ao_recipe_handler = te_recipe_handler = msamp_recipe_handler = profile_handler
+    has_fp8_handler = fp8_enabled = delayed_fp8_autocast = property(lambda self: False)
+    fp8_backend = property(lambda self: "NO")  # Accelerate's FP8BackendType.NO, a str enum equal to "NO"
+    has_lomo_optimizer = property(lambda self: False)
+    # Accelerate saves from every process when its ParallelismConfig is unset, as here.
+    should_save_model = property(lambda self: True)
+
+    @property
+    def flag_tensor(self):
+        """Accelerate's set_trigger flag: a tensor once set_trigger was called (until check_trigger)."""
+        return torch.tensor(1, device=self.device) if self._trigger else None
+
+    @property
+    def data_parallel_rank(self) -> int:
+        raise AcceleratorRuntimeError("Data parallelism is not configured. Set `parallelism_config` first. "
+                                      "(triax refuses ParallelismConfig; use process_index)")
+
+    data_parallel_shard_rank = tensor_parallel_rank = data_parallel_rank
+
+    @property
+    def context_parallel_rank(self) -> int:
+        raise UnsupportedFeatureError("context parallelism is not supported (in Accelerate neither)")
+
+    pipeline_parallel_rank = context_parallel_rank
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+        """Context parallelism is off (no ParallelismConfig): the block runs as it is, as in Accelerate."""
+        yield
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """True if a module of `model` was placed by a device map over more than one entry."""
+        return any(len(getattr(module, "hf_device_map", None) or {}) > 1 for module in model.modules())
+
+    def profile(self, profile_handler=None):
+        raise UnsupportedFeatureError("Accelerator.profile is not supported (triax refuses ProfileKwargs); "
+                                      "use torch.profiler.profile(...) around the steps")
+
+    def lomo_backward(self, loss, learning_rate: float) -> None:
+        raise UnsupportedFeatureError("LOMO optimizers are not supported; use accelerator.backward(loss) with "
+                                      "a torch.optim optimizer")
+
+    def deepspeed_ulysses_dl_adapter(self, dl, model):
+        """Sequence parallelism is off (no ParallelismConfig): the dataloader as it is, as in Accelerate."""
+        return dl
 
     @property
     def _saves_full_state_dict(self) -> bool:
@@ -454,7 +537,9 @@ class Accelerator:
         every gradient_accumulation_steps-th micro-step and, with sync_with_dataloader (the
         default), on the last batch of a dataloader. sync_each_batch reduces gradients on every
         micro-step but still steps only on those."""
-        sync = self.gradient_state.next_micro_step() or self.gradient_state.sync_each_batch
+        state = self.gradient_state
+        self.step = 0 if state.sync_with_dataloader and state.end_of_dataloader else self.step + 1
+        sync = state.next_micro_step() or state.sync_each_batch
         with contextlib.ExitStack() as stack:
             if not sync:
                 for model in models:

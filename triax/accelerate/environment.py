@@ -12,31 +12,13 @@ import socket
 
 from packaging.version import Version
 
-from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate.flags import parse_flag_from_env, str_to_bool  # noqa: F401 - Accelerate's names, here too
 from triax.accelerate.state import PartialState
 
 logger = logging.getLogger(__name__)
 
-_TRUE = ("y", "yes", "t", "true", "on", "1")
-_FALSE = ("n", "no", "f", "false", "off", "0")
-
 # Linux kernels before this one can hang a process (Accelerate's issue #1929); check_os_kernel warns.
 MINIMUM_KERNEL = "5.5.0"
-
-
-def str_to_bool(value: str, to_bool: bool = False):
-    """'yes'/'true'/'on'/'1'/... -> 1 and 'no'/'false'/'off'/'0'/... -> 0 (True/False with to_bool)."""
-    lowered = value.lower()
-    if lowered in _TRUE:
-        return True if to_bool else 1
-    if lowered in _FALSE:
-        return False if to_bool else 0
-    raise AcceleratorValueError(f"invalid truth value {value!r}; use one of {', '.join(_TRUE + _FALSE)}")
-
-
-def parse_flag_from_env(key: str, default: bool = False) -> bool:
-    """The environment variable `key` read as a yes/no flag (str_to_bool), `default` if unset."""
-    return str_to_bool(os.environ.get(key, str(default))) == 1
 
 
 def parse_choice_from_env(key: str, default: str = "no") -> str:

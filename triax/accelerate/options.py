@@ -73,6 +73,7 @@ class Options:
     data_order: str  # DATA_ORDERS
     fsdp_plugin: object = None  # the FullyShardedDataParallelPlugin FSDP runs with (parallel='fsdp')
     fsdp: object = None  # what it asks for (triax.accelerate.fsdp.FSDPSettings)
+    handlers: dict = dataclasses.field(default_factory=dict)  # kwargs_handlers: {class: the instance given}
 
 
 def refuse_unsupported(mixed_precision, deepspeed_plugin, megatron_lm_plugin, parallelism_config,
@@ -242,6 +243,6 @@ def resolve_handlers(kwargs_handlers) -> dict:
     if autocast:
         raise UnsupportedFeatureError(f"AutocastKwargs({autocast}) is not supported; use "
                                       "accelerator.autocast() or mixed_precision='no'")
-    return dict(ddp_options=ddp_options, grad_compression=COMM_HOOKS[hook],
+    return dict(handlers=handlers, ddp_options=ddp_options, grad_compression=COMM_HOOKS[hook],
                 scaler_options=changed_fields(handlers.get(GradScalerKwargs), GradScalerKwargs),
                 init_timeout=init.get("timeout"), init_backend=init.get("backend"))

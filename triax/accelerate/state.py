@@ -15,11 +15,14 @@ import os
 import sys
 import warnings
 import weakref
+from types import SimpleNamespace
 
+import torch
 import torch.distributed as dist
 
-from triax.accelerate.dataclasses import DistributedType
+from triax.accelerate.dataclasses import DistributedType, DynamoBackend
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.accelerate.flags import parse_flag_from_env
 from triax.accelerate.surface import serve_absent
 from triax.agreement import raise_together
 from triax.collectives import barrier
@@ -70,6 +73,10 @@ class PartialState:
         self.backend = dist.get_backend() if dist.is_initialized() else None
         self.fsdp = False  # the Accelerator sets this for parallel='fsdp' (distributed_type FSDP)
         self.fsdp_plugin = None  # and the FullyShardedDataParallelPlugin it runs with
+        # Accelerate's flags from the environment: its debug mode (triax's collectives always check
+        # shapes across processes, so it changes nothing here) and notebook_launcher's fork.
+        self.debug = parse_flag_from_env("ACCELERATE_DEBUG_MODE")
+        self.fork_launched = parse_flag_from_env("FORK_LAUNCHED")
         self._initialized = True
 
     @staticmethod
@@ -127,6 +134,16 @@ class PartialState:
         if self.fsdp:
             return DistributedType.FSDP
         return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+
+    @property
+    def default_device(self) -> torch.device:
+        """The device kind this machine would train on (triax drives CUDA or the CPU)."""
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+    def set_device(self) -> None:
+        """Make this process's device the current one (its device is chosen when the state is made)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
 
     def wait_for_everyone(self) -> None:
         barrier()
@@ -307,6 +324,27 @@ class AcceleratorState(PartialState):
     def use_fp16(self) -> bool:
         return self.mixed_precision != "no"
 
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.distributed_type == DistributedType.FSDP  # triax's FSDP is always FSDP2
+
+    # Features triax leaves out (refused when asked for): Accelerate's values when they are off.
+    deepspeed_plugin = deepspeed_plugins = device_mesh = parallelism_config = torch_tp_plugin = property(
+        lambda self: None)
+
+    @property
+    def dynamo_plugin(self):
+        """Accelerate's TorchDynamoPlugin with compilation off (triax refuses dynamo_backend: compile the
+        model yourself), as a plain record: the plugin class itself is not part of triax."""
+        return SimpleNamespace(backend=DynamoBackend.NO, mode="default", fullgraph=False, dynamic=None,
+                               options=None, disable=False, use_regional_compilation=False)
+
+    def get_deepspeed_plugin(self, name: str):
+        raise AcceleratorValueError("DeepSpeed is not enabled: triax does not support DeepSpeed; use "
+                                    "parallel='fsdp' (FSDP2 shards like ZeRO-3)")
+
+    select_deepspeed_plugin = get_deepspeed_plugin
+
 
 class GradientState:
     """What the Accelerator, its dataloaders, optimizers and schedulers share during a step.
@@ -318,7 +356,7 @@ class GradientState:
     _shared_state: dict = {}
 
     def __init__(self, accumulation_steps: int | None = None, sync_with_dataloader: bool = True,
-                 sync_each_batch: bool = False, adjust_scheduler: bool = True):
+                 sync_each_batch: bool = False, adjust_scheduler: bool = False, plugin_kwargs: dict | None = None):
         # Shared by every instance, as in Accelerate: GradientState() anywhere sees the step the
         # Accelerator is in. An Accelerator passes its settings, which replace the previous ones.
         self.__dict__ = GradientState._shared_state
@@ -329,12 +367,14 @@ class GradientState:
             # (the shared state lives as long as the process).
             self._loader_references: list = []
             self.accumulation_steps = 1
-            self.sync_with_dataloader, self.sync_each_batch, self.adjust_scheduler = True, False, True
+            self.sync_with_dataloader, self.sync_each_batch, self.adjust_scheduler = True, False, False
+            self.plugin_kwargs = {}  # Accelerate's record of the GradientAccumulationPlugin (its to_kwargs())
         if accumulation_steps is not None:
             self.accumulation_steps = accumulation_steps
             self.sync_with_dataloader = sync_with_dataloader
             self.sync_each_batch = sync_each_batch
             self.adjust_scheduler = adjust_scheduler
+            self.plugin_kwargs = {"num_steps": accumulation_steps} if plugin_kwargs is None else dict(plugin_kwargs)
             self.micro_step = 0
 
     @staticmethod
@@ -351,10 +391,16 @@ class GradientState:
     def num_steps(self) -> int:
         return self.accumulation_steps
 
+    # XLA's gradient flag (XLA is refused): under FSDP always True, as Accelerate answers.
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        return parse_flag_from_env("ACCELERATE_USE_FSDP")
+
     @property
     def dataloader_references(self) -> list:
-        """The dataloaders being iterated, innermost last (None for one that no longer exists)."""
-        return [reference() for reference in self._loader_references]
+        """The dataloaders being iterated, innermost last (None for one that no longer exists),
+        after a leading None, as Accelerate lists them."""
+        return [None] + [reference() for reference in self._loader_references]
 
     def _add_dataloader(self, dataloader) -> None:
         self._loader_references = self._loader_references + [weakref.ref(dataloader)]
