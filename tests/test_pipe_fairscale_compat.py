@@ -198,3 +198,17 @@ def test_moves_to_a_gpu_are_refused_without_asking_for_one(move):
     with pytest.raises(TypeError, match="denied to move parameters and buffers"):
         move(pipe)
     assert {(p.device.type, p.dtype) for p in pipe.parameters()} == {("cpu", torch.float32)}
+
+
+def test_fairscales_pipe_names_all_import_and_the_ones_not_provided_say_what_to_use():
+    """Every name of fairscale.nn.pipe's __all__ (FairScale 0.4.13), so a script's imports run; the
+    pipelines across processes are refused in one line when made."""
+    import triax.pipe
+
+    fairscale_all = ["Pipe", "is_checkpointing", "is_recomputing", "LazyModule"]
+    assert set(fairscale_all) <= set(triax.pipe.__all__)
+    for name in ("LazyModule", "AsyncPipe", "PipeRPCWrapper"):
+        with pytest.raises(NotImplementedError) as caught:
+            getattr(triax.pipe, name)(nn.Linear(1, 1))
+        assert isinstance(caught.value, TriaxError) and "\n" not in str(caught.value)
+        assert f"fairscale.nn.pipe.{name}" in str(caught.value) and "triax.pipe.Pipe" in str(caught.value)

@@ -31,3 +31,8 @@ class ConfigError(TriaxError):
 
 class UsageError(TriaxError, ValueError):
     """A command-line argument is malformed or out of range: names the option and the value."""
+
+
+class UnsupportedFeatureError(TriaxError, NotImplementedError):
+    """A part of the library a door imitates (Accelerate, FairScale, ...) that triax deliberately
+    does not provide; the message names the alternative."""

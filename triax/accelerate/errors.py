@@ -1,7 +1,7 @@
 """The Accelerator door's errors: each is a TriaxError and the built-in class Accelerate raises
 in the same situation, so `except ValueError` in a script written for Accelerate still works."""
 
-from triax.errors import TriaxError
+from triax.errors import TriaxError, UnsupportedFeatureError  # noqa: F401 - the Accelerator door raises it too
 
 
 class AcceleratorValueError(TriaxError, ValueError):
@@ -32,8 +32,6 @@ class DistributedOperationException(AcceleratorValueError, _accelerate_operation
     Accelerate's own DistributedOperationException."""
 
 
-class UnsupportedFeatureError(TriaxError, NotImplementedError):
-    """A part of Accelerate that triax deliberately does not provide; the message names the alternative."""
 
 
 def _corrupt_base():
