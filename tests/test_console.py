@@ -26,7 +26,15 @@ def test_first_line_names_the_checkpoint_a_run_started_from(tmp_path, tiny_corpu
     output = train(tiny_overrides(tmp_path / "run", tiny_corpus, **{"model.init_from": tmp_path / "gpt2",
                                                                     "trainer.max_steps": 2})).stdout
     first = output.splitlines()[0]
-    assert first.startswith(f"training from {tmp_path / 'gpt2'} (") and "gpt-micro" not in first, first
+    assert first.startswith(f"training from {tmp_path / 'gpt2'} (gpt2, ") and "gpt-micro" not in first, first
+
+
+@pytest.mark.multiprocess
+def test_first_line_names_the_architecture_a_preset_is_built_as(tmp_path, tiny_corpus):
+    output = train(tiny_overrides(tmp_path / "run", tiny_corpus, **{"model.arch": "qwen2",
+                                                                    "trainer.max_steps": 1})).stdout
+    first = output.splitlines()[0]
+    assert first.startswith("training ") and " (qwen2, " in first, first
 
 
 @pytest.mark.multiprocess

@@ -713,8 +713,9 @@ class Trainer:
             params = self.num_params
             # What was loaded, not the preset's name: model.init_from replaced the preset's shape.
             loaded = f"from {self.config.model.init_from}" if self.config.model.init_from else self.config.model.name
+            # The architecture too: a preset's shape can be built as any of them (model.arch).
             self.logger.print(
-                f"training {loaded} ({params / 1e6:.2f}M params) on {self.device} x "
+                f"training {loaded} ({self.model_config.arch}, {params / 1e6:.2f}M params) on {self.device} x "
                 f"{self.world_size} process(es) ({self.layout.describe()}), precision {self.precision.name}, "
                 f"{self.total_steps} steps of {self.samples_per_step} samples "
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
