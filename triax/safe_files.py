@@ -122,6 +122,14 @@ def is_regular(path: str) -> bool:
         return False
 
 
+def is_directory(path: str) -> bool:
+    """Whether `path` is a directory itself (not a symlink to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def open_append(path: str):
     """Append to a regular file, creating it if missing; never through a link, never to a FIFO.
     Text mode, line-buffered (a log)."""
@@ -139,7 +147,7 @@ def write_atomic(path: str, data: bytes | str) -> None:
     """Replace `path` with `data`: a fresh temporary file in the same directory, fsynced, renamed
     over the final name. A symlink at `path` is replaced, its target untouched; a directory at
     `path` is refused."""
-    if os.path.isdir(path) and not os.path.islink(path):
+    if is_directory(path):
         raise UnsafeFileError(f"{path} is a directory; triax writes a file there")
     if isinstance(data, str):
         data = data.encode("utf-8")

@@ -187,7 +187,7 @@ class Accelerator:
     @property
     def is_fsdp2(self) -> bool:
         """True when prepared models are sharded: triax's FSDP is always FSDP2 (fully_shard)."""
-        return self.distributed_type == DistributedType.FSDP
+        return self.state.is_fsdp2
 
     is_composable_parallelism_enabled = is_fsdp2  # as Accelerate
 

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 
+from triax import safe_files
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate.operations import broadcast_object_list
 from triax.process_group import is_distributed
@@ -30,7 +31,7 @@ def _numbered(root: str) -> list[tuple[int, str]]:
     for name in os.listdir(root):
         match = CHECKPOINT_NAME.match(name)
         path = os.path.join(root, name)
-        if match and os.path.isdir(path) and not os.path.islink(path):
+        if match and safe_files.is_directory(path):
             found.append((int(match.group(1)), path))
     return sorted(found)
 

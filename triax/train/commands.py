@@ -268,7 +268,7 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
     tokenizer = tokenizer if safe_files.is_regular(tokenizer) else None
     # A run started from a transformers checkpoint kept its config and tokenizer files there.
     kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
-    kept = kept if os.path.isdir(kept) and not os.path.islink(kept) else None
+    kept = kept if safe_files.is_directory(kept) else None
 
     def export(reader, model_config, vocab):
         true_config, shapes = _true_shapes(model_config, vocab)

@@ -48,7 +48,7 @@ def resolve(path: str) -> InitSource:
             vocab.source_path = os.path.join(path, "tokenizer.json")  # the new run keeps a copy
         # A run started from a transformers checkpoint passes on the copies it kept of its files.
         kept = os.path.join(path, KEPT_SOURCE_DIR)
-        description = hf.description_files(kept, follow_links=False) if _real_directory(kept) else {}
+        description = hf.description_files(kept, follow_links=False) if safe_files.is_directory(kept) else {}
         return InitSource(path, "run", architecture_fields(model_config), vocab, reader.snapshot,
                           description=description)
 
@@ -84,7 +84,7 @@ def keep_description(source: InitSource | None, run_dir: str) -> None:
         safe_files.make_directory(kept)
         for name, data in contents.items():
             safe_files.write_atomic(os.path.join(kept, name), data)
-    if _real_directory(kept):
+    if safe_files.is_directory(kept):
         for name in set(hf.DESCRIPTION_FILES) - set(contents):
             safe_files.remove_file(os.path.join(kept, name))
         if not contents:
@@ -114,7 +114,3 @@ def load_weights(source: InitSource, model, model_config, stored_name) -> None:
                                  real_rows=vocabulary_rows(model_config))
         return
     hf.load_into(model, source.path, model_config, stored_name)
-
-
-def _real_directory(path: str) -> bool:
-    return os.path.isdir(path) and not os.path.islink(path)

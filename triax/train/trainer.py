@@ -905,7 +905,7 @@ def _remove_new_entries(directory: str, existing: set[str]) -> None:
     """Delete what appeared in `directory` besides `existing` (files, links unfollowed, directories)."""
     for name in set(os.listdir(directory)) - existing:
         path = os.path.join(directory, name)
-        if os.path.isdir(path) and not os.path.islink(path):
+        if safe_files.is_directory(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
             safe_files.remove_file(path)
