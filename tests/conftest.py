@@ -5,6 +5,9 @@ import pytest
 
 # Tests run many processes on 2 cores: one thread each keeps them from fighting.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# cuBLAS keeps to one workspace layout, so a GPU test that compares two runs bit for bit compares
+# the same arithmetic (torch.use_deterministic_algorithms asks for it); no effect without CUDA.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +33,15 @@ def fresh_state():
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu`-marked tests skip, with the reason, where no CUDA GPU is visible."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -171,6 +171,10 @@ class MetricsLogger:
             if postfix:
                 self._bar.set_postfix(postfix, refresh=False)
 
+    def set_postfix(self, **postfix) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix(postfix, refresh=False)
+
     def print(self, message: str) -> None:
         if not self.enabled:
             return

@@ -135,9 +135,11 @@ class Accelerator:
                                             sync_each_batch=plugin.sync_each_batch,
                                             adjust_scheduler=recorded.get("adjust_scheduler", False),
                                             plugin_kwargs=recorded)
-        self.scaler = self.precision.make_scaler(self.device)
-        if self.scaler.is_enabled() and options.scaler_options:
-            self.scaler = torch.amp.GradScaler(self.device.type, **options.scaler_options)
+        # Always a GradScaler inside (a disabled one passes losses and steps through unchanged);
+        # `scaler` shows it only when it scales, as Accelerate's is None without fp16.
+        self._grad_scaler = self.precision.make_scaler(self.device)
+        if self._grad_scaler.is_enabled() and options.scaler_options:
+            self._grad_scaler = torch.amp.GradScaler(self.device.type, **options.scaler_options)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.scheduler_steps = options.scheduler_steps
         self.data_order = options.data_order
@@ -202,6 +204,9 @@ class Accelerator:
     scaler_handler = property(lambda self: self._handler("GradScalerKwargs"))
     init_handler = property(lambda self: self._handler("InitProcessGroupKwargs"))
     autocast_handler = property(lambda self: self._handler("AutocastKwargs"))
+
+    # The loss scaler of fp16 on CUDA; None otherwise, as Accelerate's (scripts test `is not None`).
+    scaler = property(lambda self: self._grad_scaler if self._grad_scaler.is_enabled() else None)
 
     def _handler(self, class_name: str):
         return next((handler for cls, handler in self._handlers.items() if cls.__name__ == class_name), None)
@@ -446,14 +451,18 @@ class Accelerator:
         return model
 
     def _autocast_forward(self, model: torch.nn.Module) -> None:
-        """Run the model's forward under autocast, like Accelerate, so loops need no change."""
+        """Run the model's forward under autocast and hand its fp16/bf16 outputs back in fp32, like
+        Accelerate (convert_outputs_to_fp32), so loops need no change and the loss is computed in fp32."""
+        from triax.accelerate.nested import convert_to_fp32
+
         original = model.forward
         precision, device = self.precision, self.device
 
         @functools.wraps(original)
         def forward(*args, **kwargs):
             with precision.autocast(device):
-                return original(*args, **kwargs)
+                outputs = original(*args, **kwargs)
+            return convert_to_fp32(outputs)
 
         forward.__wrapped_by_triax__ = True
         model.forward = forward
@@ -471,7 +480,7 @@ class Accelerator:
         if optimizer.state and device_placement is not False:
             # Optimizer.load_state_dict casts state onto each parameter's (new) device.
             optimizer.load_state_dict(optimizer.state_dict())
-        prepared = PreparedOptimizer(optimizer, self.gradient_state, self.scaler)
+        prepared = PreparedOptimizer(optimizer, self.gradient_state, self._grad_scaler)
         self._optimizers.append(prepared)
         return prepared
 
@@ -529,7 +538,7 @@ class Accelerator:
         """loss.backward(), divided for accumulation and scaled for fp16."""
         if self.gradient_state.accumulation_steps > 1:
             loss = loss / self.gradient_state.accumulation_steps
-        self.scaler.scale(loss).backward(**kwargs)
+        self._grad_scaler.scale(loss).backward(**kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models):
@@ -603,13 +612,13 @@ class Accelerator:
 
     def unscale_gradients(self, optimizer=None) -> None:
         """Divide fp16 gradients by the loss scale (once per step) before inspecting them."""
-        if not self.scaler.is_enabled() or not self.sync_gradients:
+        if not self._grad_scaler.is_enabled() or not self.sync_gradients:
             return
         targets = self._optimizers if optimizer is None else (
             optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])
         for target in targets:
             if isinstance(target, PreparedOptimizer) and not target.gradients_unscaled:
-                self.scaler.unscale_(target.optimizer)
+                self._grad_scaler.unscale_(target.optimizer)
                 target.gradients_unscaled = True
 
     def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2):

@@ -317,7 +317,7 @@ def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
         "saved_models": list(saved),
         "units": _unit_signature(units),
         "schedulers": [to_json(scheduler.state_dict()) for scheduler in accelerator._schedulers],
-        "scaler": to_json(accelerator.scaler.state_dict()),
+        "scaler": to_json(accelerator._grad_scaler.state_dict()),
         "dataloaders": [_dataloader_state(loader) for loader in accelerator._dataloaders],
         "custom": [to_json(obj.state_dict()) for obj in accelerator._custom_objects],
         "optimizer_steps": [optimizer.num_steps for optimizer in accelerator._optimizers],
@@ -434,7 +434,7 @@ def load_state(accelerator, path: str, loaded: list[int]) -> str:
                 optimizer.optimizer.load_state_dict(saved)
         for scheduler, saved in zip(accelerator._schedulers, decoded["schedulers"]):
             scheduler.load_state_dict(saved)
-        accelerator.scaler.load_state_dict(decoded["scaler"])
+        accelerator._grad_scaler.load_state_dict(decoded["scaler"])
         for loader, saved in zip(accelerator._dataloaders, decoded["dataloaders"]):
             if saved is not None and getattr(loader, "use_stateful_dataloader", False):
                 loader.load_state_dict(saved)

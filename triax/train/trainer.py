@@ -515,8 +515,12 @@ class Trainer:
 
     def _batch(self, dataset, indices: torch.Tensor):
         x, y = dataset.batch(indices)
-        non_blocking = self.device.type == "cuda"
-        return x.to(self.device, non_blocking=non_blocking), y.to(self.device, non_blocking=non_blocking)
+        if self.device.type != "cuda":
+            return x.to(self.device), y.to(self.device)
+        # From page-locked memory the copy is queued behind the step in flight instead of waiting for
+        # it, so the host goes on to launch the next step's kernels (nanoGPT's get_batch does the same).
+        return (x.pin_memory().to(self.device, non_blocking=True),
+                y.pin_memory().to(self.device, non_blocking=True))
 
     def _loss(self, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.precision.autocast(self.device):
@@ -576,6 +580,13 @@ class Trainer:
 
     def train_step(self) -> tuple[float, float]:
         """One optimizer step; returns (this rank's mean micro-batch loss, gradient norm)."""
+        loss, grad_norm = self._train_step()
+        return float(loss), float(grad_norm)
+
+    def _train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns this rank's mean micro-batch loss and the gradient norm as
+        tensors on the device, not yet read: reading them waits for the GPU, and the loop reads
+        them only on the steps it logs, so the host launches the next step while the GPU works."""
         trainer = self.config.trainer
         if not self.sampler.fits(self.sample_index, self.samples_per_step):
             self.epoch += 1
@@ -618,7 +629,7 @@ class Trainer:
         self.sample_index += self.samples_per_step
         if self.sample_log is not None:
             self.sample_log.record(self.step, self.epoch, consumed)
-        return float(loss_sum) / trainer.grad_accum, float(grad_norm)
+        return loss_sum / trainer.grad_accum, grad_norm
 
     def _sync_context(self, last: bool):
         return contextlib.nullcontext() if last else no_sync(self.model)
@@ -763,14 +774,16 @@ class Trainer:
         interval_start, interval_steps = time.perf_counter(), 0
         while self.step < self.total_steps:
             step_started = time.perf_counter()
-            loss, grad_norm = self.train_step()
+            loss, grad_norm = self._train_step()
+            logged = self.step % trainer.log_every == 0 or self.step == self.total_steps
+            if logged:  # read on the device: waits for this step's kernels, so the interval's time is real
+                loss, grad_norm = float(loss), float(grad_norm)
             step_seconds = time.perf_counter() - step_started
             self.timing["step"] += step_seconds
             interval_steps += 1
-            tokens_per_s = self.samples_per_step * self.data.block_size / max(step_seconds, 1e-9)
-            self.logger.advance(1, loss=f"{loss:.4f}", tokens_per_s=f"{tokens_per_s:,.0f}")
+            self.logger.advance(1)
             record = None
-            if self.step % trainer.log_every == 0 or self.step == self.total_steps:
+            if logged:
                 elapsed = time.perf_counter() - interval_start
                 self._phase("metrics all-gather", self.step)
                 record = {"loss": round(mean_across_ranks(loss), 6),
@@ -787,6 +800,8 @@ class Trainer:
                 if sample is not None:
                     self.logger.print(f"--- sample at step {self.step} ---\n{sample}\n---")
             if record is not None:
+                if "loss" in record:  # the bar shows what the log line says, for the same interval
+                    self.logger.set_postfix(loss=f"{record['loss']:.4f}", tokens_per_s=f"{record['tokens_per_s']:,.0f}")
                 with raise_together(f"writing the metrics of step {self.step}"):  # rank 0 writes, all agree
                     self.logger.log(self.step, record, console=self._console_line(record))
                 last = record
