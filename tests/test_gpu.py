@@ -1,6 +1,6 @@
 """What only a CUDA GPU can check: mixed precision against fp32, a snapshot resumed bitwise with the
 CUDA generator's state, the Accelerator's fp16/bf16 against Hugging Face Accelerate's, the Horovod
-door on NCCL. Each skips where no GPU is visible (conftest.py); `triax doctor --gpu-suite` runs
+door on CUDA tensors. Each skips where no GPU is visible (conftest.py); `triax doctor --gpu-suite` runs
 them all on a GPU, with the throughput benchmark, in one command. (Pipe on CUDA devices:
 test_pipe_equivalence.py.)"""
 
@@ -126,15 +126,11 @@ def test_accelerator_mixed_precision_equals_accelerate_on_cuda(tmp_path, precisi
 
 HOROVOD_SCRIPT = textwrap.dedent("""
     import torch
-    import torch.distributed as dist
     import triax.horovod as hvd
 
     hvd.init()
     torch.cuda.set_device(hvd.local_rank())
-    assert hvd.nccl_built()
-    # The world group's backend for CUDA tensors (a group may hold one per device type).
-    backend = type(dist.group.WORLD._get_backend(torch.device("cuda"))).__name__
-    assert backend == "ProcessGroupNCCL", backend
+    assert hvd.nccl_built() and hvd.size() == 1
     total = hvd.allreduce(torch.arange(4.0, device="cuda"), op=hvd.Sum)
     assert total.device.type == "cuda" and total.tolist() == [0.0, 1.0, 2.0, 3.0], total
     torch.manual_seed(0)
@@ -155,14 +151,17 @@ HOROVOD_SCRIPT = textwrap.dedent("""
     for a, b in zip(model.parameters(), plain.parameters()):
         assert torch.equal(a, b)
     hvd.shutdown()
-    print("horovod on nccl: ok")
+    print("horovod on cuda: ok")
 """)
 
 
-def test_horovod_door_on_nccl(tmp_path):
+def test_horovod_door_on_cuda_tensors(tmp_path):
+    """A Horovod script on one GPU under `triax horovodrun -np 1`: collectives and the distributed
+    optimizer on CUDA tensors. (One rank needs no process group; NCCL between ranks needs a GPU per
+    rank, which this test does not have.)"""
     script = tmp_path / "train.py"
     script.write_text(HOROVOD_SCRIPT)
     result = subprocess.run([sys.executable, "-m", "triax", "horovodrun", "-np", "1", sys.executable, str(script)],
                             capture_output=True, text=True, timeout=300, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "horovod on nccl: ok" in result.stdout + result.stderr
+    assert "horovod on cuda: ok" in result.stdout + result.stderr

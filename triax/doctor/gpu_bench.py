@@ -39,7 +39,7 @@ class BenchShape:
 
 # GPT-2 small as nanoGPT and llm.c train it (GPT-2's tokenizer, 1024 tokens); a Llama scaled to about
 # the same size (llama-debug's proportions: grouped-query attention, SwiGLU, a 32k vocabulary).
-GPT2_124M = BenchShape("gpt2-124m", "gpt2", 1024, 50257)
+GPT2_124M = BenchShape("gpt2-124m", "gpt2", 1024, 50257, {"tie_embeddings": "true"})
 LLAMA_125M = BenchShape("llama-125m", "llama-debug", 1024, 32000,
                         {"n_layer": 12, "n_head": 12, "n_kv_head": 4, "n_embd": 768, "intermediate_size": 2048})
 # Without a GPU: the same code on shapes a CPU runs in seconds.
@@ -77,13 +77,18 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
     return table_peak_flops(device, dtype) if device.type == "cuda" else None
 
 
-def model_config(shape: BenchShape):
-    """The GPTConfig `triax train` builds for this shape (the preset, its changed keys, no dropout)."""
+def model_config(shape: BenchShape, device: torch.device | None = None):
+    """The GPTConfig `triax train` builds for this shape on `device` (the preset, its changed keys,
+    no dropout, the vocabulary padded as the trainer pads it there)."""
     from triax.models import GPTConfig
     from triax.models.config import preset_fields
+    from triax.parallel.mesh import GPU_VOCAB_MULTIPLE, padded_vocab_size
 
-    fields = {**preset_fields(shape.preset), **shape.model, "dropout": 0.0}
-    return GPTConfig(vocab_size=shape.vocab_size, block_size=shape.block_size, **fields)
+    changed = {key: {"true": True, "false": False}.get(value, value) for key, value in shape.model.items()}
+    fields = {**preset_fields(shape.preset), **changed, "dropout": 0.0}
+    padded = padded_vocab_size(shape.vocab_size, 1, GPU_VOCAB_MULTIPLE if device is not None and device.type == "cuda" else 1)
+    return GPTConfig(vocab_size=shape.vocab_size, block_size=shape.block_size, **fields,
+                     padded_vocab_size=padded if padded != shape.vocab_size else None)
 
 
 # ---- the trainer ----------------------------------------------------------------------------
@@ -138,7 +143,7 @@ class HandwrittenLoop:
                  compile_blocks: bool = True, seed: int = 0):
         from triax.models import build_model
 
-        self.config = model_config(shape)
+        self.config = model_config(shape, device)
         torch.manual_seed(seed)
         self.model = build_model(self.config).to(device)
         if compile_blocks:
@@ -234,7 +239,7 @@ def largest_batch(shape: BenchShape, device: torch.device, data_dir: str, cap: i
             batch //= 2
     del loop
     torch.cuda.empty_cache()
-    model_shape = ModelShape.from_config(model_config(shape))
+    model_shape = ModelShape.from_config(model_config(shape, device))
     gib = 2 ** 30
     planned = 0
     while planned < 4 * cap and estimate(model_shape, Layout(), batch_size=planned + 1,

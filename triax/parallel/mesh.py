@@ -173,11 +173,20 @@ def num_stages(pp: int, pp_schedule: str) -> int:
     return pp * (STAGES_PER_RANK_INTERLEAVED if pp_schedule in MULTI_STAGE_SCHEDULES else 1)
 
 
-def padded_vocab_size(vocab_size: int, tp: int) -> int:
-    """Round the vocabulary up to a multiple of tp (as Megatron does) so the embedding and head
-    split evenly. The extra rows stay zero (their logits are masked), so the padding belongs to
-    the layout, not to the trained model: a snapshot loads into any padding by its real rows."""
-    return -(-vocab_size // tp) * tp
+# On a GPU the vocabulary's matmuls (the head, the embedding's gradient) reach the fast tensor-core
+# kernels only with a row count that is a multiple of 64: GPT-2's 50257 rows ran on unaligned
+# fallback kernels that took 46% of an H200 step (triax doctor --gpu-suite's profile). nanoGPT pads
+# to 50304 for the same reason.
+GPU_VOCAB_MULTIPLE = 64
+
+
+def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 1) -> int:
+    """Round the vocabulary up to a multiple of tp x `multiple` (as Megatron does) so the embedding
+    and head split evenly (and, on a GPU, align). The extra rows stay zero (their logits are masked),
+    so the padding belongs to the layout, not to the trained model: a snapshot loads into any
+    padding by its real rows."""
+    step = tp * multiple
+    return -(-vocab_size // step) * step
 
 
 def build_mesh(layout: Layout, device_type: str):

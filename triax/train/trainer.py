@@ -33,7 +33,7 @@ from triax.models import build_model, vocabulary_rows
 from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
-from triax.parallel.mesh import build_mesh, padded_vocab_size, resolve_layout, validate_layout
+from triax.parallel.mesh import GPU_VOCAB_MULTIPLE, build_mesh, padded_vocab_size, resolve_layout, validate_layout
 from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import parallelize
 from triax.parallel.plan import ModelShape, check_memory
@@ -152,7 +152,8 @@ class Trainer:
             vocab_size, block_size = (self.init_source.architecture[key] for key in ("vocab_size", "block_size"))
         self._check_saved_vocabulary(vocab_size)
         # This layout's own padding: a snapshot saved with another loads by its real rows.
-        padded_rows = padded_vocab_size(vocab_size, self.layout.tp)
+        padded_rows = padded_vocab_size(vocab_size, self.layout.tp,
+                                        GPU_VOCAB_MULTIPLE if self.device.type == "cuda" else 1)
         model_config = gpt_config(config.model, vocab_size, block_size,
                                   padded_rows if padded_rows != vocab_size else None)
         self._check_memory(model_config)
