@@ -68,8 +68,8 @@ def load_hf_model(directory: str, device: torch.device, dropout: float = 0.0):
     """A whole plain model holding a transformers checkpoint's weights."""
     config = GPTConfig(**hf.architecture(directory), dropout=dropout)
     # From the config and the safetensors headers alone, before anything is allocated.
-    hf.check_weights(directory, config)
     check_whole_model_fits(config, device, os.path.join(directory, "config.json"), _local_processes())
+    hf.check_weights(directory, config)
     with torch.device("meta"):
         model = build_model(config)
     model.to_empty(device=device)

@@ -209,8 +209,8 @@ def check_export_output(output: str, run_dir: str, force: bool, snapshot_root: s
     of the run's own files or inside its snapshots, or is a file triax did not write (without --force)."""
     from triax.arguments import check_output_file, written_by_triax_safetensors
 
-    check_output_file("output", output, force, written_by_triax_safetensors)
     check_not_in_run(output, run_dir, snapshot_root)
+    check_output_file("output", output, force, written_by_triax_safetensors)
 
 
 def check_not_in_run(output: str, run_dir: str, snapshot_root: str, option: str = "output") -> None:
