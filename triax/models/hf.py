@@ -13,7 +13,7 @@ import re
 import torch
 
 from triax.errors import ConfigError
-from triax.models import build_model, hf_gpt2, hf_llama
+from triax.models import hf_gpt2, hf_llama, parameter_shapes
 from triax.models.config import GPTConfig, architecture_fields
 from triax.models.hf_config_types import type_error
 from triax.models.hf_files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, check_source,
@@ -82,12 +82,9 @@ def check_weights(directory: str, model_config) -> None:
     parameters over kilobytes) is one line, not gigabytes allocated first."""
     weights = HFWeights(directory)
     source_of = family_of(read_hf_config(directory)).sources(weights, model_config)
-    with torch.device("meta"):  # the names and shapes, without memory
-        model = build_model(model_config)
-    for name, parameter in model.named_parameters():
+    for name, shape in parameter_shapes(model_config).items():
         source, transposed, shift, fused = source_of(name)
-        check_source(weights, source, name, tuple(parameter.shape), transposed, shift, fused,
-                     model_config.vocab_size)
+        check_source(weights, source, name, shape, transposed, shift, fused, model_config.vocab_size)
 
 
 def load_into(model: torch.nn.Module, directory: str, model_config, stored_name=lambda n: n) -> int:

@@ -2,26 +2,26 @@
 
 `triax eval` and `triax generate` hold one whole copy of the model per process. A config.json or
 model.json describing terabytes would otherwise reach torch's allocator (a RuntimeError deep in a
-traceback, or hours of swapping); the parameter count is exact (the model built on the meta
-device, which allocates nothing), activations are not counted, so this only catches the
+traceback, or hours of swapping); the parameter count is exact (models.parameter_shapes: one block
+built on the meta device, which allocates nothing), activations are not counted, so this only catches the
 impossible, never refuses a model that would run.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from triax.errors import ConfigError
 from triax.host_memory import host_memory_bytes
-from triax.models import build_model
+from triax.models import parameter_shapes
 
 
 def check_whole_model_fits(config, device: torch.device, what: str, processes: int = 1) -> None:
     """One line when the parameters of a model of `config` (in torch's default dtype) exceed the
     memory of `device` (the host's for a CPU, shared by `processes` processes)."""
-    with torch.device("meta"):
-        model = build_model(config)
-    values = sum(parameter.numel() for parameter in model.parameters())
+    values = sum(math.prod(shape) for shape in parameter_shapes(config).values())
     needed = values * torch.get_default_dtype().itemsize
     if device.type == "cuda":
         memory, where = torch.cuda.get_device_properties(device).total_memory, str(device)
