@@ -323,13 +323,20 @@ def forbid_allocation(monkeypatch):
     monkeypatch.setattr(torch.nn.Module, "to_empty", allocated)
 
 
-@pytest.mark.parametrize("text,words", [
-    ('{"model_type": "llama", "rope_theta": 1e999}', ["rope_theta=inf", "not finite"]),
-    ("[1, 2]", ["holds a JSON list"]),
-    ('{"model_type": "llama", "a": NaN}', ["NaN"]),
+@pytest.mark.parametrize("content,words", [
+    (b'{"model_type": "llama", "rope_theta": 1e999}', ["rope_theta=inf", "not finite"]),
+    (b"[1, 2]", ["holds a JSON list"]),
+    (b'{"model_type": "llama", "a": NaN}', ["NaN"]),
+    (b'{"model_type": "llama\xff"}', ["UnicodeDecodeError"]),  # not UTF-8
+    (b"[" * 100_000 + b"]" * 100_000, ["RecursionError"]),  # nested past any real config
+    (None, ["more than the 16777216"]),  # a sparse file of 17 MiB: refused by its size, not read
 ])
-def test_config_json_that_is_not_a_config_is_one_line(text, words, sandbox, checkpoint, tiny_corpus):  # noqa: F811
-    (checkpoint / "config.json").write_text(text)
+def test_config_json_that_is_not_a_config_is_one_line(content, words, sandbox, checkpoint, tiny_corpus):  # noqa: F811
+    path = checkpoint / "config.json"
+    if content is None:
+        os.truncate(path, 17 * 2**20)
+    else:
+        path.write_bytes(content)
     refused_by_both(sandbox, checkpoint, tiny_corpus, "config.json", *words)
 
 

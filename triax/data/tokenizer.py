@@ -70,9 +70,13 @@ def _panics_as_errors(source: str):
     PanicException, a BaseException that `except Exception` misses; Rust's panic hook has already
     written its message and a backtrace note to file descriptor 2, so that is captured during the
     call and written through afterwards only if nothing panicked."""
-    captured = tempfile.TemporaryFile()
-    saved = os.dup(2)
-    os.dup2(captured.fileno(), 2)
+    try:
+        saved = os.dup(2)
+    except OSError:  # no standard error to hold back (closed): nothing to capture
+        saved = None
+    captured = tempfile.TemporaryFile() if saved is not None else None
+    if captured is not None:
+        os.dup2(captured.fileno(), 2)
     panicked = False
     try:
         yield
@@ -84,11 +88,12 @@ def _panics_as_errors(source: str):
         raise DataError(f"tokenizer {source!r} failed inside the tokenizers library ({first[:200]}); its "
                         "pre-tokenizer or normalizer cannot handle this text: use another tokenizer.json") from None
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        if not panicked:  # anything else written meanwhile (a warning) is passed on
-            captured.seek(0)
-            data = captured.read()
-            if data:
-                os.write(2, data)
-        captured.close()
+        if captured is not None:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not panicked:  # anything else written meanwhile (a warning) is passed on
+                captured.seek(0)
+                data = captured.read()
+                if data:
+                    os.write(2, data)
+            captured.close()
