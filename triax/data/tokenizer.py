@@ -27,7 +27,10 @@ class BPETokenizer:
     def __init__(self, json_text: str, source: str = "tokenizer.json"):
         tokenizers = require_tokenizers()
         try:
-            self.tokenizer = tokenizers.Tokenizer.from_str(json_text)
+            with _panics_as_errors(source):
+                self.tokenizer = tokenizers.Tokenizer.from_str(json_text)
+        except DataError:
+            raise
         except Exception as error:  # the Rust side raises a bare Exception with its parser's message
             first = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise DataError(f"{source!r} is not a valid tokenizer.json ({first})") from None
