@@ -161,6 +161,12 @@ def _header_a_list(path):
     path.write_bytes(len(encoded).to_bytes(8, "little") + encoded + data)
 
 
+def _metadata_not_strings(path):
+    header, data = read_safetensors(path)
+    header["__metadata__"] = {"format": ["pt"]}
+    write_safetensors(path, header, data)
+
+
 def _pickle(path):
     torch.save({"weight": torch.ones(4)}, path)  # what torch.save writes (a zip of pickles): never unpickled
 
@@ -178,6 +184,7 @@ SAFETENSORS_CASES = {
     "header not UTF-8 JSON": (_header_not_json, ["not UTF-8 JSON"]),
     "header a list": (_header_a_list, ["not an object"]),
     "shorter than a header": (_replace_file(b"abc"), ["shorter than a safetensors header"]),
+    "metadata not strings": (_metadata_not_strings, ["__metadata__"]),
     "a pickle saved as model.safetensors": (_pickle, ["not a safetensors file"]),
     # A weight stored as integers (the bytes of an I32 tensor are as long as an F32's): converted
     # to float it would train a model far from any weights (a loss of 1e10).

@@ -69,7 +69,9 @@ def read_header(path: str) -> dict[str, TensorEntry]:
 def _entries(header: dict, data_bytes: int) -> dict[str, TensorEntry]:
     entries, ranges = {}, []
     for name, entry in header.items():
-        if name == "__metadata__":
+        if name == "__metadata__":  # free text: string to string, as the library requires
+            if not (isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())):
+                raise HeaderError("its header's __metadata__ is not a mapping of strings to strings")
             continue
         if not isinstance(entry, dict):
             raise HeaderError(f"its header's {name!r} is not an object")
