@@ -29,6 +29,7 @@ from triax.data.tokens import TOKEN_DTYPES, TokenDataset, TokenFile
 from triax.errors import TriaxError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.models import GPTConfig, build_model, hf
+from triax.models.memory import check_whole_model_fits
 from triax.place import detect_place, pick_device
 from triax.process_group import init_distributed, shutdown_distributed
 from triax.train.commands import _snapshot_root, load_run_model
@@ -66,6 +67,9 @@ def load_model(path: str, device: torch.device):
 def load_hf_model(directory: str, device: torch.device, dropout: float = 0.0):
     """A whole plain model holding a transformers checkpoint's weights."""
     config = GPTConfig(**hf.architecture(directory), dropout=dropout)
+    # From the config and the safetensors headers alone, before anything is allocated.
+    check_whole_model_fits(config, device, os.path.join(directory, "config.json"), _local_processes())
+    hf.check_weights(directory, config)
     with torch.device("meta"):
         model = build_model(config)
     model.to_empty(device=device)
@@ -73,6 +77,11 @@ def load_hf_model(directory: str, device: torch.device, dropout: float = 0.0):
         model.lm_head.weight = model.tok_emb.weight
     hf.load_into(model, directory, config)
     return model.eval()
+
+
+def _local_processes() -> int:
+    """Processes of this host that each load a whole copy (torchrun's LOCAL_WORLD_SIZE)."""
+    return detect_place().local_world_size
 
 
 def datasets(args, model, vocab, run_config):

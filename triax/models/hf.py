@@ -13,23 +13,31 @@ import re
 import torch
 
 from triax.errors import ConfigError
-from triax.models import hf_gpt2, hf_llama
+from triax.models import hf_gpt2, hf_llama, parameter_shapes
 from triax.models.config import GPTConfig, architecture_fields
-from triax.models.hf_files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, copy_into,
-                                   description_files, is_hf_directory, read_json, tokenizer_file)
+from triax.models.hf_config_types import type_error
+from triax.models.hf_files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, check_source,
+                                   copy_into, description_files, is_hf_directory, read_json, tokenizer_file)
 
-__all__ = ["DESCRIPTION_FILES", "MAX_DESCRIPTION_BYTES", "CheckpointError", "HFWeights", "architecture",
+__all__ = ["DESCRIPTION_FILES", "MAX_DESCRIPTION_BYTES", "CheckpointError", "HFWeights", "architecture", "check_weights",
            "description_files", "family_of", "is_hf_directory", "load_into", "read_hf_config", "tokenizer_file",
            "window_of"]
 
 FAMILIES = {**dict.fromkeys(hf_gpt2.MODEL_TYPES, hf_gpt2), **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
 
 
-def read_hf_config(directory: str) -> dict:
-    """config.json, of a model_type triax builds."""
+def read_hf_config(directory: str, follow_links: bool = True) -> dict:
+    """config.json, of a model_type triax builds, every field triax reads of the JSON type
+    transformers gives it (hf_config_types)."""
     path = os.path.join(directory, "config.json")
-    config = read_json(path, "give a directory written by save_pretrained")
-    model_type = config.get("model_type") if isinstance(config, dict) else None
+    config = read_json(directory, "config.json", "give a directory written by save_pretrained", follow_links)
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(config).__name__}, not an object; not a config "
+                              "transformers wrote")
+    problem = type_error(config)
+    if problem is not None:
+        raise CheckpointError(f"{path}: {problem}")
+    model_type = config.get("model_type")
     if model_type not in FAMILIES:
         raise CheckpointError(f"{path} has model_type {model_type!r}; triax builds {', '.join(FAMILIES)} "
                               "(transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)")
@@ -65,6 +73,18 @@ def window_of(directory: str) -> int | None:
     """The sliding attention window of a llama-family checkpoint's layers, if any."""
     config = read_hf_config(directory)
     return hf_llama.sliding_window(config) if config["model_type"] in hf_llama.MODEL_TYPES else None
+
+
+def check_weights(directory: str, model_config) -> None:
+    """Every tensor a model of `model_config` reads from `directory` is there, with the shape the
+    config gives it and a floating dtype: checked from the safetensors headers alone, before the
+    model is allocated, so a config.json describing a model its weights do not hold (a billion
+    parameters over kilobytes) is one line, not gigabytes allocated first."""
+    weights = HFWeights(directory)
+    source_of = family_of(read_hf_config(directory)).sources(weights, model_config)
+    for name, shape in parameter_shapes(model_config).items():
+        source, transposed, shift, fused = source_of(name)
+        check_source(weights, source, name, shape, transposed, shift, fused, model_config.vocab_size)
 
 
 def load_into(model: torch.nn.Module, directory: str, model_config, stored_name=lambda n: n) -> int:

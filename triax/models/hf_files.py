@@ -13,13 +13,15 @@ layers), so no process ever holds the whole model unless its layout says so.
 from __future__ import annotations
 
 import os
+import stat
 from typing import Callable, NamedTuple
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from triax import safe_files
-from triax.errors import ConfigError
+from triax.errors import ConfigError, printable
+from triax.models import safetensors_header
 from triax.models.init import local_box
 
 MAX_CONFIG_BYTES = 16 * 2**20  # config.json and the shard index are kilobytes; never read a huge one whole
@@ -34,13 +36,63 @@ def is_hf_directory(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, "config.json"))
 
 
-def read_json(path: str, what: str):
+def _roots(directory: str) -> list[str]:
+    """Where a link in a checkpoint directory may lead: the directory itself, and for a snapshot of
+    the Hugging Face cache (models--org--name/snapshots/REVISION/) its repository's blobs/, where
+    each of its files really is."""
+    real = os.path.realpath(directory)
+    roots = [real]
+    parent = os.path.dirname(real)
+    if os.path.basename(parent) == "snapshots":
+        roots.append(os.path.join(os.path.dirname(parent), "blobs"))
+    return roots
+
+
+def checkpoint_file(directory: str, name: str, follow_links: bool = True, max_bytes: int | None = None) -> str:
+    """The path to read for file `name` of checkpoint `directory`, checked before anything is
+    read: a regular file (no FIFO or device, which would block or never end), at most `max_bytes`;
+    a link is followed only to a file inside the directory (or, in a Hugging Face cache snapshot,
+    to its blobs), never to a file elsewhere, whose bytes would be read, trained on or copied into
+    a run and its export. The copies a run keeps (follow_links=False) are files triax wrote: a link
+    there is refused. Every refusal, a missing file included, is a CheckpointError."""
+    path = os.path.join(directory, name)
     try:
-        # A Hugging Face cache snapshot links each file to its blob: the link is followed here (the
-        # directory is an input, never written), the target must still be a small regular file.
-        return safe_files.read_json(os.path.realpath(path), MAX_CONFIG_BYTES)
+        return _checked(directory, name, path, follow_links, max_bytes)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist" + (" (a link to a missing file)" if os.path.islink(path) else "")
+                              + "; the checkpoint is incomplete") from None
+    except PermissionError as error:
+        raise CheckpointError(f"{path} cannot be read ({error.strerror})") from None
+
+
+def _checked(directory: str, name: str, path: str, follow_links: bool, max_bytes: int | None) -> str:
+    target = path
+    if os.path.islink(path):
+        target = os.path.realpath(path)
+        if not follow_links or not any(target == root or target.startswith(root + os.sep)
+                                       for root in _roots(directory)):
+            raise CheckpointError(f"{path} is a link to {target}, outside the checkpoint directory; triax reads "
+                                  "only the checkpoint's own files (copy the file into the directory)")
+    info = os.stat(target) if target != path else os.lstat(path)  # the target is a real path: no link left
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(f"{path} is not a regular file (a FIFO, device or directory); "
+                              "a checkpoint holds the files transformers wrote")
+    if max_bytes is not None and info.st_size > max_bytes:
+        raise CheckpointError(f"{path} is {info.st_size} bytes, more than the {max_bytes} a file of its kind "
+                              "can hold; it is damaged or not the file transformers wrote")
+    return target
+
+
+def read_json(directory: str, name: str, what: str, follow_links: bool = True):
+    """JSON file `name` of a checkpoint directory (see checkpoint_file), one line when it is unsafe or
+    damaged; `what` says what to do then."""
+    path = checkpoint_file(directory, name, follow_links, MAX_CONFIG_BYTES)
+    try:
+        return safe_files.read_json(path, MAX_CONFIG_BYTES)
     except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
-        raise CheckpointError(f"cannot read {path} ({type(error).__name__}: {error}); {what}") from None
+        path = os.path.join(directory, name)
+        raise CheckpointError(f"cannot read {path} ({type(error).__name__}: {printable(str(error))[:200]}); "
+                              f"{what}") from None
 
 
 # The files of a checkpoint directory that describe it besides its weights: the config, the
@@ -56,64 +108,59 @@ MAX_DESCRIPTION_BYTES = 64 * 2**20
 
 def description_files(directory: str, follow_links: bool = True) -> dict[str, str]:
     """{name: path} of the DESCRIPTION_FILES `directory` has; one line for one that is not a small
-    regular file. A checkpoint's links (a cache snapshot's, to its blobs) are followed; the copies
-    a run keeps (follow_links=False) are files triax wrote, never links."""
+    regular file of the directory (checkpoint_file). A checkpoint's links inside it (a cache
+    snapshot's, to its blobs) are followed; the copies a run keeps (follow_links=False) are files
+    triax wrote, never links."""
     found = {}
     for name in DESCRIPTION_FILES:
-        path = os.path.join(directory, name)
-        if not os.path.lexists(path):
-            continue
-        if follow_links:
-            path = os.path.realpath(path)
-        if not safe_files.is_regular(path) or os.path.getsize(path) > MAX_DESCRIPTION_BYTES:
-            raise CheckpointError(f"{os.path.join(directory, name)} is not a regular file of at most "
-                                  f"{MAX_DESCRIPTION_BYTES} bytes; not a file transformers wrote")
-        found[name] = path
+        if os.path.lexists(os.path.join(directory, name)):
+            found[name] = checkpoint_file(directory, name, follow_links, MAX_DESCRIPTION_BYTES)
     return found
 
 
 def tokenizer_file(directory: str) -> str | None:
     """The directory's tokenizer.json (a cache snapshot's link resolved to its blob), if any."""
-    path = os.path.join(directory, "tokenizer.json")
-    return os.path.realpath(path) if os.path.isfile(path) else None
+    if not os.path.lexists(os.path.join(directory, "tokenizer.json")):
+        return None
+    return checkpoint_file(directory, "tokenizer.json", max_bytes=MAX_DESCRIPTION_BYTES)
 
 
 class HFWeights:
-    """The safetensors tensors of a checkpoint directory, opened lazily (one file or an index of shards)."""
+    """The safetensors tensors of a checkpoint directory (one file or an index of shards): every
+    file's header read and checked (safetensors_header) before the safetensors library opens it,
+    every tensor then read lazily, by the slice asked for."""
 
     def __init__(self, directory: str):
         index = os.path.join(directory, "model.safetensors.index.json")
-        single = os.path.join(directory, "model.safetensors")
-        if os.path.isfile(single):
-            files = {None: single}
-        elif os.path.isfile(index):
-            weight_map = read_json(index, "the shard index is damaged").get("weight_map", {})
-            if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-                raise CheckpointError(f"{index}: weight_map is not a mapping of tensor names to file names")
-            files = {}
-            for name, file in weight_map.items():
-                if os.path.basename(file) != file or file in ("", ".", ".."):
-                    raise CheckpointError(f"{index} names {file!r}; shards are files of the checkpoint directory itself")
-                files[name] = os.path.join(directory, file)
+        if os.path.lexists(os.path.join(directory, "model.safetensors")):
+            files = {None: "model.safetensors"}
+        elif os.path.lexists(index):
+            files = _weight_map(directory, index)
         else:
             pickled = any(os.path.isfile(os.path.join(directory, name))
                           for name in ("pytorch_model.bin", "pytorch_model.bin.index.json"))
             raise CheckpointError(f"{directory} has no model.safetensors" + (
                 " (only pytorch_model.bin, a pickle, which triax never loads: re-save it with "
                 "save_pretrained(..., safe_serialization=True))" if pickled else "; give a save_pretrained directory"))
-        self._handles = {}
-        self._file_of = {}
-        for name, path in files.items():
-            if path not in self._handles:
-                try:
-                    self._handles[path] = safe_open(path, framework="pt")
-                except (OSError, ValueError, RuntimeError) as error:
-                    raise CheckpointError(f"{path} is not a readable safetensors file ({error})") from None
-            if name is not None:
-                self._file_of[name] = path
-        if not self._file_of:  # one file: every key lives there
-            handle_path = next(iter(self._handles))
-            self._file_of = dict.fromkeys(self._handles[handle_path].keys(), handle_path)
+        self.directory = directory
+        self._paths = {}  # file name -> the checked path to open
+        self._headers = {}  # file name -> {tensor name: (dtype, shape)}
+        self._handles = {}  # file name -> safetensors handle, opened on first read
+        for file in dict.fromkeys(files.values()):
+            self._paths[file] = checkpoint_file(directory, file)
+            try:
+                self._headers[file] = safetensors_header.read_header(self._paths[file])
+            except (OSError, ValueError) as error:
+                raise CheckpointError(f"{os.path.join(directory, file)} is not a readable safetensors file: "
+                                      f"{printable(str(error))}") from None
+        if None in files:  # one file: every tensor lives there
+            self._file_of = dict.fromkeys(self._headers["model.safetensors"], "model.safetensors")
+        else:
+            self._file_of = {name: file for name, file in files.items()}
+            for name, file in files.items():
+                if name not in self._headers[file]:
+                    raise CheckpointError(f"{index} places tensor {name!r} in {file}, which does not hold it; "
+                                          "the index does not belong to these shards")
 
     def prefix(self, anchor: str, prefixes: tuple[str, ...]) -> str:
         """Which of `prefixes` the tensor names carry ("transformer.", "model.", or none when saved
@@ -127,13 +174,41 @@ class HFWeights:
     def has(self, name: str) -> bool:
         return name in self._file_of
 
+    def entry(self, name: str) -> safetensors_header.TensorEntry:
+        """(dtype, shape) of a stored tensor, from its file's checked header."""
+        return self._headers[self._file_of[name]][name]
+
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handles[self._file_of[name]].get_slice(name).get_shape())
+        return self.entry(name).shape
 
     def slice(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
         if name not in self._file_of:
             raise CheckpointError(f"the checkpoint has no tensor {name!r}")
-        return self._handles[self._file_of[name]].get_slice(name)[index]
+        file = self._file_of[name]
+        try:
+            if file not in self._handles:
+                self._handles[file] = safe_open(self._paths[file], framework="pt")
+            return self._handles[file].get_slice(name)[index]
+        except (SafetensorError, OSError, RuntimeError, ValueError) as error:
+            # The header was checked: this is a file changed since, or a reading error of the disk.
+            first = printable(str(error).splitlines()[0] if str(error) else type(error).__name__)
+            raise CheckpointError(f"cannot read tensor {name!r} of {os.path.join(self.directory, file)} "
+                                  f"({first}); the file is damaged or was replaced while it was read") from None
+
+
+def _weight_map(directory: str, index: str) -> dict[str, str]:
+    """{tensor name: shard file name} of a sharded checkpoint's index, checked."""
+    content = read_json(directory, "model.safetensors.index.json", "the shard index is damaged")
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(file, str) for file in weight_map.values()):
+        raise CheckpointError(f"{index} has no weight_map mapping tensor names to shard file names; "
+                              "not an index transformers wrote")
+    for file in set(weight_map.values()):
+        if os.path.basename(file) != file or file in ("", ".", ".."):
+            raise CheckpointError(f"{index} names {printable(file)!r}; shards are files of the checkpoint "
+                                  "directory itself")
+    return weight_map
 
 
 class Source(NamedTuple):
@@ -159,7 +234,7 @@ def copy_into(model: torch.nn.Module, weights: HFWeights, source_of: Callable[[s
         if local.numel() == 0:
             continue
         source, transposed, shift, fused = source_of(name)
-        _check_shape(weights, source, name, full_shape, transposed, shift, fused, vocab_size)
+        check_source(weights, source, name, full_shape, transposed, shift, fused, vocab_size)
         box = [(start, start + size) for start, size in zip(offset, local.shape)]
         values = torch.zeros_like(local)
         if name in ("tok_emb.weight", "lm_head.weight"):
@@ -179,13 +254,18 @@ def copy_into(model: torch.nn.Module, weights: HFWeights, source_of: Callable[[s
     return read
 
 
-def _check_shape(weights: HFWeights, source: str, name: str, full: tuple, transposed: bool, shift: int,
+def check_source(weights: HFWeights, source: str, name: str, full: tuple, transposed: bool, shift: int,
                  fused: bool, vocab_size: int) -> None:
-    """The stored tensor holds what the config says (a damaged or mismatched checkpoint is one line,
-    not a copy error deep in torch)."""
+    """The stored tensor holds what the config says, in a floating dtype (a damaged or mismatched
+    checkpoint is one line, not a copy error deep in torch or a silently wrong model)."""
     if not weights.has(source):
         raise CheckpointError(f"the checkpoint has no tensor {source!r} (for triax's {name})")
-    stored = weights.shape(source)
+    stored_dtype, stored = weights.entry(source)
+    if stored_dtype not in safetensors_header.FLOAT_DTYPES:
+        # An integer tensor would be converted to float silently, its values far from any weight's.
+        raise CheckpointError(f"the checkpoint's {source} is stored as {stored_dtype}, not a floating type "
+                              f"({', '.join(safetensors_header.FLOAT_DTYPES)}); triax's {name} is a floating "
+                              "parameter: the file is damaged or not a model's weights")
     expected = tuple(reversed(full)) if transposed else tuple(full)
     if name in ("tok_emb.weight", "lm_head.weight"):
         expected = (vocab_size, *expected[1:])  # the rows beyond it are the layout's padding

@@ -129,12 +129,21 @@ def _true_shapes(model_config, vocab) -> tuple[dict, dict]:
 def load_run_model(run_dir: str, device: str = "cpu", opened=None):
     """The trained plain model of a run directory (newest good snapshot) and its text codec,
     loaded tensor by tensor through the validating reader, vocabulary padding dropped."""
+    # deferred: torch and the models, for the commands that load a model only
+    import torch
+
     from triax.checkpoint.export import load_module_streaming
     from triax.models import GPTConfig, build_model
+    from triax.models.memory import check_whole_model_fits  # deferred: loads torch
+    from triax.place import detect_place  # deferred: with the model
 
     reader, model_config, vocab = opened or open_run(run_dir)
     true_config, _ = _true_shapes(model_config, vocab)
-    model = build_model(GPTConfig(**true_config))
+    config = GPTConfig(**true_config)
+    # Built whole on this host: a model.json of terabytes is one line, before anything is allocated.
+    check_whole_model_fits(config, torch.device("cpu"), os.path.join(run_dir, "model.json"),
+                           detect_place().local_world_size)
+    model = build_model(config)
     load_module_streaming(reader, model)
     return model.to(device).eval(), vocab, reader.snapshot
 
@@ -200,8 +209,8 @@ def check_export_output(output: str, run_dir: str, force: bool, snapshot_root: s
     of the run's own files or inside its snapshots, or is a file triax did not write (without --force)."""
     from triax.arguments import check_output_file, written_by_triax_safetensors
 
-    check_output_file("output", output, force, written_by_triax_safetensors)
     check_not_in_run(output, run_dir, snapshot_root)
+    check_output_file("output", output, force, written_by_triax_safetensors)
 
 
 def check_not_in_run(output: str, run_dir: str, snapshot_root: str, option: str = "output") -> None:
@@ -212,6 +221,13 @@ def check_not_in_run(output: str, run_dir: str, snapshot_root: str, option: str 
     if any(target == root or target.startswith(root + os.sep) for root in protected):
         raise UsageError(f"{option} {output!r} lies inside the run's snapshots ({protected[0]}); "
                          "write the export somewhere else")
+    from triax.train.run_files import KEPT_SOURCE_DIR  # deferred: run_files loads torch, which `triax --help` need not
+
+    kept = os.path.realpath(os.path.join(run_dir, KEPT_SOURCE_DIR))
+    if target == kept or target.startswith(kept + os.sep):
+        # The run's copies of its model.init_from files: its next start replaces them.
+        raise UsageError(f"{option} {output!r} lies inside the run's {KEPT_SOURCE_DIR}/ ({kept}), which the run's next "
+                         "start rewrites; write the export somewhere else")
     if os.path.dirname(target) == os.path.realpath(run_dir) and os.path.basename(target) in RUN_FILES:
         raise UsageError(f"{option} {output!r} is the run's own {os.path.basename(target)}; "
                          "write the export somewhere else")
@@ -268,6 +284,11 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
     tokenizer = tokenizer if safe_files.is_regular(tokenizer) else None
     # A run started from a transformers checkpoint kept its config and tokenizer files there.
     kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
+    if os.path.lexists(kept) and not safe_files.is_directory(kept):
+        # Left out silently, the export would lack the checkpoint's generation config and token ids.
+        raise UsageError(f"{kept} is a link or not a directory; it should hold the copies triax made of the files "
+                         "of the run's model.init_from checkpoint: remove it and start the run again (triax train "
+                         "keeps them anew), or export with the plain safetensors format")
     kept = kept if safe_files.is_directory(kept) else None
 
     def export(reader, model_config, vocab):

@@ -172,7 +172,7 @@ def drop_in_files(config, ours: dict, kept_dir: str) -> tuple[dict, dict[str, by
              if name != "config.json"}
     if "config.json" not in kept:
         return ours, files
-    source = hf.read_hf_config(kept_dir)
+    source = hf.read_hf_config(kept_dir, follow_links=False)
     try:
         fixed = dict(hf.architecture(kept_dir), tie_embeddings=config.tie_embeddings)
     except ConfigError:  # CheckpointError: not a model triax builds any more

@@ -19,7 +19,7 @@ from triax import checkpoint, safe_files
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import ConfigError
 from triax.models import hf
-from triax.models.config import architecture_fields
+from triax.models.config import GPTConfig, architecture_fields
 from triax.models.decoder import vocabulary_rows
 from triax.train.commands import open_run
 from triax.train.run_files import KEPT_SOURCE_DIR
@@ -56,7 +56,9 @@ def resolve(path: str) -> InitSource:
         raise ConfigError(f"model.init_from={path!r} has neither model.json (a triax run) nor config.json "
                           "(a transformers checkpoint)")
     architecture = hf.architecture(path)
-    hf.HFWeights(path)  # a directory without safetensors weights fails here, before any process group
+    # Missing or damaged weights, or weights that are not the config's model, fail here: before any
+    # process group, and before the model (of the config's size) is allocated.
+    hf.check_weights(path, GPTConfig(**architecture))
     codec = None
     tokenizer = hf.tokenizer_file(path)
     if tokenizer is not None:
