@@ -37,6 +37,7 @@ from triax import safe_files
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate.saving import _agree, _check_dataloader_position, _check_scheduler
 from triax.agreement import raise_together
+from triax.checkpoint.numbers import COUNTERS, RANGES, bad_number
 from triax.checkpoint.pickled import PickledFileError, pickled_bytes, read_pickled, read_whole
 from triax.collectives import all_gather_bytes
 from triax.process_group import is_distributed
@@ -272,6 +273,11 @@ def load_folder(accelerator, path: str, models: list) -> str:
         }
         for saved, scheduler in zip(staged["schedulers"], accelerator._schedulers):
             _check_scheduler(saved, scheduler.state_dict(), path)
+            _check_numbers(saved, f"{path} scheduler")
+        for saved in staged["optimizers"]:
+            if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
+                raise PickledFileError(f"{path}: an optimizer file does not hold an optimizer's state_dict")
+            _check_numbers({"param_groups": saved["param_groups"]}, f"{path} optimizer")
         for saved, loader in zip(staged["dataloaders"], accelerator._dataloaders):
             _check_dataloader_position(saved, loader, path)
         if staged["rng"] is not None:
@@ -309,6 +315,20 @@ def load_folder(accelerator, path: str, models: list) -> str:
     if isinstance(manifest.get("micro_step"), int) and 0 <= manifest["micro_step"] < 2**62:
         accelerator.gradient_state.micro_step = manifest["micro_step"]
     return path
+
+
+def _check_numbers(state, where: str) -> None:
+    """Learning rates, betas, counters...: finite and in range (triax.checkpoint.numbers). Only
+    the fields with a range are checked: a plateau scheduler's best may be inf on purpose."""
+    def ranged(value):
+        if isinstance(value, dict):
+            return {key: ranged(item) if isinstance(item, (dict, list)) else item for key, item in value.items()
+                    if key in RANGES or key in COUNTERS or isinstance(item, (dict, list))}
+        return [ranged(item) for item in value] if isinstance(value, list) else value
+
+    wrong = bad_number(ranged(state)) if isinstance(state, dict) else None
+    if wrong is not None:
+        raise PickledFileError(f"{where} is corrupt: it holds {wrong[:120]}, outside what that field allows")
 
 
 def _check_rng(state, path: str) -> None:
