@@ -8,6 +8,9 @@ The folder (Accelerate's names; `_<i>` after the first of each kind):
     scaler.pt                               the GradScaler's state, fp16 only
     random_states_<rank>.pkl                every process: step, Python's, numpy's and torch's RNG
     custom_checkpoint_<i>.pkl               each object given to register_for_checkpointing
+    triax_loose_parameters.safetensors      triax's addition: parameters an optimizer steps that no
+                                            prepared model holds (Accelerate saves their optimizer
+                                            state but not their values, so they would restart)
     triax_manifest.json                     triax's addition, written last: size and sha256 of
                                             every file above, and the counters Accelerate keeps
                                             nowhere (optimizer updates, micro-step)
@@ -43,6 +46,7 @@ from triax.collectives import all_gather_bytes
 from triax.process_group import is_distributed
 
 MANIFEST = "triax_manifest.json"
+LOOSE = "triax_loose_parameters.safetensors"
 FORMAT = "triax-accelerate-folder/1"
 SAFE_WEIGHTS, WEIGHTS = "model.safetensors", "pytorch_model.bin"
 CUSTOM = re.compile(r"^custom_checkpoint_(\d+)\.pkl$")
@@ -105,7 +109,20 @@ def _main_files(accelerator, weights: list[dict], safe_serialization: bool) -> d
         files["scaler.pt"] = pickled_bytes(accelerator.scaler.state_dict())
     for index, obj in enumerate(accelerator._custom_objects):
         files[f"custom_checkpoint_{index}.pkl"] = pickled_bytes(obj.state_dict())
+    loose = {name: parameter.detach().cpu().contiguous() for name, parameter in _loose_parameters(accelerator)}
+    if loose:
+        files[LOOSE] = safetensors.torch.save(loose)
     return files
+
+
+def _loose_parameters(accelerator) -> list[tuple[str, torch.nn.Parameter]]:
+    """("optimizer_<i>.<j>", parameter) for each parameter an optimizer steps that no prepared model holds."""
+    owned = {id(parameter) for model in accelerator._models for parameter in model.parameters()}
+    found = []
+    for number, optimizer in enumerate(accelerator._optimizers):
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        found += [(f"optimizer_{number}.{index}", p) for index, p in enumerate(parameters) if id(p) not in owned]
+    return found
 
 
 def _digest(data: bytes) -> dict:
@@ -193,9 +210,12 @@ class _Folder:
                 raise PickledFileError(f"{os.path.join(self.path, numbered(WEIGHTS, index))} does not hold a "
                                        "state_dict of tensors")
             return state
-        path = os.path.join(self.path, safe)
-        data = read_whole(path, f"model {index}'s weights")
-        if self.expected(safe) is not None and hashlib.sha256(data).hexdigest() != self.expected(safe):
+        return self.safetensors(safe)
+
+    def safetensors(self, name: str) -> dict:
+        path = os.path.join(self.path, name)
+        data = read_whole(path, "weights")
+        if self.expected(name) is not None and hashlib.sha256(data).hexdigest() != self.expected(name):
             raise PickledFileError(f"{path} does not match the sha256 its folder's manifest records; restore it "
                                    "or use an earlier checkpoint")
         try:
@@ -270,7 +290,9 @@ def load_folder(accelerator, path: str, models: list) -> str:
             # As Accelerate: a process without its RNG file (a run resumed on more processes)
             # keeps its random states.
             "rng": folder.pickled(rng_name, "random states", numpy_rng=True) if folder.exists(rng_name) else None,
+            "loose": folder.safetensors(LOOSE) if folder.exists(LOOSE) else {},
         }
+        _check_loose(staged["loose"], accelerator, path)
         for saved, scheduler in zip(staged["schedulers"], accelerator._schedulers):
             _check_scheduler(saved, scheduler.state_dict(), path)
             _check_numbers(saved, f"{path} scheduler")
@@ -301,6 +323,10 @@ def load_folder(accelerator, path: str, models: list) -> str:
             accelerator.scaler.load_state_dict(staged["scaler"])
         for obj, saved in zip(accelerator._custom_objects, staged["custom"]):
             obj.load_state_dict(saved)
+        with torch.no_grad():
+            for name, parameter in _loose_parameters(accelerator):
+                if name in staged["loose"]:
+                    parameter.copy_(staged["loose"][name])
     except Exception as failure:
         error = failure
     _agree(error, "loading an Accelerate checkpoint folder")
@@ -315,6 +341,14 @@ def load_folder(accelerator, path: str, models: list) -> str:
     if isinstance(manifest.get("micro_step"), int) and 0 <= manifest["micro_step"] < 2**62:
         accelerator.gradient_state.micro_step = manifest["micro_step"]
     return path
+
+
+def _check_loose(saved: dict, accelerator, path: str) -> None:
+    current = dict(_loose_parameters(accelerator))
+    for name, tensor in saved.items():
+        if name not in current or tuple(tensor.shape) != tuple(current[name].shape):
+            raise PickledFileError(f"{path}: {LOOSE} holds {name} {list(tensor.shape)}, which no optimizer of this "
+                                   "run steps outside its models; prepare the same optimizers before load_state")
 
 
 def _check_numbers(state, where: str) -> None:
