@@ -60,7 +60,10 @@ def load_pickled_bytes(data: bytes, where: str, numpy_rng: bool = False):
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         found = re.search(r"GLOBAL ([\w.]+)", str(error))
-        name = found.group(1) if found else "an object that is not a tensor, number, string, list or dict"
+        if found is None:  # not a pickle torch.save wrote (garbage, truncated)
+            raise PickledFileError(f"{where} is not a readable torch.save file ({str(error).splitlines()[0][:120]}); "
+                                   "it is damaged or of another kind") from None
+        name = found.group(1)
         raise PickledFileError(f"{where} needs {name} to be unpickled, which triax never runs (it reads such "
                                "files with torch's weights-only loader only); re-save it as tensors, numbers, "
                                "strings, lists and dicts") from None
