@@ -202,3 +202,19 @@ def test_automatic_naming_keeps_total_limit_folders_and_loads_the_newest(tmp_pat
         model.weight.fill_(9)
     accelerator.load_state()
     assert model.weight.eq(2).all()
+
+
+def test_several_models_and_optimizers_take_accelerates_numbered_names(tmp_path):
+    accelerator = Accelerator()
+    first, second = torch.nn.Linear(2, 2), torch.nn.Linear(2, 3)
+    prepared = accelerator.prepare(first, second, torch.optim.SGD(first.parameters(), lr=0.1),
+                                   torch.optim.Adam(second.parameters(), lr=0.1))
+    folder = accelerator.save_state(str(tmp_path / "ckpt"), safe_serialization=False)
+    assert sorted(os.listdir(folder)) == ["optimizer.bin", "optimizer_1.bin", "pytorch_model.bin",
+                                          "pytorch_model_1.bin", "random_states_0.pkl", "triax_manifest.json"]
+    expected = [model.weight.detach().clone() for model in prepared[:2]]
+    with torch.no_grad():
+        for model in prepared[:2]:
+            model.weight.zero_()
+    accelerator.load_state(folder)
+    assert all(model.weight.equal(weight) for model, weight in zip(prepared[:2], expected))
