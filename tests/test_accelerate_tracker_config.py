@@ -37,8 +37,7 @@ def hparams_of(directory):
             data = plugin_data_pb2.HParamsPluginData.FromString(content)
             if data.WhichOneof("data") == "session_start_info":
                 values = data.session_start_info.hparams
-                recorded.append({key: values[key].WhichOneof("kind") and getattr(values[key], values[key].WhichOneof("kind"))
-                                 for key in values})
+                recorded.append({key: getattr(values[key], values[key].WhichOneof("kind")) for key in values})
     return recorded
 
 

@@ -57,7 +57,8 @@ def nanogpt_logits(state, args, ids):
     x = state["transformer.wte.weight"][ids] + state["transformer.wpe.weight"][:T]
     for layer in range(args["n_layer"]):
         p = f"transformer.h.{layer}."
-        q, k, v = F.linear(norm(x, p + "ln_1."), state[p + "attn.c_attn.weight"], get(p + "attn.c_attn.bias")).split(C, 2)
+        fused = F.linear(norm(x, p + "ln_1."), state[p + "attn.c_attn.weight"], get(p + "attn.c_attn.bias"))
+        q, k, v = fused.split(C, 2)
         q, k, v = (t.view(*t.shape[:2], H, C // H).transpose(1, 2) for t in (q, k, v))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
         scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
