@@ -68,17 +68,42 @@ def assert_same_run(triax_dir, accelerate_dir, nproc):
     assert all(ours[name].equal(theirs[name]) for name in ours)
 
 
+def listing(folder):
+    """What a checkpoint folder holds, as Accelerate would list it (triax's manifest is an addition)."""
+    return sorted(name for name in os.listdir(folder) if name != "triax_manifest.json")
+
+
 def test_training_with_dropout_and_accumulation_resumes_as_accelerate_two_processes(tmp_path):
     """2 processes, dropout, accumulation over 2 batches, a checkpoint every 4 steps: the run, and
     runs resumed at an epoch boundary (step 8 of 8 per epoch) and mid-epoch (step 12) with
-    load_state + skip_first_batches, end with Accelerate's numbers and weights bitwise."""
+    load_state + skip_first_batches, end with Accelerate's numbers and weights bitwise. The
+    checkpoints cross over: a run resumed on triax from Accelerate's folder, and on Accelerate from
+    triax's, each end bitwise equal to Accelerate resuming from its own; the folders hold the same
+    files, and automatic naming with total_limit=2 leaves the same checkpoint_<n> folders."""
+    from safetensors.torch import load_file
+
     common = ["--gradient_accumulation_steps", "2"]
     for library in LIBRARIES:
-        full = train(tmp_path, 2, library, "full", *common, "--checkpointing_steps", "4")
+        full = train(tmp_path, 2, library, "full", *common, "--checkpointing_steps", "4", "--automatic_naming", "2")
         for step in (8, 12):
             train(tmp_path, 2, library, f"resumed_{step}", *common, "--resume_from_checkpoint", str(full / f"step_{step}"))
+    for library, other in (("triax", "accelerate"), ("accelerate", "triax")):
+        train(tmp_path, 2, library, "crossed_12", *common, "--resume_from_checkpoint",
+              str(tmp_path / other / "full" / "step_12"))
     for name in ("full", "resumed_8", "resumed_12"):
         assert_same_run(tmp_path / "triax" / name, tmp_path / "accelerate" / name, 2)
+    for library in LIBRARIES:
+        assert_same_run(tmp_path / library / "crossed_12", tmp_path / "accelerate" / "resumed_12", 2)
+
+    ours, theirs = (tmp_path / library / "full" for library in LIBRARIES)
+    assert listing(ours / "step_12") == listing(theirs / "step_12") == [
+        "model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl", "scheduler.bin"]
+    assert os.path.isfile(ours / "step_12" / "triax_manifest.json")
+    saved = [load_file(folder / "step_12" / "model.safetensors") for folder in (ours, theirs)]
+    assert saved[0].keys() == saved[1].keys() and all(saved[0][k].equal(saved[1][k]) for k in saved[0])
+    automatic = [listing(folder / "project" / "checkpoints") for folder in (ours, theirs)]
+    # 6 saves during the run, then 3 more (iterations 6, 7, 8): the last 2 remain
+    assert automatic[0] == automatic[1] == ["checkpoint_7", "checkpoint_8"]
 
 
 def test_training_with_seedable_sampler_resumes_from_an_epoch_as_accelerate_one_process(tmp_path):

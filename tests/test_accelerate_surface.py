@@ -98,9 +98,10 @@ def test_failures_are_raised_on_every_process(triax_records):
     assert "Not a directory" in zero["save_model"] or "NotADirectory" in zero["save_model"]
     assert one["save_model"].startswith("AcceleratorRuntimeError") and "rank 0 failed" in one["save_model"]
     # Process 1's RNG file was damaged: it reports the corruption, process 0 stops with it.
-    assert one["load_state_one_rank"].startswith("SnapshotCorruptError") and "rank_00001" in one["load_state_one_rank"]
-    # The snapshot reader agrees before loading: the other rank raises that the snapshot failed there.
-    assert zero["load_state_one_rank"].startswith("SnapshotCorruptError") and "rank 1 failed" in zero["load_state_one_rank"]
+    # (a SnapshotCorruptError: its file no longer matches the manifest).
+    assert one["load_state_one_rank"].startswith("PickledFileError") and "random_states_1" in one["load_state_one_rank"]
+    # The reader agrees before loading: the other rank raises that the checkpoint failed there.
+    assert zero["load_state_one_rank"].startswith("AcceleratorRuntimeError") and "rank 1 failed" in zero["load_state_one_rank"]
 
 
 @pytest.mark.multiprocess
@@ -266,7 +267,7 @@ def _scaler_tensor(state, value):
 def test_hostile_state_json_is_one_clear_error(tmp_path, edit):
     from torch.utils.data import DataLoader
 
-    from triax.accelerate import Accelerator
+    from triax.accelerate import Accelerator, saving
     from triax.checkpoint import SnapshotCorruptError
 
     class Counter:
@@ -285,7 +286,9 @@ def test_hostile_state_json_is_one_clear_error(tmp_path, edit):
     model, optimizer, _ = accelerator.prepare(model, optimizer, DataLoader(list(range(4)), batch_size=2))
     counter = Counter()
     accelerator.register_for_checkpointing(counter)
-    snapshot = accelerator.save_state(str(tmp_path))
+    # A triax snapshot as save_state writes one under FSDP (and as triax's older versions wrote
+    # every time): load_state still reads them, through this validating reader.
+    snapshot = saving.save_state(accelerator, str(tmp_path), 0, [0])
     _rewrite_state(snapshot, edit)
     with pytest.raises((SnapshotCorruptError, ValueError)) as caught:
         accelerator.load_state(str(tmp_path))

@@ -270,7 +270,7 @@ if args.hostile:
     saved = accelerator.save_state(os.path.join(args.out, "rngcase"))
     accelerator.wait_for_everyone()
     if rank == 0:
-        with open(os.path.join(saved, "rng", "rank_00001.json"), "a") as handle:
+        with open(os.path.join(saved, "random_states_1.pkl"), "a") as handle:
             handle.write(" ")
     accelerator.wait_for_everyone()
     failures["load_state_one_rank"] = outcome(lambda: accelerator.load_state(saved))

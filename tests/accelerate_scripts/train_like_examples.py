@@ -5,7 +5,7 @@ evaluation with gather_for_metrics), runnable on either library:
 
 python train_like_examples.py --library triax|accelerate --output_dir DIR [--checkpointing_steps N|epoch]
                               [--resume_from_checkpoint DIR/step_N] [--gradient_accumulation_steps K]
-                              [--use_seedable_sampler] [--dataloader_generator]
+                              [--use_seedable_sampler] [--dataloader_generator] [--automatic_naming LIMIT]
 Writes DIR/result_<rank>.json (losses, evaluation, random draws) and DIR/weights.safetensors.
 test_accelerate_same_numbers.py runs it on both libraries and compares the results bitwise.
 """
@@ -29,6 +29,8 @@ parser.add_argument("--per_device_batch_size", type=int, default=4)
 parser.add_argument("--use_seedable_sampler", action="store_true")
 parser.add_argument("--dataloader_generator", action="store_true", help="give the DataLoader a generator")
 parser.add_argument("--seed", type=int, default=42)
+parser.add_argument("--automatic_naming", type=int, default=None,
+                    help="at the end, save 3 more times with automatic_checkpoint_naming and this total_limit")
 args = parser.parse_args()
 
 if args.library == "triax":
@@ -134,6 +136,12 @@ def main():
     if accelerator.is_main_process:
         save_file({name: tensor.contiguous() for name, tensor in state.items()},
                   os.path.join(args.output_dir, "weights.safetensors"))
+    if args.automatic_naming is not None:
+        project = accelerator.project_configuration
+        project.project_dir = os.path.join(args.output_dir, "project")
+        project.automatic_checkpoint_naming, project.total_limit = True, args.automatic_naming
+        for _ in range(3):
+            accelerator.save_state("ignored: automatic naming decides")
     # No end_training(): on Accelerate it destroys the gloo process group right after the last
     # all-reduce, which can hang with torch 2.13 (docs/accelerate.md); the job ends here anyway.
 

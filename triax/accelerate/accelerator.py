@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
-from triax.accelerate import checkpoints, operations
+from triax.accelerate import accelerate_folder, checkpoints, operations
 from triax.accelerate.data_loader import (
     DataLoaderDispatcher,
     DataLoaderShard,
@@ -737,11 +737,12 @@ class Accelerator:
         return handle
 
     def _checkpoint_root(self, directory: str | None, for_save: bool) -> str:
-        if directory is not None:
+        project = self.project_configuration
+        if directory is not None and not (for_save and project.automatic_checkpoint_naming):
+            # As Accelerate, automatic naming decides where save_state writes, whatever it is given.
             # A snapshot is one directory that every process writes its part of: process 0's
             # (a script may name a different one per process, e.g. each process's own tempdir).
             return operations.broadcast_object_list([os.path.expanduser(str(directory))])[0]
-        project = self.project_configuration
         if project.automatic_checkpoint_naming:
             if for_save:
                 return checkpoints.next_automatic_dir(project, self.is_main_process)
@@ -752,29 +753,39 @@ class Accelerator:
         return os.path.join(project.project_dir, "checkpoints")
 
     def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **unused) -> str:
-        """Snapshot everything needed to continue: models, optimizers, schedulers, scaler,
-        dataloader positions, RNG states, registered objects. Collective: call on every process.
-        Writes <root>/step_<optimizer steps>/ and returns that path; the root is output_dir,
-        <project_dir>/checkpoints, or with automatic_checkpoint_naming
-        <project_dir>/checkpoints/checkpoint_<iteration> (keeping at most total_limit)."""
+        """Save everything needed to continue: models, optimizers, schedulers, scaler, dataloader
+        positions, RNG states, registered objects. Collective: call on every process. Writes
+        Accelerate's folder (model.safetensors, optimizer.bin, random_states_<rank>.pkl, ...: see
+        accelerate_folder.py) plus triax's manifest into output_dir, or with
+        automatic_checkpoint_naming into <project_dir>/checkpoints/checkpoint_<iteration> (keeping
+        at most total_limit), or else <project_dir>/checkpoints; returns that folder. Under FSDP
+        the state goes into a triax snapshot <folder>/step_<n>/, each process writing its shards."""
         root = self._checkpoint_root(output_dir, for_save=True)
         models = list(self._models)
-        weights = [model.state_dict() for model in self._models]
+        # As Accelerate, the models' own names: its list holds each model as given to prepare,
+        # without DDP's "module." or torch.compile's "_orig_mod.".
+        weights = [extract_model_from_parallel(model, keep_torch_compile=False).state_dict() for model in self._models]
+        before_hooks = list(weights)
         for hook in self._save_model_state_pre_hook.values():
             hook(models, weights, root)
         kept_weights = {id(weight) for weight in weights}
         saved = [index for index, model in enumerate(self._models)
                  if any(model is m for m in models) and id(weights[index]) in kept_weights]
-        steps = max((opt.num_steps for opt in self._optimizers), default=self._save_count)
-        self._save_count += 1
-        path = _save_state(self, root, steps, saved)
+        if self.is_fsdp2:
+            steps = max((opt.num_steps for opt in self._optimizers), default=self._save_count)
+            self._save_count += 1
+            path = _save_state(self, root, steps, saved)
+        else:
+            path = accelerate_folder.save_folder(self, root, [before_hooks[index] for index in saved],
+                                                 safe_serialization)
         self.project_configuration.iteration += 1
         return path
 
     def load_state(self, input_dir: str | None = None, **unused) -> str:
-        """Restore what save_state wrote (a step_* folder, or the latest one under a root; with
-        automatic_checkpoint_naming and no directory, the newest checkpoint_<n>).
-        Prepare the same objects first; the dataloaders' next pass continues the saved epoch."""
+        """Restore what save_state wrote: an Accelerate checkpoint folder (written by Accelerate
+        or triax), a triax snapshot step_* folder, or the latest snapshot under a root; with
+        automatic_checkpoint_naming and no directory, the newest checkpoint_<n>. Prepare the same
+        objects first; the dataloaders' next pass continues the saved epoch."""
         if input_dir is not None:
             input_dir = operations.broadcast_object_list([os.path.expanduser(str(input_dir))])[0]
         if input_dir is not None and not os.path.isdir(input_dir):
@@ -784,6 +795,8 @@ class Accelerator:
         for hook in self._load_model_state_pre_hook.values():
             hook(models, root)
         loaded = [index for index, model in enumerate(self._models) if any(model is m for m in models)]
+        if accelerate_folder.is_accelerate_folder(root):
+            return accelerate_folder.load_folder(self, root, [self._models[index] for index in loaded])
         return _load_state(self, root, loaded)
 
     # ---- tracking -------------------------------------------------------------------------------

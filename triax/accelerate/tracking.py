@@ -18,8 +18,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 import warnings
 
+import yaml
+
+from triax import safe_files
 from triax import trackers as core
 from triax.accelerate.dataclasses import LoggerType
 from triax.accelerate.errors import AcceleratorValueError
@@ -123,6 +127,16 @@ class TensorBoardTracker(_CoreTracker):
         self.core = core.TensorBoardTracker(os.path.join(self.logging_dir, self.run_name), **self.init_kwargs)
 
     @on_main_process
+    def store_init_configuration(self, values: dict):
+        # As Accelerate records a run's configuration: TensorBoard's HPARAMS tab (add_hparams,
+        # which writes a sub-run named by the time) and <logging_dir>/<run_name>/<time>/hparams.yml.
+        self.core.tracker.add_hparams(values, metric_dict={})
+        self.core.tracker.flush()
+        directory = os.path.join(self.logging_dir, self.run_name, str(time.time()))
+        safe_files.make_directory(directory)
+        safe_files.write_atomic(os.path.join(directory, "hparams.yml"), yaml.dump(values))
+
+    @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs):
         # A dict of numbers is one chart of several lines (SummaryWriter.add_scalars), as Accelerate's.
         self.core.log({key: value for key, value in values.items() if not isinstance(value, dict)}, step, **kwargs)
@@ -175,6 +189,22 @@ class MLflowTracker(_CoreTracker):
     @on_main_process
     def start(self):
         self.core = core.open_tracker("mlflow", None, self.experiment_name, options=self.init_kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict):
+        # As Accelerate: the keys as given (triax train's own tracker flattens nested ones), and a
+        # value longer than MLflow takes is left out with a warning (not cut).
+        import mlflow  # deferred: an optional extra, already imported by start()
+
+        limit = mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
+        too_long = [name for name, value in values.items() if len(str(value)) > limit]
+        if too_long:
+            warnings.warn(f"MLflow takes parameter values of at most {limit} characters: {', '.join(too_long)} "
+                          "left out of the run's parameters", stacklevel=2)
+        kept = [(name, value) for name, value in values.items() if name not in too_long]
+        batch = mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
+        for start in range(0, len(kept), batch):
+            mlflow.log_params(dict(kept[start:start + batch]))
 
 
 LOGGER_TYPE_TO_CLASS: dict[str, type] = {tracker.name: tracker for tracker in

@@ -24,7 +24,8 @@ NEUTRAL = {
     "compute_environment": ("LOCAL_MACHINE",), "debug": (False, True), "same_network": (False, True),
     "main_training_function": ("main",), "downcast_bf16": (False, "no"), "enable_cpu_affinity": (False,),
     "tpu_use_cluster": (False,), "tpu_use_sudo": (False,), "tpu_name": (None,), "tpu_zone": (None,),
-    "command_file": (None,), "commands": (None,), "tpu_vm": (None,), "tpu_env": (None,), "gpu_ids": (None, "all"),
+    "command_file": (None,), "commands": (None, []), "tpu_vm": (None, []),
+    "tpu_env": (None, []), "gpu_ids": (None, "all"),  # the questionnaire writes tpu_env: [] for every machine
     "deepspeed_config": ({},), "megatron_lm_config": ({},), "fp8_config": ({},), "parallelism_config": ({},),
     "mpirun_config": ({},), "dynamo_config": ({}, {"dynamo_backend": "NO"}),
 }

@@ -245,12 +245,21 @@ def export_main(argv: list[str]) -> int:
                                         "(--format hf) a directory transformers' AutoModelForCausalLM loads")
     parser.add_argument("run_dir")
     parser.add_argument("output", help="path of the .safetensors file to write (--format hf: a new directory)")
-    parser.add_argument("--format", choices=("safetensors", "hf"), default="safetensors")
+    parser.add_argument("--format", choices=("safetensors", "hf", "nanogpt"), default="safetensors",
+                        help="nanogpt: OUTPUT is a directory for nanoGPT's ckpt.pt (its sample.py's out_dir)")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing output file that triax did not write")
     args = parser.parse_args(argv)
     if args.format == "hf":
         return export_hf_main(args.run_dir, args.output)
+    if args.format == "nanogpt":
+        from triax.train.nanogpt_export import export_nanogpt
+
+        root = run_snapshot_root(args.run_dir)
+        check_not_in_run(args.output, args.run_dir, root, "OUTPUT")
+        with_fallback(args.run_dir, root, lambda *opened: export_nanogpt(args.run_dir, args.output, opened,
+                                                                          _true_shapes))
+        return 0
     from triax.checkpoint.export import export_safetensors
 
     # The output is checked before any snapshot is read (the run's snapshot root found once).

@@ -1,7 +1,8 @@
 """`model.init_from`: start training from existing weights instead of a random initialisation:
 a transformers directory of model_type gpt2, llama, qwen2 or mistral (what `save_pretrained`
-writes, or a snapshot directory in the Hugging Face cache; nothing is downloaded) or another triax
-run (its newest good snapshot).
+writes, or a snapshot directory in the Hugging Face cache; nothing is downloaded), another triax
+run (its newest good snapshot), or nanoGPT's ckpt.pt (or the out_dir holding it:
+triax/checkpoint/nanogpt.py).
 
 The checkpoint fixes the architecture (every model.* key but dropout) and the text codec: the
 directory's tokenizer.json, a run's tokenizer.json or character vocabulary, which then encodes
@@ -16,11 +17,13 @@ import os
 from dataclasses import dataclass, field
 
 from triax import checkpoint, safe_files
+from triax.checkpoint import nanogpt
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import ConfigError
 from triax.models import hf
 from triax.models.config import GPTConfig, architecture_fields
 from triax.models.decoder import vocabulary_rows
+from triax.models.hf_files import copy_into
 from triax.train.commands import open_run
 from triax.train.run_files import KEPT_SOURCE_DIR
 
@@ -28,10 +31,11 @@ from triax.train.run_files import KEPT_SOURCE_DIR
 @dataclass
 class InitSource:
     path: str
-    kind: str  # "transformers" | "run"
+    kind: str  # "transformers" | "run" | "nanogpt"
     architecture: dict  # GPTConfig fields the checkpoint fixes
     codec: object | None  # encodes text for the run: a BPETokenizer or a character Vocabulary
     snapshot: str | None = None
+    nanogpt: object | None = None  # the checked ckpt.pt (kind "nanogpt")
     context_reason: str = ""  # why the context is what it is, when not the checkpoint's max positions
     # {name: path} of the transformers files describing the checkpoint besides its weights (config,
     # generation config, tokenizer files), which the run keeps a copy of (keep_description)
@@ -39,6 +43,10 @@ class InitSource:
 
 
 def resolve(path: str) -> InitSource:
+    if nanogpt.is_nanogpt_checkpoint(path) and not os.path.isfile(os.path.join(path, "model.json")):
+        # Read whole now (a pickle cannot be read by slices), checked before any process group.
+        read = nanogpt.NanoGPTCheckpoint(nanogpt.checkpoint_file(path))
+        return InitSource(path, "nanogpt", read.architecture(), None, nanogpt=read)
     if not os.path.isdir(path):
         raise ConfigError(f"model.init_from={path!r} is not a directory; give a transformers directory "
                           "(save_pretrained output or a Hugging Face cache snapshot) or a triax run directory")
@@ -114,5 +122,9 @@ def load_weights(source: InitSource, model, model_config, stored_name) -> None:
         # By the real rows of the embedding and head: the run may have padded its vocabulary otherwise.
         checkpoint.load_snapshot(source.snapshot, model, None, restore_rng=False, stored_name=stored_name,
                                  real_rows=vocabulary_rows(model_config))
+        return
+    if source.kind == "nanogpt":
+        weights = nanogpt.NanoGPTWeights(source.nanogpt)
+        copy_into(model, weights, weights.source_of, model_config.vocab_size, stored_name)
         return
     hf.load_into(model, source.path, model_config, stored_name)

@@ -1,0 +1,55 @@
+"""`triax export RUN_DIR OUT --format nanogpt`: the run's weights as nanoGPT's ckpt.pt, which
+nanoGPT's sample.py (init_from='resume', out_dir=OUT) loads: `model` (nanoGPT's names, c_attn
+fused again), `model_args`, `iter_num` (the snapshot's step), `best_val_loss` and `config`.
+
+Only what nanoGPT's GPT computes can be written: the gpt2 architecture with the exact GELU, the
+head tied to the embedding, an MLP of 4 x n_embd and LayerNorm eps 1e-5 (a run started from a
+nanoGPT ckpt.pt has all of these); anything else is refused in one line naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+
+from triax import safe_files
+from triax.checkpoint import snapshot_step
+from triax.checkpoint.export import tensor_source
+from triax.checkpoint.nanogpt import to_nanogpt_state
+from triax.checkpoint.pickled import pickled_bytes
+from triax.errors import UsageError, printable
+
+# model.* key -> the value nanoGPT's GPT has (None: derived, below).
+REQUIRED = {"arch": "gpt2", "gelu": "exact", "tie_embeddings": True, "norm_eps": 1e-5, "intermediate_size": None}
+
+
+def check_expressible(config: dict) -> None:
+    wanted = dict(REQUIRED, intermediate_size=4 * config["n_embd"])
+    for key, value in wanted.items():
+        have = config.get(key)
+        if key == "intermediate_size" and have is None:
+            continue  # unset: 4 x n_embd
+        if have != value:
+            raise UsageError(f"--format nanogpt: the run's model.{key}={have!r} is not what nanoGPT's GPT computes "
+                             f"({value!r}); export it with --format safetensors or --format hf instead")
+
+
+def export_nanogpt(run_dir: str, output: str, opened, true_shapes) -> tuple[str, int]:
+    """Write OUTPUT/ckpt.pt from the run's newest good snapshot; (its path, values written)."""
+    reader, model_config, vocab = opened
+    true_config, shapes = true_shapes(model_config, vocab)
+    check_expressible(true_config)
+    tensors = tensor_source(reader, shapes)
+    state = to_nanogpt_state(tensors)
+    model_args = {key: true_config[key] for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")}
+    bias = true_config.get("bias")  # unset: the gpt2 architecture's, biases
+    model_args.update(bias=True if bias is None else bool(bias), dropout=float(true_config.get("dropout", 0.0)))
+    checkpoint = {"model": state, "model_args": model_args, "iter_num": snapshot_step(reader.snapshot),
+                  "best_val_loss": 1e9,  # nanoGPT's own starting value: no evaluation is carried over
+                  "config": {"exported_by": "triax", "run_dir": os.path.abspath(run_dir)}}
+    safe_files.make_directory(output)
+    path = os.path.join(output, "ckpt.pt")
+    safe_files.write_atomic(path, pickled_bytes(checkpoint))
+    values = sum(tensor.numel() for name, tensor in state.items() if name != "lm_head.weight")
+    print(printable(f"wrote nanoGPT's ckpt.pt ({values / 1e6:.2f}M values, iter_num {checkpoint['iter_num']}) "
+                    f"from {reader.snapshot} to {path}"))
+    return path, values
