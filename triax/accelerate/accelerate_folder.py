@@ -105,7 +105,7 @@ def _main_files(accelerator, weights: list[dict], safe_serialization: bool) -> d
     for index, loader in enumerate(accelerator._dataloaders):
         if getattr(loader, "use_stateful_dataloader", False):
             files[numbered("dl_state_dict.bin", index)] = pickled_bytes(loader.state_dict())
-    if accelerator.scaler.is_enabled():  # Accelerate has a scaler only for fp16
+    if accelerator.scaler is not None:  # Accelerate has a scaler only for fp16
         files["scaler.pt"] = pickled_bytes(accelerator.scaler.state_dict())
     for index, obj in enumerate(accelerator._custom_objects):
         files[f"custom_checkpoint_{index}.pkl"] = pickled_bytes(obj.state_dict())
@@ -284,7 +284,7 @@ def load_folder(accelerator, path: str, models: list) -> str:
                             and folder.exists(numbered("dl_state_dict.bin", i)) else None
                             for i, loader in enumerate(accelerator._dataloaders)],
             "scaler": folder.pickled("scaler.pt", "the loss scaler's state")
-            if accelerator.scaler.is_enabled() and folder.exists("scaler.pt") else None,
+            if accelerator.scaler is not None and folder.exists("scaler.pt") else None,
             "custom": [folder.pickled(f"custom_checkpoint_{i}.pkl", f"registered object {i}'s state")
                        for i in range(len(accelerator._custom_objects))],
             # As Accelerate: a process without its RNG file (a run resumed on more processes)
