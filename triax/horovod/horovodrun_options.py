@@ -16,9 +16,7 @@ import argparse
 import os
 import shlex
 
-import yaml
-
-from triax import safe_files
+from triax import safe_yaml
 from triax.errors import TriaxError
 from triax.horovod import basics
 from triax.timeouts import collective_timeout
@@ -237,14 +235,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def _apply_config_file(args) -> dict[str, str]:
     """Set every option the file gives and the command line does not; {dest: 'section.key'} of those set."""
     path = args.config_file
-    try:
-        text = safe_files.read_text(os.path.realpath(path), MAX_CONFIG_BYTES)
-        config = yaml.safe_load(text)
-    except OSError as error:
-        raise TriaxError(f"cannot read --config-file {path}: {error.strerror or error}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise TriaxError(f"--config-file {path} is not YAML: {str(error).splitlines()[0]}") from None
-    config = config or {}
+    config = safe_yaml.read(path, MAX_CONFIG_BYTES, source=f"--config-file {path}") or {}
     if not isinstance(config, dict):
         raise TriaxError(f"--config-file {path} holds a {type(config).__name__}, not Horovod's sections")
     given = {}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 
 import yaml
 
+from triax import safe_yaml
 from triax.errors import ConfigError, TriaxError
 from triax.launch.accelerate_config import from_accelerate, is_accelerate_config
 from triax.launch.settings import MIXED_PRECISION_CHOICES, PARALLEL_CHOICES
@@ -102,17 +103,12 @@ def read_config_file(path: str) -> tuple[LaunchConfig, dict[str, str]] | None:
     `accelerate config` wrote (triax.launch.accelerate_config); None if there is no file."""
     if not os.path.exists(path):
         return None
-    if not os.path.isfile(path):
+    if os.path.isdir(path):
         raise ConfigError(f"{path} is not a file (a directory?); give the path of a launch configuration file")
     try:
-        if os.path.getsize(path) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path} is too large to be a launch configuration ({os.path.getsize(path)} bytes)")
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"cannot read {path} ({getattr(error, 'strerror', None) or error})") from None
+        data = safe_yaml.read(path, MAX_CONFIG_BYTES) or {}
+    except safe_yaml.YamlFileError as error:
+        raise ConfigError(str(error)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} should hold key: value pairs, found a {type(data).__name__}")
     if is_accelerate_config(data):
@@ -126,7 +122,7 @@ def read_config_file(path: str) -> tuple[LaunchConfig, dict[str, str]] | None:
 
 
 HEADER = "# triax launch configuration (written by `triax config`)"
-MAX_CONFIG_BYTES = 2**20  # a launch configuration is a dozen lines
+MAX_CONFIG_BYTES = safe_yaml.MAX_CONFIG_BYTES  # a launch configuration is a dozen lines
 
 
 def written_by_triax(path: str) -> bool:

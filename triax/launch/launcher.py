@@ -19,7 +19,7 @@ import sys
 
 from triax.arguments import ArgumentParser
 from triax.errors import TriaxError, UsageError
-from triax.launch import settings
+from triax.launch import settings, variables
 from triax.launch.accelerate_config import FSDP_FLAGS, fsdp_flags_environment
 from triax.launch.config import (
     RDZV_BACKENDS,
@@ -231,6 +231,9 @@ def main(argv: list[str]) -> int:
     if args.bucket_cap_mb is not None and not (math.isfinite(args.bucket_cap_mb) and args.bucket_cap_mb > 0):
         raise UsageError(f"--bucket-cap-mb {args.bucket_cap_mb} is invalid; use a positive size in MB (DDP's default: 25)")
     config, file_environment = resolve_config(args)
+    # What the workers' Accelerators will read: the file's and the options' values (checked under
+    # their own names already) over the FSDP_*/ACCELERATE_* variables this shell passes on.
+    variables.check_environment({**os.environ, **file_environment})
     if not args.dry_run:  # a dry run only prints the command: its script may live on another machine
         check_target(args.script, args.module)
     if config.num_machines == 1 and config.main_process_ip not in ("127.0.0.1", "localhost", "::1"):
