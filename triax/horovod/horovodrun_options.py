@@ -133,7 +133,10 @@ def _switch(group, on: str, off: str, dest: str, hidden_on=False, hidden_off=Fal
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="triax horovodrun", description="horovodrun-compatible launcher (Horovod's options; "
+    # An explicit usage line: argparse's own one, wrapped, asserts on this parser's mutually
+    # exclusive groups of hidden options (an AssertionError instead of the help).
+    parser = _Parser(prog="triax horovodrun", usage="triax horovodrun [options] -np N command [args ...]",
+                     description="horovodrun-compatible launcher (Horovod's options; "
                      "those triax cannot honour are refused, see docs/horovod.md)")
     parser.add_argument("-v", "--version", action="version", version=f"triax {__version__}")
     parser.add_argument("-np", "--num-proc", dest="np", type=count(1), help="total number of processes "
