@@ -172,17 +172,9 @@ def loopback_store(config: LaunchConfig):
     returned objects alive while torchrun runs."""
     if config.num_machines != 1:
         return None
-    import datetime  # deferred: with torch below, only when workers are about to start
+    from triax.rendezvous import loopback_store as store_on_loopback  # deferred: it imports torch
 
-    import torch.distributed as dist  # deferred: `triax launch --dry-run` and argument errors stay fast
-
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", config.main_process_port))
-    listener.listen(socket.SOMAXCONN)
-    store = dist.TCPStore("127.0.0.1", config.main_process_port, None, True, datetime.timedelta(seconds=60),
-                          wait_for_workers=False, multi_tenant=True, master_listen_fd=listener.fileno())
-    return listener, store
+    return store_on_loopback(config.main_process_port, 60, multi_tenant=True)
 
 
 def child_environment(config: LaunchConfig) -> dict[str, str]:
