@@ -35,7 +35,10 @@ MAX_MIN_NUM_PARAMS = 10**15
 MAX_ACCUMULATION_STEPS = 10**6
 MAX_PATTERN_CHARACTERS = 1000
 _CLASS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
-_DEVICE = re.compile(r"^(cpu|cuda(:[0-9]{1,4})?)$")
+# torch.device's types (c10's DeviceType names), any of which Accelerate hands to torch.device.
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "xla", "meta", "hpu", "mtia", "ipu", "lazy", "vulkan", "maia",
+                "privateuseone", "hip", "ve", "fpga", "opengl", "opencl", "ideep", "mkldnn")
+_DEVICE = re.compile(rf"^({'|'.join(DEVICE_TYPES)})(:[0-9]{{1,5}})?$")
 
 
 def _truth(text: str) -> bool:
@@ -98,7 +101,7 @@ VARIABLES: dict[str, tuple[Callable[[str], bool], str]] = {
                                    f"use one of {', '.join(PRECISION_POLICIES)}"),
     "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": (_whole(1, MAX_ACCUMULATION_STEPS),
                                                f"use a whole number, 1 .. {MAX_ACCUMULATION_STEPS}"),
-    "ACCELERATE_TORCH_DEVICE": (lambda text: bool(_DEVICE.match(text)), "use cpu, cuda or cuda:N"),
+    "ACCELERATE_TORCH_DEVICE": (lambda text: bool(_DEVICE.match(text)), "use a torch device such as cpu, cuda or cuda:N"),
     "ACCELERATE_LOG_LEVEL": (lambda text: text.upper() in LOG_LEVELS, f"use one of {', '.join(LOG_LEVELS[2:])}"),
 }
 
