@@ -359,3 +359,11 @@ def test_output_files_are_emptied_at_the_start_and_appended_to_later(clean_envir
     output.files[(0, "stdout")].write(b"[0]<stdout>:second\n")
     output.close()
     assert stdout.read_text() == "[0]<stdout>:first\n[0]<stdout>:second\n"
+
+
+@pytest.mark.parametrize("option", ["--num-processes", "--num-machines"])
+def test_launch_process_counts_are_bounded(option, clean_environment, capsys):
+    refused(capsys, ["launch", option, "100000000", "--dry-run", "train.py"], "=100000000 is invalid", "1 .. 65536")
+    config = clean_environment / "config.yaml"
+    config.write_text(f"{option[2:].replace('-', '_')}: 100000000\n")
+    refused(capsys, ["launch", "--config_file", str(config), "--dry-run", "train.py"], "=100000000 is invalid")

@@ -21,6 +21,9 @@ from triax.launch.settings import MIXED_PRECISION_CHOICES, PARALLEL_CHOICES
 
 ENV_CONFIG_FILE = "TRIAX_CONFIG_FILE"
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+# More processes (or machines) than any job here starts: a larger number is a typo, and torchrun
+# would build one entry per process before failing.
+MAX_PROCESSES = 65536
 
 
 def _default_num_processes() -> int:
@@ -66,8 +69,8 @@ class LaunchConfig:
             expected = {"int": int, "str": str, "bool": bool}[field.type]
             if expected is int and isinstance(value, bool) or not isinstance(value, expected):
                 raise ConfigError(f"{source}: {field.name}={value!r} should be a {field.type}")
-        need(self.num_machines >= 1, "num_machines", "use 1 or more")
-        need(self.num_processes >= 1, "num_processes", "use 1 or more")
+        need(1 <= self.num_machines <= MAX_PROCESSES, "num_machines", f"use 1 .. {MAX_PROCESSES}")
+        need(1 <= self.num_processes <= MAX_PROCESSES, "num_processes", f"use 1 .. {MAX_PROCESSES}")
         need(0 <= self.machine_rank < self.num_machines, "machine_rank",
              f"use 0 .. {self.num_machines - 1} (num_machines={self.num_machines})")
         need(0 <= self.main_process_port < 65536, "main_process_port", "use 0 (pick a free one) .. 65535")
