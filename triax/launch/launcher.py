@@ -169,7 +169,7 @@ def loopback_store(config: LaunchConfig):
     job's keys), and a TCPStore's server listens on every interface whatever address it is given.
     A store created first in this process on a socket bound to 127.0.0.1 (`master_listen_fd`), as
     multi-tenant, is the server torchrun's own multi-tenant store for that port then uses: keep the
-    returned objects alive while torchrun runs."""
+    returned store alive while torchrun runs."""
     if config.num_machines != 1:
         return None
     from triax.rendezvous import loopback_store as store_on_loopback  # deferred: it imports torch
