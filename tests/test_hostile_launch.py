@@ -157,7 +157,7 @@ VARIABLE_CASES = {
 
 @pytest.mark.parametrize("variable", list(VARIABLE_CASES))
 def test_bad_variables_are_refused_by_the_launcher_and_at_the_accelerators_start(variable, clean_environment,
-                                                                                  capsys, monkeypatch):
+                                                                                  capsys, monkeypatch, fresh_state):
     import triax
     from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
     from triax.accelerate.state import PartialState
