@@ -367,3 +367,13 @@ def test_launch_process_counts_are_bounded(option, clean_environment, capsys):
     config = clean_environment / "config.yaml"
     config.write_text(f"{option[2:].replace('-', '_')}: 100000000\n")
     refused(capsys, ["launch", "--config_file", str(config), "--dry-run", "train.py"], "=100000000 is invalid")
+
+
+@pytest.mark.parametrize("value", ["nan", "1e15", "-5", "abc"])
+def test_hvd_init_checks_the_gloo_timeout_at_its_start(value, clean_environment, monkeypatch):
+    import triax.horovod as hvd
+
+    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", value)
+    with pytest.raises(ValueError, match=r"^HOROVOD_GLOO_TIMEOUT_SECONDS=.* must be a positive number of seconds"):
+        hvd.init()  # one process: no group is made, the variable is checked all the same
+    assert not hvd.is_initialized()
