@@ -106,7 +106,7 @@ def test_the_config_file_sets_options_and_the_command_line_wins(tmp_path, capsys
     ("controller: mpi\n", "controller='mpi' in --config-file {}: triax horovodrun runs gloo only"),
     ("params:\n  fusion_treshold_mb: 5\n", "params.fusion_treshold_mb is not one of Horovod's keys"),
     ("tuning:\n  x: 1\n", "'tuning' is not one of Horovod's sections"),
-    ("params: [1, 2\n", "is not YAML"),
+    ("params: [1, 2\n", "is not a YAML file"),
     ("library_options:\n  gloo_timeout_seconds: -1\n", "must be a positive number of seconds"),
 ])
 def test_a_config_file_triax_cannot_honour_is_one_line(tmp_path, capsys, text, message):

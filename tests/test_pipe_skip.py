@@ -235,6 +235,30 @@ def test_skippable_layers_work_without_a_pipe_and_keep_their_module():
     assert copy.copy(Namespace()) != Namespace()
 
 
+@pytest.mark.parametrize("stashed", [5, "text", [torch.ones(1)]])
+def test_a_non_tensor_crossing_partitions_is_one_type_error_and_within_one_it_is_handed_over(stashed):
+    """FairScale fails with "'int' object has no attribute 'device'" when a portal meets a
+    non-tensor; inside one partition (or without a Pipe) the value is handed over as it is."""
+    @skippable(stash=["skip"])
+    class StashValue(nn.Module):
+        def forward(self, input):
+            yield stash("skip", stashed)
+            return input
+
+    @skippable(pop=["skip"])
+    class PopValue(nn.Module):
+        def forward(self, input):
+            assert (yield pop("skip")) is stashed
+            return input * 2
+
+    layers = nn.Sequential(StashValue(), PopValue())
+    with pytest.raises(TypeError, match=r"stash\('skip', ...\) was given a .* value, not a tensor") as caught:
+        Pipe(layers, balance=[1, 1], devices=["cpu", "cpu"], chunks=2)(torch.ones(4, 2))
+    assert isinstance(caught.value, TriaxError) and "\n" not in str(caught.value)
+    assert_close(Pipe(layers, balance=[2], devices=["cpu"], chunks=2)(torch.ones(4, 2)), torch.full((4, 2), 2.0))
+    assert_close(layers(torch.ones(4, 2)), torch.full((4, 2), 2.0))
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a GPU")
 def test_a_skip_crossing_devices_lands_on_the_pop_partitions_device():
     plain = unet()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 
@@ -39,3 +40,27 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def loopback_store(port: int, timeout_s: float, multi_tenant: bool = False):
+    """A TCPStore server listening on 127.0.0.1 only, at `port` (0: a free one).
+
+    A TCPStore is unauthenticated, and its server listens on every interface whatever host it is
+    given; one made on a socket already bound to loopback (`master_listen_fd`) listens there only.
+    The store owns that socket from then on (it closes it when it goes)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(socket.SOMAXCONN)
+        port = listener.getsockname()[1]
+    except BaseException:
+        listener.close()
+        raise
+    descriptor = listener.detach()
+    try:
+        return dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False, multi_tenant=multi_tenant, master_listen_fd=descriptor)
+    except BaseException:
+        os.close(descriptor)
+        raise

@@ -137,6 +137,22 @@ def open_append(path: str):
     return os.fdopen(descriptor, "a", buffering=1, encoding="utf-8")
 
 
+def open_write(path: str, append: bool = False):
+    """A regular file to write bytes to, created if missing, emptied first unless `append`; never
+    through a link, never to a FIFO or a device (refused at once, not waited on)."""
+    descriptor = _open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0))
+    try:
+        if not append:  # emptied only once known to be this file alone (not a hard link to another)
+            if os.fstat(descriptor).st_nlink > 1:
+                raise UnsafeFileError(f"{path} has other hard links; triax does not empty a file shared with "
+                                      "another name (remove it)")
+            os.ftruncate(descriptor, 0)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return os.fdopen(descriptor, "ab" if append else "wb")
+
+
 def create_new(path: str, binary: bool = True):
     """Create a file that must not exist yet (never follows a planted link, never truncates)."""
     descriptor = _open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)

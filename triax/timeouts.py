@@ -24,6 +24,9 @@ SLOW_PHASE_FACTOR = 5
 # Unset, the process group waits as long as the watchdog's slowest phase (10 minutes), so in a
 # watched run the watchdog's report, which names the rank, always comes first.
 DEFAULT_PROCESS_GROUP_TIMEOUT_S = SLOW_PHASE_FACTOR * DEFAULT_COLLECTIVE_TIMEOUT_S
+# The longest wait any timeout may ask for: a week. Longer is a typo (1e15), and torch's clocks
+# count in nanoseconds or milliseconds, where it would overflow into an error naming nothing.
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 class TimeoutValueError(TriaxError, ValueError):
@@ -43,8 +46,9 @@ def collective_timeout(value: float | None = None, source: str = "trainer.collec
             value = float(text)
         except ValueError:
             raise TimeoutValueError(f"{source}={text!r} is not a number of seconds; use e.g. 120") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise TimeoutValueError(f"{source}={value!r} must be a positive number of seconds, e.g. 120")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_TIMEOUT_S:
+        raise TimeoutValueError(f"{source}={value!r} must be a positive number of seconds, at most "
+                                f"{MAX_TIMEOUT_S} (a week), e.g. 120")
     return float(value)
 
 

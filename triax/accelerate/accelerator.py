@@ -32,6 +32,7 @@ from triax.accelerate.errors import (
     AcceleratorValueError,
     UnsupportedFeatureError,
 )
+from triax.accelerate.flags import check_accelerate_environment
 from triax.accelerate.fsdp import FULL, shard_model, state_dict_type
 from triax.accelerate.models import extract_model_from_parallel, offloaded_state_dict
 from triax.accelerate.options import refuse_unsupported, resolve, unsupported
@@ -96,6 +97,7 @@ class Accelerator:
                  even_batches: bool | None = None, parallel: str | None = None,
                  logging_dir: str | None = None, seed: int | None = None, scheduler_steps: str = "per_process",
                  data_order: str = "loader"):
+        check_accelerate_environment()
         refuse_unsupported(mixed_precision, deepspeed_plugin, megatron_lm_plugin, parallelism_config,
                            dynamo_backend, dynamo_plugin, torch_tp_plugin, deepspeed_plugins)
         options = resolve(

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 
 from triax.accelerate.errors import AcceleratorValueError
-
-_TRUE = ("y", "yes", "t", "true", "on", "1")
-_FALSE = ("n", "no", "f", "false", "off", "0")
+from triax.launch.variables import FALSE_WORDS as _FALSE
+from triax.launch.variables import TRUE_WORDS as _TRUE
+from triax.launch.variables import check_environment
 
 
 def str_to_bool(value: str, to_bool: bool = False):
@@ -26,3 +26,10 @@ def str_to_bool(value: str, to_bool: bool = False):
 def parse_flag_from_env(key: str, default: bool = False) -> bool:
     """The environment variable `key` read as a yes/no flag (str_to_bool), `default` if unset."""
     return str_to_bool(os.environ.get(key, str(default))) == 1
+
+
+def check_accelerate_environment() -> None:
+    """Every FSDP_* / ACCELERATE_* variable this process has, checked as `triax launch` checks
+    them (triax.launch.variables): at an Accelerator's, a PartialState's or an FSDP plugin's start,
+    a bad one is one line naming it, as Accelerate's ValueError."""
+    check_environment(os.environ, AcceleratorValueError)

@@ -41,11 +41,10 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
 from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate.flags import check_accelerate_environment
+from triax.launch.variables import AUTO_WRAP_POLICIES, BACKWARD_PREFETCHES, SHARDING_STRATEGIES, check_value
 
 ENV_PREFIX = "FSDP_"
-SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
-AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-BACKWARD_PREFETCHES = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 # Accelerate's mixed-precision names -> dtypes (fp8 trains with bf16 weights there too).
 PRECISION_DTYPES = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -73,9 +72,9 @@ def _sharding_strategy(value):
     if isinstance(value, ShardingStrategy):
         return value
     text = str(value).upper()
-    if text in SHARDING_STRATEGIES:
-        return ShardingStrategy[text]
-    if text.isdigit():
+    if text in SHARDING_STRATEGIES:  # torch spells the last one _HYBRID_SHARD_ZERO2: go by number
+        return ShardingStrategy(SHARDING_STRATEGIES.index(text) + 1)
+    if text.isdigit() and len(text) < 3 and 1 <= int(text) <= len(SHARDING_STRATEGIES):
         return ShardingStrategy(int(text))
     raise AcceleratorValueError(f"sharding strategy {value!r} is not one of {', '.join(SHARDING_STRATEGIES)}")
 
@@ -129,6 +128,7 @@ class FullyShardedDataParallelPlugin:
 
     def __post_init__(self):
         obsolete = []  # Accelerate's deprecation notes, given in one log record
+        check_accelerate_environment()
         if self.fsdp_version is None:
             self.fsdp_version = int(_env("VERSION", "1"))
         if self.fsdp_version not in (1, 2):
@@ -165,6 +165,8 @@ class FullyShardedDataParallelPlugin:
             raise AcceleratorValueError("`activation_checkpointing_offload=True` requires `fsdp_version=2`.")
         if self.ignored_modules is None:
             self.ignored_modules = _env("IGNORED_MODULES")
+        elif isinstance(self.ignored_modules, str):  # compiled at prepare: a bad pattern fails now
+            check_value("FSDP_IGNORED_MODULES", self.ignored_modules, "ignored_modules", AcceleratorValueError)
         if self.cpu_ram_efficient_loading is None:
             self.cpu_ram_efficient_loading = _env_bool("CPU_RAM_EFFICIENT_LOADING")
         else:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from triax.accelerate.dataclasses import DistributedType, DynamoBackend
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
-from triax.accelerate.flags import parse_flag_from_env
+from triax.accelerate.flags import check_accelerate_environment, parse_flag_from_env
 from triax.accelerate.surface import serve_absent
 from triax.agreement import raise_together
 from triax.collectives import barrier
@@ -63,6 +63,7 @@ class PartialState:
         self.__dict__ = self._shared_state
         if self._shared_state.get("_initialized"):
             return  # the job's state exists already: this instance shares it
+        check_accelerate_environment()
         place = detect_place()
         # ACCELERATE_TORCH_DEVICE names the device outright (as in Accelerate), e.g. "cuda:3".
         self.device = pick_device(os.environ.get("ACCELERATE_TORCH_DEVICE") or ("cpu" if cpu else None),

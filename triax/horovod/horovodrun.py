@@ -25,7 +25,7 @@ from triax.horovod import horovodrun_options, processes
 from triax.horovod.elastic import discovery
 from triax.horovod.elastic.driver import ElasticSettings, run_elastic
 from triax.horovod.elastic.protocol import DEFAULT_ELASTIC_TIMEOUT_S, TIMEOUT_ENV
-from triax.horovod.horovodrun_options import start_timeout
+from triax.horovod.horovodrun_options import check_timeout_environment, start_timeout, whole_seconds
 from triax.horovod.hosts import LOCAL_NAMES, address_of, parse_hosts, place_processes
 from triax.horovod.output import JobOutput, StartWatch
 from triax.horovod.slots import assign
@@ -155,10 +155,7 @@ def elastic_settings(args, command: list[str], extra_env: dict[str, str] | None 
     timeout = args.elastic_timeout
     if timeout is None:
         text = os.environ.get(TIMEOUT_ENV, "").strip()
-        try:
-            timeout = int(text) if text else DEFAULT_ELASTIC_TIMEOUT_S
-        except ValueError:
-            raise TriaxError(f"${TIMEOUT_ENV}={text!r} is not a whole number of seconds") from None
+        timeout = whole_seconds(text, TIMEOUT_ENV) if text else DEFAULT_ELASTIC_TIMEOUT_S
     return ElasticSettings(command=command, np=np, min_np=min_np, max_np=args.max_np, discovery=find_hosts,
                            reset_limit=args.reset_limit, cooldown_range=cooldown, elastic_timeout=timeout,
                            ssh=args, verbose=args.verbose, extra_env=dict(extra_env or {}),
@@ -183,8 +180,8 @@ def main(argv: list[str] | None = None, extra_env: dict[str, str] | None = None)
                 raise TriaxError(f"{flag} applies to elastic jobs only; add --min-np N or --host-discovery-script")
     option_env = horovodrun_options.worker_environment(args)
     extra_env = dict(extra_env or {})
+    check_timeout_environment(args)  # a bad $HOROVOD_*_TIMEOUT stops the job before it starts
     if not elastic:
-        start_timeout(args)  # a bad $HOROVOD_START_TIMEOUT stops the job before it starts
         return _launch_fixed(args, command, extra_env, option_env)
     settings = elastic_settings(args, command, {**option_env, **extra_env})
     settings.discovery.check()  # the script runs once now: a broken one stops the job before it starts

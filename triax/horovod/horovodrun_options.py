@@ -16,16 +16,16 @@ import argparse
 import os
 import shlex
 
-import yaml
-
-from triax import safe_files
+from triax import safe_yaml
 from triax.errors import TriaxError
 from triax.horovod import basics
-from triax.timeouts import collective_timeout
+from triax.timeouts import MAX_TIMEOUT_S, collective_timeout
 from triax.version import __version__
 
 DEFAULT_START_TIMEOUT_S = 30  # Horovod's default for --start-timeout
 START_TIMEOUT_ENV = "HOROVOD_START_TIMEOUT"
+ELASTIC_TIMEOUT_ENV = "HOROVOD_ELASTIC_TIMEOUT"  # the elastic driver's protocol.TIMEOUT_ENV
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"]  # Horovod's
 # Horovod's levels for its C++ backend, as torch's C++ backend (c10d) takes them
 TORCH_CPP_LEVELS = {"TRACE": "INFO", "DEBUG": "INFO", "INFO": "INFO", "WARNING": "WARNING", "ERROR": "ERROR",
@@ -98,7 +98,7 @@ def _port(value: str) -> int:
     return port
 
 
-def count(minimum: int):
+def count(minimum: int, maximum: int | None = None):
     def parse(value: str) -> int:
         try:
             number = int(value)
@@ -106,8 +106,34 @@ def count(minimum: int):
             raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
         if number < minimum:
             raise argparse.ArgumentTypeError(f"{number} must be at least {minimum}")
+        if maximum is not None and number > maximum:
+            raise argparse.ArgumentTypeError(f"{number} must be at most {maximum}")
         return number
     return parse
+
+
+def whole_seconds(text: str, variable: str) -> int:
+    """A HOROVOD_*_TIMEOUT variable's whole seconds (as Horovod reads it, int()), 1 .. MAX_TIMEOUT_S."""
+    stripped = text.strip()
+    if not (stripped.isdigit() and len(stripped) <= len(str(MAX_TIMEOUT_S)) and 1 <= int(stripped) <= MAX_TIMEOUT_S):
+        raise TriaxError(f"${variable}={text!r} is not a whole number of seconds from 1 to {MAX_TIMEOUT_S} (a week)")
+    return int(stripped)
+
+
+def check_timeout_environment(args) -> None:
+    """Horovod's timeout variables the job would read, checked before anything starts (each is one
+    line naming it, instead of a traceback per rank later). The options win over them."""
+    if args.start_timeout is None:
+        start_timeout(args)
+    if args.elastic_timeout is None and os.environ.get(ELASTIC_TIMEOUT_ENV, "").strip():
+        whole_seconds(os.environ[ELASTIC_TIMEOUT_ENV], ELASTIC_TIMEOUT_ENV)
+    text = os.environ.get(GLOO_TIMEOUT_ENV, "").strip()
+    if args.gloo_timeout_seconds is None and text:
+        try:
+            value = float(text)
+        except ValueError:
+            value = text
+        collective_timeout(value, source=f"${GLOO_TIMEOUT_ENV}")  # as hvd.init reads it (lifecycle.gloo_timeout)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -135,7 +161,10 @@ def _switch(group, on: str, off: str, dest: str, hidden_on=False, hidden_off=Fal
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="triax horovodrun", description="horovodrun-compatible launcher (Horovod's options; "
+    # An explicit usage line: argparse's own one, wrapped, asserts on this parser's mutually
+    # exclusive groups of hidden options (an AssertionError instead of the help).
+    parser = _Parser(prog="triax horovodrun", usage="triax horovodrun [options] -np N command [args ...]",
+                     description="horovodrun-compatible launcher (Horovod's options; "
                      "those triax cannot honour are refused, see docs/horovod.md)")
     parser.add_argument("-v", "--version", action="version", version=f"triax {__version__}")
     parser.add_argument("-np", "--num-proc", dest="np", type=count(1), help="total number of processes "
@@ -144,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
                         help="show which frameworks, controllers and tensor operations are there")
     parser.add_argument("--disable-cache", action="store_true", help="accepted: triax caches no start-up "
                         "checks, so every run checks everything")
-    parser.add_argument("--start-timeout", type=count(1), help=f"seconds for every worker to start (default "
+    parser.add_argument("--start-timeout", type=count(1, MAX_TIMEOUT_S), help=f"seconds for every worker to start (default "
                         f"${START_TIMEOUT_ENV} or {DEFAULT_START_TIMEOUT_S})")
     parser.add_argument("--network-interfaces", "--network-interface", dest="nics", action=_Interfaces,
                         help="interface(s) the workers communicate over, comma-separated or repeated, e.g. eth0")
@@ -202,7 +231,7 @@ def parser() -> argparse.ArgumentParser:
                          "(makes the job elastic)")
     elastic.add_argument("--blacklist-cooldown-range", dest="cooldown_range", nargs=2, type=count(0),
                          metavar=("MIN_S", "MAX_S"), help="seconds a failing host stays blacklisted (default: forever)")
-    elastic.add_argument("--elastic-timeout", type=count(1),
+    elastic.add_argument("--elastic-timeout", type=count(1, MAX_TIMEOUT_S),
                          help="seconds to wait for enough slots (default $HOROVOD_ELASTIC_TIMEOUT or 600)")
     elastic.add_argument("--reset-limit", type=count(0), help="elastic: resets allowed (default: no limit); "
                          "fixed: restarts allowed (torchrun --max-restarts, default 0)")
@@ -237,14 +266,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def _apply_config_file(args) -> dict[str, str]:
     """Set every option the file gives and the command line does not; {dest: 'section.key'} of those set."""
     path = args.config_file
-    try:
-        text = safe_files.read_text(os.path.realpath(path), MAX_CONFIG_BYTES)
-        config = yaml.safe_load(text)
-    except OSError as error:
-        raise TriaxError(f"cannot read --config-file {path}: {error.strerror or error}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise TriaxError(f"--config-file {path} is not YAML: {str(error).splitlines()[0]}") from None
-    config = config or {}
+    config = safe_yaml.read(path, MAX_CONFIG_BYTES, source=f"--config-file {path}") or {}
     if not isinstance(config, dict):
         raise TriaxError(f"--config-file {path} holds a {type(config).__name__}, not Horovod's sections")
     given = {}
@@ -303,15 +325,7 @@ def start_timeout(args) -> int:
     if args.start_timeout is not None:
         return args.start_timeout
     text = os.environ.get(START_TIMEOUT_ENV, "").strip()
-    if not text:
-        return DEFAULT_START_TIMEOUT_S
-    try:
-        seconds = int(text)
-    except ValueError:
-        seconds = 0
-    if seconds < 1:
-        raise TriaxError(f"${START_TIMEOUT_ENV}={text!r} is not a whole number of seconds (1 or more)")
-    return seconds
+    return whole_seconds(text, START_TIMEOUT_ENV) if text else DEFAULT_START_TIMEOUT_S
 
 
 def worker_environment(args) -> dict[str, str]:
@@ -319,7 +333,7 @@ def worker_environment(args) -> dict[str, str]:
     env = {}
     if args.gloo_timeout_seconds is not None:
         seconds = collective_timeout(args.gloo_timeout_seconds, "--gloo-timeout-seconds")
-        env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = f"{seconds:g}"
+        env[GLOO_TIMEOUT_ENV] = f"{seconds:g}"
     if args.nics:
         env["GLOO_SOCKET_IFNAME"] = ",".join(args.nics)
         env["HOROVOD_GLOO_IFACE"] = args.nics[0]

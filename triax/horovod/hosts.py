@@ -18,6 +18,10 @@ LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
 # A host: a name or address (optionally user@), or a bracketed IPv6 address; never an option.
 _HOST = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.-]*@)?(?:[A-Za-z0-9_][A-Za-z0-9_.%-]*|\[[0-9A-Fa-f:.%]+\])$")
 MAX_HOSTFILE_BYTES = 1 << 20  # one 'host slots=N' line per host: far more hosts than any job
+# Processes of one job, on one host or on all of them together. Horovod's largest jobs are a few
+# thousand GPUs; a bigger number is a typo or a runaway discovery script, and would be met by
+# one object per slot (the placement) before anything else could refuse it.
+MAX_PROCESSES = 65536
 
 
 def entry(host: str, slots: str, where: str, minimum: int = 1) -> tuple[str, int]:
@@ -31,7 +35,18 @@ def entry(host: str, slots: str, where: str, minimum: int = 1) -> tuple[str, int
         raise TriaxError(f"{where}: slots={slots!r} is not a whole number; e.g. {host}:4") from None
     if count < minimum:
         raise TriaxError(f"{where}: slots={count} must be at least {minimum}")
+    if count > MAX_PROCESSES:
+        raise TriaxError(f"{where}: slots={count} is more than the {MAX_PROCESSES} processes triax horovodrun "
+                         "starts in one job")
     return host, count
+
+
+def check_total(entries, where: str) -> None:
+    """The slots of all `entries` together stay within MAX_PROCESSES."""
+    total = sum(slots for _, slots in entries)
+    if total > MAX_PROCESSES:
+        raise TriaxError(f"{where} offer {total} slots in all, more than the {MAX_PROCESSES} processes triax "
+                         "horovodrun starts in one job; list fewer hosts or slots")
 
 
 def split_host_slots(item: str, default_slots: str = "1") -> tuple[str, str]:
@@ -72,7 +87,10 @@ def parse_hosts(hosts: str | None, hostfile: str | None, np: int | None) -> list
         for item in hosts.split(","):
             entries.append(entry(*split_host_slots(item), f"-H entry {item!r}"))
     else:
+        if (np or 1) > MAX_PROCESSES:
+            raise TriaxError(f"-np {np} is more than the {MAX_PROCESSES} processes triax horovodrun starts in one job")
         entries = [("localhost", np or 1)]
+    check_total(entries, f"the hostfile {hostfile}" if hostfile else "the hosts of -H")
     return entries
 
 

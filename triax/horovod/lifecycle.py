@@ -53,6 +53,7 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
         raise HorovodValueError(f"hvd.init(comm={comm!r}): sub-communicators are not supported; call hvd.init()")
     if basics.is_initialized():
         return  # Horovod allows repeated init(); the second call changes nothing
+    timeout_s = gloo_timeout()  # a bad HOROVOD_GLOO_TIMEOUT_SECONDS is one line now, whatever the world size
     place, slot = detect_place(), None
     if elastic_worker.under_driver():
         # triax horovodrun's elastic driver says where this worker is (after a reset: blocks
@@ -67,7 +68,7 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
         store = None
         if owns_group and place.world_size > 1:
             store = elastic_worker.group_store() if slot is not None else _next_store(place)
-        place = init_distributed(device, place, backend=_backend_for(device), store=store, timeout_s=gloo_timeout())
+        place = init_distributed(device, place, backend=_backend_for(device), store=store, timeout_s=timeout_s)
     rank, size = place.rank, place.world_size
     local_rank, local_size = place.local_rank, place.local_world_size
     cross_rank, cross_size, homogeneous = 0, 1, True

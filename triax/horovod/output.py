@@ -5,7 +5,8 @@ The launcher reads the processes it started (one torchrun or ssh per host; one p
 elastic worker) and writes every line on to its own stdout or stderr. With --output-filename DIR
 it also writes each worker's lines, prefix and all, to DIR/rank.<N>/stdout and DIR/rank.<N>/stderr
 (N padded with zeros to the digits of np - 1, so the names sort in rank order), as Horovod's gloo
-launcher does. The `[N]<started>` line each worker sends first is consumed here: it is how the
+launcher does, by triax's safe-file rules (triax/safe_files.py): a planted link (rank.N itself or a
+file in it) is refused, never written through, and a FIFO there is refused at once. The `[N]<started>` line each worker sends first is consumed here: it is how the
 launcher knows a worker started (--start-timeout).
 """
 
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 
+from triax import safe_files
 from triax.errors import TriaxError
 from triax.horovod.horovodrun_options import DEFAULT_START_TIMEOUT_S, START_TIMEOUT_ENV
 from triax.horovod_worker import LINE_PREFIX, STARTED, chunks, lines
@@ -32,8 +34,11 @@ class JobOutput:
         self.readers: list[threading.Thread] = []
         self.lock = threading.Lock()
         if directory:
+            # DIR is the user's own argument (a link they name is followed); what triax makes in
+            # it is not: rank.N and its files are never links, and only regular files.
+            self.directory = os.path.realpath(directory)
             try:
-                os.makedirs(directory, exist_ok=True)
+                safe_files.make_directory(self.directory)
             except OSError as error:
                 raise TriaxError(f"--output-filename {directory}: cannot make the directory: "
                                  f"{error.strerror or error}") from None
@@ -44,13 +49,19 @@ class JobOutput:
         if not self.directory:
             return
         folder = os.path.join(self.directory, f"rank.{rank:0{self.width}d}")
-        os.makedirs(folder, exist_ok=True)
+        try:
+            safe_files.make_directory(folder)
+            opened = {stream: safe_files.open_write(os.path.join(folder, stream), append)
+                      for stream in ("stdout", "stderr")}
+        except OSError as error:  # UnsafeFileError says what the path is; others, what failed
+            raise TriaxError(f"--output-filename: {error if isinstance(error, TriaxError) else error.strerror}"
+                             + ("" if isinstance(error, TriaxError) else f" ({folder})")) from None
         with self.lock:
             for stream in ("stdout", "stderr"):
                 old = self.files.pop((rank, stream), None)
                 if old is not None:
                     old.close()
-                self.files[(rank, stream)] = open(os.path.join(folder, stream), "ab" if append else "wb")
+                self.files[(rank, stream)] = opened[stream]
 
     def follow(self, process) -> None:
         """Read `process`'s stdout and stderr (both pipes) until they close."""

@@ -6,9 +6,14 @@ driver) and returns the per-rank return values in rank order (elastic: the first
 
 The function travels to the workers, and their results back, as pickles, as in Horovod: through a
 TCPStore this process serves for the job. Pickles run code when loaded, so each one is signed
-with a key made for this job (HMAC-SHA256) that reaches the workers in their environment (over
-ssh, on stdin), and nothing is loaded before its signature checks: a process that can reach the
-store but does not hold the key cannot make either side run its code. A function defined in the
+(HMAC-SHA256) with a key made for this job, which reaches the workers in their environment (over
+ssh, on stdin). The signature covers the job's id, what the value is (the function, or a result)
+and for which rank, with the pickle: nothing is loaded before its signature checks, so a process
+that can reach the store but lacks the key cannot make either side run its code, and a signed
+value copied under another key (rank 0's result filed as rank 1's, an earlier job's function) is
+refused. When every host is this machine the store listens on loopback only, so nothing outside
+it can even read the function's arguments or the results; a job on other hosts (or whose hosts a
+discovery script names) needs the store on the network. A function defined in the
 calling script (`__main__`) can only be sent by value, which needs cloudpickle (Horovod's own
 dependency for this); without it, plain pickle sends functions by their importable name.
 """
@@ -30,6 +35,7 @@ from triax.errors import TriaxError
 from triax.horovod import horovodrun
 from triax.horovod.errors import HorovodRunError, HorovodValueError
 from triax.horovod.hosts import address_toward, is_local, parse_hosts
+from triax.rendezvous import loopback_store
 
 try:
     import cloudpickle as _pickler  # sends functions and lambdas by value, as Horovod does
@@ -38,25 +44,46 @@ except ImportError:  # plain pickle: importable functions only (checked in run()
 
 STORE_ENV = "TRIAX_HOROVOD_RUN_STORE"
 KEY_ENV = "TRIAX_HOROVOD_RUN_KEY"
+JOB_ENV = "TRIAX_HOROVOD_RUN_JOB"
 FUNCTION_KEY = "run/function"
 STORE_TIMEOUT_S = 300
+# What a signed value is: the function (one for every rank) or one rank's result.
+FUNCTION, RESULT = "function", "result"
+EVERY_RANK = -1
+MAC_BYTES = 32
 
 
 def result_key(rank: int) -> str:
     return f"run/result/{rank}"
 
 
-def dumps(value, key: bytes) -> bytes:
+def _mac(key: bytes, job: str, kind: str, rank: int, payload: bytes) -> bytes:
+    # Job id (hex), kind (a word) and rank (a number) hold no newline: the header is unambiguous.
+    return hmac.new(key, f"{job}\n{kind}\n{rank}\n".encode() + payload, hashlib.sha256).digest()
+
+
+def dumps(value, key: bytes, job: str, kind: str, rank: int = EVERY_RANK) -> bytes:
     payload = (_pickler or pickle).dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    return hmac.new(key, payload, hashlib.sha256).digest() + payload
+    return _mac(key, job, kind, rank, payload) + payload
 
 
-def loads(signed: bytes, key: bytes):
-    """The value, if its signature is this job's; else an error, and nothing was unpickled."""
-    mac, payload = signed[:32], signed[32:]
-    if not hmac.compare_digest(mac, hmac.new(key, payload, hashlib.sha256).digest()):
-        raise HorovodRunError("hvd.run: a value in the job's store is not signed with the job's key; refusing it")
+def loads(signed: bytes, key: bytes, job: str, kind: str, rank: int = EVERY_RANK):
+    """The value, if it was signed with this job's key as this `kind` for this `rank`; else an
+    error, and nothing was unpickled."""
+    mac, payload = signed[:MAC_BYTES], signed[MAC_BYTES:]
+    if not hmac.compare_digest(mac, _mac(key, job, kind, rank, payload)):
+        whose = "every rank" if rank == EVERY_RANK else f"rank {rank}"
+        raise HorovodRunError(f"hvd.run: the {kind} for {whose} in the job's store is not signed with this job's "
+                              "key for it (forged, or copied from another rank or job); refusing it unread")
     return pickle.loads(payload)  # cloudpickle's output is plain pickle data
+
+
+def job_store(local_only: bool):
+    """The TCPStore server of one hvd.run: on loopback when every host is this one."""
+    if local_only:
+        return loopback_store(0, STORE_TIMEOUT_S)
+    return dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
 
 
 def _check_sendable(func) -> None:
@@ -122,16 +149,18 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         remote = [host for host, _ in parse_hosts(hosts, hostfile, num_proc) if not is_local(host)]
     except TriaxError as error:
         raise HorovodValueError(str(error)) from None
-    key = secrets.token_bytes(32)
-    store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
-    store.set(FUNCTION_KEY, dumps(functools.partial(func, *args, **kwargs), key))
+    key, job = secrets.token_bytes(32), secrets.token_hex(8)
     elastic = host_discovery_script is not None or min_num_proc is not None
-    # Elastic workers find this machine at the driver's address (the driver runs here too; it
-    # works out the address each host reaches it at); fixed ones at ours toward the first remote host.
-    address = "" if elastic else address_toward(remote[0]) if remote else "127.0.0.1"
+    local_only = not remote and host_discovery_script is None  # a script may name any host, later
+    store = job_store(local_only)
+    store.set(FUNCTION_KEY, dumps(functools.partial(func, *args, **kwargs), key, job, FUNCTION))
+    # Workers on this machine only find the store on loopback. Elastic workers elsewhere find this
+    # machine at the driver's address (the driver runs here too; it works out the address each host
+    # reaches it at); fixed ones at ours toward the first remote host.
+    address = "127.0.0.1" if local_only else "" if elastic else address_toward(remote[0])
     try:
-        code = horovodrun.main(argv, extra_env={STORE_ENV: f"{address}:{store.port}", KEY_ENV: key.hex()})
+        code = horovodrun.main(argv, extra_env={STORE_ENV: f"{address}:{store.port}", KEY_ENV: key.hex(),
+                                                JOB_ENV: job})
     except TriaxError as error:
         raise HorovodValueError(str(error)) from None
     if code != 0:
@@ -142,5 +171,5 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     for rank in range(count):
         if not store.check([result_key(rank)]):
             raise HorovodRunError(f"hvd.run: rank {rank} finished without handing back a result")
-        results.append(loads(store.get(result_key(rank)), key))
+        results.append(loads(store.get(result_key(rank)), key, job, RESULT, rank))
     return results

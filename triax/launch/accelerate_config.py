@@ -8,7 +8,8 @@ Accelerate's reads it. Every other key is either honoured or refused in one line
 
 from __future__ import annotations
 
-from triax.errors import ConfigError
+from triax.errors import ConfigError, UsageError
+from triax.launch.variables import check_value
 
 # distributed_type -> triax's parallel layout (Accelerate's MULTI_<device> types are data parallel).
 LAYOUTS = {"NO": "none", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "FSDP": "fsdp"}
@@ -74,6 +75,8 @@ def fsdp_environment(fsdp_config: dict, path: str) -> dict[str, str]:
     for key, (variable, default) in FSDP_ENVIRONMENT.items():
         value = given.get(key, default)
         if value is not None:
+            if key in given:  # a value Accelerate could not take fails here, naming the file's key
+                check_value(variable, value, f"{path}: fsdp_config.{key}", ConfigError)
             env[variable] = str(value).lower() if key in LOWERED else str(value)
     if env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true" and env["FSDP_SYNC_MODULE_STATES"] != "true":
         raise ConfigError(f"{path}: fsdp_cpu_ram_efficient_loading: true needs fsdp_sync_module_states: true "
@@ -88,6 +91,8 @@ FSDP_FLAGS = tuple(key for key in FSDP_ENVIRONMENT if key != "fsdp_ignored_modul
 def fsdp_flags_environment(flags: dict, file_environment: dict[str, str]) -> dict[str, str]:
     """The environment of `--use_fsdp --fsdp_*` flags over a config file's: as in accelerate
     launch, a flag wins over the file's key, and a key neither gives takes launch's default."""
+    for key, value in flags.items():
+        check_value(FSDP_ENVIRONMENT[key][0], value, f"--{key}", UsageError)
     keys = {variable: key for key, (variable, _) in FSDP_ENVIRONMENT.items()}
     from_file = {keys[name]: value for name, value in file_environment.items() if name in keys}
     return {**file_environment, **fsdp_environment({**from_file, **flags}, "triax launch --use_fsdp")}

@@ -14,12 +14,16 @@ from dataclasses import dataclass, fields
 
 import yaml
 
+from triax import safe_yaml
 from triax.errors import ConfigError, TriaxError
 from triax.launch.accelerate_config import from_accelerate, is_accelerate_config
 from triax.launch.settings import MIXED_PRECISION_CHOICES, PARALLEL_CHOICES
 
 ENV_CONFIG_FILE = "TRIAX_CONFIG_FILE"
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+# More processes (or machines) than any job here starts: a larger number is a typo, and torchrun
+# would build one entry per process before failing.
+MAX_PROCESSES = 65536
 
 
 def _default_num_processes() -> int:
@@ -65,8 +69,8 @@ class LaunchConfig:
             expected = {"int": int, "str": str, "bool": bool}[field.type]
             if expected is int and isinstance(value, bool) or not isinstance(value, expected):
                 raise ConfigError(f"{source}: {field.name}={value!r} should be a {field.type}")
-        need(self.num_machines >= 1, "num_machines", "use 1 or more")
-        need(self.num_processes >= 1, "num_processes", "use 1 or more")
+        need(1 <= self.num_machines <= MAX_PROCESSES, "num_machines", f"use 1 .. {MAX_PROCESSES}")
+        need(1 <= self.num_processes <= MAX_PROCESSES, "num_processes", f"use 1 .. {MAX_PROCESSES}")
         need(0 <= self.machine_rank < self.num_machines, "machine_rank",
              f"use 0 .. {self.num_machines - 1} (num_machines={self.num_machines})")
         need(0 <= self.main_process_port < 65536, "main_process_port", "use 0 (pick a free one) .. 65535")
@@ -102,17 +106,12 @@ def read_config_file(path: str) -> tuple[LaunchConfig, dict[str, str]] | None:
     `accelerate config` wrote (triax.launch.accelerate_config); None if there is no file."""
     if not os.path.exists(path):
         return None
-    if not os.path.isfile(path):
+    if os.path.isdir(path):
         raise ConfigError(f"{path} is not a file (a directory?); give the path of a launch configuration file")
     try:
-        if os.path.getsize(path) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path} is too large to be a launch configuration ({os.path.getsize(path)} bytes)")
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"cannot read {path} ({getattr(error, 'strerror', None) or error})") from None
+        data = safe_yaml.read(path, MAX_CONFIG_BYTES) or {}
+    except safe_yaml.YamlFileError as error:
+        raise ConfigError(str(error)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} should hold key: value pairs, found a {type(data).__name__}")
     if is_accelerate_config(data):
@@ -126,7 +125,7 @@ def read_config_file(path: str) -> tuple[LaunchConfig, dict[str, str]] | None:
 
 
 HEADER = "# triax launch configuration (written by `triax config`)"
-MAX_CONFIG_BYTES = 2**20  # a launch configuration is a dozen lines
+MAX_CONFIG_BYTES = safe_yaml.MAX_CONFIG_BYTES  # a launch configuration is a dozen lines
 
 
 def written_by_triax(path: str) -> bool:

@@ -19,7 +19,7 @@ import sys
 
 from triax.arguments import ArgumentParser
 from triax.errors import TriaxError, UsageError
-from triax.launch import settings
+from triax.launch import settings, variables
 from triax.launch.accelerate_config import FSDP_FLAGS, fsdp_flags_environment
 from triax.launch.config import (
     RDZV_BACKENDS,
@@ -169,20 +169,12 @@ def loopback_store(config: LaunchConfig):
     job's keys), and a TCPStore's server listens on every interface whatever address it is given.
     A store created first in this process on a socket bound to 127.0.0.1 (`master_listen_fd`), as
     multi-tenant, is the server torchrun's own multi-tenant store for that port then uses: keep the
-    returned objects alive while torchrun runs."""
+    returned store alive while torchrun runs."""
     if config.num_machines != 1:
         return None
-    import datetime  # deferred: with torch below, only when workers are about to start
+    from triax.rendezvous import loopback_store as store_on_loopback  # deferred: it imports torch
 
-    import torch.distributed as dist  # deferred: `triax launch --dry-run` and argument errors stay fast
-
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", config.main_process_port))
-    listener.listen(socket.SOMAXCONN)
-    store = dist.TCPStore("127.0.0.1", config.main_process_port, None, True, datetime.timedelta(seconds=60),
-                          wait_for_workers=False, multi_tenant=True, master_listen_fd=listener.fileno())
-    return listener, store
+    return store_on_loopback(config.main_process_port, 60, multi_tenant=True)
 
 
 def child_environment(config: LaunchConfig) -> dict[str, str]:
@@ -231,6 +223,9 @@ def main(argv: list[str]) -> int:
     if args.bucket_cap_mb is not None and not (math.isfinite(args.bucket_cap_mb) and args.bucket_cap_mb > 0):
         raise UsageError(f"--bucket-cap-mb {args.bucket_cap_mb} is invalid; use a positive size in MB (DDP's default: 25)")
     config, file_environment = resolve_config(args)
+    # What the workers' Accelerators will read: the file's and the options' values (checked under
+    # their own names already) over the FSDP_*/ACCELERATE_* variables this shell passes on.
+    variables.check_environment({**os.environ, **file_environment})
     if not args.dry_run:  # a dry run only prints the command: its script may live on another machine
         check_target(args.script, args.module)
     if config.num_machines == 1 and config.main_process_ip not in ("127.0.0.1", "localhost", "::1"):

@@ -13,19 +13,22 @@ Horovod's rules, which its users' scripts and expectations are written against:
 
 from __future__ import annotations
 
+import os
 import random
+import selectors
 import shlex
 import shutil
-import os
+import signal
 import subprocess
 import time
 
-from triax.errors import TriaxError
+from triax.errors import TriaxError, printable
 from triax.horovod.elastic.protocol import ADDED, NO_UPDATE, REMOVED
-from triax.horovod.hosts import entry, split_host_slots
+from triax.horovod.hosts import check_total, entry, split_host_slots
 
 DISCOVERY_TIMEOUT_S = 60  # one run of the discovery script; it is expected to answer at once
 MAX_OUTPUT_LINES = 100_000
+MAX_OUTPUT_BYTES = 4 << 20  # 100,000 lines of 'host:slots' and more; more is not a host list
 
 
 class DiscoveryError(TriaxError):
@@ -57,35 +60,83 @@ class DiscoveryScript:
 
     def find(self) -> dict[str, int]:
         """{host: slots} as the script prints it now."""
-        try:
-            # A shell runs it, as horovodrun does: the value is the user's own command line.
-            result = subprocess.run(self.script, shell=True, capture_output=True, text=True,
-                                    timeout=DISCOVERY_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise DiscoveryError(f"the host discovery script {self.script!r} did not answer in "
-                                 f"{DISCOVERY_TIMEOUT_S}s") from None
-        except OSError as error:
-            raise DiscoveryError(f"cannot run the host discovery script {self.script!r}: {error}") from None
-        if result.returncode != 0:
-            detail = (result.stderr.strip().splitlines() or [""])[-1][:200]
-            raise DiscoveryError(f"the host discovery script {self.script!r} exited with code {result.returncode}"
+        code, output, errors = _run_capped(self.script, DISCOVERY_TIMEOUT_S, MAX_OUTPUT_BYTES)
+        if code != 0:
+            detail = printable((errors.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:200])
+            raise DiscoveryError(f"the host discovery script {self.script!r} exited with code {code}"
                                  + (f": {detail}" if detail else ""))
-        return self.parse(result.stdout)
+        try:
+            text = output.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DiscoveryError(f"the host discovery script {self.script!r} printed bytes that are not UTF-8 text "
+                                 f"(byte {error.start}); print one host or host:slots a line") from None
+        return self.parse(text)
 
     def parse(self, text: str) -> dict[str, int]:
         found: dict[str, int] = {}
-        for number, line in enumerate(text.splitlines()[:MAX_OUTPUT_LINES], 1):
+        lines = text.splitlines()
+        if len(lines) > MAX_OUTPUT_LINES:
+            raise DiscoveryError(f"the host discovery script printed {len(lines)} lines, more than the "
+                                 f"{MAX_OUTPUT_LINES} hosts triax horovodrun reads; print the available hosts only")
+        for number, line in enumerate(lines, 1):
             line = line.strip()
             if not line:
                 continue  # nothing available is a valid answer
             default = None if self.default_slots is None else str(self.default_slots)
             host, slots = split_host_slots(line, default)
             if slots is None:
-                raise DiscoveryError(f"the host discovery script printed {line!r} (line {number}) without slots; "
-                                     "print host:slots or pass --slots-per-host N")
+                raise DiscoveryError(f"the host discovery script printed {printable(line)[:200]!r} (line {number}) "
+                                     "without slots; print host:slots or pass --slots-per-host N")
             host, count = entry(host, slots, f"host discovery script line {number}", minimum=0)
             found[host] = count
+        check_total(found.items(), "the host discovery script's hosts")
         return found
+
+
+def _run_capped(command: str, timeout_s: float, max_bytes: int) -> tuple[int, bytes, bytes]:
+    """(exit code, stdout, stderr) of `command` run by a shell, as horovodrun runs the script (the
+    value is the user's own command line). Its output is read as it comes, and the script, with
+    everything it started (its own process group), is killed once it prints more than `max_bytes`
+    on either stream or runs past `timeout_s`: `yes localhost:1` is refused in a moment instead
+    of being read until memory runs out, and a hung script does not hang the job."""
+    try:
+        process = subprocess.Popen(command, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as error:
+        raise DiscoveryError(f"cannot run the host discovery script {command!r}: {error}") from None
+    received = {process.stdout: bytearray(), process.stderr: bytearray()}
+    deadline = time.monotonic() + timeout_s
+    try:
+        with selectors.DefaultSelector() as selector:
+            for pipe in received:
+                selector.register(pipe, selectors.EVENT_READ)
+            while selector.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DiscoveryError(f"the host discovery script {command!r} did not answer in {timeout_s:g}s")
+                for key, _ in selector.select(left):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                        continue
+                    received[key.fileobj] += chunk
+                    if len(received[key.fileobj]) > max_bytes:
+                        raise DiscoveryError(f"the host discovery script {command!r} printed more than {max_bytes} "
+                                             "bytes; print one available host a line")
+        try:
+            code = process.wait(max(deadline - time.monotonic(), 0.001))
+        except subprocess.TimeoutExpired:
+            raise DiscoveryError(f"the host discovery script {command!r} did not answer in {timeout_s:g}s") from None
+    finally:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            process.wait()
+        process.stdout.close()
+        process.stderr.close()
+    return code, bytes(received[process.stdout]), bytes(received[process.stderr])
 
 
 class FixedHosts:

@@ -97,6 +97,11 @@ class SkipTrackerThroughPortals(SkipTracker):
     def save(self, batch, namespace, name, tensor):
         if not self.layout.requires_copy(namespace, name):
             return super().save(batch, namespace, name, tensor)
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            # A portal moves a tensor to the pop partition's device and its gradient back.
+            raise PipeTypeError(f"stash('{name}', ...) was given a {type(tensor).__name__!r} value, not a tensor: a skip that "
+                                "crosses partitions must be a tensor (or None); stash a tensor, e.g. "
+                                "torch.tensor(value), or keep the stash and the pop in one partition")
         portal = self.portals.get((namespace, name))
         if portal is None:
             reads = READS_CHECKPOINTED if is_checkpointing() else READS_PLAIN
