@@ -497,6 +497,18 @@ def test_a_fifo_in_the_run_is_refused_at_once(name, command, sandbox, run_copy):
     sandbox.refused([command, str(run_copy), *extra], name)
 
 
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_an_alias_bomb_in_the_runs_config_is_one_line(command, sandbox, run_copy):
+    """The run's config.yaml goes through the one bounded YAML reader (triax/safe_yaml.py): a few
+    hundred bytes of nested aliases are refused by count, not expanded until memory runs out."""
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+              f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]"
+              for i in range(8)]
+    (run_copy / "config.yaml").write_text("\n".join(lines) + "\n")
+    sandbox.refused([command, str(run_copy)], "config.yaml")
+
+
 def test_a_huge_sparse_model_json_is_not_read(sandbox, run_copy):
     with open(run_copy / "model.json", "r+b") as handle:
         handle.truncate(6 * 2**30)

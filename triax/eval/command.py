@@ -16,7 +16,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-import yaml
 from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
@@ -26,6 +25,7 @@ from triax.data.addition import IGNORE_INDEX
 from triax.data.text import CharDataset, Vocabulary
 from triax.data.tokenizer import BPETokenizer
 from triax.data.tokens import TOKEN_DTYPES, TokenDataset, TokenFile
+from triax import safe_files, safe_yaml
 from triax.errors import TriaxError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.models import GPTConfig, build_model, hf
@@ -49,8 +49,7 @@ def load_model(path: str, device: torch.device):
         if os.path.isfile(config_file):
 
             _snapshot_root(path)  # reports a damaged config.yaml in one line
-            with open(config_file) as handle:
-                config = from_dict(yaml.safe_load(handle) or {})
+            config = from_dict(safe_yaml.loads(safe_files.read_text(config_file), config_file) or {})
         return model, vocab, config
     if os.path.isdir(path) and hf.is_hf_directory(path):
         model = load_hf_model(path, device)

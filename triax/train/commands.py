@@ -26,11 +26,12 @@ def _snapshot_root(run_dir: str) -> str:
     config = TrainConfig()
     config_file = os.path.join(run_dir, "config.yaml")
     if os.path.lexists(config_file):
-        import yaml
+        from triax import safe_yaml
 
         try:
-            # No link, FIFO or huge file (safe_files), and nothing outside the run read or reached.
-            config = from_dict(yaml.safe_load(safe_files.read_text(config_file)) or {})
+            # No link, FIFO or huge file (safe_files), no alias bomb or deep nesting (safe_yaml),
+            # and nothing outside the run read or reached.
+            config = from_dict(safe_yaml.loads(safe_files.read_text(config_file), config_file) or {})
         except Exception as error:  # noqa: BLE001 - a damaged run file is the user's to fix: one line
             raise TriaxError(f"{config_file!r} is not a valid run config ({type(error).__name__}); "
                              "restore it from the run, or give the run directory of a finished `triax train`") from None
