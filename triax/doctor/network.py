@@ -40,6 +40,7 @@ SECTION = "network"
 SLOWER_THAN_MEDIAN = 1.2  # a link or rank more than 20% slower than the median is named
 MAX_ITERATIONS = 50
 POLL_S = 0.1
+VERDICT_GRACE_S = 15.0  # how long rank 0's verdict on missing ranks waits to be read
 
 
 @dataclass
@@ -117,7 +118,10 @@ def _timedelta(seconds: float):
 
 
 def wait_for_ranks(store, place: Place, timeout_s: float) -> tuple[list[Node], Check]:
-    """Every rank's arrival in the store, or the ones missing by name once `timeout_s` is up."""
+    """Every rank's arrival in the store, or the ones missing by name once `timeout_s` is up.
+
+    Rank 0 gives the verdict on who is missing, so every rank names the same ones, and keeps the
+    store (which it hosts) up until the others have read it."""
     address, port = store_address()
     keys = [f"arrived/{rank}" for rank in range(place.world_size)]
     deadline = time.monotonic() + timeout_s
@@ -125,7 +129,17 @@ def wait_for_ranks(store, place: Place, timeout_s: float) -> tuple[list[Node], C
     try:
         while True:
             missing = [key for key in keys if not store.check([key])]
-            if not missing or time.monotonic() >= deadline:
+            if not missing:
+                break
+            if place.rank == 0 and time.monotonic() >= deadline:
+                store.set("verdict", json.dumps(missing))
+                _wait_for_acknowledgements(store, [key for key in keys if key not in missing])
+                break
+            if place.rank != 0 and store.check(["verdict"]):
+                missing = json.loads(store.get("verdict"))
+                store.set(f"acknowledged/{place.rank}", "1")
+                break
+            if time.monotonic() >= deadline + VERDICT_GRACE_S:  # rank 0 is gone: this rank's own view
                 break
             time.sleep(POLL_S)
         arrivals = {rank: json.loads(store.get(key)) for rank, key in enumerate(keys) if key not in missing}
@@ -147,6 +161,14 @@ def wait_for_ranks(store, place: Place, timeout_s: float) -> tuple[list[Node], C
         nodes[key].ranks.append(rank)
     found = list(nodes.values())
     return found, Check("ranks", OK, f"all {place.world_size} ranks arrived, on {len(found)} node(s)", section=SECTION)
+
+
+def _wait_for_acknowledgements(store, arrived: list[str]) -> None:
+    others = [f"acknowledged/{key.split('/')[1]}" for key in arrived if key != "arrived/0"]
+    deadline = time.monotonic() + VERDICT_GRACE_S
+    while others and time.monotonic() < deadline:
+        others = [key for key in others if not store.check([key])]
+        time.sleep(POLL_S)
 
 
 def form_group(device: torch.device, place: Place, store, timeout_s: float) -> Check:
@@ -199,7 +221,7 @@ def _measure(kind: str, size_bytes: int, target_s: float, group=None) -> dict:
         piece = torch.ones(elements // n, dtype=torch.float32, device=device)
 
         def operation():
-            wait_and_keep(dist.all_gather_into_tensor(output, piece, group=group, async_op=True))
+            wait_and_keep(dist.all_gather_single(output, piece, group=group, async_op=True))
         factor = (n - 1) / n
     warm_start = time.perf_counter()
     operation()  # the first call sets up connections and buffers: not timed

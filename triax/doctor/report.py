@@ -78,7 +78,7 @@ def merge_ranks(per_rank: list[list[Check]]) -> list[Check]:
         if all(check.status == first.status for check in found):
             shown = Check(**{**asdict(first), "rank": None})
             if len(found) > 1:
-                shown.figure += f" (rank {first.rank}; {len(found)} ranks {first.status})"
+                shown.figure += f" (rank {first.rank}'s; all {len(found)} ranks {first.status})"
             merged.append(shown)
             continue
         merged.append(first)
