@@ -173,9 +173,13 @@ class Doctor:
             checks.append(_skipped("memory", "memory against the model's estimate"))
         elif needs is not None:
             checks.append(system.memory_check(self.device, needs, self.place.local_world_size))
+        else:
+            checks.append(_skipped("memory", "the run's config did not resolve (above)"))
         if "storage" in self.skip:
             checks.append(_skipped("storage", "snapshot directory"))
-        elif needs is not None and self.place.local_rank == 0:  # one per node: they share its disks
+        elif needs is None:
+            checks.append(_skipped("storage", "the run's config did not resolve (above)"))
+        elif self.place.local_rank == 0:  # one per node: they share its disks
             checks += [storage.space_check(needs), storage.write_check(needs, self.place.rank)]
         self.needs = needs
         return checks

@@ -18,6 +18,7 @@ pair goes at its slower end's speed, so one fast peer is enough to see a node's 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import socket
@@ -111,9 +112,7 @@ def reach_store(place: Place, timeout_s: float):
                         rank=place.rank, values={"address": f"{address}:{port}", "seconds": seconds})
 
 
-def _timedelta(seconds: float):
-    import datetime  # deferred: only the store's timeout needs it
-
+def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 

@@ -128,20 +128,23 @@ def new_token() -> str:
 
 
 def shared_check(needs: RunNeeds, seen_by_node: list[list[int]], node_names: list[str]) -> Check:
-    """Every node must see every node's marker: a snapshot's shards from all ranks and its manifest
-    (rank 0's) must land in one directory, or no node can ever load it whole."""
-    nodes = len(seen_by_node)
+    """Every node must see the directory node 0 sees: rank 0 writes each snapshot's manifest, every
+    rank its own shards, and a snapshot is whole only where all of them land together. A node that
+    sees other markers than node 0 is named with what it misses."""
     if is_remote(needs.snapshot_dir):
         return Check("snapshot dir shared", SKIPPED, f"{needs.snapshot_dir} is remote storage, the same for "
                      "every node that can reach it", section=SECTION)
-    blind = [(node, sorted(set(range(nodes)) - set(seen))) for node, seen in enumerate(seen_by_node)
-             if len(seen) != nodes]
+    nodes = len(seen_by_node)
+    reference = set(seen_by_node[0])
     directory = existing_directory(needs.snapshot_dir)
-    if not blind:
+    if reference == set(range(nodes)) and all(set(seen) == reference for seen in seen_by_node):
         return Check("snapshot dir shared", OK, f"all {nodes} nodes see the same {directory}", section=SECTION)
-    words = "; ".join(f"{node_names[node]} does not see what {', '.join(node_names[other] for other in missing)} "
-                      "wrote" for node, missing in blind)
+    blind = [node for node, seen in enumerate(seen_by_node) if set(seen) != reference or node not in reference]
+    if not blind:  # node 0 alone disagrees with everyone: name it
+        blind = [0]
+    words = "; ".join(f"{node_names[node]} does not see what "
+                      f"{', '.join(node_names[other] for other in sorted(set(range(nodes)) - set(seen_by_node[node])))} "
+                      "wrote" for node in blind)
     return Check("snapshot dir shared", FAILED, f"{directory}: {words}",
                  "snapshots of a run on several nodes need one shared directory (a network filesystem) or "
-                 "an fsspec URL in trainer.snapshot_dir", SECTION,
-                 values={"blind_nodes": [node for node, _ in blind]})
+                 "an fsspec URL in trainer.snapshot_dir", SECTION, values={"blind_nodes": blind})

@@ -10,6 +10,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from triax.doctor.needs import RunNeeds
 from triax.doctor.report import FAILED, OK, SKIPPED, WARNING, Check, format_bytes
@@ -105,8 +106,6 @@ def _dtype_works(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
 def attention_checks(device: torch.device, dtype: torch.dtype) -> list[Check]:
     """Whether SDPA's fused kernels run here: without them attention falls back to the math kernel,
     which stores the whole score matrix (more memory, slower)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     checks = []
     shape = (1, 2, 64, 64)
     query = torch.randn(*shape, device=device, dtype=dtype)
