@@ -199,3 +199,34 @@ def test_a_bad_master_port_is_a_failed_store_line(monkeypatch, port):
     monkeypatch.setenv("MASTER_PORT", port)
     store, check = network.reach_store(command.detect_place({"RANK": "1", "WORLD_SIZE": "2"}), 1.0)
     assert store is None and check.status == "failed" and "MASTER_PORT" in check.figure
+
+
+# ---- trainer.preflight=true ---------------------------------------------------------------------
+
+def test_preflight_stops_a_run_whose_snapshot_disk_is_full(tmp_path, small_disk, tiny_corpus, capsys):
+    from helpers import tiny_overrides
+    from triax.train import Trainer
+
+    overrides = tiny_overrides(tmp_path / "run", tiny_corpus, **{"trainer.preflight": "true",
+                                                                 "trainer.snapshot_dir": small_disk / "snapshots"})
+    with pytest.raises(ConfigError, match="trainer.preflight: a check the run needs failed"):
+        Trainer(compose_config(overrides))
+    out = capsys.readouterr().out
+    assert "snapshot space" in out and "not even one snapshot fits" in out
+    content = json.loads((tmp_path / "run" / "doctor.json").read_text())
+    assert _check(content, "snapshot space")["status"] == "failed"
+    assert "metrics.jsonl" not in os.listdir(tmp_path / "run")  # stopped before the run began
+
+
+@pytest.mark.multiprocess
+def test_preflight_runs_on_the_runs_own_processes(tmp_path, tiny_corpus):
+    from helpers import tiny_overrides, train
+
+    result = train(tiny_overrides(tmp_path / "run", tiny_corpus, **{"trainer.preflight": "true",
+                                                                     "trainer.max_steps": 2}), nproc=2)
+    content = json.loads((tmp_path / "run" / "doctor.json").read_text())
+    assert content["world_size"] == 2 and content["status"] in ("ok", "warning")
+    names = {check["name"] for check in content["checks"]}
+    assert {"all-reduce 1.0 MiB", "all-gather 1.0 MiB", "stragglers", "snapshot space", "memory"} <= names
+    assert "torch.compile" in names and _check(content, "torch.compile")["status"] == "skipped"
+    assert "snapshot space" in result.stdout

@@ -21,10 +21,10 @@ from triax.collectives import all_gather_bytes, barrier, broadcast_int
 from triax.doctor import network, report, storage, system
 from triax.doctor.needs import RunNeeds, run_needs
 from triax.doctor.report import FAILED, OK, SKIPPED, Check
-from triax.errors import TriaxError
+from triax.errors import ConfigError, TriaxError
 from triax.place import Place, detect_place, pick_device
 from triax.precision import Precision
-from triax.process_group import shutdown_distributed
+from triax.process_group import is_distributed, shutdown_distributed
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train.config import TrainConfig, compose_config, to_dict
 
@@ -102,16 +102,33 @@ def main(argv: list[str]) -> int:
         shutdown_distributed()
 
 
+def preflight(config: TrainConfig, place: Place, device) -> None:
+    """trainer.preflight=true: the fast part of the doctor at the start of a run, on the run's own
+    process group: memory, the snapshot directory (room, write rate, shared by every node) and the
+    network (a 1 MiB all-reduce and all-gather, each link between nodes, stragglers). Leaves out
+    what takes long (a compile) or what the run measures itself (the matmul rate, as MFU).
+    Every rank raises together when something the run needs failed."""
+    path = os.path.join(config.trainer.run_dir, "doctor.json")
+    args = parse(["--skip", "system", "--skip", "compile", "--sizes", "1", "--seconds", "0.2", "--json", path])
+    if Doctor(config, args, place, device).run():
+        raise ConfigError(f"trainer.preflight: a check the run needs failed (the table above; the report is "
+                          f"{path}); fix it, or set trainer.preflight=false to start anyway")
+
+
 class Doctor:
-    def __init__(self, config: TrainConfig, args, place: Place):
+    def __init__(self, config: TrainConfig, args, place: Place, device=None):
         self.config, self.args, self.place = config, args, place
         self.skip = set(args.skip)
-        self.device = pick_device(config.trainer.device, place.local_rank)
+        self.device = device if device is not None else pick_device(config.trainer.device, place.local_rank)
         self.start = time.perf_counter()
         self.nodes = [network.Node(0, socket.gethostname(), "local", list(range(place.world_size)))]
 
     def run(self) -> int:
-        joined = self._join() if self.place.world_size > 1 else []
+        joined = []
+        if is_distributed():  # a run's preflight: its process group is formed already
+            self.nodes = network.nodes_of_group(self.place)
+        elif self.place.world_size > 1:
+            joined = self._join()
         if any(check.status == FAILED for check in joined):
             return self._alone(joined)
         mine = [*joined, *self._local_checks()]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from triax.collectives import barrier, gather_floats
+from triax.collectives import all_gather_bytes, barrier, gather_floats
 from triax.doctor.report import FAILED, OK, SKIPPED, WARNING, Check, format_bytes, format_rate
 from triax.kept_works import wait_and_keep
 from triax.metrics import measure_peak_flops
@@ -160,6 +160,18 @@ def wait_for_ranks(store, place: Place, timeout_s: float) -> tuple[list[Node], C
         nodes[key].ranks.append(rank)
     found = list(nodes.values())
     return found, Check("ranks", OK, f"all {place.world_size} ranks arrived, on {len(found)} node(s)", section=SECTION)
+
+
+def nodes_of_group(place: Place) -> list[Node]:
+    """The nodes of a job whose process group already exists (a run's preflight): every rank's
+    host and address, gathered (a collective)."""
+    address, port = store_address()
+    mine = json.dumps([socket.gethostname(), local_address(address, port)]).encode()
+    nodes: dict[tuple[str, str], Node] = {}
+    for rank, payload in enumerate(all_gather_bytes(mine)):
+        host, where = json.loads(payload)
+        nodes.setdefault((host, where), Node(len(nodes), host, where, [])).ranks.append(rank)
+    return list(nodes.values())
 
 
 def _wait_for_acknowledgements(store, arrived: list[str]) -> None:
