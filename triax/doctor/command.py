@@ -258,13 +258,15 @@ class Doctor:
         for check in checks:
             check.rank = check.rank if check.rank is not None else self.place.rank
         path = self.args.json if self.place.is_main else report.rank_path(self.args.json, self.place.rank)
+        self.nodes = []  # not known: the ranks never all met
         self._publish(checks, [], path)
         return 1
 
     def _publish(self, checks: list[Check], links: list[dict], path: str) -> None:
         seconds = time.perf_counter() - self.start
         lines = report.table(checks)
-        heading = (f"triax doctor: {self.place.world_size} process(es) on {len(self.nodes)} node(s), "
+        nodes = f"{len(self.nodes)} node(s)" if self.nodes else "nodes not known"
+        heading = (f"triax doctor: {self.place.world_size} process(es), {nodes}, "
                    f"device {self.device}" + (f", rank {self.place.rank}" if not self.place.is_main else ""))
         print(f"{heading}\n\n{lines}\n\n{report.summary(checks, seconds)}\nreport: {path}", flush=True)
         content = report.document(checks, world_size=self.place.world_size, links=links, seconds=seconds,

@@ -252,7 +252,7 @@ def job_bandwidth(sizes: list[int], target_s: float) -> list[Check]:
             row = _measure(kind, size, target_s)
             label = kind.replace("_", "-")
             checks.append(Check(
-                f"{label} {format_bytes(row['bytes'])}", OK,
+                f"{label} {format_bytes(size)}", OK,
                 f"bus {format_rate(row['busbw'])}, algorithm {format_rate(row['algbw'])}; "
                 f"{row['ranks']} ranks, {1e3 * row['seconds']:.1f} ms each", section=SECTION, values=row))
     return checks
@@ -298,23 +298,26 @@ def link_bandwidth(nodes: list[Node], size: int, target_s: float) -> list[dict]:
 def link_checks(nodes: list[Node], links: list[dict]) -> list[Check]:
     if len(nodes) < 2:
         return [Check("links", SKIPPED, "one node: no links between nodes to measure", section=SECTION)]
-    checks = []
-    if len(nodes) <= 8:  # beyond, the pairs are in the JSON file and the table names the slowest
-        for link in links:
-            a, b = (nodes[index] for index in link["nodes"])
-            checks.append(Check(f"link {a.index}-{b.index}", OK, f"bus {format_rate(link['busbw'])}: {a.name} - {b.name}",
-                                section=SECTION, values=link))
     # A node's own link: the best of its pairs (a pair runs at its slower end's speed).
     per_node = [max(link["busbw"] for link in links if node.index in link["nodes"]) for node in nodes]
     median = statistics.median(per_node)
     slowest = min(range(len(nodes)), key=per_node.__getitem__)
+    slow_nodes = {index for index, value in enumerate(per_node)
+                  if len(nodes) > 2 and value * SLOWER_THAN_MEDIAN < median}
+    checks = []
+    if len(nodes) <= 8:  # beyond, the pairs are in the JSON file and the table names the slowest
+        for link in sorted(links, key=lambda link: link["nodes"]):
+            a, b = (nodes[index] for index in link["nodes"])
+            status = WARNING if slow_nodes & set(link["nodes"]) else OK
+            checks.append(Check(f"link {a.index}-{b.index}", status, f"bus {format_rate(link['busbw'])}: {a.name} - {b.name}",
+                                "goes at the speed of the slow node below", SECTION, values=link))
     if len(nodes) == 2:
         where = f"{nodes[0].name} - {nodes[1].name}"
         status, ratio = OK, 1.0
     else:
         where = nodes[slowest].name
         ratio = per_node[slowest] / median if median > 0 else 0.0
-        status = WARNING if per_node[slowest] * SLOWER_THAN_MEDIAN < median else OK
+        status = WARNING if slowest in slow_nodes else OK
     figure = f"{where}: bus {format_rate(per_node[slowest])}"
     if len(nodes) > 2:
         figure += f", {ratio:.2f}x the median node link {format_rate(median)}"

@@ -78,8 +78,12 @@ def precision_check(device: torch.device, precision: str) -> list[Check]:
     for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         works, why = _dtype_works(device, dtype)
         needed = name in precision
-        if device.type == "cpu" and name == "fp16":
+        if device.type == "cpu" and name == "fp16" and not needed:
             # The trainer's fp16 is autocast with loss scaling: a CUDA policy (triax/precision.py).
+            checks.append(Check(name, SKIPPED, "not on a CPU: the trainer's fp16 (autocast + loss scaling) "
+                                "needs CUDA; bf16 is the CPU's half precision", section=SECTION))
+            continue
+        if device.type == "cpu" and name == "fp16":
             works, why = False, "fp16 mixed precision needs CUDA"
         if works and device.type == "cpu" and name == "bf16":
             native = sorted(cpu_flags() & {"avx512_bf16", "amx_bf16"})
