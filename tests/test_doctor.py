@@ -230,3 +230,25 @@ def test_preflight_runs_on_the_runs_own_processes(tmp_path, tiny_corpus):
     assert {"all-reduce 1.0 MiB", "all-gather 1.0 MiB", "stragglers", "snapshot space", "memory"} <= names
     assert "torch.compile" in names and _check(content, "torch.compile")["status"] == "skipped"
     assert "snapshot space" in result.stdout
+
+
+def test_the_slow_node_is_named_from_its_pairs():
+    nodes = [network.Node(index, f"host{index}", f"10.0.0.{index + 1}", [index]) for index in range(4)]
+    fast, slow = 100e6, 5e6
+    links = [{"nodes": [a, b], "busbw": slow if 3 in (a, b) else fast}
+             for pairs in network.round_robin(4) for a, b in pairs]
+    checks = {check.name: check for check in network.link_checks(nodes, links)}
+    slowest = checks["slowest link"]
+    assert slowest.status == "warning" and slowest.values["node"] == 3 and "host3 10.0.0.4" in slowest.figure
+    assert slowest.values["busbw"] == slow and slowest.values["median_busbw"] == fast
+    assert [checks[f"link {a}-3"].status for a in range(3)] == ["warning"] * 3
+    assert checks["link 0-1"].status == "ok"
+    # Within 20% of the median is no finding.
+    even = [{**link, "busbw": fast * (0.85 if 3 in link["nodes"] else 1)} for link in links]
+    assert {check.status for check in network.link_checks(nodes, even)} == {"ok"}
+    assert network.link_checks(nodes[:1], [])[0].status == "skipped"
+
+
+def test_a_rank_more_than_20_percent_slower_than_the_median_is_a_straggler():
+    assert network.stragglers([100.0, 100.0, 100.0, 80.0]) == (100.0, [3])  # 1.25x the median's time
+    assert network.stragglers([100.0, 100.0, 100.0, 85.0]) == (100.0, [])  # 1.18x: within 20%

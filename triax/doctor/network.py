@@ -97,7 +97,8 @@ def reach_store(place: Place, timeout_s: float):
                               timeout=_timedelta(timeout_s))
     except (RuntimeError, OSError, ValueError) as error:
         what = "cannot host the store on" if hosts else "cannot reach the store at"
-        words = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        # torch's first sentence says it; later ones may quote an address it never initialised.
+        words = (str(error).strip().splitlines() or [type(error).__name__])[0].split(". ")[0].rstrip(".")
         return None, Check(
             "store", FAILED, f"rank {place.rank} ({socket.gethostname()} {mine}) {what} {address}:{port} "
             f"within {timeout_s:.0f} s: {words}",
@@ -329,14 +330,20 @@ def link_checks(nodes: list[Node], links: list[dict]) -> list[Check]:
     return checks
 
 
+def stragglers(rates: list[float]) -> tuple[float, list[int]]:
+    """(the median rate, the ranks more than 20% slower than it: their time per matmul is over 1.2x
+    the median's)."""
+    median = statistics.median(rates)
+    return median, [rank for rank, value in enumerate(rates) if value * SLOWER_THAN_MEDIAN < median]
+
+
 def straggler_check(device: torch.device, nodes: list[Node], seconds: float) -> Check:
     """The same matmul timed on every rank at once; a rank more than 20% slower than the median is
     a straggler every step of the run will wait for."""
     dtype = torch.float32
     rate = measure_peak_flops(device, dtype, seconds=seconds)
     rates = [values[0] for values in gather_floats([rate])]
-    median = statistics.median(rates)
-    slow = [rank for rank, value in enumerate(rates) if value * SLOWER_THAN_MEDIAN < median]
+    median, slow = stragglers(rates)
     node_of = {rank: node for node in nodes for rank in node.ranks}
     values = {"flops_per_rank": rates, "median_flops": median, "stragglers": slow}
     if not slow:
