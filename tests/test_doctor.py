@@ -252,3 +252,14 @@ def test_the_slow_node_is_named_from_its_pairs():
 def test_a_rank_more_than_20_percent_slower_than_the_median_is_a_straggler():
     assert network.stragglers([100.0, 100.0, 100.0, 80.0]) == (100.0, [3])  # 1.25x the median's time
     assert network.stragglers([100.0, 100.0, 100.0, 85.0]) == (100.0, [])  # 1.18x: within 20%
+
+
+def test_snapshot_places_that_are_not_directories(tmp_path):
+    plain = tmp_path / "a-file"
+    plain.write_text("x")
+    code, content = _doctor(tmp_path, f"trainer.snapshot_dir={plain}", "--skip", "system", "--skip", "memory")
+    assert code == 1 and "is not a directory" in _check(content, "snapshot space")["figure"]
+    code, content = _doctor(tmp_path, "trainer.snapshot_dir=memory://snapshots", "--skip", "system",
+                            "--skip", "memory", name="remote.json")
+    assert code == 0
+    assert [_check(content, name)["status"] for name in ("snapshot space", "snapshot write")] == ["skipped", "skipped"]

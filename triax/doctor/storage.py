@@ -44,6 +44,10 @@ def space_check(needs: RunNeeds) -> Check:
     if is_remote(location):
         return Check("snapshot space", SKIPPED, f"{location} is remote storage: its free space is not "
                      "measurable from here", section=SECTION)
+    path = location.removeprefix("file://")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return Check("snapshot space", FAILED, f"{path} exists and is not a directory",
+                     "point trainer.snapshot_dir at a directory (or a path that does not exist yet)", SECTION)
     directory = existing_directory(location)
     try:
         info = os.statvfs(directory)
