@@ -34,7 +34,7 @@ from triax.doctor.report import FAILED, OK, SKIPPED, WARNING, Check, format_byte
 from triax.kept_works import wait_and_keep
 from triax.metrics import measure_peak_flops
 from triax.place import Place, default_backend
-from triax.process_group import collective_device, init_distributed
+from triax.process_group import collective_device, init_distributed, shutdown_distributed
 from triax.rendezvous import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, attempt_store
 
 SECTION = "network"
@@ -205,12 +205,20 @@ def _iterations(seconds_one: float, target_s: float, group=None) -> int:
     return max(1, min(MAX_ITERATIONS, round(target_s / max(wanted.item(), 1e-6))))
 
 
+def _synchronize() -> None:
+    """Wait for the device: an NCCL work's wait() only orders the current CUDA stream, so the host
+    would stop the clock before the bytes moved."""
+    if collective_device().type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _timed(operation, iterations: int, group=None) -> float:
     """Seconds per `operation`, the slowest rank's (a collective ends when its last rank is done)."""
     wait_and_keep(dist.barrier(group=group, async_op=True))
     start = time.perf_counter()
     for _ in range(iterations):
         operation()
+    _synchronize()
     seconds = torch.tensor([(time.perf_counter() - start) / iterations], dtype=torch.float64,
                            device=collective_device())
     wait_and_keep(dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=group, async_op=True))
@@ -237,6 +245,7 @@ def _measure(kind: str, size_bytes: int, target_s: float, group=None) -> dict:
         factor = (n - 1) / n
     warm_start = time.perf_counter()
     operation()  # the first call sets up connections and buffers: not timed
+    _synchronize()
     iterations = _iterations(time.perf_counter() - warm_start, target_s, group)
     seconds = _timed(operation, iterations, group)
     size = elements * 4
@@ -282,6 +291,11 @@ def link_bandwidth(nodes: list[Node], size: int, target_s: float) -> list[dict]:
                 row = _measure("all_reduce", size, target_s, group)
                 rows.append({"nodes": list(pair), **row})
         barrier()  # the next round starts together: its tests must not overlap this one's
+        # Each pair's group is used once: a run (preflight) or a large job must not keep N - 1
+        # communicators per node (NCCL allocates buffers for each).
+        for pair, group in groups.items():
+            if rank in (nodes[pair[0]].ranks[0], nodes[pair[1]].ranks[0]):
+                shutdown_distributed(group)
     # Every rank learns every pair's figures (only the pair's members measured them).
     fields = ("busbw", "algbw", "bytes", "seconds")
     table = {tuple(row["nodes"]): row for row in rows if rank == nodes[row["nodes"][0]].ranks[0]}

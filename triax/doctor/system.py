@@ -120,9 +120,10 @@ def attention_checks(device: torch.device, dtype: torch.dtype) -> list[Check]:
             status, figure = OK, f"runs ({_dtype_label(dtype)}, {device.type})"
         except RuntimeError as error:
             status, figure = WARNING, f"not available ({_dtype_label(dtype)}, {device.type}): {str(error).split('.')[0]}"
-        checks.append(Check(f"SDPA {name}", status, figure,
-                            "attention uses another kernel: more memory and time per step (a newer GPU or "
-                            "torch build has it)", SECTION, values={"works": status == OK}))
+        advice = "attention uses another kernel: more memory and time per step (a newer GPU or torch build has it)"
+        if device.type == "cuda" and dtype == torch.float32:
+            advice = "CUDA's fused attention kernels need bf16 or fp16: trainer.precision=bf16 uses them"
+        checks.append(Check(f"SDPA {name}", status, figure, advice, SECTION, values={"works": status == OK}))
     if device.type == "cpu" and any(check.status == OK for check in checks):
         # PyTorch's CPU build has flash attention only: the memory-efficient kernel is CUDA's.
         for check in checks:
