@@ -12,6 +12,7 @@ from triax.doctor import command, network, report, storage
 from triax.doctor.needs import run_needs
 from triax.doctor.report import Check
 from triax.errors import ConfigError, UsageError
+from triax.place import detect_place
 from triax.train.config import compose_config
 
 QUICK = ["--skip", "compile", "--seconds", "0.05"]
@@ -197,7 +198,7 @@ def test_the_report_never_replaces_a_file_it_did_not_write(tmp_path):
 @pytest.mark.parametrize("port", ["abc", "0", "70000", "-5"])
 def test_a_bad_master_port_is_a_failed_store_line(monkeypatch, port):
     monkeypatch.setenv("MASTER_PORT", port)
-    store, check = network.reach_store(command.detect_place({"RANK": "1", "WORLD_SIZE": "2"}), 1.0)
+    store, check = network.reach_store(detect_place({"RANK": "1", "WORLD_SIZE": "2"}), 1.0)
     assert store is None and check.status == "failed" and "MASTER_PORT" in check.figure
 
 
@@ -263,3 +264,9 @@ def test_snapshot_places_that_are_not_directories(tmp_path):
                             "--skip", "memory", name="remote.json")
     assert code == 0
     assert [_check(content, name)["status"] for name in ("snapshot space", "snapshot write")] == ["skipped", "skipped"]
+
+
+@pytest.mark.parametrize("payload", [b"", b"\xff\xfe", b"[1, 2]", b'{"host": 7}', b'{"host": "' + b"h" * 10000 + b'"}'])
+def test_a_malformed_arrival_record_is_read_as_unknown(payload):
+    record = network._arrival(payload)
+    assert set(record) == {"host", "address"} and all(isinstance(v, str) and len(v) <= 256 for v in record.values())

@@ -45,7 +45,8 @@ KEY=VALUE overrides are `triax train`'s (triax train --help lists them)."""
 
 
 def parse(argv: list[str]):
-    parser = ArgumentParser(prog="triax doctor", description=__doc__.split("\n")[0], epilog=USAGE_EPILOG,
+    parser = ArgumentParser(prog="triax doctor", epilog=USAGE_EPILOG,
+                            description="Is this machine, and this job's cluster, ready for the run its config describes?",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="the run's config, as for triax train")
     parser.add_argument("--json", default=DEFAULT_REPORT, metavar="PATH",

@@ -142,7 +142,7 @@ def wait_for_ranks(store, place: Place, timeout_s: float) -> tuple[list[Node], C
             if time.monotonic() >= deadline + VERDICT_GRACE_S:  # rank 0 is gone: this rank's own view
                 break
             time.sleep(POLL_S)
-        arrivals = {rank: json.loads(store.get(key)) for rank, key in enumerate(keys) if key not in missing}
+        arrivals = {rank: _arrival(store.get(key)) for rank, key in enumerate(keys) if key not in missing}
     except (RuntimeError, OSError, ValueError) as error:
         return [], Check("ranks", FAILED, f"the store at {address}:{port} went away: {str(error).splitlines()[0]}",
                          "rank 0, which hosts it, stopped: look at its output first", SECTION, place.rank)
@@ -173,6 +173,16 @@ def nodes_of_group(place: Place) -> list[Node]:
         host, where = json.loads(payload)
         nodes.setdefault((host, where), Node(len(nodes), host, where, [])).ranks.append(rank)
     return list(nodes.values())
+
+
+def _arrival(payload: bytes) -> dict:
+    """A rank's arrival record: its host and address as strings, whatever the store held."""
+    try:
+        record = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        record = None
+    record = record if isinstance(record, dict) else {}
+    return {key: str(record.get(key, "unknown"))[:256] for key in ("host", "address")}
 
 
 def _wait_for_acknowledgements(store, arrived: list[str]) -> None:
