@@ -270,3 +270,20 @@ def test_snapshot_places_that_are_not_directories(tmp_path):
 def test_a_malformed_arrival_record_is_read_as_unknown(payload):
     record = network._arrival(payload)
     assert set(record) == {"host", "address"} and all(isinstance(v, str) and len(v) <= 256 for v in record.values())
+
+
+def test_a_gpu_run_counts_what_it_keeps_in_host_memory(tmp_path):
+    import torch
+
+    from triax.doctor.system import host_bytes_per_gpu_process
+
+    config = compose_config([f"trainer.run_dir={tmp_path}"])
+    needs = run_needs(config, 1)
+    states = needs.per_device.params_gb + needs.per_device.optimizer_gb
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")  # devices by name: no GPU needed
+    # async_save (unset: on with CUDA) stages parameters and AdamW's moments on the host.
+    assert host_bytes_per_gpu_process(needs, config.trainer, gpu, False) == int(states * 2**30)
+    assert host_bytes_per_gpu_process(needs, config.trainer, cpu, False) == 0
+    config.trainer.async_save = False
+    offloaded = states + needs.per_device.grads_gb
+    assert host_bytes_per_gpu_process(needs, config.trainer, gpu, True) == int(offloaded * 2**30)

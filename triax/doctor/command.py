@@ -196,7 +196,8 @@ class Doctor:
         if "memory" in self.skip:
             checks.append(_skipped("memory", "memory against the model's estimate"))
         elif needs is not None:
-            checks.append(system.memory_check(self.device, needs, self.place.local_world_size))
+            checks += system.memory_checks(self.device, needs, trainer, config.parallel.cpu_offload,
+                                           self.place.local_world_size)
         else:
             checks.append(_skipped("memory", "the run's config did not resolve (above)"))
         if "storage" in self.skip:

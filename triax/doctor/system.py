@@ -18,6 +18,7 @@ from triax.host_memory import host_memory_bytes
 from triax.launch.env import cpu_flags
 from triax.metrics import gpu_peak_flops, measure_peak_flops, precision_name
 from triax.precision import Precision
+from triax.train.config import asynchronous_snapshots
 from triax.version import __version__
 
 SECTION = "system"
@@ -183,33 +184,59 @@ def matmul_checks(device: torch.device, precision: str, seconds: float) -> list[
     return checks
 
 
-def memory_check(device: torch.device, needs: RunNeeds, local_world_size: int) -> Check:
-    """The memory the configured model needs per device (triax plan's estimate) against what this
-    device has: a GPU's memory, or on a CPU the host's shared by this host's processes."""
+def memory_checks(device: torch.device, needs: RunNeeds, trainer, cpu_offload: bool,
+                  local_world_size: int) -> list[Check]:
+    """The memory the configured model needs per device (triax plan's estimate) against what there
+    is: on a CPU the host's, shared by this host's processes; on a GPU the GPU's, and the host's for
+    what a GPU run keeps there (host_bytes_per_gpu_process)."""
     needed = needs.per_device.total_gb * 2**30
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        where, share = f"{device}", 1
-    else:
-        total, free = host_memory_bytes(), _available_host_memory()
-        share = max(local_world_size, 1)
-        where = "this host" if share == 1 else f"this host's {share} processes (each)"
-        if total is None:
-            return Check("memory", SKIPPED, "this system does not say how much memory it has", section="memory")
-        total //= share
-        free = free // share if free is not None else None
-    figure = (f"the run needs {format_bytes(needed)} per device (triax plan's estimate, "
-              f"{needs.layout.describe()}); {where}: {format_bytes(total)}"
+    if device.type != "cuda":
+        return [_against_host("memory", needed, "per device (triax plan's estimate, "
+                              f"{needs.layout.describe()})", local_world_size)]
+    free, total = torch.cuda.mem_get_info(device)
+    checks = [_verdict("memory", needed, total, free, f"the run needs {format_bytes(needed)} per device (triax "
+                       f"plan's estimate, {needs.layout.describe()}); {device}: {format_bytes(total)}, "
+                       f"{format_bytes(free)} free")]
+    host = host_bytes_per_gpu_process(needs, trainer, device, cpu_offload)
+    if host:
+        checks.append(_against_host("host memory", host, "per process on the host (snapshot staging copy "
+                                    "and/or offloaded shards)", local_world_size))
+    return checks
+
+
+def host_bytes_per_gpu_process(needs: RunNeeds, trainer, device: torch.device, cpu_offload: bool) -> int:
+    """Host memory a GPU process of the run holds: its model and optimizer shards, staged for an
+    asynchronous snapshot (trainer.async_save, on by default with CUDA), and with
+    parallel.cpu_offload its shards, gradients and optimizer state themselves."""
+    estimate = needs.per_device
+    staged = (estimate.params_gb + estimate.optimizer_gb) if asynchronous_snapshots(trainer, device) else 0.0
+    offloaded = (estimate.params_gb + estimate.grads_gb + estimate.optimizer_gb) if cpu_offload else 0.0
+    return int((staged + offloaded) * 2**30)
+
+
+def _against_host(name: str, needed: float, what: str, local_world_size: int) -> Check:
+    total, free = host_memory_bytes(), _available_host_memory()
+    share = max(local_world_size, 1)
+    if total is None:
+        return Check(name, SKIPPED, "this system does not say how much memory it has", section="memory")
+    total //= share
+    free = free // share if free is not None else None
+    where = "this host" if share == 1 else f"this host's {share} processes (each)"
+    figure = (f"the run needs {format_bytes(needed)} {what}; {where}: {format_bytes(total)}"
               + (f", {format_bytes(free)} free" if free is not None else ""))
+    return _verdict(name, needed, total, free, figure)
+
+
+def _verdict(name: str, needed: float, total: int, free: int | None, figure: str) -> Check:
     values = {"needed_bytes": needed, "total_bytes": total, "free_bytes": free}
     if needed > total:
-        return Check("memory", FAILED, figure, "the run will not fit: shard the model (parallel.dp_shard), lower "
+        return Check(name, FAILED, figure, "the run will not fit: shard the model (parallel.dp_shard), lower "
                      "trainer.batch_size or data.block_size, or set parallel.activation_checkpointing=full",
                      "memory", values=values)
     if needed > MEMORY_SHARE * total or (free is not None and needed > free):
-        return Check("memory", WARNING, figure, "little headroom (the estimate leaves out the runtime itself): "
-                     "free memory on this host or lower the batch size", "memory", values=values)
-    return Check("memory", OK, figure, section="memory", values=values)
+        return Check(name, WARNING, figure, "little headroom (the estimate leaves out the runtime itself): "
+                     "free memory here or lower the batch size", "memory", values=values)
+    return Check(name, OK, figure, section="memory", values=values)
 
 
 def _available_host_memory() -> int | None:
