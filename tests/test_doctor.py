@@ -287,3 +287,18 @@ def test_a_gpu_run_counts_what_it_keeps_in_host_memory(tmp_path):
     config.trainer.async_save = False
     offloaded = states + needs.per_device.grads_gb
     assert host_bytes_per_gpu_process(needs, config.trainer, gpu, True) == int(offloaded * 2**30)
+
+
+def test_a_check_that_raises_is_a_failed_line(tmp_path, monkeypatch):
+    from triax.doctor import system
+
+    def broken(*args):
+        raise RuntimeError("CUDA driver initialization failed\ndetails")
+
+    monkeypatch.setattr(system, "device_check", broken)
+    monkeypatch.delenv("TRIAX_DEBUG", raising=False)
+    code, content = _doctor(tmp_path, "--skip", "storage")
+    device = _check(content, "device")
+    assert code == 1 and device["status"] == "failed"
+    assert device["figure"] == "the check itself failed: RuntimeError: CUDA driver initialization failed"
+    assert _check(content, "matmul fp32")["status"] == "ok"  # the others still ran

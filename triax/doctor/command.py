@@ -185,19 +185,21 @@ class Doctor:
         if "system" in self.skip:
             checks.append(_skipped("system", "versions, device, precision, SDPA, matmul"))
         else:
-            checks += [system.versions(), system.device_check(self.device),
-                       *system.precision_check(self.device, trainer.precision),
-                       *system.attention_checks(self.device, Precision(trainer.precision).compute_dtype),
-                       *system.matmul_checks(self.device, trainer.precision, self.args.seconds)]
+            checks += _guarded("versions", system.versions)
+            checks += _guarded("device", lambda: system.device_check(self.device))
+            checks += _guarded("precision", lambda: system.precision_check(self.device, trainer.precision))
+            checks += _guarded("SDPA", lambda: system.attention_checks(
+                self.device, Precision(trainer.precision).compute_dtype))
+            checks += _guarded("matmul", lambda: system.matmul_checks(self.device, trainer.precision, self.args.seconds))
         if "compile" in self.skip:
             checks.append(_skipped("torch.compile", "a tiny compile"))
         else:
-            checks.append(system.compile_check(self.device, config.parallel.compile))
+            checks += _guarded("torch.compile", lambda: system.compile_check(self.device, config.parallel.compile))
         if "memory" in self.skip:
             checks.append(_skipped("memory", "memory against the model's estimate"))
         elif needs is not None:
-            checks += system.memory_checks(self.device, needs, trainer, config.parallel.cpu_offload,
-                                           self.place.local_world_size)
+            checks += _guarded("memory", lambda: system.memory_checks(
+                self.device, needs, trainer, config.parallel.cpu_offload, self.place.local_world_size))
         else:
             checks.append(_skipped("memory", "the run's config did not resolve (above)"))
         if "storage" in self.skip:
@@ -205,7 +207,8 @@ class Doctor:
         elif needs is None:
             checks.append(_skipped("storage", "the run's config did not resolve (above)"))
         elif self.place.local_rank == 0:  # one per node: they share its disks
-            checks += [storage.space_check(needs), storage.write_check(needs, self.place.rank)]
+            checks += _guarded("snapshot space", lambda: storage.space_check(needs))
+            checks += _guarded("snapshot write", lambda: storage.write_check(needs, self.place.rank))
         self.needs = needs
         return checks
 
@@ -283,6 +286,21 @@ class Doctor:
             report.write(path, content)
         except OSError as error:
             print(f"triax doctor: could not write {path}: {error.strerror or error}", flush=True)
+
+
+def _guarded(name: str, make) -> list[Check]:
+    """The check(s) `make` returns; one that raises (a broken driver, a bug) is a failed line of its
+    own rather than a rank that dies while the others wait for it in the next collective.
+    TRIAX_DEBUG=1 lets the exception through, with its traceback."""
+    try:
+        result = make()
+    except Exception as error:
+        if os.environ.get("TRIAX_DEBUG", "") not in ("", "0"):
+            raise
+        words = (str(error).strip().splitlines() or [""])[0]
+        return [Check(name, FAILED, f"the check itself failed: {type(error).__name__}: {words}",
+                      "run `TRIAX_DEBUG=1 triax doctor` on this node to see where, and report it", "doctor")]
+    return result if isinstance(result, list) else [result]
 
 
 def _skipped(name: str, what: str) -> Check:
