@@ -61,6 +61,7 @@ NOT_RUN = {
     ('README.md', "python3 -m pip install -e '.[wandb,mlflow]'"): 'network',
     ('README.md', 'python3 -m pip install torch==2.13.0 -e . && triax train'): 'network',
     ('docs/accelerate.md', 'triax launch --num-machines 2 --machine-rank 0 --main-process-ip 10.0.0.1 --main-process-port 29500 train.py'): 'several machines',
+    ('docs/doctor.md', 'torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint head:29500 -m triax doctor parallel.dp_shard=8'): 'several machines',
     ('docs/getting-started.md', 'bash scripts/test.sh'): 'network',
     ('docs/getting-started.md', 'bash scripts/test.sh -m "not multiprocess"'): 'network',
     ('docs/getting-started.md', 'python3 -m pip install torch==2.13.0 && python3 -m pip install -e .'): 'network',

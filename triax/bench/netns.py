@@ -78,6 +78,13 @@ class SimulatedNetwork:
                 f"--rdzv-id={run_id}", f"--rdzv-conf={conf}",
                 f"--local-addr={self.address(node)}", f"--max-restarts={max_restarts}", *args]
 
+    def set_rate(self, node: int, rate: str) -> None:
+        """Change node `node`'s outgoing rate (one slow link in an otherwise fast network); the
+        queue settings are netns.sh's."""
+        subprocess.run(["ip", "netns", "exec", self.namespace(node), "tc", "qdisc", "change", "dev", "eth0",
+                        "root", "handle", "1:", "tbf", "rate", rate, "burst", "256kb", "latency", "200ms"],
+                       check=True, capture_output=True)
+
     def cut_link(self, node: int) -> None:
         """Take node `node`'s link down: its peers get no reset, it just stops answering."""
         subprocess.run(["ip", "-n", self.namespace(node), "link", "set", "eth0", "down"], check=True)

@@ -1,1 +1,7 @@
-"""`triax doctor`: is this machine ready for a long run, and how fast is it."""
+"""`triax doctor`: checks a machine and a job's cluster before a long run (command.py).
+
+needs.py: what the configured run needs (triax plan's estimates); system.py: versions, device,
+kernels, matmul rate, memory; storage.py: the snapshot directory; network.py: store, process
+group, collective and per-link bandwidth, stragglers; report.py: the table and the JSON file.
+`--gpu-suite` hands over to gpu_suite.py.
+"""

@@ -390,13 +390,5 @@ def make_report(suite: Suite, args: argparse.Namespace) -> dict:
             "summary": ", ".join(f"{counts[status]} {status}" for status in STATUSES)}
 
 
-def doctor_main(argv: list[str]) -> int:
-    if "--gpu-suite" not in argv:
-        from triax.errors import ConfigError
-
-        raise ConfigError("triax doctor: only --gpu-suite is available in this build")
-    return main([arg for arg in argv if arg != "--gpu-suite"])
-
-
 if __name__ == "__main__":
     sys.exit(main())

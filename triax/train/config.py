@@ -242,6 +242,12 @@ class TrainerConfig:
     """Seconds a step phase may stall before the watchdog names the silent rank, writes a report and
     exits (snapshot I/O, start-up and the first step get 5x); unset = $TRIAX_COLLECTIVE_TIMEOUT, else 120."""
 
+    preflight: bool = False
+    """Before the model is built, run the fast part of `triax doctor` on the run's own processes:
+    memory, the snapshot directory's room and write rate (and that every node shares it), collective
+    and per-link bandwidth, stragglers; the table is printed, the report written to
+    <run_dir>/doctor.json, and a failed check stops the run before it starts."""
+
     return_freed_memory: Optional[bool] = None
     """Give freed buffers of 4 MiB and more straight back to the OS (glibc's malloc; per process, from
     the first trainer on): memory per rank falls back after each phase, but every large allocation

@@ -86,6 +86,11 @@ class Trainer:
         self.config = config
         model_config, created_run_dir = self._check_inputs()
         self._join_job(created_run_dir)
+        if config.trainer.preflight:
+            # deferred: triax.doctor reads triax.train.config, whose package imports this module
+            from triax.doctor.command import preflight
+
+            preflight(config, self.place, self.device)
         self._build_model(model_config)
         self._build_optimizer()
         # The position in training: optimizer steps taken, epoch, and the global sample index

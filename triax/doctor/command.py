@@ -1,0 +1,308 @@
+"""`triax doctor`: is this machine, and this job's cluster, ready for the run its config describes?
+
+Runs as one process or as every rank of a job (torchrun, `triax launch`, srun, mpirun). The ranks
+first meet at the rendezvous store and form the process group (a rank that cannot is named, with
+the address it could not reach); then each checks its own machine, the job measures its network,
+and rank 0 prints one table and writes one JSON file. Exit code 1 when something a run needs
+failed, 0 otherwise (warnings included), 2 for a bad command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import time
+from dataclasses import asdict
+
+from triax.arguments import ArgumentParser, at_least, check_output_file, need, positive
+from triax.collectives import all_gather_bytes, barrier, broadcast_int
+from triax.doctor import network, report, storage, system
+from triax.doctor.needs import RunNeeds, run_needs
+from triax.doctor.report import FAILED, OK, SKIPPED, Check
+from triax.errors import ConfigError, TriaxError
+from triax.place import Place, detect_place, pick_device
+from triax.precision import Precision
+from triax.process_group import is_distributed, shutdown_distributed
+from triax.timeouts import collective_timeout, slow_phase_timeout
+from triax.train.config import TrainConfig, compose_config, to_dict
+
+SECTIONS = ("system", "compile", "memory", "storage", "network")
+DEFAULT_REPORT = "triax-doctor.json"
+DEFAULT_SIZES_MIB = "1,16"
+MAX_SIZE_MIB = 4096  # a collective's buffer is allocated on every rank: beyond this, a typo
+# Versions that must match on every rank: a mismatch fails collectives in ways that look like bugs.
+SAME_EVERYWHERE = ("python", "torch", "triax", "cuda", "nccl")
+
+USAGE_EPILOG = """examples:
+  triax doctor
+  triax doctor model=gpt2 trainer.precision=bf16 trainer.snapshot_dir=/data/snapshots
+  torchrun --nnodes 4 --nproc-per-node 8 ... -m triax doctor parallel.dp_shard=8
+  triax doctor --gpu-suite        # the whole GPU acceptance run (about 8 minutes on one GPU)
+
+KEY=VALUE overrides are `triax train`'s (triax train --help lists them)."""
+
+
+def parse(argv: list[str]):
+    parser = ArgumentParser(prog="triax doctor", epilog=USAGE_EPILOG,
+                            description="Is this machine, and this job's cluster, ready for the run its config describes?",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="the run's config, as for triax train")
+    parser.add_argument("--json", default=DEFAULT_REPORT, metavar="PATH",
+                        help=f"where rank 0 writes the report (default {DEFAULT_REPORT})")
+    parser.add_argument("--force", action="store_true", help="replace a --json file the doctor did not write")
+    parser.add_argument("--skip", action="append", default=[], choices=SECTIONS,
+                        help="leave out a section (repeat for several); it is listed as skipped")
+    parser.add_argument("--store-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds every rank has to reach the rendezvous store (default 60)")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES_MIB, metavar="MIB,...",
+                        help=f"all-reduce/all-gather sizes over the whole job, MiB (default {DEFAULT_SIZES_MIB})")
+    parser.add_argument("--link-mib", type=float, default=4.0, help="all-reduce size between two nodes, MiB")
+    parser.add_argument("--seconds", type=float, default=0.5, metavar="S",
+                        help="time each measurement is repeated for (default 0.5)")
+    parser.add_argument("--gpu-suite", action="store_true", help="the GPU acceptance suite (its own options)")
+    args = parser.parse_args(argv)
+    for override in args.overrides:
+        need("=" in override, "KEY=VALUE", override, "give config overrides as key=value (triax train --help)")
+    positive("--store-timeout", args.store_timeout)
+    positive("--seconds", args.seconds)
+    positive("--link-mib", args.link_mib)
+    need(args.link_mib <= MAX_SIZE_MIB, "--link-mib", args.link_mib, f"use at most {MAX_SIZE_MIB}")
+    args.sizes = _sizes(args.sizes)
+    return args
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = []
+    for item in text.split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            value = float("nan")
+        need(value == value and 0 < value <= MAX_SIZE_MIB, "--sizes", text,
+             f"give sizes in MiB above 0 and at most {MAX_SIZE_MIB}, separated by commas (e.g. 1,16)")
+        sizes.append(int(value * 2**20))
+    return sizes
+
+
+def main(argv: list[str]) -> int:
+    if "--gpu-suite" in argv:
+        try:
+            # deferred: the GPU suite (tests, benchmarks) is its own module with its own options
+            from triax.doctor import gpu_suite
+        except ModuleNotFoundError as error:
+            if error.name != "triax.doctor.gpu_suite":
+                raise
+            raise TriaxError("triax doctor --gpu-suite is not available in this build (triax.doctor.gpu_suite "
+                             "is missing); run the checks without it") from None
+
+        return int(gpu_suite.main([arg for arg in argv if arg != "--gpu-suite"]) or 0)
+    args = parse(argv)
+    config = compose_config(args.overrides)
+    place = detect_place()
+    if place.is_main:
+        check_output_file("--json", args.json, args.force, report.is_doctor_report)
+    try:
+        return Doctor(config, args, place).run()
+    finally:
+        shutdown_distributed()
+
+
+def preflight(config: TrainConfig, place: Place, device) -> None:
+    """trainer.preflight=true: the fast part of the doctor at the start of a run, on the run's own
+    process group: memory, the snapshot directory (room, write rate, shared by every node) and the
+    network (a 1 MiB all-reduce and all-gather, each link between nodes, stragglers). Leaves out
+    what takes long (a compile) or what the run measures itself (the matmul rate, as MFU).
+    Every rank raises together when something the run needs failed."""
+    path = os.path.join(config.trainer.run_dir, "doctor.json")
+    args = parse(["--skip", "system", "--skip", "compile", "--sizes", "1", "--seconds", "0.2", "--json", path])
+    if Doctor(config, args, place, device).run():
+        raise ConfigError(f"trainer.preflight: a check the run needs failed (the table above; the report is "
+                          f"{path}); fix it, or set trainer.preflight=false to start anyway")
+
+
+class Doctor:
+    def __init__(self, config: TrainConfig, args, place: Place, device=None):
+        self.config, self.args, self.place = config, args, place
+        self.skip = set(args.skip)
+        self.device = device if device is not None else pick_device(config.trainer.device, place.local_rank)
+        self.start = time.perf_counter()
+        self.nodes = [network.Node(0, socket.gethostname(), "local", list(range(place.world_size)))]
+
+    def run(self) -> int:
+        joined = []
+        if is_distributed():  # a run's preflight: its process group is formed already
+            self.nodes = network.nodes_of_group(self.place)
+        elif self.place.world_size > 1:
+            joined = self._join()
+        if any(check.status == FAILED for check in joined):
+            return self._alone(joined)
+        mine = [*joined, *self._local_checks()]
+        for check in mine:
+            check.rank = self.place.rank
+        job, links = self._job_checks()
+        everyone = all_gather_bytes(json.dumps([asdict(c) for c in mine]).encode()) if self.place.world_size > 1 \
+            else [json.dumps([asdict(c) for c in mine]).encode()]
+        code = 0
+        if self.place.is_main:
+            per_rank = [[Check(**item) for item in json.loads(payload)] for payload in everyone]
+            checks = report.merge_ranks(per_rank) + job + self._same_versions(per_rank)
+            self._publish(checks, links, self.args.json)
+            code = int(report.worst(checks) == FAILED)
+        return broadcast_int(code) if self.place.world_size > 1 else code
+
+    # ---- the parts ----------------------------------------------------------------------------
+
+    def _join(self) -> list[Check]:
+        """Reach the store, wait for every rank, form the process group; stops at the first failure."""
+        timeout = self.args.store_timeout
+        store, check = network.reach_store(self.place, timeout)
+        checks = [check]
+        if store is None:
+            return checks
+        nodes, check = network.wait_for_ranks(store, self.place, timeout)
+        checks.append(check)
+        if not nodes:
+            return checks
+        self.nodes = nodes
+        group_timeout = slow_phase_timeout(collective_timeout(self.config.trainer.collective_timeout))
+        checks.append(network.form_group(self.device, self.place, store, group_timeout))
+        return checks
+
+    def _local_checks(self) -> list[Check]:
+        config, checks = self.config, []
+        trainer = config.trainer
+        needs = None
+        try:
+            needs = run_needs(config, self.place.world_size)
+            checks.append(Check("run", OK, f"{needs.shape.num_params() / 1e6:.1f}M parameters "
+                                f"({config.model.name}), {needs.layout.describe()}, {trainer.precision}, "
+                                f"batch {trainer.batch_size} x {needs.shape.block_size}", section="config"))
+        except TriaxError as error:
+            checks.append(Check("run", FAILED, str(error), "fix the configuration: `triax train` would stop here too",
+                                "config"))
+        if "system" in self.skip:
+            checks.append(_skipped("system", "versions, device, precision, SDPA, matmul"))
+        else:
+            checks += _guarded("versions", system.versions)
+            checks += _guarded("device", lambda: system.device_check(self.device))
+            checks += _guarded("precision", lambda: system.precision_check(self.device, trainer.precision))
+            checks += _guarded("SDPA", lambda: system.attention_checks(
+                self.device, Precision(trainer.precision).compute_dtype))
+            checks += _guarded("matmul", lambda: system.matmul_checks(self.device, trainer.precision, self.args.seconds))
+        if "compile" in self.skip:
+            checks.append(_skipped("torch.compile", "a tiny compile"))
+        else:
+            checks += _guarded("torch.compile", lambda: system.compile_check(self.device, config.parallel.compile))
+        if "memory" in self.skip:
+            checks.append(_skipped("memory", "memory against the model's estimate"))
+        elif needs is not None:
+            checks += _guarded("memory", lambda: system.memory_checks(
+                self.device, needs, trainer, config.parallel.cpu_offload, self.place.local_world_size))
+        else:
+            checks.append(_skipped("memory", "the run's config did not resolve (above)"))
+        if "storage" in self.skip:
+            checks.append(_skipped("storage", "snapshot directory"))
+        elif needs is None:
+            checks.append(_skipped("storage", "the run's config did not resolve (above)"))
+        elif self.place.local_rank == 0:  # one per node: they share its disks
+            checks += _guarded("snapshot space", lambda: storage.space_check(needs))
+            checks += _guarded("snapshot write", lambda: storage.write_check(needs, self.place.rank))
+        self.needs = needs
+        return checks
+
+    def _job_checks(self) -> tuple[list[Check], list[dict]]:
+        """The collectives every rank takes part in; the findings are the same on every rank."""
+        if self.place.world_size == 1:
+            return [_skipped("network", "one process: no store, process group or links to check")], []
+        checks, links = [], []
+        if "network" in self.skip:
+            checks.append(_skipped("network", "collective bandwidth, links, stragglers"))
+        else:
+            checks += network.job_bandwidth(self.args.sizes, self.args.seconds)
+            if len(self.nodes) > 1:
+                links = network.link_bandwidth(self.nodes, int(self.args.link_mib * 2**20), self.args.seconds)
+            checks += network.link_checks(self.nodes, links)
+            checks.append(network.straggler_check(self.device, self.nodes, self.args.seconds))
+        if len(self.nodes) > 1 and "storage" not in self.skip:
+            checks.append(self._shared_directory())
+        return checks, links
+
+    def _shared_directory(self) -> Check:
+        needs = getattr(self, "needs", None)
+        if needs is None:
+            return _skipped("snapshot dir shared", "the run's config did not resolve")
+        token = all_gather_bytes(storage.new_token().encode())[0].decode()
+        node = next(node.index for node in self.nodes if self.place.rank in node.ranks)
+        leader = self.place.rank == self.nodes[node].ranks[0]
+        marker = storage.write_marker(needs, token, node) if leader else None
+        barrier()
+        seen = storage.markers_seen(needs, token, len(self.nodes)) if leader else []
+        reports = all_gather_bytes(json.dumps(seen).encode())
+        barrier()
+        if marker is not None:
+            os.remove(marker)
+        seen_by_node = [json.loads(reports[each.ranks[0]]) for each in self.nodes]
+        return storage.shared_check(needs, seen_by_node, [each.name for each in self.nodes])
+
+    def _same_versions(self, per_rank: list[list[Check]]) -> list[Check]:
+        if len(per_rank) == 1:
+            return []
+        found = {}
+        for rank, checks in enumerate(per_rank):
+            for check in checks:
+                if check.name == "versions":
+                    found[rank] = {key: check.values.get(key) for key in SAME_EVERYWHERE}
+        if len(found) < 2:
+            return []
+        differing = sorted({key for key in SAME_EVERYWHERE if len({str(v[key]) for v in found.values()}) > 1})
+        if not differing:
+            return [Check("same versions", OK, f"{', '.join(SAME_EVERYWHERE)} equal on all {len(found)} ranks",
+                          section="system")]
+        words = "; ".join(f"{key}: " + ", ".join(f"rank {rank} {values[key]}" for rank, values in found.items())
+                          for key in differing)
+        return [Check("same versions", FAILED, words, "install the same versions on every node", "system")]
+
+    def _alone(self, checks: list[Check]) -> int:
+        """This rank could not join the others: its own report, its own file, exit 1."""
+        for check in checks:
+            check.rank = check.rank if check.rank is not None else self.place.rank
+        path = self.args.json if self.place.is_main else report.rank_path(self.args.json, self.place.rank)
+        self.nodes = []  # not known: the ranks never all met
+        self._publish(checks, [], path)
+        return 1
+
+    def _publish(self, checks: list[Check], links: list[dict], path: str) -> None:
+        seconds = time.perf_counter() - self.start
+        lines = report.table(checks)
+        nodes = f"{len(self.nodes)} node(s)" if self.nodes else "nodes not known"
+        heading = (f"triax doctor: {self.place.world_size} process(es), {nodes}, "
+                   f"device {self.device}" + (f", rank {self.place.rank}" if not self.place.is_main else ""))
+        print(f"{heading}\n\n{lines}\n\n{report.summary(checks, seconds)}\nreport: {path}", flush=True)
+        content = report.document(checks, world_size=self.place.world_size, links=links, seconds=seconds,
+                                  nodes=[node.describe() for node in self.nodes], config=to_dict(self.config))
+        try:
+            report.write(path, content)
+        except OSError as error:
+            print(f"triax doctor: could not write {path}: {error.strerror or error}", flush=True)
+
+
+def _guarded(name: str, make) -> list[Check]:
+    """The check(s) `make` returns; one that raises (a broken driver, a bug) is a failed line of its
+    own rather than a rank that dies while the others wait for it in the next collective.
+    TRIAX_DEBUG=1 lets the exception through, with its traceback."""
+    try:
+        result = make()
+    except Exception as error:
+        if os.environ.get("TRIAX_DEBUG", "") not in ("", "0"):
+            raise
+        words = (str(error).strip().splitlines() or [""])[0]
+        return [Check(name, FAILED, f"the check itself failed: {type(error).__name__}: {words}",
+                      "run `TRIAX_DEBUG=1 triax doctor` on this node to see where, and report it", "doctor")]
+    return result if isinstance(result, list) else [result]
+
+
+def _skipped(name: str, what: str) -> Check:
+    return Check(name, SKIPPED, f"not checked: {what}", section=name)
+
