@@ -19,7 +19,7 @@ CHECK_KEYS = {"name", "status", "figure", "advice", "seconds", "needs_gpu", "det
 
 def run_suite(tmp_path, *args):
     report = tmp_path / "report.json"
-    code = gpu_suite.main(["--report", str(report), *args])
+    code = gpu_suite.main(["--json", str(report), *args])
     return code, json.loads(report.read_text())
 
 
