@@ -709,6 +709,14 @@ class Trainer:
 
     def fit(self) -> dict:
         trainer = self.config.trainer
+        if self.step >= self.total_steps:  # resumed a finished run: nothing to train, say so
+            try:
+                self.logger.print(self._complete_message())
+            finally:
+                self._close_run()
+            with raise_together("closing the metrics files"):
+                self.logger.close()
+            return {}
         if self.is_main:
             params = self.num_params
             # What was loaded, not the preset's name: model.init_from replaced the preset's shape.
@@ -734,15 +742,31 @@ class Trainer:
                 self.logger.print(self._summary())
         finally:
             stop.uninstall()
-            if self.sample_log is not None:
-                self.sample_log.close()
-            if self.watchdog is not None:
-                self.watchdog.stop()
-            if self.is_main:  # the job is over: the run directory is free, and no lock file stays behind
-                unlock_run_dir(self.config.trainer.run_dir, remove=True)
+            self._close_run()
         with raise_together("closing the metrics files"):  # rank 0's files; the others wait at exit
             self.logger.close()
         return last
+
+    def _close_run(self) -> None:
+        """The job is over: the sample log and the watchdog stop, and the run directory is free
+        (no lock file stays behind)."""
+        if self.sample_log is not None:
+            self.sample_log.close()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.is_main:
+            unlock_run_dir(self.config.trainer.run_dir, remove=True)
+
+    def _complete_message(self) -> str:
+        """What a resumed run that has nothing left to train says: which limit it reached, and the
+        two ways on (train further in this run, or start another one)."""
+        trainer = self.config.trainer
+        limit = (f"trainer.max_steps={trainer.max_steps}" if trainer.max_steps == self.total_steps
+                 else f"trainer.max_epochs={trainer.max_epochs}, {self.steps_per_epoch} steps each")
+        further = "trainer.max_steps" if limit.startswith("trainer.max_steps") else "trainer.max_epochs"
+        return (f"{trainer.run_dir} is already complete: its snapshot {self.last_snapshot} is at step {self.step} "
+                f"and this run ends at step {self.total_steps} ({limit}), so nothing was trained; to train on, "
+                f"raise {further}; to start a new run, give another trainer.run_dir")
 
     def _finish(self) -> None:
         if self.stop_reason is not None:
