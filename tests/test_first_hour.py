@@ -1,13 +1,16 @@
 """What a new user meets in the first hour, each behaviour held: a finished run started again,
 a run used from another directory, a launcher's command checked before anything starts."""
 
-import sys
+import json
+import shutil
 
 import pytest
+import yaml
 
 from triax.arguments import check_command
 from triax.cli import main as triax_main
 
+from forked import launch
 from helpers import tiny_overrides, train
 
 
@@ -52,3 +55,39 @@ def test_a_runnable_command_passes_the_check(command, tmp_path, monkeypatch):
     (tmp_path / "run.sh").write_text("#!/bin/sh\n")
     (tmp_path / "run.sh").chmod(0o755)
     check_command(command, "triax horovodrun -np 2 python train.py")  # no error
+
+
+@pytest.mark.multiprocess
+def test_a_run_started_with_relative_paths_is_evaluated_and_sampled_from_any_directory(tmp_path, tiny_corpus):
+    """The run keeps its data's path absolute (config.yaml), so `triax eval RUN` scores the run's
+    own split from another directory; a config.yaml holding a relative path (an older triax's)
+    is named as the run's, with where it is relative to."""
+    started_in, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    started_in.mkdir()
+    elsewhere.mkdir()
+    shutil.copy(tiny_corpus, started_in / "input.txt")
+    train(tiny_overrides("runs/gpt", "input.txt", **{"trainer.max_steps": 2}), cwd=str(started_in))
+    config = yaml.safe_load((started_in / "runs" / "gpt" / "config.yaml").read_text())
+    assert config["data"]["path"] == str(started_in / "input.txt")
+    run_dir = str(started_in / "runs" / "gpt")
+    scored = launch(1, ["-m", "triax", "eval", run_dir, "--json"], cwd=str(elsewhere))
+    assert json.loads(scored.stdout.strip().splitlines()[-1])["data"] == ["val split"]
+    sampled = launch(1, ["-m", "triax", "generate", run_dir, "--tokens", "5", "--prompt", "the "], cwd=str(elsewhere))
+    assert sampled.stdout.startswith("the ")
+
+    config["data"]["path"] = "input.txt"
+    (started_in / "runs" / "gpt" / "config.yaml").write_text(yaml.safe_dump(config))
+    refused = launch(1, ["-m", "triax", "eval", run_dir], cwd=str(elsewhere), check=False)
+    assert refused.returncode == 2
+    assert (f"the run's data, data.path 'input.txt' in {run_dir}/config.yaml (relative to the directory the run "
+            "was started in") in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("command", [["generate", "runs/gpt"], ["export", "runs/gpt", "out.safetensors"],
+                                     ["eval", "runs/gpt"]])
+def test_a_run_directory_that_is_not_there_is_named_with_where_it_was_looked_for(command, tmp_path, monkeypatch,
+                                                                                  capsys):
+    monkeypatch.chdir(tmp_path)
+    assert triax_main(command) == 2
+    error = capsys.readouterr().err.strip()
+    assert f"'runs/gpt' does not exist (relative to {tmp_path})" in error and "\n" not in error, error

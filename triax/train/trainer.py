@@ -44,8 +44,8 @@ from triax.rendezvous import restart_count
 from triax.stragglers import StragglerCheck
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train import init_from
-from triax.train.config import (TrainConfig, asynchronous_snapshots, final_lr, gpt_config, snapshot_every,
-                                snapshot_root, to_dict)
+from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, final_lr, gpt_config,
+                                snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
@@ -185,6 +185,10 @@ class Trainer:
                     "trainer.overwrite=true to delete its snapshots and start over")
         # Created only once every check above passed: a refused start leaves no empty run directory.
         created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
+        # Checked as typed (the errors above name what the user wrote), kept absolute: config.yaml
+        # then serves `triax eval`, `generate` and a resume from any directory.
+        absolute_paths(config)
+        self.snapshot_root = snapshot_root(config)
         return model_config, created_run_dir
 
     def _check_memory(self, model_config) -> None:
