@@ -95,6 +95,7 @@ NOT_RUN = {
     ('docs/performance.md', 'python benchmarks/memory_scaling.py --model gpt2-large --shards 4'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/parallel_layouts.py --steps 4 28'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/pipeline_bubble.py'): 'a quiet machine',
+    ('docs/performance.md', 'python benchmarks/thread_default.py --steps 40 --rounds 2'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/trainer_vs_handwritten.py'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/trainer_vs_handwritten.py --only-precision --precision-model gpt-mini --steps 5'): 'a quiet machine',
     ('docs/performance.md', 'sudo python benchmarks/ddp_boost_netns.py --rounds 2 --steps 10 --compressions bf16 fp16'): 'root',

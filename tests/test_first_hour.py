@@ -5,10 +5,12 @@ import json
 import shutil
 
 import pytest
+import torch
 import yaml
 
 from triax.arguments import check_command
 from triax.cli import main as triax_main
+from triax.threads import choose_threads
 
 from forked import launch
 from helpers import tiny_overrides, train
@@ -18,8 +20,10 @@ from helpers import tiny_overrides, train
 def test_a_finished_run_started_again_says_it_is_complete_and_what_to_do(tmp_path, tiny_corpus):
     run_dir = tmp_path / "run"
     overrides = tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 2})
-    train(overrides)
+    first = train(overrides)
     again = train(overrides)
+    # The run's first line says how many threads it computes with, and why (the tests set OMP_NUM_THREADS=1).
+    assert "(single process) with 1 thread each (OMP_NUM_THREADS=1), precision" in first.stdout.splitlines()[0]
     assert "is already complete" in again.stdout, again.stdout
     assert "raise trainer.max_steps" in again.stdout and "another trainer.run_dir" in again.stdout
     assert "done:" not in again.stdout and "training " not in again.stdout  # no summary of 0 steps
@@ -91,3 +95,23 @@ def test_a_run_directory_that_is_not_there_is_named_with_where_it_was_looked_for
     assert triax_main(command) == 2
     error = capsys.readouterr().err.strip()
     assert f"'runs/gpt' does not exist (relative to {tmp_path})" in error and "\n" not in error, error
+
+
+@pytest.mark.parametrize("cores,load,processes,expected", [
+    (2, 0.1, 1, 2),    # idle cores: all of them (PyTorch's own choice)
+    (2, 5.0, 1, 1),    # a shared machine at load 5: one thread, which no busy core holds up
+    (2, 1.2, 1, 1),    # one core busy: one thread
+    (16, 3.6, 2, 8),   # two processes per host: each its share of the cores
+    (16, 10.2, 1, 6),  # only the idle cores
+    (1, 0.0, 4, 1),    # never fewer than one
+])
+def test_the_default_thread_count_is_the_idle_cores_share(cores, load, processes, expected):
+    choice = choose_threads(processes, cores=cores, load=load, environment={})
+    assert choice.threads == expected
+    assert choice.describe().startswith(f"{expected} thread{'s' if expected > 1 else ''} each ({cores} cores, "
+                                        f"load {load:.1f}; OMP_NUM_THREADS to choose)")
+
+
+def test_omp_num_threads_is_the_users_choice():
+    choice = choose_threads(1, cores=64, load=0.0, environment={"OMP_NUM_THREADS": "3"})
+    assert choice.threads == torch.get_num_threads() and choice.reason == "OMP_NUM_THREADS=3"

@@ -28,7 +28,7 @@ from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
-from triax.metrics import MetricsLogger, peak_memory_mb, stated_peak_flops
+from triax.metrics import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops
 from triax.models import build_model, vocabulary_rows
 from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
@@ -42,6 +42,7 @@ from triax.precision import Precision
 from triax.process_group import init_distributed
 from triax.rendezvous import restart_count
 from triax.stragglers import StragglerCheck
+from triax.threads import apply_thread_choice
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train import init_from
 from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, final_lr, gpt_config,
@@ -124,6 +125,8 @@ class Trainer:
         # exists, so a mistake is one message per rank, never a hang in a collective.
         self.place = detect_place()
         self.device = pick_device(trainer.device, self.place.local_rank)
+        # A CPU run computes with the cores idle at its start (triax.threads: why), unless OMP_NUM_THREADS says.
+        self.threads = apply_thread_choice(self.place.local_world_size) if self.device.type == "cpu" else None
         self.precision = Precision(trainer.precision)
         self.precision.check_device(self.device)
         self.init_source = self._init_source()
@@ -726,14 +729,16 @@ class Trainer:
             # What was loaded, not the preset's name: model.init_from replaced the preset's shape.
             loaded = f"from {self.config.model.init_from}" if self.config.model.init_from else self.config.model.name
             # The architecture too: a preset's shape can be built as any of them (model.arch).
+            threads = f" with {self.threads.describe()}" if self.threads is not None else ""
+            processes = f"{self.world_size} process{'es' if self.world_size != 1 else ''}"
             self.logger.print(
                 f"training {loaded} ({self.model_config.arch}, {params / 1e6:.2f}M params) on {self.device} x "
-                f"{self.world_size} process(es) ({self.layout.describe()}), precision {self.precision.name}, "
+                f"{processes} ({self.layout.describe()}){threads}, precision {self.precision.name}, "
                 f"{self.total_steps} steps of {self.samples_per_step} samples "
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
         self.model.train()
         self.logger.start_progress(self.total_steps, self.step)
-        self.started = (time.perf_counter(), self.step)
+        self.pace = Pace(self.samples_per_step * self.data.block_size, self.total_steps, self.step)
         self.best_val: tuple[float, int] | None = None
         debug = self.config.debug
         stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank, trainer.stop_grace,
@@ -788,24 +793,26 @@ class Trainer:
     def _loop(self, stop: StopRequest) -> dict:
         trainer = self.config.trainer
         last = {}
-        interval_start, interval_steps = time.perf_counter(), 0
+        pace = self.pace
         while self.step < self.total_steps:
             step_started = time.perf_counter()
             loss, grad_norm = self.train_step()
-            step_seconds = time.perf_counter() - step_started
-            self.timing["step"] += step_seconds
-            interval_steps += 1
-            tokens_per_s = self.samples_per_step * self.data.block_size / max(step_seconds, 1e-9)
-            self.logger.advance(1, loss=f"{loss:.4f}", tokens_per_s=f"{tokens_per_s:,.0f}")
+            self.timing["step"] += time.perf_counter() - step_started
+            pace.update(self.step)
+            # The bar shows the figures the log line shows (one Pace): tokens/s of this log
+            # interval so far, and the time left at this session's pace.
+            bar = {"loss": f"{loss:.4f}", "speed": Pace.rate(pace.tokens_per_s)}
+            if self.step < self.total_steps:
+                bar["left"] = pace.time_left
+            self.logger.advance(1, **bar)
             record = None
             if self.step % trainer.log_every == 0 or self.step == self.total_steps:
-                elapsed = time.perf_counter() - interval_start
                 self._phase("metrics all-gather", self.step)
                 record = {"loss": round(mean_across_ranks(loss), 6),
                           "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(grad_norm, 5),
-                          "epoch": self.epoch, **self._throughput(interval_steps, elapsed),
+                          "epoch": self.epoch, **self._throughput(pace.interval_steps, pace.interval_seconds),
                           "peak_mem_mb": round(peak_memory_mb(self.device), 1),
-                          **self._rank_times(interval_steps)}
+                          **self._rank_times(pace.interval_steps)}
             if trainer.eval_every and (self.step % trainer.eval_every == 0 or self.step == self.total_steps):
                 self._phase("evaluation", self.step)
                 record = {**(record or {}), **self.evaluate()}
@@ -818,7 +825,7 @@ class Trainer:
                 with raise_together(f"writing the metrics of step {self.step}"):  # rank 0 writes, all agree
                     self.logger.log(self.step, record, console=self._console_line(record))
                 last = record
-                interval_start, interval_steps = time.perf_counter(), 0
+                pace.new_interval()
             epoch_ended = not self.sampler.fits(self.sample_index, self.samples_per_step)
             if ((self.save_every and self.step % self.save_every == 0)
                     or (trainer.save_on_epoch_end and epoch_ended)):
@@ -834,20 +841,13 @@ class Trainer:
                 break
         return last
 
-    def _time_left(self) -> str:
-        """The rest of the run at this session's pace so far (steps, evaluations and snapshots)."""
-        started, first_step = self.started
-        done = self.step - first_step
-        seconds = (time.perf_counter() - started) / max(done, 1) * (self.total_steps - self.step)
-        return _duration(seconds)
-
     def _summary(self) -> str:
         """The end of a run: how long, how fast, how good, and where its files are."""
-        started, first_step = self.started
-        seconds = time.perf_counter() - started
-        tokens = (self.step - first_step) * self.samples_per_step * self.data.block_size
-        parts = [f"done: {self.step - first_step} steps in {_duration(seconds)} ({tokens / max(seconds, 1e-9):,.0f} "
-                 "tokens/s)"]
+        pace = self.pace
+        pace.update(self.step)
+        tokens = pace.session_steps * pace.tokens_per_step
+        parts = [f"done: {pace.session_steps} steps in {duration(pace.seconds)} "
+                 f"({tokens / max(pace.seconds, 1e-9):,.0f} tokens/s)"]
         if self.best_val is not None:
             parts.append(f"best val_loss {self.best_val[0]:.4f} (step {self.best_val[1]})")
         if self.last_snapshot is not None:
@@ -880,7 +880,7 @@ class Trainer:
         parts = [f"step {self.step}/{self.total_steps}"]
         if "loss" in record:
             parts += [f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}", f"gnorm {record['grad_norm']:.3f}",
-                      f"{record['tokens_per_s']:.0f} tok/s"]
+                      Pace.rate(self.pace.tokens_per_s)]  # the figure the bar shows (record's, unrounded)
             if "mfu" in record:
                 parts.append(f"mfu {100 * record['mfu']:.2f}%")
             parts.append(f"mem {record['peak_mem_mb']:.0f}MB")
@@ -889,7 +889,7 @@ class Trainer:
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
         if self.step < self.total_steps:
-            parts.append(f"{self._time_left()} left")
+            parts.append(f"{self.pace.time_left} left")
         return " | ".join(parts)
 
 
@@ -917,16 +917,6 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b:
             changed.append(f"{prefix}{key}: {a} -> {b}")
     return changed
-
-
-def _duration(seconds: float) -> str:
-    """1h02m, 3m05s, 42s."""
-    seconds = int(round(seconds))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
 
 
 def _remove_new_entries(directory: str, existing: set[str]) -> None:
