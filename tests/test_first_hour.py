@@ -3,6 +3,7 @@ a run used from another directory, a launcher's command checked before anything 
 
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import yaml
 
 from triax.arguments import check_command
 from triax.cli import main as triax_main
+from triax.testing import run
 from triax.threads import choose_threads
 
 from forked import launch
@@ -115,3 +117,28 @@ def test_the_default_thread_count_is_the_idle_cores_share(cores, load, processes
 def test_omp_num_threads_is_the_users_choice():
     choice = choose_threads(1, cores=64, load=0.0, environment={"OMP_NUM_THREADS": "3"})
     assert choice.threads == torch.get_num_threads() and choice.reason == "OMP_NUM_THREADS=3"
+
+
+@pytest.mark.multiprocess
+def test_a_triax_script_does_not_import_hugging_face_accelerate(tmp_path):
+    """Importing Accelerate runs its start-up code and warnings; a script written for triax's
+    Accelerator (or Horovod, or Pipe) never asked for it."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\nimport torch\nfrom triax import Accelerator\nimport triax.accelerate.utils, triax.horovod, "
+        "triax.pipe\naccelerator = Accelerator()\nmodel = accelerator.prepare(torch.nn.Linear(2, 2))\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'accelerate'))\n")
+    result = run([sys.executable, str(script)], cwd=str(tmp_path), timeout=240)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+
+
+@pytest.mark.parametrize("name", ["DistributedType", "ComputeEnvironment", "SageMakerDistributedType",
+                                  "PrecisionType", "LoggerType", "RNGType", "DynamoBackend",
+                                  "DDPCommunicationHookType"])
+def test_accelerate_enums_print_as_accelerates(name):
+    accelerate_dataclasses = pytest.importorskip("accelerate.utils.dataclasses")
+    from triax.accelerate import dataclasses
+
+    ours, theirs = getattr(dataclasses, name), getattr(accelerate_dataclasses, name)
+    shown = [(str(member), f"{member}", repr(member)) for member in ours]
+    assert shown == [(str(member), f"{member}", repr(member)) for member in theirs if member.name in ours.__members__]
