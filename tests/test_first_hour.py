@@ -142,3 +142,15 @@ def test_accelerate_enums_print_as_accelerates(name):
     ours, theirs = getattr(dataclasses, name), getattr(accelerate_dataclasses, name)
     shown = [(str(member), f"{member}", repr(member)) for member in ours]
     assert shown == [(str(member), f"{member}", repr(member)) for member in theirs if member.name in ours.__members__]
+
+
+@pytest.mark.multiprocess
+def test_the_accelerators_type_and_device_print_as_accelerates_on_several_cpu_processes(tmp_path):
+    """What Accelerate 1.x prints for a process of a job on CPUs: `DistributedType.MULTI_CPU`
+    (a plain str Enum) and `cpu:0` (its device is cpu:<local index modulo torch.cpu.device_count()>)."""
+    script = tmp_path / "show.py"
+    script.write_text("import torch\nfrom triax import Accelerator\naccelerator = Accelerator()\n"
+                      "model = accelerator.prepare(torch.nn.Linear(2, 2))\n"
+                      "print(f'{accelerator.distributed_type} {accelerator.device} {next(model.parameters()).device}')\n")
+    result = launch(2, [str(script)], cwd=str(tmp_path))
+    assert result.stdout.splitlines().count("DistributedType.MULTI_CPU cpu:0 cpu") == 2, result.stdout
