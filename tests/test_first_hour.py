@@ -11,6 +11,7 @@ import yaml
 
 from triax.arguments import check_command
 from triax.cli import main as triax_main
+from triax.errors import ConfigError
 from triax.testing import run
 from triax.threads import choose_threads
 
@@ -154,3 +155,46 @@ def test_the_accelerators_type_and_device_print_as_accelerates_on_several_cpu_pr
                       "print(f'{accelerator.distributed_type} {accelerator.device} {next(model.parameters()).device}')\n")
     result = launch(2, [str(script)], cwd=str(tmp_path))
     assert result.stdout.splitlines().count("DistributedType.MULTI_CPU cpu:0 cpu") == 2, result.stdout
+
+
+def test_a_llama_checkpoint_without_its_tokenizer_is_told_to_bring_its_own(tmp_path, tiny_corpus):
+    from llama_checkpoints import save_checkpoint
+
+    from triax.train.config import compose_config
+    from triax.train.trainer import Trainer
+
+    save_checkpoint(tmp_path / "llama", "llama")  # no corpus: no tokenizer.json
+    config = compose_config(tiny_overrides(tmp_path / "run", tiny_corpus, **{"model.init_from": tmp_path / "llama"}))
+    with pytest.raises(ConfigError, match=r"put the llama model's own tokenizer.json \(its tokenizer's save_pretrained "
+                                         r"writes it\) there") as error:
+        Trainer(config)
+    assert "GPT-2" not in str(error.value)
+
+
+@pytest.mark.multiprocess
+def test_shape_keys_beside_init_from_are_named_as_ignored(tmp_path, tiny_corpus):
+    from llama_checkpoints import save_checkpoint
+
+    save_checkpoint(tmp_path / "llama", "llama", corpus=tiny_corpus)  # 2 layers, 32 wide
+    result = train(tiny_overrides(tmp_path / "run", tiny_corpus, **{
+        "model.init_from": tmp_path / "llama", "model.n_layer": 3, "model.n_embd": 32, "trainer.max_steps": 1}))
+    warning = [line for line in result.stderr.splitlines() if "ignored" in line]
+    assert warning == [f"triax: warning: model.n_layer=3, model.n_head=2 ignored: model.init_from="
+                       f"'{tmp_path / 'llama'}' decides the model's shape (n_layer=2, n_head=4); leave the shape keys "
+                       "out beside model.init_from"], result.stderr  # n_embd=32 is the checkpoint's: no word
+
+
+@pytest.mark.multiprocess
+def test_a_tensor_parallel_run_says_once_why_it_prints_no_sample_and_a_new_llama_is_named_as_one(tmp_path,
+                                                                                                  tiny_corpus):
+    result = train(tiny_overrides(tmp_path / "run", tiny_corpus, **{
+        "model.arch": "llama", "model.n_kv_head": 2, "parallel.tp": 2, "parallel.dp_replicate": 1,
+        "trainer.max_steps": 4, "trainer.eval_every": 2, "trainer.eval_batches": 1, "trainer.sample_tokens": 8}),
+        nproc=2)
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("training gpt-micro with model.arch=llama, model.n_layer=2, model.n_head=2, "
+                            "model.n_embd=32, model.n_kv_head=2 (llama, "), first
+    said = [line for line in result.stdout.splitlines() if line.startswith("no text sample")]
+    assert said == [f"no text sample during this run: generating token by token needs the whole model and all "
+                    f"its logits on one rank, which this layout (tp=2) splits; `triax generate {tmp_path / 'run'}` "
+                    "samples from it afterwards"], result.stdout

@@ -561,6 +561,14 @@ def snapshot_root(config: TrainConfig) -> str:
     return config.trainer.snapshot_dir or os.path.join(config.trainer.run_dir, "snapshots")
 
 
+def changed_from_preset(model: ModelConfig) -> dict:
+    """{key: value} of the shape keys (dropout aside, init_from aside) that differ from preset
+    model.name's: what the command line or an experiment changed."""
+    preset = ModelConfig(name=model.name, **preset_fields(model.name)) if model.name in PRESETS else ModelConfig()
+    return {item.name: getattr(model, item.name) for item in dataclasses.fields(model)
+            if item.name not in ("name", "init_from", "dropout") and getattr(model, item.name) != getattr(preset, item.name)}
+
+
 def absolute_paths(config: TrainConfig) -> None:
     """Make the local paths a run depends on absolute, in place, as the directory it starts in
     resolves them: the run's config.yaml then names its data, its starting checkpoint and its

@@ -45,8 +45,8 @@ from triax.stragglers import StragglerCheck
 from triax.threads import apply_thread_choice
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train import init_from
-from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, final_lr, gpt_config,
-                                snapshot_every, snapshot_root, to_dict)
+from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset, final_lr,
+                                gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
@@ -107,6 +107,7 @@ class Trainer:
         self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
         self._peak_flops = stated_peak_flops(self.device, self.precision.compute_dtype, config.trainer.peak_flops)
         self._mfu_warned = False
+        self._said_why_no_sample = False
         self._open_run_files(created_run_dir)
         if self.resume:
             self._maybe_resume()
@@ -130,6 +131,7 @@ class Trainer:
         self.precision = Precision(trainer.precision)
         self.precision.check_device(self.device)
         self.init_source = self._init_source()
+        self.changed_shape = changed_from_preset(config.model)  # before model.init_from replaces the shape
         self.data = build_data(config.data, self.init_source.codec if self.init_source else None)
         self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
                                      self.place.world_size)
@@ -325,14 +327,25 @@ class Trainer:
             return None
         source = init_from.resolve(path)
         if source.codec is None and self.config.data.task == "char":
+            family = source.architecture.get("arch", "gpt2")
+            tokenizer = ("GPT-2's tokenizer.json" if family == "gpt2" else
+                         f"the {family} model's own tokenizer.json (its tokenizer's save_pretrained writes it)")
             raise ConfigError(f"model.init_from={path!r} has no tokenizer.json, so text cannot be encoded for it; "
-                              "put GPT-2's tokenizer.json there, or train on token files (data.task=tokens)")
+                              f"put {tokenizer} there, or train on token files (data.task=tokens)")
         return source
 
     def _take_architecture(self) -> None:
         """The checkpoint's shape replaces model.* (dropout stays this run's choice)."""
         source, model = self.init_source, self.config.model
         init_from.check_fits(source, self.data.vocab_size, self.data.block_size)
+        # The config is otherwise strict: a shape key given beside model.init_from is not dropped silently.
+        ignored = [key for key, value in self.changed_shape.items()
+                   if key in source.architecture and source.architecture[key] != value]
+        if ignored and self.place.is_main:
+            given = ", ".join(f"model.{key}={self.changed_shape[key]}" for key in ignored)
+            taken = ", ".join(f"{key}={source.architecture[key]}" for key in ignored)
+            print(f"triax: warning: {given} ignored: model.init_from={printable(source.path)!r} decides the model's "
+                  f"shape ({taken}); leave the shape keys out beside model.init_from", file=sys.stderr, flush=True)
         for key, value in source.architecture.items():
             if key not in ("vocab_size", "block_size"):  # the data's sizes, checked above
                 setattr(model, key, value)
@@ -726,8 +739,11 @@ class Trainer:
             return {}
         if self.is_main:
             params = self.num_params
-            # What was loaded, not the preset's name: model.init_from replaced the preset's shape.
-            loaded = f"from {self.config.model.init_from}" if self.config.model.init_from else self.config.model.name
+            # What was loaded, not the preset's name: model.init_from replaced the preset's shape; a
+            # preset whose shape keys were changed is named with the changes (model.arch=llama...).
+            changes = ", ".join(f"model.{key}={value}" for key, value in self.changed_shape.items())
+            loaded = (f"from {self.config.model.init_from}" if self.config.model.init_from else
+                      f"{self.config.model.name} with {changes}" if changes else self.config.model.name)
             # The architecture too: a preset's shape can be built as any of them (model.arch).
             threads = f" with {self.threads.describe()}" if self.threads is not None else ""
             processes = f"{self.world_size} process{'es' if self.world_size != 1 else ''}"
@@ -821,6 +837,12 @@ class Trainer:
                 sample = self.sample_text()
                 if sample is not None:
                     self.logger.print(f"--- sample at step {self.step} ---\n{sample}\n---")
+                elif (not self._can_generate() and not self._said_why_no_sample and self.data.vocab is not None
+                      and self.config.trainer.sample_tokens > 0):
+                    self._said_why_no_sample = True  # once a run: every evaluation would repeat it
+                    self.logger.print(f"no text sample during this run: generating token by token needs the whole model "
+                                      f"and all its logits on one rank, which this layout ({self.layout.describe()}) "
+                                      f"splits; `triax generate {self.config.trainer.run_dir}` samples from it afterwards")
             if record is not None:
                 with raise_together(f"writing the metrics of step {self.step}"):  # rank 0 writes, all agree
                     self.logger.log(self.step, record, console=self._console_line(record))
