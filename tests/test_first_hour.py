@@ -2,8 +2,11 @@
 a run used from another directory, a launcher's command checked before anything starts."""
 
 import json
+import re
 import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,11 +15,13 @@ import yaml
 from triax.arguments import check_command
 from triax.cli import main as triax_main
 from triax.errors import ConfigError
-from triax.testing import run
+from triax.testing import quiet_env, run
 from triax.threads import choose_threads
 
 from forked import launch
 from helpers import tiny_overrides, train
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.multiprocess
@@ -198,3 +203,28 @@ def test_a_tensor_parallel_run_says_once_why_it_prints_no_sample_and_a_new_llama
     assert said == [f"no text sample during this run: generating token by token needs the whole model and all "
                     f"its logits on one rank, which this layout (tp=2) splits; `triax generate {tmp_path / 'run'}` "
                     "samples from it afterwards"], result.stdout
+
+
+def test_triax_config_with_piped_answers_puts_each_question_on_its_line(tmp_path):
+    env = dict(quiet_env(), HOME=str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "triax", "config", "--config-file", str(tmp_path / "launch.yaml")],
+                          input="\n2\n" + "\n" * 20, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "How many machines (nodes)? [1]: " and lines[-1].startswith("configuration written to")
+    assert all(line.count("? [") == 1 for line in lines[:-1]), lines  # one question a line, with its answer
+    assert "How many processes per machine? [1]: " in lines or any(line.endswith("]: 2") for line in lines)
+
+
+@pytest.mark.parametrize("page", ["docs/configuration.md", "docs/train.md"])
+def test_the_pages_list_every_model_preset(page):
+    from triax.models.config import PRESETS
+
+    text = (ROOT / page).read_text()
+    assert [name for name in PRESETS if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text)] == []
+
+
+def test_triax_plan_counts_one_device_in_the_singular(capsys):
+    assert triax_main(["plan", "--model", "gpt-nano", "--world", "1", "--memory-gb", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "1 device x 8 GiB" in out and "1 devices" not in out, out
