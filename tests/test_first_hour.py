@@ -225,6 +225,7 @@ def test_the_pages_list_every_model_preset(page):
 
 
 def test_triax_plan_counts_one_device_in_the_singular(capsys):
-    assert triax_main(["plan", "--model", "gpt-nano", "--world", "1", "--memory-gb", "8"]) == 0
+    assert triax_main(["plan", "--model", "gpt-nano", "--world", "1", "--memory-gb", "8", "--global-batch", "4",
+                       "--seq", "64"]) == 0
     out = capsys.readouterr().out
     assert "1 device x 8 GiB" in out and "1 devices" not in out, out
