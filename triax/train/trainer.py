@@ -729,7 +729,7 @@ class Trainer:
 
     def fit(self) -> dict:
         trainer = self.config.trainer
-        if self.step >= self.total_steps:  # resumed a finished run: nothing to train, say so
+        if self.step >= self.total_steps and self.last_snapshot is not None:  # resumed a finished run: say so
             try:
                 self.logger.print(self._complete_message())
             finally:
