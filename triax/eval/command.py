@@ -119,7 +119,7 @@ def datasets(args, model, vocab, run_config):
         where = os.path.join(args.model, "config.yaml")
         relative = (data_config.path and "://" not in data_config.path and not os.path.isabs(data_config.path))
         started = " (relative to the directory the run was started in: run this command from there)" if relative else ""
-        raise type(error)(f"the run's data, data.path {data_config.path!r} in {where}{started}, cannot be read: "
+        raise type(error)(f"the run's data, data.path {data_config.path!r:.300} in {where}{started}, cannot be read: "
                           f"{error}; or score files with --text or --tokens") from None
     return [(f"{args.split} split", data.val if args.split == "val" else data.train)]
 
