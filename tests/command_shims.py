@@ -11,8 +11,8 @@ so bash sees what `triax` itself returned.
 What differs from the real thing, on purpose and only here:
 
 - `triax train` (alone or under torchrun) is scaled down, one of the two changes the harness makes
-  to a command: MODEL_SHAPE and AT_MOST below. A documented run of 2,000 steps of gpt2 trains here 4
-  steps of a 2-layer, 32-wide model; every other key (data, layout, precision, init_from,
+  to a command: MODEL_SHAPE and AT_MOST below. A documented run of 2,000 steps of gpt2 trains here 6
+  steps of a 2-layer, 32-wide model (a run of 500, 5); every other key (data, layout, precision, init_from,
   resume...) is the page's.
 - `torchrun` is parsed by torchrun's own argument parser, then its ranks are forked with the
   environment torchrun gives them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT on loopback...),
@@ -43,6 +43,18 @@ SERVER_VARIABLE = "TRIAX_DOCS_SERVER"  # the server's socket path, in the comman
 MODEL_SHAPE = {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32}
 AT_MOST = {"trainer.max_steps": 4, "trainer.eval_every": 2, "trainer.eval_batches": 2, "trainer.batch_size": 8,
            "trainer.sample_tokens": 16, "data.block_size": 32}
+# A longer run keeps some of its length (steps // 100, at most 6), so a page's later command that
+# trains a run further (trainer.max_steps=600 after 300) still trains here instead of finding the
+# run complete.
+MAX_STEPS_CEILING = 6
+
+
+def capped(key: str, value: int) -> int:
+    if key == "trainer.eval_batches" and value == 0:  # the whole split: the largest
+        return AT_MOST[key]
+    if key == "trainer.max_steps" and value > AT_MOST[key]:
+        return min(MAX_STEPS_CEILING, max(AT_MOST[key], value // 100))
+    return min(value, AT_MOST[key])
 
 
 # `triax launch` on one machine (a command for several is marked `needs:` and not run here) without
@@ -55,19 +67,18 @@ def scaled(args: list[str]) -> list[str]:
     """The arguments of `triax train` with SCALE applied (nothing changes for --help)."""
     if "-h" in args or "--help" in args:
         return list(args)
-    out, capped = [], set()
+    out, capped_keys = [], set()
     for arg in args:
         key, equals, value = arg.partition("=")
         bare = key.lstrip("+~")
         if equals and bare in MODEL_SHAPE:
             continue  # replaced below
         if equals and bare in AT_MOST and value.isdigit():
-            unlimited = bare == "trainer.eval_batches" and int(value) == 0
-            arg = f"{key}={AT_MOST[bare] if unlimited else min(int(value), AT_MOST[bare])}"
-            capped.add(bare)
+            arg = f"{key}={capped(bare, int(value))}"
+            capped_keys.add(bare)
         out.append(arg)
     out += [f"{key}={value}" for key, value in MODEL_SHAPE.items()]
-    return out + [f"{key}={value}" for key, value in AT_MOST.items() if key not in capped]
+    return out + [f"{key}={value}" for key, value in AT_MOST.items() if key not in capped_keys]
 
 
 def _python_argv(kind: str, args: list[str]) -> tuple[list[str], int, str | None]:

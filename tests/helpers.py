@@ -49,9 +49,9 @@ def tiny_overrides(run_dir, corpus, **extra):
     return [f"{key}={value}" for key, value in values.items()]
 
 
-def train(overrides, nproc=1, timeout=240, check=True, env=None):
+def train(overrides, nproc=1, timeout=240, check=True, env=None, cwd=None):
     """`triax train` with these overrides as a job of `nproc` processes (forked: see forked.py)."""
-    return launch(nproc, ["-m", "triax", "train", *overrides], timeout=timeout, check=check, env=env)
+    return launch(nproc, ["-m", "triax", "train", *overrides], timeout=timeout, check=check, env=env, cwd=cwd)
 
 
 def run_snapshot_root(run_dir, overrides=()):

@@ -24,11 +24,16 @@ def test_distributed_type_has_every_member_of_accelerate():
 
 
 def test_structure_mismatch_error_is_accelerate_exception_and_value_error():
+    """Where the script imported Accelerate (triax itself never does), the error raised is also
+    Accelerate's class, so a script that kept Accelerate's `except` catches it."""
     operations = pytest.importorskip("accelerate.utils.operations")
+    from triax.accelerate.errors import distributed_operation_error
     from triax.accelerate.utils import DistributedOperationException
 
-    assert issubclass(DistributedOperationException, operations.DistributedOperationException)
-    assert issubclass(DistributedOperationException, ValueError)
+    error = distributed_operation_error("shapes differ")
+    assert isinstance(error, (operations.DistributedOperationException)) and isinstance(error, ValueError)
+    assert isinstance(error, DistributedOperationException) and str(error) == "shapes differ"
+    assert type(distributed_operation_error("again")) is type(error)  # one class, made once
 
 
 def test_reduce_defaults_and_reductions_follow_accelerate(fresh_state):

@@ -120,6 +120,8 @@ def test_a_derived_count_is_named_as_what_it_follows():
         validate_layout(Layout(pp=2), n_layer=4, n_head=4, block_size=16, batch_size=3)
     assert str(error.value).startswith("4 pipeline micro-batches (parallel.pp_microbatches unset: 2 x "
                                        "parallel.pp=2) do not divide trainer.batch_size=3")
-    assert "set parallel.pp_microbatches to one of 3" in str(error.value)
+    assert "; set parallel.pp_microbatches=3 or make trainer.batch_size a multiple of 4" in str(error.value)
+    with pytest.raises(ConfigError, match="set parallel.pp_microbatches to one of 2, 3, 6 or"):
+        validate_layout(Layout(pp=2), n_layer=4, n_head=4, block_size=16, batch_size=6, pp_microbatches=4)
     with pytest.raises(ConfigError, match=r"^parallel.pp_microbatches=2 does not divide trainer.batch_size=3"):
         validate_layout(Layout(pp=2), n_layer=4, n_head=4, block_size=16, batch_size=3, pp_microbatches=2)

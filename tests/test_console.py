@@ -79,9 +79,14 @@ def test_progress_bars_show_on_a_terminal(tmp_path, tiny_corpus):
     code, shown = on_a_terminal([sys.executable, "-m", "triax", "train", *tiny_overrides(run_dir, tiny_corpus)],
                                 tmp_path)
     assert code == 0, shown[-3000:]
-    # tqdm's bar: steps done of the total, elapsed<left, the pace, and the loss and tokens/s
-    assert re.search(r"\d/6 \[\d\d:\d\d<\d\d:\d\d, [\d.]+s?(step/s|s/step), loss=[\d.]+, tokens_per_s=[\d,]+\]",
-                     shown), shown[-3000:]
+    # tqdm's bar: steps done of the total, the time spent, the loss, and the run's tokens/s and
+    # time left: after each log line the bar is drawn again, with the line's own figures.
+    lines = re.findall(r"step (\d)/6 \| .*? \| ([\d,]+) tok/s \| .*? \| (\d+(?:m\d\d)?s) left", shown)
+    assert len(lines) == 2, shown[-3000:]  # steps 2 and 4 (the last line has no time left)
+    for step, speed, left in lines:
+        after = shown[shown.index(f"step {step}/6 |"):]
+        bar = re.search(rf"{step}/6 \[\d\d:\d\d, loss=[\d.]+, speed=([\d,]+) tok/s, left=(\S+?)\]", after)
+        assert bar and bar.groups() == (speed, left), (step, speed, left, after[:600])
     code, shown = on_a_terminal([sys.executable, "-m", "triax", "export", str(run_dir),
                                  str(tmp_path / "model.safetensors")], tmp_path)
     assert code == 0 and "export:" in shown, shown[-3000:]

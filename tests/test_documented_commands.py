@@ -27,7 +27,11 @@ How a command runs here (tests/command_shims.py has the details):
   `nanogpt/data/openwebtext/`, `val.bin`, the README's Accelerate example as `demo.py` (and as the
   module `my_package.train`), its Horovod example as `train.py`, the repository's `examples/`, and
   `runs/gpt/`, made by the quickstart's own `triax train`. HOME is that directory too (`~` and `~/.cache` stay inside it).
+  A page that runs the quickstart itself (a bare `triax train`: the README, Getting started) starts
+  without `runs/`, so its commands run in order as a new user runs them.
   Questions a command asks are answered with Enter (each default).
+- No command may resume a finished run by accident (`... is already complete`): a page's
+  `triax train` that is not the quickstart names a trainer.run_dir of its own.
 """
 
 from __future__ import annotations
@@ -53,13 +57,15 @@ SHELL_LANGUAGES = ("bash", "shell", "sh")
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 NEEDS = re.compile(r"(?:^|\s)#(?:[^#]*[\s;])?needs: ([^#]+?)\s*$")
 COMMAND_TIMEOUT = 300
+QUICKSTART = "triax train"
+COMPLETE = "is already complete"  # what a finished run started again says (triax.train.trainer)
 
 # Every command not run here, by page, and why (the `needs:` on its line or block).
 NOT_RUN = {
     ('README.md', 'bash scripts/test.sh'): 'network',
     ('README.md', "python3 -m pip install -e '.[docs]' && mkdocs serve"): 'network',
     ('README.md', "python3 -m pip install -e '.[wandb,mlflow]'"): 'network',
-    ('README.md', 'python3 -m pip install torch==2.13.0 -e . && triax train'): 'network',
+    ('README.md', 'python3 -m pip install torch==2.13.0 -e .'): 'network',
     ('docs/accelerate.md', 'triax launch --num-machines 2 --machine-rank 0 --main-process-ip 10.0.0.1 --main-process-port 29500 train.py'): 'several machines',
     ('docs/doctor.md', 'torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint head:29500 -m triax doctor parallel.dp_shard=8'): 'several machines',
     ('docs/getting-started.md', 'bash scripts/test.sh'): 'network',
@@ -92,6 +98,7 @@ NOT_RUN = {
     ('docs/performance.md', 'python benchmarks/memory_scaling.py --model gpt2-large --shards 4'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/parallel_layouts.py --steps 4 28'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/pipeline_bubble.py'): 'a quiet machine',
+    ('docs/performance.md', 'python benchmarks/thread_default.py --steps 40 --rounds 2'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/trainer_vs_handwritten.py'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/trainer_vs_handwritten.py --only-precision --precision-model gpt-mini --steps 5'): 'a quiet machine',
     ('docs/performance.md', 'sudo python benchmarks/ddp_boost_netns.py --rounds 2 --steps 10 --compressions bf16 fp16'): 'root',
@@ -291,7 +298,7 @@ def prepared(command_server, tmp_path_factory):
     (base / "my_package" / "train.py").write_text(_readme_example("from triax import Accelerator"))
     (base / "train.py").write_text(_readme_example("import triax.horovod as hvd"))
     (base / "examples").symlink_to(ROOT / "examples")  # pages run the repository's example scripts
-    result = run_line("triax train", base, command_server)  # the quickstart's run: runs/gpt
+    result = run_line(QUICKSTART, base, command_server)  # the quickstart's run: runs/gpt
     assert result.returncode == 0, result.stderr[-4000:]
     return base
 
@@ -304,11 +311,15 @@ def test_documented_commands_run(page, prepared, command_server, tmp_path):
         pytest.skip(f"{page.name} shows no command that runs here")
     directory = tmp_path / "work"
     shutil.copytree(prepared, directory, symlinks=True)
+    if any(command.bare == QUICKSTART for command in commands):  # the page makes runs/gpt itself
+        shutil.rmtree(directory / "runs")
     for command in commands:
         started = time.perf_counter()
         result = run_line(command.text, directory, command_server)
         print(f"{time.perf_counter() - started:6.1f} s  {command.text}")
         output = (result.stdout + result.stderr).strip()
+        assert COMPLETE not in output, (f"{command.page}: `{command.text}` trained nothing: it resumed a finished "
+                                        f"run; give it a trainer.run_dir of its own\n{output[-2000:]}")
         if command.expected is None:
             assert result.returncode == 0, (f"{command.page}: `{command.text}` exited {result.returncode}\n"
                                             f"--- stdout ---\n{result.stdout[-3000:]}\n--- stderr ---\n"

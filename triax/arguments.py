@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
+import shutil
 
 from triax.errors import UsageError
 
@@ -86,3 +88,61 @@ def check_output_file(option: str, path: str, force: bool, written_by_triax) -> 
     if os.path.lexists(path) and not force and not written_by_triax(path):
         raise UsageError(f"{option} {path!r} already exists and was not written by triax; "
                          "choose another path, or add --force to replace it")
+
+
+def check_script(script: str, module: bool) -> None:
+    """The Python script (or `-m` module) a launcher starts must exist before N copies each fail."""
+    if module:
+        import importlib.util  # deferred: only a launch with -m needs it
+
+        try:
+            found = importlib.util.find_spec(script) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise UsageError(f"module {script!r} cannot be found from here (python -m {script} would fail); "
+                             "check the name and the current directory / PYTHONPATH")
+    elif not os.path.isfile(script):
+        what = "is a directory" if os.path.isdir(script) else "does not exist"
+        raise UsageError(f"training script {script!r} {what}; give the path of a Python file "
+                         "(or -m module.name)")
+
+
+# Python's options that take a value in the next argument (python --help): skipped to find the script.
+PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+PYTHON_PROGRAM = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def check_command(command: list[str], example: str) -> None:
+    """A training command a launcher runs on every process (`python train.py ...`, `./train.sh`):
+    its program must be runnable and, for Python, its script or module must exist. `example` is
+    the launcher's correct command line, shown with the most common slip (`train.py` without
+    `python`, which the system reports as a missing file although the file is there)."""
+    program = command[0]
+    if "/" in program:
+        runnable = os.path.isfile(program) and os.access(program, os.X_OK)
+    else:
+        runnable = shutil.which(program) is not None
+    if not runnable:
+        if program.endswith(".py") and os.path.isfile(program):
+            raise UsageError(f"{program!r} is a Python script, not a program: put python before it "
+                             f"(e.g. {example})")
+        where = "is not executable" if os.path.isfile(program) else (
+            "does not exist" if "/" in program else "is not a program on PATH")
+        raise UsageError(f"the training command's program {program!r} {where}; e.g. {example}")
+    if not PYTHON_PROGRAM.fullmatch(os.path.basename(program)):
+        return
+    arguments = iter(command[1:])
+    for argument in arguments:
+        if argument == "-c" or argument == "-":  # code on the command line or stdin: nothing to find
+            return
+        if argument == "-m":
+            return check_script(next(arguments, ""), module=True)
+        if argument.startswith("-m") and not argument.startswith("--"):
+            return check_script(argument[2:], module=True)
+        if argument in PYTHON_OPTIONS_WITH_VALUE:
+            next(arguments, None)
+        elif not argument.startswith("-"):
+            return check_script(argument, module=False)
+    raise UsageError(f"the training command {' '.join(command)!r} names no script for {program} to run; "
+                     f"e.g. {example}")

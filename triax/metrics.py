@@ -128,6 +128,68 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def duration(seconds: float) -> str:
+    """1h02m, 3m05s, 42s."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+class Pace:
+    """A run's tokens/s and time left, computed here only: the progress bar and the log line show
+    these same figures (each once computed its own, and a person saw '41s left' beside the bar's
+    '02:55', and 1,437 tok/s of the last step beside the line's 466 of its interval).
+
+    tokens/s is over the current log interval (reset by `new_interval`: the line's figure, also
+    in metrics.jsonl); the time left is the steps to go at this session's pace so far, evaluations
+    and snapshots included, which is what the rest of the run will also spend its time on."""
+
+    def __init__(self, tokens_per_step: int, total_steps: int, step: int, clock=time.perf_counter):
+        self.tokens_per_step, self.total_steps, self.clock = tokens_per_step, total_steps, clock
+        self.session_start = self.interval_start = clock()
+        self.first_step = self.step = self.interval_first = step
+        self.now = self.session_start
+
+    def update(self, step: int) -> None:
+        """The run reached `step` now."""
+        self.step, self.now = step, self.clock()
+
+    def new_interval(self) -> None:
+        self.interval_start, self.interval_first = self.clock(), self.step
+
+    @property
+    def interval_steps(self) -> int:
+        return self.step - self.interval_first
+
+    @property
+    def interval_seconds(self) -> float:
+        return self.now - self.interval_start
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.interval_steps * self.tokens_per_step / max(self.interval_seconds, 1e-9)
+
+    @property
+    def seconds(self) -> float:
+        """Since the session started."""
+        return self.now - self.session_start
+
+    @property
+    def session_steps(self) -> int:
+        return self.step - self.first_step
+
+    @property
+    def time_left(self) -> str:
+        return duration(self.seconds / max(self.session_steps, 1) * (self.total_steps - self.step))
+
+    @staticmethod
+    def rate(tokens_per_s: float) -> str:
+        return f"{tokens_per_s:,.0f} tok/s"
+
+
 class MetricsLogger:
     """Writes one record per logged step to the run's trackers (triax.trackers: metrics.jsonl,
     TensorBoard, W&B, MLflow) and prints the console line. Only the main process creates one with
@@ -159,21 +221,19 @@ class MetricsLogger:
 
     def start_progress(self, total_steps: int, step: int) -> None:
         """A progress bar (on a terminal only) from `step` (a resumed run's) to `total_steps`: steps
-        done, the pace, the time left, and the postfix `advance` gives (loss, tokens/s)."""
+        done, time spent, and the postfix `advance` gives (loss, tokens/s, time left: a Pace's)."""
         if self.enabled and self._progress and total_steps:
             from tqdm import tqdm  # deferred: only a terminal shows a bar
 
-            self._bar = tqdm(total=total_steps, initial=step, unit="step", dynamic_ncols=True, leave=False)
+            # tqdm's own rate and time left are left out: the postfix carries the run's (Pace).
+            self._bar = tqdm(total=total_steps, initial=step, unit="step", dynamic_ncols=True, leave=False,
+                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
 
     def advance(self, steps: int = 1, **postfix) -> None:
         if self._bar is not None:
-            self._bar.update(steps)
-            if postfix:
+            if postfix:  # before the update, which draws it: the bar shows this step's figures
                 self._bar.set_postfix(postfix, refresh=False)
-
-    def set_postfix(self, **postfix) -> None:
-        if self._bar is not None:
-            self._bar.set_postfix(postfix, refresh=False)
+            self._bar.update(steps)
 
     def print(self, message: str) -> None:
         if not self.enabled:

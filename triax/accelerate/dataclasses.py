@@ -16,13 +16,15 @@ from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError
 
 
 class _StrEnum(str, enum.Enum):
-    """Accelerate's enums: members are their string values, printed as those values."""
+    """Accelerate's BaseEnum enums: members are their string values, printed as those values.
+    (DistributedType, ComputeEnvironment and SageMakerDistributedType are plain `str, Enum` in
+    Accelerate: printed, and in f-strings, as `DistributedType.MULTI_CPU`; so are triax's.)"""
 
     def __str__(self) -> str:
         return self.value
 
 
-class DistributedType(_StrEnum):
+class DistributedType(str, enum.Enum):
     """How the processes are set up. A str enum, as in Accelerate: members equal their names
     (`DistributedType.MULTI_CPU == "MULTI_CPU"`) and serialise to JSON as strings. Every member of
     Accelerate's enum is here, in its order, so scripts that compare against any of them run; triax
@@ -116,14 +118,14 @@ class DynamoBackend(_StrEnum):
     NEURON = "NEURON"
 
 
-class ComputeEnvironment(_StrEnum):
+class ComputeEnvironment(str, enum.Enum):
     """Where an `accelerate config` file says the job runs (triax runs on the local machine)."""
 
     LOCAL_MACHINE = "LOCAL_MACHINE"
     AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
 
 
-class SageMakerDistributedType(_StrEnum):
+class SageMakerDistributedType(str, enum.Enum):
     NO = "NO"
     DATA_PARALLEL = "DATA_PARALLEL"
     MODEL_PARALLEL = "MODEL_PARALLEL"

@@ -13,7 +13,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from triax.accelerate.errors import AcceleratorValueError, DistributedOperationException
+from triax.accelerate.errors import DistributedOperationException  # noqa: F401 - Accelerate's name in this module
+from triax.accelerate.errors import AcceleratorValueError, distributed_operation_error
 from triax.accelerate.nested import is_mapping, recursively_apply, send_to_device  # noqa: F401 (re-exported)
 from triax.collectives import all_gather_bytes
 from triax.kept_works import wait_and_keep
@@ -76,11 +77,11 @@ def check_same_everywhere(data, what: str, full_shape: bool = False) -> None:
     for rank, other in enumerate(texts[1:], start=1):
         for mine, theirs in zip(reference + ["(nothing)"] * len(other), other + ["(nothing)"] * len(reference)):
             if mine != theirs:
-                raise DistributedOperationException(
+                raise distributed_operation_error(
                     f"{what} got different data on different processes: process 0 has {mine!r:.200}, "
                     f"process {rank} has {theirs!r:.200}; every process must pass the same structure "
                     f"(keys, dtypes and shapes{'' if full_shape else ' except the first dimension'})")
-    raise DistributedOperationException(f"{what} got different data on different processes")  # digest only
+    raise distributed_operation_error(f"{what} got different data on different processes")  # digest only
 
 
 def _world() -> int:

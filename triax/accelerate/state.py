@@ -71,6 +71,10 @@ class PartialState:
         # Uses a process group the script already created (e.g. under torchrun), or creates one.
         timeout_s = timeout.total_seconds() if timeout is not None else None  # None: triax.timeouts' default
         self.place = init_distributed(self.device, place, backend=backend, timeout_s=timeout_s)
+        if self.device.type == "cpu" and self.device.index is None and self.place.world_size > 1:
+            # Accelerate's device of a process among several on CPUs: cpu:<local index modulo the
+            # CPU "devices">, which is cpu:0 (torch.cpu.device_count() is 1). The same memory as "cpu".
+            self.device = torch.device("cpu", 0)
         self.backend = dist.get_backend() if dist.is_initialized() else None
         self.fsdp = False  # the Accelerator sets this for parallel='fsdp' (distributed_type FSDP)
         self.fsdp_plugin = None  # and the FullyShardedDataParallelPlugin it runs with

@@ -32,7 +32,7 @@ from triax.models import GPTConfig, build_model, hf
 from triax.models.memory import check_whole_model_fits
 from triax.place import detect_place, pick_device
 from triax.process_group import init_distributed, shutdown_distributed
-from triax.train.commands import _snapshot_root, load_run_model
+from triax.train.commands import _snapshot_root, check_exists, load_run_model
 from triax.train.config import TrainConfig, from_dict
 from triax.train.data import build_data
 
@@ -41,6 +41,7 @@ def load_model(path: str, device: torch.device):
     """(plain model in eval mode, its text codec or None, the run's config or None) of a run
     directory or a transformers directory."""
 
+    check_exists(path, "a triax run directory or a transformers directory")
     if os.path.isfile(os.path.join(path, "model.json")):
 
         model, vocab, _ = load_run_model(path, str(device))
@@ -118,7 +119,16 @@ def datasets(args, model, vocab, run_config):
         data_config.block_size = args.block_size
     # A run started from a checkpoint (model.init_from) encoded its text with that checkpoint's
     # codec, which it keeps in the run directory: score the same tokens it trained and evaluated on.
-    data = build_data(data_config, vocab if run_config.model.init_from else None)
+    try:
+        data = build_data(data_config, vocab if run_config.model.init_from else None)
+    except TriaxError as error:
+        # The path is the run's, not this command's: say where it comes from. (A run of an older
+        # triax kept it as typed, relative to the directory that run was started in.)
+        where = os.path.join(args.model, "config.yaml")
+        relative = (data_config.path and "://" not in data_config.path and not os.path.isabs(data_config.path))
+        started = " (relative to the directory the run was started in: run this command from there)" if relative else ""
+        raise type(error)(f"the run's data, data.path {data_config.path!r:.300} in {where}{started}, cannot be read: "
+                          f"{error}; or score files with --text or --tokens") from None
     return [(f"{args.split} split", data.val if args.split == "val" else data.train)]
 
 

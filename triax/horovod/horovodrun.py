@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 
+from triax.arguments import check_command
 from triax.errors import TriaxError
 from triax.horovod import horovodrun_options, processes
 from triax.horovod.elastic import discovery
@@ -163,6 +164,15 @@ def elastic_settings(args, command: list[str], extra_env: dict[str, str] | None 
                            prefix_timestamp=args.prefix_timestamp)
 
 
+def _check_local_command(args, command: list[str]) -> None:
+    """The training command, checked as `triax launch` checks its script: one line and exit 2
+    before anything starts, not a traceback from every worker. Only a job on this host's
+    processes: another host's files are that host's."""
+    if not args.dry_run and args.host_discovery_script is None and all(
+            host in LOCAL_NAMES for host, _ in parse_hosts(args.hosts, args.hostfile, args.np)):
+        check_command(command, "triax horovodrun -np 2 python train.py")
+
+
 def main(argv: list[str] | None = None, extra_env: dict[str, str] | None = None) -> int:
     """The command line; `extra_env`: variables for every process of the job, beside ours
     (hvd.run passes its store's address and key this way)."""
@@ -182,7 +192,9 @@ def main(argv: list[str] | None = None, extra_env: dict[str, str] | None = None)
     extra_env = dict(extra_env or {})
     check_timeout_environment(args)  # a bad $HOROVOD_*_TIMEOUT stops the job before it starts
     if not elastic:
+        _check_local_command(args, command)
         return _launch_fixed(args, command, extra_env, option_env)
     settings = elastic_settings(args, command, {**option_env, **extra_env})
     settings.discovery.check()  # the script runs once now: a broken one stops the job before it starts
+    _check_local_command(args, command)
     return run_elastic(settings, dry_run=args.dry_run)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass, fields
 
 import yaml
@@ -172,7 +173,11 @@ def write_config(config: LaunchConfig, path: str | None = None) -> str:
 def _ask(prompt: str, default, convert=str, choices=None):
     while True:
         shown = ("yes" if default else "no") if isinstance(default, bool) else default
-        answer = input(f"{prompt} [{shown}]: ").strip()
+        answer = input(f"{prompt} [{shown}]: ")
+        if not sys.stdin.isatty():
+            # Piped answers are not echoed by a terminal: write each, so every question ends its line.
+            print(answer)
+        answer = answer.strip()
         if not answer:
             return default
         try:

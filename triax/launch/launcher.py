@@ -17,7 +17,7 @@ import shlex
 import socket
 import sys
 
-from triax.arguments import ArgumentParser
+from triax.arguments import ArgumentParser, check_script
 from triax.errors import TriaxError, UsageError
 from triax.launch import settings, variables
 from triax.launch.accelerate_config import FSDP_FLAGS, fsdp_flags_environment
@@ -189,24 +189,6 @@ def child_environment(config: LaunchConfig) -> dict[str, str]:
     return env
 
 
-def check_target(script: str, module: bool) -> None:
-    """The script (or module) must exist before torchrun starts N copies that would each fail."""
-    if module:
-        import importlib.util
-
-        try:
-            found = importlib.util.find_spec(script) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            raise UsageError(f"module {script!r} cannot be found from here (python -m {script} would fail); "
-                             "check the name and the current directory / PYTHONPATH")
-    elif not os.path.isfile(script):
-        what = "is a directory" if os.path.isdir(script) else "does not exist"
-        raise UsageError(f"training script {script!r} {what}; give the path of a Python file "
-                         "(or -m module.name)")
-
-
 def check_rdzv_conf(text: str | None) -> None:
     if text is None:
         return
@@ -227,7 +209,7 @@ def main(argv: list[str]) -> int:
     # their own names already) over the FSDP_*/ACCELERATE_* variables this shell passes on.
     variables.check_environment({**os.environ, **file_environment})
     if not args.dry_run:  # a dry run only prints the command: its script may live on another machine
-        check_target(args.script, args.module)
+        check_script(args.script, args.module)
     if config.num_machines == 1 and config.main_process_ip not in ("127.0.0.1", "localhost", "::1"):
         # One machine: everything stays on loopback, whatever the config says.
         config = dataclasses.replace(config, main_process_ip="127.0.0.1")

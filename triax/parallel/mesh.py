@@ -147,9 +147,10 @@ def validate_layout(layout: Layout, *, n_layer: int, n_head: int, block_size: in
              f"{micro} pipeline micro-batches (parallel.pp_microbatches unset: 2 x parallel.pp={layout.pp})")
     if batch_size % micro != 0:
         divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0 and d >= min(layout.pp, batch_size)]
+        choice = (f"parallel.pp_microbatches={divisors[0]}" if len(divisors) == 1 else
+                  f"parallel.pp_microbatches to one of {', '.join(map(str, divisors[:6]))}")
         raise ConfigError(f"{given} {'does' if pp_microbatches else 'do'} not divide trainer.batch_size={batch_size} (samples per data-parallel "
-                          f"rank); set parallel.pp_microbatches to one of {', '.join(map(str, divisors[:6]))} "
-                          f"or make trainer.batch_size a multiple of {micro}")
+                          f"rank); set {choice} or make trainer.batch_size a multiple of {micro}")
     if pp_schedule == "1f1b" and micro < layout.pp:
         raise ConfigError(f"parallel.pp_schedule=1f1b needs at least pp={layout.pp} micro-batches, got "
                           f"{given}; raise it (and keep it dividing trainer.batch_size)")

@@ -312,7 +312,7 @@ def main(argv: list[str]) -> int:
     results = plan(shape, args.world, args.memory_gb, args.global_batch, precision=args.precision,
                    pp_schedule=args.pp_schedule, microbatches=args.microbatches, tflops=args.tflops,
                    bandwidth_gbs=args.bandwidth)
-    print(f"{args.model}: {shape.num_params() / 1e6:.1f}M parameters, {args.world} devices x {args.memory_gb:g} GiB, "
+    print(f"{args.model}: {shape.num_params() / 1e6:.1f}M parameters, {args.world} device{'s' if args.world != 1 else ''} x {args.memory_gb:g} GiB, "
           f"{args.global_batch} x {args.seq} tokens per step, {args.precision}")
     if not results:
         print("no layout fits; add devices, lower --global-batch / --seq, or use --precision bf16-pure")

@@ -69,8 +69,17 @@ def newest_good_snapshot(root: str, run_dir: str, skip: int = 0):
     raise TriaxError(f"none of the {len(snapshots)} snapshot(s) in {root} passed verification")
 
 
+def check_exists(path: str, what: str) -> None:
+    """A directory a command reads must exist; a relative one is named with where it was looked
+    for (the current directory), the usual slip being a command run from another directory."""
+    if not os.path.lexists(path):
+        where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+        raise TriaxError(f"{path!r} does not exist{where}; give {what}")
+
+
 def run_snapshot_root(run_dir: str) -> str:
     """The snapshot root of a run directory; one line if `run_dir` is not a run."""
+    check_exists(run_dir, "the trainer.run_dir of a `triax train` run")
     if not os.path.isfile(os.path.join(run_dir, "model.json")):
         raise TriaxError(f"{run_dir!r} is not a triax run directory (no model.json); "
                          "give the trainer.run_dir of a finished or running `triax train`")

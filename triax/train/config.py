@@ -567,6 +567,29 @@ def snapshot_root(config: TrainConfig) -> str:
     return config.trainer.snapshot_dir or os.path.join(config.trainer.run_dir, "snapshots")
 
 
+def changed_from_preset(model: ModelConfig) -> dict:
+    """{key: value} of the shape keys (dropout aside, init_from aside) that differ from preset
+    model.name's: what the command line or an experiment changed."""
+    preset = ModelConfig(name=model.name, **preset_fields(model.name)) if model.name in PRESETS else ModelConfig()
+    return {item.name: getattr(model, item.name) for item in dataclasses.fields(model)
+            if item.name not in ("name", "init_from", "dropout") and getattr(model, item.name) != getattr(preset, item.name)}
+
+
+def absolute_paths(config: TrainConfig) -> None:
+    """Make the local paths a run depends on absolute, in place, as the directory it starts in
+    resolves them: the run's config.yaml then names its data, its starting checkpoint and its
+    snapshots wherever `triax eval`, `generate` or a resume is run from. URLs (s3://...) stay;
+    trainer.run_dir stays as given (each command names the run directory anew)."""
+    def absolute(path: str | None) -> str | None:
+        if not path or "://" in path:
+            return path
+        return os.path.abspath(os.path.expanduser(path))
+
+    config.data.path = absolute(config.data.path)
+    config.model.init_from = absolute(config.model.init_from)
+    config.trainer.snapshot_dir = absolute(config.trainer.snapshot_dir)
+
+
 def to_dict(config: TrainConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(config))
 

@@ -28,7 +28,7 @@ from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
-from triax.metrics import MetricsLogger, peak_memory_mb, stated_peak_flops
+from triax.metrics import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops
 from triax.models import build_model, vocabulary_rows
 from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
@@ -42,10 +42,11 @@ from triax.precision import Precision
 from triax.process_group import init_distributed
 from triax.rendezvous import restart_count
 from triax.stragglers import StragglerCheck
+from triax.threads import apply_thread_choice
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train import init_from
-from triax.train.config import (TrainConfig, asynchronous_snapshots, final_lr, gpt_config, snapshot_every,
-                                snapshot_root, to_dict)
+from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset, final_lr,
+                                gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
@@ -111,6 +112,7 @@ class Trainer:
         self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
         self._peak_flops = stated_peak_flops(self.device, self.precision.compute_dtype, config.trainer.peak_flops)
         self._mfu_warned = False
+        self._said_why_no_sample = False
         self._open_run_files(created_run_dir)
         if self.resume:
             self._maybe_resume()
@@ -129,9 +131,12 @@ class Trainer:
         # exists, so a mistake is one message per rank, never a hang in a collective.
         self.place = detect_place()
         self.device = pick_device(trainer.device, self.place.local_rank)
+        # A CPU run computes with the cores idle at its start (triax.threads: why), unless OMP_NUM_THREADS says.
+        self.threads = apply_thread_choice(self.place.local_world_size) if self.device.type == "cpu" else None
         self.precision = Precision(trainer.precision)
         self.precision.check_device(self.device)
         self.init_source = self._init_source()
+        self.changed_shape = changed_from_preset(config.model)  # before model.init_from replaces the shape
         self.data = build_data(config.data, self.init_source.codec if self.init_source else None)
         self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
                                      self.place.world_size)
@@ -191,6 +196,10 @@ class Trainer:
                     "trainer.overwrite=true to delete its snapshots and start over")
         # Created only once every check above passed: a refused start leaves no empty run directory.
         created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
+        # Checked as typed (the errors above name what the user wrote), kept absolute: config.yaml
+        # then serves `triax eval`, `generate` and a resume from any directory.
+        absolute_paths(config)
+        self.snapshot_root = snapshot_root(config)
         return model_config, created_run_dir
 
     def _check_memory(self, model_config) -> None:
@@ -324,14 +333,25 @@ class Trainer:
             return None
         source = init_from.resolve(path)
         if source.codec is None and self.config.data.task == "char":
+            family = source.architecture.get("arch", "gpt2")
+            tokenizer = ("GPT-2's tokenizer.json" if family == "gpt2" else
+                         f"the {family} model's own tokenizer.json (its tokenizer's save_pretrained writes it)")
             raise ConfigError(f"model.init_from={path!r} has no tokenizer.json, so text cannot be encoded for it; "
-                              "put GPT-2's tokenizer.json there, or train on token files (data.task=tokens)")
+                              f"put {tokenizer} there, or train on token files (data.task=tokens)")
         return source
 
     def _take_architecture(self) -> None:
         """The checkpoint's shape replaces model.* (dropout stays this run's choice)."""
         source, model = self.init_source, self.config.model
         init_from.check_fits(source, self.data.vocab_size, self.data.block_size)
+        # The config is otherwise strict: a shape key given beside model.init_from is not dropped silently.
+        ignored = [key for key, value in self.changed_shape.items()
+                   if key in source.architecture and source.architecture[key] != value]
+        if ignored and self.place.is_main:
+            given = ", ".join(f"model.{key}={self.changed_shape[key]}" for key in ignored)
+            taken = ", ".join(f"{key}={source.architecture[key]}" for key in ignored)
+            print(f"triax: warning: {given} ignored: model.init_from={printable(source.path)!r} decides the model's "
+                  f"shape ({taken}); leave the shape keys out beside model.init_from", file=sys.stderr, flush=True)
         for key, value in source.architecture.items():
             if key not in ("vocab_size", "block_size"):  # the data's sizes, checked above
                 setattr(model, key, value)
@@ -726,19 +746,32 @@ class Trainer:
 
     def fit(self) -> dict:
         trainer = self.config.trainer
+        if self.step >= self.total_steps and self.last_snapshot is not None:  # resumed a finished run: say so
+            try:
+                self.logger.print(self._complete_message())
+            finally:
+                self._close_run()
+            with raise_together("closing the metrics files"):
+                self.logger.close()
+            return {}
         if self.is_main:
             params = self.num_params
-            # What was loaded, not the preset's name: model.init_from replaced the preset's shape.
-            loaded = f"from {self.config.model.init_from}" if self.config.model.init_from else self.config.model.name
+            # What was loaded, not the preset's name: model.init_from replaced the preset's shape; a
+            # preset whose shape keys were changed is named with the changes (model.arch=llama...).
+            changes = ", ".join(f"model.{key}={value}" for key, value in self.changed_shape.items())
+            loaded = (f"from {self.config.model.init_from}" if self.config.model.init_from else
+                      f"{self.config.model.name} with {changes}" if changes else self.config.model.name)
             # The architecture too: a preset's shape can be built as any of them (model.arch).
+            threads = f" with {self.threads.describe()}" if self.threads is not None else ""
+            processes = f"{self.world_size} process{'es' if self.world_size != 1 else ''}"
             self.logger.print(
                 f"training {loaded} ({self.model_config.arch}, {params / 1e6:.2f}M params) on {self.device} x "
-                f"{self.world_size} process(es) ({self.layout.describe()}), precision {self.precision.name}, "
+                f"{processes} ({self.layout.describe()}){threads}, precision {self.precision.name}, "
                 f"{self.total_steps} steps of {self.samples_per_step} samples "
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
         self.model.train()
         self.logger.start_progress(self.total_steps, self.step)
-        self.started = (time.perf_counter(), self.step)
+        self.pace = Pace(self.samples_per_step * self.data.block_size, self.total_steps, self.step)
         self.best_val: tuple[float, int] | None = None
         debug = self.config.debug
         stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank, trainer.stop_grace,
@@ -751,15 +784,31 @@ class Trainer:
                 self.logger.print(self._summary())
         finally:
             stop.uninstall()
-            if self.sample_log is not None:
-                self.sample_log.close()
-            if self.watchdog is not None:
-                self.watchdog.stop()
-            if self.is_main:  # the job is over: the run directory is free, and no lock file stays behind
-                unlock_run_dir(self.config.trainer.run_dir, remove=True)
+            self._close_run()
         with raise_together("closing the metrics files"):  # rank 0's files; the others wait at exit
             self.logger.close()
         return last
+
+    def _close_run(self) -> None:
+        """The job is over: the sample log and the watchdog stop, and the run directory is free
+        (no lock file stays behind)."""
+        if self.sample_log is not None:
+            self.sample_log.close()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.is_main:
+            unlock_run_dir(self.config.trainer.run_dir, remove=True)
+
+    def _complete_message(self) -> str:
+        """What a resumed run that has nothing left to train says: which limit it reached, and the
+        two ways on (train further in this run, or start another one)."""
+        trainer = self.config.trainer
+        limit = (f"trainer.max_steps={trainer.max_steps}" if trainer.max_steps == self.total_steps
+                 else f"trainer.max_epochs={trainer.max_epochs}, {self.steps_per_epoch} steps each")
+        further = "trainer.max_steps" if limit.startswith("trainer.max_steps") else "trainer.max_epochs"
+        return (f"{trainer.run_dir} is already complete: its snapshot {self.last_snapshot} is at step {self.step} "
+                f"and this run ends at step {self.total_steps} ({limit}), so nothing was trained; to train on, "
+                f"raise {further}; to start a new run, give another trainer.run_dir")
 
     def _finish(self) -> None:
         if self.stop_reason is not None:
@@ -777,26 +826,34 @@ class Trainer:
     def _loop(self, stop: StopRequest) -> dict:
         trainer = self.config.trainer
         last = {}
-        interval_start, interval_steps = time.perf_counter(), 0
+        pace = self.pace
+        bar_loss = "-"  # the last loss read back (every step on a CPU, logged steps on a GPU)
         while self.step < self.total_steps:
             step_started = time.perf_counter()
             loss, grad_norm = self._train_step()
             logged = self.step % trainer.log_every == 0 or self.step == self.total_steps
-            if logged:  # read on the device: waits for this step's kernels, so the interval's time is real
+            # Reading a value back from a GPU waits for its kernels: a CUDA run reads the loss only on
+            # the steps it logs, so the host queues the next step while the GPU runs this one (and the
+            # interval's time, taken after the read, is the GPU's). On a CPU the value is there already.
+            if logged or self.device.type != "cuda":
                 loss, grad_norm = float(loss), float(grad_norm)
-            step_seconds = time.perf_counter() - step_started
-            self.timing["step"] += step_seconds
-            interval_steps += 1
-            self.logger.advance(1)
+                bar_loss = f"{loss:.4f}"
+            self.timing["step"] += time.perf_counter() - step_started
+            pace.update(self.step)
+            # The bar shows the figures the log line shows (one Pace): tokens/s of this log
+            # interval so far, and the time left at this session's pace.
+            bar = {"loss": bar_loss, "speed": Pace.rate(pace.tokens_per_s)}
+            if self.step < self.total_steps:
+                bar["left"] = pace.time_left
+            self.logger.advance(1, **bar)
             record = None
             if logged:
-                elapsed = time.perf_counter() - interval_start
                 self._phase("metrics all-gather", self.step)
                 record = {"loss": round(mean_across_ranks(loss), 6),
                           "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(grad_norm, 5),
-                          "epoch": self.epoch, **self._throughput(interval_steps, elapsed),
+                          "epoch": self.epoch, **self._throughput(pace.interval_steps, pace.interval_seconds),
                           "peak_mem_mb": round(peak_memory_mb(self.device), 1),
-                          **self._rank_times(interval_steps)}
+                          **self._rank_times(pace.interval_steps)}
             if trainer.eval_every and (self.step % trainer.eval_every == 0 or self.step == self.total_steps):
                 self._phase("evaluation", self.step)
                 record = {**(record or {}), **self.evaluate()}
@@ -805,13 +862,17 @@ class Trainer:
                 sample = self.sample_text()
                 if sample is not None:
                     self.logger.print(f"--- sample at step {self.step} ---\n{sample}\n---")
+                elif (not self._can_generate() and not self._said_why_no_sample and self.data.vocab is not None
+                      and self.config.trainer.sample_tokens > 0):
+                    self._said_why_no_sample = True  # once a run: every evaluation would repeat it
+                    self.logger.print(f"no text sample during this run: generating token by token needs the whole model "
+                                      f"and all its logits on one rank, which this layout ({self.layout.describe()}) "
+                                      f"splits; `triax generate {self.config.trainer.run_dir}` samples from it afterwards")
             if record is not None:
-                if "loss" in record:  # the bar shows what the log line says, for the same interval
-                    self.logger.set_postfix(loss=f"{record['loss']:.4f}", tokens_per_s=f"{record['tokens_per_s']:,.0f}")
                 with raise_together(f"writing the metrics of step {self.step}"):  # rank 0 writes, all agree
                     self.logger.log(self.step, record, console=self._console_line(record))
                 last = record
-                interval_start, interval_steps = time.perf_counter(), 0
+                pace.new_interval()
             epoch_ended = not self.sampler.fits(self.sample_index, self.samples_per_step)
             if ((self.save_every and self.step % self.save_every == 0)
                     or (trainer.save_on_epoch_end and epoch_ended)):
@@ -827,20 +888,13 @@ class Trainer:
                 break
         return last
 
-    def _time_left(self) -> str:
-        """The rest of the run at this session's pace so far (steps, evaluations and snapshots)."""
-        started, first_step = self.started
-        done = self.step - first_step
-        seconds = (time.perf_counter() - started) / max(done, 1) * (self.total_steps - self.step)
-        return _duration(seconds)
-
     def _summary(self) -> str:
         """The end of a run: how long, how fast, how good, and where its files are."""
-        started, first_step = self.started
-        seconds = time.perf_counter() - started
-        tokens = (self.step - first_step) * self.samples_per_step * self.data.block_size
-        parts = [f"done: {self.step - first_step} steps in {_duration(seconds)} ({tokens / max(seconds, 1e-9):,.0f} "
-                 "tokens/s)"]
+        pace = self.pace
+        pace.update(self.step)
+        tokens = pace.session_steps * pace.tokens_per_step
+        parts = [f"done: {pace.session_steps} steps in {duration(pace.seconds)} "
+                 f"({tokens / max(pace.seconds, 1e-9):,.0f} tokens/s)"]
         if self.best_val is not None:
             parts.append(f"best val_loss {self.best_val[0]:.4f} (step {self.best_val[1]})")
         if self.last_snapshot is not None:
@@ -873,7 +927,7 @@ class Trainer:
         parts = [f"step {self.step}/{self.total_steps}"]
         if "loss" in record:
             parts += [f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}", f"gnorm {record['grad_norm']:.3f}",
-                      f"{record['tokens_per_s']:.0f} tok/s"]
+                      Pace.rate(self.pace.tokens_per_s)]  # the figure the bar shows (record's, unrounded)
             if "mfu" in record:
                 parts.append(f"mfu {100 * record['mfu']:.2f}%")
             parts.append(f"mem {record['peak_mem_mb']:.0f}MB")
@@ -882,7 +936,7 @@ class Trainer:
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
         if self.step < self.total_steps:
-            parts.append(f"{self._time_left()} left")
+            parts.append(f"{self.pace.time_left} left")
         return " | ".join(parts)
 
 
@@ -910,16 +964,6 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b:
             changed.append(f"{prefix}{key}: {a} -> {b}")
     return changed
-
-
-def _duration(seconds: float) -> str:
-    """1h02m, 3m05s, 42s."""
-    seconds = int(round(seconds))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
 
 
 def _remove_new_entries(directory: str, existing: set[str]) -> None:
