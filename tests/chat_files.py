@@ -82,3 +82,41 @@ def hf_tokenizer(directory, template, bos_token=None, eos_token=None):
 
     return PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"), bos_token=bos_token,
                                    eos_token=eos_token, chat_template=template)
+
+
+def arithmetic_conversations(count, seed=0):
+    """`count` short multi-turn conversations with answers a model can learn (sums in words)."""
+    import random
+
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    rng = random.Random(seed)
+    records = []
+    for _ in range(count):
+        a, b, c = rng.randrange(5), rng.randrange(5), rng.randrange(5)
+        records.append({"messages": [
+            {"role": "system", "content": "You add numbers."},
+            {"role": "user", "content": f"{words[a]} plus {words[b]}?"},
+            {"role": "assistant", "content": f"{words[a + b]}."},
+            {"role": "user", "content": f"and {words[c]} plus {words[c]}?"},
+            {"role": "assistant", "content": f"{words[2 * c]}."}]})
+    return records
+
+
+def write_chat_checkpoint(directory, model_type="llama", **options):
+    """A tiny random transformers checkpoint whose tokenizer knows the Llama 3 style special tokens,
+    with the Llama 3 style chat template in its tokenizer_config.json."""
+    from tests.llama_checkpoints import save_checkpoint
+
+    directory.mkdir(parents=True, exist_ok=True)
+    model = save_checkpoint(directory, model_type, **options)
+    records = arithmetic_conversations(50)
+    corpus = directory / "corpus.txt"
+    corpus.write_text(CORPUS + " ".join(json.dumps(record) for record in records) * 3)
+    from tests.llama_checkpoints import train_tokenizer
+
+    train_tokenizer(str(corpus), directory / "tokenizer.json", LLAMA3_SPECIAL)
+    corpus.unlink()
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+        "chat_template": LLAMA3_TEMPLATE}))
+    return model

@@ -66,9 +66,13 @@ STAGING_SUFFIX = ".tmp"  # a local snapshot being written
 REPLACED_SUFFIX = ".old"  # a local snapshot being replaced by a new one of the same step
 QUARANTINE_SUFFIX = ".corrupt"  # a snapshot that failed verification, kept for inspection
 QUARANTINED_NAME = re.compile(r"^step_\d{8}\.corrupt(\.\d+)?$")  # .corrupt.2, ... when a step failed again
-_SHARDED = StateDictOptions(full_state_dict=False)
+# Frozen parameters (a LoRA run's base) are not saved: they never change, and model.init_from
+# gives them back before a resume. The tensors a snapshot must hold are all that DCP loads, and it
+# fails on any it lacks, so loading is not strict about the frozen ones.
+_SHARDED = StateDictOptions(full_state_dict=False, ignore_frozen_params=True)
+_SHARDED_LOAD = StateDictOptions(full_state_dict=False, ignore_frozen_params=True, strict=False)
 # Gathered whole, on the CPU of rank 0 only (the others hold nothing): Accelerate's FULL_STATE_DICT.
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 
 MODEL_KEY, OPTIMIZER_KEY = "model/", "optim/"
 
@@ -497,7 +501,7 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
             raise SnapshotCorruptError(str(corrupt)) from None
         raise _fit_error(snapshot, causes[0] if causes else failure) from None
     try:
-        set_model_state_dict(model, model_state, options=_SHARDED)
+        set_model_state_dict(model, model_state, options=_SHARDED_LOAD)
         if optim_state is not None:
             saved_groups = state["optimizer_groups"]
             if len(saved_groups) != len(optim_state["param_groups"]):

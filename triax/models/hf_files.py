@@ -21,6 +21,7 @@ from safetensors import safe_open
 from triax import safe_files
 from triax.errors import ConfigError
 from triax.models.init import local_box
+from triax.models.lora import ADAPTER_MARK
 
 MAX_CONFIG_BYTES = 16 * 2**20  # config.json and the shard index are kilobytes; never read a huge one whole
 
@@ -155,6 +156,8 @@ def copy_into(model: torch.nn.Module, weights: HFWeights, source_of: Callable[[s
     read = 0
     for parameter_name, parameter in model.named_parameters():
         name = stored_name(parameter_name)
+        if ADAPTER_MARK in name:  # LoRA adapters are not the checkpoint's (model.lora.init_from loads them)
+            continue
         local, offset, full_shape = local_box(parameter)
         if local.numel() == 0:
             continue

@@ -127,7 +127,7 @@ class Trainer:
         self.precision = Precision(trainer.precision)
         self.precision.check_device(self.device)
         self.init_source = self._init_source()
-        self.data = build_data(config.data, self.init_source.codec if self.init_source else None)
+        self.data = build_data(config.data, self.init_source.codec if self.init_source else None, self.init_source)
         self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
                                      self.place.world_size)
         if self.init_source is not None:
@@ -248,12 +248,19 @@ class Trainer:
         with torch.device("meta"):  # the whole model's shape, for counting; no memory
             described = build_model(model_config)
         self.num_params = described.num_params()
+        self.trainable_params = 0
+        if self.config.model.lora.rank:
+            from triax.models.lora import apply_lora, trainable_summary
+
+            apply_lora(described, self.config.model.lora)
+            self.trainable_params = trainable_summary(described)[0]
         self.flops_per_token = described.flops_per_token(self.data.block_size)
         self.mesh = build_mesh(self.layout, self.device.type)
         # Each rank allocates only its own part of the model; the initial weights depend on the seed
         # alone (not on the layout), so they equal the single-process model's.
         self.parallel_model = parallelize(model_config, self.layout, self.mesh, self.precision, parallel, self.device,
-                                          seed=trainer.seed, loss_fn=self._pipeline_loss, rank=self.rank)
+                                          seed=trainer.seed, loss_fn=self._pipeline_loss, rank=self.rank,
+                                          lora=self.config.model.lora)
         self.model = self.parallel_model.model
         # The plain GPT to call for evaluation and sampling (sharded in place by TP/FSDP); a
         # pipeline rank holds only stages of it and evaluates through the schedule instead.
@@ -262,6 +269,11 @@ class Trainer:
             # Before the optimizer exists; a resumed run's snapshot then replaces these weights.
             init_from.load_weights(self.init_source, self.raw_model if self.raw_model is not None else self.model,
                                    model_config, self._stored_name())
+        if self.config.model.lora.rank and self.config.model.lora.init_from:
+            from triax.models.peft_format import load_adapter
+
+            load_adapter(self.raw_model if self.raw_model is not None else self.model,
+                         self.config.model.lora.init_from, self.config.model.lora, self._stored_name())
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
@@ -320,6 +332,10 @@ class Trainer:
         if source.codec is None and self.config.data.task == "char":
             raise ConfigError(f"model.init_from={path!r} has no tokenizer.json, so text cannot be encoded for it; "
                               "put GPT-2's tokenizer.json there, or train on token files (data.task=tokens)")
+        if source.kind == "run" and self.config.model.lora.rank:
+            # A LoRA run's snapshots hold only trainable tensors: a triax run's base would not load.
+            raise ConfigError(f"model.lora with model.init_from={path!r} (a triax run) is not supported; export the "
+                              "run with `triax export RUN OUT --format hf` and start from OUT")
         return source
 
     def _take_architecture(self) -> None:
@@ -719,6 +735,12 @@ class Trainer:
                 f"{self.world_size} process(es) ({self.layout.describe()}), precision {self.precision.name}, "
                 f"{self.total_steps} steps of {self.samples_per_step} samples "
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
+            if self.config.model.lora.rank:
+                lora = self.config.model.lora
+                self.logger.print(f"LoRA rank {lora.rank} on {', '.join(lora.targets)}: the base is frozen, "
+                                  f"{self.trainable_params / 1e6:.3f}M adapter parameters train")
+            if self.data.report:
+                self.logger.print(self.data.report)
         self.model.train()
         self.logger.start_progress(self.total_steps, self.step)
         self.started = (time.perf_counter(), self.step)
