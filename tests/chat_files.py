@@ -94,7 +94,6 @@ def arithmetic_conversations(count, seed=0):
     for _ in range(count):
         a, b, c = rng.randrange(5), rng.randrange(5), rng.randrange(5)
         records.append({"messages": [
-            {"role": "system", "content": "You add numbers."},
             {"role": "user", "content": f"{words[a]} plus {words[b]}?"},
             {"role": "assistant", "content": f"{words[a + b]}."},
             {"role": "user", "content": f"and {words[c]} plus {words[c]}?"},
@@ -108,7 +107,7 @@ def write_chat_checkpoint(directory, model_type="llama", **options):
     from tests.llama_checkpoints import save_checkpoint
 
     directory.mkdir(parents=True, exist_ok=True)
-    model = save_checkpoint(directory, model_type, **options)
+    model = save_checkpoint(directory, model_type, **{"max_position_embeddings": 128, **options})
     records = arithmetic_conversations(50)
     corpus = directory / "corpus.txt"
     corpus.write_text(CORPUS + " ".join(json.dumps(record) for record in records) * 3)

@@ -229,12 +229,17 @@ def export_main(argv: list[str]) -> int:
                                         "(--format hf) a directory transformers' AutoModelForCausalLM loads")
     parser.add_argument("run_dir")
     parser.add_argument("output", help="path of the .safetensors file to write (--format hf: a new directory)")
-    parser.add_argument("--format", choices=("safetensors", "hf"), default="safetensors")
+    parser.add_argument("--format", choices=("safetensors", "hf", "peft"), default="safetensors",
+                        help="peft: a LoRA run's adapters as PEFT's adapter directory (docs/chat-lora.md)")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing output file that triax did not write")
     args = parser.parse_args(argv)
     if args.format == "hf":
         return export_hf_main(args.run_dir, args.output)
+    if args.format == "peft":
+        from triax.train.peft_export import export_peft_main
+
+        return export_peft_main(args.run_dir, args.output)
     from triax.checkpoint.export import export_safetensors
 
     # The output is checked before any snapshot is read (the run's snapshot root found once).

@@ -1,0 +1,156 @@
+"""LoRA fine-tuning of a tiny Llama on a chat file (data.task=chat, model.lora.*): the same adapters
+in one process, FSDP x 2 and TP x 2; a bitwise resume after SIGKILL; snapshots that hold only the
+adapters; a `--format peft` export that PEFT loads with triax's logits; the answer-only validation
+loss goes down; model.lora.init_from reads a PEFT adapter back."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from chat_files import arithmetic_conversations, write_chat_checkpoint, write_chat_file
+from forked import launch
+from helpers import assert_adam_close, assert_bitwise_equal, final_weights, train
+from llama_checkpoints import VOCAB
+from triax.testing import quiet_env
+
+pytestmark = pytest.mark.multiprocess
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
+peft = pytest.importorskip("peft", reason="peft is not installed (pip install 'triax[test]')")
+
+LR = 1e-2
+STEPS = 6
+LORA = {"model.lora.rank": 4, "model.lora.alpha": 8, "model.lora.targets": "[all-linear]"}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("chat-base") / "base"
+    write_chat_checkpoint(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def chat_file(tmp_path_factory):
+    return write_chat_file(tmp_path_factory.mktemp("chat-data") / "chat.jsonl", arithmetic_conversations(48, seed=1))
+
+
+def overrides(run_dir, base, chat_file, **extra):
+    values = {"model.init_from": base, "data.task": "chat", "data.path": chat_file, "data.block_size": 64,
+              **LORA, "trainer.max_steps": STEPS, "trainer.batch_size": 4, "trainer.eval_every": STEPS,
+              "trainer.log_every": 1, "trainer.sample_tokens": 0, "trainer.run_dir": run_dir,
+              "optim.lr": LR, "optim.warmup_steps": 0, "parallel.dp_replicate": 1, **extra}
+    return [f"{key}={value}" for key, value in values.items()]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, base, chat_file):
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    train(overrides(run_dir, base, chat_file, **{"trainer.save_every": 2}), timeout=300)
+    return run_dir
+
+
+def test_snapshots_hold_only_the_adapters_and_the_base_stays_frozen(single, base):
+    weights = final_weights(single)
+    names = sorted(weights)
+    assert names and all(".lora_A." in name or ".lora_B." in name for name in names), names
+    # 7 adapted layers per block (all-linear), 2 blocks, A and B each.
+    assert len(names) == 2 * 7 * 2
+    assert any(weights[name].abs().max() > 0 for name in names if ".lora_B." in name)  # B trained away from zero
+
+
+@pytest.mark.parametrize("layout, nproc, settings", [("fsdp2", 2, {"parallel.dp_shard": 2, "trainer.batch_size": 2}),
+                                                      ("tp2", 2, {"parallel.tp": 2})])
+def test_layouts_train_the_same_adapters(layout, nproc, settings, tmp_path, base, chat_file, single):
+    run_dir = tmp_path / layout
+    train(overrides(run_dir, base, chat_file, **settings), nproc=nproc, timeout=400)
+    assert_adam_close(final_weights(run_dir), final_weights(single), [LR] * STEPS)
+
+
+def test_answer_only_validation_loss_goes_down(single):
+    records = [json.loads(line) for line in open(single / "metrics.jsonl")]
+    losses = [record["val_loss"] for record in records if "val_loss" in record]
+    first = [record["loss"] for record in records if "loss" in record][0]
+    # The first step's training loss is the base's (B starts at zero); validation after training is lower.
+    assert losses[-1] < first - 0.1, (first, losses)
+
+
+def test_peft_loads_the_export_with_triax_logits(single, base, tmp_path):
+    """`--format peft` -> PeftModel.from_pretrained(base, OUT): the same logits as triax's model with
+    the snapshot's adapters (|diff| <= 1e-5 in fp32); model.lora.init_from reads the export back
+    into the same tensors."""
+    from triax.eval.command import load_hf_model
+    from triax.models.lora import LoRAConfig, apply_lora
+    from triax.models.peft_format import load_adapter
+
+    out = tmp_path / "adapter"
+    launch(1, ["-m", "triax", "export", str(single), str(out), "--format", "peft"])
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8 and config["peft_type"] == "LORA"
+    weights = final_weights(single)
+    ours = load_hf_model(str(base), torch.device("cpu"))
+    lora = LoRAConfig(rank=4, alpha=8, targets=["all-linear"])
+    apply_lora(ours, lora)
+    with torch.no_grad():
+        for name, parameter in ours.named_parameters():
+            if name in weights:
+                parameter.data = weights[name].clone()
+    hf_base = transformers.AutoModelForCausalLM.from_pretrained(str(base)).eval()
+    reference = peft.PeftModel.from_pretrained(hf_base, str(out)).eval()
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        triax_logits, peft_logits = ours(ids), reference(ids).logits
+        plain_logits = load_hf_model(str(base), torch.device("cpu"))(ids)
+    torch.testing.assert_close(triax_logits, peft_logits, atol=1e-5, rtol=1e-5)
+    assert (triax_logits - plain_logits).abs().max() > 1e-3  # the adapters change the model
+    # Read back (model.lora.init_from): every adapter tensor as trained.
+    again = load_hf_model(str(base), torch.device("cpu"))
+    apply_lora(again, lora)
+    for parameter in again.parameters():
+        if parameter.is_meta:
+            parameter.data = torch.empty_like(parameter, device="cpu")
+    load_adapter(again, str(out), lora)
+    for name, parameter in again.named_parameters():
+        if name in weights:
+            assert torch.equal(parameter, weights[name]), name
+
+
+def test_resume_after_sigkill_is_bitwise(tmp_path, base, chat_file, single):
+    """Killed after the snapshot of step 2, started again: the adapters equal the uninterrupted run's."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "triax", "train", *overrides(run_dir, base, chat_file, **{"trainer.save_every": 2})]
+    env = quiet_env(PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "snapshots" / "step_00000002").exists():
+            assert job.poll() is None and time.monotonic() < deadline, "the run ended before its first snapshot"
+            time.sleep(0.05)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from" in result.stdout
+    assert_bitwise_equal(final_weights(run_dir), final_weights(single))
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("model.lora.rank", -1, "model.lora.rank"),
+    ("model.lora.targets", "[q,wq]", "'wq'"),
+    ("model.lora.alpha", 0, "model.lora.alpha"),
+    ("model.lora.dropout", 1.5, "model.lora.dropout"),
+    ("data.overlong", "shrink", "data.overlong"),
+    ("data.chat_template", "vicuna", "data.chat_template"),
+])
+def test_bad_lora_and_chat_settings_are_one_line(tmp_path, base, chat_file, key, value, words):
+    result = train(overrides(tmp_path / "run", base, chat_file, **{key: value}), check=False)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0], result.stderr[-2000:]

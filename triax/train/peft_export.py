@@ -1,0 +1,54 @@
+"""`triax export RUN OUT --format peft`: a LoRA run's adapters (its newest good snapshot) as the
+directory PEFT's `PeftModel.from_pretrained(base, OUT)` loads (triax/models/peft_format.py)."""
+
+from __future__ import annotations
+
+import os
+
+from triax.errors import TriaxError, UsageError, printable
+from triax.models.lora import LoRAConfig, is_adapter
+
+
+def run_lora(state: dict, snapshot: str) -> tuple[LoRAConfig, str | None]:
+    """The model.lora and model.init_from a snapshot's run was trained with."""
+    model = (state.get("config") or {}).get("model") or {}
+    lora = model.get("lora") or {}
+    if not isinstance(lora, dict) or not lora.get("rank"):
+        raise UsageError(f"snapshot {snapshot} is not of a LoRA run (model.lora.rank was not set); export it "
+                         "with --format hf or safetensors")
+    try:
+        config = LoRAConfig(rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"],
+                            targets=list(lora["targets"]))
+    except (KeyError, TypeError) as error:
+        raise TriaxError(f"snapshot {snapshot}: its config's model.lora is incomplete ({error})") from None
+    return config, model.get("init_from")
+
+
+def export_peft_main(run_dir: str, out_dir: str) -> int:
+    from triax.checkpoint.export import tensor_source
+    from triax.models.peft_format import write_adapter
+    from triax.train.commands import check_not_in_run, newest_good_snapshot, run_snapshot_root
+    from triax.train.run_files import read_model_config
+
+    root = run_snapshot_root(run_dir)
+    check_not_in_run(out_dir, run_dir, root, "OUT_DIR")
+    if os.path.lexists(out_dir) and (not os.path.isdir(out_dir) or os.path.islink(out_dir)):
+        raise UsageError(f"OUT_DIR {out_dir!r} exists and is not a directory; give a new directory")
+
+    def export(reader, model_config, vocab):
+        if model_config.arch not in ("llama", "qwen2", "mistral"):
+            raise UsageError(f"--format peft writes llama-family adapters; this run's model is {model_config.arch}")
+        lora, base = run_lora(reader.state, reader.snapshot)
+        source = tensor_source(reader)
+        tensors = {name: source[name] for name in source.keys() if is_adapter(name)}
+        if not tensors:
+            raise TriaxError(f"snapshot {reader.snapshot} holds no LoRA adapter tensors")
+        return reader.snapshot, write_adapter(tensors, lora, base, out_dir), lora
+
+    # Not open_run: its check that model.json fits the snapshot's tensors counts the base, which a
+    # LoRA snapshot does not hold; the adapters' own shapes are what is written.
+    reader = newest_good_snapshot(root, run_dir, 0)
+    snapshot, count, lora = export(reader, read_model_config(run_dir), None)
+    print(printable(f"wrote a PEFT LoRA adapter (rank {lora.rank}, {count} tensors) from {snapshot} to {out_dir}: "
+                    "load it with peft.PeftModel.from_pretrained(base_model, OUT_DIR)"))
+    return 0
