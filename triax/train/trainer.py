@@ -534,10 +534,24 @@ class Trainer:
         non_blocking = self.device.type == "cuda"
         return x.to(self.device, non_blocking=non_blocking), y.to(self.device, non_blocking=non_blocking)
 
-    def _loss(self, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _loss(self, model, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         with self.precision.autocast(self.device):
             logits = model(x)
-        return self._cross_entropy(logits, y)
+        return self._cross_entropy(logits, y, reduction)
+
+    def _per_token_scale(self, batches) -> float | None:
+        """Chat data scores a varying number of tokens per row (the answers): each step's loss is
+        then the mean over every scored token of the step, on all ranks and micro-batches together,
+        not a mean of per-batch means, so every layout and grad_accum computes the same gradient.
+        Returns the factor that turns this rank's summed token losses into its share of that mean
+        (data parallelism averages the ranks' gradients); None for data that scores every token,
+        and under a pipeline schedule (its loss is a mean per micro-batch, computed on the last stage)."""
+        if self.config.data.task != "chat" or self.parallel_model.pipelined:
+            return None
+        scored = sum(float((y != IGNORE_INDEX).sum()) for _, y in batches)
+        # Tensor and pipeline peers hold the same rows: the world's sum counts each row world/dp times.
+        total = sum(values[0] for values in gather_floats([scored])) * self.layout.dp / self.world_size
+        return self.layout.dp / max(total, 1.0)
 
     @staticmethod
     def _cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -606,22 +620,31 @@ class Trainer:
             batch = self._timed_batch(step, 0, indices)
             self._phase("pipeline schedule", step)
             loss_sum = self._pipeline_forward(*batch, train=True)
+        batches = []
         for micro in range(0 if self.parallel_model.pipelined else trainer.grad_accum):
             start = self.sample_index + micro * self.global_micro_batch
             indices = self.sampler.rank_slice(self.epoch, start, trainer.batch_size, self.dp_rank)
             if self.sample_log is not None:
                 consumed += indices.tolist()
-            x, y = self._timed_batch(step, micro, indices)
+            batches.append(self._timed_batch(step, micro, indices))
+        per_token = self._per_token_scale(batches)
+        for micro, (x, y) in enumerate(batches):
             last = micro == trainer.grad_accum - 1
             # Gradients are synchronised only on the last micro-batch; the others accumulate locally.
             with self._sync_context(last), self._loss_context():
                 self._phase("forward", step, micro)
                 started = time.perf_counter()
-                loss = self._loss(self.model, x, y)
+                if per_token is None:
+                    loss = self._loss(self.model, x, y)
+                    scaled = loss / trainer.grad_accum
+                else:
+                    loss = scaled = self._loss(self.model, x, y, reduction="sum") * per_token
                 self.timing["forward"] += time.perf_counter() - started
                 self._phase("backward", step, micro)
-                self.scaler.scale(loss / trainer.grad_accum).backward()
+                self.scaler.scale(scaled).backward()
             loss_sum = loss_sum + loss.detach()
+        if per_token is not None:  # loss_sum is already this rank's share of the step's token mean
+            loss_sum = loss_sum * trainer.grad_accum
         self._phase("optimizer", step)
         self.scaler.unscale_(self.optimizer)
         max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
