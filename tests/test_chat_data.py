@@ -202,3 +202,39 @@ def test_json_and_shifted_targets(tmp_path, style):
     inputs, targets = shifted(example)
     assert np.array_equal(inputs, example.ids[:-1])
     assert [t != IGNORE_INDEX for t in targets] == [bool(m) for m in example.mask[1:]]
+
+
+def test_packed_rows_give_each_example_the_loss_it_has_alone(style, tmp_path):
+    """A tiny Llama scores the packed rows, the padded rows and each example alone: the same loss
+    on every answer token (attention and rotary positions confined to each example)."""
+    import torch.nn.functional as F
+
+    from triax.models import GPTConfig, build_model
+
+    _, _, encoder, _ = style
+    path = write_chat_file(tmp_path / "chat.jsonl", repeat=2)
+    split = encode_records(read_records(str(path)), encoder, block_size=256, overlong="truncate")
+    vocab = encoder.tokenizer.get_vocab_size()
+    torch.manual_seed(0)
+    model = build_model(GPTConfig(arch="llama", vocab_size=vocab, block_size=256, n_layer=2, n_head=4, n_kv_head=2,
+                                  n_embd=32, intermediate_size=64, dropout=0.0)).eval()
+
+    def token_losses(dataset):
+        rows = torch.arange(len(dataset))
+        x, y = dataset.batch(rows)
+        documents = dataset.document_ids(rows) if dataset.packing else None
+        with torch.no_grad():
+            logits = model(x, documents=documents)
+        losses = F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
+        return losses[y.reshape(-1) != IGNORE_INDEX]
+
+    packed, padded = ChatDataset(split.examples, 256, True), ChatDataset(split.examples, 256, False)
+    assert len(packed) < len(padded)
+    alone = torch.cat([token_losses(ChatDataset([example], len(example.ids) - 1, False)) for example in split.examples])
+    torch.testing.assert_close(token_losses(padded), alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(token_losses(packed), alone, atol=1e-5, rtol=1e-5)
+    # Without the confinement the packed rows' later examples see the earlier ones: a different loss.
+    x, y = packed.batch(torch.arange(len(packed)))
+    with torch.no_grad():
+        leaky = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
+    assert (leaky[y.reshape(-1) != IGNORE_INDEX] - alone).abs().max() > 1e-3

@@ -132,6 +132,9 @@ class Trainer:
                                      self.place.world_size)
         if self.init_source is not None:
             self._take_architecture()
+        if config.data.task == "chat" and config.data.packing and self.layout.pp > 1:
+            raise ConfigError("data.packing=true does not run under pipeline parallelism (parallel.pp="
+                              f"{self.layout.pp}): its stages take the token ids alone; use data.packing=false")
         validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
                         block_size=self.data.block_size, batch_size=trainer.batch_size,
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
@@ -530,13 +533,24 @@ class Trainer:
         return batch
 
     def _batch(self, dataset, indices: torch.Tensor):
+        """(inputs, targets) on the device; packed chat rows' inputs are (ids, example numbers)."""
         x, y = dataset.batch(indices)
         non_blocking = self.device.type == "cuda"
-        return x.to(self.device, non_blocking=non_blocking), y.to(self.device, non_blocking=non_blocking)
+        x, y = x.to(self.device, non_blocking=non_blocking), y.to(self.device, non_blocking=non_blocking)
+        if getattr(dataset, "packing", False):
+            return (x, dataset.document_ids(indices).to(self.device, non_blocking=non_blocking)), y
+        return x, y
+
+    @staticmethod
+    def _forward(model, x):
+        if isinstance(x, tuple):  # packed rows: attention and positions confined to each example
+            ids, documents = x
+            return model(ids, documents=documents)
+        return model(x)
 
     def _loss(self, model, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         with self.precision.autocast(self.device):
-            logits = model(x)
+            logits = self._forward(model, x)
         return self._cross_entropy(logits, y, reduction)
 
     def _per_token_scale(self, batches) -> float | None:
@@ -686,7 +700,7 @@ class Trainer:
                 continue
             with self._loss_context():
                 with self.precision.autocast(self.device):
-                    logits = self.raw_model(x)
+                    logits = self._forward(self.raw_model, x)
                 loss_sum += self._cross_entropy(logits, y, reduction="sum").item()
         # Tensor- and pipeline-parallel peers hold the same sums: they scale both totals alike.
         totals = [sum(column) for column in zip(*gather_floats([loss_sum, float(scored)]))]
