@@ -154,3 +154,18 @@ def test_bad_lora_and_chat_settings_are_one_line(tmp_path, base, chat_file, key,
     assert result.returncode != 0
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and words in lines[0], result.stderr[-2000:]
+
+
+def test_packed_and_padded_runs_report_the_same_validation_loss(tmp_path, base, chat_file):
+    """After one step at a negligible learning rate, packing (several conversations per row, each
+    confined to itself) scores the validation answers exactly as padding does."""
+    losses = {}
+    for packing in (False, True):
+        run_dir = tmp_path / f"packing-{packing}"
+        train(overrides(run_dir, base, chat_file, **{"data.packing": packing, "data.block_size": 128,
+                                                     "trainer.max_steps": 1, "trainer.eval_every": 1,
+                                                     "optim.lr": 1e-12, "optim.min_lr": 0.0}), timeout=300)
+        records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+        losses[packing] = [(r["val_loss"], r["val_tokens"]) for r in records if "val_loss" in r][-1]
+    assert losses[True][1] == losses[False][1] > 0
+    assert abs(losses[True][0] - losses[False][0]) < 1e-5, losses
