@@ -169,3 +169,34 @@ def test_packed_and_padded_runs_report_the_same_validation_loss(tmp_path, base, 
         losses[packing] = [(r["val_loss"], r["val_tokens"]) for r in records if "val_loss" in r][-1]
     assert losses[True][1] == losses[False][1] > 0
     assert abs(losses[True][0] - losses[False][0]) < 1e-5, losses
+
+
+def test_generate_chat_answers_with_the_template_and_stops_at_the_end_of_turn(single, base, capsys):
+    """`triax generate RUN --chat`: the prompt is transformers' rendering with the generation prompt,
+    the answer is the greedy continuation of triax's LoRA model, cut at <|eot_id|>."""
+    from triax.cli import main
+    from triax.eval.command import load_hf_model
+    from triax.models.lora import LoRAConfig, apply_lora
+    from tests.chat_files import hf_tokenizer, LLAMA3_TEMPLATE
+
+    assert main(["generate", str(single), "--chat", "two plus two?", "--greedy", "--tokens", "20"]) == 0
+    answer = capsys.readouterr().out.rstrip("\n")
+    hf = hf_tokenizer(base, LLAMA3_TEMPLATE, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
+    prompt = hf.apply_chat_template([{"role": "user", "content": "two plus two?"}], tokenize=True,
+                                    add_generation_prompt=True, return_dict=True)["input_ids"]
+    model = load_hf_model(str(base), torch.device("cpu"))
+    apply_lora(model, LoRAConfig(rank=4, alpha=8, targets=["all-linear"]))
+    weights = final_weights(single)
+    for name, parameter in model.named_parameters():
+        if name in weights:
+            parameter.data = weights[name].clone()
+    ids = torch.tensor([list(prompt)])
+    expected = []
+    with torch.no_grad():
+        for _ in range(20):
+            next_id = int(model(ids)[0, -1].argmax())
+            if next_id == hf.convert_tokens_to_ids("<|eot_id|>"):
+                break
+            expected.append(next_id)
+            ids = torch.cat([ids, torch.tensor([[next_id]])], dim=1)
+    assert answer == hf.decode(expected)

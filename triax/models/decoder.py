@@ -323,17 +323,21 @@ class Decoder(nn.Module):
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, greedy: bool = False,
                  generator: torch.Generator | None = None, vocab_limit: int | None = None,
-                 use_cache: bool = True) -> torch.Tensor:
+                 use_cache: bool = True, stop_ids: Iterable[int] = ()) -> torch.Tensor:
         """Extend `idx` (batch, seq) by `max_new_tokens`, one token at a time. `vocab_limit`: only
         ids below it are drawn (a vocabulary padded for tensor parallelism has unused rows).
         `use_cache`: while the text fits in the context window, feed each new token alone and keep
         the keys and values of the earlier ones (KVCache), instead of running the whole context
         again; once it outgrows the window, each token sees the last block_size tokens, recomputed,
-        as without the cache. The same text either way, up to float rounding."""
+        as without the cache. The same text either way, up to float rounding. `stop_ids`: stop
+        once every row has produced one of these (a chat model's end of turn), which is kept."""
         if temperature <= 0 and not greedy:
             raise ValueError(f"temperature must be > 0 (got {temperature}); use greedy=True instead")
         block_size = self.config.block_size
         cache = KVCache() if use_cache else None
+        stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=idx.device)
+        stop = stop if stop.numel() else None
+        finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
             if cache is not None and idx.size(1) <= block_size:
                 logits = self(idx[:, cache.length:], cache)
@@ -353,4 +357,8 @@ class Decoder(nn.Module):
                 probs = F.softmax(logits, dim=-1)
                 next_id = torch.multinomial(probs, num_samples=1, generator=generator)
             idx = torch.cat((idx, next_id), dim=1)
+            if stop is not None:
+                finished = finished | torch.isin(next_id[:, 0], stop)
+                if bool(finished.all()):
+                    break
         return idx

@@ -155,9 +155,15 @@ def generate_main(argv: list[str]) -> int:
                         help="always take the most likely token (a character in a character-level run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--chat", default=None, metavar="MESSAGE",
+                        help="answer this user message, rendered with the run's chat template; stops at the end of "
+                             "the turn (docs/chat-lora.md)")
+    parser.add_argument("--system", default=None, help="with --chat: a system message before it")
     args = parser.parse_args(argv)
     # Every argument is checked before the model is read or built.
     need(args.prompt != "", "--prompt", args.prompt, "give at least one character to start from")
+    need(args.chat is None or args.chat.strip() != "", "--chat", args.chat, "give a message to answer")
+    need(args.system is None or args.chat is not None, "--system", args.system, "use it with --chat")
     at_least("--tokens", args.tokens, 0)
     need(args.tokens <= MAX_GENERATE_TOKENS, "--tokens", args.tokens,
          f"use at most {MAX_GENERATE_TOKENS} (generation is one forward pass per token)")
@@ -171,6 +177,13 @@ def generate_main(argv: list[str]) -> int:
     need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
     check_device("--device", args.device)
     device = pick_device(args.device)
+    if args.chat is not None:
+        from triax.train.chat_generate import generate_chat
+
+        answer = generate_chat(args.run_dir, args.chat, args.system, args.tokens, args.temperature, args.top_k,
+                               args.greedy, args.seed, device)
+        print(printable(answer, keep="\n\t") if sys.stdout.isatty() else answer)
+        return 0
 
     def load(*opened):
         vocab = opened[2]

@@ -1,0 +1,95 @@
+"""`triax generate RUN --chat MESSAGE`: the run's model answers one user message, rendered with the
+chat template it was trained with (data.chat_template, or the checkpoint's, kept in RUN/init_from/),
+and stops at the model's end-of-turn token. A LoRA run's model is its base (model.init_from) with
+the snapshot's adapters; any other run's is its snapshot."""
+
+from __future__ import annotations
+
+import os
+
+from triax import safe_files
+from triax.errors import TriaxError
+
+
+def run_config(run_dir: str):
+    import yaml
+
+    from triax.train.config import from_dict
+
+    path = os.path.join(run_dir, "config.yaml")
+    try:
+        return from_dict(yaml.safe_load(safe_files.read_text(path)) or {})
+    except Exception as error:  # noqa: BLE001 - a damaged run file is the user's to fix: one line
+        raise TriaxError(f"{path!r} is not a valid run config ({type(error).__name__}); give the run directory "
+                         "of a finished `triax train`") from None
+
+
+def load_chat_model(run_dir: str, config, device):
+    """The run's trained model (a LoRA run: its base with the adapters of the newest good snapshot)."""
+    from triax.checkpoint.export import tensor_source
+    from triax.train.commands import load_run_model, newest_good_snapshot, run_snapshot_root
+
+    if not config.model.lora.rank:
+        return load_run_model(run_dir, device)[0]
+    from triax.eval.command import load_hf_model
+    from triax.models.lora import apply_lora, is_adapter
+
+    base = config.model.init_from
+    if not base or not os.path.isdir(base):
+        raise TriaxError(f"{run_dir!r} is a LoRA run whose base (model.init_from={base!r}) is not a directory here; "
+                         "the adapters need the base model they were trained on")
+    reader = newest_good_snapshot(run_snapshot_root(run_dir), run_dir)
+    model = load_hf_model(base, device)
+    apply_lora(model, config.model.lora)
+    source = tensor_source(reader)
+    for name, parameter in model.named_parameters():
+        if is_adapter(name):
+            parameter.data = source[name].to(device=device, dtype=parameter.dtype)
+    return model.eval()
+
+
+def chat_encoder(run_dir: str, config):
+    from triax.data.chat import ChatEncoder, chat_template_for
+    from triax.data.tokenizer import BPETokenizer
+    from triax.models import hf
+    from triax.train.run_files import KEPT_SOURCE_DIR
+
+    tokenizer_path = os.path.join(run_dir, "tokenizer.json")
+    if not safe_files.is_regular(tokenizer_path):
+        raise TriaxError(f"{run_dir!r} has no tokenizer.json; --chat needs a run trained with a tokenizer")
+    kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
+    description = hf.description_files(kept, follow_links=False) if safe_files.is_directory(kept) else {}
+    template = chat_template_for(config.data.chat_template, description, run_dir)
+    return ChatEncoder(template, BPETokenizer.from_file(tokenizer_path).tokenizer)
+
+
+def end_of_turn_ids(encoder) -> list[int]:
+    """The ids that end the assistant's turn: the tokenizer's eos token (Llama 3's <|eot_id|>,
+    Qwen2's <|im_end|>), and ChatML's end marker for the built-in template."""
+    names = [encoder.template.special_tokens.get("eos_token"), "<|im_end|>" if "<|im_end|>" in encoder.template.source
+             else None]
+    ids = [encoder.tokenizer.token_to_id(name) for name in names if name]
+    return [token for token in ids if token is not None]
+
+
+def generate_chat(run_dir: str, message: str, system: str | None, tokens: int, temperature: float,
+                  top_k: int | None, greedy: bool, seed: int, device) -> str:
+    import torch
+
+    config = run_config(run_dir)
+    encoder = chat_encoder(run_dir, config)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": message}]
+    prompt = encoder.encode_prompt(messages)
+    model = load_chat_model(run_dir, config, device)
+    if len(prompt) >= model.config.block_size:
+        raise TriaxError(f"the rendered conversation is {len(prompt)} tokens, not shorter than the model's context "
+                         f"{model.config.block_size}; give a shorter message")
+    stop = end_of_turn_ids(encoder)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    out = model.generate(torch.tensor([prompt], device=device), min(tokens, model.config.block_size - len(prompt)),
+                         temperature=temperature, top_k=top_k, greedy=greedy, generator=generator,
+                         vocab_limit=min(encoder.tokenizer.get_vocab_size(), model.config.vocab_size), stop_ids=stop)
+    answer = out[0, len(prompt):].tolist()
+    if answer and answer[-1] in stop:
+        answer = answer[:-1]
+    return encoder.tokenizer.decode(answer, skip_special_tokens=False)
