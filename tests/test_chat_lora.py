@@ -123,7 +123,8 @@ def test_peft_loads_the_export_with_triax_logits(single, base, tmp_path):
 def test_resume_after_sigkill_is_bitwise(tmp_path, base, chat_file, single):
     """Killed after the snapshot of step 2, started again: the adapters equal the uninterrupted run's."""
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "triax", "train", *overrides(run_dir, base, chat_file, **{"trainer.save_every": 2})]
+    command = [sys.executable, "-m", "triax", "train",
+               *overrides(run_dir, base, chat_file, **{"trainer.save_every": 2})]
     env = quiet_env(PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
     job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                            start_new_session=True)

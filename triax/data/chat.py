@@ -32,7 +32,8 @@ import torch
 
 from triax import safe_files
 from triax.data.addition import IGNORE_INDEX
-from triax.data.chat_template import ChatTemplate, TemplateError
+from triax.data.chat_template import (BUILTIN_TEMPLATES, ChatTemplate, TemplateError, special_tokens_of,
+                                      template_of_config)
 from triax.data.errors import DataError, MissingDependency
 from triax.errors import printable
 
@@ -177,7 +178,7 @@ def read_records(path: str):
 
 def _parquet_records(handle, path: str):
     try:
-        import pyarrow.parquet as parquet
+        import pyarrow.parquet as parquet  # deferred: an optional dependency, for Parquet files only
     except ImportError:
         raise MissingDependency(f"{path!r} is Parquet, which needs pyarrow: pip install pyarrow "
                                 "(or convert it to JSONL)") from None
@@ -337,8 +338,6 @@ def chat_template_for(name: str | None, description: dict[str, str], origin: str
     """data.chat_template's built-in template, else the checkpoint's: chat_template.jinja or
     tokenizer_config.json's chat_template, with its special tokens (`description`: {file name:
     path} of the checkpoint's tokenizer files, as model.init_from found them)."""
-    from triax.data.chat_template import BUILTIN_TEMPLATES, special_tokens_of, template_of_config
-
     config = {}
     if "tokenizer_config.json" in description:
         try:

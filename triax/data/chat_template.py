@@ -20,6 +20,10 @@ from __future__ import annotations
 import json
 import re
 
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from triax.data.errors import DataError
 from triax.errors import printable
 
@@ -56,10 +60,6 @@ class _RenderTooLarge(Exception):
 
 
 def _environment():
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     class GenerationSpans(jinja2.ext.Extension):
         """`{% generation %}` blocks: their text is rendered as usual and its character span in
         the whole output recorded (the output so far is what `render` has collected)."""
@@ -138,8 +138,6 @@ class ChatTemplate:
     conversation (bos_token, eos_token, ...), from tokenizer_config.json as transformers passes them."""
 
     def __init__(self, source: str, origin: str, special_tokens: dict[str, str] | None = None):
-        import jinja2
-
         self.origin = origin
         if not isinstance(source, str) or not source.strip():
             raise TemplateError(f"the chat template of {origin} is empty or not text; give a checkpoint with a "
@@ -160,8 +158,6 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
         """The conversation's text and the character spans of its `{% generation %}` blocks."""
-        import jinja2
-
         state = _RenderState()
         self.environment.render_state = state
         try:

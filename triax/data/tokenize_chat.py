@@ -28,11 +28,11 @@ OUTPUT_FILES = ("train.bin", "train.mask.bin", "train.starts.bin", "val.bin", "v
 
 
 def main(argv: list[str]) -> int:
-    from triax.data.tokenize_files import _Parser
-    from triax.data.tokenizer import BPETokenizer
-    from triax.models import hf
+    from triax.arguments import ArgumentParser  # deferred: with the models' imports below, after --help
+    from triax.data.tokenizer import BPETokenizer  # deferred: with the models, after --help
+    from triax.models import hf  # deferred: with the models, after --help
 
-    parser = _Parser(prog="triax tokenize --chat",
+    parser = ArgumentParser(prog="triax tokenize --chat",
                      description="render chat files with a checkpoint's chat template and write the token ids and "
                                  "answer masks a data.task=chat run trains on")
     parser.add_argument("--chat", required=True, metavar="CHECKPOINT",
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--val-fraction", type=float, default=0.1)
     parser.add_argument("--block-size", type=int, default=None, help="cut or drop longer conversations, as training")
     parser.add_argument("--overlong", choices=OVERLONG_RULES, default="truncate")
-    parser.add_argument("--chat-template", default=None, help="a built-in template (chatml) instead of the checkpoint's")
+    parser.add_argument("--chat-template", default=None, help="a built-in template (chatml), not the checkpoint's")
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing --out")
     args = parser.parse_args(argv)
     if not 0.0 < args.val_fraction < 1.0:

@@ -193,7 +193,7 @@ def encode_files(files, tokenizer, out_fs, out_dir: str, dtype: str, val_fractio
 
 def main(argv: list[str]) -> int:
     if any(arg == "--chat" or arg.startswith("--chat=") for arg in argv):
-        from triax.data.tokenize_chat import main as chat_main  # conversations: ids and answer masks
+        from triax.data.tokenize_chat import main as chat_main  # deferred: only conversations need it
 
         return chat_main(argv)
     parser = _Parser(prog="triax tokenize",

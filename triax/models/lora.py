@@ -28,6 +28,7 @@ from typing import List, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from triax.errors import ConfigError
 from triax.models.init import init_constant, init_normal, local_box
@@ -112,13 +113,9 @@ def _add_adapter(module: nn.Linear, args, output):
     x = args[0]
     delta = F.linear(F.linear(module.lora_dropout(x), module.lora_A.weight), module.lora_B.weight)
     delta = delta * module.lora_scaling
-    from torch.distributed.tensor import DTensor
-
     if isinstance(delta, DTensor):
         # Tensor parallel: the layer's own output is already a local tensor. A row-parallel
         # layer's delta is a partial sum: reduced and split along the sequence like the layer's.
-        from torch.distributed.tensor import Shard
-
         if any(placement.is_partial() for placement in delta.placements):
             delta = delta.redistribute(delta.device_mesh, [Shard(1)])
         delta = delta.to_local()
@@ -155,8 +152,6 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh=None) -> list[str]:
 
 
 def _split_like_layer(layer: nn.Linear, tp_mesh, row_parallel: bool) -> None:
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-
     a_placement, b_placement = (Shard(1), Replicate()) if row_parallel else (Replicate(), Shard(0))
     for factor, placement in ((layer.lora_A, a_placement), (layer.lora_B, b_placement)):
         factor.weight = nn.Parameter(distribute_tensor(factor.weight.data, tp_mesh, [placement]))

@@ -14,6 +14,8 @@ import json
 import os
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save
 
 from triax import safe_files
 from triax.errors import ConfigError, printable
@@ -45,8 +47,6 @@ def adapter_config(lora: LoRAConfig, base: str | None) -> dict:
 
 def write_adapter(tensors: dict[str, torch.Tensor], lora: LoRAConfig, base: str | None, out_dir: str) -> int:
     """Write {triax adapter name: full tensor} to `out_dir` in PEFT's format; returns the tensor count."""
-    from safetensors.torch import save
-
     safe_files.make_directory(out_dir)
     named = {peft_name(name): tensor.detach().to(torch.float32).contiguous() for name, tensor in tensors.items()}
     safe_files.write_atomic(os.path.join(out_dir, WEIGHTS_FILE), save(named, metadata={"format": "pt"}))
@@ -93,8 +93,6 @@ def check_matches(config: dict, lora: LoRAConfig, directory: str) -> None:
 @torch.no_grad()
 def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig, stored_name=lambda name: name) -> int:
     """Copy the adapter directory's tensors into this rank's part of `model`'s adapters."""
-    from safetensors import safe_open
-
     check_matches(read_adapter_config(directory), lora, directory)
     path = os.path.realpath(os.path.join(directory, WEIGHTS_FILE))
     if not safe_files.is_regular(path):

@@ -155,15 +155,9 @@ def generate_main(argv: list[str]) -> int:
                         help="always take the most likely token (a character in a character-level run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--chat", default=None, metavar="MESSAGE",
-                        help="answer this user message, rendered with the run's chat template; stops at the end of "
-                             "the turn (docs/chat-lora.md)")
-    parser.add_argument("--system", default=None, help="with --chat: a system message before it")
     args = parser.parse_args(argv)
     # Every argument is checked before the model is read or built.
     need(args.prompt != "", "--prompt", args.prompt, "give at least one character to start from")
-    need(args.chat is None or args.chat.strip() != "", "--chat", args.chat, "give a message to answer")
-    need(args.system is None or args.chat is not None, "--system", args.system, "use it with --chat")
     at_least("--tokens", args.tokens, 0)
     need(args.tokens <= MAX_GENERATE_TOKENS, "--tokens", args.tokens,
          f"use at most {MAX_GENERATE_TOKENS} (generation is one forward pass per token)")
@@ -177,13 +171,6 @@ def generate_main(argv: list[str]) -> int:
     need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
     check_device("--device", args.device)
     device = pick_device(args.device)
-    if args.chat is not None:
-        from triax.train.chat_generate import generate_chat
-
-        answer = generate_chat(args.run_dir, args.chat, args.system, args.tokens, args.temperature, args.top_k,
-                               args.greedy, args.seed, device)
-        print(printable(answer, keep="\n\t") if sys.stdout.isatty() else answer)
-        return 0
 
     def load(*opened):
         vocab = opened[2]
@@ -242,17 +229,12 @@ def export_main(argv: list[str]) -> int:
                                         "(--format hf) a directory transformers' AutoModelForCausalLM loads")
     parser.add_argument("run_dir")
     parser.add_argument("output", help="path of the .safetensors file to write (--format hf: a new directory)")
-    parser.add_argument("--format", choices=("safetensors", "hf", "peft"), default="safetensors",
-                        help="peft: a LoRA run's adapters as PEFT's adapter directory (docs/chat-lora.md)")
+    parser.add_argument("--format", choices=("safetensors", "hf"), default="safetensors")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing output file that triax did not write")
     args = parser.parse_args(argv)
     if args.format == "hf":
         return export_hf_main(args.run_dir, args.output)
-    if args.format == "peft":
-        from triax.train.peft_export import export_peft_main
-
-        return export_peft_main(args.run_dir, args.output)
     from triax.checkpoint.export import export_safetensors
 
     # The output is checked before any snapshot is read (the run's snapshot root found once).

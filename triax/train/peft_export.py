@@ -24,11 +24,30 @@ def run_lora(state: dict, snapshot: str) -> tuple[LoRAConfig, str | None]:
     return config, model.get("init_from")
 
 
+def export_main(argv: list[str]) -> int:
+    """`triax export`: --format peft here; every other format is triax.train.commands' export."""
+    from triax.train import commands  # deferred: torch and the checkpoint layer, after --help
+
+    asked = "--format=peft" in argv or any(a == "--format" and b == "peft" for a, b in zip(argv, argv[1:]))
+    if not asked:
+        return commands.export_main(argv)
+    from triax.arguments import ArgumentParser  # deferred: `triax --help` stays fast
+
+    parser = ArgumentParser(prog="triax export --format peft",
+                            description="write a LoRA run's adapters as PEFT's adapter directory")
+    parser.add_argument("run_dir")
+    parser.add_argument("output", help="a new directory: adapter_config.json and adapter_model.safetensors")
+    parser.add_argument("--format", choices=("peft",), required=True)
+    args = parser.parse_args(argv)
+    return export_peft_main(args.run_dir, args.output)
+
+
 def export_peft_main(run_dir: str, out_dir: str) -> int:
-    from triax.checkpoint.export import tensor_source
-    from triax.models.peft_format import write_adapter
+    from triax.checkpoint.export import tensor_source  # deferred: imports torch
+    from triax.models.peft_format import write_adapter  # deferred: `triax --help` stays fast
+    # deferred: `triax --help` stays fast
     from triax.train.commands import check_not_in_run, newest_good_snapshot, run_snapshot_root
-    from triax.train.run_files import read_model_config
+    from triax.train.run_files import read_model_config  # deferred: `triax --help` stays fast
 
     root = run_snapshot_root(run_dir)
     check_not_in_run(out_dir, run_dir, root, "OUT_DIR")

@@ -30,6 +30,8 @@ from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
 from triax.metrics import MetricsLogger, peak_memory_mb, stated_peak_flops
 from triax.models import build_model, vocabulary_rows
+from triax.models.lora import apply_lora, trainable_summary
+from triax.models.peft_format import load_adapter
 from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
@@ -253,8 +255,6 @@ class Trainer:
         self.num_params = described.num_params()
         self.trainable_params = 0
         if self.config.model.lora.rank:
-            from triax.models.lora import apply_lora, trainable_summary
-
             apply_lora(described, self.config.model.lora)
             self.trainable_params = trainable_summary(described)[0]
         self.flops_per_token = described.flops_per_token(self.data.block_size)
@@ -273,8 +273,6 @@ class Trainer:
             init_from.load_weights(self.init_source, self.raw_model if self.raw_model is not None else self.model,
                                    model_config, self._stored_name())
         if self.config.model.lora.rank and self.config.model.lora.init_from:
-            from triax.models.peft_format import load_adapter
-
             load_adapter(self.raw_model if self.raw_model is not None else self.model,
                          self.config.model.lora.init_from, self.config.model.lora, self._stored_name())
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
