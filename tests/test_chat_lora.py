@@ -201,3 +201,21 @@ def test_generate_chat_answers_with_the_template_and_stops_at_the_end_of_turn(si
             expected.append(next_id)
             ids = torch.cat([ids, torch.tensor([[next_id]])], dim=1)
     assert answer == hf.decode(expected)
+
+
+def test_eval_scores_a_chat_file_on_its_answers_as_the_run_does(single, chat_file, base, capsys):
+    """`triax eval RUN --split val` of a LoRA chat run reports the run's own final val_loss (the
+    answers of the validation conversations); `--chat FILE` scores a file's answers, and the base
+    model scores them worse."""
+    from triax.cli import main
+
+    records = [json.loads(line) for line in open(single / "metrics.jsonl")]
+    val_loss, val_tokens = [(r["val_loss"], r["val_tokens"]) for r in records if "val_loss" in r][-1]
+    assert main(["eval", str(single), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tokens"] == val_tokens and abs(result["loss"] - val_loss) < 1e-5
+    assert main(["eval", str(single), "--chat", str(chat_file), "--json"]) == 0
+    tuned = json.loads(capsys.readouterr().out)
+    assert main(["eval", str(base), "--chat", str(chat_file), "--json"]) == 0
+    original = json.loads(capsys.readouterr().out)
+    assert tuned["tokens"] == original["tokens"] > 0 and tuned["loss"] < original["loss"]
