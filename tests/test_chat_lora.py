@@ -64,8 +64,11 @@ def test_snapshots_hold_only_the_adapters_and_the_base_stays_frozen(single, base
     assert any(weights[name].abs().max() > 0 for name in names if ".lora_B." in name)  # B trained away from zero
 
 
-@pytest.mark.parametrize("layout, nproc, settings", [("fsdp2", 2, {"parallel.dp_shard": 2, "trainer.batch_size": 2}),
-                                                      ("tp2", 2, {"parallel.tp": 2})])
+@pytest.mark.parametrize("layout, nproc, settings", [
+    ("fsdp2-checkpointed", 2, {"parallel.dp_shard": 2, "trainer.batch_size": 2,
+                               "parallel.activation_checkpointing": "full"}),
+    ("tp2", 2, {"parallel.tp": 2}),
+])
 def test_layouts_train_the_same_adapters(layout, nproc, settings, tmp_path, base, chat_file, single):
     run_dir = tmp_path / layout
     train(overrides(run_dir, base, chat_file, **settings), nproc=nproc, timeout=400)

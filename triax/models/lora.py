@@ -129,6 +129,9 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh=None) -> list[str]:
     keys = target_keys(config.targets)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
+    # Snapshots of this model hold its adapters alone (triax.checkpoint.snapshot): the frozen base
+    # comes back from model.init_from (or the seed) at every start.
+    model.snapshot_trainable_only = True
     adapted = []
     for number, block in model.layers.items():
         for key in keys:

@@ -137,6 +137,10 @@ class Trainer:
         if config.data.task == "chat" and config.data.packing and self.layout.pp > 1:
             raise ConfigError("data.packing=true does not run under pipeline parallelism (parallel.pp="
                               f"{self.layout.pp}): its stages take the token ids alone; use data.packing=false")
+        if config.data.task == "chat" and config.data.packing and self.layout.tp > 1 and config.model.arch == "gpt2":
+            # GPT-2's learned position table is split for positions of one sequence, not per-row positions.
+            raise ConfigError("data.packing=true with GPT-2 (learned positions) does not run under tensor "
+                              "parallelism; use data.packing=false or parallel.tp=1")
         validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
                         block_size=self.data.block_size, batch_size=trainer.batch_size,
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
