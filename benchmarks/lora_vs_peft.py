@@ -21,7 +21,6 @@ state each holds (AdamW's two moments: LoRA's are the adapters' alone).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -42,12 +41,10 @@ def write_checkpoint(directory: str) -> str:
     import torch
     import transformers
 
-    spec = importlib.util.spec_from_file_location("tiny_chat_llama", os.path.join(ROOT, "examples", "tiny_chat_llama.py"))
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    script = os.path.join(ROOT, "examples", "tiny_chat_llama.py")
     chat = os.path.join(directory, "chat.jsonl")
     small = os.path.join(directory, "small")
-    subprocess.run([sys.executable, spec.origin, small, "--conversations", chat, "--count", "2000"], check=True,
+    subprocess.run([sys.executable, script, small, "--conversations", chat, "--count", "2000"], check=True,
                    capture_output=True)
     config = transformers.LlamaConfig.from_pretrained(small)
     config.update(dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4))
@@ -65,7 +62,8 @@ def overrides(checkpoint: str, run_dir: str, steps: int, lora: bool) -> list[str
               f"data.block_size={BLOCK_SIZE}", f"trainer.batch_size={BATCH_SIZE}", f"trainer.max_steps={steps}",
               f"optim.lr={LR}", f"optim.min_lr={LR}", "optim.warmup_steps=0", f"optim.betas=[{BETAS[0]},{BETAS[1]}]",
               f"optim.weight_decay={WEIGHT_DECAY}", f"trainer.grad_clip={CLIP}", f"trainer.seed={SEED}",
-              "trainer.eval_every=0", f"trainer.log_every={10**9}", "trainer.sample_tokens=0", f"trainer.run_dir={run_dir}",
+              "trainer.eval_every=0", f"trainer.log_every={10**9}", "trainer.sample_tokens=0",
+              f"trainer.run_dir={run_dir}",
               "trainer.precision=fp32", "trainer.device=cpu", "trainer.loggers=[jsonl]"]
     if lora:
         values += [f"model.lora.rank={RANK}", f"model.lora.alpha={ALPHA}", "model.lora.targets=[all-linear]"]
@@ -190,11 +188,13 @@ def main(argv: list[str] | None = None) -> None:
                        for key in ("median_step_s", "peak_rss_mb", "optimizer_state_bytes")}
                for which, results in runs.items()}
     lora, peft_loop, full = summary["triax-lora"], summary["peft"], summary["triax-full"]
+    ratio = peft_loop["median_step_s"] / lora["median_step_s"]
     print(f"step: triax LoRA {1000 * lora['median_step_s']:.2f} ms, transformers + PEFT "
-          f"{1000 * peft_loop['median_step_s']:.2f} ms (ratio PEFT / triax {peft_loop['median_step_s'] / lora['median_step_s']:.3f}); "
+          f"{1000 * peft_loop['median_step_s']:.2f} ms (ratio PEFT / triax {ratio:.3f}); "
           f"triax full fine-tuning {1000 * full['median_step_s']:.2f} ms")
     print(f"memory: peak RSS triax LoRA {lora['peak_rss_mb']:.0f} MB, full {full['peak_rss_mb']:.0f} MB; optimizer "
-          f"state LoRA {lora['optimizer_state_bytes'] / 2**20:.2f} MiB, full {full['optimizer_state_bytes'] / 2**20:.2f} MiB")
+          f"state LoRA {lora['optimizer_state_bytes'] / 2**20:.2f} MiB, "
+          f"full {full['optimizer_state_bytes'] / 2**20:.2f} MiB")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"runs": runs, "summary": summary}, handle, indent=1)
