@@ -222,3 +222,37 @@ def test_eval_scores_a_chat_file_on_its_answers_as_the_run_does(single, chat_fil
     assert main(["eval", str(base), "--chat", str(chat_file), "--json"]) == 0
     original = json.loads(capsys.readouterr().out)
     assert tuned["tokens"] == original["tokens"] > 0 and tuned["loss"] < original["loss"]
+
+
+def test_lora_init_from_continues_from_a_peft_adapter(single, base, chat_file, tmp_path):
+    """model.lora.init_from=ADAPTER: the run starts from the exported adapters, so after one step at a
+    negligible learning rate it reports the validation loss the exporting run ended with."""
+    adapter = tmp_path / "adapter"
+    launch(1, ["-m", "triax", "export", str(single), str(adapter), "--format", "peft"])
+    run_dir = tmp_path / "continued"
+    train(overrides(run_dir, base, chat_file, **{"model.lora.init_from": adapter, "trainer.max_steps": 1,
+                                                 "trainer.eval_every": 1, "optim.lr": 1e-12, "optim.min_lr": 0.0}))
+    final = [json.loads(line) for line in open(single / "metrics.jsonl")]
+    continued = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    expected = [r["val_loss"] for r in final if "val_loss" in r][-1]
+    assert abs([r["val_loss"] for r in continued if "val_loss" in r][-1] - expected) < 1e-5
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"r": 2}, "r=2"),
+    ({"lora_alpha": "big"}, "lora_alpha='big'"),
+    ({"target_modules": ["q_proj"]}, "target_modules"),
+    ({"use_dora": True}, "use_dora"),
+    ({"peft_type": "IA3"}, "peft_type must be LORA"),
+])
+def test_an_adapter_that_does_not_match_is_one_line(single, tmp_path, change, words):
+    from triax.models.lora import LoRAConfig
+    from triax.models.peft_format import AdapterError, load_adapter
+
+    adapter = tmp_path / "adapter"
+    launch(1, ["-m", "triax", "export", str(single), str(adapter), "--format", "peft"])
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(AdapterError) as caught:
+        load_adapter(torch.nn.Linear(2, 2), str(adapter), LoRAConfig(rank=4, alpha=8, targets=["all-linear"]))
+    assert "\n" not in str(caught.value) and words in str(caught.value)
