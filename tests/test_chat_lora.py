@@ -256,3 +256,18 @@ def test_an_adapter_that_does_not_match_is_one_line(single, tmp_path, change, wo
     with pytest.raises(AdapterError) as caught:
         load_adapter(torch.nn.Linear(2, 2), str(adapter), LoRAConfig(rank=4, alpha=8, targets=["all-linear"]))
     assert "\n" not in str(caught.value) and words in str(caught.value)
+
+
+def test_merged_export_is_loaded_by_transformers_with_triax_logits(single, base, tmp_path):
+    """`--format hf --merge`: the base with the adapters merged in, a plain LlamaForCausalLM with the
+    LoRA model's logits."""
+    from triax.train.chat_generate import load_chat_model, run_config
+
+    out = tmp_path / "merged"
+    launch(1, ["-m", "triax", "export", str(single), str(out), "--format", "hf", "--merge"])
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ours = load_chat_model(str(single), run_config(str(single)), torch.device("cpu"))
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, ours(ids), atol=1e-5, rtol=1e-5)
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"]  # the checkpoint's, kept
