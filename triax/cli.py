@@ -18,8 +18,10 @@ from triax.launch.settings import ERRORS_REPORTED_BY_LAUNCHER_ENV
 # sub-command -> (module with main(argv), one-line help)
 COMMANDS = {
     "train": ("triax.train.train_command:train_main", "train a GPT or Llama-family model from a Hydra config"),
-    "generate": ("triax.train.commands:generate_main", "sample text from a trained run"),
-    "export": ("triax.train.commands:export_main", "write a run's weights as one safetensors file (or --format hf)"),
+    # generate --chat and export --format peft first: they hand every other use to triax.train.commands
+    "generate": ("triax.train.chat_generate:generate_main", "sample text from a trained run (--chat: answer a message)"),
+    "export": ("triax.train.peft_export:export_main",
+               "write a run's weights as one safetensors file (or --format hf, or a LoRA run's --format peft)"),
     "eval": ("triax.eval.command:main", "loss and perplexity of a run or a transformers model on a split or files"),
     "tokenize": ("triax.data.tokenize_files:main", "text files -> BPE token files for data.task=tokens"),
     "plan": ("triax.parallel.plan:main", "list parallel layouts that fit a model on given devices"),

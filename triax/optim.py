@@ -14,10 +14,11 @@ def split_decay_parameters(model: nn.Module):
     Weight decay shrinks the weights of Linear layers only; biases, LayerNorm gains and embedding
     tables are left alone. The rule goes by module type, not by parameter names, so it survives
     renaming and wrappers (DDP, FSDP, compiled modules). A weight shared between an Embedding and
-    a Linear (tied embeddings) is a Linear weight and is decayed, once.
+    a Linear (tied embeddings) is a Linear weight and is decayed, once. A module that is a matmul
+    weight without being a Linear says so (`matmul_weight = True`: LoRA's adapter factors).
     """
     linear_weights = {id(module.weight) for module in model.modules()
-                      if isinstance(module, nn.Linear)}
+                      if isinstance(module, nn.Linear) or getattr(module, "matmul_weight", False)}
     decayed, not_decayed, seen = [], [], set()
     for parameter in model.parameters():
         if not parameter.requires_grad or id(parameter) in seen:
@@ -36,6 +37,9 @@ def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.9
     decayed, not_decayed = split_decay_parameters(model)
     groups = [{"params": decayed, "weight_decay": weight_decay},
               {"params": not_decayed, "weight_decay": 0.0}]
+    # No empty group (LoRA trains matmul weights only): a snapshot's optimizer state does not
+    # restore into one (torch.distributed.checkpoint's state dict drops its hyper-parameters).
+    groups = [group for group in groups if group["params"]]
     # The fused kernel updates every parameter in one call, on CUDA and on CPUs alike. torch's
     # default elsewhere is a per-parameter Python loop: on a 0.8M-parameter GPT on one CPU thread
     # that took 2.5 ms a step against 0.55 ms fused (benchmarks/vs_nanogpt.py's model).

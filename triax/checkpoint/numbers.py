@@ -34,7 +34,13 @@ def _in_range(value, low, high, low_open, high_open) -> bool:
             and (value < high if high_open else value <= high))
 
 
-def bad_number(value, path: str = "") -> str | None:
+# Top-level keys of a state file that hold the run's config rather than optimizer or scheduler
+# state: their numbers must be finite, but a field name there is a config key, not an optimizer
+# field (model.lora.alpha is LoRA's scale, not RMSprop's alpha in [0, 1]).
+CONFIG_KEYS = ("config",)
+
+
+def bad_number(value, path: str = "", ranges: bool = True) -> str | None:
     """The first number in a JSON-like value that is not finite or out of its field's range, as
     'path=value'; None when all are fine."""
     if isinstance(value, dict):
@@ -42,20 +48,25 @@ def bad_number(value, path: str = "") -> str | None:
             key = str(key)
             where = f"{path}.{key}" if path else key
             plain = _plain(item)
-            if key in RANGES:
+            if not path and key in CONFIG_KEYS:
+                found = bad_number(item, where, ranges=False)
+                if found:
+                    return found
+                continue
+            if ranges and key in RANGES:
                 for number in (map(_plain, plain) if isinstance(plain, (list, tuple)) else [plain]):
                     if is_number(number) and not _in_range(number, *RANGES[key]):
                         return f"{where}={number!r}"
-            if key in COUNTERS and is_number(plain) and not (type(plain) is int and -1 <= plain <= MAX_COUNT):
+            if ranges and key in COUNTERS and is_number(plain) and not (type(plain) is int and -1 <= plain <= MAX_COUNT):
                 return f"{where}={plain!r}"
             if _spelled_float(item):
                 continue  # inf or nan written on purpose, in a field without a range (a plateau's best)
-            found = bad_number(item, where)
+            found = bad_number(item, where, ranges)
             if found:
                 return found
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            found = bad_number(item, f"{path}[{index}]")
+            found = bad_number(item, f"{path}[{index}]", ranges)
             if found:
                 return found
     elif isinstance(value, float) and not math.isfinite(value):

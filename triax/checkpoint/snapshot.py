@@ -69,6 +69,17 @@ QUARANTINED_NAME = re.compile(r"^step_\d{8}\.corrupt(\.\d+)?$")  # .corrupt.2, .
 _SHARDED = StateDictOptions(full_state_dict=False)
 # Gathered whole, on the CPU of rank 0 only (the others hold nothing): Accelerate's FULL_STATE_DICT.
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# A model with a module marked `snapshot_trainable_only` (LoRA's base, triax.models.lora) saves
+# only its trainable parameters: the frozen ones never change, and model.init_from gives them back
+# before a resume. DCP loads exactly the tensors asked for and fails on any the snapshot lacks, so
+# loading is not strict about the frozen ones.
+TRAINABLE_ONLY = "snapshot_trainable_only"
+
+
+def _options(model: torch.nn.Module, full: bool, loading: bool = False) -> StateDictOptions:
+    if not any(getattr(module, TRAINABLE_ONLY, False) for module in model.modules()):
+        return _FULL if full else _SHARDED
+    return StateDictOptions(full_state_dict=full, cpu_offload=full, ignore_frozen_params=True, strict=not loading)
 
 MODEL_KEY, OPTIMIZER_KEY = "model/", "optim/"
 
@@ -120,7 +131,7 @@ def _tensor_state(model: torch.nn.Module, optimizer, stored_name: Callable[[str]
     Keys are this rank's parameter names mapped by `stored_name` (a pipeline stage strips its part
     prefix, so the names are the plain model's whatever the layout). Tensors stay sharded, unless
     `full`: then rank 0 gathers them whole into host memory and writes them alone."""
-    options = _FULL if full else _SHARDED
+    options = _options(model, full)
     model_state = get_model_state_dict(model, options=options)
     flat = {MODEL_KEY + stored_name(key): value for key, value in model_state.items()}
     optim_state = None
@@ -497,7 +508,7 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
             raise SnapshotCorruptError(str(corrupt)) from None
         raise _fit_error(snapshot, causes[0] if causes else failure) from None
     try:
-        set_model_state_dict(model, model_state, options=_SHARDED)
+        set_model_state_dict(model, model_state, options=_options(model, False, loading=True))
         if optim_state is not None:
             saved_groups = state["optimizer_groups"]
             if len(saved_groups) != len(optim_state["param_groups"]):
@@ -507,7 +518,7 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
                 dict(group, **{key: _as_held(value, group.get(key)) for key, value in saved.items()},
                      params=group["params"])
                 for group, saved in zip(optim_state["param_groups"], saved_groups)]
-            set_optimizer_state_dict(model, optimizer, optim_state, options=_SHARDED)
+            set_optimizer_state_dict(model, optimizer, optim_state, options=_options(model, False))
     except (RuntimeError, KeyError, ValueError, TypeError) as failure:
         raise _fit_error(snapshot, failure) from None
     if rng_state is not None:

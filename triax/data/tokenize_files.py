@@ -192,6 +192,10 @@ def encode_files(files, tokenizer, out_fs, out_dir: str, dtype: str, val_fractio
 
 
 def main(argv: list[str]) -> int:
+    if any(arg == "--chat" or arg.startswith("--chat=") for arg in argv):
+        from triax.data.tokenize_chat import main as chat_main  # deferred: only conversations need it
+
+        return chat_main(argv)
     parser = _Parser(prog="triax tokenize",
                      description="train a byte-level BPE (or use a tokenizer.json) and write a token "
                                  "directory for `triax train data.task=tokens`")
@@ -202,6 +206,9 @@ def main(argv: list[str]) -> int:
     which.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="tail of the text kept for val.bin")
     parser.add_argument("--overwrite", action="store_true", help="replace the token files of an existing --out")
+    parser.add_argument("--chat", metavar="CHECKPOINT", default=None,
+                        help="chat files: render with this checkpoint's chat template; write ids and answer masks "
+                             "(see `triax tokenize --chat CHECKPOINT --help`)")
     args = parser.parse_args(argv)
     if not 0.0 < args.val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")

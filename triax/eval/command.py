@@ -22,16 +22,19 @@ from tqdm import tqdm
 from triax.arguments import ArgumentParser, at_least, check_device
 from triax.collectives import gather_floats
 from triax.data.addition import IGNORE_INDEX
+from triax.data.chat import (ChatDataset, ChatEncoder, chat_template_for, encode_records, load_chat_datasets,
+                             read_records)
 from triax.data.text import CharDataset, Vocabulary
 from triax.data.tokenizer import BPETokenizer
 from triax.data.tokens import TOKEN_DTYPES, TokenDataset, TokenFile
 from triax import safe_files, safe_yaml
 from triax.errors import TriaxError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
-from triax.models import GPTConfig, build_model, hf
-from triax.models.memory import check_whole_model_fits
+from triax.models import hf
+from triax.models.hf_model import load_hf_model
 from triax.place import detect_place, pick_device
 from triax.process_group import init_distributed, shutdown_distributed
+from triax.train.chat_generate import chat_encoder, load_chat_model
 from triax.train.commands import _snapshot_root, check_exists, load_run_model
 from triax.train.config import TrainConfig, from_dict
 from triax.train.data import build_data
@@ -43,14 +46,16 @@ def load_model(path: str, device: torch.device):
 
     check_exists(path, "a triax run directory or a transformers directory")
     if os.path.isfile(os.path.join(path, "model.json")):
-
-        model, vocab, _ = load_run_model(path, str(device))
         config_file = os.path.join(path, "config.yaml")
         config = TrainConfig()
         if os.path.isfile(config_file):
 
             _snapshot_root(path)  # reports a damaged config.yaml in one line
             config = from_dict(safe_yaml.loads(safe_files.read_text(config_file), config_file) or {})
+        if config.model.lora.rank:  # a LoRA run's snapshots hold the adapters: the base is model.init_from
+            model = load_chat_model(path, config, device)
+            return model, BPETokenizer.from_file(os.path.join(path, "tokenizer.json")), config
+        model, vocab, _ = load_run_model(path, str(device))
         return model, vocab, config
     if os.path.isdir(path) and hf.is_hf_directory(path):
         model = load_hf_model(path, device)
@@ -64,24 +69,15 @@ def load_model(path: str, device: torch.device):
                      "directory (config.json); give one of them")
 
 
-def load_hf_model(directory: str, device: torch.device, dropout: float = 0.0):
-    """A whole plain model holding a transformers checkpoint's weights."""
-    config = GPTConfig(**hf.architecture(directory), dropout=dropout)
-    # From the config and the safetensors headers alone, before anything is allocated.
-    check_whole_model_fits(config, device, os.path.join(directory, "config.json"), _local_processes())
-    hf.check_weights(directory, config)
-    with torch.device("meta"):
-        model = build_model(config)
-    model.to_empty(device=device)
-    if config.tie_embeddings:
-        model.lm_head.weight = model.tok_emb.weight
-    hf.load_into(model, directory, config)
-    return model.eval()
-
-
-def _local_processes() -> int:
-    """Processes of this host that each load a whole copy (torchrun's LOCAL_WORLD_SIZE)."""
-    return detect_place().local_world_size
+def chat_encoder_of(path: str, run_config):
+    """The chat template and tokenizer a run trained with, or a transformers directory's own."""
+    if run_config is not None:
+        return chat_encoder(path, run_config)
+    tokenizer = hf.tokenizer_file(path)
+    if tokenizer is None:
+        raise TriaxError(f"{path!r} has no tokenizer.json to encode --chat files with")
+    template = chat_template_for(None, hf.description_files(path), path)
+    return ChatEncoder(template, BPETokenizer.from_file(tokenizer).tokenizer)
 
 
 def datasets(args, model, vocab, run_config):
@@ -89,6 +85,12 @@ def datasets(args, model, vocab, run_config):
 
     block = args.block_size or model.config.block_size
     found = []
+    for path in args.chat or []:
+        encoder = chat_encoder_of(args.model, run_config)
+        split = encode_records(read_records(path), encoder, block, "truncate")
+        if not split.examples:
+            raise TriaxError(f"--chat {path!r} has no conversation with an answer token within {block} tokens")
+        found.append((path, ChatDataset(split.examples, block, packing=False)))  # the answers' tokens only
     for path in args.tokens or []:
 
 
@@ -117,6 +119,11 @@ def datasets(args, model, vocab, run_config):
     data_config = run_config.data
     if args.block_size:
         data_config.block_size = args.block_size
+    if data_config.task == "chat":  # the run's conversations, rendered and split as it trained on them
+        chat = load_chat_datasets(data_config.path, data_config.val_path, data_config.train_split,
+                                  chat_encoder(args.model, run_config), data_config.block_size, False,
+                                  data_config.overlong)
+        return [(f"{args.split} split", chat.val if args.split == "val" else chat.train)]
     # A run started from a checkpoint (model.init_from) encoded its text with that checkpoint's
     # codec, which it keeps in the run directory: score the same tokens it trained and evaluated on.
     try:
@@ -162,6 +169,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--token-dtype", choices=TOKEN_DTYPES, default="uint16")
     parser.add_argument("--text", nargs="+", metavar="FILE", help="UTF-8 text files, encoded with the model's "
                                                                   "vocabulary or tokenizer.json")
+    parser.add_argument("--chat", nargs="+", metavar="FILE", help="chat files (.jsonl/.json/.parquet): the loss on "
+                                                                  "the answers, rendered with the model's chat template")
     parser.add_argument("--block-size", type=int, default=None, help="window length; default the model's")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--device", default="cpu")

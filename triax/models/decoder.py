@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -57,11 +58,36 @@ class KVCache:
         return self.layers.setdefault(name, LayerCache())
 
 
+class Packed(NamedTuple):
+    """Several examples packed into each row (data.packing): which positions see which, and each
+    position's place within its own example, so that no example attends to or is positioned by
+    another; the same numbers as each example alone in its own row."""
+
+    mask: torch.Tensor  # (batch, 1, seq, seq) bool: query i sees key j (same example, j <= i)
+    positions: torch.Tensor  # (batch, seq) int64: the position within its example
+
+    @classmethod
+    def of(cls, documents: torch.Tensor) -> "Packed":
+        """From (batch, seq) example numbers (a row's examples numbered in order; padding -1)."""
+        seq = documents.size(1)
+        index = torch.arange(seq, device=documents.device).expand_as(documents)
+        starts = torch.ones_like(documents, dtype=torch.bool)
+        starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+        first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=documents.device).tril()
+        same = documents[:, :, None] == documents[:, None, :]
+        return cls((same & causal)[:, None], index - first)
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerCache | None,
-                     dropout: float) -> torch.Tensor:
+                     dropout: float, packed: Packed | None = None) -> torch.Tensor:
     """Scaled dot-product attention of q (batch, heads, seq, head size) over k, v, which may have
     fewer heads (grouped-query attention: each serves n_head / n_kv_head query heads). With a
-    cache, k and v are appended to the cached positions and q takes the positions after them."""
+    cache, k and v are appended to the cached positions and q takes the positions after them.
+    `packed`: each position sees only its own example's earlier positions."""
+    if packed is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=packed.mask, dropout_p=dropout,
+                                              enable_gqa=k.size(1) != q.size(1))
     seq, past = q.size(2), 0
     if cache is not None:
         past = cache.length
@@ -97,7 +123,7 @@ class SelfAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, packed: Packed | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         # -1 for the head counts: under tensor parallelism this rank holds only some heads.
         q = self.q_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
@@ -106,8 +132,9 @@ class SelfAttention(nn.Module):
         if self.rotary is not None:
             # The new positions come after the cached ones. The whole sequence is here even under
             # sequence parallelism (the tensor-parallel plan gathers it before attention).
-            q, k = self.rotary(q, k, cache.length if cache is not None else 0)
-        y = causal_attention(q, k, v, cache, self.dropout if self.training else 0.0)
+            q, k = self.rotary(q, k, cache.length if cache is not None else 0,
+                               packed.positions if packed is not None else None)
+        y = causal_attention(q, k, v, cache, self.dropout if self.training else 0.0, packed)
         y = y.transpose(1, 2).reshape(batch, seq, -1)
         return self.resid_dropout(self.out_proj(y))
 
@@ -119,9 +146,9 @@ class Block(nn.Module):
         super().__init__()
         self.ln_1, self.attn, self.ln_2, self.mlp = ln_1, attn, ln_2, mlp
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, packed: Packed | None = None) -> torch.Tensor:
         # The cache by keyword: tensor-parallel input plans count the positional inputs.
-        x = x + self.attn(self.ln_1(x), cache=cache)
+        x = x + self.attn(self.ln_1(x), cache=cache, **({"packed": packed} if packed is not None else {}))
         return x + self.mlp(self.ln_2(x))
 
 
@@ -242,9 +269,13 @@ class Decoder(nn.Module):
                 if bias is not None:
                     init_constant(bias, 0.0)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
         """`cache`: positions already fed (their keys and values); `idx` then holds only the new
-        tokens, which take the positions after them (generation, under torch.no_grad)."""
+        tokens, which take the positions after them (generation, under torch.no_grad).
+        `documents`: (batch, seq) example numbers of packed rows (triax.data.chat): each example
+        attends only to itself and its positions start at 0."""
+        packed = Packed.of(documents) if documents is not None else None
         # A pipeline stage may lack the embeddings (it then takes hidden states instead of ids) or
         # the final norm and head (it then returns hidden states instead of logits).
         if self.tok_emb is not None:
@@ -254,13 +285,15 @@ class Decoder(nn.Module):
                 raise ValueError(f"sequence length {past + seq} exceeds block_size {self.config.block_size}")
             x = self.tok_emb(idx)
             if self.pos_emb is not None:
-                x = x + self.pos_emb(torch.arange(past, past + seq, device=idx.device))
+                x = x + self.pos_emb(packed.positions if packed is not None
+                                     else torch.arange(past, past + seq, device=idx.device))
             x = self.drop(x)
         else:
             x = idx
         for name, block in self.layers.items():
             # The cache by keyword: tensor-parallel input plans count the positional inputs.
-            x = block(x, cache=cache.layer(name) if cache is not None else None)
+            extra = {"packed": packed} if packed is not None else {}  # none: compiled blocks keep one signature
+            x = block(x, cache=cache.layer(name) if cache is not None else None, **extra)
         if self.ln_f is not None:
             x = self.ln_f(x)
         if self.lm_head is not None:
@@ -290,17 +323,21 @@ class Decoder(nn.Module):
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, greedy: bool = False,
                  generator: torch.Generator | None = None, vocab_limit: int | None = None,
-                 use_cache: bool = True) -> torch.Tensor:
+                 use_cache: bool = True, stop_ids: Iterable[int] = ()) -> torch.Tensor:
         """Extend `idx` (batch, seq) by `max_new_tokens`, one token at a time. `vocab_limit`: only
         ids below it are drawn (a vocabulary padded for tensor parallelism has unused rows).
         `use_cache`: while the text fits in the context window, feed each new token alone and keep
         the keys and values of the earlier ones (KVCache), instead of running the whole context
         again; once it outgrows the window, each token sees the last block_size tokens, recomputed,
-        as without the cache. The same text either way, up to float rounding."""
+        as without the cache. The same text either way, up to float rounding. `stop_ids`: stop
+        once every row has produced one of these (a chat model's end of turn), which is kept."""
         if temperature <= 0 and not greedy:
             raise ValueError(f"temperature must be > 0 (got {temperature}); use greedy=True instead")
         block_size = self.config.block_size
         cache = KVCache() if use_cache else None
+        stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=idx.device)
+        stop = stop if stop.numel() else None
+        finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
             if cache is not None and idx.size(1) <= block_size:
                 logits = self(idx[:, cache.length:], cache)
@@ -320,4 +357,8 @@ class Decoder(nn.Module):
                 probs = F.softmax(logits, dim=-1)
                 next_id = torch.multinomial(probs, num_samples=1, generator=generator)
             idx = torch.cat((idx, next_id), dim=1)
+            if stop is not None:
+                finished = finished | torch.isin(next_id[:, 0], stop)
+                if bool(finished.all()):
+                    break
         return idx

@@ -23,6 +23,7 @@ from triax import safe_files
 from triax.errors import ConfigError, printable
 from triax.models import safetensors_header
 from triax.models.init import local_box
+from triax.models.lora import ADAPTER_MARK
 
 MAX_CONFIG_BYTES = 16 * 2**20  # config.json and the shard index are kilobytes; never read a huge one whole
 
@@ -230,6 +231,8 @@ def copy_into(model: torch.nn.Module, weights: HFWeights, source_of: Callable[[s
     read = 0
     for parameter_name, parameter in model.named_parameters():
         name = stored_name(parameter_name)
+        if ADAPTER_MARK in name:  # LoRA adapters are not the checkpoint's (model.lora.init_from loads them)
+            continue
         local, offset, full_shape = local_box(parameter)
         if local.numel() == 0:
             continue

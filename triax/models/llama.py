@@ -52,9 +52,15 @@ class RotaryEmbedding:
         self.inverse = inverse_frequencies(config)
         self._last: tuple | None = None
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, past: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """q and k (batch, heads, seq, head size) of the positions after `past`, rotated."""
-        cos, signed_sin = self.tables(past, q.size(2), q.device)
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, past: int,
+                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k (batch, heads, seq, head size) of the positions after `past`, rotated;
+        `positions` (batch, seq): each token's own position instead (packed examples)."""
+        if positions is not None:
+            cos, signed_sin = self._angles(positions.float())
+            cos, signed_sin = cos[:, None], signed_sin[:, None]  # one table per row, for every head
+        else:
+            cos, signed_sin = self.tables(past, q.size(2), q.device)
         return rotate(q, cos, signed_sin), rotate(k, cos, signed_sin)
 
     def tables(self, past: int, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,8 +75,10 @@ class RotaryEmbedding:
         """(cos, signed sin) of each position's angles, (seq, head size): the sin of the first half
         negated, which is the sign `rotate` needs (a table computed once instead of a negation of
         q and k in every layer, forward and backward)."""
-        positions = torch.arange(past, past + seq, device=device, dtype=torch.float32)
-        angles = torch.outer(positions, self.inverse.to(device))
+        return self._angles(torch.arange(past, past + seq, device=device, dtype=torch.float32))
+
+    def _angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions[..., None] * self.inverse.to(positions.device)
         return torch.cat((angles, angles), dim=-1).cos(), torch.cat((-angles.sin(), angles.sin()), dim=-1)
 
 

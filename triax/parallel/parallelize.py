@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from triax.models import GPTConfig, build_model
+from triax.models.lora import apply_lora, init_adapters
 from triax.parallel.activation_checkpoint import apply_activation_checkpointing
 from triax.parallel.compile import apply_compile
 from triax.parallel.mesh import Layout, check_cpu_offload, pipeline_microbatches
@@ -62,16 +63,21 @@ def _materialize(part: nn.Module, device: torch.device, seed: int) -> None:
     """Allocate this rank's part of every parameter (only its shards once sharded) and initialise it."""
     part.to_empty(device=device)
     part.init_weights(seed)
+    init_adapters(part, seed)  # LoRA's own initialisation (none without adapters)
 
 
 def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precision, parallel,
-                      device: torch.device, loss_parallel: bool, seed: int) -> nn.Module:
+                      device: torch.device, loss_parallel: bool, seed: int, lora=None) -> nn.Module:
     from triax.parallel.ddp import apply_ddp
     from triax.parallel.fsdp import apply_fsdp, sharded_parameter_device
     from triax.parallel.tensor_parallel import apply_tensor_parallel
 
     if layout.tp > 1:
         apply_tensor_parallel(part, mesh["tp"], loss_parallel=loss_parallel)
+    if lora is not None and lora.rank:
+        # After TP (the adapters are split like the layers TP has split), before checkpointing,
+        # compile and FSDP (which act on a block with its adapters).
+        apply_lora(part, lora, mesh["tp"] if layout.tp > 1 else None)
     apply_activation_checkpointing(part, parallel.activation_checkpointing)
     if parallel.compile:
         apply_compile(part)
@@ -90,11 +96,12 @@ def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precisio
 
 
 def parallelize(model_config: GPTConfig, layout: Layout, mesh, precision: Precision, parallel,
-                device: torch.device, *, seed: int, loss_fn=None, rank: int = 0) -> ParallelModel:
+                device: torch.device, *, seed: int, loss_fn=None, rank: int = 0, lora=None) -> ParallelModel:
     """Build this rank's part of the model of `model_config` in `layout`: cut (pp), shard (tp, fsdp),
     wrap (ddp), with initial weights equal to the single-process `build_model(model_config, seed=seed)`.
 
-    `parallel` is a triax.train.config.ParallelConfig; `loss_fn(logits, targets)` is needed for pp > 1.
+    `parallel` is a triax.train.config.ParallelConfig; `loss_fn(logits, targets)` is needed for pp > 1;
+    `lora`: a triax.models.lora.LoRAConfig (rank > 0: the base frozen, adapters added).
     """
     check_cpu_offload(layout, parallel.cpu_offload)
     dtype = precision.param_dtype
@@ -103,7 +110,7 @@ def parallelize(model_config: GPTConfig, layout: Layout, mesh, precision: Precis
         loss_parallel = layout.tp > 1
         with torch.device("meta"):
             model = build_model(model_config).to(dtype)
-        model = _parallelize_part(model, layout, mesh, precision, parallel, device, loss_parallel, seed)
+        model = _parallelize_part(model, layout, mesh, precision, parallel, device, loss_parallel, seed, lora)
         return ParallelModel(layout, mesh, [model], model, loss_parallel=loss_parallel)
 
     from triax.parallel.mesh import num_stages
@@ -113,7 +120,8 @@ def parallelize(model_config: GPTConfig, layout: Layout, mesh, precision: Precis
     with torch.device("meta"):
         stage_modules = build_stage_modules(model_config, pp_rank, layout.pp, parallel.pp_schedule,
                                             list(parallel.pp_balance) or None)
-    wrapped = [(stage_id, _parallelize_part(module.to(dtype), layout, mesh, precision, parallel, device, False, seed))
+    wrapped = [(stage_id, _parallelize_part(module.to(dtype), layout, mesh, precision, parallel, device, False, seed,
+                                            lora))
                for stage_id, module in stage_modules]
     microbatches = pipeline_microbatches(parallel.pp_microbatches, layout.pp)
     schedule = build_schedule(wrapped, layout.pp, parallel.pp_schedule, microbatches, loss_fn, device,

@@ -30,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
 from triax.models.config import PRESETS, GPTConfig, preset_fields
+from triax.models.lora import LoRAConfig, check_lora
 from triax.parallel.comm_hooks import check_compression
 from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
 from triax.precision import POLICY_NAMES
@@ -68,7 +69,8 @@ ModelConfig = dataclasses.make_dataclass(
     [("name", str, field(default="gpt-micro"))]
     + [(item.name, _gpt_types[item.name], field(default=item.default))
        for item in dataclasses.fields(GPTConfig) if item.name not in DERIVED_MODEL_FIELDS]
-    + [("init_from", Optional[str], field(default=None))],
+    + [("init_from", Optional[str], field(default=None)),
+       ("lora", LoRAConfig, field(default_factory=LoRAConfig))],
     namespace={"__doc__": "The model's architecture and shape: start from a preset (model=NAME), then change any key.",
                "__module__": __name__,
                "__field_docs__": {"name": "The preset this started from (informational once composed).",
@@ -77,6 +79,7 @@ ModelConfig = dataclasses.make_dataclass(
                                                "snapshot) or a triax run directory. Its "
                                                "architecture replaces the shape keys (dropout aside), its tokenizer "
                                                "encodes text data; unset = random initialisation.",
+                                  "lora": "LoRA adapters on a frozen base (model.lora.rank > 0): see triax/models/lora.py.",
                                   **{name: doc for name, doc in field_docs(GPTConfig).items()
                                      if name not in DERIVED_MODEL_FIELDS}}})
 
@@ -85,7 +88,7 @@ def gpt_config(model: ModelConfig, vocab_size: int, block_size: int,
                padded_vocab_size: int | None = None) -> GPTConfig:
     """The GPTConfig of these model.* keys, with what the data and the layout decide."""
     shape = {item.name: getattr(model, item.name) for item in dataclasses.fields(model)
-             if item.name not in ("name", "init_from")}
+             if item.name not in ("name", "init_from", "lora")}
     return GPTConfig(vocab_size=vocab_size, block_size=block_size, padded_vocab_size=padded_vocab_size, **shape)
 
 
@@ -99,13 +102,27 @@ class DataConfig:
 
     task: str = "char"
     """What to learn: char (next-character prediction) | tokens (token files, nanoGPT layout) |
-    addition (minGPT's a+b task)."""
+    addition (minGPT's a+b task) | chat (conversations in a local .jsonl/.json/.parquet file, the
+    loss on the answers only; docs/chat-lora.md)."""
 
     block_size: int = 64
     """Context length in characters or tokens (addition: set from digits)."""
 
     train_split: float = 0.9
-    """task=char: leading fraction of the text for training; the tail validates."""
+    """task=char: leading fraction of the text for training; the tail validates (task=chat: of the
+    conversations, when data.val_path is unset)."""
+
+    val_path: Optional[str] = None
+    """task=chat: a second file of conversations to validate on (unset = the tail of data.path)."""
+
+    chat_template: Optional[str] = None
+    """task=chat: a built-in template (chatml) for a checkpoint without one; unset = the checkpoint's."""
+
+    packing: bool = False
+    """task=chat: several conversations per row (each attends only to itself) instead of one, padded."""
+
+    overlong: str = "truncate"
+    """task=chat: a conversation longer than block_size + 1 tokens is cut (truncate) or left out (drop)."""
 
     truncate: float = 1.0
     """task=char: use only this leading fraction of the text."""
@@ -462,10 +479,13 @@ def validate(config: TrainConfig) -> None:
 def _check_model(model: ModelConfig) -> None:
     # GPTConfig owns the shape's rules; the data's sizes are checked in _check_data.
     gpt_config(model, vocab_size=1, block_size=1)
+    check_lora(model.lora)
 
 
 def _check_data(data: DataConfig) -> None:
-    _need(data.task in ("char", "tokens", "addition"), "data.task", data.task, "use char, tokens or addition")
+    _need(data.task in ("char", "tokens", "addition", "chat"), "data.task", data.task,
+          "use char, tokens, addition or chat")
+    _need(data.overlong in ("truncate", "drop"), "data.overlong", data.overlong, "use truncate or drop")
     _need(data.vocab_size is None or data.vocab_size >= 1, "data.vocab_size", data.vocab_size,
           "use 1 or more (or leave it unset to take meta.json's)")
     _need(data.token_dtype is None or data.token_dtype in TOKEN_DTYPES, "data.token_dtype", data.token_dtype,

@@ -22,11 +22,15 @@ class TrainData:
     block_size: int
     vocab: object | None  # encode/decode/len: characters (char), a BPETokenizer (tokens with one), else None
     tokenizer_path: str | None = None  # tokens: the tokenizer.json the run dir gets a copy of
+    report: str | None = None  # what the run's log says about the data (chat: conversations cut, dropped)
 
 
-def build_data(config: DataConfig, codec=None) -> TrainData:
+def build_data(config: DataConfig, codec=None, source=None) -> TrainData:
     """`codec`: the text codec of model.init_from's checkpoint (a tokenizer or a character
-    vocabulary); it then encodes data.task=char text instead of a vocabulary of its own."""
+    vocabulary); it then encodes data.task=char text instead of a vocabulary of its own.
+    `source`: model.init_from's InitSource (data.task=chat reads its chat template)."""
+    if config.task == "chat":
+        return _chat_data(config, codec, source)
     if config.task == "char" and codec is not None:
         return _encoded_text(config, codec)
     if config.task == "addition":
@@ -60,3 +64,18 @@ def _encoded_text(config: DataConfig, codec) -> TrainData:
                           "block_size or more text")
     train, val = CharDataset(ids[:split], config.block_size, codec), CharDataset(ids[split:], config.block_size, codec)
     return TrainData(train, val, len(codec), config.block_size, codec, getattr(codec, "source_path", None))
+
+
+def _chat_data(config: DataConfig, codec, source) -> TrainData:
+    """Conversations rendered with the checkpoint's chat template and encoded by its tokenizer."""
+    from triax.data.chat import ChatEncoder, chat_template_for, load_chat_datasets
+
+    if source is None or not isinstance(codec, BPETokenizer):
+        raise ConfigError("data.task=chat needs model.init_from: a transformers checkpoint directory with "
+                          "tokenizer.json (its chat template and tokenizer render and encode the conversations)")
+    template = chat_template_for(config.chat_template, source.description, source.path)
+    encoder = ChatEncoder(template, codec.tokenizer)
+    chat = load_chat_datasets(config.path, config.val_path, config.train_split, encoder, config.block_size,
+                              config.packing, config.overlong)
+    return TrainData(chat.train, chat.val, len(codec), config.block_size, codec,
+                     getattr(codec, "source_path", None), report=chat.report)

@@ -30,6 +30,8 @@ from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
 from triax.metrics import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops
 from triax.models import build_model, vocabulary_rows
+from triax.models.lora import apply_lora, trainable_summary
+from triax.models.peft_format import load_adapter
 from triax.optim import make_adamw, make_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
@@ -137,11 +139,18 @@ class Trainer:
         self.precision.check_device(self.device)
         self.init_source = self._init_source()
         self.changed_shape = changed_from_preset(config.model)  # before model.init_from replaces the shape
-        self.data = build_data(config.data, self.init_source.codec if self.init_source else None)
+        self.data = build_data(config.data, self.init_source.codec if self.init_source else None, self.init_source)
         self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
                                      self.place.world_size)
         if self.init_source is not None:
             self._take_architecture()
+        if config.data.task == "chat" and config.data.packing and self.layout.pp > 1:
+            raise ConfigError("data.packing=true does not run under pipeline parallelism (parallel.pp="
+                              f"{self.layout.pp}): its stages take the token ids alone; use data.packing=false")
+        if config.data.task == "chat" and config.data.packing and self.layout.tp > 1 and config.model.arch == "gpt2":
+            # GPT-2's learned position table is split for positions of one sequence, not per-row positions.
+            raise ConfigError("data.packing=true with GPT-2 (learned positions) does not run under tensor "
+                              "parallelism; use data.packing=false or parallel.tp=1")
         validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
                         block_size=self.data.block_size, batch_size=trainer.batch_size,
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
@@ -263,12 +272,17 @@ class Trainer:
         with torch.device("meta"):  # the whole model's shape, for counting; no memory
             described = build_model(model_config)
         self.num_params = described.num_params()
+        self.trainable_params = 0
+        if self.config.model.lora.rank:
+            apply_lora(described, self.config.model.lora)
+            self.trainable_params = trainable_summary(described)[0]
         self.flops_per_token = described.flops_per_token(self.data.block_size)
         self.mesh = build_mesh(self.layout, self.device.type)
         # Each rank allocates only its own part of the model; the initial weights depend on the seed
         # alone (not on the layout), so they equal the single-process model's.
         self.parallel_model = parallelize(model_config, self.layout, self.mesh, self.precision, parallel, self.device,
-                                          seed=trainer.seed, loss_fn=self._pipeline_loss, rank=self.rank)
+                                          seed=trainer.seed, loss_fn=self._pipeline_loss, rank=self.rank,
+                                          lora=self.config.model.lora)
         self.model = self.parallel_model.model
         # The plain GPT to call for evaluation and sampling (sharded in place by TP/FSDP); a
         # pipeline rank holds only stages of it and evaluates through the schedule instead.
@@ -277,6 +291,9 @@ class Trainer:
             # Before the optimizer exists; a resumed run's snapshot then replaces these weights.
             init_from.load_weights(self.init_source, self.raw_model if self.raw_model is not None else self.model,
                                    model_config, self._stored_name())
+        if self.config.model.lora.rank and self.config.model.lora.init_from:
+            load_adapter(self.raw_model if self.raw_model is not None else self.model,
+                         self.config.model.lora.init_from, self.config.model.lora, self._stored_name())
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
@@ -338,6 +355,10 @@ class Trainer:
                          f"the {family} model's own tokenizer.json (its tokenizer's save_pretrained writes it)")
             raise ConfigError(f"model.init_from={path!r} has no tokenizer.json, so text cannot be encoded for it; "
                               f"put {tokenizer} there, or train on token files (data.task=tokens)")
+        if source.kind == "run" and self.config.model.lora.rank:
+            # A LoRA run's snapshots hold only trainable tensors: a triax run's base would not load.
+            raise ConfigError(f"model.lora with model.init_from={path!r} (a triax run) is not supported; export the "
+                              "run with `triax export RUN OUT --format hf` and start from OUT")
         return source
 
     def _take_architecture(self) -> None:
@@ -540,18 +561,44 @@ class Trainer:
         return batch
 
     def _batch(self, dataset, indices: torch.Tensor):
+        """(inputs, targets) on the device; packed chat rows' inputs are (ids, example numbers)."""
         x, y = dataset.batch(indices)
+        if getattr(dataset, "packing", False):
+            return (self._to_device(x), self._to_device(dataset.document_ids(indices))), self._to_device(y)
+        return self._to_device(x), self._to_device(y)
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.device.type != "cuda":
-            return x.to(self.device), y.to(self.device)
+            return tensor.to(self.device)
         # From page-locked memory the copy is queued behind the step in flight instead of waiting for
         # it, so the host goes on to launch the next step's kernels (nanoGPT's get_batch does the same).
-        return (x.pin_memory().to(self.device, non_blocking=True),
-                y.pin_memory().to(self.device, non_blocking=True))
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
-    def _loss(self, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _forward(model, x):
+        if isinstance(x, tuple):  # packed rows: attention and positions confined to each example
+            ids, documents = x
+            return model(ids, documents=documents)
+        return model(x)
+
+    def _loss(self, model, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         with self.precision.autocast(self.device):
-            logits = model(x)
-        return self._cross_entropy(logits, y)
+            logits = self._forward(model, x)
+        return self._cross_entropy(logits, y, reduction)
+
+    def _per_token_scale(self, batches) -> float | None:
+        """Chat data scores a varying number of tokens per row (the answers): each step's loss is
+        then the mean over every scored token of the step, on all ranks and micro-batches together,
+        not a mean of per-batch means, so every layout and grad_accum computes the same gradient.
+        Returns the factor that turns this rank's summed token losses into its share of that mean
+        (data parallelism averages the ranks' gradients); None for data that scores every token,
+        and under a pipeline schedule (its loss is a mean per micro-batch, computed on the last stage)."""
+        if self.config.data.task != "chat" or self.parallel_model.pipelined:
+            return None
+        scored = sum(float((y != IGNORE_INDEX).sum()) for _, y in batches)
+        # Tensor and pipeline peers hold the same rows: the world's sum counts each row world/dp times.
+        total = sum(values[0] for values in gather_floats([scored])) * self.layout.dp / self.world_size
+        return self.layout.dp / max(total, 1.0)
 
     @staticmethod
     def _cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -627,22 +674,31 @@ class Trainer:
             batch = self._timed_batch(step, 0, indices)
             self._phase("pipeline schedule", step)
             loss_sum = self._pipeline_forward(*batch, train=True)
+        batches = []
         for micro in range(0 if self.parallel_model.pipelined else trainer.grad_accum):
             start = self.sample_index + micro * self.global_micro_batch
             indices = self.sampler.rank_slice(self.epoch, start, trainer.batch_size, self.dp_rank)
             if self.sample_log is not None:
                 consumed += indices.tolist()
-            x, y = self._timed_batch(step, micro, indices)
+            batches.append(self._timed_batch(step, micro, indices))
+        per_token = self._per_token_scale(batches)
+        for micro, (x, y) in enumerate(batches):
             last = micro == trainer.grad_accum - 1
             # Gradients are synchronised only on the last micro-batch; the others accumulate locally.
             with self._sync_context(last), self._loss_context():
                 self._phase("forward", step, micro)
                 started = time.perf_counter()
-                loss = self._loss(self.model, x, y)
+                if per_token is None:
+                    loss = self._loss(self.model, x, y)
+                    scaled = loss / trainer.grad_accum
+                else:
+                    loss = scaled = self._loss(self.model, x, y, reduction="sum") * per_token
                 self.timing["forward"] += time.perf_counter() - started
                 self._phase("backward", step, micro)
-                self.scaler.scale(loss / trainer.grad_accum).backward()
+                self.scaler.scale(scaled).backward()
             loss_sum = loss_sum + loss.detach()
+        if per_token is not None:  # loss_sum is already this rank's share of the step's token mean
+            loss_sum = loss_sum * trainer.grad_accum
         self._phase("optimizer", step)
         self.scaler.unscale_(self.optimizer)
         max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
@@ -684,7 +740,7 @@ class Trainer:
                 continue
             with self._loss_context():
                 with self.precision.autocast(self.device):
-                    logits = self.raw_model(x)
+                    logits = self._forward(self.raw_model, x)
                 loss_sum += self._cross_entropy(logits, y, reduction="sum").item()
         # Tensor- and pipeline-parallel peers hold the same sums: they scale both totals alike.
         totals = [sum(column) for column in zip(*gather_floats([loss_sum, float(scored)]))]
@@ -769,6 +825,12 @@ class Trainer:
                 f"{processes} ({self.layout.describe()}){threads}, precision {self.precision.name}, "
                 f"{self.total_steps} steps of {self.samples_per_step} samples "
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
+            if self.config.model.lora.rank:
+                lora = self.config.model.lora
+                self.logger.print(f"LoRA rank {lora.rank} on {', '.join(lora.targets)}: the base is frozen, "
+                                  f"{self.trainable_params / 1e6:.3f}M adapter parameters train")
+            if self.data.report:
+                self.logger.print(self.data.report)
         self.model.train()
         self.logger.start_progress(self.total_steps, self.step)
         self.pace = Pace(self.samples_per_step * self.data.block_size, self.total_steps, self.step)

@@ -1,0 +1,191 @@
+"""LoRA adapters (Hu et al. 2021), applied from outside the model as the parallelisms are.
+
+A target linear layer y = W x + b gains two small matrices, A (rank x in) and B (out x rank), and
+computes y = W x + b + (alpha / rank) * B A dropout(x). W and b stay frozen: only A and B train,
+so the optimizer holds state for them alone, and a snapshot holds them alone.
+
+The adapters are children of the linear layer they adapt, named as PEFT names them
+(`layers.0.attn.q_proj.lora_A.weight`), and their contribution is added by a forward hook: the
+layer keeps its class, its own parameter names (checkpoints and init_from are unchanged) and its
+place in every parallel plan. Under tensor parallelism the adapters are split like their layer: a
+column-parallel layer (q, k, v, gate, up) gets a replicated A and a B split by output rows, so
+each rank adds the delta of the output columns it holds; a row-parallel layer (o, down) gets an A
+split by input columns and a replicated B, whose partial sums are reduced like the layer's own.
+FSDP then shards them with the rest of their block.
+
+Initialisation as PEFT's: A Kaiming-uniform (uniform on +-1/sqrt(in), PEFT's `init_lora_weights=
+True`), B zero, so the adapted model starts exactly as the base. A's values are a function of
+(seed, parameter name) like every other triax parameter (triax.models.init), so every layout
+starts from the same adapters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+from triax.errors import ConfigError
+from triax.models.init import init_constant, init_normal, local_box
+
+# model.lora.targets -> the linear layer inside a block (PEFT's module names are accepted too).
+TARGETS = {"q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj", "o": "attn.out_proj",
+           "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+PEFT_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
+              "down_proj": "down"}
+ALL_LINEAR = "all-linear"
+# Layers whose input is split across tensor-parallel ranks (row-parallel in triax's plan).
+ROW_PARALLEL = ("o", "down")
+ADAPTER_MARK = ".lora_"
+
+
+@dataclass
+class LoRAConfig:
+    """model.lora: LoRA adapters on a frozen base."""
+
+    rank: int = 0
+    """Rank r of each adapter (0 = no LoRA: every weight trains)."""
+
+    alpha: float = 16.0
+    """The adapter's output is scaled by alpha / rank (PEFT's lora_alpha)."""
+
+    dropout: float = 0.0
+    """Dropout on the adapter's input (PEFT's lora_dropout)."""
+
+    targets: List[str] = field(default_factory=lambda: ["q", "v"])
+    """Layers to adapt: any of q, k, v, o, gate, up, down (or PEFT's q_proj, ...), or all-linear."""
+
+    init_from: Optional[str] = None
+    """Start the adapters from a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."""
+
+
+def target_keys(targets) -> list[str]:
+    """The short names (q, k, ...) of model.lora.targets, in TARGETS order; one line for a bad one."""
+    if isinstance(targets, str):
+        targets = [targets]
+    if list(targets) == [ALL_LINEAR]:
+        return list(TARGETS)
+    keys = []
+    for target in targets:
+        key = PEFT_NAMES.get(target, target)
+        if key not in TARGETS:
+            raise ConfigError(f"model.lora.targets has {target!r}; use any of {', '.join(TARGETS)} "
+                              f"(or PEFT's {', '.join(PEFT_NAMES)}), or {ALL_LINEAR}")
+        keys.append(key)
+    if not keys:
+        raise ConfigError("model.lora.targets is empty; name the layers to adapt, e.g. [q,v] or [all-linear]")
+    return [key for key in TARGETS if key in keys]
+
+
+def check_lora(config: LoRAConfig) -> None:
+    if config.rank == 0:
+        return
+    if type(config.rank) is not int or not 0 < config.rank <= 4096:
+        raise ConfigError(f"model.lora.rank={config.rank!r}; use 1 .. 4096 (or 0 for no LoRA)")
+    if not (math.isfinite(config.alpha) and config.alpha > 0):
+        raise ConfigError(f"model.lora.alpha={config.alpha!r}; use a positive number such as 16")
+    if not (math.isfinite(config.dropout) and 0 <= config.dropout < 1):
+        raise ConfigError(f"model.lora.dropout={config.dropout!r}; use 0 <= dropout < 1")
+    target_keys(config.targets)
+
+
+class LoRAFactor(nn.Module):
+    """One adapter matrix, as a module with a `weight` so its name reads as PEFT's (lora_A.weight).
+    Not an nn.Linear: the model's own initialisation (N(0, 0.02) for linear layers) must not touch it."""
+
+    matmul_weight = True  # weight decay applies to it as to a Linear's weight (triax.optim)
+
+    def __init__(self, rows: int, columns: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(rows, columns))
+
+
+def is_adapter(name: str) -> bool:
+    return ADAPTER_MARK in name
+
+
+def _add_adapter(module: nn.Linear, args, output):
+    x = args[0]
+    delta = F.linear(F.linear(module.lora_dropout(x), module.lora_A.weight), module.lora_B.weight)
+    delta = delta * module.lora_scaling
+    if isinstance(delta, DTensor):
+        # Tensor parallel: the layer's own output is already a local tensor. A row-parallel
+        # layer's delta is a partial sum: reduced and split along the sequence like the layer's.
+        if any(placement.is_partial() for placement in delta.placements):
+            delta = delta.redistribute(delta.device_mesh, [Shard(1)])
+        delta = delta.to_local()
+    return output + delta
+
+
+def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh=None) -> list[str]:
+    """Freeze every parameter of `model` (a Decoder or a pipeline stage of one, plain or after
+    tensor parallelism) and add adapters to the target layers of each block, on the model's device
+    (meta, before materialising). Returns the adapted layers' names."""
+    keys = target_keys(config.targets)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    # Snapshots of this model hold its adapters alone (triax.checkpoint.snapshot): the frozen base
+    # comes back from model.init_from (or the seed) at every start.
+    model.snapshot_trainable_only = True
+    adapted = []
+    for number, block in model.layers.items():
+        for key in keys:
+            owner, _, attribute = TARGETS[key].rpartition(".")
+            layer = getattr(getattr(block, owner), attribute, None)
+            if layer is None:
+                raise ConfigError(f"model.lora.targets has {key!r} but this model's blocks have no {TARGETS[key]} "
+                                  "(GPT-2's MLP has no gate); choose among the layers it has")
+            weight = layer.weight
+            device = weight.device if not hasattr(weight, "to_local") else weight.to_local().device
+            with torch.device(device):
+                layer.lora_A = LoRAFactor(config.rank, layer.in_features)
+                layer.lora_B = LoRAFactor(layer.out_features, config.rank)
+            if tp_mesh is not None:
+                _split_like_layer(layer, tp_mesh, row_parallel=key in ROW_PARALLEL)
+            layer.lora_dropout = nn.Dropout(config.dropout) if config.dropout else nn.Identity()
+            layer.lora_scaling = config.alpha / config.rank
+            layer.register_forward_hook(_add_adapter)
+            adapted.append(f"layers.{number}.{TARGETS[key]}")
+    return adapted
+
+
+def _split_like_layer(layer: nn.Linear, tp_mesh, row_parallel: bool) -> None:
+    a_placement, b_placement = (Shard(1), Replicate()) if row_parallel else (Replicate(), Shard(0))
+    for factor, placement in ((layer.lora_A, a_placement), (layer.lora_B, b_placement)):
+        factor.weight = nn.Parameter(distribute_tensor(factor.weight.data, tp_mesh, [placement]))
+
+
+@torch.no_grad()
+def init_adapters(model: nn.Module, seed: int, stored_name=lambda name: name) -> int:
+    """PEFT's initialisation of every adapter of `model` (this rank's part): A uniform on
+    +-1/sqrt(in) (kaiming_uniform_ with a=sqrt(5)), B zero. Returns how many adapters."""
+    count = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or not hasattr(module, "lora_A"):
+            continue
+        name = stored_name(name)
+        bound = 1.0 / math.sqrt(module.in_features)
+        # A layout-independent uniform draw: the normal draw of triax.models.init (a function of
+        # seed and name alone) through the normal's CDF is uniform on (0, 1).
+        weight = module.lora_A.weight
+        init_normal(weight, seed, f"{name}.lora_A.weight", 1.0)
+        local, _, _ = local_box(weight)
+        local.copy_((torch.special.ndtr(local.double()) * 2 - 1).mul(bound).to(local.dtype))
+        init_constant(module.lora_B.weight, 0.0)
+        count += 1
+    return count
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    return [name for name, _ in model.named_parameters() if is_adapter(name)]
+
+
+def trainable_summary(model: nn.Module) -> tuple[int, int]:
+    """(trainable parameters, all parameters) of this rank's model, tied weights once."""
+    unique = {id(p): p for p in model.parameters()}.values()
+    return sum(p.numel() for p in unique if p.requires_grad), sum(p.numel() for p in unique)

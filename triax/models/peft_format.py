@@ -1,0 +1,129 @@
+"""LoRA adapters in PEFT's format: a directory with adapter_config.json and adapter_model.safetensors,
+what `peft.PeftModel.from_pretrained(base, DIRECTORY)` loads and `save_pretrained` writes.
+
+Tensor names are the transformers name of the adapted layer with `lora_A.weight` / `lora_B.weight`
+in place of its `weight`, under PEFT's `base_model.model.` prefix (llama family:
+`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`). `triax export --format peft`
+writes such a directory from a run's snapshot; `model.lora.init_from=DIR` reads one into the
+adapters of a freshly built model (this rank's slices only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save
+
+from triax import safe_files
+from triax.errors import ConfigError, printable
+from triax.models.hf_llama import hf_name
+from triax.models.init import local_box
+from triax.models.lora import ADAPTER_MARK, PEFT_NAMES, LoRAConfig, target_keys
+
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+FACTORS = ("lora_A", "lora_B")
+TRIAX_NAMES = {short: peft for peft, short in PEFT_NAMES.items()}  # q -> q_proj, o -> o_proj, ...
+
+
+def peft_name(name: str) -> str:
+    """PEFT's name of triax adapter parameter `name` (layers.0.attn.q_proj.lora_A.weight)."""
+    layer, factor = name.split(ADAPTER_MARK, 1)  # "layers.0.attn.q_proj", "A.weight"
+    weight = hf_name(f"{layer}.weight")
+    return f"{PEFT_PREFIX}{weight.removesuffix('.weight')}.lora_{factor}"
+
+
+def adapter_config(lora: LoRAConfig, base: str | None) -> dict:
+    """adapter_config.json as PEFT writes it for a causal LM's LoRA adapter."""
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base,
+            "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
+            "target_modules": [TRIAX_NAMES[key] for key in target_keys(lora.targets)],
+            "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
+            "modules_to_save": None, "use_rslora": False, "use_dora": False, "layers_to_transform": None}
+
+
+def write_adapter(tensors: dict[str, torch.Tensor], lora: LoRAConfig, base: str | None, out_dir: str) -> int:
+    """Write {triax adapter name: full tensor} to `out_dir` in PEFT's format; returns the tensor count."""
+    safe_files.make_directory(out_dir)
+    named = {peft_name(name): tensor.detach().to(torch.float32).contiguous() for name, tensor in tensors.items()}
+    safe_files.write_atomic(os.path.join(out_dir, WEIGHTS_FILE), save(named, metadata={"format": "pt"}))
+    safe_files.write_atomic(os.path.join(out_dir, CONFIG_FILE), json.dumps(adapter_config(lora, base), indent=2))
+    return len(named)
+
+
+class AdapterError(ConfigError, ValueError):
+    """A PEFT adapter directory that cannot be read into this model's adapters."""
+
+
+def read_adapter_config(directory: str) -> dict:
+    path = os.path.join(directory, CONFIG_FILE)
+    try:
+        config = safe_files.read_json(os.path.realpath(path))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
+        raise AdapterError(f"model.lora.init_from: cannot read {path} ({type(error).__name__}: "
+                           f"{printable(str(error))[:200]}); give a directory PEFT's save_pretrained wrote") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        raise AdapterError(f"model.lora.init_from: {path} is not a LoRA adapter's config (peft_type must be LORA)")
+    return config
+
+
+def check_matches(config: dict, lora: LoRAConfig, directory: str) -> None:
+    """The adapter's rank, alpha and layers are this run's model.lora."""
+    targets = config.get("target_modules")
+    targets = [targets] if isinstance(targets, str) else targets
+    wanted = [TRIAX_NAMES[key] for key in target_keys(lora.targets)]
+    differences = []
+    if config.get("r") != lora.rank:
+        differences.append(f"r={config.get('r')!r} (model.lora.rank={lora.rank})")
+    if not isinstance(config.get("lora_alpha"), (int, float)) or float(config["lora_alpha"]) != float(lora.alpha):
+        differences.append(f"lora_alpha={config.get('lora_alpha')!r} (model.lora.alpha={lora.alpha})")
+    if not isinstance(targets, list) or sorted(map(str, targets)) != sorted(wanted):
+        differences.append(f"target_modules={printable(str(targets))[:100]} (model.lora.targets={wanted})")
+    for key in ("use_dora", "use_rslora"):
+        if config.get(key):
+            differences.append(f"{key}=true (triax trains plain LoRA)")
+    if differences:
+        raise AdapterError(f"model.lora.init_from={directory!r} does not match this run: " + ", ".join(differences)
+                           + "; set model.lora to the adapter's values")
+
+
+@torch.no_grad()
+def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig, stored_name=lambda name: name) -> int:
+    """Copy the adapter directory's tensors into this rank's part of `model`'s adapters."""
+    check_matches(read_adapter_config(directory), lora, directory)
+    path = os.path.realpath(os.path.join(directory, WEIGHTS_FILE))
+    if not safe_files.is_regular(path):
+        raise AdapterError(f"model.lora.init_from: {os.path.join(directory, WEIGHTS_FILE)} is missing or not a "
+                           "regular file")
+    read = 0
+    try:
+        with safe_open(path, framework="pt") as stored:
+            names = set(stored.keys())
+            for parameter_name, parameter in model.named_parameters():
+                name = stored_name(parameter_name)
+                if ADAPTER_MARK not in name:
+                    continue
+                source = peft_name(name)
+                if source not in names:  # PEFT keeps the adapter name in memory; some tools save it too
+                    source = source.replace(".weight", ".default.weight")
+                if source not in names:
+                    raise AdapterError(f"model.lora.init_from: {path} has no tensor {peft_name(name)!r} (for {name})")
+                local, offset, full_shape = local_box(parameter)
+                stored_shape = tuple(stored.get_slice(source).get_shape())
+                if stored_shape != tuple(full_shape):
+                    raise AdapterError(f"model.lora.init_from: {path}'s {source} has shape {list(stored_shape)}, "
+                                       f"this model's {name} is {list(full_shape)}")
+                if local.numel() == 0:
+                    continue
+                box = tuple(slice(start, start + size) for start, size in zip(offset, local.shape))
+                local.copy_(stored.get_slice(source)[box].to(local.dtype))
+                read += local.numel()
+    except AdapterError:
+        raise
+    except Exception as error:  # safetensors' own errors: a damaged file
+        raise AdapterError(f"model.lora.init_from: cannot read {path} ({type(error).__name__}: "
+                           f"{printable(str(error))[:200]})") from None
+    return read

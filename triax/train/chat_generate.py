@@ -1,0 +1,140 @@
+"""`triax generate RUN --chat MESSAGE`: the run's model answers one user message, rendered with the
+chat template it was trained with (data.chat_template, or the checkpoint's, kept in RUN/init_from/),
+and stops at the model's end-of-turn token. A LoRA run's model is its base (model.init_from) with
+the snapshot's adapters; any other run's is its snapshot."""
+
+from __future__ import annotations
+
+import os
+
+from triax import safe_files
+from triax.errors import TriaxError, printable
+
+
+def run_config(run_dir: str):
+    import yaml  # deferred: `triax --help` stays fast
+
+    from triax.train.config import from_dict  # deferred: `triax --help` and plain generate stay fast
+
+    path = os.path.join(run_dir, "config.yaml")
+    try:
+        return from_dict(yaml.safe_load(safe_files.read_text(path)) or {})
+    except Exception as error:  # noqa: BLE001 - a damaged run file is the user's to fix: one line
+        raise TriaxError(f"{path!r} is not a valid run config ({type(error).__name__}); give the run directory "
+                         "of a finished `triax train`") from None
+
+
+def load_chat_model(run_dir: str, config, device):
+    """The run's trained model (a LoRA run: its base with the adapters of the newest good snapshot)."""
+    from triax.checkpoint.export import tensor_source  # deferred: imports torch; `triax --help` stays fast
+    # deferred: `triax --help` and plain generate stay fast
+    from triax.train.commands import load_run_model, newest_good_snapshot, run_snapshot_root
+
+    if not config.model.lora.rank:
+        return load_run_model(run_dir, device)[0]
+    from triax.models.hf_model import load_hf_model  # deferred: imports torch
+    from triax.models.lora import apply_lora, is_adapter  # deferred: `triax --help` and plain generate stay fast
+
+    base = config.model.init_from
+    if not base or not os.path.isdir(base):
+        raise TriaxError(f"{run_dir!r} is a LoRA run whose base (model.init_from={base!r}) is not a directory here; "
+                         "the adapters need the base model they were trained on")
+    reader = newest_good_snapshot(run_snapshot_root(run_dir), run_dir)
+    model = load_hf_model(base, device)
+    apply_lora(model, config.model.lora)
+    source = tensor_source(reader)
+    for name, parameter in model.named_parameters():
+        if is_adapter(name):
+            parameter.data = source[name].to(device=device, dtype=parameter.dtype)
+    return model.eval()
+
+
+def chat_encoder(run_dir: str, config):
+    from triax.data.chat import ChatEncoder, chat_template_for  # deferred: start-up time of `triax generate`
+    from triax.data.tokenizer import BPETokenizer  # deferred: `triax --help` and plain generate stay fast
+    from triax.models import hf  # deferred: `triax --help` and plain generate stay fast
+    from triax.train.run_files import KEPT_SOURCE_DIR  # deferred: `triax --help` and plain generate stay fast
+
+    tokenizer_path = os.path.join(run_dir, "tokenizer.json")
+    if not safe_files.is_regular(tokenizer_path):
+        raise TriaxError(f"{run_dir!r} has no tokenizer.json; --chat needs a run trained with a tokenizer")
+    kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
+    description = hf.description_files(kept, follow_links=False) if safe_files.is_directory(kept) else {}
+    template = chat_template_for(config.data.chat_template, description, run_dir)
+    return ChatEncoder(template, BPETokenizer.from_file(tokenizer_path).tokenizer)
+
+
+def end_of_turn_ids(encoder) -> list[int]:
+    """The ids that end the assistant's turn: the tokenizer's eos token (Llama 3's <|eot_id|>,
+    Qwen2's <|im_end|>), and ChatML's end marker for the built-in template."""
+    names = [encoder.template.special_tokens.get("eos_token"), "<|im_end|>" if "<|im_end|>" in encoder.template.source
+             else None]
+    ids = [encoder.tokenizer.token_to_id(name) for name in names if name]
+    return [token for token in ids if token is not None]
+
+
+def generate_chat(run_dir: str, message: str, system: str | None, tokens: int, temperature: float,
+                  top_k: int | None, greedy: bool, seed: int, device) -> str:
+    import torch  # deferred: `triax --help` stays fast
+
+    config = run_config(run_dir)
+    encoder = chat_encoder(run_dir, config)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": message}]
+    prompt = encoder.encode_prompt(messages)
+    model = load_chat_model(run_dir, config, device)
+    if len(prompt) >= model.config.block_size:
+        raise TriaxError(f"the rendered conversation is {len(prompt)} tokens, not shorter than the model's context "
+                         f"{model.config.block_size}; give a shorter message")
+    stop = end_of_turn_ids(encoder)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    out = model.generate(torch.tensor([prompt], device=device), min(tokens, model.config.block_size - len(prompt)),
+                         temperature=temperature, top_k=top_k, greedy=greedy, generator=generator,
+                         vocab_limit=min(encoder.tokenizer.get_vocab_size(), model.config.vocab_size), stop_ids=stop)
+    answer = out[0, len(prompt):].tolist()
+    if answer and answer[-1] in stop:
+        answer = answer[:-1]
+    return encoder.tokenizer.decode(answer, skip_special_tokens=False)
+
+
+def generate_main(argv: list[str]) -> int:
+    """`triax generate`: with --chat, answer one message; otherwise triax.train.commands' generate."""
+    from triax.train import commands  # deferred: torch and the checkpoint layer, after --help
+
+    if not any(arg == "--chat" or arg.startswith("--chat=") for arg in argv):
+        return commands.generate_main(argv)
+    import math  # deferred: `triax --help` and plain generate stay fast
+    import sys  # deferred: `triax --help` and plain generate stay fast
+
+    # deferred: `triax --help` and plain generate stay fast
+    from triax.arguments import ArgumentParser, at_least, check_device, need
+    from triax.place import pick_device  # deferred: `triax --help` and plain generate stay fast
+
+    parser = ArgumentParser(prog="triax generate --chat", description="answer one user message with a chat run")
+    parser.add_argument("run_dir")
+    parser.add_argument("--chat", required=True, metavar="MESSAGE", help="the user message to answer")
+    parser.add_argument("--system", default=None, help="a system message before it")
+    parser.add_argument("--tokens", type=int, default=300, help="at most this many tokens of answer")
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    need(args.chat.strip() != "", "--chat", args.chat, "give a message to answer")
+    at_least("--tokens", args.tokens, 1)
+    need(args.tokens <= commands.MAX_GENERATE_TOKENS, "--tokens", args.tokens,
+         f"use at most {commands.MAX_GENERATE_TOKENS}")
+    if not args.greedy:
+        need(math.isfinite(args.temperature)
+             and commands.MIN_TEMPERATURE <= args.temperature <= commands.MAX_TEMPERATURE, "--temperature",
+             args.temperature, f"use a number in [{commands.MIN_TEMPERATURE}, {commands.MAX_TEMPERATURE}], or --greedy")
+    if args.top_k is not None:
+        at_least("--top-k", args.top_k, 1)
+    need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
+    check_device("--device", args.device)
+    commands.run_snapshot_root(args.run_dir)  # one line if it is not a run directory
+    answer = generate_chat(args.run_dir, args.chat, args.system, args.tokens, args.temperature, args.top_k,
+                           args.greedy, args.seed, pick_device(args.device))
+    # Exactly the text into a file or a pipe; on a terminal, no escape sequence the data taught it.
+    print(printable(answer, keep="\n\t") if sys.stdout.isatty() else answer)
+    return 0
