@@ -48,3 +48,17 @@ def test_the_readme_demo_under_triax_launch_never_aborts_at_exit_on_a_loaded_mac
         for process in load:
             process.kill()
             process.wait()
+
+
+@pytest.mark.parametrize("ending", ["normal", "raise"])
+def test_the_accelerators_process_group_is_torn_down_before_the_interpreter_finalizes(ending):
+    from forked import launch
+
+    result = launch(2, [str(ROOT / "tests" / "accelerate_scripts" / "exit_paths.py"), ending], timeout=300,
+                    env=quiet_env(), check=False)
+    clean = result.stdout.count("group alive at exit: False; gloo threads runnable: 0")
+    # A rank that fails has the other stopped (as torchrun does), possibly before its own report.
+    assert clean == 2 if ending == "normal" else clean >= 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "group alive at exit: True" not in result.stdout and "terminate called" not in result.stderr
+    if ending == "raise":
+        assert "the script failed after its last step" in result.stderr
