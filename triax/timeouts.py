@@ -24,10 +24,6 @@ SLOW_PHASE_FACTOR = 5
 # Unset, the process group waits as long as the watchdog's slowest phase (10 minutes), so in a
 # watched run the watchdog's report, which names the rank, always comes first.
 DEFAULT_PROCESS_GROUP_TIMEOUT_S = SLOW_PHASE_FACTOR * DEFAULT_COLLECTIVE_TIMEOUT_S
-# Horovod's default for HOROVOD_GLOO_TIMEOUT_SECONDS (--gloo-timeout-seconds): what a Horovod
-# script's collectives wait for a peer that is gone or stuck before failing, so an elastic job's
-# survivors reset (HorovodInternalError) within seconds rather than the process group's ten minutes.
-HOROVOD_GLOO_TIMEOUT_S = 30.0
 
 
 class TimeoutValueError(TriaxError, ValueError):
@@ -63,3 +59,9 @@ def process_group_timeout() -> float:
     if os.environ.get(ENV_COLLECTIVE_TIMEOUT, "").strip():
         return collective_timeout()
     return DEFAULT_PROCESS_GROUP_TIMEOUT_S
+
+
+# Horovod's default for HOROVOD_GLOO_TIMEOUT_SECONDS (--gloo-timeout-seconds): what a Horovod
+# script's collectives wait for a peer that is gone or stuck before failing, so an elastic job's
+# survivors reset (HorovodInternalError) within seconds rather than the process group's ten minutes.
+HOROVOD_GLOO_TIMEOUT_S = 30.0
