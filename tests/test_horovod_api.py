@@ -133,3 +133,24 @@ def test_the_job_is_left_at_exit_without_hvd_shutdown():
 
     result = launch(2, [str(WORKERS / "exit_without_shutdown.py")], timeout=180, env=child_env())
     assert result.stdout.count("process group alive at exit: False") == 2, result.stdout[-2000:]
+
+
+@pytest.mark.multiprocess
+def test_no_gloo_thread_or_connection_outlives_shutdown_a_rejoin_or_the_end():
+    # Before, hvd.shutdown() left gloo's connection thread and sockets open (a kept collective held
+    # them), so after an elastic reset the survivors' peers never saw this rank leave and waited
+    # for the gloo timeout.
+    from forked import launch
+    from horovod_support import WORKERS, child_env
+
+    result = launch(2, [str(WORKERS / "shutdown_frees_group.py")], timeout=300, env=child_env())
+    looks = {}
+    for line in result.stdout.splitlines():
+        when, _, counts = line.rpartition(" threads=")
+        threads, _, sockets = counts.partition(" gloo_sockets=")
+        looks.setdefault(when, []).append((int(threads), int(sockets)))
+    assert looks["baseline"] == [(1, 0), (1, 0)], result.stdout
+    for when in ("joined 0", "joined 1", "joined at the end"):  # the check can fail: gloo was there
+        assert all(threads > 1 and sockets > 0 for threads, sockets in looks[when]), (when, result.stdout)
+    for when in ("left 0", "left 1", "exit"):
+        assert looks[when] == [(1, 0), (1, 0)], (when, result.stdout)

@@ -238,16 +238,27 @@ def driver_with(hosts, *, reset_limit=None, min_np=1, max_np=None):
     return job, started
 
 
-def test_driver_ends_the_job_when_a_worker_succeeds_or_every_worker_failed():
+HOROVOD_FAILURE = "Horovod detected that one or more processes exited with non-zero status"  # its tests match this
+
+
+def test_driver_ends_the_job_when_a_worker_succeeds_or_every_worker_failed(capsys):
     job, _ = driver_with([("a", 1), ("b", 1)])
     job.workers["w0"].exit_code, job.workers["w1"].exit_code = 0, 0
     assert job.decide() == 0
     job, _ = driver_with([("a", 1), ("b", 1)])
     job.workers["w0"].exit_code, job.workers["w1"].ready = 0, True
     assert job.decide() == 0  # one success ends the job (the waiting worker is stopped)
+    assert HOROVOD_FAILURE not in capsys.readouterr().err
     job, _ = driver_with([("a", 1), ("b", 1)])
     job.workers["w0"].exit_code, job.workers["w1"].exit_code = 3, 4
-    assert job.decide() == 3
+    job.workers["w0"].failed_at, job.workers["w1"].failed_at = 2.0, 1.0  # b's worker failed first
+    assert job.decide() == 4
+    err = capsys.readouterr().err
+    assert f"{HOROVOD_FAILURE}, thus causing the job to be terminated. The first process to do so was: " \
+           "Process name: b[0] Exit code: 4" in err, err
+    job, _ = driver_with([("a", 1), ("b", 1)])
+    job.workers["w0"].exit_code, job.workers["w1"].exit_code = 0, 5  # a success, and a failure
+    assert job.decide() == 5 and "Process name: b[0] Exit code: 5" in capsys.readouterr().err
 
 
 def test_driver_blacklists_a_failed_workers_host_and_hands_out_the_next_round():
@@ -269,7 +280,9 @@ def test_driver_stops_after_the_reset_limit_and_when_every_host_is_blacklisted(c
     job, _ = driver_with([("a", 2)])
     job.workers["w0"].ready, job.workers["w1"].exit_code = True, 1
     assert job.decide() == 1  # a's worker failed: a is blacklisted, and a was the only host
-    assert "every host of the job is blacklisted" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "every host of the job is blacklisted" in err and f"{HOROVOD_FAILURE}" in err, err
+    assert "Process name: a[1] Exit code: 1" in err, err
 
 
 def test_driver_removes_and_adds_slots_as_the_hosts_change():

@@ -81,4 +81,7 @@ def test_one_failing_host_stops_the_others(capsys):
     began = time.monotonic()
     assert horovodrun.supervise(["node1", "node2"], [sleeper, failing]) == 3
     assert time.monotonic() - began < 60 and sleeper.poll() is not None
-    assert "host node2 (node 1) exited with code 3; stopping node1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "host node2 (node 1) exited with code 3; stopping node1" in err
+    assert "Horovod detected that one or more processes exited with non-zero status, thus causing the job to be " \
+           "terminated. The first process to do so was: Process name: node2 Exit code: 3" in err, err

@@ -72,7 +72,10 @@ def test_horovod_reads_its_gloo_timeout(monkeypatch, capsys):
 
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "")  # unset (and restored after the test)
     monkeypatch.delenv(ENV_COLLECTIVE_TIMEOUT, raising=False)
-    assert _gloo_timeout() == timeouts.DEFAULT_PROCESS_GROUP_TIMEOUT_S  # triax's default applies
+    assert _gloo_timeout() == timeouts.HOROVOD_GLOO_TIMEOUT_S == 30  # Horovod's default applies
+    monkeypatch.setenv(ENV_COLLECTIVE_TIMEOUT, "45")
+    assert _gloo_timeout() == 45  # triax launch --collective-timeout, for a Horovod script under it
+    monkeypatch.delenv(ENV_COLLECTIVE_TIMEOUT)
     assert horovodrun(["-np", "2", "--gloo-timeout-seconds", "90", "--dry-run", "python", "train.py"]) == 0
     assert capsys.readouterr().out.startswith("[localhost] HOROVOD_GLOO_TIMEOUT_SECONDS=90 ")  # the workers' setting
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "90")

@@ -33,13 +33,27 @@ def wait_and_keep(work) -> None:
     keep_until_exit([work])
 
 
-@atexit.register
-def _finish_works_before_exit() -> None:
+def finish_all() -> None:
+    """Wait for every kept work (a failed or timed-out one was already reported where it ran)."""
     for work in _kept_works:
         try:
             # Work.wait releases the GIL, which gloo's worker thread needs to finish the work.
             work.wait(datetime.timedelta(seconds=EXIT_WAIT_SECONDS))
-        except Exception:  # a failed or timed-out collective was already reported where it ran
+        except Exception:
             pass
+
+
+def release_all() -> None:
+    """Finish and let go of every kept work: for the teardown of the process group
+    (process_group.shutdown_distributed), once gloo's threads are done with them. A kept work holds
+    gloo's connections (its context, with the sockets and the thread serving them) open after the
+    group itself is destroyed: peers would not see this rank leave."""
+    finish_all()
+    _kept_works.clear()
+
+
+@atexit.register
+def _finish_works_before_exit() -> None:
+    finish_all()
     # A reference the interpreter never drops: no kept work is destroyed during finalization.
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(_kept_works))

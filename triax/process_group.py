@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
+import threading
 import time
 
 import torch
 import torch.distributed as dist
 
+from triax import kept_works
 from triax.place import Place, default_backend, detect_place
 from triax.rendezvous import attempt_store, set_rendezvous_defaults
 from triax.timeouts import process_group_timeout
@@ -39,6 +42,12 @@ def init_distributed(device: torch.device, place: Place | None = None, backend: 
         device_id=device if device.type == "cuda" else None,
         store=store if store is not None else _restart_safe_store(place, timeout),
     )
+    global _created_here, _exit_registered
+    _created_here = True
+    if not _exit_registered:
+        # Registered after kept_works' own handler (imported above), so it runs first.
+        atexit.register(_shutdown_at_exit)
+        _exit_registered = True
     return place
 
 
@@ -55,25 +64,90 @@ def _restart_safe_store(place: Place, timeout: datetime.timedelta):
     return attempt_store(store, "triax")
 
 
-# After a gloo collective completes, gloo's worker thread still has to release the work. A work
-# started during backward holds Python state (torch keeps backward's contextvars in thread-local
-# state, which the work captures), so that release needs the GIL. Destroying the group joins those
-# threads, and when the group's last reference goes away inside a C++ destructor (DDP's reducer,
-# freed with the model), the main thread joins them while holding the GIL: both wait forever.
-# Seen with torch 2.13 on a DDP script that tears down right after its last step (Accelerate's own
-# test_sync hung at exit in 2 runs of 15). A short sleep before the teardown hands the GIL over so
-# the threads finish releasing first; the DDP collectives have completed by then (the reducer
-# waits for them before the optimizer step), so nothing else is waited for.
-GLOO_RELEASE_SECONDS = 0.05
+# After a gloo collective completes, gloo's worker thread still has to release the work, and a work
+# started during backward (or with a Python comm hook) holds Python state, so that release needs
+# the GIL. Two ways this goes wrong at the end of a job:
+# - the group's last reference goes away while the main thread holds the GIL (destroying the
+#   group joins gloo's threads): if a thread still needs the GIL, both wait forever (Accelerate's
+#   own test_sync hung at exit in 2 runs of 15);
+# - the interpreter finalizes first: CPython ends a thread that asks for the GIL then with
+#   pthread_exit, whose unwinding through gloo's C++ destructor calls std::terminate, and a run
+#   that succeeded aborts ("terminate called without an active exception", exit -6). On a loaded
+#   machine gloo's thread can wait tens of milliseconds for a CPU after marking the work done,
+#   while the main thread runs off the end of the script.
+# So before a group is destroyed, and before the interpreter finalizes, the main thread lets go of
+# the GIL until every other thread of the process is asleep (none runnable): gloo's threads have
+# then finished releasing and wait for work that will not come. Bounded: a thread of the user's
+# that keeps computing does not hold the exit up for more than SETTLE_LIMIT_SECONDS.
+SETTLE_LIMIT_SECONDS = 2.0
+SETTLE_POLL_SECONDS = 0.005
+SETTLE_QUIET_POLLS = 2  # asleep at two looks in a row, not caught between two runs
+GLOO_RELEASE_SECONDS = 0.05  # where threads cannot be seen (no /proc): a fixed hand-over
+
+_created_here = False  # the default group was made by init_distributed: it is ours to tear down
+_exit_registered = False
+
+
+def _others_runnable() -> bool | None:
+    """Whether a thread of this process other than the caller is running or runnable (Linux's
+    /proc/self/task); None where that cannot be read."""
+    me = threading.get_native_id()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for task in tasks:
+        if task == str(me):
+            continue
+        try:
+            with open(f"/proc/self/task/{task}/stat", "rb") as handle:
+                stat = handle.read(4096)
+        except OSError:
+            continue  # the thread ended
+        # "pid (comm) state ...": comm may hold spaces and parentheses, so split at the last ")".
+        state = stat.rpartition(b")")[2].split(maxsplit=1)[:1]
+        if state == [b"R"]:
+            return True
+    return False
+
+
+def settle_threads(limit_s: float = SETTLE_LIMIT_SECONDS) -> None:
+    """Release the GIL until no other thread of this process is runnable (see above)."""
+    deadline = time.monotonic() + limit_s
+    quiet = 0
+    while quiet < SETTLE_QUIET_POLLS and time.monotonic() < deadline:
+        time.sleep(SETTLE_POLL_SECONDS)
+        busy = _others_runnable()
+        if busy is None:
+            time.sleep(GLOO_RELEASE_SECONDS)
+            return
+        quiet = 0 if busy else quiet + 1
 
 
 def shutdown_distributed(group=None) -> None:
-    """Destroy `group` (default: every group), letting gloo's threads finish first (above)."""
-    if not dist.is_initialized():
-        return
-    if "gloo" in str(dist.get_backend(group)):
-        time.sleep(GLOO_RELEASE_SECONDS)
-    dist.destroy_process_group(group)
+    """Destroy `group` (default: every group) so that none of gloo's threads or connections
+    outlives it: wait for the kept collectives, let gloo's threads finish (above), destroy, then
+    drop the kept collectives, which would otherwise hold gloo's sockets open (kept_works.py)."""
+    global _created_here
+    if group is None:
+        kept_works.finish_all()
+    if dist.is_initialized():
+        if "gloo" in str(dist.get_backend(group)):
+            settle_threads()
+        dist.destroy_process_group(group)
+    if group is None:
+        kept_works.release_all()
+        _created_here = False
+
+
+def _shutdown_at_exit() -> None:
+    """Every door's teardown at the end of the script (normal end, exception, Ctrl-C): the group
+    init_distributed made is destroyed before the interpreter finalizes (see above). A group the
+    caller made is the caller's: only gloo's threads are let finish."""
+    if _created_here:
+        shutdown_distributed()
+    elif dist.is_available() and dist.is_initialized():
+        settle_threads()
 
 
 def is_distributed() -> bool:

@@ -63,3 +63,9 @@ def process_group_timeout() -> float:
     if os.environ.get(ENV_COLLECTIVE_TIMEOUT, "").strip():
         return collective_timeout()
     return DEFAULT_PROCESS_GROUP_TIMEOUT_S
+
+
+# Horovod's default for HOROVOD_GLOO_TIMEOUT_SECONDS (--gloo-timeout-seconds): what a Horovod
+# script's collectives wait for a peer that is gone or stuck before failing, so an elastic job's
+# survivors reset (HorovodInternalError) within seconds rather than the process group's ten minutes.
+HOROVOD_GLOO_TIMEOUT_S = 30.0

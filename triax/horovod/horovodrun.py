@@ -70,6 +70,8 @@ def supervise(hosts: list[str], started: list, watch: StartWatch | None = None) 
                 others = [hosts[i] for i, code in enumerate(codes) if code is None]
                 print(f"triax horovodrun: host {hosts[first]} (node {first}) exited with code {codes[first]}"
                       + (f"; stopping {', '.join(others)}" if others else ""), file=sys.stderr, flush=True)
+                print(f"triax horovodrun: {processes.FAILURE_MESSAGE.format(name=hosts[first], code=codes[first])}",
+                      file=sys.stderr, flush=True)
                 processes.stop(started)
                 return codes[first]
             if all(code == 0 for code in codes):

@@ -22,7 +22,7 @@ from triax.horovod.elastic import worker as elastic_worker
 from triax.place import Place, detect_place, pick_device
 from triax.process_group import init_distributed, shutdown_distributed
 from triax.rendezvous import attempt_store, set_rendezvous_defaults
-from triax.timeouts import collective_timeout, process_group_timeout
+from triax.timeouts import ENV_COLLECTIVE_TIMEOUT, HOROVOD_GLOO_TIMEOUT_S, collective_timeout
 
 # The rendezvous store outlives shutdown(): every init() after the first joins under a new key
 # prefix on the same store. A fresh env:// rendezvous would race (a fast rank could reach the
@@ -103,11 +103,13 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
 
 
 def gloo_timeout() -> float:
-    """Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS bounds every collective; unset: triax's own
-    process-group timeout (triax.timeouts.process_group_timeout, its one home)."""
+    """Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS bounds every collective; unset: $TRIAX_COLLECTIVE_TIMEOUT
+    if set, else Horovod's default, 30 s (triax.timeouts, their one home)."""
     text = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "").strip()
     if not text:
-        return process_group_timeout()
+        if os.environ.get(ENV_COLLECTIVE_TIMEOUT, "").strip():
+            return collective_timeout()
+        return HOROVOD_GLOO_TIMEOUT_S
     try:
         value = float(text)
     except ValueError:

@@ -24,6 +24,10 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The remote shell reads the environment and the command from stdin, so neither is on a command line.
 _REMOTE_SHELL = "sh -c 'eval \"$(cat)\"'"
 STOP_GRACE_S = 10.0
+# Horovod's words when a job ends because a worker failed (its tests and its users match the first
+# sentence), on one line: the first process to fail as Horovod names it, and its exit code.
+FAILURE_MESSAGE = ("Horovod detected that one or more processes exited with non-zero status, thus causing the job "
+                   "to be terminated. The first process to do so was: Process name: {name} Exit code: {code}")
 
 
 def forwarded_environment(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -72,6 +72,7 @@ class _Worker:
     ready: bool = False
     exit_code: int | None = None
     removed_at: float = 0.0
+    failed_at: float = 0.0  # when its non-zero exit was seen: the first failure is named at the end
 
     @property
     def where(self) -> str:
@@ -169,6 +170,7 @@ class _Driver:
             if worker.exit_code is None:
                 worker.exit_code = worker.process.poll()
                 if worker.exit_code not in (None, 0):
+                    worker.failed_at = time.monotonic()
                     self.say(f"worker {worker.where} (rank {worker.slot.rank}) exited with code {worker.exit_code}")
             if worker.exit_code is None and not worker.ready:
                 worker.ready = self.store.check([protocol.ready_key(self.round, worker.name)])
@@ -185,25 +187,30 @@ class _Driver:
     def decide(self) -> int | None:
         """Everyone of this round is ready or gone: the job's exit code, or None to go on."""
         workers = list(self.workers.values())
-        failed = [w for w in workers if w.exit_code not in (None, 0)]
+        failed = sorted((w for w in workers if w.exit_code not in (None, 0)), key=lambda w: w.failed_at)
         if any(w.exit_code == 0 for w in workers):
-            return failed[0].exit_code if failed else 0
+            return self.failure(failed[0]) if failed else 0
         if len(failed) == len(workers):
-            self.say("every worker failed; stopping")
-            return failed[0].exit_code
+            self.say(f"every worker of round {self.round} failed; stopping")
+            return self.failure(failed[0])
         for worker in failed:
             if not self.hosts.is_blacklisted(worker.slot.hostname):
                 self.say(f"blacklisting host {worker.slot.hostname}")
             self.hosts.blacklist(worker.slot.hostname)
         if all(self.hosts.is_blacklisted(w.slot.hostname) for w in workers):
             self.say("every host of the job is blacklisted; stopping")
-            return failed[0].exit_code
+            return self.failure(failed[0])
         if self.settings.reset_limit is not None and self.resets >= self.settings.reset_limit:
             self.say(RESET_LIMIT_MESSAGE.format(self.settings.reset_limit))
             return 1
         self.resets += 1
         self.next_round()
         return None
+
+    def failure(self, first) -> int:
+        """The job ends because of `first`, the first worker to fail: Horovod's message; its code."""
+        self.say(processes.FAILURE_MESSAGE.format(name=first.where, code=first.exit_code))
+        return first.exit_code
 
     def next_round(self) -> None:
         self.wait_for_slots(self.settings.min_np)
