@@ -1,0 +1,145 @@
+"""What triax reads from a Slurm allocation, without a cluster: node lists in Slurm's hostlist
+syntax, the rendezvous every task derives alike, the tasks on a node, and hostile values
+(each one line). The real cluster's tests are in test_slurm_cluster.py."""
+
+import contextlib
+import os
+import random
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from triax.errors import TriaxError
+from triax.place import detect_place
+from triax.rendezvous import RendezvousError, set_rendezvous_defaults
+from triax.slurm import (
+    MAX_HOSTS,
+    SLURM_FIRST_PORT,
+    SLURM_PORT_SPAN,
+    expand_nodelist,
+    first_host,
+    rendezvous_address,
+    tasks_per_node,
+)
+from triax.testing import quiet_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("nodelist, hosts", [
+    ("node1", ["node1"]),
+    ("node[1-3,5],other", ["node1", "node2", "node3", "node5", "other"]),
+    ("gpu[08-11]", ["gpu08", "gpu09", "gpu10", "gpu11"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ("a[3],b.example.org,c_1[0-1]", ["a3", "b.example.org", "c_10", "c_11"]),
+])
+def test_node_lists_expand_as_slurm_writes_them(nodelist, hosts):
+    assert expand_nodelist(nodelist) == hosts
+    assert first_host(nodelist) == hosts[0]
+
+
+@pytest.mark.parametrize("nodelist, says", [
+    ("node[1-3", "never closed"),
+    ("node1-3]", "without '['"),
+    ("node[[1-2]]", "nested"),
+    ("node[3-1]", "runs backwards"),
+    ("node[a-b]", "not a number"),
+    ("node[]", "not a number"),
+    ("node1,,node2", "empty host name"),
+    ("node1 node2", "cannot have"),
+    ("-oProxyCommand=x", "cannot have"),  # '=' : never a host
+    ("nöde1", "cannot have"),
+    ("node[1-2]]", "without"),
+    ("", "is empty"),
+    ("n[0-99999999999]", f"at most {MAX_HOSTS}"),
+    ("n" * (2 << 20), "characters long"),
+])
+def test_a_node_list_that_cannot_be_read_is_one_line(nodelist, says):
+    with pytest.raises(TriaxError) as caught:
+        first_host(nodelist, "SLURM_JOB_NODELIST")
+    assert says in str(caught.value)
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 400
+
+
+def test_every_task_of_a_step_derives_the_same_rendezvous():
+    base = {"SLURM_JOB_ID": "123457", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_STEP_ID": "0",
+            "SLURM_NTASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
+    addresses = set()
+    for rank in range(4):
+        env = {**base, "SLURM_PROCID": str(rank), "SLURM_NODEID": str(rank // 2), "SLURM_LOCALID": str(rank % 2)}
+        set_rendezvous_defaults("slurm", env)
+        addresses.add((env["MASTER_ADDR"], env["MASTER_PORT"]))
+        place = detect_place(env)
+        assert (place.rank, place.world_size, place.local_world_size, place.node_rank) == (rank, 4, 2, rank // 2)
+    assert addresses == {("node1", str(SLURM_FIRST_PORT + 123457 % SLURM_PORT_SPAN))}
+
+
+def test_a_step_meets_on_its_own_first_node_and_set_addresses_win():
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[1-4]", "SLURM_STEP_NODELIST": "node[3-4]"}
+    assert rendezvous_address(env)[:2] == ("node3", SLURM_FIRST_PORT + 9)
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[1-4]", "MASTER_ADDR": "head", "MASTER_PORT": "1234"}
+    set_rendezvous_defaults("slurm", env)
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("head", "1234")
+    # Not started by srun (mpirun, a plain process): torch's usual defaults, on this machine.
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[1-4]"}
+    set_rendezvous_defaults("openmpi", env)
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29500")
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"SLURM_JOB_NODELIST": "node1"}, "SLURM_JOB_ID is not set"),
+    ({"SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "12a"}, "not a job number"),
+    ({"SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "9" * 40}, "not a job number"),
+    ({"SLURM_JOB_ID": "12"}, "set MASTER_ADDR"),
+    ({"SLURM_JOB_ID": "12", "SLURM_JOB_NODELIST": "node[1-"}, "never closed"),
+])
+def test_an_allocation_without_a_readable_address_is_one_line(env, says):
+    with pytest.raises(TriaxError, match=says):
+        set_rendezvous_defaults("slurm", dict(env))
+
+
+def test_tasks_per_node():
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    for text in ("2(x", "two", "2(x3)1", ""):
+        with pytest.raises(TriaxError, match="cannot be read"):
+            tasks_per_node(text)
+    with pytest.raises(TriaxError, match="more than"):
+        tasks_per_node(f"1(x{MAX_HOSTS + 1})")
+
+
+@contextlib.contextmanager
+def _listening_in_the_derived_range():
+    """(job id, port): a socket listens on the port job id's tasks would derive, while inside."""
+    for job in random.Random(os.getpid()).sample(range(SLURM_PORT_SPAN), 50):
+        holder = socket.socket()
+        try:
+            holder.bind(("", SLURM_FIRST_PORT + job))
+        except OSError:
+            holder.close()
+            continue
+        with holder:
+            holder.listen()
+            yield job, SLURM_FIRST_PORT + job
+        return
+    raise AssertionError("no free port in the derived range to occupy")
+
+
+@pytest.mark.multiprocess
+def test_a_taken_rendezvous_port_is_one_line(tmp_path):
+    """Task 0 of a two-task step cannot listen on the derived port: one line, naming port and origin."""
+    with _listening_in_the_derived_range() as (job, port):
+        env = quiet_env(PYTHONPATH=REPO, SLURM_JOB_ID=str(job), SLURM_JOB_NODELIST="localhost", SLURM_STEP_ID="0",
+                        SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_NODEID="0",
+                        SLURM_STEP_TASKS_PER_NODE="2")
+        for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+            env.pop(name, None)
+        code = ("import torch; from triax.process_group import init_distributed; "
+                "init_distributed(torch.device('cpu'), timeout_s=20)")
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"rendezvous port {port} on localhost is already in use" in last, result.stderr[-2000:]
+    assert "from SLURM_JOB_ID" in last and "set MASTER_PORT" in last
+    assert issubclass(RendezvousError, RuntimeError)
