@@ -94,3 +94,23 @@ def test_scancel_stops_cleanly_with_a_snapshot(cluster, tmp_path, tiny_corpus):
     snapshot = checkpoint.latest_snapshot(run_snapshot_root(tmp_path / "slurm"))
     assert snapshot is not None and str(snapshot) in stopped[0], (snapshot, stopped)
     checkpoint.read_model_tensors(snapshot)  # verified against its manifest
+
+
+def test_triax_launch_per_node_equals_one_node_and_a_signal_stop_exits_0(cluster, tmp_path, tiny_corpus):
+    """examples/slurm/launch.sbatch: one torchrun agent per node (triax launch), 2 workers each,
+    machines and address from Slurm; equals 4 processes on one node. Then the same job stopped by
+    SIGTERM to its step (what scancel and scontrol requeue send): every level exits 0."""
+    overrides = tiny_overrides(tmp_path / "slurm", tiny_corpus)
+    job = cluster.sbatch([os.path.join(EXAMPLES, "launch.sbatch"), *overrides], cwd=str(tmp_path))
+    _finished(cluster, job, tmp_path, "triax-launch")
+    train(tiny_overrides(tmp_path / "one_node", tiny_corpus), nproc=4)
+    assert_bitwise_equal(final_weights(tmp_path / "slurm"), final_weights(tmp_path / "one_node"))
+
+    job = cluster.sbatch([os.path.join(EXAMPLES, "launch.sbatch"), *_long_run(tmp_path, tiny_corpus, "stopped")],
+                         cwd=str(tmp_path))
+    output = os.path.join(tmp_path, f"triax-launch-{job}.out")
+    cluster.wait_for_file(output, r"step (1[05]|2\d)/300", timeout=JOB_TIMEOUT, job_id=job)
+    cluster.run(["scancel", "--signal=TERM", str(job)])  # the steps only: the job is not cancelled
+    _finished(cluster, job, tmp_path, "triax-launch")
+    text = _output(tmp_path, job, "triax-launch")
+    assert "stopped by SIGTERM after step" in text and text.count("triax launch: stopped by SIGTERM; all 2 workers exited 0") == 2, text

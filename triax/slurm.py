@@ -178,3 +178,25 @@ def local_world_size(env) -> int | None:
         return None
     counts = tasks_per_node(text)
     return counts[int(node)] if int(node) < len(counts) else None
+
+
+def launch_placement(env) -> dict:
+    """For `triax launch` (torchrun, one agent per node) inside an srun step: the number of machines,
+    this machine's rank and machine 0's address, as LaunchConfig fields; {} outside a step.
+    MASTER_ADDR/MASTER_PORT, when set (torchtitan's scripts set them), are machine 0's address."""
+    if "SLURM_STEP_ID" not in env or "SLURM_NODEID" not in env:
+        return {}
+    source = "SLURM_STEP_TASKS_PER_NODE" if env.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+    counts = tasks_per_node(env.get(source) or "1", source)
+    if any(count != 1 for count in counts):
+        raise TriaxError(f"triax launch starts torchrun's agent once per node, but this srun step runs "
+                         f"{source}={env.get(source)} tasks per node; use srun --ntasks-per-node=1 (the agent "
+                         "starts --num-processes workers on each node)")
+    node = env["SLURM_NODEID"]
+    if not node.isdigit() or int(node) >= len(counts):
+        raise TriaxError(f"SLURM_NODEID={node[:40]!r} is not a node of this step ({len(counts)} nodes)")
+    host, port, _ = rendezvous_address(env)
+    if env.get("MASTER_PORT", "").isdigit():
+        port = int(env["MASTER_PORT"])
+    return {"num_machines": len(counts), "machine_rank": int(node), "main_process_ip": env.get("MASTER_ADDR") or host,
+            "main_process_port": port}
