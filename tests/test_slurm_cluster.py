@@ -7,6 +7,9 @@ One cluster serves the whole module; it is taken down (daemons, jobs, namespaces
 the tests end."""
 
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -101,12 +104,12 @@ def test_triax_launch_per_node_equals_one_node_and_a_signal_stop_exits_0(cluster
     machines and address from Slurm; equals 4 processes on one node. Then the same job stopped by
     SIGTERM to its step (what scancel and scontrol requeue send): every level exits 0."""
     overrides = tiny_overrides(tmp_path / "slurm", tiny_corpus)
-    job = cluster.sbatch([os.path.join(EXAMPLES, "launch.sbatch"), *overrides], cwd=str(tmp_path))
+    job = cluster.sbatch([os.path.join(EXAMPLES, "launch.sbatch"), "-m", "triax", "train", *overrides], cwd=str(tmp_path))
     _finished(cluster, job, tmp_path, "triax-launch")
     train(tiny_overrides(tmp_path / "one_node", tiny_corpus), nproc=4)
     assert_bitwise_equal(final_weights(tmp_path / "slurm"), final_weights(tmp_path / "one_node"))
 
-    job = cluster.sbatch([os.path.join(EXAMPLES, "launch.sbatch"), *_long_run(tmp_path, tiny_corpus, "stopped")],
+    job = cluster.sbatch([os.path.join(EXAMPLES, "launch.sbatch"), "-m", "triax", "train", *_long_run(tmp_path, tiny_corpus, "stopped")],
                          cwd=str(tmp_path))
     output = os.path.join(tmp_path, f"triax-launch-{job}.out")
     cluster.wait_for_file(output, r"step (1[05]|2\d)/300", timeout=JOB_TIMEOUT, job_id=job)
@@ -114,3 +117,37 @@ def test_triax_launch_per_node_equals_one_node_and_a_signal_stop_exits_0(cluster
     _finished(cluster, job, tmp_path, "triax-launch")
     text = _output(tmp_path, job, "triax-launch")
     assert "stopped by SIGTERM after step" in text and text.count("triax launch: stopped by SIGTERM; all 2 workers exited 0") == 2, text
+
+
+def _weight_sum(text):
+    found = re.findall(r"weight sum (\S+)", text)
+    assert len(found) == 1, text
+    return float(found[0])
+
+
+def test_accelerator_and_horovod_scripts_under_srun_and_triax_launch(cluster, tmp_path):
+    """The Accelerator started by srun directly (2 tasks) and by triax launch in srun (2 nodes x 2),
+    and a triax.horovod script started by srun: each ends where one process does. The jobs share
+    the nodes (one CPU per task), so they run at once."""
+    jobs = {
+        "accelerator/srun": (cluster.sbatch([os.path.join(EXAMPLES, "srun.sbatch"),
+                                             os.path.join(EXAMPLES, "accelerator_example.py")], cwd=str(tmp_path)),
+                             "triax-srun", "accelerator_example.py", "2 processes"),
+        "horovod/srun": (cluster.sbatch([os.path.join(EXAMPLES, "srun.sbatch"),
+                                         os.path.join(EXAMPLES, "horovod_example.py")], cwd=str(tmp_path)),
+                         "triax-srun", "horovod_example.py", "2 processes"),
+        "accelerator/launch": (cluster.sbatch([os.path.join(EXAMPLES, "launch.sbatch"),
+                                               os.path.join(EXAMPLES, "accelerator_example.py")], cwd=str(tmp_path)),
+                               "triax-launch", "accelerator_example.py", "4 processes"),
+    }
+    alone = {}
+    for script in ("accelerator_example.py", "horovod_example.py"):
+        result = subprocess.run([sys.executable, os.path.join(EXAMPLES, script)], capture_output=True, text=True,
+                                timeout=120, env=cluster.environment(), check=True)
+        alone[script] = _weight_sum(result.stdout)
+    for door, (job, name, script, processes) in jobs.items():
+        _finished(cluster, job, tmp_path, name)
+        text = _output(tmp_path, job, name)
+        assert processes in text, (door, text)
+        # float64, a global batch split in 2 or 4: the sums differ from one process's by round-off only.
+        assert _weight_sum(text) == pytest.approx(alone[script], rel=1e-12, abs=1e-12), (door, text)

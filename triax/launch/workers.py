@@ -10,7 +10,8 @@ Two things the agent does not do, which a scheduler needs:
   cleanly and exited 0, and Slurm records a failed job. `exit_codes` reads the workers' own codes.
 
 The workers are found as this process's Popen objects made after `snapshot()` (the agent keeps
-them until it returns), so no torch internals are touched.
+them until it returns), so no torch internals are touched. `type(item)`, not isinstance: the latter
+asks each object for its __class__, which some of torch's deprecated aliases answer with a warning.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 def snapshot() -> set[int]:
     """The Popen objects that exist now (not workers): pass to `started_since`."""
-    return {id(item) for item in gc.get_objects() if isinstance(item, subprocess.Popen)}
+    return {id(item) for item in gc.get_objects() if issubclass(type(item), subprocess.Popen)}
 
 
 def started_since(before: set[int]) -> list[subprocess.Popen]:
-    return [item for item in gc.get_objects() if isinstance(item, subprocess.Popen) and id(item) not in before]
+    return [item for item in gc.get_objects() if issubclass(type(item), subprocess.Popen) and id(item) not in before]
 
 
 def forward_signals(before: set[int]) -> dict:
