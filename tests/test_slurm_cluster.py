@@ -125,9 +125,10 @@ def _weight_sum(text):
     return float(found[0])
 
 
-def test_accelerator_and_horovod_scripts_under_srun_and_triax_launch(cluster, tmp_path):
+def test_accelerator_and_horovod_doors_on_two_nodes(cluster, tmp_path):
     """The Accelerator started by srun directly (2 tasks) and by triax launch in srun (2 nodes x 2),
-    and a triax.horovod script started by srun: each ends where one process does. The jobs share
+    a triax.horovod script started by srun and by triax horovodrun with the allocation's hosts (no -H):
+    each ends where one process does. The jobs share
     the nodes (one CPU per task), so they run at once."""
     jobs = {
         "accelerator/srun": (cluster.sbatch([os.path.join(EXAMPLES, "srun.sbatch"),
@@ -139,6 +140,9 @@ def test_accelerator_and_horovod_scripts_under_srun_and_triax_launch(cluster, tm
         "accelerator/launch": (cluster.sbatch([os.path.join(EXAMPLES, "launch.sbatch"),
                                                os.path.join(EXAMPLES, "accelerator_example.py")], cwd=str(tmp_path)),
                                "triax-launch", "accelerator_example.py", "4 processes"),
+        "horovod/horovodrun": (cluster.sbatch([os.path.join(EXAMPLES, "horovodrun.sbatch"),
+                                               os.path.join(EXAMPLES, "horovod_example.py")], cwd=str(tmp_path)),
+                               "triax-horovodrun", "horovod_example.py", "2 processes"),
     }
     alone = {}
     for script in ("accelerator_example.py", "horovod_example.py"):

@@ -200,3 +200,24 @@ def launch_placement(env) -> dict:
         port = int(env["MASTER_PORT"])
     return {"num_machines": len(counts), "machine_rank": int(node), "main_process_ip": env.get("MASTER_ADDR") or host,
             "main_process_port": port}
+
+
+def allocation_hosts(env) -> list[tuple[str, int]] | None:
+    """Inside an allocation (sbatch, salloc): its nodes with the tasks it asked for on each, as
+    `triax horovodrun` host entries ('node1', 2); None outside one. One slot per node when the
+    task counts do not describe every node."""
+    nodelist = env.get("SLURM_JOB_NODELIST")
+    if not nodelist or not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):
+        return None
+    hosts = expand_nodelist(nodelist, "SLURM_JOB_NODELIST")
+    counts = tasks_per_node(env["SLURM_TASKS_PER_NODE"], "SLURM_TASKS_PER_NODE") if env.get("SLURM_TASKS_PER_NODE") else []
+    if len(counts) != len(hosts):
+        counts = [1] * len(hosts)
+    return list(zip(hosts, counts))
+
+
+def step_command(host: str, argv: list[str]) -> list[str]:
+    """`argv` started on `host` of this allocation as a job step of one task (what ssh does outside
+    Slurm; clusters often refuse ssh to compute nodes, and a step is tracked, signalled and
+    cleaned up by Slurm). --overlap: the step may share CPUs the job's other steps hold."""
+    return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap", "--kill-on-bad-exit=1", *argv]

@@ -11,7 +11,7 @@ import os
 import re
 import socket
 
-from triax import safe_files
+from triax import safe_files, slurm
 from triax.errors import TriaxError
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
@@ -72,7 +72,8 @@ def parse_hosts(hosts: str | None, hostfile: str | None, np: int | None) -> list
         for item in hosts.split(","):
             entries.append(entry(*split_host_slots(item), f"-H entry {item!r}"))
     else:
-        entries = [("localhost", np or 1)]
+        # No hosts given: inside a Slurm allocation its nodes (horovodrun's own rule is this machine).
+        entries = slurm.allocation_hosts(os.environ) or [("localhost", np or 1)]
     return entries
 
 
