@@ -17,7 +17,8 @@
 #   scripts/slurm_cluster.sh up   --dir DIR [--nodes 2] [--cpus 4] [--prefix P] [--subnet 10.214.9]
 #   scripts/slurm_cluster.sh exec --dir DIR COMMAND...    # run COMMAND on the login node
 #   scripts/slurm_cluster.sh node --dir DIR N COMMAND...  # run COMMAND on compute node N (1-based)
-#   scripts/slurm_cluster.sh kill-node --dir DIR N         # node N dies: every process on it is killed
+#   scripts/slurm_cluster.sh kill-node --dir DIR N        # node N dies: every process on it is killed
+#   scripts/slurm_cluster.sh revive-node --dir DIR N      # node N boots again (a fresh slurmd)
 #   scripts/slurm_cluster.sh down --dir DIR               # stop every daemon and job, remove the network
 #   scripts/slurm_cluster.sh check                        # exit 0 if a cluster can be made here
 #
@@ -170,6 +171,12 @@ wait_for_nodes() {
 
 controller_ns() { echo "${PREFIX}-n0"; }
 
+start_slurmd() {
+  local i=$1
+  setsid bash -c "$(declare -f in_node); DIR='$DIR'; in_node '${PREFIX}-n$i' node$i slurmd -D -N node$i -f '$DIR/slurm.conf'" \
+    >>"$DIR/log/slurmd.node$i.out" 2>&1 </dev/null &
+}
+
 up() {
   need_dir
   local reason
@@ -195,10 +202,7 @@ up() {
   setsid bash -c "$(declare -f in_node); DIR='$DIR'; in_node '$(controller_ns)' ctl slurmctld -D -i -f '$DIR/slurm.conf'" \
     >>"$DIR/log/slurmctld.out" 2>&1 </dev/null &
   local i
-  for ((i = 1; i <= NODES; i++)); do
-    setsid bash -c "$(declare -f in_node); DIR='$DIR'; in_node '${PREFIX}-n$i' node$i slurmd -D -N node$i -f '$DIR/slurm.conf'" \
-      >>"$DIR/log/slurmd.node$i.out" 2>&1 </dev/null &
-  done
+  for ((i = 1; i <= NODES; i++)); do start_slurmd $i; done
   wait_for_nodes
   trap - ERR INT TERM
   echo "slurm_cluster.sh: controller ctl ($SUBNET.1), nodes node[1-$NODES] ($SUBNET.2-$SUBNET.$((NODES + 1))), prefix $PREFIX, files in $DIR"
@@ -223,5 +227,17 @@ case "$command_name" in
     [ ${#positional[@]} -ge 1 ] || die "usage: slurm_cluster.sh kill-node --dir DIR N"
     # The node dies: slurmd, its step daemons and the job's processes, all at once (SIGKILL).
     for pid in $(ip netns pids "${PREFIX}-n${positional[0]}" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done ;;
-  *) die "unknown command '$command_name'; use up, down, exec, node, kill-node or check" ;;
+  revive-node)
+    need_dir; read_prefix
+    [ ${#positional[@]} -ge 1 ] || die "usage: slurm_cluster.sh revive-node --dir DIR N"
+    # The node comes back: a fresh slurmd; the controller is told it may use the node again.
+    export SLURM_CONF="$DIR/slurm.conf"
+    start_slurmd "${positional[0]}"
+    deadline=$((SECONDS + 30))
+    until in_node "$(controller_ns)" ctl scontrol update NodeName="node${positional[0]}" State=RESUME 2>/dev/null \
+        || in_node "$(controller_ns)" ctl sinfo -h -n "node${positional[0]}" -o %t | grep -qE 'idle|alloc|mix'; do
+      [ $SECONDS -lt $deadline ] || die "node${positional[0]} did not come back within 30 s; see $DIR/log"
+      sleep 0.5
+    done ;;
+  *) die "unknown command '$command_name'; use up, down, exec, node, kill-node, revive-node or check" ;;
 esac

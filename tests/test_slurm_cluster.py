@@ -1,5 +1,5 @@
-"""triax under a real Slurm: slurmctld and two slurmd nodes, each in a network namespace with its
-own name and address (scripts/slurm_cluster.sh), jobs submitted with sbatch from the login node
+"""triax under a real Slurm: slurmctld and three slurmd nodes (the jobs take two; the third lets a
+job requeued after losing a node start again), each in a network namespace with its own name and address (scripts/slurm_cluster.sh), jobs submitted with sbatch from the login node
 exactly as examples/slurm/*.sbatch are written. Needs root, slurm-wlm and munge (CI installs them:
 .ci/apt-packages.txt); elsewhere every test here skips with the reason.
 
@@ -28,7 +28,7 @@ JOB_TIMEOUT = 240
 def cluster():
     if REASON is not None:
         pytest.skip(f"no Slurm cluster can be made here: {REASON}")
-    with SlurmCluster(nodes=2) as running:
+    with SlurmCluster(nodes=3) as running:
         yield running
 
 
@@ -49,22 +49,30 @@ def test_srun_one_task_per_process_equals_one_node(cluster, tmp_path, tiny_corpu
     overrides = tiny_overrides(tmp_path / "slurm", tiny_corpus)
     job = cluster.sbatch([os.path.join(EXAMPLES, "train.sbatch"), *overrides], cwd=str(tmp_path))
     fields = _finished(cluster, job, tmp_path)
-    assert fields["NodeList"] == "node[1-2]"
+    assert fields["NumNodes"] == "2", fields
     train(tiny_overrides(tmp_path / "one_node", tiny_corpus), nproc=2)
     assert_bitwise_equal(final_weights(tmp_path / "slurm"), final_weights(tmp_path / "one_node"))
 
 
-def _long_run(tmp_path, tiny_corpus, name):
+def _long_run(run_dir, tiny_corpus, **extra):
     """Long enough that a signal sent after step 10 lands mid-run, even on a fast machine."""
-    return tiny_overrides(tmp_path / name, tiny_corpus, **{"trainer.max_steps": 300, "trainer.log_every": 5,
-                                                            "trainer.save_every": 0})
+    return tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 300, "trainer.log_every": 5,
+                                                   "trainer.save_every": 0, **extra})
 
 
-def test_preemption_signal_requeues_and_resumes_bitwise(cluster, tmp_path, tiny_corpus):
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_corpus):
+    """The final weights of _long_run on one node, two processes, never stopped."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    train(_long_run(run_dir, tiny_corpus), nproc=2)
+    return final_weights(run_dir)
+
+
+def test_preemption_signal_requeues_and_resumes_bitwise(cluster, tmp_path, tiny_corpus, uninterrupted):
     """--signal=B:USR1@N fires (sent here at once: the timer may fire 60 s early anyway): the batch
     script passes USR1 to the step, triax snapshots and exits 0, the script requeues the job, and
     the requeued job ends bitwise equal to an uninterrupted run."""
-    overrides = _long_run(tmp_path, tiny_corpus, "slurm")
+    overrides = _long_run(tmp_path / "slurm", tiny_corpus)
     job = cluster.sbatch([os.path.join(EXAMPLES, "train.sbatch"), *overrides], cwd=str(tmp_path))
     output = os.path.join(tmp_path, f"triax-train-{job}.out")
     cluster.wait_for_file(output, r"step (1[05]|2\d)/300", timeout=JOB_TIMEOUT, job_id=job)
@@ -74,8 +82,7 @@ def test_preemption_signal_requeues_and_resumes_bitwise(cluster, tmp_path, tiny_
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", (fields, text)
     assert "stopped by SIGUSR1 after step" in text and "requeueing job" in text, text
     assert "(restart 1)" in text, text
-    train(_long_run(tmp_path, tiny_corpus, "uninterrupted"), nproc=2)
-    assert_bitwise_equal(final_weights(tmp_path / "slurm"), final_weights(tmp_path / "uninterrupted"))
+    assert_bitwise_equal(final_weights(tmp_path / "slurm"), uninterrupted)
 
 
 def test_scancel_stops_cleanly_with_a_snapshot(cluster, tmp_path, tiny_corpus):
@@ -84,7 +91,7 @@ def test_scancel_stops_cleanly_with_a_snapshot(cluster, tmp_path, tiny_corpus):
     from triax import checkpoint
     from helpers import run_snapshot_root
 
-    overrides = _long_run(tmp_path, tiny_corpus, "slurm")
+    overrides = _long_run(tmp_path / "slurm", tiny_corpus)
     job = cluster.sbatch([os.path.join(EXAMPLES, "train.sbatch"), *overrides], cwd=str(tmp_path))
     output = os.path.join(tmp_path, f"triax-train-{job}.out")
     cluster.wait_for_file(output, r"step (1[05]|2\d)/300", timeout=JOB_TIMEOUT, job_id=job)
@@ -109,7 +116,7 @@ def test_triax_launch_per_node_equals_one_node_and_a_signal_stop_exits_0(cluster
     train(tiny_overrides(tmp_path / "one_node", tiny_corpus), nproc=4)
     assert_bitwise_equal(final_weights(tmp_path / "slurm"), final_weights(tmp_path / "one_node"))
 
-    job = cluster.sbatch([os.path.join(EXAMPLES, "launch.sbatch"), "-m", "triax", "train", *_long_run(tmp_path, tiny_corpus, "stopped")],
+    job = cluster.sbatch([os.path.join(EXAMPLES, "launch.sbatch"), "-m", "triax", "train", *_long_run(tmp_path / "stopped", tiny_corpus)],
                          cwd=str(tmp_path))
     output = os.path.join(tmp_path, f"triax-launch-{job}.out")
     cluster.wait_for_file(output, r"step (1[05]|2\d)/300", timeout=JOB_TIMEOUT, job_id=job)
@@ -155,3 +162,24 @@ def test_accelerator_and_horovod_doors_on_two_nodes(cluster, tmp_path):
         assert processes in text, (door, text)
         # float64, a global batch split in 2 or 4: the sums differ from one process's by round-off only.
         assert _weight_sum(text) == pytest.approx(alone[script], rel=1e-12, abs=1e-12), (door, text)
+
+
+def test_a_lost_node_ends_the_step_and_the_requeued_job_resumes_bitwise(cluster, tmp_path, tiny_corpus, uninterrupted):
+    """A node dies mid-run (its slurmd and every process on it killed at once, after the snapshot of
+    step 20): Slurm names the node and requeues the job (--requeue), which runs on the nodes left,
+    resumes from the newest complete snapshot and ends bitwise equal to an uninterrupted run."""
+    overrides = _long_run(tmp_path / "slurm", tiny_corpus, **{"trainer.save_every": 20})
+    job = cluster.sbatch([os.path.join(EXAMPLES, "train.sbatch"), *overrides], cwd=str(tmp_path))
+    output = os.path.join(tmp_path, f"triax-train-{job}.out")
+    cluster.wait_for_file(output, r"step (2[5-9]|3\d)/300", timeout=JOB_TIMEOUT, job_id=job)
+    lost = int(cluster.job(job)["NodeList"].rstrip("]").split("-")[-1].split(",")[-1])  # its last node
+    cluster.lose_node(lost)
+    try:
+        fields = cluster.wait(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=JOB_TIMEOUT)
+    finally:
+        cluster.revive_node(lost)
+    text = _output(tmp_path, job)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", (fields, text)
+    assert f"Node failure on node{lost}" in text, text
+    assert re.search(r"resuming from \S+step_000000[2-9]0: step [2-9]0/300", text), text
+    assert_bitwise_equal(final_weights(tmp_path / "slurm"), uninterrupted)

@@ -149,3 +149,7 @@ class SlurmCluster:
     def lose_node(self, node: int) -> None:
         """Node `node` dies: its slurmd and every process on it are killed at once, no goodbye."""
         self._script("kill-node", str(node))
+
+    def revive_node(self, node: int) -> None:
+        """Node `node` boots again: a fresh slurmd, and the controller may use it again."""
+        self._script("revive-node", str(node))
