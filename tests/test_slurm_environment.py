@@ -143,3 +143,61 @@ def test_a_taken_rendezvous_port_is_one_line(tmp_path):
     assert f"rendezvous port {port} on localhost is already in use" in last, result.stderr[-2000:]
     assert "from SLURM_JOB_ID" in last and "set MASTER_PORT" in last
     assert issubclass(RendezvousError, RuntimeError)
+
+
+def test_triax_launch_takes_its_machines_from_the_step():
+    from triax.slurm import launch_placement
+
+    env = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_STEP_NODELIST": "gpu[07-08]",
+           "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    assert launch_placement(env) == {"num_machines": 2, "machine_rank": 1, "main_process_ip": "gpu07",
+                                     "main_process_port": SLURM_FIRST_PORT + 77}
+    given = launch_placement({**env, "MASTER_ADDR": "head", "MASTER_PORT": "29400"})
+    assert (given["main_process_ip"], given["main_process_port"]) == ("head", 29400)
+    assert launch_placement({"SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}) == {}  # a batch script: no step
+    with pytest.raises(TriaxError, match="--ntasks-per-node=1"):
+        launch_placement({**env, "SLURM_STEP_TASKS_PER_NODE": "2(x2)"})
+    with pytest.raises(TriaxError, match="not a node of this step"):
+        launch_placement({**env, "SLURM_NODEID": "5"})
+
+
+@pytest.mark.multiprocess
+def test_triax_launch_asked_for_more_machines_than_the_step_has_is_one_line(tmp_path):
+    env = quiet_env(PYTHONPATH=REPO, SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_NODEID="0",
+                    SLURM_STEP_NODELIST="node1", SLURM_STEP_TASKS_PER_NODE="1")
+    result = subprocess.run([sys.executable, "-m", "triax", "launch", "--num-machines", "2", "-m", "triax", "train"],
+                            env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "triax: error: triax launch was asked for 2 machines but this srun step runs on 1 node(s) (node1); "
+        "ask Slurm for 2 nodes (sbatch --nodes) or drop --num-machines"], result.stderr
+
+
+def test_horovodrun_hosts_come_from_the_allocation(monkeypatch):
+    from triax.horovod.hosts import parse_hosts
+    from triax.slurm import allocation_hosts
+
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "node[1-3]", "SLURM_TASKS_PER_NODE": "2(x2),1"}
+    assert allocation_hosts(env) == [("node1", 2), ("node2", 2), ("node3", 1)]
+    assert allocation_hosts({**env, "SLURM_TASKS_PER_NODE": "4"}) == [("node1", 1), ("node2", 1), ("node3", 1)]
+    assert allocation_hosts({"SLURM_JOB_NODELIST": "node1"}) is None
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert parse_hosts(None, None, None) == [("node1", 2), ("node2", 2), ("node3", 1)]
+    assert parse_hosts("other:4", None, None) == [("other", 4)]  # -H wins
+
+
+def test_the_clusters_page_shows_the_example_scripts_as_they_are():
+    """docs/clusters.md shows each examples/slurm/*.sbatch in full; the cluster tests submit the files."""
+    with open(os.path.join(REPO, "docs", "clusters.md")) as handle:
+        page = handle.read()
+    directory = os.path.join(REPO, "examples", "slurm")
+    scripts = sorted(name for name in os.listdir(directory) if name.endswith(".sbatch"))
+    with open(os.path.join(REPO, "tests", "test_slurm_cluster.py")) as handle:
+        cluster_tests = handle.read()
+    assert scripts == ["horovodrun.sbatch", "launch.sbatch", "srun.sbatch", "train.sbatch"]
+    for name in scripts:
+        with open(os.path.join(directory, name)) as handle:
+            text = handle.read().rstrip("\n")
+        assert f"```text\n{text}\n```" in page, f"docs/clusters.md does not show examples/slurm/{name} as it is"
+        assert f'"{name}"' in cluster_tests, f"no test in test_slurm_cluster.py submits examples/slurm/{name}"
