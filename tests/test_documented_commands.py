@@ -86,6 +86,7 @@ NOT_RUN = {
     ('docs/performance.md', 'OMP_NUM_THREADS=1 python benchmarks/snapshot_bench.py --ranks 1,2,4 --model gopher-44m --skip-snapshot --skip-training'): 'a quiet machine',
     ('docs/performance.md', 'OMP_NUM_THREADS=2 python benchmarks/snapshot_bench.py --skip-snapshot --rounds 4'): 'a quiet machine',
     ('docs/performance.md', 'pip install -e ".[bench]"'): 'network',
+    ('docs/performance.md', 'python benchmarks/slurm_timings.py --repeats 3'): 'root and slurm-wlm on a quiet machine',
     ('docs/performance.md', 'python -m pytest tests/test_watchdog.py -k cut_link -s'): 'root',
     ('docs/performance.md', 'python benchmarks/accelerator_vs_hf.py --rounds 3 --steps 30'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/bpe_vs_char.py path/to/tinyshakespeare.txt --steps 200 --vocab-size 1024'): 'a quiet machine',

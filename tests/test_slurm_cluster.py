@@ -183,3 +183,14 @@ def test_a_lost_node_ends_the_step_and_the_requeued_job_resumes_bitwise(cluster,
     assert f"Node failure on node{lost}" in text, text
     assert re.search(r"resuming from \S+step_000000[2-9]0: step [2-9]0/300", text), text
     assert_bitwise_equal(final_weights(tmp_path / "slurm"), uninterrupted)
+
+
+def test_a_step_with_fewer_tasks_than_the_layout_is_one_line(cluster, tmp_path, tiny_corpus):
+    """srun -n2 for a layout of 4: every task says so in one line and the step ends at once."""
+    overrides = tiny_overrides(tmp_path / "run", tiny_corpus, **{"parallel.dp_shard": 4})
+    result = cluster.run(["srun", "--nodes=2", "--ntasks=2", "--kill-on-bad-exit=1", "python", "-m", "triax", "train",
+                          *overrides], cwd=str(tmp_path), check=False, timeout=JOB_TIMEOUT)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("triax: error:")]
+    assert errors and all("the world size 2 is not divisible by the product 4" in line for line in errors), result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
