@@ -49,7 +49,8 @@ def test_node_lists_expand_as_slurm_writes_them(nodelist, hosts):
     ("node[]", "not a number"),
     ("node1,,node2", "empty host name"),
     ("node1 node2", "cannot have"),
-    ("-oProxyCommand=x", "cannot have"),  # '=' : never a host
+    ("-oProxyCommand=x", "starts with '-'"),  # never an option to srun, ssh or torchrun
+    ("node1,-x", "starts with '-'"),
     ("nöde1", "cannot have"),
     ("node[1-2]]", "without"),
     ("", "is empty"),

@@ -71,6 +71,8 @@ def _parse_item(item: str, what: str) -> list[object]:
     """'rack[1-2]-n[01-02]' -> ['rack', [(1, 2, 0)], '-n', [(1, 2, 2)], '']: text and range groups."""
     if not item:
         raise TriaxError(f"{what}: an empty host name (two commas in a row, or a comma at an end)")
+    if item.startswith("-"):
+        raise TriaxError(f"{what}: {item!r} starts with '-', which no host name does (it would read as an option)")
     pieces: list[object] = []
     rest = item
     while "[" in rest:
