@@ -187,7 +187,9 @@ up() {
   chmod 700 "$DIR"
   echo "$PREFIX" >"$DIR/prefix"
   echo "$SUBNET" >"$DIR/subnet"
-  trap 'down; exit 1' ERR INT TERM
+  # Whatever stops `up` half-way (a failed command, die, Ctrl-C) takes down what it started.
+  trap 'down' EXIT
+  trap 'exit 1' INT TERM
   write_config
   bash "$HERE/netns.sh" up --prefix "$PREFIX" --nodes $((NODES + 1)) --subnet "$SUBNET" --rate 10gbit >/dev/null
 
@@ -204,7 +206,7 @@ up() {
   local i
   for ((i = 1; i <= NODES; i++)); do start_slurmd $i; done
   wait_for_nodes
-  trap - ERR INT TERM
+  trap - EXIT INT TERM
   echo "slurm_cluster.sh: controller ctl ($SUBNET.1), nodes node[1-$NODES] ($SUBNET.2-$SUBNET.$((NODES + 1))), prefix $PREFIX, files in $DIR"
 }
 

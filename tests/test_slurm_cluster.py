@@ -32,6 +32,28 @@ def cluster():
         yield running
 
 
+def _leftovers(directory):
+    """Processes of a cluster in `directory` (its daemons name their files there)."""
+    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in processes.splitlines() if directory in line]
+
+
+def test_the_cluster_is_taken_down_when_the_block_fails():
+    if REASON is not None:
+        pytest.skip(f"no Slurm cluster can be made here: {REASON}")
+    cluster = SlurmCluster(nodes=2)
+    with pytest.raises(RuntimeError, match="job failed"):
+        with cluster:
+            directory = cluster.directory
+            with open(os.path.join(directory, "prefix")) as handle:
+                prefix = handle.read().strip()
+            assert cluster.run(["sinfo", "-h", "-o", "%D %t"]).stdout.split() == ["2", "idle"]
+            assert any(directory in line for line in _leftovers(directory))  # its daemons are running
+            raise RuntimeError("job failed")
+    assert not os.path.exists(directory) and not _leftovers(directory)
+    assert prefix not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
 def _output(directory, job_id, name="triax-train"):
     path = os.path.join(directory, f"{name}-{job_id}.out")
     with open(path, errors="replace") as handle:
