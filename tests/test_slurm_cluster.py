@@ -107,6 +107,22 @@ def test_preemption_signal_requeues_and_resumes_bitwise(cluster, tmp_path, tiny_
     assert_bitwise_equal(final_weights(tmp_path / "slurm"), uninterrupted)
 
 
+def test_scontrol_requeue_mid_run_resumes_bitwise(cluster, tmp_path, tiny_corpus, uninterrupted):
+    """An administrator's `scontrol requeue`: SIGTERM to every step, a clean stop with a snapshot,
+    and the job starts again (same id) and ends bitwise equal to an uninterrupted run."""
+    overrides = _long_run(tmp_path / "slurm", tiny_corpus)
+    job = cluster.sbatch([os.path.join(EXAMPLES, "train.sbatch"), *overrides], cwd=str(tmp_path))
+    output = os.path.join(tmp_path, f"triax-train-{job}.out")
+    cluster.wait_for_file(output, r"step (1[05]|2\d)/300", timeout=JOB_TIMEOUT, job_id=job)
+    cluster.run(["scontrol", "requeue", str(job)])
+    cluster.wait_for_file(output, r"\(restart 1\)", timeout=JOB_TIMEOUT)
+    fields = cluster.wait(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=JOB_TIMEOUT)
+    text = _output(tmp_path, job)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", (fields, text)
+    assert "stopped by SIGTERM after step" in text and re.search(r"resuming from \S+: step [1-9]\d*/300", text), text
+    assert_bitwise_equal(final_weights(tmp_path / "slurm"), uninterrupted)
+
+
 def test_scancel_stops_cleanly_with_a_snapshot(cluster, tmp_path, tiny_corpus):
     """scancel sends SIGTERM to the step: every rank stops after the same step, the snapshot is
     written and verified, and the output says where a restart begins."""
