@@ -1,4 +1,5 @@
-"""Hosts for `triax horovodrun`: `-H host:slots,...`, a hostfile, a discovery script's lines, and
+"""Hosts for `triax horovodrun`: `-H host:slots,...`, a hostfile, a discovery script's lines, the
+Slurm allocation it runs in when none of those is given (triax.slurm.allocation_hosts), and
 whether a host is this machine.
 
 Host names are validated (letters, digits, '.', '-', '_', optional user@, or a bracketed IPv6
