@@ -69,6 +69,12 @@ check() {
 need_dir() {
   [ -n "$DIR" ] || die "--dir DIR is required"
   DIR=$(cd "$DIR" 2>/dev/null && pwd) || die "--dir '$DIR' is not a directory"
+  # The path is written into slurm.conf and into the daemons' command lines: plain characters only.
+  [[ "$DIR" =~ ^[A-Za-z0-9._/+-]+$ ]] || die "--dir '$DIR' holds characters other than letters, digits and ._/+-; use a plainer path"
+}
+
+need_number() {  # NAME VALUE: a whole number from 1 to 99
+  [[ "$2" =~ ^[1-9][0-9]?$ ]] || die "$1 '$2' is not a whole number from 1 to 99"
 }
 
 # The prefix is kept in DIR so that `down` and `exec` find the namespaces `up` made.
@@ -210,6 +216,11 @@ up() {
   echo "slurm_cluster.sh: controller ctl ($SUBNET.1), nodes node[1-$NODES] ($SUBNET.2-$SUBNET.$((NODES + 1))), prefix $PREFIX, files in $DIR"
 }
 
+need_number --nodes "$NODES"
+need_number --cpus "$CPUS"
+[[ "$SUBNET" =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "--subnet '$SUBNET' is not three numbers such as 10.214.9"
+[[ -z "$PREFIX" || "$PREFIX" =~ ^[a-z0-9]{1,8}$ ]] || die "--prefix '$PREFIX' is not 1-8 lowercase letters or digits"
+
 case "$command_name" in
   check) reason=$(check) && exit 0; echo "$reason"; exit 1 ;;
   up) up ;;
@@ -222,16 +233,19 @@ case "$command_name" in
   node)
     need_dir; read_prefix
     [ ${#positional[@]} -ge 2 ] || die "usage: slurm_cluster.sh node --dir DIR N COMMAND..."
+    need_number NODE "${positional[0]}"
     export SLURM_CONF="$DIR/slurm.conf"
     in_node "${PREFIX}-n${positional[0]}" "node${positional[0]}" "${positional[@]:1}" ;;
   kill-node)
     need_dir; read_prefix
     [ ${#positional[@]} -ge 1 ] || die "usage: slurm_cluster.sh kill-node --dir DIR N"
+    need_number NODE "${positional[0]}"
     # The node dies: slurmd, its step daemons and the job's processes, all at once (SIGKILL).
     for pid in $(ip netns pids "${PREFIX}-n${positional[0]}" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done ;;
   revive-node)
     need_dir; read_prefix
     [ ${#positional[@]} -ge 1 ] || die "usage: slurm_cluster.sh revive-node --dir DIR N"
+    need_number NODE "${positional[0]}"
     # The node comes back: a fresh slurmd; the controller is told it may use the node again.
     export SLURM_CONF="$DIR/slurm.conf"
     start_slurmd "${positional[0]}"

@@ -202,3 +202,25 @@ def test_the_clusters_page_shows_the_example_scripts_as_they_are():
             text = handle.read().rstrip("\n")
         assert f"```text\n{text}\n```" in page, f"docs/clusters.md does not show examples/slurm/{name} as it is"
         assert f'"{name}"' in cluster_tests, f"no test in test_slurm_cluster.py submits examples/slurm/{name}"
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--nodes", "abc"], "--nodes 'abc' is not a whole number"),
+    (["--nodes", "0"], "--nodes '0' is not a whole number"),
+    (["--cpus", "1e9"], "--cpus '1e9' is not a whole number"),
+    (["--subnet", "10.1"], "--subnet '10.1' is not three numbers"),
+    (["--prefix", "a;rm -rf"], "is not 1-8 lowercase letters or digits"),
+])
+def test_the_cluster_script_refuses_bad_options_in_one_line(tmp_path, options, says):
+    result = subprocess.run(["bash", os.path.join(REPO, "scripts", "slurm_cluster.sh"), "up", "--dir", str(tmp_path),
+                             *options], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr.strip().count("\n") == 0 and says in result.stderr, result.stderr
+    assert os.listdir(tmp_path) == []  # nothing was made
+
+
+def test_the_cluster_script_refuses_a_directory_it_would_have_to_quote(tmp_path):
+    odd = tmp_path / "it's"
+    odd.mkdir()
+    result = subprocess.run(["bash", os.path.join(REPO, "scripts", "slurm_cluster.sh"), "up", "--dir", str(odd)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "use a plainer path" in result.stderr and os.listdir(odd) == []
