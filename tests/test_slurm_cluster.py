@@ -219,6 +219,8 @@ def test_a_lost_node_ends_the_step_and_the_requeued_job_resumes_bitwise(cluster,
     text = _output(tmp_path, job)
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", (fields, text)
     assert f"Node failure on node{lost}" in text, text
+    # The ranks left say it too, naming the node (its address resolves through the nodes' /etc/hosts).
+    assert f"(node{lost}) closed" in text, text
     assert re.search(r"resuming from \S+step_000000[2-9]0: step [2-9]0/300", text), text
     assert_bitwise_equal(final_weights(tmp_path / "slurm"), uninterrupted)
 
