@@ -268,8 +268,7 @@ def main(argv: list[str]) -> int:
     os.environ.update(env)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
-
-    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing import SignalException  # deferred: torch, only when workers start
 
     store = loopback_store(config)  # noqa: F841 - held while torchrun runs
     before = workers.snapshot()
