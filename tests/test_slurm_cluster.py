@@ -1,6 +1,7 @@
 """triax under a real Slurm: slurmctld and three slurmd nodes (the jobs take two; the third lets a
-job requeued after losing a node start again), each in a network namespace with its own name and address (scripts/slurm_cluster.sh), jobs submitted with sbatch from the login node
-exactly as examples/slurm/*.sbatch are written. Needs root, slurm-wlm and munge (CI installs them:
+job requeued after losing a node start again), each in a network namespace with its own name and
+address (scripts/slurm_cluster.sh); jobs are submitted with sbatch from the login node exactly as
+examples/slurm/*.sbatch are written. Needs root, slurm-wlm and munge (CI installs them:
 .ci/apt-packages.txt); elsewhere every test here skips with the reason.
 
 One cluster serves the whole module; it is taken down (daemons, jobs, namespaces, files) however
