@@ -27,3 +27,4 @@ for batch_inputs, batch_targets in data:
 total = sum(parameter.detach().sum().item() for parameter in accelerator.unwrap_model(model).parameters())
 if accelerator.is_main_process:  # accelerator.print would print once per node, as Accelerate's does
     print(f"{accelerator.num_processes} processes: weight sum {total:.15e}")
+accelerator.end_training()  # leave the process group before the interpreter exits
