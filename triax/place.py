@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from triax.errors import TriaxError
+from triax.slurm import local_world_size
 
 # Environment variables of each launcher, in the order they are trusted. torchrun comes first:
 # `triax launch` is torchrun, and a torchrun started inside an Slurm allocation must win over Slurm's.
@@ -74,6 +75,9 @@ def detect_place(env=None) -> Place:
             continue  # inside an allocation but not started by srun: we are one plain process
         local = int_from_env(local_var, env)
         local_world = int_from_env(local_world_var, env)
+        if launcher == "slurm":
+            # SLURM_NTASKS_PER_NODE exists only with --ntasks-per-node; the step's own counts always do.
+            local_world = local_world_size(env) or local_world
         if local is None:
             local = rank
         if local_world is None:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from triax import kept_works
 from triax.place import Place, default_backend, detect_place
-from triax.rendezvous import attempt_store, set_rendezvous_defaults
+from triax.rendezvous import attempt_store, port_taken_explained, set_rendezvous_defaults
 from triax.timeouts import process_group_timeout
 
 
@@ -34,14 +34,15 @@ def init_distributed(device: torch.device, place: Place | None = None, backend: 
             return Place(dist.get_rank(), dist.get_world_size(), place.local_rank,
                          place.local_world_size, place.launcher)
         return place
-    set_rendezvous_defaults()
+    how = set_rendezvous_defaults(place.launcher)
     backend = backend or default_backend(device)
     timeout = datetime.timedelta(seconds=process_group_timeout() if timeout_s is None else timeout_s)
-    dist.init_process_group(
-        backend=backend, rank=place.rank, world_size=place.world_size, timeout=timeout,
-        device_id=device if device.type == "cuda" else None,
-        store=store if store is not None else _restart_safe_store(place, timeout),
-    )
+    with port_taken_explained(how):
+        dist.init_process_group(
+            backend=backend, rank=place.rank, world_size=place.world_size, timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+            store=store if store is not None else _restart_safe_store(place, timeout),
+        )
     global _created_here, _exit_registered
     _created_here = True
     if not _exit_registered:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
 
 import torch.distributed as dist
 
+from triax import slurm
+from triax.errors import TriaxError
 from triax.place import int_from_env
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
@@ -21,11 +24,40 @@ def restart_count(env=None) -> int:
     return int_from_env("TORCHELASTIC_RESTART_COUNT", env) or 0
 
 
-def set_rendezvous_defaults() -> None:
-    """mpirun, Slurm and a plain process set no rendezvous address: the job then meets on this
-    machine, at torch's usual port, unless MASTER_ADDR/MASTER_PORT say otherwise."""
-    os.environ.setdefault("MASTER_ADDR", DEFAULT_MASTER_ADDR)
-    os.environ.setdefault("MASTER_PORT", str(DEFAULT_MASTER_PORT))
+class RendezvousError(TriaxError, RuntimeError):
+    """The job cannot meet where it was told to (torch raises a RuntimeError there)."""
+
+
+def set_rendezvous_defaults(launcher: str | None = None, env=None) -> str:
+    """Fill MASTER_ADDR/MASTER_PORT where the launcher set none, and say where they came from.
+
+    srun's tasks (`launcher == "slurm"`) meet on the step's first node at a port derived from the
+    job id, alike on every task (triax.slurm); mpirun and a plain process meet on this machine at
+    torch's usual port. MASTER_ADDR/MASTER_PORT, when set, always win."""
+    env = os.environ if env is None else env
+    how = "MASTER_ADDR/MASTER_PORT"
+    if launcher == "slurm" and ("MASTER_ADDR" not in env or "MASTER_PORT" not in env):
+        host, port, how = slurm.rendezvous_address(env)
+        env.setdefault("MASTER_ADDR", host)
+        env.setdefault("MASTER_PORT", str(port))
+    env.setdefault("MASTER_ADDR", DEFAULT_MASTER_ADDR)
+    env.setdefault("MASTER_PORT", str(DEFAULT_MASTER_PORT))
+    return how
+
+
+@contextlib.contextmanager
+def port_taken_explained(how: str, env=None):
+    """Around the first rendezvous: rank 0 could not listen on the port -> one line saying which
+    port, where it came from and what to do (torch's own error is a paragraph)."""
+    env = os.environ if env is None else env
+    try:
+        yield
+    except dist.DistNetworkError as error:
+        if "EADDRINUSE" not in str(error) and "address already in use" not in str(error).lower():
+            raise
+        raise RendezvousError(f"the rendezvous port {env.get('MASTER_PORT')} on {env.get('MASTER_ADDR')} is "
+                              f"already in use (another job or process listens there; the address came from "
+                              f"{how}); set MASTER_PORT to a free port") from None
 
 
 def attempt_store(store, scope: str):

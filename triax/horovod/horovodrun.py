@@ -5,8 +5,9 @@
     triax horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script ./hosts.sh python train.py
 
 A fixed job is carried out by torchrun: one torchrun with --nproc-per-node on one host; on several
-hosts one torchrun per host, started over ssh as horovodrun does (processes.py), with the first host
-as the rendezvous address. If one host's processes fail, the others are stopped and the failing
+hosts one torchrun per host, started over ssh as horovodrun does (processes.py; inside a Slurm
+allocation, as a job step with srun, and with the allocation's nodes as hosts when no -H is given),
+with the first host as the rendezvous address. If one host's processes fail, the others are stopped and the failing
 host is named. An elastic job (`--host-discovery-script` or `--min-np`, as Horovod decides) is run
 by triax's elastic driver (elastic/driver.py). `--dry-run` prints the commands instead of running them.
 Every option is checked before anything starts; a bad one is one line and exit code 2.

@@ -1,4 +1,5 @@
-"""Hosts for `triax horovodrun`: `-H host:slots,...`, a hostfile, a discovery script's lines, and
+"""Hosts for `triax horovodrun`: `-H host:slots,...`, a hostfile, a discovery script's lines, the
+Slurm allocation it runs in when none of those is given (triax.slurm.allocation_hosts), and
 whether a host is this machine.
 
 Host names are validated (letters, digits, '.', '-', '_', optional user@, or a bracketed IPv6
@@ -11,7 +12,7 @@ import os
 import re
 import socket
 
-from triax import safe_files
+from triax import safe_files, slurm
 from triax.errors import TriaxError
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
@@ -89,7 +90,8 @@ def parse_hosts(hosts: str | None, hostfile: str | None, np: int | None) -> list
     else:
         if (np or 1) > MAX_PROCESSES:
             raise TriaxError(f"-np {np} is more than the {MAX_PROCESSES} processes triax horovodrun starts in one job")
-        entries = [("localhost", np or 1)]
+        # No hosts given: inside a Slurm allocation its nodes (horovodrun's own rule is this machine).
+        entries = slurm.allocation_hosts(os.environ) or [("localhost", np or 1)]
     check_total(entries, f"the hostfile {hostfile}" if hostfile else "the hosts of -H")
     return entries
 

@@ -21,7 +21,7 @@ from triax.horovod.errors import HorovodTypeError, HorovodValueError
 from triax.horovod.elastic import worker as elastic_worker
 from triax.place import Place, detect_place, pick_device
 from triax.process_group import init_distributed, shutdown_distributed
-from triax.rendezvous import attempt_store, set_rendezvous_defaults
+from triax.rendezvous import attempt_store, port_taken_explained, set_rendezvous_defaults
 from triax.timeouts import ENV_COLLECTIVE_TIMEOUT, HOROVOD_GLOO_TIMEOUT_S, collective_timeout
 
 # The rendezvous store outlives shutdown(): every init() after the first joins under a new key
@@ -120,8 +120,9 @@ def gloo_timeout() -> float:
 def _next_store(place):
     global _base_store, _generation
     if _base_store is None:
-        set_rendezvous_defaults()
-        _base_store, _, _ = next(dist.rendezvous("env://", place.rank, place.world_size))
+        how = set_rendezvous_defaults(place.launcher)
+        with port_taken_explained(how):
+            _base_store, _, _ = next(dist.rendezvous("env://", place.rank, place.world_size))
     _generation += 1
     # A fresh prefix per init() (generation) and per torchrun restart attempt (triax.rendezvous.attempt_store).
     return attempt_store(_base_store, f"triax-horovod/{_generation}")

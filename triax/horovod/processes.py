@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from triax import slurm
 from triax.horovod.hosts import address_of
 
 # Variables handed to remote hosts (horovodrun forwards the environment the same way).
@@ -39,7 +40,14 @@ def forwarded_environment(extra: dict[str, str] | None = None) -> dict[str, str]
 
 def remote_start(host: str, argv: list[str], args, extra_env: dict[str, str] | None = None) -> tuple[list[str], str]:
     """(ssh argv, script for its stdin). The script sets the environment and runs the command.
-    `args`: ssh_option (list), ssh_port, ssh_identity_file."""
+    `args`: ssh_option (list), ssh_port, ssh_identity_file. A node of the Slurm allocation this
+    runs in is reached by srun instead (a job step: triax.slurm.step_command), with the same script."""
+    exports = "".join(f"export {name}={shlex.quote(value)}\n"
+                      for name, value in forwarded_environment(extra_env).items())
+    script = f"cd {shlex.quote(os.getcwd())} || exit 1\n{exports}exec {shlex.join(argv)}\n"
+    allocation = slurm.allocation_hosts(os.environ) or []
+    if host in {name for name, _ in allocation}:
+        return slurm.step_command(host, ["sh", "-c", 'eval "$(cat)"']), script
     ssh = ["ssh"]
     for option in args.ssh_option:
         ssh += ["-o", option]
@@ -49,9 +57,6 @@ def remote_start(host: str, argv: list[str], args, extra_env: dict[str, str] | N
         ssh += ["-i", args.ssh_identity_file]
     user, at, _ = host.rpartition("@")
     ssh += ["--", user + at + address_of(host), _REMOTE_SHELL]  # ssh takes IPv6 addresses bare
-    exports = "".join(f"export {name}={shlex.quote(value)}\n"
-                      for name, value in forwarded_environment(extra_env).items())
-    script = f"cd {shlex.quote(os.getcwd())} || exit 1\n{exports}exec {shlex.join(argv)}\n"
     return ssh, script
 
 

@@ -14,12 +14,14 @@ import errno
 import os
 import math
 import shlex
+import signal
 import socket
 import sys
 
+from triax import slurm
 from triax.arguments import ArgumentParser, check_script
 from triax.errors import TriaxError, UsageError
-from triax.launch import settings, variables
+from triax.launch import settings, variables, workers
 from triax.launch.accelerate_config import FSDP_FLAGS, fsdp_flags_environment
 from triax.launch.config import (
     RDZV_BACKENDS,
@@ -82,6 +84,10 @@ def resolve_config(args) -> tuple[LaunchConfig, dict[str, str]]:
     if args.config_file and not os.path.exists(path):
         raise TriaxError(f"--config-file {path} does not exist; run `triax config --config-file {path}` first")
     config, environment = read_config_file(path) or (default_config(), {})
+    # Inside an srun step, Slurm says how many machines there are and which one this is; the
+    # command line still wins, and must then agree with the step.
+    placement = slurm.launch_placement(os.environ)
+    config = dataclasses.replace(config, **placement)
     overrides = {field.name: getattr(args, field.name, None) for field in dataclasses.fields(LaunchConfig)}
     overrides["use_cpu"] = args.cpu
     flags = {key: getattr(args, key) for key in FSDP_FLAGS if getattr(args, key) is not None}
@@ -100,6 +106,10 @@ def resolve_config(args) -> tuple[LaunchConfig, dict[str, str]]:
         # inherit its FSDP_* variables, and their Accelerator builds its plugin from them.
         overrides["parallel"] = "fsdp"
     config = dataclasses.replace(config, **{key: value for key, value in overrides.items() if value is not None})
+    if placement and config.num_machines != placement["num_machines"]:
+        raise TriaxError(f"triax launch was asked for {config.num_machines} machines but this srun step runs on "
+                         f"{placement['num_machines']} node(s) ({os.environ.get('SLURM_STEP_NODELIST', '?')}); "
+                         f"ask Slurm for {config.num_machines} nodes (sbatch --nodes) or drop --num-machines")
     return config.validate("triax launch"), environment
 
 
@@ -235,10 +245,23 @@ def main(argv: list[str]) -> int:
     os.environ.update(env)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
+    from torch.distributed.elastic.multiprocessing import SignalException  # deferred: torch, only when workers start
 
     store = loopback_store(config)  # noqa: F841 - held while torchrun runs
+    before = workers.snapshot()
+    previous = workers.forward_signals(before)
     try:
         run(parse_args(run_argv))
+    except SignalException as error:
+        # torchrun's agent was told to stop (scancel, a preemption): it passed the signal on and
+        # waited for the workers. The job ended as the workers did, not as a failure of the agent.
+        codes = workers.exit_codes(before)
+        name = signal.Signals(error.sigval).name
+        if codes and all(code == 0 for code in codes):
+            print(f"triax launch: stopped by {name}; all {len(codes)} workers exited 0", file=sys.stderr)
+            return 0
+        print(f"triax launch: stopped by {name}; worker exit codes {codes}", file=sys.stderr)
+        return 128 + int(error.sigval)
     except ChildFailedError as error:
         _, first = error.get_first_failure()
         message = first.message.get("message") if isinstance(first.message, dict) else first.message
@@ -250,4 +273,6 @@ def main(argv: list[str]) -> int:
                              for global_rank, failure in error.failures.items())
         print(f"triax launch: {args.script} failed on {failures}; its output is above", file=sys.stderr)
         return 1
+    finally:
+        workers.restore(previous)
     return 0

@@ -1,4 +1,5 @@
-"""Stopping cleanly on SIGTERM/SIGINT (a scheduler's preemption, Ctrl-C, torchrun shutting down).
+"""Stopping cleanly on SIGTERM/SIGINT/SIGUSR1 (a scheduler's preemption, Ctrl-C, torchrun shutting
+down, Slurm's `--signal=USR1@N` warning before the time limit).
 
 The handler only raises a flag; the training loop checks it between steps, and all ranks agree on
 it with one tiny all-reduce, so every rank stops after the same step, writes the same snapshot and
@@ -14,6 +15,11 @@ import signal
 import sys
 import threading
 from typing import Callable
+
+
+# SIGUSR1: what Slurm users ask for with `--signal=USR1@N` (srun passes it to the tasks, where it
+# would otherwise kill the process without a snapshot).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class StopRequest:
@@ -37,7 +43,7 @@ class StopRequest:
 
     def install(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in STOP_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from triax.collectives import barrier
+from triax.errors import TriaxError
+from triax.peers import PeerLostError, lost_peer_message
 from triax.process_group import shutdown_distributed
 from triax.train.config import compose_config, describe_keys
 from triax.train.trainer import Trainer
@@ -41,6 +43,11 @@ def train_main(argv: list[str]) -> int:
         # below (which first lets gloo's threads finish their last works) is the last one.
         del trainer
         barrier()
+    except RuntimeError as error:
+        message = lost_peer_message(error)
+        if message is None or isinstance(error, TriaxError):
+            raise
+        raise PeerLostError(message) from error
     finally:
         shutdown_distributed()
     return 0
