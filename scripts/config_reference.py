@@ -17,19 +17,30 @@ def _cell(text: str) -> str:
 
 def config_reference() -> str:
     """One section per config group (model, data, ...), one table row per key."""
-    from triax.train.config import TrainConfig, _default, _format_value, field_docs
+    from triax.train.config import TrainConfig, _default
 
     parts = []
     for section in dataclasses.fields(TrainConfig):
         schema = type(_default(section))
         title = " ".join((inspect.getdoc(schema) or "").split())
         parts += [f"## `{section.name}`", "", title, "", "| key | default | meaning |", "| --- | --- | --- |"]
-        docs = field_docs(schema)
-        for item in dataclasses.fields(schema):
-            default = _format_value(_default(item))
-            parts.append(f"| `{section.name}.{item.name}` | `{_cell(default)}` | {_cell(docs.get(item.name, ''))} |")
+        parts += _rows(section.name, schema)
         parts.append("")
     return "\n".join(parts)
+
+
+def _rows(prefix: str, schema) -> list[str]:
+    """A row per key of `schema`; a group of keys nested in it (model.lora) gives a row per key of its own."""
+    from triax.train.config import _default, _format_value, field_docs
+
+    rows, docs = [], field_docs(schema)
+    for item in dataclasses.fields(schema):
+        default = _default(item)
+        if dataclasses.is_dataclass(default):
+            rows += _rows(f"{prefix}.{item.name}", type(default))
+            continue
+        rows.append(f"| `{prefix}.{item.name}` | `{_cell(_format_value(default))}` | {_cell(docs.get(item.name, ''))} |")
+    return rows
 
 
 def on_page_markdown(markdown, page, config, files):

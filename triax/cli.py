@@ -30,7 +30,7 @@ COMMANDS = {
     "env": ("triax.launch.env:main", "print versions, devices and config for bug reports"),
     "horovodrun": ("triax.horovod.horovodrun:main", "horovodrun-compatible launcher (torchrun; elastic driver)"),
     "bench": ("triax.bench.cli:main", "measure throughput and scaling side by side"),
-    "doctor": ("triax.doctor.command:main", "check this machine and cluster before a long run (table + JSON)"),
+    "doctor": ("triax.doctor.entry:main", "check this machine and cluster before a long run (table + JSON)"),
 }
 
 

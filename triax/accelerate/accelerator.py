@@ -35,6 +35,7 @@ from triax.accelerate.errors import (
 from triax.accelerate.flags import check_accelerate_environment
 from triax.accelerate.fsdp import FULL, shard_model, state_dict_type
 from triax.accelerate.models import extract_model_from_parallel, offloaded_state_dict
+from triax.accelerate.nested import convert_to_fp32
 from triax.accelerate.options import refuse_unsupported, resolve, unsupported
 from triax.accelerate.saving import load_state as _load_state
 from triax.accelerate.saving import save_state as _save_state
@@ -455,8 +456,6 @@ class Accelerator:
     def _autocast_forward(self, model: torch.nn.Module) -> None:
         """Run the model's forward under autocast and hand its fp16/bf16 outputs back in fp32, like
         Accelerate (convert_outputs_to_fp32), so loops need no change and the loss is computed in fp32."""
-        from triax.accelerate.nested import convert_to_fp32
-
         original = model.forward
         precision, device = self.precision, self.device
 

@@ -87,17 +87,6 @@ def _sizes(text: str) -> list[int]:
 
 
 def main(argv: list[str]) -> int:
-    if "--gpu-suite" in argv:
-        try:
-            # deferred: the GPU suite (tests, benchmarks) is its own module with its own options
-            from triax.doctor import gpu_suite
-        except ModuleNotFoundError as error:
-            if error.name != "triax.doctor.gpu_suite":
-                raise
-            raise TriaxError("triax doctor --gpu-suite is not available in this build (triax.doctor.gpu_suite "
-                             "is missing); run the checks without it") from None
-
-        return int(gpu_suite.main([arg for arg in argv if arg != "--gpu-suite"]) or 0)
     args = parse(argv)
     config = compose_config(args.overrides)
     place = detect_place()

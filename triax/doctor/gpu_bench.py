@@ -21,6 +21,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from triax.metrics import table_peak_flops
+from triax.models import GPTConfig, build_model
+from triax.models.config import preset_fields
+from triax.parallel.mesh import GPU_VOCAB_MULTIPLE, Layout, padded_vocab_size
+from triax.parallel.plan import ModelShape, estimate
+from triax.train.config import compose_config
+from triax.train.trainer import Trainer
 
 
 @dataclass(frozen=True)
@@ -72,18 +81,12 @@ def write_token_files(directory: str, vocab_size: int, tokens: int, seed: int = 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
     """The data-sheet peak MFU is reported against (triax.metrics' table), None off a known GPU."""
-    from triax.metrics import table_peak_flops
-
     return table_peak_flops(device, dtype) if device.type == "cuda" else None
 
 
 def model_config(shape: BenchShape, device: torch.device | None = None):
     """The GPTConfig `triax train` builds for this shape on `device` (the preset, its changed keys,
     no dropout, the vocabulary padded as the trainer pads it there)."""
-    from triax.models import GPTConfig
-    from triax.models.config import preset_fields
-    from triax.parallel.mesh import GPU_VOCAB_MULTIPLE, padded_vocab_size
-
     changed = {key: {"true": True, "false": False}.get(value, value) for key, value in shape.model.items()}
     fields = {**preset_fields(shape.preset), **changed, "dropout": 0.0}
     padded = padded_vocab_size(shape.vocab_size, 1, GPU_VOCAB_MULTIPLE if device is not None and device.type == "cuda" else 1)
@@ -96,9 +99,6 @@ def model_config(shape: BenchShape, device: torch.device | None = None):
 
 def make_trainer(shape: BenchShape, batch_size: int, device: torch.device, data_dir: str, run_dir: str,
                  steps: int, log_every: int, compile_blocks: bool, extra: tuple[str, ...] = ()):
-    from triax.train.config import compose_config
-    from triax.train.trainer import Trainer
-
     overrides = [*shape.overrides(), "model.dropout=0.0", "data.task=tokens", f"data.path={data_dir}",
                  f"data.block_size={shape.block_size}", f"trainer.batch_size={batch_size}",
                  "trainer.precision=bf16", f"trainer.device={device}", f"trainer.max_steps={steps}",
@@ -141,8 +141,6 @@ class HandwrittenLoop:
 
     def __init__(self, shape: BenchShape, batch_size: int, device: torch.device, data_dir: str,
                  compile_blocks: bool = True, seed: int = 0):
-        from triax.models import build_model
-
         self.config = model_config(shape, device)
         torch.manual_seed(seed)
         self.model = build_model(self.config).to(device)
@@ -217,9 +215,6 @@ def largest_batch(shape: BenchShape, device: torch.device, data_dir: str, cap: i
     tried, and halved while it does not fit. Beside it, the largest `triax plan` predicts for the
     same memory. Eager, since every new batch size would recompile a compiled model; a compiled step
     takes less memory, so the figure is safe for it."""
-    from triax.parallel.mesh import Layout
-    from triax.parallel.plan import ModelShape, estimate
-
     total = torch.cuda.get_device_properties(device).total_memory
     usable = 0.92 * total
     loop = HandwrittenLoop(shape, 1, device, data_dir, compile_blocks=False)
@@ -301,7 +296,5 @@ def flash_attention_only(device: torch.device):
     if device.type != "cuda":
         yield
         return
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         yield

@@ -33,9 +33,11 @@ import traceback
 import xml.etree.ElementTree as ElementTree
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from triax import safe_files
 from triax.doctor import gpu_bench
+from triax.version import __version__
 
 SCHEMA = "triax.gpu-suite/1"
 STATUSES = ("ok", "warning", "failed", "skipped")
@@ -96,8 +98,6 @@ class Suite:
 
 
 def environment(suite: Suite) -> None:
-    from triax.version import __version__
-
     detail = {"python": platform.python_version(), "torch": torch.__version__, "triax": __version__,
               "cuda": torch.version.cuda, "device": str(suite.device)}
     if suite.gpu:
@@ -290,8 +290,6 @@ def profile_check(suite: Suite, deadline: float) -> None:
     if trainer is None or not suite.gpu:
         suite.add("profile", "skipped", "profiles the GPT-2 step on a GPU", NEEDS_GPU if not suite.gpu else "")
         return
-    from torch.profiler import ProfilerActivity, profile
-
     with gpu_bench.flash_attention_only(suite.device):
         gpu_bench._timed_steps(trainer, 2)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
