@@ -20,6 +20,7 @@ import torch
 
 from triax.checkpoint.pickled import PickledFileError, read_pickled
 from triax.models.hf_files import Source
+from triax.models.safetensors_header import TORCH_DTYPE_NAMES, TensorEntry
 
 # model_args keys nanoGPT's GPTConfig has, and what each must be.
 MODEL_ARGS = {"n_layer": int, "n_head": int, "n_embd": int, "block_size": int, "vocab_size": int, "bias": bool}
@@ -126,6 +127,13 @@ class NanoGPTWeights:
 
     def has(self, name: str) -> bool:
         return name in self.tensors
+
+    def entry(self, name: str) -> TensorEntry:
+        """(dtype as safetensors names it, shape) of a stored tensor: what copy_into checks against
+        the config before it copies (an integer tensor is refused, not converted)."""
+        tensor = self.tensors[name]
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        return TensorEntry(TORCH_DTYPE_NAMES.get(dtype, dtype), tuple(tensor.shape))
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.tensors[name].shape)

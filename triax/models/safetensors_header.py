@@ -31,6 +31,10 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2":
 # The dtypes a floating parameter may be read from (converted to the model's dtype): no 8-bit
 # float (those checkpoints carry separate scales triax does not apply), no integer or bool.
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+# The safetensors name of a torch dtype, for checkpoints read from other files (nanoGPT's ckpt.pt)
+# checked by the same rules.
+TORCH_DTYPE_NAMES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+                     "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
 
 
 class HeaderError(ValueError):
