@@ -21,6 +21,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def measure(args, settings: dict[str, str | None], state: str) -> dict[str, list
     with tempfile.TemporaryDirectory() as scratch:
         for round_number in range(args.rounds):
             for name, threads in settings.items():
-                step_s, wall_s, first = train_once(args, threads, os.path.join(scratch, name.replace(" ", "_")))
+                step_s, wall_s, first = train_once(args, threads, os.path.join(scratch, re.sub(r"[^A-Za-z0-9_.-]", "_", name)))
                 results[name].append((step_s, wall_s))
                 print(f"  [{state}, round {round_number + 1}] {name}: {step_s * 1000:.1f} ms/step, {wall_s:.1f} s "
                       f"wall; load {os.getloadavg()[0]:.1f}")
