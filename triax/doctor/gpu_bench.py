@@ -249,7 +249,8 @@ def largest_batch(shape: BenchShape, device: torch.device, data_dir: str, cap: i
 # ---- snapshots -----------------------------------------------------------------------------------
 
 
-def _timed_steps(trainer, steps: int) -> float:
+def timed_steps(trainer, steps: int) -> float:
+    """Seconds per step of `steps` trainer steps, the device waited for at both ends."""
     synchronize(trainer.device)
     started = time.perf_counter()
     for _ in range(steps):
@@ -263,7 +264,7 @@ def snapshot_figures(trainer, steps: int = 3) -> dict:
     loop waits for all of it), and the background write (the loop waits for the copy to host
     memory; the steps while it is written, against steps without one)."""
     figures = {}
-    baseline = _timed_steps(trainer, steps)
+    baseline = timed_steps(trainer, steps)
     for asynchronous in (False, True):
         trainer.async_save = asynchronous
         trainer._train_step()
@@ -271,7 +272,7 @@ def snapshot_figures(trainer, steps: int = 3) -> dict:
         started = time.perf_counter()
         trainer.save()
         pause = time.perf_counter() - started
-        during = _timed_steps(trainer, steps) if asynchronous else None
+        during = timed_steps(trainer, steps) if asynchronous else None
         trainer.finish_pending_save()
         total = time.perf_counter() - started
         figures["async" if asynchronous else "sync"] = {
