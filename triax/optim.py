@@ -1,4 +1,5 @@
-"""AdamW with decoupled weight decay on matmul weights only, and a warm-up + cosine schedule."""
+"""AdamW with decoupled weight decay on matmul weights (and, if asked, the embedding tables), and
+a warm-up + cosine schedule: triax's own, or nanoGPT's (to continue a run it began)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,19 @@ import torch
 import torch.nn as nn
 
 
-def split_decay_parameters(model: nn.Module):
+def split_decay_parameters(model: nn.Module, decay_embeddings: bool = False):
     """(decayed, not decayed) trainable parameters.
 
     Weight decay shrinks the weights of Linear layers only; biases, LayerNorm gains and embedding
-    tables are left alone. The rule goes by module type, not by parameter names, so it survives
+    tables are left alone, unless `decay_embeddings`: then every embedding table is decayed too
+    (nanoGPT's rule, "every parameter of two or more dimensions", for triax's models). The rule goes by module type, not by parameter names, so it survives
     renaming and wrappers (DDP, FSDP, compiled modules). A weight shared between an Embedding and
     a Linear (tied embeddings) is a Linear weight and is decayed, once. A module that is a matmul
     weight without being a Linear says so (`matmul_weight = True`: LoRA's adapter factors).
     """
     linear_weights = {id(module.weight) for module in model.modules()
-                      if isinstance(module, nn.Linear) or getattr(module, "matmul_weight", False)}
+                      if isinstance(module, nn.Linear) or getattr(module, "matmul_weight", False)
+                      or (decay_embeddings and isinstance(module, nn.Embedding))}
     decayed, not_decayed, seen = [], [], set()
     for parameter in model.parameters():
         if not parameter.requires_grad or id(parameter) in seen:
@@ -33,8 +36,9 @@ FUSED_DEVICES = ("cuda", "cpu")
 
 
 def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95),
-               device: torch.device | None = None) -> torch.optim.AdamW:
-    decayed, not_decayed = split_decay_parameters(model)
+               device: torch.device | None = None, decay_embeddings: bool = False,
+               fused: bool | None = None) -> torch.optim.AdamW:
+    decayed, not_decayed = split_decay_parameters(model, decay_embeddings)
     groups = [{"params": decayed, "weight_decay": weight_decay},
               {"params": not_decayed, "weight_decay": 0.0}]
     # No empty group (LoRA trains matmul weights only): a snapshot's optimizer state does not
@@ -43,14 +47,25 @@ def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.9
     # The fused kernel updates every parameter in one call, on CUDA and on CPUs alike. torch's
     # default elsewhere is a per-parameter Python loop: on a 0.8M-parameter GPT on one CPU thread
     # that took 2.5 ms a step against 0.55 ms fused (benchmarks/vs_nanogpt.py's model).
-    fused = device is not None and device.type in FUSED_DEVICES
+    if fused is None:
+        fused = device is not None and device.type in FUSED_DEVICES
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=fused or None)
 
 
-def warmup_cosine(step: int, max_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
-    """Linear warm-up from lr/warmup to lr, then cosine decay to min_lr at max_steps."""
+SCHEDULES = ("cosine", "nanogpt", "constant")
+
+
+def warmup_cosine(step: int, max_steps: int, warmup_steps: int, lr: float, min_lr: float,
+                  schedule: str = "cosine") -> float:
+    """The learning rate of step `step` (0-based, before it is taken).
+
+    cosine: linear warm-up from lr/warmup to lr, then cosine decay to min_lr at max_steps.
+    nanogpt: nanoGPT's get_lr, whose warm-up is lr * (step + 1) / (warmup + 1) (it never quite
+    reaches lr), then the same cosine. constant: lr throughout (nanoGPT's decay_lr=False)."""
+    if schedule == "constant":
+        return lr
     if warmup_steps > 0 and step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
+        return lr * (step + 1) / (warmup_steps + (schedule == "nanogpt"))
     if step >= max_steps:
         return min_lr
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
@@ -58,11 +73,21 @@ def warmup_cosine(step: int, max_steps: int, warmup_steps: int, lr: float, min_l
 
 
 def make_schedule(optimizer: torch.optim.Optimizer, max_steps: int, warmup_steps: int,
-                  min_lr: float) -> torch.optim.lr_scheduler.LambdaLR:
+                  min_lr: float, schedule: str = "cosine") -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR (so it saves and loads like any scheduler) following `warmup_cosine`."""
     base_lr = optimizer.param_groups[0]["lr"]
 
     def factor(step: int) -> float:
-        return warmup_cosine(step, max_steps, warmup_steps, base_lr, min_lr) / base_lr
+        return warmup_cosine(step, max_steps, warmup_steps, base_lr, min_lr, schedule) / base_lr
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def move_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:
+    """Put a fresh schedule at `step` (a run continued from another tool's checkpoint): the next
+    optimizer step uses that step's learning rate, as if the schedule had been stepped `step` times."""
+    scheduler.last_epoch = step
+    rates = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates):
+        group["lr"] = rate
+    scheduler._last_lr = rates  # what get_last_lr() reports, as step() would have set it

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from triax.checkpoint.errors import SnapshotError
 from triax.checkpoint.reader import SnapshotReader
 from triax.checkpoint.shards import tensor_bytes
-from triax.checkpoint.snapshot import MODEL_KEY
+from triax.checkpoint.snapshot import MODEL_KEY, OPTIMIZER_KEY
 from triax.checkpoint.storage import create_new
 
 SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -117,10 +117,15 @@ class TensorSource:
     only when asked for: a name -> tensor source for converters (e.g. the Hugging Face export)
     that never holds more than the tensors its caller keeps."""
 
-    def __init__(self, reader: SnapshotReader, shapes: dict[str, list[int]] | None = None):
+    def __init__(self, reader: SnapshotReader, shapes: dict[str, list[int]] | None = None, prefix: str = MODEL_KEY,
+                 suffix: str = ""):
         self.reader = reader
         self.shapes = shapes or {}  # names whose stored rows are cut (vocabulary padding)
-        self._names = [key[len(MODEL_KEY):] for key in reader.shards["tensors"] if key.startswith(MODEL_KEY)]
+        # prefix + name + suffix: a parameter ("model/<name>") or one of its optimizer tensors
+        # ("optim/<name>/exp_avg"), which are laid out as the parameter and padded alike.
+        self.prefix, self.suffix = prefix, suffix
+        self._names = [key[len(prefix):len(key) - len(suffix)] for key in reader.shards["tensors"]
+                       if key.startswith(prefix) and key.endswith(suffix) and "/" not in key[len(prefix):len(key) - len(suffix)]]
 
     def keys(self) -> list[str]:
         return list(self._names)
@@ -137,9 +142,14 @@ class TensorSource:
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._names:
             raise KeyError(name)
-        tensor = self.reader.full_tensor(MODEL_KEY + name)
+        tensor = self.reader.full_tensor(self.prefix + name + self.suffix)
         return _trim(tensor, self.shapes[name]) if name in self.shapes else tensor
 
 
 def tensor_source(reader: SnapshotReader, shapes: dict[str, list[int]] | None = None) -> TensorSource:
     return TensorSource(reader, shapes)
+
+
+def optimizer_source(reader: SnapshotReader, key: str, shapes: dict[str, list[int]] | None = None) -> TensorSource:
+    """The snapshot's optimizer tensors `key` (exp_avg, exp_avg_sq, step) by parameter name."""
+    return TensorSource(reader, shapes, OPTIMIZER_KEY, "/" + key)

@@ -57,6 +57,7 @@ class NanoGPTCheckpoint:
             raise PickledFileError(f"{path}: best_val_loss={self.best_val_loss!r:.40} is not a number")
         self.optimizer = data.get("optimizer")
         self.config = data.get("config") if isinstance(data.get("config"), dict) else {}
+        self.dropout = data["model_args"].get("dropout")
 
     def architecture(self) -> dict:
         """triax's GPTConfig fields for this model (dropout stays the new run's choice)."""
@@ -104,18 +105,19 @@ def nanogpt_name(name: str) -> tuple[str, int]:
 
 class NanoGPTWeights:
     """A checkpoint's tensors by the names triax's copy_into asks for (`has`, `shape`, `slice`):
-    c_attn's thirds are served as tensors of their own."""
+    c_attn's thirds are served as tensors of their own. `tensors` (default: the model's) may be
+    any tensors laid out as the model's parameters, by nanoGPT name: AdamW's moments, say."""
 
-    def __init__(self, checkpoint: NanoGPTCheckpoint):
+    def __init__(self, checkpoint: NanoGPTCheckpoint, tensors: dict | None = None):
         self.checkpoint = checkpoint
         n_embd = checkpoint.model_args["n_embd"]
-        self.tensors = dict(checkpoint.tensors)
+        self.tensors = dict(checkpoint.tensors if tensors is None else tensors)
         for name in list(self.tensors):
             if ".attn.c_attn." in name:
                 fused = self.tensors[name]
-                if fused.shape[0] != 3 * n_embd:
-                    raise PickledFileError(f"{checkpoint.path}: {name} has {fused.shape[0]} rows, not 3 x n_embd "
-                                           f"= {3 * n_embd}")
+                if fused.dim() < 1 or fused.shape[0] != 3 * n_embd:
+                    raise PickledFileError(f"{checkpoint.path}: {name} has shape {list(fused.shape)}, not 3 x "
+                                           f"n_embd = {3 * n_embd} rows")
                 for third in range(3):
                     self.tensors[f"{name}#{third}"] = fused[third * n_embd:(third + 1) * n_embd]
         if "lm_head.weight" not in self.tensors and "transformer.wte.weight" in self.tensors:
@@ -148,6 +150,25 @@ def is_nanogpt_checkpoint(path: str) -> bool:
     if os.path.isdir(path):
         return os.path.lexists(os.path.join(path, "ckpt.pt"))
     return path.endswith(".pt") and os.path.lexists(path)
+
+
+_opened: dict = {}
+
+
+def open_checkpoint(path: str) -> NanoGPTCheckpoint:
+    """The checked ckpt.pt at `path` (a file or an out_dir), read once per process: the config is
+    composed from it (trainer.continue_from), then the trainer loads it; read again only if the
+    file changed."""
+    path = checkpoint_file(path)
+    try:
+        info = os.stat(path)
+    except OSError:  # missing, a dangling link: the reader says so in its words
+        return NanoGPTCheckpoint(path)
+    key = (os.path.realpath(path), info.st_mtime_ns, info.st_size, info.st_ino)
+    if key not in _opened:
+        _opened.clear()  # one at a time: a checkpoint is as large as its model and optimizer
+        _opened[key] = NanoGPTCheckpoint(path)
+    return _opened[key]
 
 
 def checkpoint_file(path: str) -> str:

@@ -233,28 +233,34 @@ def copy_into(model: torch.nn.Module, weights: HFWeights, source_of: Callable[[s
         name = stored_name(parameter_name)
         if ADAPTER_MARK in name:  # LoRA adapters are not the checkpoint's (model.lora.init_from loads them)
             continue
-        local, offset, full_shape = local_box(parameter)
-        if local.numel() == 0:
-            continue
-        source, transposed, shift, fused = source_of(name)
-        check_source(weights, source, name, full_shape, transposed, shift, fused, vocab_size)
-        box = [(start, start + size) for start, size in zip(offset, local.shape)]
-        values = torch.zeros_like(local)
-        if name in ("tok_emb.weight", "lm_head.weight"):
-            rows = (box[0][0], min(box[0][1], vocab_size))  # padding rows stay zero
-            if rows[1] > rows[0]:
-                values[: rows[1] - rows[0]] = weights.slice(source, (slice(*rows), slice(*box[1]))).to(local.dtype)
-        elif local.dim() == 2 and transposed:
-            # Stored (in, out) (GPT-2's Conv1D): our rows are its columns (past any fused q/k/v before ours)
-            part = weights.slice(source, (slice(*box[1]), slice(box[0][0] + shift, box[0][1] + shift)))
-            values.copy_(part.t())
-        elif local.dim() == 1 and shift:
-            values.copy_(weights.slice(source, (slice(box[0][0] + shift, box[0][1] + shift),)))
-        else:
-            values.copy_(weights.slice(source, tuple(slice(*b) for b in box)))
-        local.copy_(values)
-        read += values.numel()
+        read += copy_tensor(parameter, name, weights, source_of(name), vocab_size)
     return read
+
+
+def copy_tensor(target: torch.Tensor, name: str, weights: HFWeights, source: Source, vocab_size: int) -> int:
+    """Overwrite the part of `target` this rank holds (a tensor laid out as triax's parameter
+    `name`: the parameter itself, or its optimizer state) with the stored values; the number read."""
+    local, offset, full_shape = local_box(target)
+    if local.numel() == 0:
+        return 0
+    source, transposed, shift, fused = source
+    check_source(weights, source, name, full_shape, transposed, shift, fused, vocab_size)
+    box = [(start, start + size) for start, size in zip(offset, local.shape)]
+    values = torch.zeros_like(local)
+    if name in ("tok_emb.weight", "lm_head.weight"):
+        rows = (box[0][0], min(box[0][1], vocab_size))  # padding rows stay zero
+        if rows[1] > rows[0]:
+            values[: rows[1] - rows[0]] = weights.slice(source, (slice(*rows), slice(*box[1]))).to(local.dtype)
+    elif local.dim() == 2 and transposed:
+        # Stored (in, out) (GPT-2's Conv1D): our rows are its columns (past any fused q/k/v before ours)
+        part = weights.slice(source, (slice(*box[1]), slice(box[0][0] + shift, box[0][1] + shift)))
+        values.copy_(part.t())
+    elif local.dim() == 1 and shift:
+        values.copy_(weights.slice(source, (slice(box[0][0] + shift, box[0][1] + shift),)))
+    else:
+        values.copy_(weights.slice(source, tuple(slice(*b) for b in box)))
+    local.copy_(values)
+    return values.numel()
 
 
 def check_source(weights: HFWeights, source: str, name: str, full: tuple, transposed: bool, shift: int,

@@ -31,6 +31,7 @@ from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
 from triax.models.config import PRESETS, GPTConfig, preset_fields
 from triax.models.lora import LoRAConfig, check_lora
+from triax.optim import SCHEDULES
 from triax.parallel.comm_hooks import check_compression
 from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
 from triax.precision import POLICY_NAMES
@@ -152,11 +153,28 @@ class OptimConfig:
     warmup_steps: int = 20
     """Linear warm-up length in optimizer steps."""
 
+    schedule: str = "cosine"
+    """cosine (warm-up to optim.lr, then cosine decay) | nanogpt (nanoGPT's get_lr: its warm-up
+    reaches lr * warmup / (warmup + 1), then the same cosine) | constant (optim.lr throughout)."""
+
+    decay_steps: Optional[int] = None
+    """Step at which the cosine reaches optim.min_lr and stays (nanoGPT's lr_decay_iters); unset =
+    the run's length."""
+
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     """AdamW betas."""
 
     weight_decay: float = 0.1
-    """Decoupled weight decay on Linear weights only."""
+    """Decoupled weight decay on Linear weights only (and the embedding tables with
+    optim.decay_embeddings)."""
+
+    decay_embeddings: bool = False
+    """Also decay the embedding tables (nanoGPT decays every parameter of two or more dimensions,
+    its position table too)."""
+
+    fused: Optional[bool] = None
+    """AdamW's fused kernel; unset = wherever torch has one (CUDA, CPU). nanoGPT fuses on CUDA only:
+    optim.fused=false continues a nanoGPT run on a CPU with its exact arithmetic."""
 
 
 @dataclass
@@ -206,6 +224,12 @@ class TrainerConfig:
 
     resume: bool = True
     """Continue from the newest good snapshot if there is one; false starts fresh."""
+
+    continue_from: Optional[str] = None
+    """Continue a run nanoGPT began: its ckpt.pt (or out_dir). Its weights, AdamW state, step
+    (iter_num), best val loss and schedule (its config's learning_rate, warmup_iters,
+    lr_decay_iters, ...) carry on; keys given on the command line win. Once this run has a snapshot
+    of its own, a restart resumes from that."""
 
     overwrite: bool = False
     """With resume=false, delete an existing run's snapshots instead of refusing to start."""
@@ -365,8 +389,35 @@ def _model_presets() -> list[str]:
 
 
 def compose_config(overrides: list[str] | None = None) -> TrainConfig:
-    """Compose the bundled YAML with `key=value` overrides into a checked TrainConfig."""
+    """Compose the bundled YAML with `key=value` overrides into a checked TrainConfig. With
+    trainer.continue_from, the checkpoint's own settings come first and the overrides win."""
     overrides = quote_text_values(list(overrides or []))
+    config = _compose(overrides)
+    if config.trainer.continue_from:
+        config = _compose(continuation_overrides(config)[0] + overrides)
+    return config
+
+
+def continuation_overrides(config: TrainConfig) -> tuple[list[str], list[str]]:
+    """(the `key=value` overrides that continue trainer.continue_from's run as the tool that began
+    it would, notes on what could not be carried over)."""
+    from triax.checkpoint import nanogpt, nanogpt_run
+
+    path = config.trainer.continue_from
+    if config.model.init_from:
+        raise ConfigError(f"trainer.continue_from={path!r} and model.init_from={config.model.init_from!r} both name "
+                          "a checkpoint to start from; give one (continue_from also carries the optimizer and step)")
+    if not nanogpt.is_nanogpt_checkpoint(path):
+        raise ConfigError(f"trainer.continue_from={path!r} is not nanoGPT's ckpt.pt or an out_dir holding one; "
+                          "a triax run continues by itself (same trainer.run_dir), and other checkpoints start a "
+                          "run with model.init_from")
+    parallel = config.parallel
+    processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    data_parallel = max(1, processes // max(1, parallel.tp * parallel.pp))
+    return nanogpt_run.overrides(nanogpt.open_checkpoint(path), data_parallel)
+
+
+def _compose(overrides: list[str]) -> TrainConfig:
     for override in overrides:
         match = re.fullmatch(r"\+?\+?~?model=(.*)", override)
         if match and match.group(1) not in _model_presets():
@@ -504,6 +555,9 @@ def _check_optim(optim: OptimConfig) -> None:
     _need(optim.min_lr is None or (_finite(optim.min_lr) and 0 <= optim.min_lr <= optim.lr), "optim.min_lr",
           optim.min_lr, f"use 0 <= min_lr <= optim.lr ({optim.lr}), or leave it unset for optim.lr / 10")
     _need(optim.warmup_steps >= 0, "optim.warmup_steps", optim.warmup_steps, "use 0 or more")
+    _need(optim.schedule in SCHEDULES, "optim.schedule", optim.schedule, f"use one of {', '.join(SCHEDULES)}")
+    _need(optim.decay_steps is None or optim.decay_steps >= 1, "optim.decay_steps", optim.decay_steps,
+          "use 1 or more, or leave it unset for the run's length")
     _need(len(optim.betas) == 2, "optim.betas", optim.betas, "give two values, e.g. [0.9,0.95]")
     _need(all(_finite(beta) and 0 <= beta < 1 for beta in optim.betas), "optim.betas", optim.betas,
           "each beta must be in [0, 1)")
@@ -607,6 +661,7 @@ def absolute_paths(config: TrainConfig) -> None:
 
     config.data.path = absolute(config.data.path)
     config.model.init_from = absolute(config.model.init_from)
+    config.trainer.continue_from = absolute(config.trainer.continue_from)
     config.trainer.snapshot_dir = absolute(config.trainer.snapshot_dir)
 
 

@@ -45,7 +45,7 @@ class InitSource:
 def resolve(path: str) -> InitSource:
     if nanogpt.is_nanogpt_checkpoint(path) and not os.path.isfile(os.path.join(path, "model.json")):
         # Read whole now (a pickle cannot be read by slices), checked before any process group.
-        read = nanogpt.NanoGPTCheckpoint(nanogpt.checkpoint_file(path))
+        read = nanogpt.open_checkpoint(path)
         return InitSource(path, "nanogpt", read.architecture(), None, nanogpt=read)
     if not os.path.isdir(path):
         raise ConfigError(f"model.init_from={path!r} is not a directory; give a transformers directory "

@@ -18,9 +18,11 @@ import weakref
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 from triax import checkpoint, safe_files
 from triax.agreement import raise_together
+from triax.checkpoint import nanogpt_run
 from triax.checkpoint.rng import seed_everything
 from triax.collectives import any_rank, gather_floats, mean_across_ranks
 from triax.data import GlobalSampler
@@ -32,7 +34,7 @@ from triax.metrics import MetricsLogger, Pace, duration, peak_memory_mb, stated_
 from triax.models import build_model, vocabulary_rows
 from triax.models.lora import apply_lora, trainable_summary
 from triax.models.peft_format import load_adapter
-from triax.optim import make_adamw, make_schedule
+from triax.optim import make_adamw, make_schedule, move_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.mesh import GPU_VOCAB_MULTIPLE, build_mesh, padded_vocab_size, resolve_layout, validate_layout
@@ -47,8 +49,8 @@ from triax.stragglers import StragglerCheck
 from triax.threads import apply_thread_choice
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train import init_from
-from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset, final_lr,
-                                gpt_config, snapshot_every, snapshot_root, to_dict)
+from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset,
+                                continuation_overrides, final_lr, gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
@@ -116,12 +118,15 @@ class Trainer:
         self._mfu_warned = False
         self._said_why_no_sample = False
         self._open_run_files(created_run_dir)
+        self.continued_best: tuple[float, int] | None = None  # the best val loss of the run continued
         if self.resume:
             self._maybe_resume()
         elif config.trainer.overwrite:
             with raise_together(f"deleting the old snapshots in {self.snapshot_root}"):
                 if self.is_main:
                     checkpoint.remove_snapshots(self.snapshot_root)
+        if config.trainer.continue_from and self.saved_step is None:
+            self._continue_run()
 
     # ---- the phases of __init__ ----------------------------------------------------------------
 
@@ -304,10 +309,12 @@ class Trainer:
         # With parallel.cpu_offload the shards, their gradients and so the optimizer step live on the host.
         optimizer_device = torch.device("cpu") if parallel.cpu_offload else self.device
         self.optimizer = make_adamw(self.raw_model if self.raw_model is not None else self.model,
-                                    optim.lr, optim.weight_decay, optim.betas, optimizer_device)
+                                    optim.lr, optim.weight_decay, optim.betas, optimizer_device,
+                                    decay_embeddings=optim.decay_embeddings, fused=optim.fused)
         self.sampler = GlobalSampler(len(self.data.train), seed=self.config.trainer.seed)
         self.total_steps = self._total_steps()
-        self.scheduler = make_schedule(self.optimizer, self.total_steps, optim.warmup_steps, final_lr(optim))
+        self.scheduler = make_schedule(self.optimizer, optim.decay_steps or self.total_steps, optim.warmup_steps,
+                                       final_lr(optim), optim.schedule)
         self.scaler = self.precision.make_scaler(self.device)
         self.save_every = snapshot_every(self.config.trainer)
         self.async_save = asynchronous_snapshots(self.config.trainer, self.device)
@@ -344,11 +351,16 @@ class Trainer:
     # ---- set-up helpers ------------------------------------------------------------------------
 
     def _init_source(self):
-        """model.init_from, resolved and checked before any process group exists."""
-        path = self.config.model.init_from
+        """model.init_from (or trainer.continue_from), resolved and checked before any process group exists."""
+        path = self.config.model.init_from or self.config.trainer.continue_from
         if not path:
             return None
         source = init_from.resolve(path)
+        if self.config.trainer.continue_from:
+            try:  # the optimizer state is checked now, before any process group or run directory
+                nanogpt_run.saved_state(source.nanogpt)
+            except checkpoint.SnapshotError as error:
+                raise ConfigError(f"trainer.continue_from: {error}") from None
         if source.codec is None and self.config.data.task == "char":
             family = source.architecture.get("arch", "gpt2")
             tokenizer = ("GPT-2's tokenizer.json" if family == "gpt2" else
@@ -461,6 +473,25 @@ class Trainer:
         changed = _changed_keys(state.get("config", {}), to_dict(self.config))
         if changed:
             self.logger.print("config differs from the snapshot's: " + ", ".join(changed))
+
+    def _continue_run(self) -> None:
+        """trainer.continue_from: nanoGPT's AdamW state, step and best val loss, on top of the
+        weights init_from loaded; the schedule moves to that step (its settings came with the
+        config). A run already at or past its end says so, as a resumed one does."""
+        source = self.init_source
+        saved = source.nanogpt
+        model = self.raw_model if self.raw_model is not None else self.model
+        get_optimizer_state_dict(model, self.optimizer)  # creates AdamW's state, to be overwritten
+        nanogpt_run.load_optimizer_state(saved, model, self.optimizer, self.model_config.vocab_size, self._stored_name())
+        self.step = saved.iter_num
+        move_schedule(self.scheduler, self.step)
+        if saved.best_val_loss is not None:
+            self.continued_best = (float(saved.best_val_loss), saved.iter_num)
+        _, notes = continuation_overrides(self.config)
+        best = f", best val loss {saved.best_val_loss:.4f}" if saved.best_val_loss is not None else ""
+        self.logger.print(f"continuing nanoGPT's run {source.path} at step {self.step}/{self.total_steps}{best}: its "
+                          f"AdamW state and schedule (lr {self.scheduler.get_last_lr()[0]:.3e} next)"
+                          + "".join(f"; {note}" for note in notes))
 
     def save(self) -> str | None:
         """Write a snapshot of this step. On a storage fault: report it, keep training, and return
@@ -834,7 +865,7 @@ class Trainer:
         self.model.train()
         self.logger.start_progress(self.total_steps, self.step)
         self.pace = Pace(self.samples_per_step * self.data.block_size, self.total_steps, self.step)
-        self.best_val: tuple[float, int] | None = None
+        self.best_val: tuple[float, int] | None = self.continued_best
         debug = self.config.debug
         stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank, trainer.stop_grace,
                            self._restart_point).install()
