@@ -348,7 +348,7 @@ class Trainer:
         path = self.config.model.init_from
         if not path:
             return None
-        source = init_from.resolve(path)
+        source = init_from.resolve(path, self.config.model)
         if source.codec is None and self.config.data.task == "char":
             family = source.architecture.get("arch", "gpt2")
             tokenizer = ("GPT-2's tokenizer.json" if family == "gpt2" else

@@ -1,0 +1,209 @@
+"""Llama checkpoints in Meta's layout (triax/models/meta_llama.py): Meta's own folder (params.json +
+consolidated.00.pth, triax/checkpoint/meta_folder.py) and torchtitan's DCP folders
+(triax/checkpoint/torchtitan.py), read by `model.init_from`.
+
+The folders are made here from a real transformers LlamaForCausalLM: its weights renamed to Meta's
+names, wq and wk rows put back in Meta's rotary order. `meta_logits` is Meta's reference forward
+pass written out (llama's model.py arithmetic: rotary embeddings by complex multiplication of
+neighbouring pairs, RMSNorm, grouped-query attention, SwiGLU), so the test checks three ways: the
+Meta-layout state computes transformers' logits under Meta's arithmetic (the folder is a real Meta
+checkpoint, not just the inverse of triax's reader), and triax started from the folder computes
+them too.
+"""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import final_weights, tiny_overrides, train
+from llama_checkpoints import hf_model
+from triax.checkpoint.pickled import pickled_bytes
+from triax.errors import TriaxError
+
+HEADS, KV_HEADS, DIM, LAYERS, VOCAB = 4, 2, 32, 2, 301
+# Meta's FeedForward width for dim 32 with multiple_of 16 and ffn_dim_multiplier 1.3:
+# int(1.3 * int(2 * 128 / 3)) = 110, rounded up to a multiple of 16.
+PARAMS = {"dim": DIM, "n_layers": LAYERS, "n_heads": HEADS, "n_kv_heads": KV_HEADS, "vocab_size": VOCAB,
+          "multiple_of": 16, "ffn_dim_multiplier": 1.3, "norm_eps": 1e-5, "rope_theta": 500000.0,
+          "use_scaled_rope": False}
+MLP = 112
+META_NAMES = {"self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
+              "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
+              "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm",
+              "post_attention_layernorm": "ffn_norm"}
+
+
+def reference_model():
+    return hf_model("llama", hidden_size=DIM, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                    num_hidden_layers=LAYERS, intermediate_size=MLP, rope_theta=PARAMS["rope_theta"],
+                    rope_parameters={"rope_type": "default", "rope_theta": PARAMS["rope_theta"]})
+
+
+def meta_order(weight, heads):
+    """transformers' rows of one projection -> Meta's: value i of a head's first half and value i
+    of its second half become neighbours 2i and 2i + 1."""
+    head_dim = weight.shape[0] // heads
+    first, second = weight.view(heads, 2, head_dim // 2, -1).unbind(1)
+    return torch.stack((first, second), dim=2).reshape(weight.shape)
+
+
+def meta_state(model):
+    """LlamaForCausalLM's weights as Meta's consolidated.00.pth holds them."""
+    state = {"tok_embeddings.weight": model.model.embed_tokens.weight, "norm.weight": model.model.norm.weight,
+             "output.weight": model.lm_head.weight}
+    for name, tensor in model.model.layers.state_dict().items():
+        number, module, kind = name.split(".", 1)[0], name.split(".", 1)[1].rsplit(".", 1)[0], name.rsplit(".", 1)[1]
+        if module == "self_attn.q_proj":
+            tensor = meta_order(tensor, HEADS)
+        elif module == "self_attn.k_proj":
+            tensor = meta_order(tensor, KV_HEADS)
+        state[f"layers.{number}.{META_NAMES[module]}.{kind}"] = tensor
+    return {name: tensor.detach().clone() for name, tensor in state.items()}
+
+
+def meta_logits(state, ids, params=PARAMS):
+    """Meta's Llama forward pass (its model.py) over a consolidated state dict."""
+    dim, heads, kv_heads = params["dim"], params["n_heads"], params["n_kv_heads"]
+    head_dim, eps = dim // heads, params["norm_eps"]
+    T = ids.shape[1]
+    freqs = 1.0 / (params["rope_theta"] ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    freqs_cis = torch.polar(torch.ones(T, head_dim // 2), torch.outer(torch.arange(T).float(), freqs))
+
+    def norm(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    def rotary(x):
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * freqs_cis[None, :, None, :]).flatten(3)
+
+    x = state["tok_embeddings.weight"][ids]
+    for layer in range(params["n_layers"]):
+        p = f"layers.{layer}."
+        h = norm(x, state[p + "attention_norm.weight"])
+        q = rotary(F.linear(h, state[p + "attention.wq.weight"]).view(*ids.shape, heads, head_dim))
+        k = rotary(F.linear(h, state[p + "attention.wk.weight"]).view(*ids.shape, kv_heads, head_dim))
+        v = F.linear(h, state[p + "attention.wv.weight"]).view(*ids.shape, kv_heads, head_dim)
+        k, v = (t.repeat_interleave(heads // kv_heads, dim=2) for t in (k, v))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_dim)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(x.shape)
+        x = x + F.linear(attended, state[p + "attention.wo.weight"])
+        h = norm(x, state[p + "ffn_norm.weight"])
+        x = x + F.linear(F.silu(F.linear(h, state[p + "feed_forward.w1.weight"]))
+                         * F.linear(h, state[p + "feed_forward.w3.weight"]), state[p + "feed_forward.w2.weight"])
+    return F.linear(norm(x, state["norm.weight"]), state["output.weight"])
+
+
+def write_meta_folder(directory, state, params=PARAMS):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "params.json").write_text(json.dumps(params))
+    torch.save(state, directory / "consolidated.00.pth")
+    (directory / "tokenizer.model").write_bytes(b"not read by triax")
+    return directory
+
+
+def write_torchtitan_folder(directory, state, prefixed=True):
+    """What torchtitan's CheckpointManager saves at a step: the model's tensors (flattened under
+    `model.` in older versions, at the top level in newer ones) beside other state."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = directory / "step-10"
+    model = {"model": state} if prefixed else dict(state)
+    other = {"lr_scheduler": {"last_epoch": torch.tensor(10)},
+             "optimizer": {f"state.{name}.exp_avg": torch.zeros_like(tensor) for name, tensor in state.items()}}
+    dcp.save({**model, **other}, checkpoint_id=str(folder), no_dist=True)
+    return directory
+
+
+def triax_model_from(path, **model_keys):
+    from triax.models import GPTConfig, build_model
+    from triax.train import init_from
+    from triax.train.config import ModelConfig
+
+    source = init_from.resolve(str(path), ModelConfig(**model_keys))
+    config = GPTConfig(**source.architecture)
+    model = build_model(config)
+    init_from.load_weights(source, model, config, lambda name: name)
+    return model.eval()
+
+
+IDS = torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    model = reference_model()
+    with torch.no_grad():
+        logits = model(IDS).logits
+        state = meta_state(model)
+        # float32, two layers, values of order 1: another order of the same sums differs by ~1e-6
+        assert torch.allclose(meta_logits(state, IDS), logits, atol=1e-5, rtol=1e-5)  # a true Meta checkpoint
+    return state, logits
+
+
+def test_meta_mlp_width_is_metas_rounding():
+    from triax.models.meta_llama import mlp_width
+
+    # Published shapes: Llama 2 7B (multiple_of 256) and Llama 3 8B (multiple_of 1024, multiplier 1.3).
+    assert mlp_width(4096, 256, None) == 11008
+    assert mlp_width(4096, 1024, 1.3) == 14336
+    assert mlp_width(DIM, 16, 1.3) == MLP
+
+
+def test_a_meta_folder_computes_transformers_logits_in_triax(tmp_path, reference):
+    state, logits = reference
+    model = triax_model_from(write_meta_folder(tmp_path / "Llama", state))
+    assert model.config.intermediate_size == MLP and model.config.n_kv_head == KV_HEADS
+    with torch.no_grad():
+        assert torch.allclose(model(IDS), logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("prefixed", [True, False], ids=["model-prefix", "flat"])
+def test_a_torchtitan_folder_computes_transformers_logits_in_triax(tmp_path, reference, prefixed):
+    state, logits = reference
+    root = write_torchtitan_folder(tmp_path / "checkpoint", state, prefixed)
+    # torchtitan's checkpoint folder (its newest step-N is read); the heads come from the run.
+    model = triax_model_from(root, n_kv_head=KV_HEADS, rope_theta=PARAMS["rope_theta"])
+    assert model.config.n_head == HEADS and model.config.intermediate_size == MLP
+    with torch.no_grad():
+        assert torch.allclose(model(IDS), logits, atol=1e-5, rtol=1e-5)
+
+
+def token_files(directory):
+    directory.mkdir()
+    tokens = np.random.default_rng(0).integers(0, VOCAB, 4096).astype(np.uint16)
+    tokens.tofile(directory / "train.bin")
+    tokens[:1024].tofile(directory / "val.bin")
+    return directory
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind, layout", [("meta", "parallel.dp_shard=2"), ("torchtitan", "parallel.tp=2")])
+def test_two_processes_start_from_each_rank_s_slices(tmp_path, reference, kind, layout):
+    """2 processes (FSDP shards cutting through the middle of a head's rows, or tensor-parallel
+    heads) start from the same weights one process does: after one step at a learning rate of
+    zero, the run's weights are the checkpoint's."""
+    state, _ = reference
+    if kind == "meta":
+        source = write_meta_folder(tmp_path / "Llama", state)
+        keys = {}
+    else:
+        source = write_torchtitan_folder(tmp_path / "checkpoint", state)
+        keys = {"model.n_kv_head": KV_HEADS, "model.rope_theta": PARAMS["rope_theta"]}
+    data = token_files(tmp_path / "data")
+    overrides = tiny_overrides(tmp_path / "run", str(data), **{
+        "data.task": "tokens", "data.vocab_size": VOCAB, "model.init_from": str(source), **keys,
+        "trainer.max_steps": 1, "optim.lr": 0.0, "optim.min_lr": 0.0, "optim.warmup_steps": 0, "model.dropout": 0.0,
+        "trainer.save_every": 1})
+    overrides = [item for item in overrides if not item.startswith(("model.n_layer", "model.n_head", "model.n_embd"))]
+    train([*overrides, layout], nproc=2)
+    expected = triax_model_from(source, n_kv_head=KV_HEADS, rope_theta=PARAMS["rope_theta"]).state_dict()
+    saved = final_weights(tmp_path / "run", [*overrides, layout])
+    for name, tensor in expected.items():
+        assert torch.equal(saved[name][: tensor.shape[0]], tensor), name
