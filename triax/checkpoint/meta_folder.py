@@ -30,8 +30,8 @@ SHARD_FILE = re.compile(r"consolidated\.(\d+)\.pth")
 
 
 def is_meta_folder(path: str) -> bool:
-    return os.path.isdir(path) and os.path.lexists(os.path.join(path, PARAMS_FILE)) and any(
-        SHARD_FILE.fullmatch(name) for name in os.listdir(path))
+    """A folder holding Meta's weights files (its params.json missing is the reader's one line)."""
+    return os.path.isdir(path) and any(SHARD_FILE.fullmatch(name) for name in os.listdir(path))
 
 
 class MetaFolder:

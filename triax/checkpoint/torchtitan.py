@@ -24,6 +24,7 @@ import os
 import pathlib
 import pickle
 import re
+import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -165,6 +166,10 @@ class _BoxLoadPlanner(DefaultLoadPlanner):
         return LoadPlan(create_read_items_for_chunk_list(self.key, self.metadata.state_dict_metadata[self.key],
                                                          [chunk]))
 
+    def lookup_tensor(self, index):
+        # The target is the box itself (DCP's own lookup expects a box at offset 0 of a plain tensor).
+        return self.state_dict[index.fqn]
+
 
 class TorchtitanCheckpoint:
     """A checked DCP folder of a Llama in Meta's layout: `entries()` and `read(name, box)` by Meta's
@@ -199,8 +204,10 @@ class TorchtitanCheckpoint:
             self._reader = _CheckedReader(self.folder, self.metadata)
         # no_dist: each rank reads its own boxes, with no collective (ranks of a pipeline hold
         # different layers, so they ask for different tensors, in different numbers).
-        dcp.load({key: target}, storage_reader=self._reader, planner=_BoxLoadPlanner(key, tuple(s for s, _ in box)),
-                 no_dist=True)
+        with warnings.catch_warnings():  # DCP's note that no_dist loads "in a single process": meant here
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({key: target}, storage_reader=self._reader,
+                     planner=_BoxLoadPlanner(key, tuple(start for start, _ in box)), no_dist=True)
         return target
 
     def architecture(self, n_kv_head: int | None) -> dict:
@@ -225,8 +232,8 @@ class TorchtitanCheckpoint:
         key_rows = shapes["layers.0.attention.wk.weight"][0]
         if n_kv_head is None:
             raise CheckpointError(f"model.init_from={self.path!r}: a DCP folder records shapes, not head counts; give "
-                                  "model.n_kv_head (the key/value heads of the model's flavor; model.n_head follows "
-                                  "from the shapes), or put the model's params.json beside it")
+                                  "model.arch=llama model.n_kv_head=N (N: the key/value heads of the model's flavor; "
+                                  "model.n_head follows from the shapes), or put the model's params.json beside it")
         if key_rows % n_kv_head or dim * n_kv_head % key_rows:
             raise CheckpointError(f"model.n_kv_head={n_kv_head} does not fit {self.folder}: its wk has {key_rows} rows "
                                   f"for a width of {dim}; give the model's own number of key/value heads")
