@@ -238,3 +238,132 @@ def test_two_processes_start_from_each_rank_s_slices(tmp_path, reference, kind, 
     saved = final_weights(tmp_path / "run", [*overrides, layout])
     for name, tensor in expected.items():
         assert torch.allclose(saved[name][: tensor.shape[0]], tensor, rtol=0, atol=1e-9), name
+
+
+class Payload:
+    """A pickle that runs a command when unpickled by anything but a restricted reader."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _outside(directory, name, content=b"{}"):
+    """`name` in `directory` made a link to a file outside it."""
+    outside = directory.parent / f"outside-{name}"
+    outside.write_bytes(content)
+    target = directory / name
+    target.unlink(missing_ok=True)
+    target.symlink_to(outside)
+
+
+def _fifo(directory, name):
+    (directory / name).unlink(missing_ok=True)
+    os.mkfifo(directory / name)
+
+
+def _params(directory, **changes):
+    (directory / "params.json").write_text(json.dumps({**PARAMS, **changes}))
+
+
+META_DAMAGE = {
+    "os.system pickle": (lambda d, m: (d / "consolidated.00.pth").write_bytes(pickled_bytes({"x": Payload(m)})),
+                         "needs posix.system to be unpickled"),
+    "missing params.json": (lambda d, m: (d / "params.json").unlink(), "params.json does not exist"),
+    "wrong shapes": (lambda d, m: _params(d, dim=64), "has shape [301, 32], but"),
+    "huge layer count": (lambda d, m: _params(d, n_layers=10**12), "n_layers=1000000000000 is outside 1..1024"),
+    "huge width": (lambda d, m: _params(d, dim=2**40), "dim=1099511627776 is outside"),
+    "a setting triax lacks": (lambda d, m: _params(d, moe_args={"num_experts": 16}), "moe_args="),
+    "params.json of another type": (lambda d, m: _params(d, n_heads="4"), "n_heads='4' is not the int"),
+    "a layer too many": (lambda d, m: _params(d, n_layers=1), "holds layers.1.attention.wk.weight and 8 more"),
+    "model-parallel files": (lambda d, m: (d / "consolidated.01.pth").write_bytes(b""), "2 model-parallel files"),
+    "weights linked outside": (lambda d, m: _outside(d, "consolidated.00.pth"), "outside the checkpoint directory"),
+    "params.json linked outside": (lambda d, m: _outside(d, "params.json"), "outside the checkpoint directory"),
+    "params.json a FIFO": (lambda d, m: _fifo(d, "params.json"), "is not a regular file"),
+    "weights a FIFO": (lambda d, m: _fifo(d, "consolidated.00.pth"), "is not a regular file"),
+    "not a pickle": (lambda d, m: (d / "consolidated.00.pth").write_bytes(b"junk" * 10), "not a readable torch.save"),
+}
+
+
+@pytest.mark.parametrize("damage", list(META_DAMAGE))
+def test_a_hostile_or_damaged_meta_folder_is_refused_in_one_line(tmp_path, reference, damage):
+    from triax.train import init_from
+    from triax.train.config import ModelConfig
+
+    folder = write_meta_folder(tmp_path / "Llama", reference[0])
+    marker = tmp_path / "ran"
+    change, message = META_DAMAGE[damage]
+    change(folder, marker)
+    with pytest.raises(TriaxError) as raised:
+        init_from.resolve(str(folder), ModelConfig())
+    assert message in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
+    assert not marker.exists()
+
+
+def _metadata(folder, change):
+    """Rewrite a DCP folder's .metadata after `change(metadata)` (the test's own file: plain pickle)."""
+    import pickle
+
+    path = folder / "step-10" / ".metadata"
+    metadata = pickle.loads(path.read_bytes())
+    change(metadata)
+    path.write_bytes(pickle.dumps(metadata))
+
+
+def _first_record(metadata):
+    return next(record for index, record in metadata.storage_data.items() if index.fqn.endswith("wq.weight"))
+
+
+TORCHTITAN_DAMAGE = {
+    "os.system pickle": (lambda d, m: (d / "step-10" / ".metadata").write_bytes(__import__("pickle").dumps(Payload(m))),
+                         "needs posix.system to be unpickled"),
+    "a file outside the folder": (lambda d, m: _metadata(d, lambda md: setattr(_first_record(md), "relative_path",
+                                                                                "../outside.distcp")),
+                                  "is stored in '../outside.distcp', not a file of the folder itself"),
+    "bytes past the file's end": (lambda d, m: _metadata(d, lambda md: setattr(_first_record(md), "length", 2**40)),
+                                  "are not within __0_0.distcp"),
+    "a chunk outside the tensor": (lambda d, m: _metadata(d, lambda md: setattr(
+        md.state_dict_metadata["model.norm.weight"].chunks[0], "sizes", torch.Size([10**6]))), "has a chunk outside"),
+    "data linked outside": (lambda d, m: _outside(d / "step-10", "__0_0.distcp"), "outside the checkpoint directory"),
+    "metadata a FIFO": (lambda d, m: _fifo(d / "step-10", ".metadata"), "is not a regular file"),
+    "no head count": (None, "give model.arch=llama model.n_kv_head=N"),
+    "a head count that does not fit": (3, "model.n_kv_head=3 does not fit"),
+}
+
+
+@pytest.mark.parametrize("damage", list(TORCHTITAN_DAMAGE))
+def test_a_hostile_or_damaged_torchtitan_folder_is_refused_in_one_line(tmp_path, reference, damage):
+    from triax.train import init_from
+    from triax.train.config import ModelConfig
+
+    root = write_torchtitan_folder(tmp_path / "checkpoint", reference[0])
+    marker = tmp_path / "ran"
+    change, message = TORCHTITAN_DAMAGE[damage]
+    heads = KV_HEADS
+    if callable(change):
+        change(root, marker)
+    else:
+        heads = change
+    with pytest.raises(TriaxError) as raised:
+        init_from.resolve(str(root), ModelConfig(arch="llama", n_kv_head=heads))
+    assert message in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
+    assert not marker.exists()
+
+
+@pytest.mark.multiprocess
+def test_triax_train_refuses_a_hostile_checkpoint_with_exit_2(tmp_path, reference):
+    import subprocess
+    import sys
+
+    folder = write_meta_folder(tmp_path / "Llama", reference[0])
+    marker = tmp_path / "ran"
+    (folder / "consolidated.00.pth").write_bytes(pickled_bytes({"x": Payload(marker)}))
+    data = token_files(tmp_path / "data")
+    result = subprocess.run([sys.executable, "-m", "triax", "train", "data.task=tokens", f"data.path={data}",
+                             f"data.vocab_size={VOCAB}", f"model.init_from={folder}",
+                             f"trainer.run_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 2 and "needs posix.system" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not marker.exists()
