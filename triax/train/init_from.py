@@ -1,14 +1,17 @@
 """`model.init_from`: start training from existing weights instead of a random initialisation:
 a transformers directory of model_type gpt2, llama, qwen2 or mistral (what `save_pretrained`
 writes, or a snapshot directory in the Hugging Face cache; nothing is downloaded), another triax
-run (its newest good snapshot), or nanoGPT's ckpt.pt (or the out_dir holding it:
-triax/checkpoint/nanogpt.py).
+run (its newest good snapshot), nanoGPT's ckpt.pt (or the out_dir holding it:
+triax/checkpoint/nanogpt.py), or a Llama in Meta's layout: Meta's folder (params.json,
+consolidated.00.pth: triax/checkpoint/meta_folder.py) or torchtitan's DCP checkpoint folder
+(triax/checkpoint/torchtitan.py), both read through triax/models/meta_llama.py.
 
 The checkpoint fixes the architecture (every model.* key but dropout) and the text codec: the
 directory's tokenizer.json, a run's tokenizer.json or character vocabulary, which then encodes
 `data.task=char` text. Weights are read only where this rank holds them (transformers' safetensors
 by lazy slices; a triax snapshot through the layout-independent loader), after the model is built
-in its layout and before any step.
+in its layout and before any step (Meta's weights file memory-mapped, torchtitan's chunks through
+DCP, each rank's boxes only).
 """
 
 from __future__ import annotations
