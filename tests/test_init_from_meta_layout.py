@@ -328,6 +328,9 @@ TORCHTITAN_DAMAGE = {
         md.state_dict_metadata["model.norm.weight"].chunks[0], "sizes", torch.Size([10**6]))), "has a chunk outside"),
     "data linked outside": (lambda d, m: _outside(d / "step-10", "__0_0.distcp"), "outside the checkpoint directory"),
     "metadata a FIFO": (lambda d, m: _fifo(d / "step-10", ".metadata"), "is not a regular file"),
+    "chunks that miss values": (lambda d, m: _metadata(d, lambda md: setattr(
+        md.state_dict_metadata["model.norm.weight"].chunks[0], "sizes", torch.Size([DIM - 1]))),
+                                "chunks do not hold its 32 values"),
     "no head count": (None, "give model.arch=llama model.n_kv_head=N"),
     "a head count that does not fit": (3, "model.n_kv_head=3 does not fit"),
 }
@@ -350,6 +353,21 @@ def test_a_hostile_or_damaged_torchtitan_folder_is_refused_in_one_line(tmp_path,
         init_from.resolve(str(root), ModelConfig(arch="llama", n_kv_head=heads))
     assert message in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
     assert not marker.exists()
+
+
+def test_torchtitan_bytes_damaged_after_the_check_are_one_line_when_read(tmp_path, reference):
+    from triax.models import GPTConfig, build_model
+    from triax.train import init_from
+    from triax.train.config import ModelConfig
+
+    root = write_torchtitan_folder(tmp_path / "checkpoint", reference[0])
+    source = init_from.resolve(str(root), ModelConfig(arch="llama", n_kv_head=KV_HEADS))
+    data = root / "step-10" / "__0_0.distcp"
+    data.write_bytes(b"\0" * data.stat().st_size)  # same size, no torch.save record left
+    config = GPTConfig(**source.architecture)
+    with pytest.raises(TriaxError) as raised:
+        init_from.load_weights(source, build_model(config), config, lambda name: name)
+    assert "cannot read model." in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
 
 
 @pytest.mark.multiprocess

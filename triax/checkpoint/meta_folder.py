@@ -42,8 +42,8 @@ class MetaFolder:
         self.path = path
         shards = sorted(name for name in os.listdir(path) if SHARD_FILE.fullmatch(name))
         if shards != [WEIGHTS_FILE]:
-            raise CheckpointError(f"{path} holds {len(shards)} model-parallel files ({', '.join(shards[:3])}...); triax "
-                                  f"reads Meta's one-file {WEIGHTS_FILE} only: convert the folder with transformers' "
+            raise CheckpointError(f"{path} holds {len(shards)} model-parallel files ({', '.join(shards[:3])}...); "
+                                  f"triax reads Meta's one-file {WEIGHTS_FILE} only: convert the folder with transformers' "
                                   "convert_llama_weights_to_hf.py and give model.init_from that directory")
         params = read_json(path, PARAMS_FILE, "give the params.json Meta's download holds")
         # Checked before the weights are touched: a params.json of a trillion values is one line.

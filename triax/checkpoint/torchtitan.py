@@ -20,6 +20,7 @@ with torch's weights-only loader.
 from __future__ import annotations
 
 import io
+import math
 import os
 import pathlib
 import pickle
@@ -30,6 +31,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 import torch.serialization
 from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
 from torch.distributed.checkpoint.planner import LoadPlan
@@ -119,6 +121,12 @@ def _check_metadata(metadata, folder: str, path: str) -> None:
                     and _is_size(chunk.sizes) and len(chunk.offsets) == len(chunk.sizes) == len(entry.size)
                     and all(o + s <= n for o, s, n in zip(chunk.offsets, chunk.sizes, entry.size))):
                 raise bad(f"{key} has a chunk outside its size {list(entry.size)}")
+            if dcp_metadata.MetadataIndex(key, chunk.offsets) not in metadata.storage_data:
+                raise bad(f"{key}'s chunk at {list(chunk.offsets)} has no storage record")
+        # DCP's chunks of a tensor do not overlap: together they hold every value once. Chunks that
+        # hold fewer would leave part of a weight unread (a read also checks that its box is whole).
+        if sum(math.prod(chunk.sizes) for chunk in entry.chunks) != math.prod(entry.size):
+            raise bad(f"{key}'s chunks do not hold its {math.prod(entry.size)} values")
     sizes = {}
     for index, record in metadata.storage_data.items():
         if not isinstance(index, dcp_metadata.MetadataIndex) or not isinstance(record, _StorageInfo):
@@ -163,8 +171,11 @@ class _BoxLoadPlanner(DefaultLoadPlanner):
     def create_local_plan(self) -> LoadPlan:
         target = self.state_dict[self.key]
         chunk = dcp_metadata.ChunkStorageMetadata(offsets=torch.Size(self.offsets), sizes=target.size())
-        return LoadPlan(create_read_items_for_chunk_list(self.key, self.metadata.state_dict_metadata[self.key],
-                                                         [chunk]))
+        items = create_read_items_for_chunk_list(self.key, self.metadata.state_dict_metadata[self.key], [chunk])
+        if sum(math.prod(item.lengths) for item in items) != target.numel():
+            raise CheckpointError(f"the saved chunks of {self.key} do not cover the box {list(self.offsets)} + "
+                                  f"{list(target.shape)}; the checkpoint is damaged")
+        return LoadPlan(items)
 
     def lookup_tensor(self, index):
         # The target is the box itself (DCP's own lookup expects a box at offset 0 of a plain tensor).
@@ -192,6 +203,7 @@ class TorchtitanCheckpoint:
                 continue  # the optimizer's, the scheduler's...
             self._entries[name] = (entry.properties.dtype, tuple(entry.size))
         self._reader = None
+        self.described_by = ""  # what fixed the architecture (for messages): set by architecture()
 
     def entries(self) -> dict:
         return {name: entry for name, entry in self._entries.items() if name not in meta_llama.NOT_WEIGHTS}
@@ -204,10 +216,21 @@ class TorchtitanCheckpoint:
             self._reader = _CheckedReader(self.folder, self.metadata)
         # no_dist: each rank reads its own boxes, with no collective (ranks of a pipeline hold
         # different layers, so they ask for different tensors, in different numbers).
-        with warnings.catch_warnings():  # DCP's note that no_dist loads "in a single process": meant here
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({key: target}, storage_reader=self._reader,
-                     planner=_BoxLoadPlanner(key, tuple(start for start, _ in box)), no_dist=True)
+        try:
+            with warnings.catch_warnings():  # DCP's note that no_dist loads "in a single process": meant here
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load({key: target}, storage_reader=self._reader,
+                         planner=_BoxLoadPlanner(key, tuple(start for start, _ in box)), no_dist=True)
+        except CheckpointError:
+            raise
+        except (CheckpointException, OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as error:
+            if isinstance(error, CheckpointException) and error.failures:  # DCP wraps each rank's failure
+                error = next(iter(error.failures.values()))[0]
+            if isinstance(error, CheckpointError):
+                raise error from None
+            first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            raise CheckpointError(f"cannot read {key} from {self.folder} ({first[:200]}); the file is damaged or "
+                                  "changed while it was read") from None
         return target
 
     def architecture(self, n_kv_head: int | None) -> dict:
@@ -216,8 +239,10 @@ class TorchtitanCheckpoint:
         for where in (self.folder, self.path):
             if os.path.lexists(os.path.join(where, "params.json")):
                 params = read_json(where, "params.json", "give Meta's params.json or remove it")
+                self.described_by = os.path.join(where, "params.json")
                 return meta_llama.architecture_from_params(params, os.path.join(where, "params.json"),
                                                            self._entries["tok_embeddings.weight"][1][0])
+        self.described_by = f"the shapes of {self.folder}'s layer 0"
         shapes = {name: shape for name, (_, shape) in self._entries.items()}
         layers = {int(found.group(1)) for name in shapes if (found := re.match(r"layers\.(\d+)\.", name))}
         embedding = shapes["tok_embeddings.weight"]
@@ -245,5 +270,6 @@ class TorchtitanCheckpoint:
 
 
 def _is_model_name(name: str) -> bool:
-    return name in ("tok_embeddings.weight", "norm.weight", "output.weight", *meta_llama.NOT_WEIGHTS) or name.startswith("layers.")
+    return name.startswith("layers.") or name in ("tok_embeddings.weight", "norm.weight", "output.weight",
+                                                   *meta_llama.NOT_WEIGHTS)
 

@@ -61,7 +61,7 @@ def resolve(path: str, model=None) -> InitSource:
         fields = read.architecture(getattr(model, "n_kv_head", None))
         if "rope_theta" not in fields:  # no params.json: the run's keys say what the shapes cannot
             fields.update({key: getattr(model, key) for key in UNRECORDED_BY_DCP if model is not None})
-        return _meta_layout(path, "torchtitan", read, fields, f"the shapes of {read.folder}'s layer 0")
+        return _meta_layout(path, "torchtitan", read, fields, read.described_by)
     if not os.path.isdir(path):
         raise ConfigError(f"model.init_from={path!r} is not a directory; give a transformers directory "
                           "(save_pretrained output or a Hugging Face cache snapshot) or a triax run directory")
