@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from helpers import final_weights, tiny_overrides, train
 from llama_checkpoints import hf_model
+from triax.checkpoint.meta_folder import CUT_DIMENSIONS, MetaFolder
 from triax.checkpoint.pickled import pickled_bytes
 from triax.errors import TriaxError
 
@@ -195,6 +196,38 @@ def test_a_meta_folder_computes_transformers_logits_in_triax(tmp_path, reference
         assert torch.allclose(model(IDS), logits, atol=1e-5, rtol=1e-5)
 
 
+def model_parallel_parts(state, parts, embedding_cut):
+    """Meta's N files of a model-parallel checkpoint: each projection cut as fairscale's parallel
+    layers hold it (column-parallel by rows, row-parallel by columns), norms whole in every file,
+    the embedding by columns (Llama 2) or rows (Llama 3)."""
+    files = [{} for _ in range(parts)]
+    for name, tensor in state.items():
+        kind = name.split(".", 2)[-1] if name.startswith("layers.") else name
+        cut = embedding_cut if kind == "tok_embeddings.weight" else CUT_DIMENSIONS[kind]
+        for number in range(parts):
+            files[number][name] = tensor.clone() if cut is None else tensor.chunk(parts, cut)[number].clone()
+    return files
+
+
+@pytest.mark.parametrize("embedding_cut", [1, 0], ids=["llama2", "llama3"])
+def test_a_model_parallel_meta_folder_is_its_parts_end_to_end(tmp_path, reference, embedding_cut):
+    state, logits = reference
+    # 2 files: 2 query heads and 1 key/value head each. The vocabulary (301) does not split in 2:
+    # a Llama 3-style embedding is cut unevenly, as torch.chunk cuts it.
+    folder = write_meta_folder(tmp_path / "Llama", {})
+    for number, part in enumerate(model_parallel_parts(state, 2, embedding_cut)):
+        torch.save(part, folder / f"consolidated.{number:02d}.pth")
+    model = triax_model_from(folder)
+    with torch.no_grad():
+        assert torch.allclose(model(IDS), logits, atol=1e-5, rtol=1e-5)
+    # A rank's box may lie across two files, or inside one.
+    read = MetaFolder(str(folder))
+    for name, rows, columns in [("tok_embeddings.weight", (100, 200), (10, 20)), ("tok_embeddings.weight", (0, 9), (0, 4)),
+                                ("layers.0.attention.wo.weight", (0, 32), (12, 20)),
+                                ("layers.1.feed_forward.w1.weight", (50, 60), (0, DIM))]:
+        assert torch.equal(read.read(name, (rows, columns)), state[name][slice(*rows), slice(*columns)]), name
+
+
 @pytest.mark.parametrize("prefixed", [True, False], ids=["model-prefix", "flat"])
 def test_a_torchtitan_folder_computes_transformers_logits_in_triax(tmp_path, reference, prefixed):
     state, logits = reference
@@ -278,7 +311,10 @@ META_DAMAGE = {
     "a setting triax lacks": (lambda d, m: _params(d, moe_args={"num_experts": 16}), "moe_args="),
     "params.json of another type": (lambda d, m: _params(d, n_heads="4"), "n_heads='4' is not the int"),
     "a layer too many": (lambda d, m: _params(d, n_layers=1), "holds layers.1.attention.wk.weight and 8 more"),
-    "model-parallel files": (lambda d, m: (d / "consolidated.01.pth").write_bytes(b""), "2 model-parallel files"),
+    "a damaged second file": (lambda d, m: (d / "consolidated.01.pth").write_bytes(b""), "not a readable torch.save"),
+    "a missing part": (lambda d, m: torch.save({}, d / "consolidated.02.pth"), "numbered [0, 2]"),
+    "parts of another model": (lambda d, m: torch.save({"x": torch.ones(1)}, d / "consolidated.01.pth"),
+                               "holds other tensors than consolidated.00.pth"),
     "weights linked outside": (lambda d, m: _outside(d, "consolidated.00.pth"), "outside the checkpoint directory"),
     "params.json linked outside": (lambda d, m: _outside(d, "params.json"), "outside the checkpoint directory"),
     "params.json a FIFO": (lambda d, m: _fifo(d, "params.json"), "is not a regular file"),
