@@ -228,12 +228,20 @@ def test_a_model_parallel_meta_folder_is_its_parts_end_to_end(tmp_path, referenc
         assert torch.equal(read.read(name, (rows, columns)), state[name][slice(*rows), slice(*columns)]), name
 
 
-@pytest.mark.parametrize("prefixed", [True, False], ids=["model-prefix", "flat"])
-def test_a_torchtitan_folder_computes_transformers_logits_in_triax(tmp_path, reference, prefixed):
+@pytest.mark.parametrize("prefixed, described", [(True, "by the run"), (False, "by the run"), (True, "by params.json")],
+                         ids=["model-prefix", "flat", "params.json"])
+def test_a_torchtitan_folder_computes_transformers_logits_in_triax(tmp_path, reference, prefixed, described):
     state, logits = reference
     root = write_torchtitan_folder(tmp_path / "checkpoint", state, prefixed)
-    # torchtitan's checkpoint folder (its newest step-N is read); the heads come from the run.
-    model = triax_model_from(root, n_kv_head=KV_HEADS, rope_theta=PARAMS["rope_theta"])
+    write_torchtitan_folder(tmp_path / "checkpoint" / "older", {"tok_embeddings.weight": torch.zeros(1, 1)})
+    (tmp_path / "checkpoint" / "older" / "step-10").rename(tmp_path / "checkpoint" / "step-9")
+    # torchtitan's checkpoint folder (its newest step-N is read, step-10 over step-9); the heads
+    # and rotary base come from the run's keys, or from Meta's params.json beside the steps.
+    keys = dict(n_kv_head=KV_HEADS, rope_theta=PARAMS["rope_theta"])
+    if described == "by params.json":
+        (root / "params.json").write_text(json.dumps(PARAMS))
+        keys = {}
+    model = triax_model_from(root, **keys)
     assert model.config.n_head == HEADS and model.config.intermediate_size == MLP
     with torch.no_grad():
         assert torch.allclose(model(IDS), logits, atol=1e-5, rtol=1e-5)
