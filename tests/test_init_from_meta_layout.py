@@ -157,6 +157,21 @@ def test_meta_mlp_width_is_metas_rounding():
     assert mlp_width(DIM, 16, 1.3) == MLP
 
 
+def test_llama_3_1_params_json_is_transformers_llama3_rope_scaling():
+    from triax.models.meta_llama import architecture_from_params
+
+    # Llama 3.1 8B's params.json, as Meta publishes it.
+    params = {"dim": 4096, "ffn_dim_multiplier": 1.3, "multiple_of": 1024, "n_heads": 32, "n_kv_heads": 8,
+              "n_layers": 32, "norm_eps": 1e-05, "rope_theta": 500000.0, "use_scaled_rope": True, "vocab_size": 128256}
+    fields = architecture_from_params(params, "params.json", None)
+    # What transformers' converter writes in config.json for it: rope_type llama3, factor 8,
+    # low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192.
+    assert {key: fields[key] for key in ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                                         "rope_original_context", "intermediate_size", "n_kv_head", "head_dim")} == {
+        "rope_scaling": "llama3", "rope_factor": 8.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+        "rope_original_context": 8192, "intermediate_size": 14336, "n_kv_head": 8, "head_dim": 128}
+
+
 def test_any_box_of_rows_is_served_in_triaxs_rotary_order(reference):
     """A rank's rows may start and end inside a head (FSDP cuts rows evenly, whatever the heads):
     each box is the same rows of the whole tensor in triax's order."""

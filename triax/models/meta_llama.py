@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from triax.models.config import MAX_OPTIONAL_SIZES, MAX_SIZES
 from triax.models import parameter_shapes
-from triax.models.config import GPTConfig
+from triax.models.config import MAX_OPTIONAL_SIZES, MAX_SIZES, GPTConfig
 from triax.models.hf_files import CheckpointError, Source, check_source
 from triax.models.safetensors_header import TORCH_DTYPE_NAMES, TensorEntry
 
