@@ -271,10 +271,11 @@ def token_files(directory):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("kind, layout", [("meta", "parallel.dp_shard=2"), ("torchtitan", "parallel.tp=2")])
+@pytest.mark.parametrize("kind, layout", [("meta", "parallel.dp_shard=2"), ("torchtitan", "parallel.tp=2"),
+                                          ("torchtitan", "parallel.pp=2")])
 def test_two_processes_start_from_each_rank_s_slices(tmp_path, reference, kind, layout):
-    """2 processes (FSDP shards or tensor-parallel heads) start from the same weights one process
-    does: after one step at a negligible learning
+    """2 processes (FSDP shards, tensor-parallel heads, or pipeline stages holding different
+    layers) start from the same weights one process does: after one step at a negligible learning
     rate (AdamW moves a weight by about lr), the run's weights are the checkpoint's."""
     state, _ = reference
     if kind == "meta":

@@ -77,7 +77,9 @@ def is_dcp_folder(path: str) -> bool:
 
 
 def latest_step(path: str) -> str | None:
-    """The newest step-N folder of torchtitan's checkpoint folder (what its resume loads)."""
+    """The newest step-N folder of torchtitan's checkpoint folder (what its resume loads). DCP
+    writes .metadata last, once every rank's files are written: a folder without it is a save
+    that did not finish, and is passed over."""
     steps = [(int(found.group(1)), name) for name in os.listdir(path)
              if (found := STEP_FOLDER.fullmatch(name)) and os.path.lexists(os.path.join(path, name, METADATA_FILE))]
     return os.path.join(path, max(steps)[1]) if steps else None

@@ -53,10 +53,11 @@ def resolve(path: str, model=None) -> InitSource:
         # Read whole now (a pickle cannot be read by slices), checked before any process group.
         read = nanogpt.NanoGPTCheckpoint(nanogpt.checkpoint_file(path))
         return InitSource(path, "nanogpt", read.architecture(), None, nanogpt=read)
-    if meta_folder.is_meta_folder(path):
+    foreign = not any(os.path.isfile(os.path.join(path, name)) for name in ("model.json", "config.json"))
+    if foreign and meta_folder.is_meta_folder(path):
         read = meta_folder.MetaFolder(path)
         return _meta_layout(path, "meta", read, read.fields, os.path.join(path, meta_folder.PARAMS_FILE))
-    if torchtitan.is_dcp_folder(path):
+    if foreign and torchtitan.is_dcp_folder(path):
         read = torchtitan.TorchtitanCheckpoint(path)
         fields = read.architecture(getattr(model, "n_kv_head", None))
         if "rope_theta" not in fields:  # no params.json: the run's keys say what the shapes cannot
