@@ -334,6 +334,8 @@ META_DAMAGE = {
     "huge width": (lambda d, m: _params(d, dim=2**40), "dim=1099511627776 is outside"),
     "a setting triax lacks": (lambda d, m: _params(d, moe_args={"num_experts": 16}), "moe_args="),
     "params.json of another type": (lambda d, m: _params(d, n_heads="4"), "n_heads='4' is not the int"),
+    "an infinite number": (lambda d, m: (d / "params.json").write_text(json.dumps(PARAMS).replace("500000.0", "Infinity")),
+                           "Infinity is not a number triax accepts"),
     "a layer too many": (lambda d, m: _params(d, n_layers=1), "holds layers.1.attention.wk.weight and 8 more"),
     "a damaged second file": (lambda d, m: (d / "consolidated.01.pth").write_bytes(b""), "not a readable torch.save"),
     "a missing part": (lambda d, m: torch.save({}, d / "consolidated.02.pth"), "numbered [0, 2]"),
@@ -388,6 +390,8 @@ TORCHTITAN_DAMAGE = {
         md.state_dict_metadata["model.norm.weight"].chunks[0], "sizes", torch.Size([10**6]))), "has a chunk outside"),
     "data linked outside": (lambda d, m: _outside(d / "step-10", "__0_0.distcp"), "outside the checkpoint directory"),
     "metadata a FIFO": (lambda d, m: _fifo(d / "step-10", ".metadata"), "is not a regular file"),
+    "a step linked outside": (lambda d, m: ((d / "step-10").rename(d.parent / "elsewhere"),
+                                            (d / "step-10").symlink_to(d.parent / "elsewhere")), "step-10 is a link to"),
     "chunks that miss values": (lambda d, m: _metadata(d, lambda md: setattr(
         md.state_dict_metadata["model.norm.weight"].chunks[0], "sizes", torch.Size([DIM - 1]))),
                                 "chunks do not hold its 32 values"),

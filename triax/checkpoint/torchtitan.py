@@ -82,7 +82,13 @@ def latest_step(path: str) -> str | None:
     that did not finish, and is passed over."""
     steps = [(int(found.group(1)), name) for name in os.listdir(path)
              if (found := STEP_FOLDER.fullmatch(name)) and os.path.lexists(os.path.join(path, name, METADATA_FILE))]
-    return os.path.join(path, max(steps)[1]) if steps else None
+    if not steps:
+        return None
+    newest = os.path.join(path, max(steps)[1])
+    if os.path.islink(newest):  # its files would be read from wherever it leads
+        raise CheckpointError(f"{newest} is a link to {os.path.realpath(newest)}; triax reads a checkpoint folder's own "
+                              "step folders only (give model.init_from the step folder itself)")
+    return newest
 
 
 def read_metadata(folder: str) -> dcp_metadata.Metadata:
