@@ -49,6 +49,10 @@ STEP_FOLDER = re.compile(r"step-(\d+)")
 MAX_METADATA_BYTES = 512 * 2**20
 MODEL_PREFIXES = ("model.", "")
 MAX_DIMENSIONS = 8
+# The run's model.* keys that say what a folder without params.json does not record: the
+# key/value heads, and what no shape shows.
+RUN_KEYS = ("n_kv_head", "norm_eps", "rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor",
+            "rope_high_freq_factor", "rope_original_context")
 
 # The only globals DCP's metadata pickle names (torch.distributed.checkpoint.metadata and the
 # file storage's per-chunk record), and what they build.
@@ -241,15 +245,16 @@ class TorchtitanCheckpoint:
                                   "changed while it was read") from None
         return target
 
-    def architecture(self, n_kv_head: int | None) -> dict:
-        """GPTConfig fields from the tensors' shapes and the head counts (params.json beside the
-        folder, else the run's model.n_kv_head)."""
+    def architecture(self, run_keys: dict) -> dict:
+        """GPTConfig fields: from a params.json beside the folder, else from the tensors' shapes
+        and the run's keys (RUN_KEYS; model.n_kv_head is required)."""
         for where in (self.folder, self.path):
             if os.path.lexists(os.path.join(where, "params.json")):
                 params = read_json(where, "params.json", "give Meta's params.json or remove it")
                 self.described_by = os.path.join(where, "params.json")
-                return meta_llama.architecture_from_params(params, os.path.join(where, "params.json"),
-                                                           self._entries["tok_embeddings.weight"][1][0])
+                fields = meta_llama.architecture_from_params(params, self.described_by,
+                                                             self._entries["tok_embeddings.weight"][1][0])
+                return {**fields, "tie_embeddings": "output.weight" not in self._entries}
         self.described_by = f"the shapes of {self.folder}'s layer 0"
         shapes = {name: shape for name, (_, shape) in self._entries.items()}
         layers = {int(found.group(1)) for name in shapes if (found := re.match(r"layers\.(\d+)\.", name))}
@@ -263,18 +268,20 @@ class TorchtitanCheckpoint:
             raise CheckpointError(f"{self.folder}: the model's layers are numbered {sorted(layers)[:8]}..., not 0 "
                                   "upwards; not a torchtitan Llama (a pipeline stage's folder alone?)")
         key_rows = shapes["layers.0.attention.wk.weight"][0]
+        n_kv_head = run_keys.get("n_kv_head")
         if n_kv_head is None:
             raise CheckpointError(f"model.init_from={self.path!r}: a DCP folder records shapes, not head counts; give "
                                   "model.arch=llama model.n_kv_head=N (N: the key/value heads of the model's flavor; "
                                   "model.n_head follows from the shapes), or put the model's params.json beside it")
-        if key_rows % n_kv_head or dim * n_kv_head % key_rows:
+        if not isinstance(n_kv_head, int) or n_kv_head <= 0 or key_rows % n_kv_head or dim * n_kv_head % key_rows:
             raise CheckpointError(f"model.n_kv_head={n_kv_head} does not fit {self.folder}: its wk has {key_rows} rows "
                                   f"for a width of {dim}; give the model's own number of key/value heads")
         heads = dim * n_kv_head // key_rows
         return {"arch": "llama", "vocab_size": vocab, "block_size": MAX_SIZES["block_size"],
                 "n_layer": len(layers), "n_head": heads, "n_embd": dim, "n_kv_head": n_kv_head,
                 "head_dim": dim // heads, "intermediate_size": shapes["layers.0.feed_forward.w1.weight"][0],
-                "bias": False, "tie_embeddings": "output.weight" not in shapes}
+                "bias": False, "tie_embeddings": "output.weight" not in shapes,
+                **{key: value for key, value in run_keys.items() if key != "n_kv_head"}}
 
 
 def _is_model_name(name: str) -> bool:

@@ -59,10 +59,8 @@ def resolve(path: str, model=None) -> InitSource:
         return _meta_layout(path, "meta", read, read.fields, os.path.join(path, meta_folder.PARAMS_FILE))
     if foreign and torchtitan.is_dcp_folder(path):
         read = torchtitan.TorchtitanCheckpoint(path)
-        fields = read.architecture(getattr(model, "n_kv_head", None))
-        if "rope_theta" not in fields:  # no params.json: the run's keys say what the shapes cannot
-            fields.update({key: getattr(model, key) for key in UNRECORDED_BY_DCP if model is not None})
-        return _meta_layout(path, "torchtitan", read, fields, read.described_by)
+        run_keys = {key: getattr(model, key) for key in torchtitan.RUN_KEYS} if model is not None else {}
+        return _meta_layout(path, "torchtitan", read, read.architecture(run_keys), read.described_by)
     if not os.path.isdir(path):
         raise ConfigError(f"model.init_from={path!r} is not a directory; give a transformers directory "
                           "(save_pretrained output or a Hugging Face cache snapshot) or a triax run directory")
@@ -94,11 +92,6 @@ def resolve(path: str, model=None) -> InitSource:
                   f"attention only within the window)")
     return InitSource(path, "transformers", architecture, codec, context_reason=reason,
                       description=hf.description_files(path))
-
-
-# What a DCP folder without params.json leaves to the run's model.* keys.
-UNRECORDED_BY_DCP = ("norm_eps", "rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor",
-                     "rope_high_freq_factor", "rope_original_context")
 
 
 def _meta_layout(path: str, kind: str, stored, fields: dict, described_by: str) -> InitSource:
