@@ -12,8 +12,8 @@ What differs from the real thing, on purpose and only here:
 
 - `triax train` (alone or under torchrun) is scaled down, one of the two changes the harness makes
   to a command: MODEL_SHAPE and AT_MOST below. A documented run of 2,000 steps of gpt2 trains here 6
-  steps of a 2-layer, 32-wide model (a run of 500, 5); every other key (data, layout, precision, init_from,
-  resume...) is the page's.
+  steps of a 2-layer, 32-wide model (a run of 500, 5; beside model.init_from the checkpoint's shape); every
+  other key (data, layout, precision, init_from, resume...) is the page's.
 - `torchrun` is parsed by torchrun's own argument parser, then its ranks are forked with the
   environment torchrun gives them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT on loopback...),
   without torchrun's agent: no restarts, no signal forwarding. What only the agent does is tested
@@ -68,16 +68,20 @@ def scaled(args: list[str]) -> list[str]:
     if "-h" in args or "--help" in args:
         return list(args)
     out, capped_keys = [], set()
+    # Beside model.init_from the checkpoint decides the shape (a torchtitan folder's head count is
+    # the page's own key): the model keys stay as written.
+    starts_from_checkpoint = any(arg.lstrip("+~").startswith("model.init_from=") for arg in args)
+    shape = {} if starts_from_checkpoint else MODEL_SHAPE
     for arg in args:
         key, equals, value = arg.partition("=")
         bare = key.lstrip("+~")
-        if equals and bare in MODEL_SHAPE:
+        if equals and bare in shape:
             continue  # replaced below
         if equals and bare in AT_MOST and value.isdigit():
             arg = f"{key}={capped(bare, int(value))}"
             capped_keys.add(bare)
         out.append(arg)
-    out += [f"{key}={value}" for key, value in MODEL_SHAPE.items()]
+    out += [f"{key}={value}" for key, value in shape.items()]
     return out + [f"{key}={value}" for key, value in AT_MOST.items() if key not in capped_keys]
 
 

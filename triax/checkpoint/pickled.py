@@ -54,10 +54,21 @@ def read_whole(path: str, what: str) -> bytes:
 
 
 def load_pickled_bytes(data: bytes, where: str, numpy_rng: bool = False):
+    return _weights_only(lambda: torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), where, numpy_rng)
+
+
+def load_pickled_mapped(path: str, where: str):
+    """The object in the torch.save file at `path` (checked by the caller: a regular file, no
+    link leaving its folder), its tensors memory-mapped: only the slices a caller reads are paged
+    in, so a rank holding part of a model reads only that part of the file."""
+    return _weights_only(lambda: torch.load(path, map_location="cpu", weights_only=True, mmap=True), where)
+
+
+def _weights_only(load, where: str, numpy_rng: bool = False):
     allowed = NUMPY_RNG_GLOBALS if numpy_rng else []
     try:
         with torch.serialization.safe_globals(allowed):
-            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            return load()
     except pickle.UnpicklingError as error:
         found = re.search(r"GLOBAL ([\w.]+)", str(error))
         if found is None:  # not a pickle torch.save wrote (garbage, truncated)

@@ -52,7 +52,7 @@ def _model_sizes(config: TrainConfig):
     from triax.train.data import build_data  # deferred: the data loaders import tokenizers lazily
 
     model = config.model
-    source = init_from.resolve(model.init_from) if model.init_from else None
+    source = init_from.resolve(model.init_from, model) if model.init_from else None
     data = build_data(config.data, source.codec if source else None)
     if source is None:
         return data.vocab_size, data.block_size, model, data.block_size

@@ -264,7 +264,7 @@ def copy_tensor(target: torch.Tensor, name: str, weights: HFWeights, source: Sou
 
 
 def check_source(weights: HFWeights, source: str, name: str, full: tuple, transposed: bool, shift: int,
-                 fused: bool, vocab_size: int) -> None:
+                 fused: bool, vocab_size: int, described_by: str = "its config.json") -> None:
     """The stored tensor holds what the config says, in a floating dtype (a damaged or mismatched
     checkpoint is one line, not a copy error deep in torch or a silently wrong model)."""
     if not weights.has(source):
@@ -283,5 +283,5 @@ def check_source(weights: HFWeights, source: str, name: str, full: tuple, transp
     else:
         fits = stored == expected
     if not fits:
-        raise CheckpointError(f"the checkpoint's {source} has shape {list(stored)}, but its config.json makes "
+        raise CheckpointError(f"the checkpoint's {source} has shape {list(stored)}, but {described_by} makes "
                               f"triax's {name} {list(full)}; the weights do not belong to this config")

@@ -77,7 +77,9 @@ ModelConfig = dataclasses.make_dataclass(
                "__field_docs__": {"name": "The preset this started from (informational once composed).",
                                   "init_from": "Start from these weights: a transformers directory of model_type gpt2, llama, "
                                                "qwen2 or mistral (save_pretrained output or a Hugging Face cache "
-                                               "snapshot) or a triax run directory. Its "
+                                               "snapshot), a triax run directory, nanoGPT's ckpt.pt, Meta's Llama "
+                                               "folder (params.json, consolidated.00.pth) or torchtitan's DCP "
+                                               "checkpoint folder (docs/switching.md). Its "
                                                "architecture replaces the shape keys (dropout aside), its tokenizer "
                                                "encodes text data; unset = random initialisation.",
                                   "lora": "LoRA adapters on a frozen base (model.lora.rank > 0): see triax/models/lora.py.",

@@ -1,14 +1,17 @@
 """`model.init_from`: start training from existing weights instead of a random initialisation:
 a transformers directory of model_type gpt2, llama, qwen2 or mistral (what `save_pretrained`
 writes, or a snapshot directory in the Hugging Face cache; nothing is downloaded), another triax
-run (its newest good snapshot), or nanoGPT's ckpt.pt (or the out_dir holding it:
-triax/checkpoint/nanogpt.py).
+run (its newest good snapshot), nanoGPT's ckpt.pt (or the out_dir holding it:
+triax/checkpoint/nanogpt.py), or a Llama in Meta's layout: Meta's folder (params.json,
+consolidated.00.pth: triax/checkpoint/meta_folder.py) or torchtitan's DCP checkpoint folder
+(triax/checkpoint/torchtitan.py), both read through triax/models/meta_llama.py.
 
 The checkpoint fixes the architecture (every model.* key but dropout) and the text codec: the
 directory's tokenizer.json, a run's tokenizer.json or character vocabulary, which then encodes
 `data.task=char` text. Weights are read only where this rank holds them (transformers' safetensors
 by lazy slices; a triax snapshot through the layout-independent loader), after the model is built
-in its layout and before any step.
+in its layout and before any step (Meta's weights file memory-mapped, torchtitan's chunks through
+DCP, each rank's boxes only).
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ import os
 from dataclasses import dataclass, field
 
 from triax import checkpoint, safe_files
-from triax.checkpoint import nanogpt
+from triax.checkpoint import meta_folder, nanogpt, torchtitan
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import ConfigError
-from triax.models import hf
+from triax.models import hf, meta_llama
 from triax.models.config import GPTConfig, architecture_fields
 from triax.models.decoder import vocabulary_rows
 from triax.models.hf_files import copy_into
@@ -31,22 +34,33 @@ from triax.train.run_files import KEPT_SOURCE_DIR
 @dataclass
 class InitSource:
     path: str
-    kind: str  # "transformers" | "run" | "nanogpt"
+    kind: str  # "transformers" | "run" | "nanogpt" | "meta" | "torchtitan"
     architecture: dict  # GPTConfig fields the checkpoint fixes
     codec: object | None  # encodes text for the run: a BPETokenizer or a character Vocabulary
     snapshot: str | None = None
     nanogpt: object | None = None  # the checked ckpt.pt (kind "nanogpt")
+    meta_weights: object | None = None  # the checked tensors in Meta's layout (kinds "meta", "torchtitan")
     context_reason: str = ""  # why the context is what it is, when not the checkpoint's max positions
     # {name: path} of the transformers files describing the checkpoint besides its weights (config,
     # generation config, tokenizer files), which the run keeps a copy of (keep_description)
     description: dict = field(default_factory=dict)
 
 
-def resolve(path: str) -> InitSource:
+def resolve(path: str, model=None) -> InitSource:
+    """`model`: the run's model.* keys, for what a torchtitan folder does not record (head
+    counts, rotary settings, norm epsilon)."""
     if nanogpt.is_nanogpt_checkpoint(path) and not os.path.isfile(os.path.join(path, "model.json")):
         # Read whole now (a pickle cannot be read by slices), checked before any process group.
         read = nanogpt.open_checkpoint(path)
         return InitSource(path, "nanogpt", read.architecture(), None, nanogpt=read)
+    foreign = not any(os.path.isfile(os.path.join(path, name)) for name in ("model.json", "config.json"))
+    if foreign and meta_folder.is_meta_folder(path):
+        read = meta_folder.MetaFolder(path)
+        return _meta_layout(path, "meta", read, read.fields, os.path.join(path, meta_folder.PARAMS_FILE))
+    if foreign and torchtitan.is_dcp_folder(path):
+        read = torchtitan.TorchtitanCheckpoint(path)
+        run_keys = {key: getattr(model, key) for key in torchtitan.RUN_KEYS} if model is not None else {}
+        return _meta_layout(path, "torchtitan", read, read.architecture(run_keys), read.described_by)
     if not os.path.isdir(path):
         raise ConfigError(f"model.init_from={path!r} is not a directory; give a transformers directory "
                           "(save_pretrained output or a Hugging Face cache snapshot) or a triax run directory")
@@ -78,6 +92,23 @@ def resolve(path: str) -> InitSource:
                   f"attention only within the window)")
     return InitSource(path, "transformers", architecture, codec, context_reason=reason,
                       description=hf.description_files(path))
+
+
+def _meta_layout(path: str, kind: str, stored, fields: dict, described_by: str) -> InitSource:
+    """A checkpoint in Meta's layout (its folder read as `stored`), checked against the
+    architecture `fields` before anything of the model's size is allocated."""
+    try:
+        config = GPTConfig(**fields)
+    except ConfigError as error:
+        raise ConfigError(f"model.init_from={path!r} describes a model triax cannot build: {error}") from None
+    weights = meta_llama.MetaWeights(stored, config.head_dim)
+    meta_llama.check_weights(weights, config, path, described_by)
+    codec = None
+    tokenizer = hf.tokenizer_file(path)  # Meta's tokenizer.model is not read (triax/checkpoint/meta_folder.py)
+    if tokenizer is not None:
+        codec = BPETokenizer.from_file(tokenizer)
+        codec.source_path = tokenizer
+    return InitSource(path, kind, architecture_fields(config), codec, meta_weights=weights)
 
 
 def keep_description(source: InitSource | None, run_dir: str) -> None:
@@ -125,6 +156,10 @@ def load_weights(source: InitSource, model, model_config, stored_name) -> None:
         return
     if source.kind == "nanogpt":
         weights = nanogpt.NanoGPTWeights(source.nanogpt)
+        copy_into(model, weights, weights.source_of, model_config.vocab_size, stored_name)
+        return
+    if source.kind in ("meta", "torchtitan"):
+        weights = source.meta_weights
         copy_into(model, weights, weights.source_of, model_config.vocab_size, stored_name)
         return
     hf.load_into(model, source.path, model_config, stored_name)

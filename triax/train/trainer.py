@@ -355,7 +355,7 @@ class Trainer:
         path = self.config.model.init_from or self.config.trainer.continue_from
         if not path:
             return None
-        source = init_from.resolve(path)
+        source = init_from.resolve(path, self.config.model)
         if self.config.trainer.continue_from:
             try:  # the optimizer state is checked now, before any process group or run directory
                 nanogpt_run.saved_state(source.nanogpt)
