@@ -211,6 +211,16 @@ def test_a_meta_folder_computes_transformers_logits_in_triax(tmp_path, reference
         assert torch.allclose(model(IDS), logits, atol=1e-5, rtol=1e-5)
 
 
+def test_a_meta_folder_without_output_ties_the_head_to_the_embedding(tmp_path, reference):
+    """Llama 3.2's small models store no output.weight: the head is the embedding."""
+    state = {name: tensor for name, tensor in reference[0].items() if name != "output.weight"}
+    model = triax_model_from(write_meta_folder(tmp_path / "Llama", state))
+    assert model.config.tie_embeddings and model.lm_head.weight is model.tok_emb.weight
+    with torch.no_grad():
+        expected = meta_logits({**state, "output.weight": state["tok_embeddings.weight"]}, IDS)
+        assert torch.allclose(model(IDS), expected, atol=1e-5, rtol=1e-5)
+
+
 def model_parallel_parts(state, parts, embedding_cut):
     """Meta's N files of a model-parallel checkpoint: each projection cut as fairscale's parallel
     layers hold it (column-parallel by rows, row-parallel by columns), norms whole in every file,
