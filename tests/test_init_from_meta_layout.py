@@ -445,17 +445,21 @@ def test_torchtitan_bytes_damaged_after_the_check_are_one_line_when_read(tmp_pat
 
 
 @pytest.mark.multiprocess
-def test_triax_train_refuses_a_hostile_checkpoint_with_exit_2(tmp_path, reference):
+@pytest.mark.parametrize("case", ["hostile pickle", "text without tokenizer.json"])
+def test_triax_train_refuses_with_exit_2_in_one_line(tmp_path, reference, case):
     import subprocess
     import sys
 
     folder = write_meta_folder(tmp_path / "Llama", reference[0])
     marker = tmp_path / "ran"
-    (folder / "consolidated.00.pth").write_bytes(pickled_bytes({"x": Payload(marker)}))
-    data = token_files(tmp_path / "data")
-    result = subprocess.run([sys.executable, "-m", "triax", "train", "data.task=tokens", f"data.path={data}",
-                             f"data.vocab_size={VOCAB}", f"model.init_from={folder}",
+    data = ["data.task=tokens", f"data.path={token_files(tmp_path / 'data')}", f"data.vocab_size={VOCAB}"]
+    message = "needs posix.system"
+    if case == "hostile pickle":
+        (folder / "consolidated.00.pth").write_bytes(pickled_bytes({"x": Payload(marker)}))
+    else:  # Meta's tokenizer.model is not read: text needs the model's tokenizer.json
+        data, message = [], "has no tokenizer.json, so text cannot be encoded for it"
+    result = subprocess.run([sys.executable, "-m", "triax", "train", *data, f"model.init_from={folder}",
                              f"trainer.run_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=240)
-    assert result.returncode == 2 and "needs posix.system" in result.stderr
+    assert result.returncode == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not marker.exists()
