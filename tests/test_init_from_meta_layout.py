@@ -166,6 +166,9 @@ def test_llama_3_1_params_json_is_transformers_llama3_rope_scaling():
     fields = architecture_from_params(params, "params.json", None)
     # What transformers' converter writes in config.json for it: rope_type llama3, factor 8,
     # low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192.
+    # Llama 3.2 1B's params.json says use_scaled_rope but not its factor of 32: the run's model.rope_factor.
+    assert architecture_from_params(params, "params.json", None, rope_factor=32.0)["rope_factor"] == 32.0
+    assert architecture_from_params({**params, "rope_scaling_factor": 16}, "p", None, 32.0)["rope_factor"] == 16.0
     assert {key: fields[key] for key in ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                                          "rope_original_context", "intermediate_size", "n_kv_head", "head_dim")} == {
         "rope_scaling": "llama3", "rope_factor": 8.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
