@@ -166,6 +166,9 @@ def test_llama_3_1_params_json_is_transformers_llama3_rope_scaling():
     fields = architecture_from_params(params, "params.json", None)
     # What transformers' converter writes in config.json for it: rope_type llama3, factor 8,
     # low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192.
+    # Llama 3.2 1B's params.json says use_scaled_rope but not its factor of 32: the run's model.rope_factor.
+    assert architecture_from_params(params, "params.json", None, rope_factor=32.0)["rope_factor"] == 32.0
+    assert architecture_from_params({**params, "rope_scaling_factor": 16}, "p", None, 32.0)["rope_factor"] == 16.0
     assert {key: fields[key] for key in ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                                          "rope_original_context", "intermediate_size", "n_kv_head", "head_dim")} == {
         "rope_scaling": "llama3", "rope_factor": 8.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
@@ -209,6 +212,16 @@ def test_a_meta_folder_computes_transformers_logits_in_triax(tmp_path, reference
     assert model.config.intermediate_size == MLP and model.config.n_kv_head == KV_HEADS
     with torch.no_grad():
         assert torch.allclose(model(IDS), logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_meta_folder_without_output_ties_the_head_to_the_embedding(tmp_path, reference):
+    """Llama 3.2's small models store no output.weight: the head is the embedding."""
+    state = {name: tensor for name, tensor in reference[0].items() if name != "output.weight"}
+    model = triax_model_from(write_meta_folder(tmp_path / "Llama", state))
+    assert model.config.tie_embeddings and model.lm_head.weight is model.tok_emb.weight
+    with torch.no_grad():
+        expected = meta_logits({**state, "output.weight": state["tok_embeddings.weight"]}, IDS)
+        assert torch.allclose(model(IDS), expected, atol=1e-5, rtol=1e-5)
 
 
 def model_parallel_parts(state, parts, embedding_cut):
@@ -334,6 +347,12 @@ META_DAMAGE = {
     "huge width": (lambda d, m: _params(d, dim=2**40), "dim=1099511627776 is outside"),
     "a setting triax lacks": (lambda d, m: _params(d, moe_args={"num_experts": 16}), "moe_args="),
     "params.json of another type": (lambda d, m: _params(d, n_heads="4"), "n_heads='4' is not the int"),
+    "params.json not UTF-8": (lambda d, m: (d / "params.json").write_bytes(b'{"dim": "\xff\xfe"}'),
+                              "UnicodeDecodeError"),
+    "params.json nested deep": (lambda d, m: (d / "params.json").write_text("[" * 100000 + "]" * 100000),
+                                "RecursionError"),
+    "params.json too large": (lambda d, m: (d / "params.json").write_bytes(b" " * (16 * 2**20 + 1)),
+                              "more than the 16777216"),
     "an infinite number": (lambda d, m: (d / "params.json").write_text(json.dumps(PARAMS).replace("500000.0", "Infinity")),
                            "Infinity is not a number triax accepts"),
     "a layer too many": (lambda d, m: _params(d, n_layers=1), "holds layers.1.attention.wk.weight and 8 more"),
@@ -435,17 +454,21 @@ def test_torchtitan_bytes_damaged_after_the_check_are_one_line_when_read(tmp_pat
 
 
 @pytest.mark.multiprocess
-def test_triax_train_refuses_a_hostile_checkpoint_with_exit_2(tmp_path, reference):
+@pytest.mark.parametrize("case", ["hostile pickle", "text without tokenizer.json"])
+def test_triax_train_refuses_with_exit_2_in_one_line(tmp_path, reference, case):
     import subprocess
     import sys
 
     folder = write_meta_folder(tmp_path / "Llama", reference[0])
     marker = tmp_path / "ran"
-    (folder / "consolidated.00.pth").write_bytes(pickled_bytes({"x": Payload(marker)}))
-    data = token_files(tmp_path / "data")
-    result = subprocess.run([sys.executable, "-m", "triax", "train", "data.task=tokens", f"data.path={data}",
-                             f"data.vocab_size={VOCAB}", f"model.init_from={folder}",
+    data = ["data.task=tokens", f"data.path={token_files(tmp_path / 'data')}", f"data.vocab_size={VOCAB}"]
+    message = "needs posix.system"
+    if case == "hostile pickle":
+        (folder / "consolidated.00.pth").write_bytes(pickled_bytes({"x": Payload(marker)}))
+    else:  # Meta's tokenizer.model is not read: text needs the model's tokenizer.json
+        data, message = [], "has no tokenizer.json, so text cannot be encoded for it"
+    result = subprocess.run([sys.executable, "-m", "triax", "train", *data, f"model.init_from={folder}",
                              f"trainer.run_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=240)
-    assert result.returncode == 2 and "needs posix.system" in result.stderr
+    assert result.returncode == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not marker.exists()

@@ -47,7 +47,9 @@ class MetaFolder:
     """A checked Meta folder: its architecture (GPTConfig fields) and its tensors, read by box
     (`entries()`, `read(name, box)`, for meta_llama.MetaWeights)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, rope_factor: float = 8.0):
+        """`rope_factor`: the run's, for a params.json that scales rotary positions without
+        saying by how much (meta_llama.META_ROPE_SCALING)."""
         self.path = path
         numbers = sorted(int(found.group(1)) for name in os.listdir(path) if (found := SHARD_FILE.fullmatch(name)))
         if numbers != list(range(len(numbers))) or len(numbers) > MAX_SHARDS:
@@ -65,7 +67,8 @@ class MetaFolder:
             if name not in meta_llama.NOT_WEIGHTS:
                 self.cuts[name], self.shapes[name] = self._joined(name, tensor, dim)
         embedding = self.shapes.get("tok_embeddings.weight")
-        self.fields = meta_llama.architecture_from_params(params, where, embedding[0] if embedding else None)
+        self.fields = meta_llama.architecture_from_params(params, where, embedding[0] if embedding else None,
+                                                          rope_factor)
         self.fields["tie_embeddings"] = "output.weight" not in self.shapes  # Llama 3.2's small models
 
     def _read(self, name: str) -> dict:

@@ -253,7 +253,8 @@ class TorchtitanCheckpoint:
                 params = read_json(where, "params.json", "give Meta's params.json or remove it")
                 self.described_by = os.path.join(where, "params.json")
                 fields = meta_llama.architecture_from_params(params, self.described_by,
-                                                             self._entries["tok_embeddings.weight"][1][0])
+                                                             self._entries["tok_embeddings.weight"][1][0],
+                                                             run_keys.get("rope_factor", 8.0))
                 return {**fields, "tie_embeddings": "output.weight" not in self._entries}
         self.described_by = f"the shapes of {self.folder}'s layer 0"
         shapes = {name: shape for name, (_, shape) in self._entries.items()}

@@ -43,11 +43,12 @@ PARAMS = {"dim": int, "n_layers": int, "n_heads": int, "n_kv_heads": (int, type(
           "rope_theta": (int, float), "use_scaled_rope": bool, "rope_scaling_factor": (int, float, type(None)),
           "high_freq_factor": (int, float, type(None)), "max_seq_len": int, "max_batch_size": int}
 REQUIRED_PARAMS = ("dim", "n_layers", "n_heads")
-# Llama 3.1's rope scaling as Meta's apply_scaling hard-codes it (factor, low and high frequency
-# factors, the pre-training context); llama-models' later ModelArgs let params.json set the
-# factor (rope_scaling_factor) and high_freq_factor.
-META_ROPE_SCALING = {"rope_factor": 8.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
-                     "rope_original_context": 8192}
+# Llama 3.1's rope scaling as Meta's apply_scaling hard-codes it (low and high frequency factors,
+# the pre-training context); llama-models' later ModelArgs let params.json set the factor
+# (rope_scaling_factor) and high_freq_factor. The factor is 8 for Llama 3.1 and 3.3 but 32 for
+# Llama 3.2's 1B and 3B, whose params.json do not say so: without rope_scaling_factor it is the
+# run's model.rope_factor (triax's default, 8, is Llama 3.1's).
+META_ROPE_SCALING = {"rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0, "rope_original_context": 8192}
 MAX_FFN_MULTIPLIER = 64.0  # Meta's are 1.3 to 1.5; a larger one is a damaged file (and would overflow)
 
 
@@ -71,9 +72,10 @@ def mlp_width(dim: int, multiple_of: int, ffn_dim_multiplier) -> int:
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
-def architecture_from_params(params, where: str, vocab_rows: int | None) -> dict:
+def architecture_from_params(params, where: str, vocab_rows: int | None, rope_factor: float = 8.0) -> dict:
     """triax's GPTConfig fields for the model params.json describes; `vocab_rows` (the stored
-    embedding's rows) stands for a vocab_size of -1 (Llama 2's: the tokenizer decided it)."""
+    embedding's rows) stands for a vocab_size of -1 (Llama 2's: the tokenizer decided it);
+    `rope_factor` (the run's) for a use_scaled_rope without rope_scaling_factor."""
     if not isinstance(params, dict):
         raise CheckpointError(f"{where} holds a JSON {type(params).__name__}, not an object; not Meta's params.json")
     for key, value in params.items():
@@ -111,9 +113,8 @@ def architecture_from_params(params, where: str, vocab_rows: int | None) -> dict
               "norm_eps": float(params.get("norm_eps", 1e-5)), "rope_theta": float(params.get("rope_theta", 10000.0)),
               "bias": False, "gelu": "tanh", "rope_scaling": "none"}
     if params.get("use_scaled_rope", False):
-        fields.update(rope_scaling="llama3", **META_ROPE_SCALING)
-        if params.get("rope_scaling_factor") is not None:
-            fields["rope_factor"] = float(params["rope_scaling_factor"])
+        fields.update(rope_scaling="llama3", rope_factor=float(params.get("rope_scaling_factor") or rope_factor),
+                      **META_ROPE_SCALING)
         if params.get("high_freq_factor") is not None:
             fields["rope_high_freq_factor"] = float(params["high_freq_factor"])
     # The context a model was trained with is not in params.json (but for max_seq_len, which few

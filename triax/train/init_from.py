@@ -47,15 +47,16 @@ class InitSource:
 
 
 def resolve(path: str, model=None) -> InitSource:
-    """`model`: the run's model.* keys, for what a torchtitan folder does not record (head
-    counts, rotary settings, norm epsilon)."""
+    """`model`: the run's model.* keys, for what a folder in Meta's layout does not record
+    (torchtitan's head counts, rotary settings and norm epsilon; the rope scaling factor of a
+    params.json without one)."""
     if nanogpt.is_nanogpt_checkpoint(path) and not os.path.isfile(os.path.join(path, "model.json")):
         # Read whole now (a pickle cannot be read by slices), checked before any process group.
         read = nanogpt.open_checkpoint(path)
         return InitSource(path, "nanogpt", read.architecture(), None, nanogpt=read)
     foreign = not any(os.path.isfile(os.path.join(path, name)) for name in ("model.json", "config.json"))
     if foreign and meta_folder.is_meta_folder(path):
-        read = meta_folder.MetaFolder(path)
+        read = meta_folder.MetaFolder(path, getattr(model, "rope_factor", 8.0))
         return _meta_layout(path, "meta", read, read.fields, os.path.join(path, meta_folder.PARAMS_FILE))
     if foreign and torchtitan.is_dcp_folder(path):
         read = torchtitan.TorchtitanCheckpoint(path)
