@@ -11,6 +11,7 @@ same tensors.
 
 import json
 import os
+import pickle
 import sys
 
 import pytest
@@ -366,11 +367,28 @@ def _records(out):
     return [json.load(open(os.path.join(out, f"rank_{rank}.json"))) for rank in (0, 1)]
 
 
-def _snapshot_tensors(root):
-    from triax.checkpoint import SnapshotReader, latest_snapshot
+def _saved_tensors(folder):
+    """An Accelerate FSDP checkpoint's model and optimizer tensors, whole, by name, whichever of
+    its layouts it has: the two torch.save files (FULL_STATE_DICT) or the two DCP folders
+    (SHARDED_STATE_DICT, read back by torch's own converter, as a user of Accelerate would)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    reader = SnapshotReader(latest_snapshot(str(root)))
-    return {name: reader.full_tensor(name) for name in reader.tensor_names()}
+    def flat(prefix, value):
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in flat(f"{prefix}{key}.", item).items()}
+        return {prefix[:-1]: value} if isinstance(value, torch.Tensor) else {}
+
+    tensors = {}
+    for kind, whole, sharded in (("model", "pytorch_model_fsdp.bin", "pytorch_model_fsdp_0"),
+                                 ("optimizer", "optimizer.bin", "optimizer_0")):
+        if os.path.exists(os.path.join(folder, whole)):
+            state = torch.load(os.path.join(folder, whole), weights_only=True)
+        else:
+            dcp_to_torch_save(os.path.join(folder, sharded), os.path.join(folder, f"{kind}.whole"))
+            state = torch.load(os.path.join(folder, f"{kind}.whole"), weights_only=True)[kind]
+            os.remove(os.path.join(folder, f"{kind}.whole"))
+        tensors.update(flat(kind + ".", state if kind == "model" else state["state"]))
+    return tensors
 
 
 @pytest.mark.multiprocess
@@ -449,11 +467,12 @@ def test_triax_launch_runs_an_accelerate_fsdp_config_and_resumes_bitwise(runs, t
     launch = [sys.executable, "-m", "triax", "launch", "--config_file", path, SCRIPT, "--others-on-meta"]
     run(launch + ["--out", str(tmp_path / "full"), "--save-at", "3", "--save", str(tmp_path / "ckpt")],
         env=_env(tmp_path), timeout=300)
-    # The file's FULL_STATE_DICT: process 0 gathered everything and wrote it alone, the same
-    # tensors (optimizer state included) the sharded save of the same step holds.
-    snapshot = os.path.join(tmp_path / "ckpt", sorted(os.listdir(tmp_path / "ckpt"))[-1])
-    assert os.listdir(os.path.join(snapshot, "shards")) == ["rank_00000.bin"]
-    assert_bitwise_equal(_snapshot_tensors(tmp_path / "ckpt"), _snapshot_tensors(runs / "sharded"))
+    # The file's FULL_STATE_DICT: process 0 gathered everything and wrote it alone (Accelerate's
+    # pytorch_model_fsdp.bin and optimizer.bin), the same tensors (optimizer state included) the
+    # sharded save of the same step holds.
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["custom_checkpoint_0.pkl", "optimizer.bin", "pytorch_model_fsdp.bin",
+                                                    "random_states_0.pkl", "random_states_1.pkl", "triax_manifest.json"]
+    assert_bitwise_equal(_saved_tensors(tmp_path / "ckpt"), _saved_tensors(runs / "sharded"))
     # Offload, no resharding after forward, activation checkpointing: the same arithmetic.
     assert_bitwise_equal(_weights(tmp_path / "full"), _weights(runs / "fsdp"))
     run(launch + ["--out", str(tmp_path / "resumed"), "--resume", str(tmp_path / "ckpt")], env=_env(tmp_path),
@@ -463,3 +482,71 @@ def test_triax_launch_runs_an_accelerate_fsdp_config_and_resumes_bitwise(runs, t
     for before, after in zip(full, resumed):
         assert after["losses"] == before["losses"][3:] and after["steps"] == STEPS
         assert after["units"] == before["units"] and "model.layers.0" in after["units"]
+
+
+def _listing(folder):
+    return sorted(os.path.relpath(os.path.join(where, name), folder)
+                  for where, _, names in os.walk(folder) for name in names if name != "triax_manifest.json")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
+def test_an_fsdp_checkpoint_moves_between_accelerate_and_triax_both_ways(runs, tmp_path, kind):
+    """Accelerate's own FSDP2 saves at step 3 in its layout (DCP folders, or whole files by process
+    0); triax resumes from its folder and Accelerate from triax's, and both end bitwise equal to
+    Accelerate resuming from its own folder (here also equal to the run never stopped: the loader
+    is not shuffled, so Accelerate's resume replays its order)."""
+    pytest.importorskip("accelerate")
+    plugin = json.dumps(dict(PLUGIN, state_dict_type=kind))
+    accelerate, triax = ["--plugin", plugin, "--door", "accelerate"], ["--plugin", plugin]
+    _forked(tmp_path, 2, "--out", str(tmp_path / "accelerate"), *accelerate, "--save-at", "3",
+            "--save", str(tmp_path / "accelerate_ckpt"))
+    if kind == "SHARDED_STATE_DICT":
+        triax_ckpt = runs / "sharded"  # the fixture's triax run saved at step 3 with this plugin
+    else:
+        triax_ckpt = tmp_path / "triax_ckpt"
+        _forked(tmp_path, 2, "--out", str(tmp_path / "triax"), *triax, "--save-at", "3", "--save", str(triax_ckpt))
+    assert _listing(triax_ckpt) == _listing(tmp_path / "accelerate_ckpt")
+    _forked(tmp_path, 2, "--out", str(tmp_path / "accelerate_resumed"), *accelerate, "--resume",
+            str(tmp_path / "accelerate_ckpt"))
+    _forked(tmp_path, 2, "--out", str(tmp_path / "triax_from_accelerate"), *triax, "--resume",
+            str(tmp_path / "accelerate_ckpt"))
+    _forked(tmp_path, 2, "--out", str(tmp_path / "accelerate_from_triax"), *accelerate, "--resume", str(triax_ckpt))
+    reference = _weights(tmp_path / "accelerate_resumed")
+    assert_bitwise_equal(_weights(tmp_path / "triax_from_accelerate"), reference)
+    assert_bitwise_equal(_weights(tmp_path / "accelerate_from_triax"), reference)
+    assert_bitwise_equal(reference, _weights(runs / "fsdp"))
+    for name in ("triax_from_accelerate", "accelerate_from_triax"):
+        assert [r["losses"] for r in _records(tmp_path / name)] == [r["losses"] for r in _records(tmp_path / "accelerate_resumed")]
+
+
+@pytest.mark.multiprocess
+def test_a_dcp_folder_that_runs_code_or_is_damaged_is_refused_in_one_line(runs, tmp_path):
+    """The sharded folder's .metadata is a pickle DCP would unpickle as it is: triax reads it with
+    its checked reader; a file changed after the save fails the manifest."""
+    import shutil
+
+    import forked
+
+    marker = tmp_path / "ran"
+    for case in ("pickle", "resized"):
+        folder = tmp_path / case
+        shutil.copytree(runs / "sharded", folder)
+        if case == "pickle":
+            (folder / "pytorch_model_fsdp_0" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+        else:
+            with open(folder / "optimizer_0" / "__1_0.distcp", "ab") as handle:
+                handle.write(b"x")
+        result = forked.launch(2, [SCRIPT, "--out", str(tmp_path / f"out_{case}"), "--plugin", json.dumps(PLUGIN),
+                                   "--resume", str(folder)], env=_env(tmp_path), timeout=300, check=False)
+        assert result.returncode != 0 and not marker.exists()
+        expected = "needs posix.system" if case == "pickle" else "the manifest says"
+        assert expected in result.stderr, result.stderr[-2000:]
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))

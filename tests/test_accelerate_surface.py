@@ -286,8 +286,9 @@ def test_hostile_state_json_is_one_clear_error(tmp_path, edit):
     model, optimizer, _ = accelerator.prepare(model, optimizer, DataLoader(list(range(4)), batch_size=2))
     counter = Counter()
     accelerator.register_for_checkpointing(counter)
-    # A triax snapshot as save_state writes one under FSDP (and as triax's older versions wrote
-    # every time): load_state still reads them, through this validating reader.
+    # A triax snapshot, as triax's older versions wrote save_state (every time, and under FSDP
+    # until it wrote Accelerate's FSDP layout): load_state still reads them, through this
+    # validating reader.
     snapshot = saving.save_state(accelerator, str(tmp_path), 0, [0])
     _rewrite_state(snapshot, edit)
     with pytest.raises((SnapshotCorruptError, ValueError)) as caught:

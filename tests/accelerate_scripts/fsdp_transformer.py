@@ -78,6 +78,10 @@ def main():
     tokens = torch.randint(3, 64, (args.batch_size * args.steps, 16), generator=torch.Generator().manual_seed(1))
     data = DataLoader(tokens, batch_size=args.batch_size // accelerator.num_processes)
     model, optimizer, data = accelerator.prepare(model, optimizer, data)
+    if args.door == "accelerate":
+        # Preparing the data loader re-reads the processes' type (MULTI_CPU) into Accelerate's
+        # state; save_state and load_state must see FSDP again to use Accelerate's FSDP layout.
+        accelerator.state.distributed_type = DistributedType.FSDP
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
     if args.resume:

@@ -37,6 +37,7 @@ import safetensors.torch
 import torch
 
 from triax import safe_files
+from triax.accelerate import fsdp_folder
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate.saving import _agree, _check_dataloader_position, _check_scheduler
 from triax.agreement import raise_together
@@ -64,7 +65,7 @@ def numbered(name: str, index: int) -> str:
 def is_accelerate_folder(path: str) -> bool:
     """Whether `path` holds a checkpoint in Accelerate's layout (written by either library)."""
     names = (SAFE_WEIGHTS, WEIGHTS, "optimizer.bin", "random_states_0.pkl", MANIFEST)
-    return any(os.path.lexists(os.path.join(path, name)) for name in names)
+    return any(os.path.lexists(os.path.join(path, name)) for name in names) or fsdp_folder.is_fsdp_folder(path)
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -94,11 +95,12 @@ def _rng_state(step: int) -> dict:
     return state
 
 
-def _main_files(accelerator, weights: list[dict], safe_serialization: bool) -> dict[str, bytes]:
+def _main_files(accelerator, weights: list[dict], safe_serialization: bool, fsdp: bool) -> dict[str, bytes]:
+    """Process 0's files; under FSDP the models and optimizers are fsdp_folder's."""
     files = {}
     for index, state in enumerate(weights):
         files[numbered(SAFE_WEIGHTS if safe_serialization else WEIGHTS, index)] = _model_file(state, safe_serialization)
-    for index, optimizer in enumerate(accelerator._optimizers):
+    for index, optimizer in enumerate(accelerator._optimizers if not fsdp else ()):
         files[numbered("optimizer.bin", index)] = pickled_bytes(optimizer.state_dict())
     for index, scheduler in enumerate(accelerator._schedulers):
         files[numbered("scheduler.bin", index)] = pickled_bytes(scheduler.state_dict())
@@ -109,7 +111,8 @@ def _main_files(accelerator, weights: list[dict], safe_serialization: bool) -> d
         files["scaler.pt"] = pickled_bytes(accelerator.scaler.state_dict())
     for index, obj in enumerate(accelerator._custom_objects):
         files[f"custom_checkpoint_{index}.pkl"] = pickled_bytes(obj.state_dict())
-    loose = {name: parameter.detach().cpu().contiguous() for name, parameter in _loose_parameters(accelerator)}
+    loose = {} if fsdp else {name: parameter.detach().cpu().contiguous()
+                             for name, parameter in _loose_parameters(accelerator)}
     if loose:
         files[LOOSE] = safetensors.torch.save(loose)
     return files
@@ -129,11 +132,14 @@ def _digest(data: bytes) -> dict:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def save_folder(accelerator, output_dir: str, weights: list[dict], safe_serialization: bool) -> str:
+def save_folder(accelerator, output_dir: str, weights: list[dict], safe_serialization: bool,
+                fsdp_models: list[int] | None = None) -> str:
     """Write Accelerate's files for `weights` (the state dicts left after the save hooks) and the
     Accelerator's optimizers, schedulers, dataloaders, scaler, RNG and registered objects into
-    output_dir, then triax's manifest. Collective; returns output_dir."""
-    rank = accelerator.process_index
+    output_dir, then triax's manifest. Under FSDP (`fsdp_models`: the indices of the models to
+    save) the models and optimizers go in Accelerate's FSDP layout (fsdp_folder.py). Collective;
+    returns output_dir."""
+    rank, fsdp = accelerator.process_index, fsdp_models is not None
     written = {}
     with raise_together("writing an Accelerate checkpoint folder (save_state)", AcceleratorRuntimeError):
         try:
@@ -143,7 +149,9 @@ def save_folder(accelerator, output_dir: str, weights: list[dict], safe_serializ
             if is_distributed():
                 torch.distributed.barrier()  # the folder exists before any other process writes
         try:
-            files = _main_files(accelerator, weights, safe_serialization) if accelerator.is_main_process else {}
+            if fsdp:
+                written.update(fsdp_folder.save_parts(accelerator, output_dir, fsdp_models, _digest))
+            files = _main_files(accelerator, weights, safe_serialization, fsdp) if accelerator.is_main_process else {}
             files[f"random_states_{rank}.pkl"] = pickled_bytes(_rng_state(accelerator.step))
             for name, data in files.items():
                 safe_files.write_atomic(os.path.join(output_dir, name), data)
@@ -198,6 +206,15 @@ class _Folder:
 
     def exists(self, name: str) -> bool:
         return os.path.lexists(os.path.join(self.path, name))
+
+    def verify(self, name: str) -> None:
+        """File `name` matches the manifest's sha256 (if it lists it)."""
+        expected = self.expected(name)
+        if expected is not None:
+            with safe_files.open_read(os.path.join(self.path, name)) as handle:
+                if hashlib.sha256(handle.read()).hexdigest() != expected:
+                    raise PickledFileError(f"{os.path.join(self.path, name)} does not match the sha256 its folder's "
+                                           "manifest records; restore it or use an earlier checkpoint")
 
     def pickled(self, name: str, what: str, numpy_rng: bool = False):
         return read_pickled(os.path.join(self.path, name), what, numpy_rng, self.expected(name))
@@ -264,19 +281,23 @@ def _check_custom_count(folder: _Folder, registered: int) -> None:
                                       "objects the checkpoint was saved with")
 
 
-def load_folder(accelerator, path: str, models: list) -> str:
+def load_folder(accelerator, path: str, models: list, fsdp: bool = False) -> str:
     """Restore what an Accelerate checkpoint folder holds into `models` (those no load hook took
     over) and the Accelerator's optimizers, schedulers, dataloaders, scaler, RNG and registered
-    objects. Everything is read and checked before anything changes. Collective."""
+    objects; with `fsdp`, the models and optimizers from Accelerate's FSDP layout. Everything is
+    read and checked before anything changes. Collective."""
     error, staged = None, None
     try:
         folder = _Folder(path)
         rng_name = f"random_states_{accelerator.process_index}.pkl"
         _check_custom_count(folder, len(accelerator._custom_objects))
+        if fsdp != fsdp_folder.is_fsdp_folder(path):
+            raise AcceleratorValueError(f"{path} was saved {'without' if fsdp else 'with'} FSDP; load it into what it "
+                                        f"was saved from (this run {'shards' if fsdp else 'does not shard'} its model)")
         staged = {
-            "models": [folder.weights(index) for index in range(len(models))],
-            "optimizers": [folder.pickled(numbered("optimizer.bin", i), f"optimizer {i}'s state")
-                           for i in range(len(accelerator._optimizers))],
+            "models": [] if fsdp else [folder.weights(index) for index in range(len(models))],
+            "optimizers": [] if fsdp else [folder.pickled(numbered("optimizer.bin", i), f"optimizer {i}'s state")
+                                           for i in range(len(accelerator._optimizers))],
             "schedulers": [folder.pickled(numbered("scheduler.bin", i), f"scheduler {i}'s state")
                            for i in range(len(accelerator._schedulers))],
             "dataloaders": [folder.pickled(numbered("dl_state_dict.bin", i), f"dataloader {i}'s position")
@@ -307,9 +328,11 @@ def load_folder(accelerator, path: str, models: list) -> str:
     except Exception as failure:  # agreed first, then raised on every process
         error = failure
     _agree(error, "reading an Accelerate checkpoint folder")
+    sharded = fsdp_folder.load_parts(accelerator, folder, models) if fsdp else []
 
     error = None
     try:
+        fsdp_folder.apply(sharded)
         for index, (model, saved) in enumerate(zip(models, staged["models"])):
             _load_model(model, saved, f"{path} model {index}")
         for optimizer, saved in zip(accelerator._optimizers, staged["optimizers"]):

@@ -38,7 +38,6 @@ from triax.accelerate.models import extract_model_from_parallel, offloaded_state
 from triax.accelerate.nested import convert_to_fp32
 from triax.accelerate.options import refuse_unsupported, resolve, unsupported
 from triax.accelerate.saving import load_state as _load_state
-from triax.accelerate.saving import save_state as _save_state
 from triax.accelerate.state import AcceleratorState, GradientState, share_with_accelerate
 from triax.accelerate.tracking import GeneralTracker, filter_trackers, start_trackers
 from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
@@ -162,7 +161,6 @@ class Accelerator:
         self._save_model_state_pre_hook: OrderedDict = OrderedDict()
         self._load_model_state_pre_hook: OrderedDict = OrderedDict()
         self._trigger = False
-        self._save_count = 0
         self._handlers = options.handlers
         # Accelerate's micro-step counter: +1 per `accumulate` block, 0 again after a dataloader's
         # last batch (sync_with_dataloader); scripts read it, the decision is GradientState's.
@@ -760,7 +758,8 @@ class Accelerator:
         accelerate_folder.py) plus triax's manifest into output_dir, or with
         automatic_checkpoint_naming into <project_dir>/checkpoints/checkpoint_<iteration> (keeping
         at most total_limit), or else <project_dir>/checkpoints; returns that folder. Under FSDP
-        the state goes into a triax snapshot <folder>/step_<n>/, each process writing its shards."""
+        the models and optimizers go in Accelerate's FSDP layout (fsdp_folder.py): sharded, each
+        process writing its shards, or whole by process 0 (state_dict_type)."""
         root = self._checkpoint_root(output_dir, for_save=True)
         models = list(self._models)
         # As Accelerate, the models' own names: its list holds each model as given to prepare,
@@ -773,9 +772,7 @@ class Accelerator:
         saved = [index for index, model in enumerate(self._models)
                  if any(model is m for m in models) and id(weights[index]) in kept_weights]
         if self.is_fsdp2:
-            steps = max((opt.num_steps for opt in self._optimizers), default=self._save_count)
-            self._save_count += 1
-            path = _save_state(self, root, steps, saved)
+            path = accelerate_folder.save_folder(self, root, [], safe_serialization, fsdp_models=saved)
         else:
             path = accelerate_folder.save_folder(self, root, [before_hooks[index] for index in saved],
                                                  safe_serialization)
@@ -797,7 +794,8 @@ class Accelerator:
             hook(models, root)
         loaded = [index for index, model in enumerate(self._models) if any(model is m for m in models)]
         if accelerate_folder.is_accelerate_folder(root):
-            return accelerate_folder.load_folder(self, root, [self._models[index] for index in loaded])
+            return accelerate_folder.load_folder(self, root, [self._models[index] for index in loaded],
+                                                 fsdp=self.is_fsdp2)
         return _load_state(self, root, loaded)
 
     # ---- tracking -------------------------------------------------------------------------------

@@ -162,7 +162,7 @@ def _is_size(value) -> bool:
         isinstance(n, int) and 0 <= n < 2**40 for n in value)
 
 
-class _CheckedReader(FileSystemReader):
+class CheckedReader(FileSystemReader):
     """DCP's file reader, given the checked metadata instead of unpickling the file again."""
 
     def __init__(self, folder: str, metadata):
@@ -225,7 +225,7 @@ class TorchtitanCheckpoint:
         target = torch.empty([stop - start for start, stop in box], dtype=dtype)
         key = self.prefix + name
         if self._reader is None:
-            self._reader = _CheckedReader(self.folder, self.metadata)
+            self._reader = CheckedReader(self.folder, self.metadata)
         # no_dist: each rank reads its own boxes, with no collective (ranks of a pipeline hold
         # different layers, so they ask for different tensors, in different numbers).
         try:

@@ -27,6 +27,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from triax.checkpoint import nanogpt, nanogpt_run
 from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
 from triax.models.config import PRESETS, GPTConfig, preset_fields
@@ -403,8 +404,6 @@ def compose_config(overrides: list[str] | None = None) -> TrainConfig:
 def continuation_overrides(config: TrainConfig) -> tuple[list[str], list[str]]:
     """(the `key=value` overrides that continue trainer.continue_from's run as the tool that began
     it would, notes on what could not be carried over)."""
-    from triax.checkpoint import nanogpt, nanogpt_run
-
     path = config.trainer.continue_from
     if config.model.init_from:
         raise ConfigError(f"trainer.continue_from={path!r} and model.init_from={config.model.init_from!r} both name "
