@@ -169,7 +169,7 @@ def test_the_run_takes_nanogpts_settings_and_the_command_line_wins(started):
 
     config = compose_config([f"trainer.continue_from={started['out']}", "trainer.eval_every=7"])
     assert (config.optim.lr, config.optim.min_lr, config.optim.warmup_steps, config.optim.decay_steps) == (1e-2, 1e-3, 2, 8)
-    assert (config.optim.schedule, config.optim.decay_embeddings, list(config.optim.betas)) == ("nanogpt", True, [0.9, 0.95])
+    assert (config.optim.schedule, config.optim.decay, list(config.optim.betas)) == ("nanogpt", "matrices", [0.9, 0.95])
     assert config.trainer.max_steps == CONFIG["max_iters"] + 1  # train.py also takes the step numbered max_iters
     assert (config.trainer.batch_size, config.trainer.grad_clip, config.trainer.eval_every) == (2, 1.0, 7)
     assert (config.data.block_size, config.data.vocab_size, config.model.dropout) == (ARGS["block_size"], ARGS["vocab_size"], 0.0)
@@ -262,7 +262,7 @@ def test_a_triax_run_exported_continues_on_nanogpt_and_back_on_triax(tmp_path, s
     common = [f"data.path={started['data']}", "data.task=tokens", "data.block_size=16", "model.n_layer=2",
               "model.n_head=2", "model.n_embd=16", "model.gelu=exact", "model.tie_embeddings=true",
               "model.dropout=0.0", "optim.lr=1e-2", "optim.min_lr=1e-3", "optim.warmup_steps=2",
-              "optim.decay_steps=8", "optim.schedule=nanogpt", "optim.decay_embeddings=true", "optim.fused=false",
+              "optim.decay_steps=8", "optim.schedule=nanogpt", "optim.decay=matrices", "optim.fused=false",
               "trainer.batch_size=2", "trainer.eval_every=0", "trainer.log_every=1", "trainer.sample_tokens=0"]
     train([*common, f"trainer.run_dir={run_dir}", f"trainer.max_steps={STOP}"])
     assert export_main([str(run_dir), str(tmp_path / "out"), "--format", "nanogpt"]) == 0
@@ -298,3 +298,19 @@ def test_a_triax_run_exported_continues_on_nanogpt_and_back_on_triax(tmp_path, s
             kept = ~key_bias if name.endswith("attn.c_attn.bias") else slice(None)
             difference = (got - expected[kept]).abs().max()
             assert difference <= 2e-7 and difference <= (expected[kept] - before[kept]).abs().max() / 1e4, (name, difference)
+
+
+def test_each_weight_decay_rule_groups_the_parameters_it_names():
+    from triax.models import GPTConfig, build_model
+    from triax.optim import split_decay_parameters
+
+    model = build_model(GPTConfig(vocab_size=67, block_size=16, n_layer=1, n_head=2, n_embd=16, tie_embeddings=True))
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def decayed(rule):
+        return sorted(names[id(p)] for p in split_decay_parameters(model, rule)[0])
+
+    matrices = sorted(n for n, p in model.named_parameters() if p.dim() >= 2)
+    assert decayed("matrices") == matrices and "pos_emb.weight" in matrices and "tok_emb.weight" in matrices
+    assert decayed("linear") == [n for n in matrices if n != "pos_emb.weight"]  # the tied table as the head
+    assert decayed("all") == sorted(names.values())

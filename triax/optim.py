@@ -1,5 +1,5 @@
-"""AdamW with decoupled weight decay on matmul weights (and, if asked, the embedding tables), and
-a warm-up + cosine schedule: triax's own, or nanoGPT's (to continue a run it began)."""
+"""AdamW with decoupled weight decay on matmul weights (or, if asked, on every matrix or every
+parameter), and a warm-up + cosine schedule: triax's own, or nanoGPT's (to continue a run it began)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,34 @@ import torch
 import torch.nn as nn
 
 
-def split_decay_parameters(model: nn.Module, decay_embeddings: bool = False):
+# What weight decay applies to (optim.decay): triax's rule, nanoGPT's (and transformers Trainer's
+# for these models: biases and norm gains are the only parameters under two dimensions), torchtitan's.
+DECAY_RULES = ("linear", "matrices", "all")
+
+
+def split_decay_parameters(model: nn.Module, rule: str = "linear"):
     """(decayed, not decayed) trainable parameters.
 
-    Weight decay shrinks the weights of Linear layers only; biases, LayerNorm gains and embedding
-    tables are left alone, unless `decay_embeddings`: then every embedding table is decayed too
-    (nanoGPT's rule, "every parameter of two or more dimensions", for triax's models). The rule goes by module type, not by parameter names, so it survives
-    renaming and wrappers (DDP, FSDP, compiled modules). A weight shared between an Embedding and
-    a Linear (tied embeddings) is a Linear weight and is decayed, once. A module that is a matmul
-    weight without being a Linear says so (`matmul_weight = True`: LoRA's adapter factors).
+    linear: weight decay shrinks the weights of Linear layers only; biases, LayerNorm gains and
+    embedding tables are left alone. The rule goes by module type, not by parameter names, so it
+    survives renaming and wrappers (DDP, FSDP, compiled modules). A weight shared between an
+    Embedding and a Linear (tied embeddings) is a Linear weight and is decayed, once. A module that
+    is a matmul weight without being a Linear says so (`matmul_weight = True`: LoRA's adapter factors).
+    matrices: every parameter of two or more dimensions (the embedding tables too).
+    all: every parameter.
     """
+    if rule not in DECAY_RULES:
+        raise ValueError(f"weight decay rule {rule!r} is not one of {', '.join(DECAY_RULES)}")
     linear_weights = {id(module.weight) for module in model.modules()
-                      if isinstance(module, nn.Linear) or getattr(module, "matmul_weight", False)
-                      or (decay_embeddings and isinstance(module, nn.Embedding))}
+                      if isinstance(module, nn.Linear) or getattr(module, "matmul_weight", False)}
     decayed, not_decayed, seen = [], [], set()
     for parameter in model.parameters():
         if not parameter.requires_grad or id(parameter) in seen:
             continue
         seen.add(id(parameter))
-        (decayed if id(parameter) in linear_weights else not_decayed).append(parameter)
+        decays = (id(parameter) in linear_weights if rule == "linear"
+                  else parameter.dim() >= 2 if rule == "matrices" else True)
+        (decayed if decays else not_decayed).append(parameter)
     return decayed, not_decayed
 
 
@@ -36,9 +45,9 @@ FUSED_DEVICES = ("cuda", "cpu")
 
 
 def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95),
-               device: torch.device | None = None, decay_embeddings: bool = False,
+               device: torch.device | None = None, decay: str = "linear",
                fused: bool | None = None) -> torch.optim.AdamW:
-    decayed, not_decayed = split_decay_parameters(model, decay_embeddings)
+    decayed, not_decayed = split_decay_parameters(model, decay)
     groups = [{"params": decayed, "weight_decay": weight_decay},
               {"params": not_decayed, "weight_decay": 0.0}]
     # No empty group (LoRA trains matmul weights only): a snapshot's optimizer state does not

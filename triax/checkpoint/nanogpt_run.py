@@ -89,7 +89,7 @@ def overrides(checkpoint: NanoGPTCheckpoint, data_parallel: int) -> tuple[list[s
     if not isinstance(decay_lr, bool):
         raise PickledFileError(f"{checkpoint.path}: its config's decay_lr={decay_lr!r:.40} is not true or false")
     result.append(f"optim.schedule={'nanogpt' if decay_lr else 'constant'}")
-    result.append("optim.decay_embeddings=true")  # configure_optimizers decays every 2-D parameter
+    result.append("optim.decay=matrices")  # configure_optimizers decays every 2-D parameter
     # Token files without meta.json (nanoGPT's openwebtext has none) hold ids below the model's vocabulary.
     result.append(f"data.vocab_size={checkpoint.model_args['vocab_size']}")
     dropout = checkpoint.dropout

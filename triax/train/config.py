@@ -32,7 +32,7 @@ from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
 from triax.models.config import PRESETS, GPTConfig, preset_fields
 from triax.models.lora import LoRAConfig, check_lora
-from triax.optim import SCHEDULES
+from triax.optim import DECAY_RULES, SCHEDULES
 from triax.parallel.comm_hooks import check_compression
 from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
 from triax.precision import POLICY_NAMES
@@ -168,12 +168,12 @@ class OptimConfig:
     """AdamW betas."""
 
     weight_decay: float = 0.1
-    """Decoupled weight decay on Linear weights only (and the embedding tables with
-    optim.decay_embeddings)."""
+    """Decoupled weight decay, on the parameters optim.decay names."""
 
-    decay_embeddings: bool = False
-    """Also decay the embedding tables (nanoGPT decays every parameter of two or more dimensions,
-    its position table too)."""
+    decay: str = "linear"
+    """What weight decay applies to: linear (Linear weights only) | matrices (every parameter of two
+    or more dimensions, embedding tables too: nanoGPT's rule, and transformers Trainer's for these
+    models) | all (every parameter: torchtitan's)."""
 
     fused: Optional[bool] = None
     """AdamW's fused kernel; unset = wherever torch has one (CUDA, CPU). nanoGPT fuses on CUDA only:
@@ -556,6 +556,7 @@ def _check_optim(optim: OptimConfig) -> None:
     _need(optim.min_lr is None or (_finite(optim.min_lr) and 0 <= optim.min_lr <= optim.lr), "optim.min_lr",
           optim.min_lr, f"use 0 <= min_lr <= optim.lr ({optim.lr}), or leave it unset for optim.lr / 10")
     _need(optim.warmup_steps >= 0, "optim.warmup_steps", optim.warmup_steps, "use 0 or more")
+    _need(optim.decay in DECAY_RULES, "optim.decay", optim.decay, f"use one of {', '.join(DECAY_RULES)}")
     _need(optim.schedule in SCHEDULES, "optim.schedule", optim.schedule, f"use one of {', '.join(SCHEDULES)}")
     _need(optim.decay_steps is None or optim.decay_steps >= 1, "optim.decay_steps", optim.decay_steps,
           "use 1 or more, or leave it unset for the run's length")

@@ -310,7 +310,7 @@ class Trainer:
         optimizer_device = torch.device("cpu") if parallel.cpu_offload else self.device
         self.optimizer = make_adamw(self.raw_model if self.raw_model is not None else self.model,
                                     optim.lr, optim.weight_decay, optim.betas, optimizer_device,
-                                    decay_embeddings=optim.decay_embeddings, fused=optim.fused)
+                                    decay=optim.decay, fused=optim.fused)
         self.sampler = GlobalSampler(len(self.data.train), seed=self.config.trainer.seed)
         self.total_steps = self._total_steps()
         self.scheduler = make_schedule(self.optimizer, optim.decay_steps or self.total_steps, optim.warmup_steps,
