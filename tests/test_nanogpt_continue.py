@@ -216,6 +216,8 @@ def steps_that_differ(checkpoint):
     (lambda c: c.update(config=dict(CONFIG, warmup_iters=-4)), "warmup_iters=-4"),
     (lambda c: c.update(config=dict(CONFIG, beta2=1.5)), "beta2=1.5"),
     (lambda c: c.update(config=dict(CONFIG, max_iters=float("nan"))), "max_iters=nan"),
+    (lambda c: c.update(config=dict(CONFIG, max_iters=10**30)), "max_iters=1000000000000000000000000000000"),
+    (lambda c: c.update(config=dict(CONFIG, batch_size=True)), "batch_size=True"),
     (lambda c: c.update(config=dict(CONFIG, decay_lr="yes")), "decay_lr='yes'"),
 ])
 def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, started, change, message):

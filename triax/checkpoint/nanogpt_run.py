@@ -49,7 +49,8 @@ def _acceptable(key: str, value) -> bool:
     """Whether nanoGPT's train.py could have run with `value` for config key `key`."""
     kind, least = SETTINGS[key][1], SETTINGS[key][2]
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    good = number and math.isfinite(value) and value >= least and (kind is float or isinstance(value, int))
+    # Counts below 2**48 (no run takes more steps or samples); a larger one is a damaged file.
+    good = number and math.isfinite(value) and least <= value < 2**48 and (kind is float or isinstance(value, int))
     return good and (value < 1 if key in ("beta1", "beta2") else True)
 
 
@@ -58,7 +59,7 @@ def _setting(checkpoint: NanoGPTCheckpoint, key: str):
     if not _acceptable(key, value):
         kind, least = SETTINGS[key][1], SETTINGS[key][2]
         raise PickledFileError(f"{checkpoint.path}: its config's {key}={value!r:.40} is not a{'n integer' if kind is int else ' number'} "
-                               f">= {least} nanoGPT's train.py could have run with; fix it or give triax's "
+                               f"in [{least}, 2**48) nanoGPT's train.py could have run with; fix it or give triax's "
                                f"{SETTINGS[key][0]} on the command line")
     return value
 
