@@ -584,16 +584,20 @@ class Trainer:
         if self.watchdog is not None:
             self.watchdog.phase(name, step, micro, slow=self.first_step)
 
-    def _timed_batch(self, step: int, micro: int, indices: torch.Tensor):
+    def _timed_batch(self, step: int, micro: int, indices: torch.Tensor, scored: list | None = None):
         self._phase("data", step, micro)
         started = time.perf_counter()
-        batch = self._batch(self.data.train, indices)
+        batch = self._batch(self.data.train, indices, scored)
         self.timing["data"] += time.perf_counter() - started
         return batch
 
-    def _batch(self, dataset, indices: torch.Tensor):
-        """(inputs, targets) on the device; packed chat rows' inputs are (ids, example numbers)."""
+    def _batch(self, dataset, indices: torch.Tensor, scored: list | None = None):
+        """(inputs, targets) on the device; packed chat rows' inputs are (ids, example numbers).
+        `scored` (a list) gets the number of tokens the loss scores, counted on the host before the
+        copy: counting on a GPU would wait there for the step in flight."""
         x, y = dataset.batch(indices)
+        if scored is not None:
+            scored.append(int((y != IGNORE_INDEX).sum()))
         if getattr(dataset, "packing", False):
             return (self._to_device(x), self._to_device(dataset.document_ids(indices))), self._to_device(y)
         return self._to_device(x), self._to_device(y)
@@ -617,19 +621,22 @@ class Trainer:
             logits = self._forward(model, x)
         return self._cross_entropy(logits, y, reduction)
 
-    def _per_token_scale(self, batches) -> float | None:
+    def _per_token_scale(self, scored: list[int]) -> float | None:
         """Chat data scores a varying number of tokens per row (the answers): each step's loss is
         then the mean over every scored token of the step, on all ranks and micro-batches together,
         not a mean of per-batch means, so every layout and grad_accum computes the same gradient.
+        `scored`: the tokens each of this rank's micro-batches scores (counted on the host).
         Returns the factor that turns this rank's summed token losses into its share of that mean
         (data parallelism averages the ranks' gradients); None for data that scores every token,
         and under a pipeline schedule (its loss is a mean per micro-batch, computed on the last stage)."""
-        if self.config.data.task != "chat" or self.parallel_model.pipelined:
+        if not self._scores_per_token():
             return None
-        scored = sum(float((y != IGNORE_INDEX).sum()) for _, y in batches)
         # Tensor and pipeline peers hold the same rows: the world's sum counts each row world/dp times.
-        total = sum(values[0] for values in gather_floats([scored])) * self.layout.dp / self.world_size
+        total = sum(values[0] for values in gather_floats([float(sum(scored))])) * self.layout.dp / self.world_size
         return self.layout.dp / max(total, 1.0)
+
+    def _scores_per_token(self) -> bool:
+        return self.config.data.task == "chat" and not self.parallel_model.pipelined
 
     @staticmethod
     def _cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -705,14 +712,14 @@ class Trainer:
             batch = self._timed_batch(step, 0, indices)
             self._phase("pipeline schedule", step)
             loss_sum = self._pipeline_forward(*batch, train=True)
-        batches = []
+        batches, scored = [], [] if self._scores_per_token() else None
         for micro in range(0 if self.parallel_model.pipelined else trainer.grad_accum):
             start = self.sample_index + micro * self.global_micro_batch
             indices = self.sampler.rank_slice(self.epoch, start, trainer.batch_size, self.dp_rank)
             if self.sample_log is not None:
                 consumed += indices.tolist()
-            batches.append(self._timed_batch(step, micro, indices))
-        per_token = self._per_token_scale(batches)
+            batches.append(self._timed_batch(step, micro, indices, scored))
+        per_token = self._per_token_scale(scored)
         for micro, (x, y) in enumerate(batches):
             last = micro == trainer.grad_accum - 1
             # Gradients are synchronised only on the last micro-batch; the others accumulate locally.
