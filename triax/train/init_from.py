@@ -36,6 +36,7 @@ class InitSource:
     codec: object | None  # encodes text for the run: a BPETokenizer or a character Vocabulary
     snapshot: str | None = None
     nanogpt: object | None = None  # the checked ckpt.pt (kind "nanogpt")
+    trainer: object | None = None  # a Trainer's checked checkpoint-N, with trainer.continue_from
     context_reason: str = ""  # why the context is what it is, when not the checkpoint's max positions
     # {name: path} of the transformers files describing the checkpoint besides its weights (config,
     # generation config, tokenizer files), which the run keeps a copy of (keep_description)
