@@ -62,10 +62,9 @@ class SaveAndStop(transformers.TrainerCallback):
         return control
 
 
-@pytest.fixture(params=["gpt2", "llama"])
-def started(request, tmp_path):
+def trainer_run(kind, tmp_path):
     """The Trainer's run stopped at step STOP (its checkpoint-STOP), the token files triax reads the
-    same two samples from, and what the Trainer's own resume takes as its next step (loss, weights)."""
+    same two samples from, and the batch."""
     tokens = np.random.default_rng(3).integers(0, VOCAB, BLOCK + 2).astype(np.uint16)
     data = tmp_path / "data"
     data.mkdir()
@@ -74,18 +73,31 @@ def started(request, tmp_path):
     (data / "meta.json").write_text(json.dumps({"vocab_size": VOCAB, "dtype": "uint16"}))
     windows = torch.from_numpy(tokens.astype(np.int64)).unfold(0, BLOCK + 1, 1)  # triax's two samples
     samples = [{"input_ids": window, "labels": window} for window in windows]  # the model shifts the labels
-    transformers.Trainer(model=hf_model(request.param), args=arguments(tmp_path / "out"), train_dataset=samples).train()
-    folder = tmp_path / "out" / f"checkpoint-{STOP}"
+    transformers.Trainer(model=hf_model(kind), args=arguments(tmp_path / "out"), train_dataset=samples).train()
+    return {"kind": kind, "folder": tmp_path / "out" / f"checkpoint-{STOP}", "data": data, "windows": windows,
+            "samples": samples}
+
+
+@pytest.fixture(params=["gpt2", "llama"])
+def started(request, tmp_path):
+    """trainer_run, and what the Trainer's own resume takes as its next step (loss, weights)."""
+    run = trainer_run(request.param, tmp_path)
+    folder, windows = run["folder"], run["windows"]
     with torch.no_grad():
         before = transformers.AutoModelForCausalLM.from_pretrained(folder)
         loss = before(input_ids=windows, labels=windows).loss.item()
     # The Trainer's own resume, with the run's own arguments (max_steps sets the schedule's length),
     # saving after its first step and stopping there: its checkpoint-(STOP + 1).
     resumed = transformers.AutoModelForCausalLM.from_pretrained(folder)
-    transformers.Trainer(model=resumed, args=arguments(tmp_path / "resumed"), train_dataset=samples,
+    transformers.Trainer(model=resumed, args=arguments(tmp_path / "resumed"), train_dataset=run["samples"],
                          callbacks=[SaveAndStop()]).train(resume_from_checkpoint=str(folder))
-    return {"kind": request.param, "folder": folder, "data": data, "loss": loss,
-            "before": folder / "model.safetensors", "after": tmp_path / "resumed" / f"checkpoint-{STOP + 1}"}
+    return {**run, "loss": loss, "before": folder / "model.safetensors",
+            "after": tmp_path / "resumed" / f"checkpoint-{STOP + 1}"}
+
+
+@pytest.fixture
+def gpt2_run(tmp_path):
+    return trainer_run("gpt2", tmp_path)
 
 
 def continue_overrides(run_dir, started, *extra):
@@ -128,3 +140,143 @@ def test_the_first_step_triax_takes_is_the_trainers_next_step(tmp_path, started)
         # about 1e-7 seen), while a wrong moment, step count or rate moves it by a fraction of lr.
         torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, msg=name)
         assert (expected - start).abs().max() > 100 * atol  # the step itself is far above the tolerance
+
+
+def test_the_run_takes_the_trainers_settings_and_the_command_line_wins(gpt2_run):
+    from triax.train.config import compose_config
+
+    config = compose_config([f"trainer.continue_from={gpt2_run['folder']}", "trainer.log_every=7",
+                             "optim.warmup_steps=1"])
+    optim, trainer = config.optim, config.trainer
+    assert (optim.lr, optim.min_lr, optim.schedule, optim.warmup_steps, optim.decay_steps) == (LR, 0.0, "linear", 1, MAX_STEPS)
+    assert (list(optim.betas), optim.eps, optim.weight_decay, optim.decay_embeddings) == ([0.9, 0.999], 1e-8, 0.1, True)
+    assert optim.fused is True  # the Trainer's default optimizer on torch >= 2.8: adamw_torch_fused
+    assert (trainer.max_steps, trainer.batch_size, trainer.grad_clip, trainer.log_every) == (MAX_STEPS, 2, 1.0, 7)
+    assert (config.data.vocab_size, config.model.dropout) == (VOCAB, 0.0)
+
+
+@pytest.mark.parametrize("kind, tie, bias", [("gpt2", True, False), ("gpt2", False, False), ("llama", True, False),
+                                             ("llama", False, True)])
+def test_the_parameter_order_and_decay_groups_are_the_trainers(kind, tie, bias):
+    """named_parameters() of the real transformers model, and Trainer.get_decay_parameter_names'
+    rule (it reads nothing of the Trainer but the model)."""
+    from triax.checkpoint.hf_trainer_run import decayed, parameter_names
+
+    model = hf_model(kind, tie=tie, bias=bias)
+    names = [name for name, _ in model.named_parameters()]
+    assert parameter_names(model.config.to_dict()) == names
+    decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
+    assert [name for name in names if decayed(name)] == [name for name in names if name in decay]
+
+
+def test_the_schedules_are_transformers():
+    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    from triax.optim import warmup_cosine
+
+    for schedule, make in (("linear", get_linear_schedule_with_warmup), ("cosine_hf", get_cosine_schedule_with_warmup)):
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=LR)
+        scheduler = make(optimizer, 3, 10)
+        for step in range(10):
+            assert warmup_cosine(step, 10, 3, LR, 0.0, schedule) == pytest.approx(scheduler.get_last_lr()[0], rel=1e-12, abs=1e-18)
+            optimizer.step()
+            scheduler.step()
+
+
+def rewrite(folder, name, change):
+    path = folder / name
+    if name.endswith(".json"):
+        state = json.loads(path.read_text())
+        change(state)
+        path.write_text(json.dumps(state))
+    else:
+        saved = torch.load(path, weights_only=True)
+        saved = change(saved) or saved
+        path.write_bytes(pickled_bytes(saved))
+
+
+def first_group_short(optimizer):
+    optimizer["param_groups"][0]["params"] = optimizer["param_groups"][0]["params"][1:]
+
+
+def moment_of_another_shape(optimizer):
+    optimizer["state"][0]["exp_avg"] = torch.zeros(3)
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("optimizer.pt", first_group_short, "parameter groups hold [9, 18] parameters, not the [10, 18]"),
+    ("optimizer.pt", moment_of_another_shape, "exp_avg of transformer.wte.weight is not a floating tensor"),
+    ("optimizer.pt", lambda o: o["param_groups"][0].update(amsgrad=True), "amsgrad=True"),
+    ("optimizer.pt", lambda o: o["state"][3].update(step=torch.tensor(7.0)), "step count for"),
+    ("optimizer.pt", lambda o: o["param_groups"][1].update(weight_decay=0.5), "second group"),
+    ("optimizer.pt", lambda o: ["not", "a", "state_dict"], "holds no optimizer state_dict"),
+    ("scheduler.pt", lambda s: s.update(last_epoch=5), "last_epoch=5"),
+    ("scheduler.pt", lambda s: s.update(_last_lr="fast"), "holds no LambdaLR state"),
+    ("trainer_state.json", lambda s: s.update(global_step="2"), "global_step='2' is not an integer"),
+    ("trainer_state.json", lambda s: s.update(global_step=2.0), "global_step=2.0 is not an integer"),
+    ("trainer_state.json", lambda s: s.update(max_steps=1), "max_steps=1 is not an integer >= global_step"),
+    ("trainer_state.json", lambda s: s.update(log_history={"a": 1}), "log_history={'a': 1} is not a list"),
+    ("trainer_state.json", lambda s: s.update(best_metric="low"), "best_metric='low' is not a number or null"),
+    ("trainer_state.json", lambda s: s.update(best_metric=float("nan")), "NaN is not a number"),
+    ("trainer_state.json", lambda s: s.clear(), "global_step=None"),
+])
+def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, gpt2_run, name, change, message):
+    from triax.errors import ConfigError
+    from triax.train import Trainer, compose_config
+
+    rewrite(gpt2_run["folder"], name, change)
+    with pytest.raises((ConfigError, ValueError)) as raised:
+        Trainer(compose_config(continue_overrides(tmp_path / "run", gpt2_run)))
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt"])
+def test_a_pickle_that_runs_code_is_refused(tmp_path, gpt2_run, name):
+    from triax.train.config import compose_config
+
+    marker = tmp_path / "ran"
+    (gpt2_run["folder"] / name).write_bytes(pickled_bytes({"state": Payload(marker)}))
+    with pytest.raises(ValueError, match="weights-only") as raised:
+        compose_config([f"trainer.continue_from={gpt2_run['folder']}"])
+    assert "\n" not in str(raised.value) and not marker.exists()
+
+
+def test_unsafe_files_are_refused(tmp_path, gpt2_run):
+    import os
+
+    from triax.errors import ConfigError
+    from triax.train.config import compose_config
+
+    folder = gpt2_run["folder"]
+    state = folder / "trainer_state.json"
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(state.read_text())
+    state.unlink()
+    state.symlink_to(elsewhere)  # a link out of the folder: its bytes are not the checkpoint's
+    with pytest.raises(ConfigError, match="outside the checkpoint directory"):
+        compose_config([f"trainer.continue_from={folder}"])
+    state.unlink()
+    os.mkfifo(state)  # would block a reader forever
+    with pytest.raises(ConfigError, match="not a regular file"):
+        compose_config([f"trainer.continue_from={folder}"])
+    state.unlink()
+    state.write_text('{"global_step": ' * 100000)  # nested past any parser's depth
+    with pytest.raises(ConfigError, match="cannot read") as raised:
+        compose_config([f"trainer.continue_from={folder}"])
+    assert "\n" not in str(raised.value)
+    state.write_bytes(b"\xff\xfe not utf-8")
+    with pytest.raises(ConfigError, match="cannot read"):
+        compose_config([f"trainer.continue_from={folder}"])
+
+
+@pytest.mark.multiprocess
+def test_a_schedule_the_checkpoint_contradicts_is_refused_with_exit_2(tmp_path, gpt2_run):
+    """The run warmed up for one step (training_args.bin, unread): left at the assumed warmup 0,
+    the next rate is not scheduler.pt's, and `triax train` says which keys to give, in one line."""
+    result = train([f"trainer.continue_from={gpt2_run['folder']}", "data.task=tokens", f"data.path={gpt2_run['data']}",
+                    f"trainer.run_dir={tmp_path / 'run'}", f"data.block_size={BLOCK}"], check=False)
+    assert result.returncode == 2
+    error = result.stderr.strip()
+    assert "the Trainer's next learning rate (step 2) is 0.00666667" in error and "warmup_steps" in error
+    assert len(error.splitlines()) == 1 and not (tmp_path / "run").exists()
