@@ -78,10 +78,16 @@ def trainer_run(kind, tmp_path):
             "samples": samples}
 
 
-@pytest.fixture(params=["gpt2", "llama"])
+LAYOUTS = {"gpt2": ("gpt2", []), "llama": ("llama", []),
+           # each of two processes takes one of the two samples and holds half of every weight and moment
+           "gpt2-fsdp-two-processes": ("gpt2", ["parallel.dp_shard=2", "trainer.batch_size=1"])}
+
+
+@pytest.fixture(params=list(LAYOUTS))
 def started(request, tmp_path):
     """trainer_run, and what the Trainer's own resume takes as its next step (loss, weights)."""
-    run = trainer_run(request.param, tmp_path)
+    kind, layout = LAYOUTS[request.param]
+    run = trainer_run(kind, tmp_path)
     folder, windows = run["folder"], run["windows"]
     with torch.no_grad():
         before = transformers.AutoModelForCausalLM.from_pretrained(folder)
@@ -91,7 +97,7 @@ def started(request, tmp_path):
     resumed = transformers.AutoModelForCausalLM.from_pretrained(folder)
     transformers.Trainer(model=resumed, args=arguments(tmp_path / "resumed"), train_dataset=run["samples"],
                          callbacks=[SaveAndStop()]).train(resume_from_checkpoint=str(folder))
-    return {**run, "loss": loss, "before": folder / "model.safetensors",
+    return {**run, "loss": loss, "layout": layout, "before": folder / "model.safetensors",
             "after": tmp_path / "resumed" / f"checkpoint-{STOP + 1}"}
 
 
@@ -115,7 +121,8 @@ def test_the_first_step_triax_takes_is_the_trainers_next_step(tmp_path, started)
     from triax.train.commands import export_main
 
     run_dir = tmp_path / "run"
-    result = train(continue_overrides(run_dir, started, f"trainer.max_steps={STOP + 1}"))
+    result = train(continue_overrides(run_dir, started, f"trainer.max_steps={STOP + 1}", *started["layout"]),
+                   nproc=2 if started["layout"] else 1)
     assert f"continuing transformers Trainer's run {started['folder']} at step {STOP}/{STOP + 1}" in result.stdout
     record = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
               if '"loss"' in line][-1]
