@@ -162,6 +162,19 @@ def test_the_run_takes_the_trainers_settings_and_the_command_line_wins(gpt2_run)
     assert (config.data.vocab_size, config.model.dropout) == (VOCAB, 0.0)
 
 
+def test_the_best_metric_carries_over_when_it_is_a_logged_eval_loss(gpt2_run):
+    from triax.checkpoint.hf_trainer_run import TrainerCheckpoint
+
+    def evaluated(state):
+        state["log_history"].append({"eval_loss": 3.25, "step": 2})
+        state.update(best_metric=3.25, best_global_step=2)
+
+    rewrite(gpt2_run["folder"], "trainer_state.json", evaluated)
+    assert TrainerCheckpoint(str(gpt2_run["folder"])).best_loss == (3.25, 2)
+    rewrite(gpt2_run["folder"], "trainer_state.json", lambda state: state.update(best_metric=0.91))  # an accuracy, say
+    assert TrainerCheckpoint(str(gpt2_run["folder"])).best_loss is None
+
+
 @pytest.mark.parametrize("kind, tie, bias", [("gpt2", True, False), ("gpt2", False, False), ("llama", True, False),
                                              ("llama", False, True)])
 def test_the_parameter_order_and_decay_groups_are_the_trainers(kind, tie, bias):

@@ -19,7 +19,7 @@ model.safetensors: read as any transformers directory, triax/models/hf.py), and 
 
 So the settings only training_args.bin holds are TrainingArguments' defaults unless the command
 line says otherwise (lr_scheduler_type linear, warmup 0, max_grad_norm 1.0, no gradient
-accumulation), and `check_schedule` verifies them where the checkpoint allows: the continued run's
+accumulation), and `check_next_rate` verifies them where the checkpoint allows: the continued run's
 next learning rate must be scheduler.pt's.
 """
 
@@ -266,17 +266,16 @@ def _dropout(config: dict) -> float | None:
     return float(rate) if _number(rate) and 0 <= rate < 1 else None
 
 
-def check_schedule(checkpoint: TrainerCheckpoint, optim, max_steps: int, warmup_cosine) -> None:
-    """The continued run's next learning rate must be the one scheduler.pt holds for that step:
-    the Trainer's lr_scheduler_type and warmup are only in training_args.bin, so this is how a
-    schedule given wrongly (or left at its default) is caught."""
-    ours = warmup_cosine(checkpoint.global_step, optim.decay_steps or max_steps, optim.warmup_steps, optim.lr,
-                         optim.min_lr if optim.min_lr is not None else optim.lr / 10, optim.schedule)
-    if not math.isclose(ours, checkpoint.next_lr, rel_tol=1e-9, abs_tol=1e-300):
+def check_next_rate(checkpoint: TrainerCheckpoint, rate: float, optim) -> None:
+    """`rate`, the continued run's learning rate for its next step (under `optim`, its settings),
+    must be the one scheduler.pt holds for that step: the Trainer's lr_scheduler_type and warmup
+    are only in training_args.bin, so this is how a schedule given wrongly (or left at the assumed
+    defaults) is caught before a step is taken."""
+    if not math.isclose(rate, checkpoint.next_lr, rel_tol=1e-9, abs_tol=1e-300):
         raise CheckpointError(
             f"{checkpoint.path}/scheduler.pt: the Trainer's next learning rate (step {checkpoint.global_step}) is "
             f"{checkpoint.next_lr:.6g}, but optim.schedule={optim.schedule} with optim.lr={optim.lr:g}, warmup_steps="
-            f"{optim.warmup_steps}, decay_steps={optim.decay_steps} and min_lr={optim.min_lr} gives {ours:.6g}; give "
+            f"{optim.warmup_steps}, decay_steps={optim.decay_steps} and min_lr={optim.min_lr} gives {rate:.6g}; give "
             "the run's lr_scheduler_type (linear: optim.schedule=linear, cosine: cosine_hf) and warmup_steps "
             "(training_args.bin, which triax does not read)")
 

@@ -415,7 +415,7 @@ def continuation_overrides(config: TrainConfig) -> tuple[list[str], list[str]]:
     if hf_trainer_run.is_trainer_checkpoint(path):
         return hf_trainer_run.overrides(hf_trainer_run.open_checkpoint(path))
     if not nanogpt.is_nanogpt_checkpoint(path):
-        raise ConfigError(f"trainer.continue_from={path!r} is neither nanoGPT's ckpt.pt (or an out_dir holding one) "
+        raise ConfigError(f"trainer.continue_from={path!r} is not nanoGPT's ckpt.pt (or an out_dir holding one) "
                           "nor a transformers Trainer's checkpoint-N folder (with trainer_state.json); a triax run "
                           "continues by itself (same trainer.run_dir), and other checkpoints start a run with "
                           "model.init_from")

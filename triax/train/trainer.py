@@ -363,8 +363,10 @@ class Trainer:
                 else:
                     source.trainer = hf_trainer_run.open_checkpoint(path)
                     hf_trainer_run.saved_state(source.trainer)
-                    hf_trainer_run.check_schedule(source.trainer, self.config.optim, self.config.trainer.max_steps,
-                                                  warmup_cosine)
+                    optim, step = self.config.optim, source.trainer.global_step
+                    rate = warmup_cosine(step, optim.decay_steps or self.config.trainer.max_steps or step,
+                                         optim.warmup_steps, optim.lr, final_lr(optim), optim.schedule)
+                    hf_trainer_run.check_next_rate(source.trainer, rate, optim)
             except checkpoint.SnapshotError as error:
                 raise ConfigError(f"trainer.continue_from: {error}") from None
         if source.codec is None and self.config.data.task == "char":
