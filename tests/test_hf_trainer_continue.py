@@ -290,6 +290,35 @@ def test_unsafe_files_are_refused(tmp_path, gpt2_run):
         compose_config([f"trainer.continue_from={folder}"])
 
 
+@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt"])
+def test_a_pickled_file_that_is_a_link_or_a_fifo_is_refused(tmp_path, gpt2_run, name):
+    import os
+
+    from triax.train.config import compose_config
+
+    path = gpt2_run["folder"] / name
+    elsewhere = tmp_path / "elsewhere.pt"
+    elsewhere.write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to(elsewhere)
+    for made in ("link", "fifo"):
+        with pytest.raises(OSError) as raised:
+            compose_config([f"trainer.continue_from={gpt2_run['folder']}"])
+        assert name in str(raised.value) and "\n" not in str(raised.value), made
+        path.unlink()
+        os.mkfifo(path)
+
+
+def test_a_state_file_past_its_size_is_refused_before_it_is_read(gpt2_run, monkeypatch):
+    from triax.checkpoint import hf_trainer_run
+    from triax.errors import ConfigError
+    from triax.train.config import compose_config
+
+    monkeypatch.setattr(hf_trainer_run, "MAX_STATE_BYTES", 64)  # the real bound is 256 MiB
+    with pytest.raises(ConfigError, match="bytes, more than the 64"):
+        compose_config([f"trainer.continue_from={gpt2_run['folder']}"])
+
+
 @pytest.mark.multiprocess
 def test_a_schedule_the_checkpoint_contradicts_is_refused_with_exit_2(tmp_path, gpt2_run):
     """The run warmed up for one step (training_args.bin, unread): left at the assumed warmup 0,
