@@ -248,7 +248,8 @@ def overrides(checkpoint: TrainerCheckpoint) -> tuple[list[str], list[str]]:
         result.append(f"trainer.log_every={checkpoint.logging_steps}")
     dropout = _dropout(checkpoint.config)
     if dropout is None:
-        notes.append("its config.json's dropouts differ from each other: model.dropout is this run's own")
+        notes.append("its config.json's dropout rates are not one rate triax's model.dropout can apply: "
+                     "model.dropout is this run's own")
     else:
         result.append(f"model.dropout={dropout!r}")
     if checkpoint.best_metric is not None and checkpoint.best_loss is None:
@@ -257,11 +258,12 @@ def overrides(checkpoint: TrainerCheckpoint) -> tuple[list[str], list[str]]:
 
 
 def _dropout(config: dict) -> float | None:
-    """The one dropout rate of the checkpoint's model, if its config gives one."""
-    if config["model_type"] == "gpt2":
-        rates = {config.get(key, 0.1) for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
-    else:
-        rates = {config.get("attention_dropout", 0.0)}
+    """The dropout rate that makes triax's model.dropout (embeddings, attention, residuals) drop
+    what the checkpoint's model drops, if there is one: GPT-2's three rates when they are one
+    rate; Llama's attention_dropout (the only one it has) when it is 0."""
+    if config["model_type"] != "gpt2":
+        return 0.0 if config.get("attention_dropout", 0.0) == 0 else None
+    rates = {config.get(key, 0.1) for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
     rate = rates.pop() if len(rates) == 1 else None
     return float(rate) if _number(rate) and 0 <= rate < 1 else None
 
