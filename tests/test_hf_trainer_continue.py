@@ -130,6 +130,9 @@ def test_the_first_step_triax_takes_is_the_trainers_next_step(tmp_path, started)
     assert record["loss"] == pytest.approx(started["loss"], rel=1e-6)
     assert record["lr"] == pytest.approx(linear_lr(STOP + 1), rel=1e-12)  # logged after the step: the next one's
     assert export_main([str(run_dir), str(tmp_path / "export"), "--format", "hf"]) == 0
+    if started["kind"] == "gpt2" and not started["layout"]:  # a later start resumes from the run's own snapshot
+        again = train(continue_overrides(run_dir, started, f"trainer.max_steps={STOP + 2}"))
+        assert f"from {run_dir / 'snapshots' / 'step_00000003'}" in again.stdout and "continuing" not in again.stdout
     ours = load_file(tmp_path / "export" / "model.safetensors")
     atol, rtol = adam_tolerance([linear_lr(STOP)])
     before, expected_all = load_file(started["before"]), load_file(started["after"] / "model.safetensors")

@@ -148,6 +148,11 @@ def open_checkpoint(path: str) -> TrainerCheckpoint:
     return _opened[key]
 
 
+def release() -> None:
+    """Forget the checkpoint read (its optimizer state is twice the model's size) once loaded."""
+    _opened.clear()
+
+
 # ---- the model's parameters as the Trainer's optimizer saw them ----------------------------------
 
 def parameter_names(config: dict) -> list[str]:

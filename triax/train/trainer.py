@@ -503,6 +503,9 @@ class Trainer:
             self.continued_best = saved.best_loss
         move_schedule(self.scheduler, self.step)
         _, notes = continuation_overrides(self.config)
+        if source.kind != "nanogpt":  # this process keeps only its slices of the moments, now in its optimizer
+            source.trainer = None
+            hf_trainer_run.release()
         best = f", best val loss {self.continued_best[0]:.4f}" if self.continued_best is not None else ""
         self.logger.print(f"continuing {tool} run {source.path} at step {self.step}/{self.total_steps}{best}: its "
                           f"AdamW state and schedule (lr {self.scheduler.get_last_lr()[0]:.3e} next)"
