@@ -62,7 +62,7 @@ class SaveAndStop(transformers.TrainerCallback):
         return control
 
 
-def trainer_run(kind, tmp_path):
+def trainer_run(kind, tmp_path, **extra):
     """The Trainer's run stopped at step STOP (its checkpoint-STOP), the token files triax reads the
     same two samples from, and the batch."""
     tokens = np.random.default_rng(3).integers(0, VOCAB, BLOCK + 2).astype(np.uint16)
@@ -73,7 +73,7 @@ def trainer_run(kind, tmp_path):
     (data / "meta.json").write_text(json.dumps({"vocab_size": VOCAB, "dtype": "uint16"}))
     windows = torch.from_numpy(tokens.astype(np.int64)).unfold(0, BLOCK + 1, 1)  # triax's two samples
     samples = [{"input_ids": window, "labels": window} for window in windows]  # the model shifts the labels
-    transformers.Trainer(model=hf_model(kind), args=arguments(tmp_path / "out"), train_dataset=samples).train()
+    transformers.Trainer(model=hf_model(kind), args=arguments(tmp_path / "out", **extra), train_dataset=samples).train()
     return {"kind": kind, "folder": tmp_path / "out" / f"checkpoint-{STOP}", "data": data, "windows": windows,
             "samples": samples}
 
@@ -204,6 +204,21 @@ def test_the_schedules_are_transformers():
             assert warmup_cosine(step, 10, 3, LR, 0.0, schedule) == pytest.approx(scheduler.get_last_lr()[0], rel=1e-12, abs=1e-18)
             optimizer.step()
             scheduler.step()
+
+
+def test_a_cosine_run_continues_with_cosine_hf_and_is_refused_without(tmp_path):
+    """lr_scheduler_type="cosine" is in training_args.bin only: the rate check catches the
+    assumed linear schedule, and optim.schedule=cosine_hf passes it."""
+    from triax.errors import ConfigError
+    from triax.train import Trainer, compose_config
+
+    run = trainer_run("gpt2", tmp_path, lr_scheduler_type="cosine")
+    with pytest.raises(ConfigError, match="optim.schedule=linear") as raised:
+        Trainer(compose_config(continue_overrides(tmp_path / "linear", run)))
+    assert "\n" not in str(raised.value) and not (tmp_path / "linear").exists()
+    trainer = Trainer(compose_config(continue_overrides(tmp_path / "cosine", run, "optim.schedule=cosine_hf")))
+    cosine = LR * 0.5 * (1 + np.cos(np.pi * (STOP - WARMUP) / (MAX_STEPS - WARMUP)))  # transformers' at step 2
+    assert trainer.step == STOP and trainer.scheduler.get_last_lr()[0] == pytest.approx(cosine, rel=1e-12)
 
 
 def rewrite(folder, name, change):
