@@ -44,4 +44,5 @@ training = transformers.TrainingArguments(output_dir=args.out, max_steps=args.st
                                           per_device_train_batch_size=8, learning_rate=1e-3, weight_decay=0.1,
                                           use_cpu=True, report_to=[], disable_tqdm=True, logging_steps=1)
 transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=training, train_dataset=samples).train()
-print(f"wrote {', '.join(sorted(name for name in os.listdir(args.out) if name.startswith('checkpoint-')))} in {args.out}")
+saved = sorted(name for name in os.listdir(args.out) if name.startswith("checkpoint-"))
+print(f"wrote {', '.join(saved)} in {args.out}")

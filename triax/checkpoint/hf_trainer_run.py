@@ -79,9 +79,9 @@ class TrainerCheckpoint:
         try:
             state = safe_files.read_json(checkpoint_file(self.path, STATE_FILE, max_bytes=MAX_STATE_BYTES),
                                          MAX_STATE_BYTES)
+        except CheckpointError:  # a link out of the folder, a FIFO, too large: said already
+            raise
         except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
-            if isinstance(error, CheckpointError):
-                raise
             raise CheckpointError(f"cannot read {where} ({type(error).__name__}: {printable(str(error))[:160]}); "
                                   "it is damaged or not the Trainer's") from None
         if not isinstance(state, dict):
@@ -216,7 +216,8 @@ def _groups(checkpoint: TrainerCheckpoint) -> list[dict]:
                                "then biases and norms); a custom optimizer or frozen parameters cannot be continued")
     first = groups[0]
     betas, eps = first.get("betas"), first.get("eps")
-    settings_ok = (isinstance(betas, (list, tuple)) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)
+    settings_ok = (isinstance(betas, (list, tuple)) and len(betas) == 2
+                   and all(_number(beta) and 0 <= beta < 1 for beta in betas)
                    and _number(eps) and eps > 0 and _number(first.get("weight_decay")) and first["weight_decay"] >= 0
                    and _number(first.get("lr")) and first["lr"] >= 0)
     if not settings_ok:
