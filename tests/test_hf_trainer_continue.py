@@ -73,7 +73,8 @@ def trainer_run(kind, tmp_path, **extra):
     (data / "meta.json").write_text(json.dumps({"vocab_size": VOCAB, "dtype": "uint16"}))
     windows = torch.from_numpy(tokens.astype(np.int64)).unfold(0, BLOCK + 1, 1)  # triax's two samples
     samples = [{"input_ids": window, "labels": window} for window in windows]  # the model shifts the labels
-    transformers.Trainer(model=hf_model(kind), args=arguments(tmp_path / "out", **extra), train_dataset=samples).train()
+    model = hf_model(kind, tie=kind == "gpt2")  # each family's default: GPT-2 ties its head, Llama does not
+    transformers.Trainer(model=model, args=arguments(tmp_path / "out", **extra), train_dataset=samples).train()
     return {"kind": kind, "folder": tmp_path / "out" / f"checkpoint-{STOP}", "data": data, "windows": windows,
             "samples": samples}
 
