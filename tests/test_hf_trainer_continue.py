@@ -272,15 +272,15 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, gpt2_run, name, c
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt"])
-def test_a_pickle_that_runs_code_is_refused(tmp_path, gpt2_run, name):
-    from triax.train.config import compose_config
-
+def test_a_pickle_that_runs_code_is_refused_with_exit_2(tmp_path, gpt2_run, name):
     marker = tmp_path / "ran"
     (gpt2_run["folder"] / name).write_bytes(pickled_bytes({"state": Payload(marker)}))
-    with pytest.raises(ValueError, match="weights-only") as raised:
-        compose_config([f"trainer.continue_from={gpt2_run['folder']}"])
-    assert "\n" not in str(raised.value) and not marker.exists()
+    result = train(continue_overrides(tmp_path / "run", gpt2_run), check=False)
+    error = result.stderr.strip()
+    assert result.returncode == 2 and "weights-only" in error and name in error and len(error.splitlines()) == 1
+    assert not marker.exists() and not (tmp_path / "run").exists()
 
 
 def test_unsafe_files_are_refused(tmp_path, gpt2_run):
