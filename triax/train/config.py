@@ -160,8 +160,8 @@ class OptimConfig:
     constant (optim.lr throughout)."""
 
     decay_steps: Optional[int] = None
-    """Step at which the cosine reaches optim.min_lr and stays (nanoGPT's lr_decay_iters); unset =
-    the run's length."""
+    """Step at which the decay (cosine or line) reaches optim.min_lr and stays (nanoGPT's
+    lr_decay_iters, a Trainer's max_steps); unset = the run's length."""
 
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     """AdamW betas."""
