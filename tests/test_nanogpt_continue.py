@@ -250,7 +250,7 @@ def test_continue_from_names_nanogpts_checkpoint_alone(tmp_path, started):
     with pytest.raises(ConfigError, match="is not nanoGPT's ckpt.pt"):
         compose_config([f"trainer.continue_from={tmp_path}"])
     with pytest.raises(ConfigError, match="optim.schedule"):
-        compose_config(["optim.schedule=linear"])
+        compose_config(["optim.schedule=exponential"])
 
 
 @pytest.mark.multiprocess

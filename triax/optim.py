@@ -1,5 +1,6 @@
 """AdamW with decoupled weight decay on matmul weights (or, if asked, on every matrix or every
-parameter), and a warm-up + cosine schedule: triax's own, or nanoGPT's (to continue a run it began)."""
+parameter), and a warm-up + decay schedule: triax's own cosine, or nanoGPT's or transformers' (to
+continue a run one of them began)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ FUSED_DEVICES = ("cuda", "cpu")
 
 def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95),
                device: torch.device | None = None, decay: str = "linear",
-               fused: bool | None = None) -> torch.optim.AdamW:
+               fused: bool | None = None, eps: float = 1e-8) -> torch.optim.AdamW:
     decayed, not_decayed = split_decay_parameters(model, decay)
     groups = [{"params": decayed, "weight_decay": weight_decay},
               {"params": not_decayed, "weight_decay": 0.0}]
@@ -58,10 +59,10 @@ def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.9
     # that took 2.5 ms a step against 0.55 ms fused (benchmarks/vs_nanogpt.py's model).
     if fused is None:
         fused = device is not None and device.type in FUSED_DEVICES
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=fused or None)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused or None)
 
 
-SCHEDULES = ("cosine", "nanogpt", "constant")
+SCHEDULES = ("cosine", "nanogpt", "linear", "cosine_hf", "constant")
 
 
 def warmup_cosine(step: int, max_steps: int, warmup_steps: int, lr: float, min_lr: float,
@@ -70,9 +71,17 @@ def warmup_cosine(step: int, max_steps: int, warmup_steps: int, lr: float, min_l
 
     cosine: linear warm-up from lr/warmup to lr, then cosine decay to min_lr at max_steps.
     nanogpt: nanoGPT's get_lr, whose warm-up is lr * (step + 1) / (warmup + 1) (it never quite
-    reaches lr), then the same cosine. constant: lr throughout (nanoGPT's decay_lr=False)."""
+    reaches lr), then the same cosine. linear and cosine_hf: transformers' get_linear_schedule_with_warmup
+    and get_cosine_schedule_with_warmup (a Trainer's lr_scheduler_type linear, its default, and
+    cosine), whose warm-up starts from 0 (lr * step / warmup), then a straight line or the same
+    cosine down to min_lr (0 in transformers). constant: lr throughout (nanoGPT's decay_lr=False)."""
     if schedule == "constant":
         return lr
+    if schedule in ("linear", "cosine_hf") and step < warmup_steps:
+        return lr * step / warmup_steps
+    if schedule == "linear":
+        # transformers' own arithmetic, (max - step) / (max - warmup), so the rates are its to the bit
+        return min_lr + (lr - min_lr) * max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
     if warmup_steps > 0 and step < warmup_steps:
         return lr * (step + 1) / (warmup_steps + (schedule == "nanogpt"))
     if step >= max_steps:

@@ -27,7 +27,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from triax.checkpoint import nanogpt, nanogpt_run
+from triax.checkpoint import hf_trainer_run, nanogpt, nanogpt_run
 from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
 from triax.models.config import PRESETS, GPTConfig, preset_fields
@@ -158,14 +158,19 @@ class OptimConfig:
 
     schedule: str = "cosine"
     """cosine (warm-up to optim.lr, then cosine decay) | nanogpt (nanoGPT's get_lr: its warm-up
-    reaches lr * warmup / (warmup + 1), then the same cosine) | constant (optim.lr throughout)."""
+    reaches lr * warmup / (warmup + 1), then the same cosine) | linear, cosine_hf (transformers'
+    linear and cosine schedules: warm-up from 0, then a line or the cosine to optim.min_lr) |
+    constant (optim.lr throughout)."""
 
     decay_steps: Optional[int] = None
-    """Step at which the cosine reaches optim.min_lr and stays (nanoGPT's lr_decay_iters); unset =
-    the run's length."""
+    """Step at which the decay (cosine or line) reaches optim.min_lr and stays (nanoGPT's
+    lr_decay_iters, a Trainer's max_steps); unset = the run's length."""
 
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     """AdamW betas."""
+
+    eps: float = 1e-8
+    """AdamW's epsilon (torch's default; a transformers Trainer's adam_epsilon)."""
 
     weight_decay: float = 0.1
     """Decoupled weight decay, on the parameters optim.decay names."""
@@ -229,10 +234,10 @@ class TrainerConfig:
     """Continue from the newest good snapshot if there is one; false starts fresh."""
 
     continue_from: Optional[str] = None
-    """Continue a run nanoGPT began: its ckpt.pt (or out_dir). Its weights, AdamW state, step
-    (iter_num), best val loss and schedule (its config's learning_rate, warmup_iters,
-    lr_decay_iters, ...) carry on; keys given on the command line win. Once this run has a snapshot
-    of its own, a restart resumes from that."""
+    """Continue a run nanoGPT began (its ckpt.pt or out_dir) or transformers' Trainer began (a
+    checkpoint-N folder of a gpt2 or llama model). Its weights, AdamW state, step, best val loss
+    and schedule carry on; keys given on the command line win. Once this run has a snapshot of its
+    own, a restart resumes from that."""
 
     overwrite: bool = False
     """With resume=false, delete an existing run's snapshots instead of refusing to start."""
@@ -408,10 +413,13 @@ def continuation_overrides(config: TrainConfig) -> tuple[list[str], list[str]]:
     if config.model.init_from:
         raise ConfigError(f"trainer.continue_from={path!r} and model.init_from={config.model.init_from!r} both name "
                           "a checkpoint to start from; give one (continue_from also carries the optimizer and step)")
+    if hf_trainer_run.is_trainer_checkpoint(path):
+        return hf_trainer_run.overrides(hf_trainer_run.open_checkpoint(path))
     if not nanogpt.is_nanogpt_checkpoint(path):
-        raise ConfigError(f"trainer.continue_from={path!r} is not nanoGPT's ckpt.pt or an out_dir holding one; "
-                          "a triax run continues by itself (same trainer.run_dir), and other checkpoints start a "
-                          "run with model.init_from")
+        raise ConfigError(f"trainer.continue_from={path!r} is not nanoGPT's ckpt.pt (or an out_dir holding one) "
+                          "nor a transformers Trainer's checkpoint-N folder (with trainer_state.json); a triax run "
+                          "continues by itself (same trainer.run_dir), and other checkpoints start a run with "
+                          "model.init_from")
     parallel = config.parallel
     processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
     data_parallel = max(1, processes // max(1, parallel.tp * parallel.pp))
@@ -560,6 +568,7 @@ def _check_optim(optim: OptimConfig) -> None:
     _need(optim.schedule in SCHEDULES, "optim.schedule", optim.schedule, f"use one of {', '.join(SCHEDULES)}")
     _need(optim.decay_steps is None or optim.decay_steps >= 1, "optim.decay_steps", optim.decay_steps,
           "use 1 or more, or leave it unset for the run's length")
+    _need(_finite(optim.eps) and optim.eps > 0, "optim.eps", optim.eps, "use a number above 0, e.g. 1e-8")
     _need(len(optim.betas) == 2, "optim.betas", optim.betas, "give two values, e.g. [0.9,0.95]")
     _need(all(_finite(beta) and 0 <= beta < 1 for beta in optim.betas), "optim.betas", optim.betas,
           "each beta must be in [0, 1)")

@@ -40,6 +40,7 @@ class InitSource:
     snapshot: str | None = None
     nanogpt: object | None = None  # the checked ckpt.pt (kind "nanogpt")
     meta_weights: object | None = None  # the checked tensors in Meta's layout (kinds "meta", "torchtitan")
+    trainer: object | None = None  # a Trainer's checked checkpoint-N, with trainer.continue_from
     context_reason: str = ""  # why the context is what it is, when not the checkpoint's max positions
     # {name: path} of the transformers files describing the checkpoint besides its weights (config,
     # generation config, tokenizer files), which the run keeps a copy of (keep_description)
