@@ -28,6 +28,10 @@ parser.add_argument("--stop-file", required=True)
 parser.add_argument("--samples", type=int, default=48)
 parser.add_argument("--batch-size", type=int, default=2)
 parser.add_argument("--step-pause", type=float, default=0.02, help="seconds: leaves the test time to act")
+parser.add_argument("--hold-exchange-on", metavar="HOST",
+                    help="the worker on HOST, at its 3rd step, stops in the middle of its gradient exchange "
+                         "(one of two buckets sent, the other not) and says `holding the exchange pid P`, "
+                         "so the test can kill it while the others wait in their allreduce")
 args = parser.parse_args()
 faulthandler.dump_traceback_later(600, exit=True)
 
@@ -66,8 +70,23 @@ hvd.init()
 dataset = Numbered(args.samples)
 model = build_model()
 initial = {k: v.clone() for k, v in model.state_dict().items()}
+
+def hold_exchange(_parameter):
+    # Registered before DistributedOptimizer's own hooks, so it runs before this gradient's bucket
+    # (the second of two; the first, the last layer's, is already on its way) is sent.
+    global steps_held
+    steps_held += 1
+    if steps_held == 3:
+        say(f"holding the exchange pid {os.getpid()}")
+        time.sleep(3600)
+
+
+steps_held = 0
+if args.hold_exchange_on == os.environ["HOROVOD_HOSTNAME"]:
+    model[0].weight.register_post_accumulate_grad_hook(hold_exchange)  # its gradient comes last
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.5),
-                                     named_parameters=model.named_parameters())
+                                     named_parameters=model.named_parameters(),
+                                     groups=2 if args.hold_exchange_on else None)
 sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
 loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
 state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0, history=[])
