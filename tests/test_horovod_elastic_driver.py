@@ -180,9 +180,10 @@ def test_scale_down_up_and_a_killed_worker_across_simulated_hosts(tmp_path):
 # the killed worker has sent one of its two gradient buckets and not the other, so the others wait
 # in their allreduce for it. In gloo's ring the dead worker's two neighbours fail at once; the
 # survivor between them waits on a neighbour, and fails only when that neighbour's connections
-# close, i.e. when its hvd.shutdown() really frees its group (with torch 2.13 a group freed late
-# held it for about 30 s whatever the timeout). The gloo timeout is set far above that, so the
-# reset cannot come from it; most of the bound is starting processes on a loaded machine.
+# close, i.e. when its hvd.shutdown() really frees its group. (A group that stayed alive after its
+# shutdown held that survivor until the gloo timeout.) The gloo timeout is set far above the bound,
+# so the reset cannot come from it; most of the bound is a loaded machine's scheduling.
+GLOO_TIMEOUT_S = 60
 RESET_WITHIN_S = 20
 
 
@@ -192,9 +193,10 @@ def test_a_four_worker_job_resets_within_seconds_after_a_kill_in_the_gradient_ex
     discover.chmod(0o755)
     stop_file = tmp_path / "stop"
     argv = [sys.executable, "-m", "triax", "horovodrun", "-np", "4", "--min-np", "3", "--max-np", "4",
-            "--host-discovery-script", str(discover), sys.executable, SCRIPT, "--out", str(tmp_path / "out.pt"),
-            "--stop-file", str(stop_file), "--samples", "400", "--hold-exchange-on", "127.0.0.1"]
-    job = Job(argv, child_env(HOROVOD_GLOO_TIMEOUT_SECONDS="600"))
+            "--gloo-timeout-seconds", str(GLOO_TIMEOUT_S), "--host-discovery-script", str(discover),
+            sys.executable, SCRIPT, "--out", str(tmp_path / "out.pt"), "--stop-file", str(stop_file),
+            "--samples", "400", "--hold-exchange-on", "127.0.0.1"]
+    job = Job(argv, child_env())
     try:
         at, _ = job.wait_for(WORKER + r"joined 127\.0\.0\.1 rank 3 size 4 pid (\d+)")
         at, match = job.wait_for(WORKER + r"holding the exchange pid (\d+)", at)

@@ -11,6 +11,15 @@ import time
 import torch
 import torch.distributed as dist
 
+if dist.is_available():
+    # torch.distributed.nn.functional's collectives default to `group=group.WORLD`, a value taken
+    # when the module is first imported. torch.optim imports it (through torch._dynamo and FSDP) when
+    # an optimizer is first built: after the default group exists, its ten functions would hold that
+    # group for the life of the process, and destroy_process_group() could not free it: gloo's
+    # threads and connections would stay, and the peers of a rank that left an elastic job would wait
+    # for it until their collective timed out. Imported here, before any group, the default is None.
+    import torch.distributed.nn.functional  # noqa: F401
+
 from triax import kept_works
 from triax.place import Place, default_backend, detect_place
 from triax.rendezvous import attempt_store, port_taken_explained, set_rendezvous_defaults
