@@ -12,6 +12,7 @@ import torch
 import triax.horovod as hvd
 from triax.errors import TriaxError
 from triax.horovod import horovodrun
+from triax.testing import run_torchrun
 
 from horovod_support import horovod  # noqa: F401  (fixture: one process joined as a Horovod job)
 
@@ -138,12 +139,13 @@ def test_the_job_is_left_at_exit_without_hvd_shutdown():
 @pytest.mark.multiprocess
 def test_no_gloo_thread_or_connection_outlives_shutdown_a_rejoin_or_the_end():
     # Before, hvd.shutdown() left gloo's connection thread and sockets open (a kept collective held
-    # them), so after an elastic reset the survivors' peers never saw this rank leave and waited
-    # for the gloo timeout.
-    from forked import launch
+    # them; in a fresh process, torch.distributed.nn.functional's default arguments held the first
+    # group too), so after an elastic reset the survivors' peers never saw this rank leave and
+    # waited for the gloo timeout. Fresh processes (torchrun), not tests/forked.py's: a forked rank
+    # inherits modules imported before any group existed, which hid the second cause.
     from horovod_support import WORKERS, child_env
 
-    result = launch(2, [str(WORKERS / "shutdown_frees_group.py")], timeout=300, env=child_env())
+    result = run_torchrun(2, [str(WORKERS / "shutdown_frees_group.py")], timeout=300, env=child_env())
     looks = {}
     for line in result.stdout.splitlines():
         when, _, counts = line.rpartition(" threads=")
