@@ -211,3 +211,12 @@ def test_a_four_worker_job_resets_within_seconds_after_a_kill_in_the_gradient_ex
         assert job.process.wait(EVENT_TIMEOUT_S) == 0, "\n".join(job.lines[-40:])
     finally:
         job.stop()
+    # Each survivor holds one group's gloo threads after the reset, as it did at its first join:
+    # the old group's threads did not outlive its hvd.shutdown().
+    threads: dict[str, list[int]] = {}
+    for line in job.lines:
+        match = re.search(WORKER + r"joined \S+ rank \d+ size \d+ pid (\d+) gloo threads (\d+)", line)
+        if match:
+            threads.setdefault(match.group(1), []).append(int(match.group(2)))
+    rejoined = [counts for counts in threads.values() if len(counts) > 1]
+    assert len(rejoined) == 3 and all(counts[0] > 0 and set(counts) == {counts[0]} for counts in rejoined), threads

@@ -5,7 +5,7 @@ It trains a small model with an ElasticSampler in a TorchState, committing after
 the file --stop-file exists (checked at the end of each epoch). Every rank keeps, in the state,
 the global batch of every committed step (the indices of all ranks, gathered), so after any
 reset the committed history is exactly what the model went through. Prints, for the test to
-follow: `started with HOROVOD_...=...` before hvd.init(), `joined HOST rank R size S pid P` at every (re)join, `step N size S` after each commit,
+follow: `started with HOROVOD_...=...` before hvd.init(), `joined HOST rank R size S pid P gloo threads N` at every (re)join, `step N size S` after each commit,
 and `final rank R size S digest D` at the end. Rank 0 writes --out: the committed history, the
 initial and final weights and the resets each rank saw.
 """
@@ -93,8 +93,21 @@ state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler
 resets = []
 
 
+def gloo_threads() -> int:
+    """Threads of gloo's (its work loops and its connections' loop) in this process now."""
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as handle:
+                count += "gloo" in handle.read()
+        except OSError:
+            pass  # ended meanwhile
+    return count
+
+
 def joined():
-    say(f"joined {os.environ['HOROVOD_HOSTNAME']} rank {hvd.rank()} size {hvd.size()} pid {os.getpid()}")
+    say(f"joined {os.environ['HOROVOD_HOSTNAME']} rank {hvd.rank()} size {hvd.size()} pid {os.getpid()} "
+        f"gloo threads {gloo_threads()}")
 
 
 def on_reset():
