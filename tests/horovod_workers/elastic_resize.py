@@ -5,8 +5,9 @@ It trains a small model with an ElasticSampler in a TorchState, committing after
 the file --stop-file exists (checked at the end of each epoch). Every rank keeps, in the state,
 the global batch of every committed step (the indices of all ranks, gathered), so after any
 reset the committed history is exactly what the model went through. Prints, for the test to
-follow: `started with HOROVOD_...=...` before hvd.init(), `joined HOST rank R size S pid P gloo threads N` at every (re)join, `step N size S` after each commit,
-and `final rank R size S digest D` at the end. Rank 0 writes --out: the committed history, the
+follow: `started with HOROVOD_...=...` before hvd.init(), `joined HOST rank R size S pid P gloo
+threads N` at every (re)join, `step N size S` after each commit, and `final rank R size S digest D`
+at the end. Rank 0 writes --out: the committed history, the
 initial and final weights and the resets each rank saw.
 """
 
@@ -70,20 +71,22 @@ hvd.init()
 dataset = Numbered(args.samples)
 model = build_model()
 initial = {k: v.clone() for k, v in model.state_dict().items()}
+backward_passes = 0
+
 
 def hold_exchange(_parameter):
-    # Registered before DistributedOptimizer's own hooks, so it runs before this gradient's bucket
-    # (the second of two; the first, the last layer's, is already on its way) is sent.
-    global steps_held
-    steps_held += 1
-    if steps_held == 3:
+    # On the first layer's weight, registered before DistributedOptimizer's own hooks: it runs
+    # before that layer's bucket (the second of two) is sent; the last layer's bucket, whose
+    # gradients come first in backward, is already on its way.
+    global backward_passes
+    backward_passes += 1
+    if backward_passes == 3:
         say(f"holding the exchange pid {os.getpid()}")
         time.sleep(3600)
 
 
-steps_held = 0
 if args.hold_exchange_on == os.environ["HOROVOD_HOSTNAME"]:
-    model[0].weight.register_post_accumulate_grad_hook(hold_exchange)  # its gradient comes last
+    model[0].weight.register_post_accumulate_grad_hook(hold_exchange)
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.5),
                                      named_parameters=model.named_parameters(),
                                      groups=2 if args.hold_exchange_on else None)
