@@ -137,7 +137,12 @@ def settle_threads(limit_s: float = SETTLE_LIMIT_SECONDS) -> None:
 def shutdown_distributed(group=None) -> None:
     """Destroy `group` (default: every group) so that none of gloo's threads or connections
     outlives it: wait for the kept collectives, let gloo's threads finish (above), destroy, then
-    drop the kept collectives, which would otherwise hold gloo's sockets open (kept_works.py)."""
+    drop the kept collectives, which would otherwise hold gloo's sockets open (kept_works.py).
+
+    gloo's group cannot be aborted: in torch 2.13 its abort() and shutdown() are Backend's no-ops
+    (they neither close its connections nor end a collective in flight). It is freed, threads and
+    connections, only when its last reference goes, so nothing may keep one (see the import of
+    torch.distributed.nn.functional above)."""
     global _created_here
     if group is None:
         kept_works.finish_all()
