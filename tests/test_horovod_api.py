@@ -5,6 +5,7 @@ multi-process behaviour is covered by the other test_horovod_* files.
 """
 
 import os
+import re
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 import triax.horovod as hvd
 from triax.errors import TriaxError
 from triax.horovod import horovodrun
+from triax.testing import run_torchrun
 
 from horovod_support import horovod  # noqa: F401  (fixture: one process joined as a Horovod job)
 
@@ -138,17 +140,18 @@ def test_the_job_is_left_at_exit_without_hvd_shutdown():
 @pytest.mark.multiprocess
 def test_no_gloo_thread_or_connection_outlives_shutdown_a_rejoin_or_the_end():
     # Before, hvd.shutdown() left gloo's connection thread and sockets open (a kept collective held
-    # them), so after an elastic reset the survivors' peers never saw this rank leave and waited
-    # for the gloo timeout.
-    from forked import launch
+    # them; in a fresh process, torch.distributed.nn.functional's default arguments held the first
+    # group too), so after an elastic reset the survivors' peers never saw this rank leave and
+    # waited for the gloo timeout. Fresh processes (torchrun), not tests/forked.py's: a forked rank
+    # inherits modules imported before any group existed, which hid the second cause.
     from horovod_support import WORKERS, child_env
 
-    result = launch(2, [str(WORKERS / "shutdown_frees_group.py")], timeout=300, env=child_env())
+    result = run_torchrun(2, [str(WORKERS / "shutdown_frees_group.py")], timeout=300, env=child_env())
     looks = {}
-    for line in result.stdout.splitlines():
-        when, _, counts = line.rpartition(" threads=")
-        threads, _, sockets = counts.partition(" gloo_sockets=")
-        looks.setdefault(when, []).append((int(threads), int(sockets)))
+    for line in result.stdout.splitlines():  # torchrun's own lines have no counts
+        look = re.fullmatch(r"(.+) threads=(\d+) gloo_sockets=(\d+)", line)
+        if look:
+            looks.setdefault(look.group(1), []).append((int(look.group(2)), int(look.group(3))))
     assert looks["baseline"] == [(1, 0), (1, 0)], result.stdout
     for when in ("joined 0", "joined 1", "joined at the end"):  # the check can fail: gloo was there
         assert all(threads > 1 and sockets > 0 for threads, sockets in looks[when]), (when, result.stdout)

@@ -11,6 +11,15 @@ import time
 import torch
 import torch.distributed as dist
 
+if dist.is_available():
+    # torch.distributed.nn.functional's collectives default to `group=group.WORLD`, a value taken
+    # when the module is first imported. torch.optim imports it (through torch._dynamo and FSDP) when
+    # an optimizer is first built: after the default group exists, its ten functions would hold that
+    # group for the life of the process, and destroy_process_group() could not free it: gloo's
+    # threads and connections would stay, and the peers of a rank that left an elastic job would wait
+    # for it until their collective timed out. Imported here, before any group, the default is None.
+    import torch.distributed.nn.functional  # noqa: F401
+
 from triax import kept_works
 from triax.place import Place, default_backend, detect_place
 from triax.rendezvous import attempt_store, port_taken_explained, set_rendezvous_defaults
@@ -128,7 +137,12 @@ def settle_threads(limit_s: float = SETTLE_LIMIT_SECONDS) -> None:
 def shutdown_distributed(group=None) -> None:
     """Destroy `group` (default: every group) so that none of gloo's threads or connections
     outlives it: wait for the kept collectives, let gloo's threads finish (above), destroy, then
-    drop the kept collectives, which would otherwise hold gloo's sockets open (kept_works.py)."""
+    drop the kept collectives, which would otherwise hold gloo's sockets open (kept_works.py).
+
+    gloo's group cannot be aborted: in torch 2.13 its abort() and shutdown() are Backend's no-ops
+    (they neither close its connections nor end a collective in flight). It is freed, threads and
+    connections, only when its last reference goes, so nothing may keep one (see the import of
+    torch.distributed.nn.functional above)."""
     global _created_here
     if group is None:
         kept_works.finish_all()

@@ -5,8 +5,9 @@ It trains a small model with an ElasticSampler in a TorchState, committing after
 the file --stop-file exists (checked at the end of each epoch). Every rank keeps, in the state,
 the global batch of every committed step (the indices of all ranks, gathered), so after any
 reset the committed history is exactly what the model went through. Prints, for the test to
-follow: `started with HOROVOD_...=...` before hvd.init(), `joined HOST rank R size S pid P` at every (re)join, `step N size S` after each commit,
-and `final rank R size S digest D` at the end. Rank 0 writes --out: the committed history, the
+follow: `started with HOROVOD_...=...` before hvd.init(), `joined HOST rank R size S pid P gloo
+threads N` at every (re)join, `step N size S` after each commit, and `final rank R size S digest D`
+at the end. Rank 0 writes --out: the committed history, the
 initial and final weights and the resets each rank saw.
 """
 
@@ -28,6 +29,10 @@ parser.add_argument("--stop-file", required=True)
 parser.add_argument("--samples", type=int, default=48)
 parser.add_argument("--batch-size", type=int, default=2)
 parser.add_argument("--step-pause", type=float, default=0.02, help="seconds: leaves the test time to act")
+parser.add_argument("--hold-exchange-on", metavar="HOST",
+                    help="the worker on HOST, at its 3rd step, stops in the middle of its gradient exchange "
+                         "(one of two buckets sent, the other not) and says `holding the exchange pid P`, "
+                         "so the test can kill it while the others wait in their allreduce")
 args = parser.parse_args()
 faulthandler.dump_traceback_later(600, exit=True)
 
@@ -66,16 +71,46 @@ hvd.init()
 dataset = Numbered(args.samples)
 model = build_model()
 initial = {k: v.clone() for k, v in model.state_dict().items()}
+backward_passes = 0
+
+
+def hold_exchange(_parameter):
+    # On the first layer's weight, registered before DistributedOptimizer's own hooks: it runs
+    # before that layer's bucket (the second of two) is sent; the last layer's bucket, whose
+    # gradients come first in backward, is already on its way.
+    global backward_passes
+    backward_passes += 1
+    if backward_passes == 3:
+        say(f"holding the exchange pid {os.getpid()}")
+        time.sleep(3600)
+
+
+if args.hold_exchange_on == os.environ["HOROVOD_HOSTNAME"]:
+    model[0].weight.register_post_accumulate_grad_hook(hold_exchange)
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.5),
-                                     named_parameters=model.named_parameters())
+                                     named_parameters=model.named_parameters(),
+                                     groups=2 if args.hold_exchange_on else None)
 sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
 loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
 state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0, history=[])
 resets = []
 
 
+def gloo_threads() -> int:
+    """Threads of gloo's (its work loops and its connections' loop) in this process now."""
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as handle:
+                count += "gloo" in handle.read()
+        except OSError:
+            pass  # ended meanwhile
+    return count
+
+
 def joined():
-    say(f"joined {os.environ['HOROVOD_HOSTNAME']} rank {hvd.rank()} size {hvd.size()} pid {os.getpid()}")
+    say(f"joined {os.environ['HOROVOD_HOSTNAME']} rank {hvd.rank()} size {hvd.size()} pid {os.getpid()} "
+        f"gloo threads {gloo_threads()}")
 
 
 def on_reset():

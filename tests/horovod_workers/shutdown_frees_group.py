@@ -1,6 +1,6 @@
-"""Started by test_horovod_api.py on 2 processes: after every hvd.shutdown() (and at exit,
-for a script that ends without one, as Horovod's do) none of gloo's threads or connections is
-left. Joins and leaves twice, as an elastic reset does, with a DistributedOptimizer step (its
+"""Started by test_horovod_api.py on 2 fresh processes (torchrun): after every hvd.shutdown() (and
+at exit, for a script that ends without one, as Horovod's do) none of gloo's threads or connections
+is left. Joins and leaves twice, as an elastic reset does, with a DistributedOptimizer step (its
 collectives start during backward) and a plain allreduce each time, then ends joined.
 
 Prints one line per look: "<when> threads=<n> gloo_sockets=<n>"."""
@@ -47,7 +47,9 @@ def gloo_sockets() -> int:
 
 
 def look(when: str) -> None:
-    print(f"{when} threads={threads()} gloo_sockets={gloo_sockets()}", flush=True)
+    # One write per line: both ranks share torchrun's stdout, and an unbuffered print() writes the
+    # text and its newline separately, so two ranks' lines could run into each other.
+    os.write(1, f"{when} threads={threads()} gloo_sockets={gloo_sockets()}\n".encode())
 
 
 @atexit.register  # registered before hvd.init(), so it runs after every exit handler of triax
