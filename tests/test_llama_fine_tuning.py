@@ -126,6 +126,9 @@ def test_a_tensor_parallel_degree_that_does_not_divide_the_key_value_heads_is_on
                    check=False)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if "n_kv_head" in line]
-    assert len(lines) == 2 and all("parallel.tp=2 does not divide model.n_kv_head=1" in line for line in lines), \
+    # Each rank refuses in one line; the first to exit stops the other (as torchrun does), which on
+    # a loaded machine may not have got as far as saying so.
+    assert len(lines) in (1, 2) and all("parallel.tp=2 does not divide model.n_kv_head=1" in line for line in lines), \
         result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
