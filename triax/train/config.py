@@ -33,6 +33,7 @@ from triax.errors import ConfigError
 from triax.models.config import PRESETS, GPTConfig, preset_fields
 from triax.models.lora import LoRAConfig, check_lora
 from triax.optim import DECAY_RULES, SCHEDULES
+from triax.place import detect_place
 from triax.parallel.comm_hooks import check_compression
 from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
 from triax.precision import POLICY_NAMES
@@ -421,8 +422,8 @@ def continuation_overrides(config: TrainConfig) -> tuple[list[str], list[str]]:
                           "continues by itself (same trainer.run_dir), and other checkpoints start a run with "
                           "model.init_from")
     parallel = config.parallel
-    processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    data_parallel = max(1, processes // max(1, parallel.tp * parallel.pp))
+    # Whichever launcher started this process (torchrun, srun, mpirun) says how many there are.
+    data_parallel = max(1, detect_place().world_size // max(1, parallel.tp * parallel.pp))
     return nanogpt_run.overrides(nanogpt.open_checkpoint(path), data_parallel)
 
 

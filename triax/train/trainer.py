@@ -22,7 +22,6 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 from triax import checkpoint, safe_files
 from triax.agreement import raise_together
-from triax.checkpoint import hf_trainer_run, nanogpt_run
 from triax.checkpoint.rng import seed_everything
 from triax.collectives import any_rank, gather_floats, mean_across_ranks
 from triax.data import GlobalSampler
@@ -34,7 +33,7 @@ from triax.metrics import MetricsLogger, Pace, duration, peak_memory_mb, stated_
 from triax.models import build_model, vocabulary_rows
 from triax.models.lora import apply_lora, trainable_summary
 from triax.models.peft_format import load_adapter
-from triax.optim import make_adamw, make_schedule, move_schedule, warmup_cosine
+from triax.optim import make_adamw, make_schedule, move_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.mesh import GPU_VOCAB_MULTIPLE, build_mesh, padded_vocab_size, resolve_layout, validate_layout
@@ -48,7 +47,7 @@ from triax.rendezvous import restart_count
 from triax.stragglers import StragglerCheck
 from triax.threads import apply_thread_choice
 from triax.timeouts import collective_timeout, slow_phase_timeout
-from triax.train import init_from
+from triax.train import continuation, init_from
 from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset,
                                 continuation_overrides, final_lr, gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
@@ -357,18 +356,7 @@ class Trainer:
             return None
         source = init_from.resolve(path, self.config.model)
         if self.config.trainer.continue_from:
-            try:  # the optimizer state (and schedule) is checked now, before any process group or run directory
-                if source.kind == "nanogpt":
-                    nanogpt_run.saved_state(source.nanogpt)
-                else:
-                    source.trainer = hf_trainer_run.open_checkpoint(path)
-                    hf_trainer_run.saved_state(source.trainer)
-                    optim, step = self.config.optim, source.trainer.global_step
-                    rate = warmup_cosine(step, optim.decay_steps or self.config.trainer.max_steps or step,
-                                         optim.warmup_steps, optim.lr, final_lr(optim), optim.schedule)
-                    hf_trainer_run.check_next_rate(source.trainer, rate, optim)
-            except checkpoint.SnapshotError as error:
-                raise ConfigError(f"trainer.continue_from: {error}") from None
+            continuation.check(source, self.config)
         if source.codec is None and self.config.data.task == "char":
             family = source.architecture.get("arch", "gpt2")
             tokenizer = ("GPT-2's tokenizer.json" if family == "gpt2" else
@@ -483,33 +471,20 @@ class Trainer:
             self.logger.print("config differs from the snapshot's: " + ", ".join(changed))
 
     def _continue_run(self) -> None:
-        """trainer.continue_from: nanoGPT's or a Trainer's AdamW state, step and best val loss, on top of the
-        weights init_from loaded; the schedule moves to that step (its settings came with the
+        """trainer.continue_from: the other tool's AdamW state, step and best val loss, on top of
+        the weights init_from loaded; the schedule moves to that step (its settings came with the
         config). A run already at or past its end says so, as a resumed one does."""
         source = self.init_source
         model = self.raw_model if self.raw_model is not None else self.model
         get_optimizer_state_dict(model, self.optimizer)  # creates AdamW's state, to be overwritten
-        if source.kind == "nanogpt":
-            saved, tool = source.nanogpt, "nanoGPT's"
-            nanogpt_run.load_optimizer_state(saved, model, self.optimizer, self.model_config.vocab_size,
-                                             self._stored_name())
-            self.step = saved.iter_num
-            if saved.best_val_loss is not None:
-                self.continued_best = (float(saved.best_val_loss), saved.iter_num)
-        else:  # a transformers Trainer's checkpoint-N
-            saved, tool = source.trainer, "transformers Trainer's"
-            hf_trainer_run.load_optimizer_state(saved, model, self.optimizer, self.model_config, self._stored_name())
-            self.step = saved.global_step
-            self.continued_best = saved.best_loss
+        self.step, self.continued_best = continuation.load(source, model, self.optimizer, self.model_config,
+                                                           self._stored_name())
         move_schedule(self.scheduler, self.step)
         _, notes = continuation_overrides(self.config)
-        if source.kind != "nanogpt":  # this process keeps only its slices of the moments, now in its optimizer
-            source.trainer = None
-            hf_trainer_run.release()
         best = f", best val loss {self.continued_best[0]:.4f}" if self.continued_best is not None else ""
-        self.logger.print(f"continuing {tool} run {source.path} at step {self.step}/{self.total_steps}{best}: its "
-                          f"AdamW state and schedule (lr {self.scheduler.get_last_lr()[0]:.3e} next)"
-                          + "".join(f"; {note}" for note in notes))
+        self.logger.print(f"continuing {continuation.TOOLS[source.kind]} run {source.path} at step {self.step}/"
+                          f"{self.total_steps}{best}: its AdamW state and schedule "
+                          f"(lr {self.scheduler.get_last_lr()[0]:.3e} next)" + "".join(f"; {note}" for note in notes))
 
     def save(self) -> str | None:
         """Write a snapshot of this step. On a storage fault: report it, keep training, and return
