@@ -114,8 +114,9 @@ def save_parts(accelerator, output_dir: str, saved: list[int], digest) -> dict:
 
 def _model_of(accelerator, index: int):
     if index >= len(accelerator._models):
-        raise AcceleratorValueError(f"optimizer {index} has no model {index} to be saved with: under FSDP, Accelerate's "
-                                    "checkpoint pairs optimizer i with model i; prepare one model per optimizer")
+        raise AcceleratorValueError(f"optimizer {index} has no model {index} to be saved with: under FSDP, "
+                                    "Accelerate's checkpoint pairs optimizer i with model i; prepare one model per "
+                                    "optimizer")
     return accelerator._models[index]
 
 
@@ -217,7 +218,8 @@ def load_parts(accelerator, folder, models: list) -> list[Staged]:
         if optimizer is None:
             staged.append(Staged(lambda m=model, s=state, o=options: set_model_state_dict(m, s, options=o)))
         else:
-            staged.append(Staged(lambda m=model, p=optimizer, s=state, o=options: set_optimizer_state_dict(m, p, s, options=o)))
+            staged.append(Staged(lambda m=model, p=optimizer, s=state, o=options:
+                                 set_optimizer_state_dict(m, p, s, options=o)))
     return staged
 
 

@@ -124,8 +124,9 @@ class TensorSource:
         # prefix + name + suffix: a parameter ("model/<name>") or one of its optimizer tensors
         # ("optim/<name>/exp_avg"), which are laid out as the parameter and padded alike.
         self.prefix, self.suffix = prefix, suffix
-        self._names = [key[len(prefix):len(key) - len(suffix)] for key in reader.shards["tensors"]
-                       if key.startswith(prefix) and key.endswith(suffix) and "/" not in key[len(prefix):len(key) - len(suffix)]]
+        middles = [key[len(prefix):len(key) - len(suffix)] for key in reader.shards["tensors"]
+                   if key.startswith(prefix) and key.endswith(suffix)]
+        self._names = [name for name in middles if "/" not in name]
 
     def keys(self) -> list[str]:
         return list(self._names)

@@ -31,18 +31,18 @@ import os
 import torch
 
 from triax import safe_files
+from triax.checkpoint import adamw_state
+from triax.checkpoint.adamw_state import MOMENTS
 from triax.checkpoint.pickled import PickledFileError, read_pickled
 from triax.errors import printable
 from triax.models import hf
-from triax.models.hf_files import CheckpointError, checkpoint_file, copy_tensor
-from triax.models.safetensors_header import TORCH_DTYPE_NAMES, TensorEntry
+from triax.models.hf_files import CheckpointError, TensorDict, checkpoint_file, copy_tensor
 
 STATE_FILE = "trainer_state.json"
 # log_history keeps every logged step (~200 bytes each): a million-step run logged at every step
 # stays under this, a file far past it is not one the Trainer wrote.
 MAX_STATE_BYTES = 256 * 2**20
 MODEL_TYPES = ("gpt2", "llama")
-MOMENTS = ("exp_avg", "exp_avg_sq")
 # What training_args.bin would say, taken as TrainingArguments' defaults (docs/switching.md).
 ASSUMED = ("optim.schedule=linear", "optim.warmup_steps=0", "trainer.grad_clip=1.0", "trainer.grad_accum=1")
 
@@ -294,52 +294,9 @@ def saved_state(checkpoint: TrainerCheckpoint) -> tuple[dict[str, dict], float]:
     path = os.path.join(checkpoint.path, "optimizer.pt")
     _groups(checkpoint)
     weights = hf.HFWeights(checkpoint.path)
-    moments, steps = {}, set()
-    for index, name in enumerate(optimizer_order(checkpoint.config)):
-        entry = checkpoint.optimizer["state"].get(index)
-        if not isinstance(entry, dict):
-            raise PickledFileError(f"{path} has no state for parameter {index} ({name}); a checkpoint saved before "
-                                   "the first step has nothing to continue")
-        shape = weights.shape(name) if weights.has(name) else None
-        for key in MOMENTS:
-            value = entry.get(key)
-            if not (isinstance(value, torch.Tensor) and value.is_floating_point() and tuple(value.shape) == shape):
-                raise PickledFileError(f"{path}: its {key} of {name} is not a floating tensor of the parameter's "
-                                       f"shape {list(shape or ())}")
-        step = entry.get("step")
-        step = float(step) if isinstance(step, torch.Tensor) and step.numel() == 1 else step
-        if not (_number(step) and 0 < step <= checkpoint.global_step):
-            raise PickledFileError(f"{path}: its step count for {name} is {printable(repr(step))[:40]}, not in "
-                                   f"1..global_step ({checkpoint.global_step})")
-        steps.add(float(step))
-        moments[name] = {key: entry[key] for key in MOMENTS}
-    if len(steps) != 1:
-        raise PickledFileError(f"{path}: its parameters have different step counts {sorted(steps)[:4]}")
-    return moments, steps.pop()
-
-
-class TensorDict:
-    """Tensors by transformers name, served as HFWeights serves a checkpoint's (`has`, `entry`,
-    `shape`, `slice`, `prefix`), so the family's name mapping and copy_tensor place them."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]):
-        self.tensors = tensors
-
-    def prefix(self, anchor: str, prefixes: tuple[str, ...]) -> str:
-        return next((prefix for prefix in prefixes if prefix + anchor in self.tensors), prefixes[0])
-
-    def has(self, name: str) -> bool:
-        return name in self.tensors
-
-    def entry(self, name: str) -> TensorEntry:
-        dtype = str(self.tensors[name].dtype).removeprefix("torch.")
-        return TensorEntry(TORCH_DTYPE_NAMES.get(dtype, dtype), tuple(self.tensors[name].shape))
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.tensors[name].shape)
-
-    def slice(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
-        return self.tensors[name][index]
+    return adamw_state.moments(checkpoint.optimizer["state"], optimizer_order(checkpoint.config),
+                               lambda name: weights.shape(name) if weights.has(name) else None, path,
+                               max_step=checkpoint.global_step)
 
 
 @torch.no_grad()

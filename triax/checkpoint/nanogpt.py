@@ -19,8 +19,7 @@ import os
 import torch
 
 from triax.checkpoint.pickled import PickledFileError, read_pickled
-from triax.models.hf_files import Source
-from triax.models.safetensors_header import TORCH_DTYPE_NAMES, TensorEntry
+from triax.models.hf_files import Source, TensorDict
 
 # model_args keys nanoGPT's GPTConfig has, and what each must be.
 MODEL_ARGS = {"n_layer": int, "n_head": int, "n_embd": int, "block_size": int, "vocab_size": int, "bias": bool}
@@ -103,15 +102,16 @@ def nanogpt_name(name: str) -> tuple[str, int]:
     return layer + TRIAX_TO_NANOGPT.get(module, module) + "." + kind, -1
 
 
-class NanoGPTWeights:
-    """A checkpoint's tensors by the names triax's copy_into asks for (`has`, `shape`, `slice`):
-    c_attn's thirds are served as tensors of their own. `tensors` (default: the model's) may be
-    any tensors laid out as the model's parameters, by nanoGPT name: AdamW's moments, say."""
+class NanoGPTWeights(TensorDict):
+    """A checkpoint's tensors by the names triax's copy_into asks for (TensorDict's `has`, `entry`,
+    `shape`, `slice`): c_attn's thirds are served as tensors of their own. `tensors` (default: the
+    model's) may be any tensors laid out as the model's parameters, by nanoGPT name: AdamW's
+    moments, say."""
 
     def __init__(self, checkpoint: NanoGPTCheckpoint, tensors: dict | None = None):
         self.checkpoint = checkpoint
         n_embd = checkpoint.model_args["n_embd"]
-        self.tensors = dict(checkpoint.tensors if tensors is None else tensors)
+        super().__init__(dict(checkpoint.tensors if tensors is None else tensors))
         for name in list(self.tensors):
             if ".attn.c_attn." in name:
                 fused = self.tensors[name]
@@ -126,22 +126,6 @@ class NanoGPTWeights:
     def source_of(self, name: str) -> Source:
         stored, third = nanogpt_name(name)
         return Source(stored if third < 0 else f"{stored}#{third}")
-
-    def has(self, name: str) -> bool:
-        return name in self.tensors
-
-    def entry(self, name: str) -> TensorEntry:
-        """(dtype as safetensors names it, shape) of a stored tensor: what copy_into checks against
-        the config before it copies (an integer tensor is refused, not converted)."""
-        tensor = self.tensors[name]
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        return TensorEntry(TORCH_DTYPE_NAMES.get(dtype, dtype), tuple(tensor.shape))
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.tensors[name].shape)
-
-    def slice(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
-        return self.tensors[name][index]
 
 
 def is_nanogpt_checkpoint(path: str) -> bool:

@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from triax.checkpoint import adamw_state
+from triax.checkpoint.adamw_state import MOMENTS
 from triax.checkpoint.nanogpt import NanoGPTCheckpoint, NanoGPTWeights
 from triax.checkpoint.pickled import PickledFileError
 from triax.models.hf_files import copy_tensor
@@ -42,7 +44,6 @@ SETTINGS = {
     "beta1": ("optim.betas", float, 0),
     "beta2": ("optim.betas", float, 0),
 }
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def _acceptable(key: str, value) -> bool:
@@ -58,9 +59,10 @@ def _setting(checkpoint: NanoGPTCheckpoint, key: str):
     value = checkpoint.config.get(key)
     if not _acceptable(key, value):
         kind, least = SETTINGS[key][1], SETTINGS[key][2]
-        raise PickledFileError(f"{checkpoint.path}: its config's {key}={value!r:.40} is not a{'n integer' if kind is int else ' number'} "
-                               f"in [{least}, 2**48) nanoGPT's train.py could have run with; fix it or give triax's "
-                               f"{SETTINGS[key][0]} on the command line")
+        what = "an integer" if kind is int else "a number"
+        raise PickledFileError(f"{checkpoint.path}: its config's {key}={value!r:.40} is not {what} in [{least}, 2**48) "
+                               f"nanoGPT's train.py could have run with; fix it or give triax's {SETTINGS[key][0]} "
+                               "on the command line")
     return value
 
 
@@ -144,27 +146,10 @@ def saved_state(checkpoint: NanoGPTCheckpoint) -> tuple[dict[str, dict], float]:
                                "this model; the optimizer is not nanoGPT's AdamW")
     if any(group.get("amsgrad") for group in groups):
         raise PickledFileError(f"{path}: its optimizer uses amsgrad, which nanoGPT's AdamW does not")
-    moments, steps = {}, set()
-    for index, name in enumerate(order):
-        entry = saved["state"].get(index)
-        if not isinstance(entry, dict):
-            raise PickledFileError(f"{path}: its optimizer has no state for parameter {index} ({name}); a "
-                                   "checkpoint saved before the first step has nothing to continue")
-        shape = tuple(checkpoint.tensors[name].shape) if name in checkpoint.tensors else None
-        for key in MOMENTS:
-            value = entry.get(key)
-            if not (isinstance(value, torch.Tensor) and value.is_floating_point() and tuple(value.shape) == shape):
-                raise PickledFileError(f"{path}: its optimizer's {key} of {name} is not a floating tensor of the "
-                                       f"parameter's shape {list(shape or ())}")
-        step = entry.get("step")
-        step = float(step) if isinstance(step, torch.Tensor) and step.numel() == 1 else step
-        if not (isinstance(step, (int, float)) and not isinstance(step, bool) and 0 < step < 2**48):
-            raise PickledFileError(f"{path}: its optimizer's step count for {name} is {step!r:.40}")
-        steps.add(float(step))
-        moments[name] = {key: entry[key] for key in MOMENTS}
-    if len(steps) != 1:
-        raise PickledFileError(f"{path}: its optimizer's parameters have different step counts {sorted(steps)[:4]}")
-    return moments, steps.pop()
+    def shape_of(name):
+        return tuple(checkpoint.tensors[name].shape) if name in checkpoint.tensors else None
+
+    return adamw_state.moments(saved["state"], order, shape_of, path)
 
 
 def load_optimizer_state(checkpoint: NanoGPTCheckpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

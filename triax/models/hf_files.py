@@ -212,6 +212,35 @@ def _weight_map(directory: str, index: str) -> dict[str, str]:
     return weight_map
 
 
+class TensorDict:
+    """Tensors in memory by their stored names (a pickled checkpoint's, or its optimizer's moments
+    laid out as the parameters), served as HFWeights serves a checkpoint's (`has`, `entry`, `shape`,
+    `slice`, `prefix`), so a family's name mapping and copy_tensor place them."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+
+    def prefix(self, anchor: str, prefixes: tuple[str, ...]) -> str:
+        return next((prefix for prefix in prefixes if prefix + anchor in self.tensors), prefixes[0])
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def entry(self, name: str) -> safetensors_header.TensorEntry:
+        """(dtype as safetensors names it, shape): what copy_tensor checks against the config before
+        it copies (an integer tensor is refused, not converted)."""
+        tensor = self.tensors[name]
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        named = safetensors_header.TORCH_DTYPE_NAMES.get(dtype, dtype)
+        return safetensors_header.TensorEntry(named, tuple(tensor.shape))
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.tensors[name].shape)
+
+    def slice(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        return self.tensors[name][index]
+
+
 class Source(NamedTuple):
     """Where a triax parameter's values are stored in a checkpoint."""
 

@@ -17,7 +17,8 @@ from triax import safe_files
 from triax.checkpoint import snapshot_step
 from triax.checkpoint.export import optimizer_source, tensor_source
 from triax.checkpoint.nanogpt import to_nanogpt_state
-from triax.checkpoint.nanogpt_run import MOMENTS, exported_config, optimizer_state
+from triax.checkpoint.adamw_state import MOMENTS
+from triax.checkpoint.nanogpt_run import exported_config, optimizer_state
 from triax.checkpoint.pickled import pickled_bytes
 from triax.errors import UsageError, printable
 
