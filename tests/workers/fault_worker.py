@@ -50,9 +50,9 @@ if applies("slow_first_step"):
 if applies("slow_data"):
     original_batch = Trainer._batch
 
-    def slow_batch(self, dataset, indices):
+    def slow_batch(self, *args, **kwargs):
         time.sleep(faults["slow_data"]["seconds"])
-        return original_batch(self, dataset, indices)
+        return original_batch(self, *args, **kwargs)
 
     Trainer._batch = slow_batch
 
