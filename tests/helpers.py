@@ -9,6 +9,7 @@ derived from the dtype, the number of steps and the learning rate (see `adam_tol
 
 import os
 
+import numpy as np
 import yaml
 
 from triax import checkpoint
@@ -47,6 +48,15 @@ def tiny_overrides(run_dir, corpus, **extra):
     }
     values.update(extra)
     return [f"{key}={value}" for key, value in values.items()]
+
+
+def token_files(directory, vocab_size):
+    """Token files in nanoGPT's layout (4,096 random uint16 ids, the first 1,024 again as val.bin)."""
+    directory.mkdir()
+    tokens = np.random.default_rng(0).integers(0, vocab_size, 4096).astype(np.uint16)
+    tokens.tofile(directory / "train.bin")
+    tokens[:1024].tofile(directory / "val.bin")
+    return directory
 
 
 def train(overrides, nproc=1, timeout=240, check=True, env=None, cwd=None):

@@ -15,12 +15,11 @@ import json
 import math
 import os
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import final_weights, tiny_overrides, train
+from helpers import final_weights, tiny_overrides, token_files, train
 from llama_checkpoints import hf_model
 from triax.checkpoint.meta_folder import CUT_DIMENSIONS, MetaFolder
 from triax.checkpoint.pickled import pickled_bytes
@@ -275,14 +274,6 @@ def test_a_torchtitan_folder_computes_transformers_logits_in_triax(tmp_path, ref
         assert torch.allclose(model(IDS), logits, atol=1e-5, rtol=1e-5)
 
 
-def token_files(directory):
-    directory.mkdir()
-    tokens = np.random.default_rng(0).integers(0, VOCAB, 4096).astype(np.uint16)
-    tokens.tofile(directory / "train.bin")
-    tokens[:1024].tofile(directory / "val.bin")
-    return directory
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("kind, layout", [("meta", "parallel.dp_shard=2"), ("torchtitan", "parallel.tp=2"),
                                           ("torchtitan", "parallel.pp=2")])
@@ -297,7 +288,7 @@ def test_two_processes_start_from_each_rank_s_slices(tmp_path, reference, kind, 
     else:
         source = write_torchtitan_folder(tmp_path / "checkpoint", state)
         keys = {"model.arch": "llama", "model.n_kv_head": KV_HEADS, "model.rope_theta": PARAMS["rope_theta"]}
-    data = token_files(tmp_path / "data")
+    data = token_files(tmp_path / "data", VOCAB)
     overrides = tiny_overrides(tmp_path / "run", str(data), **{
         "data.task": "tokens", "data.vocab_size": VOCAB, "model.init_from": str(source), **keys,
         "trainer.max_steps": 1, "optim.lr": 1e-12, "optim.min_lr": 0.0, "optim.warmup_steps": 0, "model.dropout": 0.0,
@@ -461,7 +452,7 @@ def test_triax_train_refuses_with_exit_2_in_one_line(tmp_path, reference, case):
 
     folder = write_meta_folder(tmp_path / "Llama", reference[0])
     marker = tmp_path / "ran"
-    data = ["data.task=tokens", f"data.path={token_files(tmp_path / 'data')}", f"data.vocab_size={VOCAB}"]
+    data = ["data.task=tokens", f"data.path={token_files(tmp_path / 'data', VOCAB)}", f"data.vocab_size={VOCAB}"]
     message = "needs posix.system"
     if case == "hostile pickle":
         (folder / "consolidated.00.pth").write_bytes(pickled_bytes({"x": Payload(marker)}))

@@ -11,12 +11,11 @@ the head tied to the token embedding), so the test needs no nanoGPT checkout.
 import math
 import os
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import tiny_overrides, train
+from helpers import tiny_overrides, token_files, train
 from triax.checkpoint import SnapshotCorruptError
 from triax.checkpoint.pickled import pickled_bytes
 
@@ -100,14 +99,6 @@ def test_a_nanogpt_checkpoint_computes_nanogpts_logits_in_triax(tmp_path, bias, 
         # float32, two layers, values of order 1: a different order of the same sums differs by ~1e-6
         assert torch.allclose(model(ids), nanogpt_logits(state, args, ids), atol=1e-5, rtol=1e-5)
     assert model.lm_head.weight is model.tok_emb.weight
-
-
-def token_files(directory, vocab_size):
-    directory.mkdir()
-    tokens = np.random.default_rng(0).integers(0, vocab_size, 4096).astype(np.uint16)
-    tokens.tofile(directory / "train.bin")
-    tokens[:1024].tofile(directory / "val.bin")
-    return directory
 
 
 @pytest.mark.multiprocess
