@@ -476,11 +476,13 @@ class Trainer:
         config). A run already at or past its end says so, as a resumed one does."""
         source = self.init_source
         model = self.raw_model if self.raw_model is not None else self.model
+        # The notes first, while the checkpoint read for the config is still held: load() lets a
+        # Trainer's go, and asking afterwards would read its whole optimizer.pt again.
+        _, notes = continuation_overrides(self.config)
         get_optimizer_state_dict(model, self.optimizer)  # creates AdamW's state, to be overwritten
         self.step, self.continued_best = continuation.load(source, model, self.optimizer, self.model_config,
                                                            self._stored_name())
         move_schedule(self.scheduler, self.step)
-        _, notes = continuation_overrides(self.config)
         best = f", best val loss {self.continued_best[0]:.4f}" if self.continued_best is not None else ""
         self.logger.print(f"continuing {continuation.TOOLS[source.kind]} run {source.path} at step {self.step}/"
                           f"{self.total_steps}{best}: its AdamW state and schedule "
