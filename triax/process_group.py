@@ -52,12 +52,12 @@ def init_distributed(device: torch.device, place: Place | None = None, backend: 
             device_id=device if device.type == "cuda" else None,
             store=store if store is not None else _restart_safe_store(place, timeout),
         )
-    global _created_here, _exit_registered
+    global _created_here
     _created_here = True
-    if not _exit_registered:
-        # Registered after kept_works' own handler (imported above), so it runs first.
-        atexit.register(_shutdown_at_exit)
-        _exit_registered = True
+    # Moved to the end of the exit handlers: it runs before those registered until now (the
+    # script's own, made before the group existed, see the group gone), still before kept_works'.
+    atexit.unregister(_shutdown_at_exit)
+    atexit.register(_shutdown_at_exit)
     return place
 
 
@@ -95,7 +95,26 @@ SETTLE_QUIET_POLLS = 2  # asleep at two looks in a row, not caught between two r
 GLOO_RELEASE_SECONDS = 0.05  # where threads cannot be seen (no /proc): a fixed hand-over
 
 _created_here = False  # the default group was made by init_distributed: it is ours to tear down
-_exit_registered = False
+
+
+GLOO_THREAD_NAMES = (b"pt_gloo", b"gloo")  # what gloo names its threads (pt_gloo_runloop, gloo_tcp_loop)
+
+
+def _gloo_threads_alive() -> bool | None:
+    """Whether any of gloo's threads is alive in this process (a gloo group exists, or one is
+    destroyed but still referenced); None where /proc/self/task cannot be read."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm", "rb") as handle:
+                if handle.read().startswith(GLOO_THREAD_NAMES):
+                    return True
+        except OSError:
+            continue  # the thread ended
+    return False
 
 
 def _others_runnable() -> bool | None:
@@ -123,6 +142,8 @@ def _others_runnable() -> bool | None:
 
 def settle_threads(limit_s: float = SETTLE_LIMIT_SECONDS) -> None:
     """Release the GIL until no other thread of this process is runnable (see above)."""
+    if _gloo_threads_alive() is False:
+        return  # no gloo thread to wait for: a process that never used gloo pays nothing at exit
     deadline = time.monotonic() + limit_s
     quiet = 0
     while quiet < SETTLE_QUIET_POLLS and time.monotonic() < deadline:
@@ -158,11 +179,18 @@ def shutdown_distributed(group=None) -> None:
 def _shutdown_at_exit() -> None:
     """Every door's teardown at the end of the script (normal end, exception, Ctrl-C): the group
     init_distributed made is destroyed before the interpreter finalizes (see above). A group the
-    caller made is the caller's: only gloo's threads are let finish."""
+    script made is the script's, whether it is still alive or already destroyed (a DDP model or a
+    comm hook's state may still hold it, and PowerSGD's callbacks run on gloo's thread): its
+    threads are only let finish."""
     if _created_here:
         shutdown_distributed()
-    elif dist.is_available() and dist.is_initialized():
+    else:
         settle_threads()
+
+
+# Registered when triax's distributed part is first imported, whoever makes the group later, and
+# after kept_works' own handler (imported above), so it runs first.
+atexit.register(_shutdown_at_exit)
 
 
 def is_distributed() -> bool:
