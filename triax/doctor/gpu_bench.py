@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from triax.metrics import table_peak_flops
@@ -29,6 +28,7 @@ from triax.models.config import preset_fields
 from triax.parallel.mesh import GPU_VOCAB_MULTIPLE, Layout, padded_vocab_size
 from triax.parallel.plan import ModelShape, estimate
 from triax.train.config import compose_config
+from triax.train.loss import loss_function
 from triax.train.trainer import Trainer
 
 
@@ -135,8 +135,8 @@ def trainer_figures(shape: BenchShape, batch_size: int, device: torch.device, da
 
 class HandwrittenLoop:
     """What a PyTorch user writes by hand for the same model (nanoGPT's train.py, reduced): the
-    model on the device, each block compiled as the trainer compiles it (so both time the same
-    kernels), fused AdamW, bf16 autocast, batches from a memory-mapped token file through pinned
+    model on the device, each block and the loss compiled as the trainer compiles them (so both
+    time the same kernels), fused AdamW, bf16 autocast, batches from a memory-mapped token file through pinned
     memory, the loss read only when the timing ends."""
 
     def __init__(self, shape: BenchShape, batch_size: int, device: torch.device, data_dir: str,
@@ -147,6 +147,7 @@ class HandwrittenLoop:
         if compile_blocks:
             for block in self.model.layers.values():
                 block.compile()
+        self.loss = loss_function(compile_blocks)  # compiled with the blocks, as nanoGPT's whole model is
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LEARNING_RATE, betas=BETAS,
                                            weight_decay=WEIGHT_DECAY, fused=device.type in ("cuda", "cpu"))
         self.tokens = np.memmap(os.path.join(data_dir, "train.bin"), dtype=np.uint16, mode="r")
@@ -165,7 +166,7 @@ class HandwrittenLoop:
         x, y = self.batch()
         with torch.autocast(self.device.type, dtype=torch.bfloat16):
             logits = self.model(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+        loss = self.loss(logits, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
         self.optimizer.step()

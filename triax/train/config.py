@@ -334,7 +334,7 @@ class ParallelConfig:
     """Recompute activations in backward to save memory: none | full | selective."""
 
     compile: bool = False
-    """torch.compile each transformer block."""
+    """torch.compile each transformer block, and the loss (its fp32 logits never written whole)."""
 
     bucket_mb: float = 25.0
     """Gradient all-reduce bucket size in MB (DDP)."""

@@ -17,7 +17,6 @@ import weakref
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 from triax import checkpoint, safe_files
@@ -51,6 +50,7 @@ from triax.train import continuation, init_from
 from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset,
                                 continuation_overrides, final_lr, gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
+from triax.train.loss import loss_function
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
 from triax.train.sample_log import SampleLog
@@ -633,11 +633,12 @@ class Trainer:
     def _scores_per_token(self) -> bool:
         return self.config.data.task == "chat" and not self.parallel_model.pipelined
 
-    @staticmethod
-    def _cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        # The loss in fp32 whatever the compute dtype: a bf16 softmax over the vocabulary loses digits.
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1),
-                               ignore_index=IGNORE_INDEX, reduction=reduction)
+    def _cross_entropy(self, logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        # Compiled with the blocks; not on vocabulary-sharded logits (loss_parallel's DTensor rules)
+        # nor on a pipeline's last stage (the schedule calls it with its own micro-batch shapes).
+        compiled = (self.config.parallel.compile and not self.parallel_model.loss_parallel
+                    and not self.parallel_model.pipelined)
+        return loss_function(compiled)(logits, y, reduction)
 
     def _pipeline_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self._pipeline_reduction == "sum":  # evaluation: no backward, no scaling
