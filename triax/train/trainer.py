@@ -217,7 +217,7 @@ class Trainer:
 
     def _check_memory(self, model_config) -> None:
         """A model, batch and context this device cannot hold stop here, before anything is
-        allocated (triax plan's estimate, an undercount), instead of swapping for hours."""
+        allocated (triax plan's estimate, without the runtime), instead of swapping for hours."""
         trainer, parallel = self.config.trainer, self.config.parallel
         if self.device.type == "cuda":
             properties = torch.cuda.get_device_properties(self.device)
