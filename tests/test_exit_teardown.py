@@ -70,12 +70,12 @@ def test_a_script_that_makes_and_destroys_its_own_group_ends_cleanly_under_triax
     the works. A release delayed past the script's end (a thread waiting for a CPU on a loaded
     machine) aborted the finished job; triax's exit handler lets gloo's threads finish whoever made
     the group. The same script without triax aborts: the test can fail."""
-    script = str(ROOT / "tests" / "workers" / "exit_own_group.py")
+    script = str(ROOT / "tests" / "workers" / "exit_callback.py")
     env = quiet_env(PYTHONPATH=str(ROOT))
-    plain = run_torchrun(2, [script, "plain"], timeout=120, env=env, check=False)
+    plain = run_torchrun(2, [script, "busy-plain"], timeout=120, env=env, check=False)
     assert plain.returncode != 0 and "exitcode  : -6" in plain.stderr, (
         "without triax the script was expected to abort; without that this test proves nothing\n"
         + plain.stdout[-2000:] + plain.stderr[-2000:])
-    guarded = run_torchrun(2, [script, "triax"], timeout=120, env=env, check=False)
+    guarded = run_torchrun(2, [script, "busy-triax"], timeout=120, env=env, check=False)
     assert guarded.returncode == 0, guarded.stdout[-2000:] + guarded.stderr[-4000:]
     assert guarded.stdout.count("callback released") == 2, guarded.stdout[-2000:]

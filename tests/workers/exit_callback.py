@@ -1,10 +1,17 @@
-"""An all-reduce whose future carries a Python callback, at the very end of a script (gloo).
+"""An all-reduce whose future carries a Python callback, at the very end of a script (gloo), and
+gloo's worker thread releasing that callback late. argv[1]:
 
-argv[1] is 'triax' (triax.parallel.comm_hooks.all_reduce_then, what triax's DDP hooks use) or
-'plain' (PyTorch's `all_reduce(...).get_future().then(...)`). Gloo's worker thread releases the
-callback only once this script has reached its exit handlers (and, for 'plain', only once the
-interpreter is finalizing, which shows the abort deterministically); tests/test_comm_hooks.py
-checks that the 'triax' script exits 0.
+- 'triax': triax.parallel.comm_hooks.all_reduce_then (what triax's DDP hooks use); the release
+  waits until the script has reached its exit handlers;
+- 'plain': PyTorch's `all_reduce(...).get_future().then(...)`; the release waits until the
+  interpreter is finalizing, which shows the abort deterministically;
+- 'busy-triax' / 'busy-plain': PyTorch's plain `.then`, as PowerSGD's hook issues it, in a script
+  that makes and destroys its own group, started the way `python -m triax.ddp_boost` starts it
+  (triax imported) or without triax; the release is a busy wait of BUSY_SECONDS, a thread that
+  waits for a CPU on a loaded machine.
+
+tests/test_comm_hooks.py and tests/test_exit_teardown.py expect the triax modes to exit 0 and the
+plain ones to abort.
 """
 
 import atexit
@@ -12,10 +19,16 @@ import sys
 import threading
 import time
 
+mode = sys.argv[1]
+if mode == "busy-triax":
+    import triax.ddp_boost  # noqa: F401
+elif mode == "triax":
+    from triax.parallel.comm_hooks import all_reduce_then
+
 import torch
 import torch.distributed as dist
 
-from triax.parallel.comm_hooks import all_reduce_then
+BUSY_SECONDS = 0.5  # under triax's settle limit (2 s), far over what the main thread needs to exit
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -26,9 +39,14 @@ atexit.register(exiting.set)  # registered after triax's exit handler, so it run
 class SlowRelease:
     def __del__(self):
         if threading.current_thread() is not threading.main_thread():
-            exiting.wait(timeout=10)  # released on gloo's thread: hold it until the script exits
-            while sys.argv[1] == "plain" and not sys.is_finalizing():
-                time.sleep(0.001)  # and without triax, on until the interpreter is finalizing
+            if mode.startswith("busy"):
+                end = time.monotonic() + BUSY_SECONDS
+                while time.monotonic() < end:  # runnable all along
+                    pass
+            else:
+                exiting.wait(timeout=10)  # released on gloo's thread: hold it until the script exits
+                while mode == "plain" and not sys.is_finalizing():
+                    time.sleep(0.001)  # and without triax, on until the interpreter is finalizing
         print(f"rank {rank}: callback released", flush=True)
 
 
@@ -46,7 +64,7 @@ def make_callback():
 if rank == 1:
     time.sleep(0.2)  # rank 0's all-reduce completes on gloo's thread, after its callback is attached
 tensor = torch.ones(4)
-if sys.argv[1] == "triax":
+if mode == "triax":
     future = all_reduce_then(tensor, dist.group.WORLD, make_callback())
 else:
     future = dist.all_reduce(tensor, async_op=True).get_future().then(make_callback())
