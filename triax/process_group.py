@@ -95,64 +95,46 @@ SETTLE_QUIET_POLLS = 2  # asleep at two looks in a row, not caught between two r
 GLOO_RELEASE_SECONDS = 0.05  # where threads cannot be seen (no /proc): a fixed hand-over
 
 _created_here = False  # the default group was made by init_distributed: it is ours to tear down
-
-
 GLOO_THREAD_NAMES = (b"pt_gloo", b"gloo")  # what gloo names its threads (pt_gloo_runloop, gloo_tcp_loop)
 
 
-def _gloo_threads_alive() -> bool | None:
-    """Whether any of gloo's threads is alive in this process (a gloo group exists, or one is
-    destroyed but still referenced); None where /proc/self/task cannot be read."""
+def _other_threads() -> list[tuple[bytes, bytes]] | None:
+    """(name, state) of every thread of this process but the caller (Linux's /proc/self/task;
+    state R: running or runnable); None where that cannot be read."""
+    me = str(threading.get_native_id())
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
         return None
+    threads = []
     for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm", "rb") as handle:
-                if handle.read().startswith(GLOO_THREAD_NAMES):
-                    return True
-        except OSError:
-            continue  # the thread ended
-    return False
-
-
-def _others_runnable() -> bool | None:
-    """Whether a thread of this process other than the caller is running or runnable (Linux's
-    /proc/self/task); None where that cannot be read."""
-    me = threading.get_native_id()
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return None
-    for task in tasks:
-        if task == str(me):
+        if task == me:
             continue
         try:
             with open(f"/proc/self/task/{task}/stat", "rb") as handle:
                 stat = handle.read(4096)
         except OSError:
             continue  # the thread ended
-        # "pid (comm) state ...": comm may hold spaces and parentheses, so split at the last ")".
-        state = stat.rpartition(b")")[2].split(maxsplit=1)[:1]
-        if state == [b"R"]:
-            return True
-    return False
+        # "pid (comm) S ...": comm may hold spaces and parentheses, so split at the last ")".
+        head, _, tail = stat.rpartition(b")")
+        threads.append((head.partition(b"(")[2], tail[1:2]))
+    return threads
 
 
 def settle_threads(limit_s: float = SETTLE_LIMIT_SECONDS) -> None:
     """Release the GIL until no other thread of this process is runnable (see above)."""
-    if _gloo_threads_alive() is False:
+    threads = _other_threads()
+    if threads is not None and not any(name.startswith(GLOO_THREAD_NAMES) for name, _ in threads):
         return  # no gloo thread to wait for: a process that never used gloo pays nothing at exit
     deadline = time.monotonic() + limit_s
     quiet = 0
     while quiet < SETTLE_QUIET_POLLS and time.monotonic() < deadline:
         time.sleep(SETTLE_POLL_SECONDS)
-        busy = _others_runnable()
-        if busy is None:
+        threads = _other_threads()
+        if threads is None:
             time.sleep(GLOO_RELEASE_SECONDS)
             return
-        quiet = 0 if busy else quiet + 1
+        quiet = 0 if any(state == b"R" for _, state in threads) else quiet + 1
 
 
 def shutdown_distributed(group=None) -> None:

@@ -136,8 +136,8 @@ def trainer_figures(shape: BenchShape, batch_size: int, device: torch.device, da
 class HandwrittenLoop:
     """What a PyTorch user writes by hand for the same model (nanoGPT's train.py, reduced): the
     model on the device, each block and the loss compiled as the trainer compiles them (so both
-    time the same kernels), fused AdamW, bf16 autocast, batches from a memory-mapped token file through pinned
-    memory, the loss read only when the timing ends."""
+    time the same kernels), fused AdamW, bf16 autocast, batches from a memory-mapped token file
+    through pinned memory, the loss read only when the timing ends."""
 
     def __init__(self, shape: BenchShape, batch_size: int, device: torch.device, data_dir: str,
                  compile_blocks: bool = True, seed: int = 0):

@@ -19,7 +19,7 @@ Per-device memory, by formula (B = bytes per value of the parameter dtype: 4 fp3
   schedules. Plus the loss's peak on the last stage, LOSS_BYTES_PER_LOGIT·s·b·V/tp: in its backward
   the fp32 log-probabilities and two fp32 gradients are alive beside the bf16 logits (and, with a
   padded vocabulary, their masked copy); 16 bytes a logit matches the memory per sample measured on
-  an H200 within 5% (GPT-2 124M: 1.065 GiB estimated, 1.028 measured; a 125M Llama: 0.787 and
+  an H200 within 5% (GPT-2 124M: 1.066 GiB estimated, 1.028 measured; a 125M Llama: 0.787 and
   0.825). Compiled (parallel.compile) the loss keeps no fp32 copy and needs less: an overcount then.
 - gathered:    with FSDP (dp_shard > 1), the whole (unsharded) blocks in flight: about two
   blocks' parameters all-gathered (the one computing and the one prefetched) and two blocks'

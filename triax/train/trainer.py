@@ -291,6 +291,10 @@ class Trainer:
         # The plain GPT to call for evaluation and sampling (sharded in place by TP/FSDP); a
         # pipeline rank holds only stages of it and evaluates through the schedule instead.
         self.raw_model = None if self.parallel_model.pipelined else unwrap(self.model)
+        # The loss is compiled with the blocks; not on vocabulary-sharded logits (loss_parallel's
+        # DTensor rules) nor on a pipeline's last stage (the schedule calls it with its own shapes).
+        self._token_loss = loss_function(parallel.compile and not self.parallel_model.loss_parallel
+                                         and not self.parallel_model.pipelined)
         if self.init_source is not None:
             # Before the optimizer exists; a resumed run's snapshot then replaces these weights.
             init_from.load_weights(self.init_source, self.raw_model if self.raw_model is not None else self.model,
@@ -614,7 +618,7 @@ class Trainer:
     def _loss(self, model, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         with self.precision.autocast(self.device):
             logits = self._forward(model, x)
-        return self._cross_entropy(logits, y, reduction)
+        return self._token_loss(logits, y, reduction)
 
     def _per_token_scale(self, scored: list[int]) -> float | None:
         """Chat data scores a varying number of tokens per row (the answers): each step's loss is
@@ -633,18 +637,11 @@ class Trainer:
     def _scores_per_token(self) -> bool:
         return self.config.data.task == "chat" and not self.parallel_model.pipelined
 
-    def _cross_entropy(self, logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        # Compiled with the blocks; not on vocabulary-sharded logits (loss_parallel's DTensor rules)
-        # nor on a pipeline's last stage (the schedule calls it with its own micro-batch shapes).
-        compiled = (self.config.parallel.compile and not self.parallel_model.loss_parallel
-                    and not self.parallel_model.pipelined)
-        return loss_function(compiled)(logits, y, reduction)
-
     def _pipeline_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self._pipeline_reduction == "sum":  # evaluation: no backward, no scaling
-            return self._cross_entropy(logits, y, reduction="sum")
+            return self._token_loss(logits, y, reduction="sum")
         # The schedule runs backward on what this returns: scale it here for fp16.
-        return self.scaler.scale(self._cross_entropy(logits, y))
+        return self.scaler.scale(self._token_loss(logits, y))
 
     def _loss_context(self):
         """Tensor parallelism leaves the logits vocabulary-sharded: the loss and its backward then
@@ -775,7 +772,7 @@ class Trainer:
             with self._loss_context():
                 with self.precision.autocast(self.device):
                     logits = self._forward(self.raw_model, x)
-                loss_sum += self._cross_entropy(logits, y, reduction="sum").item()
+                loss_sum += self._token_loss(logits, y, reduction="sum").item()
         # Tensor- and pipeline-parallel peers hold the same sums: they scale both totals alike.
         totals = [sum(column) for column in zip(*gather_floats([loss_sum, float(scored)]))]
         result = {"val_loss": totals[0] / max(totals[1], 1.0),
