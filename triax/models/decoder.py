@@ -70,13 +70,22 @@ class Packed(NamedTuple):
     def of(cls, documents: torch.Tensor) -> "Packed":
         """From (batch, seq) example numbers (a row's examples numbered in order; padding -1)."""
         seq = documents.size(1)
-        index = torch.arange(seq, device=documents.device).expand_as(documents)
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=documents.device).tril()
+        same = documents[:, :, None] == documents[:, None, :]
+        return cls((same & causal)[:, None], cls.positions_of(documents))
+
+    @staticmethod
+    def positions_of(documents: torch.Tensor) -> torch.Tensor:
+        """(batch, seq) each position's place within its own example."""
+        index = torch.arange(documents.size(1), device=documents.device).expand_as(documents)
         starts = torch.ones_like(documents, dtype=torch.bool)
         starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
         first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=documents.device).tril()
-        same = documents[:, :, None] == documents[:, None, :]
-        return cls((same & causal)[:, None], index - first)
+        return index - first
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout,
+                                              enable_gqa=k.size(1) != q.size(1))
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerCache | None,
@@ -84,10 +93,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: L
     """Scaled dot-product attention of q (batch, heads, seq, head size) over k, v, which may have
     fewer heads (grouped-query attention: each serves n_head / n_kv_head query heads). With a
     cache, k and v are appended to the cached positions and q takes the positions after them.
-    `packed`: each position sees only its own example's earlier positions."""
+    `packed`: each position sees only its own example's earlier positions (or, under context
+    parallelism, a triax.parallel.context_parallel.ContextSlice: this rank's part of the sequence)."""
     if packed is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=packed.mask, dropout_p=dropout,
-                                              enable_gqa=k.size(1) != q.size(1))
+        return packed.attend(q, k, v, dropout)
     seq, past = q.size(2), 0
     if cache is not None:
         past = cache.length
@@ -201,6 +210,9 @@ class Decoder(nn.Module):
 
     family = ""  # the GPTConfig.family this class builds
     learned_positions = False  # a table of position embeddings beside the token embedding
+    # Set from outside by context parallelism (triax.parallel.context_parallel): each forward then
+    # takes this rank's part of the sequence, and asks it for positions and attention.
+    context = None
 
     def __init__(self, config: GPTConfig, layers: Iterable[int] | None = None, embeddings: bool = True,
                  head: bool = True, seed: int | None = None):
@@ -275,7 +287,10 @@ class Decoder(nn.Module):
         tokens, which take the positions after them (generation, under torch.no_grad).
         `documents`: (batch, seq) example numbers of packed rows (triax.data.chat): each example
         attends only to itself and its positions start at 0."""
-        packed = Packed.of(documents) if documents is not None else None
+        if self.context is not None and cache is None:
+            packed = self.context.slice(idx.size(1), documents, idx.device)
+        else:
+            packed = Packed.of(documents) if documents is not None else None
         # A pipeline stage may lack the embeddings (it then takes hidden states instead of ids) or
         # the final norm and head (it then returns hidden states instead of logits).
         if self.tok_emb is not None:

@@ -55,10 +55,12 @@ class RotaryEmbedding:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, past: int,
                  positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k (batch, heads, seq, head size) of the positions after `past`, rotated;
-        `positions` (batch, seq): each token's own position instead (packed examples)."""
+        `positions` (batch, seq): each token's own position instead (packed examples); (seq,): the
+        same positions for every row (a context-parallel rank's part of the sequence)."""
         if positions is not None:
             cos, signed_sin = self._angles(positions.float())
-            cos, signed_sin = cos[:, None], signed_sin[:, None]  # one table per row, for every head
+            if positions.dim() == 2:
+                cos, signed_sin = cos[:, None], signed_sin[:, None]  # one table per row, for every head
         else:
             cos, signed_sin = self.tables(past, q.size(2), q.device)
         return rotate(q, cos, signed_sin), rotate(k, cos, signed_sin)

@@ -4,9 +4,10 @@ Every check here is arithmetic on the configuration alone, so it runs on every r
 process group exists: a bad layout is the same one-line error on each rank, never a hang in a
 collective that some ranks reached and others did not.
 
-Rank order on the mesh is (pp, dp_replicate, dp_shard, tp) with tp innermost: tensor-parallel
+Rank order on the mesh is (pp, dp_replicate, dp_shard, cp, tp) with tp innermost: tensor-parallel
 peers exchange activations every layer, so they get neighbouring ranks (the same node, NVLink);
-pipeline stages exchange one activation per micro-batch, so they may sit furthest apart.
+context-parallel peers exchange keys and values every layer, so they come next; pipeline stages
+exchange one activation per micro-batch, so they may sit furthest apart.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from triax.errors import ConfigError
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
 # Schedules that put several (virtual) stages on each rank.
 MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
@@ -30,6 +31,7 @@ class Layout:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    cp: int = 1  # context parallelism: each sequence cut over cp ranks (triax.parallel.context_parallel)
 
     @property
     def dp(self) -> int:
@@ -38,14 +40,20 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
     @property
-    def shape(self) -> tuple[int, int, int, int]:
-        return (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+    def reducing(self) -> int:
+        """Ranks whose gradients are averaged (data and context parallel): each computed them
+        on a different part of the step's tokens."""
+        return self.dp * self.cp
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
 
     def coordinates(self, rank: int) -> dict[str, int]:
-        """This rank's index along each mesh dimension (row-major, tp innermost)."""
+        """This rank's index along each mesh dimension (row-major, tp innermost, cp next)."""
         coords = {}
         for name, size in reversed(list(zip(MESH_DIMS, self.shape))):
             coords[name] = rank % size
@@ -62,9 +70,9 @@ class Layout:
         return ", ".join(parts) or "single process"
 
 
-def resolve_layout(dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int) -> Layout:
+def resolve_layout(dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int, cp: int = 1) -> Layout:
     """Fill in the one degree given as -1 and check that the degrees multiply to the world size."""
-    given = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": pp}
+    given = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": pp, "cp": cp}
     for name, value in given.items():
         if value == 0 or value < -1:
             raise ConfigError(f"parallel.{name}={value} is invalid; use a positive degree or -1 for "
@@ -80,7 +88,8 @@ def resolve_layout(dp_replicate: int, dp_shard: int, tp: int, pp: int, world_siz
                               f"degrees ({_degrees(given)}), so parallel.{unknown[0]}=-1 cannot fill the rest; "
                               "change the degrees or the number of processes")
         given[unknown[0]] = world_size // known
-    layout = Layout(pp=given["pp"], dp_replicate=given["dp_replicate"], dp_shard=given["dp_shard"], tp=given["tp"])
+    layout = Layout(pp=given["pp"], dp_replicate=given["dp_replicate"], dp_shard=given["dp_shard"], tp=given["tp"],
+                    cp=given["cp"])
     if layout.world_size != world_size:
         raise ConfigError(f"parallel degrees {_degrees(given)} multiply to {layout.world_size} but the job has "
                           f"{world_size} process(es); make the product equal the world size (or set one degree to -1)")
@@ -102,6 +111,7 @@ def validate_layout(layout: Layout, *, n_layer: int, n_head: int, block_size: in
     """Every check a layout must pass for a model of this shape; raises ConfigError naming the key.
     `n_kv_head`: key/value heads of grouped-query attention (None: one per query head)."""
     check_cpu_offload(layout, cpu_offload)
+    check_context_parallel(layout, block_size)
     if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
         raise ConfigError(f"parallel.activation_checkpointing={activation_checkpointing!r} is unknown; "
                           f"choose one of {', '.join(ACTIVATION_CHECKPOINTING)}")
@@ -170,6 +180,26 @@ def check_cpu_offload(layout: Layout, cpu_offload: bool) -> None:
                           "or parallel.cpu_offload=false")
 
 
+def check_context_parallel(layout: Layout, block_size: int, compile: bool = False) -> None:
+    """Context parallelism cuts each sequence into 2 x cp chunks (a rank holds one early and one
+    late chunk, so the causal mask gives every rank the same work)."""
+    if layout.cp == 1:
+        return
+    if block_size % (2 * layout.cp) != 0:
+        raise ConfigError(f"parallel.cp={layout.cp} needs the sequence length (data.block_size={block_size}) to be "
+                          f"a multiple of 2 x cp = {2 * layout.cp}; change data.block_size or parallel.cp")
+    if layout.pp > 1:
+        raise ConfigError(f"parallel.cp={layout.cp} does not run with parallel.pp={layout.pp}: pipeline stages pass "
+                          "hidden states without the sequence's positions; use parallel.pp=1 (or parallel.cp=1)")
+    if compile:
+        raise ConfigError(f"parallel.compile=true does not run with parallel.cp={layout.cp}: the key/value all-gather "
+                          "inside attention breaks the compiled block; use parallel.compile=false")
+    if layout.tp > 1 and (block_size // layout.cp) % layout.tp != 0:
+        raise ConfigError(f"parallel.tp={layout.tp} does not divide each context-parallel rank's "
+                          f"{block_size // layout.cp} tokens (data.block_size={block_size} / parallel.cp="
+                          f"{layout.cp}); make data.block_size a multiple of cp x tp")
+
+
 def num_stages(pp: int, pp_schedule: str) -> int:
     return pp * (STAGES_PER_RANK_INTERLEAVED if pp_schedule in MULTI_STAGE_SCHEDULES else 1)
 
@@ -191,8 +221,8 @@ def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 1) -> int:
 
 
 def build_mesh(layout: Layout, device_type: str):
-    """The 4-D DeviceMesh (pp, dp_replicate, dp_shard, tp); size-1 dimensions are kept so the same
-    names exist in every layout. None for a single process."""
+    """The 5-D DeviceMesh (pp, dp_replicate, dp_shard, cp, tp); size-1 dimensions are kept so the
+    same names exist in every layout. None for a single process."""
     if layout.world_size == 1:
         return None
     from torch.distributed.device_mesh import init_device_mesh

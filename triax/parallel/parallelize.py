@@ -15,6 +15,7 @@ act on a block's forward and must sit inside FSDP's per-block all-gather hooks.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -51,8 +52,9 @@ def data_parallel_kind(layout: Layout) -> str:
     """none | ddp | fsdp | hsdp. Replication alongside tensor or pipeline parallelism goes through
     FSDP2's HSDP with a shard group of one: DDP does not take the DTensor parameters TP makes, and
     its bucket bookkeeping breaks when a pipeline schedule interleaves micro-batches' forwards and
-    backwards (an internal assert in the reducer)."""
-    if layout.dp_shard > 1:
+    backwards (an internal assert in the reducer). Context-parallel ranks shard the parameters too
+    (as torchtitan does: FSDP over dp_shard x cp), which also averages their gradients."""
+    if layout.dp_shard * layout.cp > 1:
         return "hsdp" if layout.dp_replicate > 1 else "fsdp"
     if layout.dp_replicate > 1:
         return "hsdp" if layout.tp > 1 or layout.pp > 1 else "ddp"
@@ -74,6 +76,10 @@ def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precisio
 
     if layout.tp > 1:
         apply_tensor_parallel(part, mesh["tp"], loss_parallel=loss_parallel)
+    if layout.cp > 1:
+        from triax.parallel.context_parallel import apply_context_parallel
+
+        apply_context_parallel(part, mesh["cp"])
     if lora is not None and lora.rank:
         # After TP (the adapters are split like the layers TP has split), before checkpointing,
         # compile and FSDP (which act on a block with its adapters).
@@ -84,7 +90,7 @@ def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precisio
     kind = data_parallel_kind(layout)
     cpu_offload = parallel.cpu_offload
     if kind in ("fsdp", "hsdp"):
-        dp_mesh = mesh["dp_shard"] if kind == "fsdp" else mesh["dp_replicate", "dp_shard"]
+        dp_mesh = _sharding_mesh(mesh, layout, kind)
         apply_fsdp(part, dp_mesh, precision, reshard_after_forward=layout.pp == 1, cpu_offload=cpu_offload)
         _materialize(part, sharded_parameter_device(device, cpu_offload), seed)
         return part
@@ -93,6 +99,19 @@ def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precisio
         return apply_ddp(part, device, process_group=mesh["dp_replicate"].get_group(), bucket_mb=parallel.bucket_mb,
                          grad_compression=parallel.grad_compression, powersgd_rank=parallel.powersgd_rank)
     return part
+
+
+def _sharding_mesh(mesh, layout: Layout, kind: str):
+    """FSDP's mesh: dp_shard, with the context-parallel ranks folded in (one flattened dimension,
+    so their gradients are reduced together), and dp_replicate before it for HSDP."""
+    if layout.cp == 1:
+        return mesh["dp_shard"] if kind == "fsdp" else mesh["dp_replicate", "dp_shard"]
+    flat = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    if kind == "fsdp":
+        return flat
+    with warnings.catch_warnings():  # torch asks to keep the flattened mesh; HSDP needs it beside dp_replicate
+        warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+        return mesh["dp_replicate", "dp_shard_cp"]
 
 
 def parallelize(model_config: GPTConfig, layout: Layout, mesh, precision: Precision, parallel,

@@ -321,6 +321,9 @@ class ParallelConfig:
     pp: int = 1
     """Pipeline-parallel stages (splits the layer stack)."""
 
+    cp: int = 1
+    """Context-parallel degree: each sequence is cut over cp ranks (long context); block_size a multiple of 2 x cp."""
+
     pp_schedule: str = "1f1b"
     """Pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zero_bubble."""
 

@@ -35,7 +35,9 @@ from triax.models.peft_format import load_adapter
 from triax.optim import make_adamw, make_schedule, move_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
-from triax.parallel.mesh import GPU_VOCAB_MULTIPLE, build_mesh, padded_vocab_size, resolve_layout, validate_layout
+from triax.parallel.context_parallel import local_chunks
+from triax.parallel.mesh import (GPU_VOCAB_MULTIPLE, build_mesh, check_context_parallel, padded_vocab_size,
+                                 resolve_layout, validate_layout)
 from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import parallelize
 from triax.parallel.plan import ModelShape, check_memory
@@ -145,7 +147,8 @@ class Trainer:
         self.changed_shape = changed_from_preset(config.model)  # before model.init_from replaces the shape
         self.data = build_data(config.data, self.init_source.codec if self.init_source else None, self.init_source)
         self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
-                                     self.place.world_size)
+                                     self.place.world_size, parallel.cp)
+        check_context_parallel(self.layout, self.data.block_size, parallel.compile)
         if self.init_source is not None:
             self._take_architecture()
         if config.data.task == "chat" and config.data.packing and self.layout.pp > 1:
@@ -266,6 +269,7 @@ class Trainer:
         self.rank, self.world_size = self.place.rank, self.place.world_size
         self.is_main = self.rank == 0
         self.dp_rank = self.layout.dp_rank(self.rank)
+        self.cp_rank = self.layout.coordinates(self.rank)["cp"]  # which part of each sequence this rank holds
 
     def _build_model(self, model_config) -> None:
         """This rank's part of the model, in its layout, from the seed (or model.init_from)."""
@@ -590,11 +594,18 @@ class Trainer:
         self.timing["data"] += time.perf_counter() - started
         return batch
 
-    def _batch(self, dataset, indices: torch.Tensor, scored: list | None = None):
+    def _batch(self, dataset, indices: torch.Tensor, scored: list | None = None,
+               first_scored: torch.Tensor | None = None):
         """(inputs, targets) on the device; packed chat rows' inputs are (ids, example numbers).
         `scored` (a list) gets the number of tokens the loss scores, counted on the host before the
-        copy: counting on a GPU would wait there for the step in flight."""
+        copy: counting on a GPU would wait there for the step in flight. `first_scored`: evaluation
+        windows' first scored position (triax.eval.windows). Under context parallelism the ids and
+        targets are this rank's part of each sequence (the example numbers stay whole: attention
+        looks them up for the keys of the whole sequence)."""
         x, y = dataset.batch(indices)
+        if first_scored is not None:
+            y = mask_unscored(y, first_scored)
+        x, y = (local_chunks(t, self.cp_rank, self.layout.cp) for t in (x, y))
         if scored is not None:
             scored.append(int((y != IGNORE_INDEX).sum()))
         if getattr(dataset, "packing", False):
@@ -630,12 +641,15 @@ class Trainer:
         and under a pipeline schedule (its loss is a mean per micro-batch, computed on the last stage)."""
         if not self._scores_per_token():
             return None
-        # Tensor and pipeline peers hold the same rows: the world's sum counts each row world/dp times.
-        total = sum(values[0] for values in gather_floats([float(sum(scored))])) * self.layout.dp / self.world_size
-        return self.layout.dp / max(total, 1.0)
+        # Tensor and pipeline peers hold the same tokens: the world's sum counts each world/reducing times.
+        reducing = self.layout.reducing
+        total = sum(values[0] for values in gather_floats([float(sum(scored))])) * reducing / self.world_size
+        return reducing / max(total, 1.0)
 
     def _scores_per_token(self) -> bool:
-        return self.config.data.task == "chat" and not self.parallel_model.pipelined
+        """Context-parallel ranks hold different tokens of a row: their loss is always the mean over
+        every token of the step, so that it equals one process's mean however the targets fall."""
+        return (self.config.data.task == "chat" or self.layout.cp > 1) and not self.parallel_model.pipelined
 
     def _pipeline_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self._pipeline_reduction == "sum":  # evaluation: no backward, no scaling
@@ -763,8 +777,7 @@ class Trainer:
         plan = evaluation_windows(val, limit)
         loss_sum, scored = 0.0, 0
         for starts, first_scored in rank_batches(plan, trainer.batch_size, self.dp_rank, self.layout.dp):
-            x, y = self._batch(val, starts)
-            y = mask_unscored(y, first_scored)
+            x, y = self._batch(val, starts, first_scored=first_scored)
             scored += int((y != IGNORE_INDEX).sum())
             if self.parallel_model.pipelined:
                 loss_sum += self._pipeline_forward(x, y, train=False, reduction="sum").item()
@@ -776,7 +789,7 @@ class Trainer:
         # Tensor- and pipeline-parallel peers hold the same sums: they scale both totals alike.
         totals = [sum(column) for column in zip(*gather_floats([loss_sum, float(scored)]))]
         result = {"val_loss": totals[0] / max(totals[1], 1.0),
-                  "val_tokens": round(totals[1] * self.layout.dp / self.world_size)}
+                  "val_tokens": round(totals[1] * self.layout.reducing / self.world_size)}
         if self.config.data.task == "addition" and self._can_generate():
             result["val_accuracy"] = addition_accuracy(self.raw_model, val, self.device,
                                                        use_cache=self._generation_cache())
@@ -804,8 +817,9 @@ class Trainer:
 
     def _can_generate(self) -> bool:
         """Token-by-token generation needs the whole model and full logits on one rank: not
-        available with pipeline stages or vocabulary-sharded logits (`triax generate` after the run is)."""
-        return not self.parallel_model.pipelined and not self.parallel_model.loss_parallel
+        available with pipeline stages, vocabulary-sharded logits or a sequence cut over ranks
+        (`triax generate` after the run is)."""
+        return not self.parallel_model.pipelined and not self.parallel_model.loss_parallel and self.layout.cp == 1
 
     def _generation_cache(self) -> bool:
         """Generation keeps earlier tokens' keys and values (GPT.generate's use_cache), except with

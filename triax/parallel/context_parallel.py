@@ -1,0 +1,130 @@
+"""Context parallelism: one sequence cut over the cp ranks of a group, each rank holding the
+activations of its part only; attention gathers the keys and values of the whole sequence.
+
+Load balance (the Llama 3 paper's scheme, also torchtitan's): the sequence is cut into 2 x cp
+chunks and rank r holds chunks r and 2cp-1-r. Under a causal mask a query sees only earlier keys,
+so a rank holding the end of the sequence alone would do most of the work; paired, every rank's
+two chunks see (r + 1) + (2cp - r) = 2cp + 1 chunks of keys, the same on every rank.
+
+Keys and values are all-gathered across the group in every attention layer (differentiable: the
+gradient of each rank's keys is the sum of what every rank's queries sent back). Grouped-query
+attention gathers only its key/value heads. Each local query chunk then attends to the keys up to
+its own end with its own causal mask (and, for packed rows, only to its own example), by PyTorch's
+scaled_dot_product_attention. Positions (rotary or learned) are each token's place in the whole
+sequence, so the numbers are those of one process holding it all.
+
+Applied from outside: `apply_context_parallel` gives the model a `context` that its forward asks
+for the positions and the attention of its slice (triax.models.decoder); the trainer feeds each
+rank its slice of the ids and targets (`local_chunks`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from triax.models.decoder import Packed
+
+
+def local_chunks(x: torch.Tensor, rank: int, degree: int, dim: int = 1) -> torch.Tensor:
+    """Rank `rank`'s part of `x` along `dim` (the sequence): chunks rank and 2 x degree - 1 - rank
+    of its 2 x degree equal chunks, in that order."""
+    if degree == 1:
+        return x
+    chunks = x.unflatten(dim, (2 * degree, x.size(dim) // (2 * degree)))
+    picked = chunks.index_select(dim, torch.tensor([rank, 2 * degree - 1 - rank], device=x.device))
+    return picked.flatten(dim, dim + 1)
+
+
+class _AllGather(torch.autograd.Function):
+    """(cp, *x.shape): every rank's x, in rank order. Backward sums each rank's gradient over the
+    group and hands every rank its own part."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        rank = dist.get_rank(ctx.group)
+        if dist.get_backend(ctx.group) == dist.Backend.GLOO:  # gloo has no reduce-scatter
+            dist.all_reduce(grad, group=ctx.group)
+            return grad[rank], None
+        mine = torch.empty_like(grad[rank])
+        dist.reduce_scatter_tensor(mine, grad, group=ctx.group)
+        return mine, None
+
+
+def gather_sequence(local: torch.Tensor, group, degree: int) -> torch.Tensor:
+    """(batch, heads, whole sequence, head size) from every rank's (batch, heads, its 2 chunks,
+    head size), in sequence order."""
+    stacked = _AllGather.apply(local, group)  # (cp, batch, heads, 2 chunks, head size)
+    halves = stacked.unflatten(3, (2, -1))  # (cp, batch, heads, 2, chunk, head size)
+    # Rank r's first chunk is chunk r, its second chunk 2cp-1-r: the second halves in reverse rank order.
+    ordered = torch.cat((halves[:, :, :, 0], halves[:, :, :, 1].flip(0)))  # (2cp, batch, heads, chunk, hs)
+    return ordered.permute(1, 2, 0, 3, 4).flatten(2, 3)
+
+
+class ContextSlice:
+    """One forward's view of this rank's slice: each token's position in the whole sequence and
+    the attention of its queries over the gathered keys. Takes the place of decoder.Packed (the
+    model asks it for `positions` and `attend`), for packed rows too."""
+
+    def __init__(self, split: "ContextSplit", local_seq: int, documents: torch.Tensor | None,
+                 device: torch.device):
+        degree, rank = split.degree, split.rank
+        self.split = split
+        self.chunk = local_seq // 2
+        whole = local_seq * degree
+        self.chunk_ids = (rank, 2 * degree - 1 - rank)
+        key_positions = torch.arange(whole, device=device)
+        if documents is None:
+            self.positions = local_chunks(key_positions, rank, degree, dim=0)
+        else:
+            self.positions = local_chunks(Packed.positions_of(documents), rank, degree)
+        # Per local chunk: the keys it may see (those up to its end) and which of them (a causal mask,
+        # within its own example for packed rows). Built once per forward, shared by every layer.
+        self.masks = []
+        for chunk_id in self.chunk_ids:
+            end = (chunk_id + 1) * self.chunk
+            queries = torch.arange(chunk_id * self.chunk, end, device=device)
+            mask = key_positions[None, :end] <= queries[:, None]  # (chunk, end)
+            if documents is not None:
+                rows = documents[:, chunk_id * self.chunk:end]
+                mask = (mask & (rows[:, :, None] == documents[:, None, :end]))[:, None]
+            self.masks.append(mask)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
+        """Attention of this rank's queries (batch, heads, 2 chunks, head size) over the keys and
+        values of the whole sequence, gathered from the group (only the key/value heads)."""
+        k = gather_sequence(k, self.split.group, self.split.degree)
+        v = gather_sequence(v, self.split.group, self.split.degree)
+        outputs = []
+        for half, mask in enumerate(self.masks):
+            end = mask.size(-1)
+            rows = q[:, :, half * self.chunk:(half + 1) * self.chunk]
+            outputs.append(F.scaled_dot_product_attention(rows, k[:, :, :end], v[:, :, :end], attn_mask=mask,
+                                                          dropout_p=dropout, enable_gqa=k.size(1) != q.size(1)))
+        return torch.cat(outputs, dim=2)
+
+
+class ContextSplit:
+    """What a model under context parallelism knows of its group: `slice(...)` for each forward."""
+
+    def __init__(self, group, degree: int, rank: int):
+        self.group, self.degree, self.rank = group, degree, rank
+
+    def slice(self, local_seq: int, documents: torch.Tensor | None, device: torch.device) -> ContextSlice:
+        return ContextSlice(self, local_seq, documents, device)
+
+
+def apply_context_parallel(model: nn.Module, cp_mesh) -> nn.Module:
+    """Make `model` (a Decoder) take this rank's slice of each sequence over `cp_mesh`'s group."""
+    model.context = ContextSplit(cp_mesh.get_group(), cp_mesh.size(), cp_mesh.get_local_rank())
+    return model
