@@ -71,6 +71,73 @@ def gather_sequence(local: torch.Tensor, group, degree: int) -> torch.Tensor:
     return ordered.permute(1, 2, 0, 3, 4).flatten(2, 3)
 
 
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, log-sum-exp of each query's scores) of PyTorch's fused CPU attention kernel."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+
+
+def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key/value heads repeated for the query heads they serve (grouped-query attention)."""
+    return x if x.size(1) == heads else x.repeat_interleave(heads // x.size(1), dim=1)
+
+
+class _ChunkAttention(torch.autograd.Function):
+    """Causal attention of this rank's query chunks over the gathered keys, without a mask tensor:
+    a chunk starting at position p attends to the keys before p in full and to its own positions
+    causally (a square causal block), two calls of the fused kernel merged by their log-sum-exps.
+    A mask of (chunk, keys) would be kept per layer for backward, more memory than the split
+    saves at long blocks. Backward runs the kernel's backward on each part with the merged output
+    and log-sum-exp, which gives each part's exact share of the gradient (as ring attention does)."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: tuple[int, int]) -> torch.Tensor:
+        chunk = q.size(2) // 2
+        keys, values = _expand_heads(k, q.size(1)), _expand_heads(v, q.size(1))
+        outputs, sums = [], []
+        for half, start in enumerate(starts):
+            rows = q[:, :, half * chunk:(half + 1) * chunk]
+            out, lse = _flash(rows, keys[:, :, start:start + chunk], values[:, :, start:start + chunk], True)
+            if start:
+                before, before_lse = _flash(rows, keys[:, :, :start], values[:, :, :start], False)
+                merged = torch.logaddexp(before_lse, lse)
+                out = (before.float() * (before_lse - merged).exp()[..., None]
+                       + out.float() * (lse - merged).exp()[..., None]).to(q.dtype)
+                lse = merged
+            outputs.append(out)
+            sums.append(lse)
+        out, lse = torch.cat(outputs, dim=2), torch.cat(sums, dim=2)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.starts = starts
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        chunk, heads = q.size(2) // 2, q.size(1)
+        keys, values = _expand_heads(k, heads), _expand_heads(v, heads)
+        grad = grad.contiguous()
+        dq = torch.empty_like(q)
+        dk, dv = torch.zeros_like(keys, dtype=torch.float32), torch.zeros_like(values, dtype=torch.float32)
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        for half, start in enumerate(ctx.starts):
+            rows = slice(half * chunk, (half + 1) * chunk)
+            g, r, o, m = grad[:, :, rows], q[:, :, rows], out[:, :, rows], lse[:, :, rows]
+            own = slice(start, start + chunk)
+            dq_part, dk_part, dv_part = backward(g, r, keys[:, :, own], values[:, :, own], o, m, 0.0, True)
+            dk[:, :, own] += dk_part
+            dv[:, :, own] += dv_part
+            if start:
+                dq_before, dk_before, dv_before = backward(g, r, keys[:, :, :start], values[:, :, :start], o, m,
+                                                           0.0, False)
+                dq_part = dq_part + dq_before
+                dk[:, :, :start] += dk_before
+                dv[:, :, :start] += dv_before
+            dq[:, :, rows] = dq_part
+        # Each key/value head's gradient: the sum over the query heads it served.
+        dk, dv = (d.unflatten(1, (k.size(1), -1)).sum(2).to(k.dtype) for d in (dk, dv))
+        return dq, dk, dv, None
+
+
 class ContextSlice:
     """One forward's view of this rank's slice: each token's position in the whole sequence and
     the attention of its queries over the gathered keys. Takes the place of decoder.Packed (the
@@ -88,25 +155,34 @@ class ContextSlice:
             self.positions = local_chunks(key_positions, rank, degree, dim=0)
         else:
             self.positions = local_chunks(Packed.positions_of(documents), rank, degree)
-        # Per local chunk: the keys it may see (those up to its end) and which of them (a causal mask,
-        # within its own example for packed rows). Built once per forward, shared by every layer.
-        self.masks = []
-        for chunk_id in self.chunk_ids:
-            end = (chunk_id + 1) * self.chunk
-            queries = torch.arange(chunk_id * self.chunk, end, device=device)
-            mask = key_positions[None, :end] <= queries[:, None]  # (chunk, end)
-            if documents is not None:
-                rows = documents[:, chunk_id * self.chunk:end]
-                mask = (mask & (rows[:, :, None] == documents[:, None, :end]))[:, None]
-            self.masks.append(mask)
+        self.documents, self.key_positions = documents, key_positions
+        self._masks = None
+
+    def masks(self) -> list[torch.Tensor]:
+        """Per local chunk, which of the keys up to its end it sees (causal; within its own example
+        for packed rows). Built once per forward, shared by every layer."""
+        if self._masks is None:
+            self._masks, documents = [], self.documents
+            for chunk_id in self.chunk_ids:
+                end = (chunk_id + 1) * self.chunk
+                mask = self.key_positions[None, :end] <= self.key_positions[chunk_id * self.chunk:end, None]
+                if documents is not None:
+                    rows = documents[:, chunk_id * self.chunk:end]
+                    mask = (mask & (rows[:, :, None] == documents[:, None, :end]))[:, None]
+                self._masks.append(mask)
+        return self._masks
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
         """Attention of this rank's queries (batch, heads, 2 chunks, head size) over the keys and
-        values of the whole sequence, gathered from the group (only the key/value heads)."""
+        values of the whole sequence, gathered from the group (only the key/value heads). On a CPU
+        without packing or dropout by the fused kernel without a mask (_ChunkAttention); otherwise
+        by scaled_dot_product_attention with each chunk's mask."""
         k = gather_sequence(k, self.split.group, self.split.degree)
         v = gather_sequence(v, self.split.group, self.split.degree)
+        if self.documents is None and not dropout and q.device.type == "cpu":
+            return _ChunkAttention.apply(q, k, v, tuple(chunk_id * self.chunk for chunk_id in self.chunk_ids))
         outputs = []
-        for half, mask in enumerate(self.masks):
+        for half, mask in enumerate(self.masks()):
             end = mask.size(-1)
             rows = q[:, :, half * self.chunk:(half + 1) * self.chunk]
             outputs.append(F.scaled_dot_product_attention(rows, k[:, :, :end], v[:, :, :end], attn_mask=mask,
