@@ -18,7 +18,7 @@ from chat_files import arithmetic_conversations, write_chat_checkpoint, write_ch
 from forked import launch
 from helpers import assert_same_training, train
 from triax.errors import ConfigError
-from triax.parallel.context_parallel import _ChunkAttention, local_chunks
+from triax.parallel.context_parallel import chunk_attention, chunk_attention_backward, local_chunks
 from triax.parallel.mesh import Layout, check_context_parallel, resolve_layout, validate_layout
 from triax.testing import quiet_env, run_torchrun
 
@@ -75,7 +75,7 @@ def test_each_rank_holds_an_early_and_a_late_chunk():
 def test_chunk_attention_equals_causal_attention_and_its_gradients():
     """Each rank's two query chunks over the whole sequence's keys (grouped-query heads), without a
     mask: the outputs and the query gradients are the rows of one causal attention's, and the key
-    and value gradients summed over the ranks (what the all-gather's backward does) are its."""
+    and value gradients summed over the ranks (what the backward's reduction does) are its."""
     torch.manual_seed(0)
     batch, heads, kv_heads, seq, size, degree = 2, 4, 2, 64, 8, 2
     q, k, v = (torch.randn(batch, n, seq, size, requires_grad=True) for n in (heads, kv_heads, kv_heads))
@@ -84,11 +84,11 @@ def test_chunk_attention_equals_causal_attention_and_its_gradients():
     expected = torch.autograd.grad(whole, (q, k, v), grad)
     chunk, key_grads = seq // (2 * degree), [torch.zeros_like(k), torch.zeros_like(v)]
     for rank in range(degree):
-        rows = local_chunks(q.detach(), rank, degree, dim=2).requires_grad_()
-        keys, values = k.detach().requires_grad_(), v.detach().requires_grad_()
-        out = _ChunkAttention.apply(rows, keys, values, (rank * chunk, (2 * degree - 1 - rank) * chunk))
+        rows, starts = local_chunks(q.detach(), rank, degree, dim=2), (rank * chunk, (2 * degree - 1 - rank) * chunk)
+        out, lse = chunk_attention(rows, k.detach(), v.detach(), starts)
         torch.testing.assert_close(out, local_chunks(whole, rank, degree, dim=2), rtol=0, atol=1e-6)
-        dq, dk, dv = torch.autograd.grad(out, (rows, keys, values), local_chunks(grad, rank, degree, dim=2))
+        dq, dk, dv = chunk_attention_backward(local_chunks(grad, rank, degree, dim=2), rows, k.detach(), v.detach(),
+                                              out, lse, starts)
         torch.testing.assert_close(dq, local_chunks(expected[0], rank, degree, dim=2), rtol=0, atol=1e-5)
         key_grads[0] += dk
         key_grads[1] += dv

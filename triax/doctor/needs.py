@@ -32,7 +32,7 @@ def run_needs(config: TrainConfig, world_size: int) -> RunNeeds:
     """The run's needs; a TriaxError (the trainer's own words) when the config cannot run at all."""
     trainer, parallel = config.trainer, config.parallel
     vocab_size, block_size, model_keys, data_block_size = _model_sizes(config)
-    layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp, world_size)
+    layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp, world_size, parallel.cp)
     padded = padded_vocab_size(vocab_size, layout.tp)
     model_config = gpt_config(model_keys, vocab_size, block_size, padded if padded != vocab_size else None)
     shape = ModelShape.from_config(model_config, block_size=data_block_size)

@@ -81,61 +81,92 @@ def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x if x.size(1) == heads else x.repeat_interleave(heads // x.size(1), dim=1)
 
 
-class _ChunkAttention(torch.autograd.Function):
-    """Causal attention of this rank's query chunks over the gathered keys, without a mask tensor:
-    a chunk starting at position p attends to the keys before p in full and to its own positions
+def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    starts: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, log-sum-exp) of causal attention of this rank's query chunks (batch, heads, chunks,
+    head size; chunk i starting at position starts[i]) over the whole sequence's keys and values,
+    without a mask tensor: a chunk attends to the keys before it in full and to its own positions
     causally (a square causal block), two calls of the fused kernel merged by their log-sum-exps.
-    A mask of (chunk, keys) would be kept per layer for backward, more memory than the split
-    saves at long blocks. Backward runs the kernel's backward on each part with the merged output
-    and log-sum-exp, which gives each part's exact share of the gradient (as ring attention does)."""
+    (A (chunk, keys) mask would be kept per layer for backward, more memory than the cut saves.)"""
+    chunk = q.size(2) // len(starts)
+    keys, values = _expand_heads(k, q.size(1)), _expand_heads(v, q.size(1))
+    outputs, sums = [], []
+    for index, start in enumerate(starts):
+        rows = q[:, :, index * chunk:(index + 1) * chunk]
+        out, lse = _flash(rows, keys[:, :, start:start + chunk], values[:, :, start:start + chunk], True)
+        if start:
+            before, before_lse = _flash(rows, keys[:, :, :start], values[:, :, :start], False)
+            merged = torch.logaddexp(before_lse, lse)
+            out = (before.float() * (before_lse - merged).exp()[..., None]
+                   + out.float() * (lse - merged).exp()[..., None]).to(q.dtype)
+            lse = merged
+        outputs.append(out)
+        sums.append(lse)
+    return torch.cat(outputs, dim=2), torch.cat(sums, dim=2)
+
+
+def chunk_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             out: torch.Tensor, lse: torch.Tensor, starts: tuple[int, ...]):
+    """(dq, dk, dv) of `chunk_attention`, dk and dv for the whole sequence's keys and values: the
+    kernel's backward on each part with the merged output and log-sum-exp gives each part's exact
+    share of the gradient (as ring attention does)."""
+    chunk, heads = q.size(2) // len(starts), q.size(1)
+    keys, values = _expand_heads(k, heads), _expand_heads(v, heads)
+    grad = grad.contiguous()
+    dq = torch.empty_like(q)
+    dk, dv = torch.zeros_like(keys, dtype=torch.float32), torch.zeros_like(values, dtype=torch.float32)
+    backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    for index, start in enumerate(starts):
+        rows = slice(index * chunk, (index + 1) * chunk)
+        g, r, o, m = grad[:, :, rows], q[:, :, rows], out[:, :, rows], lse[:, :, rows]
+        own = slice(start, start + chunk)
+        dq_part, dk_part, dv_part = backward(g, r, keys[:, :, own], values[:, :, own], o, m, 0.0, True)
+        dk[:, :, own] += dk_part
+        dv[:, :, own] += dv_part
+        if start:
+            dq_before, dk_before, dv_before = backward(g, r, keys[:, :, :start], values[:, :, :start], o, m, 0.0, False)
+            dq_part = dq_part + dq_before
+            dk[:, :, :start] += dk_before
+            dv[:, :, :start] += dv_before
+        dq[:, :, rows] = dq_part
+    # Each key/value head's gradient: the sum over the query heads it served.
+    dk, dv = (d.unflatten(1, (k.size(1), -1)).sum(2).to(k.dtype) for d in (dk, dv))
+    return dq, dk, dv
+
+
+def _reduce_to_ranks(full: torch.Tensor, split: "ContextSplit") -> torch.Tensor:
+    """This rank's chunks of the sum over the group of every rank's whole-sequence gradient."""
+    if dist.get_backend(split.group) == dist.Backend.GLOO:  # gloo has no reduce-scatter
+        dist.all_reduce(full, group=split.group)
+        return local_chunks(full, split.rank, split.degree, dim=2)
+    by_rank = torch.stack([local_chunks(full, rank, split.degree, dim=2) for rank in range(split.degree)])
+    mine = torch.empty_like(by_rank[0])
+    dist.reduce_scatter_tensor(mine, by_rank, group=split.group)
+    return mine
+
+
+class _GatheredChunkAttention(torch.autograd.Function):
+    """chunk_attention over keys and values all-gathered from the group, which are not kept for
+    backward: backward gathers them again (one more all-gather per layer instead of holding the
+    whole sequence's keys and values for every layer), then sums each rank's key and value
+    gradients over the group."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: tuple[int, int]) -> torch.Tensor:
-        chunk = q.size(2) // 2
-        keys, values = _expand_heads(k, q.size(1)), _expand_heads(v, q.size(1))
-        outputs, sums = [], []
-        for half, start in enumerate(starts):
-            rows = q[:, :, half * chunk:(half + 1) * chunk]
-            out, lse = _flash(rows, keys[:, :, start:start + chunk], values[:, :, start:start + chunk], True)
-            if start:
-                before, before_lse = _flash(rows, keys[:, :, :start], values[:, :, :start], False)
-                merged = torch.logaddexp(before_lse, lse)
-                out = (before.float() * (before_lse - merged).exp()[..., None]
-                       + out.float() * (lse - merged).exp()[..., None]).to(q.dtype)
-                lse = merged
-            outputs.append(out)
-            sums.append(lse)
-        out, lse = torch.cat(outputs, dim=2), torch.cat(sums, dim=2)
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: "ContextSplit",
+                starts: tuple[int, ...]) -> torch.Tensor:
+        keys, values = (gather_sequence(x, split.group, split.degree) for x in (k, v))
+        out, lse = chunk_attention(q, keys, values, starts)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.starts = starts
+        ctx.split, ctx.starts = split, starts
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
-        chunk, heads = q.size(2) // 2, q.size(1)
-        keys, values = _expand_heads(k, heads), _expand_heads(v, heads)
-        grad = grad.contiguous()
-        dq = torch.empty_like(q)
-        dk, dv = torch.zeros_like(keys, dtype=torch.float32), torch.zeros_like(values, dtype=torch.float32)
-        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-        for half, start in enumerate(ctx.starts):
-            rows = slice(half * chunk, (half + 1) * chunk)
-            g, r, o, m = grad[:, :, rows], q[:, :, rows], out[:, :, rows], lse[:, :, rows]
-            own = slice(start, start + chunk)
-            dq_part, dk_part, dv_part = backward(g, r, keys[:, :, own], values[:, :, own], o, m, 0.0, True)
-            dk[:, :, own] += dk_part
-            dv[:, :, own] += dv_part
-            if start:
-                dq_before, dk_before, dv_before = backward(g, r, keys[:, :, :start], values[:, :, :start], o, m,
-                                                           0.0, False)
-                dq_part = dq_part + dq_before
-                dk[:, :, :start] += dk_before
-                dv[:, :, :start] += dv_before
-            dq[:, :, rows] = dq_part
-        # Each key/value head's gradient: the sum over the query heads it served.
-        dk, dv = (d.unflatten(1, (k.size(1), -1)).sum(2).to(k.dtype) for d in (dk, dv))
-        return dq, dk, dv, None
+        split = ctx.split
+        keys, values = (gather_sequence(x, split.group, split.degree) for x in (k, v))
+        dq, dk, dv = chunk_attention_backward(grad, q, keys, values, out, lse, ctx.starts)
+        return dq, _reduce_to_ranks(dk, split), _reduce_to_ranks(dv, split), None, None
 
 
 class ContextSlice:
@@ -175,12 +206,14 @@ class ContextSlice:
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
         """Attention of this rank's queries (batch, heads, 2 chunks, head size) over the keys and
         values of the whole sequence, gathered from the group (only the key/value heads). On a CPU
-        without packing or dropout by the fused kernel without a mask (_ChunkAttention); otherwise
-        by scaled_dot_product_attention with each chunk's mask."""
+        without packing or dropout by the fused kernel without a mask, the gathered keys and values
+        not kept for backward (_GatheredChunkAttention); otherwise by scaled_dot_product_attention
+        with each chunk's mask, the gathered keys and values kept by autograd."""
+        if self.documents is None and not dropout and q.device.type == "cpu":
+            starts = tuple(chunk_id * self.chunk for chunk_id in self.chunk_ids)
+            return _GatheredChunkAttention.apply(q, k, v, self.split, starts)
         k = gather_sequence(k, self.split.group, self.split.degree)
         v = gather_sequence(v, self.split.group, self.split.degree)
-        if self.documents is None and not dropout and q.device.type == "cpu":
-            return _ChunkAttention.apply(q, k, v, tuple(chunk_id * self.chunk for chunk_id in self.chunk_ids))
         outputs = []
         for half, mask in enumerate(self.masks()):
             end = mask.size(-1)

@@ -180,14 +180,16 @@ def check_cpu_offload(layout: Layout, cpu_offload: bool) -> None:
                           "or parallel.cpu_offload=false")
 
 
-def check_context_parallel(layout: Layout, block_size: int, compile: bool = False) -> None:
+def check_context_parallel(layout: Layout, block_size: int, compile: bool = False,
+                           length_key: str = "data.block_size") -> None:
     """Context parallelism cuts each sequence into 2 x cp chunks (a rank holds one early and one
-    late chunk, so the causal mask gives every rank the same work)."""
+    late chunk, so the causal mask gives every rank the same work). `length_key`: what the user
+    set the sequence length with."""
     if layout.cp == 1:
         return
     if block_size % (2 * layout.cp) != 0:
-        raise ConfigError(f"parallel.cp={layout.cp} needs the sequence length (data.block_size={block_size}) to be "
-                          f"a multiple of 2 x cp = {2 * layout.cp}; change data.block_size or parallel.cp")
+        raise ConfigError(f"parallel.cp={layout.cp} needs the sequence length ({length_key}={block_size}) to be "
+                          f"a multiple of 2 x cp = {2 * layout.cp}; change {length_key} or parallel.cp")
     if layout.pp > 1:
         raise ConfigError(f"parallel.cp={layout.cp} does not run with parallel.pp={layout.pp}: pipeline stages pass "
                           "hidden states without the sequence's positions; use parallel.pp=1 (or parallel.cp=1)")

@@ -21,6 +21,12 @@ Per-device memory, by formula (B = bytes per value of the parameter dtype: 4 fp3
   padded vocabulary, their masked copy); 16 bytes a logit matches the memory per sample measured on
   an H200 within 5% (GPT-2 124M: 1.066 GiB estimated, 1.028 measured; a 125M Llama: 0.787 and
   0.825). Compiled (parallel.compile) the loss keeps no fp32 copy and needs less: an overcount then.
+- context parallelism (cp > 1): each rank holds s/cp of every sequence, so the activation and
+  loss terms above take s/cp; each layer also keeps the whole sequence's gathered keys and values
+  for backward, 2·s·b·k·A/tp with k the key/value width (n_kv_head x head size). The cp ranks
+  shard the parameters with FSDP (over dp_shard x cp), so the parameter terms and FSDP's gathered
+  blocks below count dp_shard x cp. Time: the keys and values all-gathered in forward and reduced
+  in backward, 4·L·s·b·k·A·(cp-1)/cp per device per micro-batch at --bandwidth, not overlapped.
 - gathered:    with FSDP (dp_shard > 1), the whole (unsharded) blocks in flight: about two
   blocks' parameters all-gathered (the one computing and the one prefetched) and two blocks'
   unsharded gradients before their reduce-scatter, 2·(P/tp)·G + 2·(P/tp)·4 bytes with P a block's
@@ -48,7 +54,8 @@ import torch
 from triax.errors import ConfigError
 from triax.models import build_model
 from triax.models.config import PRESETS, GPTConfig, preset_fields
-from triax.parallel.mesh import MULTI_STAGE_SCHEDULES, PP_SCHEDULES, Layout, num_stages, padded_vocab_size
+from triax.parallel.mesh import (MULTI_STAGE_SCHEDULES, PP_SCHEDULES, Layout, check_context_parallel, num_stages,
+                                 padded_vocab_size)
 
 MAX_WORLD = 2**16  # the layout search grows with world x its divisors: beyond this it takes minutes
 
@@ -159,7 +166,7 @@ LOSS_BYTES_PER_LOGIT = 16  # the eager loss's peak (module docstring)
 def local_parameter_count(shape: ModelShape, layout: Layout, pp_schedule: str = "1f1b", stage: int = 0,
                           balance: list[int] | None = None) -> int:
     shapes = shape.parameter_shapes(layout.tp)
-    return sum(local_numel(name, shapes[name], layout.tp, layout.dp_shard)
+    return sum(local_numel(name, shapes[name], layout.tp, layout.dp_shard * layout.cp)
                for name in stage_parameter_names(shape, layout, pp_schedule, stage, balance))
 
 
@@ -188,7 +195,7 @@ def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: s
     gb = 1024 ** 3
     local = local_parameter_count(shape, layout, pp_schedule)
     params = local * param_bytes / gb
-    s, h, t = shape.block_size, shape.n_embd, layout.tp
+    s, h, t = shape.block_size // layout.cp, shape.n_embd, layout.tp  # s: this rank's tokens of a sequence
     m = (microbatches or 2 * layout.pp) if layout.pp > 1 else 1
     b = batch_size / m
     stages = num_stages(layout.pp, pp_schedule)
@@ -199,19 +206,23 @@ def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: s
     alive = m if (layout.pp == 1 or pp_schedule == "gpipe") else min(m, layout.pp)
     activations = alive * layers * per_layer + (per_layer_full if checkpointing == "full" else 0)
     activations += LOSS_BYTES_PER_LOGIT * s * b * padded_vocab_size(shape.vocab_size, t) / t
+    kv_width = (shape.n_kv_head or shape.n_head) * shape.config().head_dim / t
+    gathered_kv = 2 * shape.block_size * b * kv_width * act_bytes if layout.cp > 1 else 0.0  # one layer's
+    activations += layers * gathered_kv
     # Step time.
-    tokens = batch_size * layout.dp * s
+    tokens = batch_size * layout.dp * shape.block_size
     compute = shape.flops_per_token() * tokens / (layout.world_size * tflops * 1e12)
     compute *= {"none": 1.0, "selective": 1.1, "full": 4 / 3}[checkpointing]
     if layout.pp > 1:
         compute /= 1 - (layout.pp - 1) / (m + layout.pp - 1)
     tp_comm = 0.0 if t == 1 else 8 * layers * s * b * h * act_bytes * (t - 1) / t * m / (bandwidth_gbs * 1e9)
-    dp = layout.dp
-    dp_factor = 3 if layout.dp_shard > 1 else 2
-    replica_bytes = local * layout.dp_shard * param_bytes  # one data-parallel replica's parameters
+    tp_comm += 2 * layers * gathered_kv * (layout.cp - 1) / layout.cp / (bandwidth_gbs * 1e9)
+    dp, shards = layout.reducing, layout.dp_shard * layout.cp
+    dp_factor = 3 if shards > 1 else 2
+    replica_bytes = local * shards * param_bytes  # one data-parallel replica's parameters
     dp_comm = 0.0 if dp == 1 else dp_factor * replica_bytes * (dp - 1) / dp / (bandwidth_gbs * 1e9)
     block_values = shape.block_params() / t
-    gathered = 2 * block_values * param_bytes_gathered(precision) + 2 * block_values * 4 if layout.dp_shard > 1 else 0.0
+    gathered = 2 * block_values * param_bytes_gathered(precision) + 2 * block_values * 4 if shards > 1 else 0.0
     return Estimate(layout, checkpointing, params, params, 2 * params, activations / gb,
                     max(compute, dp_comm) + tp_comm, gathered / gb)
 
@@ -221,26 +232,41 @@ def param_bytes_gathered(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def candidate_layouts(world: int, shape: ModelShape) -> list[Layout]:
+def candidate_layouts(world: int, shape: ModelShape, cps: list[int] | None = None) -> list[Layout]:
+    """Every layout of `world` devices this shape can run in; `cps`: the context-parallel degrees
+    to consider (default: every one the sequence allows)."""
     layouts = []
-    for pp in range(1, world + 1):
-        for tp in range(1, world // pp + 1):
-            for dp_shard in range(1, world // (pp * tp) + 1):
-                rest = world // (pp * tp * dp_shard)
-                if pp * tp * dp_shard * rest != world:
-                    continue
-                if shape.n_head % tp or (shape.n_kv_head or shape.n_head) % tp or pp > shape.n_layer \
-                        or shape.block_size % tp:
-                    continue
-                layouts.append(Layout(pp=pp, dp_replicate=rest, dp_shard=dp_shard, tp=tp))
+    for cp in cps or range(1, world + 1):
+        if world % cp or not context_parallel_fits(shape, cp):
+            continue
+        for pp in range(1, world // cp + 1) if cp == 1 else (1,):
+            for tp in range(1, world // (pp * cp) + 1):
+                for dp_shard in range(1, world // (pp * tp * cp) + 1):
+                    rest = world // (pp * tp * cp * dp_shard)
+                    if pp * tp * cp * dp_shard * rest != world:
+                        continue
+                    if shape.n_head % tp or (shape.n_kv_head or shape.n_head) % tp or pp > shape.n_layer \
+                            or (shape.block_size // cp) % tp:
+                        continue
+                    layouts.append(Layout(pp=pp, dp_replicate=rest, dp_shard=dp_shard, tp=tp, cp=cp))
     return layouts
 
 
-def plan(shape: ModelShape, world: int, memory_gb: float, global_batch: int, **kwargs) -> list[Estimate]:
+def context_parallel_fits(shape: ModelShape, cp: int) -> bool:
+    """Whether the sequence cuts into 2 x cp chunks (triax.parallel.mesh.check_context_parallel)."""
+    try:
+        check_context_parallel(Layout(cp=cp), shape.block_size)
+    except ConfigError:
+        return False
+    return True
+
+
+def plan(shape: ModelShape, world: int, memory_gb: float, global_batch: int, cps: list[int] | None = None,
+         **kwargs) -> list[Estimate]:
     """The layouts that fit in `memory_gb` per device (each with the least checkpointing that
     makes it fit), fastest first, for `global_batch` sequences per step whatever the layout."""
     fitting = []
-    for layout in candidate_layouts(world, shape):
+    for layout in candidate_layouts(world, shape, cps):
         if global_batch % layout.dp:
             continue
         batch_size = global_batch // layout.dp
@@ -270,7 +296,8 @@ def check_memory(shape: ModelShape, layout: Layout, memory_gb: float, where: str
     if result.activations_gb >= states:
         cause = (f"data.block_size={shape.block_size} with trainer.batch_size={batch_size} needs "
                  f"{result.activations_gb:.1f} GiB of activations")
-        advice = "lower data.block_size or trainer.batch_size, or set parallel.activation_checkpointing=full"
+        advice = ("lower data.block_size or trainer.batch_size, set parallel.activation_checkpointing=full, "
+                  "or cut each sequence over more processes (parallel.cp)")
     else:
         cause = (f"the model ({shape.num_params() / 1e6:,.0f}M parameters: model.n_layer={shape.n_layer}, "
                  f"model.n_embd={shape.n_embd}) needs {states:.1f} GiB for its weights, gradients and AdamW state")
@@ -298,6 +325,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tflops", type=float, default=100.0, help="sustained TFLOP/s per device")
     parser.add_argument("--bandwidth", type=float, default=100.0, help="GB/s between devices")
     parser.add_argument("--top", type=int, default=15, help="show this many layouts")
+    parser.add_argument("--cp", type=int, default=0, help="context-parallel degree to plan for (0: every one "
+                                                          "the sequence allows)")
     args = parser.parse_args(argv)
     if args.model not in PRESETS:
         raise ConfigError(f"unknown model preset {args.model!r}; presets are: {', '.join(PRESETS)}")
@@ -315,8 +344,14 @@ def main(argv: list[str]) -> int:
                           ("--top", args.top)):
         at_least(option, value, 1)
     at_least("--microbatches", args.microbatches, 0)
+    at_least("--cp", args.cp, 0)
+    if args.cp:
+        if args.world % args.cp:
+            raise ConfigError(f"--cp {args.cp} does not divide --world {args.world}; choose a divisor of the world")
+        check_context_parallel(Layout(cp=args.cp), args.seq, length_key="--seq")  # one line
     shape = ModelShape.from_config(GPTConfig(vocab_size=args.vocab, block_size=args.seq, **preset_fields(args.model)))
-    results = plan(shape, args.world, args.memory_gb, args.global_batch, precision=args.precision,
+    results = plan(shape, args.world, args.memory_gb, args.global_batch, [args.cp] if args.cp else None,
+                   precision=args.precision,
                    pp_schedule=args.pp_schedule, microbatches=args.microbatches, tflops=args.tflops,
                    bandwidth_gbs=args.bandwidth)
     print(f"{args.model}: {shape.num_params() / 1e6:.1f}M parameters, {args.world} device{'s' if args.world != 1 else ''} x {args.memory_gb:g} GiB, "
