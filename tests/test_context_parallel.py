@@ -20,6 +20,7 @@ from helpers import assert_same_training, train
 from triax.errors import ConfigError
 from triax.parallel.context_parallel import chunk_attention, chunk_attention_backward, local_chunks
 from triax.parallel.mesh import Layout, check_context_parallel, resolve_layout, validate_layout
+from triax.parallel.plan import ModelShape, candidate_layouts, estimate
 from triax.testing import quiet_env, run_torchrun
 
 STEPS = 3
@@ -117,6 +118,34 @@ def test_bad_combinations_are_one_line(layout, block, compile, message):
     if not compile:  # validate_layout (triax plan's check too) refuses the same
         with pytest.raises(ConfigError, match=message):
             validate_layout(layout, n_layer=4, n_head=8, block_size=block, batch_size=8)
+
+
+def test_plan_counts_cp():
+    """Per rank, context parallelism divides the activations by cp (plus the gathered keys and
+    values) and FSDP over dp_shard x cp divides the weights; plan offers cp layouts where the
+    sequence cuts and only pp=1 ones."""
+    shape = ModelShape(8, 4, 128, 64, 16384, arch="llama", n_kv_head=2, intermediate_size=512)
+    one, two = (estimate(shape, Layout(cp=cp, dp_replicate=1), batch_size=1, precision="fp32") for cp in (1, 2))
+    assert two.activations_gb < 0.6 * one.activations_gb
+    assert two.params_gb == pytest.approx(one.params_gb / 2, rel=0.01) and two.gathered_gb > 0
+    layouts = candidate_layouts(8, shape)
+    assert {layout.cp for layout in layouts} == {1, 2, 4, 8}
+    assert all(layout.pp == 1 for layout in layouts if layout.cp > 1)
+    odd = ModelShape(8, 4, 128, 64, 1000, arch="llama", n_kv_head=2, intermediate_size=512)
+    assert {layout.cp for layout in candidate_layouts(8, odd)} == {1, 2, 4}  # 1000 tokens: no 16 chunks
+
+
+@pytest.mark.parametrize("options, words", [
+    (["--seq", "1000", "--cp", "8"], ["parallel.cp=8 needs the sequence length (--seq=1000) to be a multiple of 2 x cp = 16"]),
+    (["--cp", "3"], ["--cp 3 does not divide --world 8"]),
+])
+def test_plan_refuses_a_cp_that_cannot_run(options, words, capsys):
+    from triax.cli import main as triax_main
+
+    code = triax_main(["plan", "--world", "8", "--memory-gb", "80", "--model", "llama3-8b", *options])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("triax: error:"), (code, err)
+    assert all(word in err for word in words), err
 
 
 @pytest.mark.multiprocess

@@ -14,12 +14,16 @@ Per-device memory, by formula (B = bytes per value of the parameter dtype: 4 fp3
   dtype (A bytes): none 17·s·b·h·A/tp (Korthikanti et al. 2022, 34·s·b·h bytes at A = 2, without
   the attention-score term a fused attention kernel does not store); selective 10·s·b·h·A/tp (the
   matmul and attention outputs); full s·b·h·A (each layer's input) plus one layer's 17·s·b·h·A/tp
-  being recomputed (the same per-layer terms serve the llama family's blocks: an estimate). Micro-batches
+  being recomputed. The llama family's block keeps (8h + 2k + 4I)·s·b·A/tp in place of the 17
+  (what autograd saves, counted: the block's input and its residual after attention, each
+  RMSNorm's normalised input and output, the rotated queries and the attention output: 8h; the
+  rotated keys and the values, k = n_kv_head x head size wide: 2k; the SwiGLU's gate, up,
+  silu(gate) and product, I = intermediate_size wide: 4I); selective and full scale alike. Micro-batches
   alive on the first stage: m for gpipe, min(m, pp) for 1f1b-style
   schedules. Plus the loss's peak on the last stage, LOSS_BYTES_PER_LOGIT·s·b·V/tp: in its backward
   the fp32 log-probabilities and two fp32 gradients are alive beside the bf16 logits (and, with a
   padded vocabulary, their masked copy); 16 bytes a logit matches the memory per sample measured on
-  an H200 within 5% (GPT-2 124M: 1.066 GiB estimated, 1.028 measured; a 125M Llama: 0.787 and
+  an H200 within 5% (GPT-2 124M: 1.066 GiB estimated, 1.028 measured; a 125M Llama: 0.828 and
   0.825). Compiled (parallel.compile) the loss keeps no fp32 copy and needs less: an overcount then.
 - context parallelism (cp > 1): each rank holds s/cp of every sequence, so the activation and
   loss terms above take s/cp; each layer also keeps the whole sequence's gathered keys and values
@@ -200,8 +204,9 @@ def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: s
     b = batch_size / m
     stages = num_stages(layout.pp, pp_schedule)
     layers = math.ceil(shape.n_layer / stages) * (stages // layout.pp)  # layers on the busiest rank
-    per_layer_full = 17 * s * b * h * act_bytes / t
-    per_layer = {"none": per_layer_full, "selective": 10 * s * b * h * act_bytes / t,
+    widths = layer_widths(shape)
+    per_layer_full = widths * s * b * act_bytes / t
+    per_layer = {"none": per_layer_full, "selective": widths * 10 / 17 * s * b * act_bytes / t,
                  "full": s * b * h * act_bytes}[checkpointing]
     alive = m if (layout.pp == 1 or pp_schedule == "gpipe") else min(m, layout.pp)
     activations = alive * layers * per_layer + (per_layer_full if checkpointing == "full" else 0)
@@ -225,6 +230,14 @@ def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: s
     gathered = 2 * block_values * param_bytes_gathered(precision) + 2 * block_values * 4 if shards > 1 else 0.0
     return Estimate(layout, checkpointing, params, params, 2 * params, activations / gb,
                     max(compute, dp_comm) + tp_comm, gathered / gb)
+
+
+def layer_widths(shape: ModelShape) -> int:
+    """Values per token one block keeps for backward (module docstring)."""
+    config = shape.config()
+    if config.family != "llama":
+        return 17 * shape.n_embd
+    return 8 * shape.n_embd + 2 * config.n_kv_head * config.head_dim + 4 * config.intermediate_size
 
 
 def param_bytes_gathered(precision: str) -> int:
