@@ -72,13 +72,9 @@ def gather_sequence(local: torch.Tensor, group, degree: int) -> torch.Tensor:
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, log-sum-exp of each query's scores) of PyTorch's fused CPU attention kernel."""
+    """(output, log-sum-exp of each query's scores) of PyTorch's fused CPU attention kernel; k and v
+    may have fewer heads (grouped-query attention: the kernel shares them, without copies)."""
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
-
-
-def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """Key/value heads repeated for the query heads they serve (grouped-query attention)."""
-    return x if x.size(1) == heads else x.repeat_interleave(heads // x.size(1), dim=1)
 
 
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -89,7 +85,7 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     causally (a square causal block), two calls of the fused kernel merged by their log-sum-exps.
     (A (chunk, keys) mask would be kept per layer for backward, more memory than the cut saves.)"""
     chunk = q.size(2) // len(starts)
-    keys, values = _expand_heads(k, q.size(1)), _expand_heads(v, q.size(1))
+    keys, values = k, v
     outputs, sums = [], []
     for index, start in enumerate(starts):
         rows = q[:, :, index * chunk:(index + 1) * chunk]
@@ -110,8 +106,8 @@ def chunk_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     """(dq, dk, dv) of `chunk_attention`, dk and dv for the whole sequence's keys and values: the
     kernel's backward on each part with the merged output and log-sum-exp gives each part's exact
     share of the gradient (as ring attention does)."""
-    chunk, heads = q.size(2) // len(starts), q.size(1)
-    keys, values = _expand_heads(k, heads), _expand_heads(v, heads)
+    chunk = q.size(2) // len(starts)
+    keys, values = k, v
     grad = grad.contiguous()
     dq = torch.empty_like(q)
     dk, dv = torch.zeros_like(keys, dtype=torch.float32), torch.zeros_like(values, dtype=torch.float32)
@@ -129,9 +125,7 @@ def chunk_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tenso
             dk[:, :, :start] += dk_before
             dv[:, :, :start] += dv_before
         dq[:, :, rows] = dq_part
-    # Each key/value head's gradient: the sum over the query heads it served.
-    dk, dv = (d.unflatten(1, (k.size(1), -1)).sum(2).to(k.dtype) for d in (dk, dv))
-    return dq, dk, dv
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
 def _reduce_to_ranks(full: torch.Tensor, split: "ContextSplit") -> torch.Tensor:
