@@ -9,8 +9,10 @@ two chunks see (r + 1) + (2cp - r) = 2cp + 1 chunks of keys, the same on every r
 Keys and values are all-gathered across the group in every attention layer (differentiable: the
 gradient of each rank's keys is the sum of what every rank's queries sent back). Grouped-query
 attention gathers only its key/value heads. Each local query chunk then attends to the keys up to
-its own end with its own causal mask (and, for packed rows, only to its own example), by PyTorch's
-scaled_dot_product_attention. Positions (rotary or learned) are each token's place in the whole
+its own end: on a CPU by the fused attention kernel without a mask, gathering the keys and values
+again in backward rather than keeping them (chunk_attention); for packed rows (only its own
+example), with dropout or on other devices by PyTorch's scaled_dot_product_attention with each
+chunk's mask. Positions (rotary or learned) are each token's place in the whole
 sequence, so the numbers are those of one process holding it all.
 
 Applied from outside: `apply_context_parallel` gives the model a `context` that its forward asks
@@ -85,13 +87,12 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     causally (a square causal block), two calls of the fused kernel merged by their log-sum-exps.
     (A (chunk, keys) mask would be kept per layer for backward, more memory than the cut saves.)"""
     chunk = q.size(2) // len(starts)
-    keys, values = k, v
     outputs, sums = [], []
     for index, start in enumerate(starts):
         rows = q[:, :, index * chunk:(index + 1) * chunk]
-        out, lse = _flash(rows, keys[:, :, start:start + chunk], values[:, :, start:start + chunk], True)
+        out, lse = _flash(rows, k[:, :, start:start + chunk], v[:, :, start:start + chunk], True)
         if start:
-            before, before_lse = _flash(rows, keys[:, :, :start], values[:, :, :start], False)
+            before, before_lse = _flash(rows, k[:, :, :start], v[:, :, :start], False)
             merged = torch.logaddexp(before_lse, lse)
             out = (before.float() * (before_lse - merged).exp()[..., None]
                    + out.float() * (lse - merged).exp()[..., None]).to(q.dtype)
@@ -107,20 +108,19 @@ def chunk_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     kernel's backward on each part with the merged output and log-sum-exp gives each part's exact
     share of the gradient (as ring attention does)."""
     chunk = q.size(2) // len(starts)
-    keys, values = k, v
     grad = grad.contiguous()
     dq = torch.empty_like(q)
-    dk, dv = torch.zeros_like(keys, dtype=torch.float32), torch.zeros_like(values, dtype=torch.float32)
+    dk, dv = torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)
     backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     for index, start in enumerate(starts):
         rows = slice(index * chunk, (index + 1) * chunk)
         g, r, o, m = grad[:, :, rows], q[:, :, rows], out[:, :, rows], lse[:, :, rows]
         own = slice(start, start + chunk)
-        dq_part, dk_part, dv_part = backward(g, r, keys[:, :, own], values[:, :, own], o, m, 0.0, True)
+        dq_part, dk_part, dv_part = backward(g, r, k[:, :, own], v[:, :, own], o, m, 0.0, True)
         dk[:, :, own] += dk_part
         dv[:, :, own] += dv_part
         if start:
-            dq_before, dk_before, dv_before = backward(g, r, keys[:, :, :start], values[:, :, :start], o, m, 0.0, False)
+            dq_before, dk_before, dv_before = backward(g, r, k[:, :, :start], v[:, :, :start], o, m, 0.0, False)
             dq_part = dq_part + dq_before
             dk[:, :, :start] += dk_before
             dv[:, :, :start] += dv_before
