@@ -18,7 +18,8 @@ from chat_files import arithmetic_conversations, write_chat_checkpoint, write_ch
 from forked import launch
 from helpers import assert_same_training, train
 from triax.errors import ConfigError
-from triax.parallel.context_parallel import chunk_attention, chunk_attention_backward, local_chunks
+from triax.models.decoder import Packed
+from triax.parallel.context_parallel import ContextSplit, chunk_attention, chunk_attention_backward, local_chunks
 from triax.parallel.mesh import Layout, check_context_parallel, resolve_layout, validate_layout
 from triax.parallel.plan import ModelShape, candidate_layouts, estimate
 from triax.testing import quiet_env, run_torchrun
@@ -97,6 +98,25 @@ def test_chunk_attention_equals_causal_attention_and_its_gradients():
     torch.testing.assert_close(key_grads[1], expected[2], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_each_chunk_sees_what_it_sees_in_the_whole_sequence(packed):
+    """The masks and positions of the masked attention path (packed rows, dropout, other devices)
+    are the rows of one process's: causal, and within each example for packed rows."""
+    seq, degree = 16, 2
+    documents = torch.tensor([[0] * 5 + [1] * 7 + [2] * 4, [0] * 16]) if packed else None
+    whole = (Packed.of(documents).mask if packed else torch.ones(seq, seq, dtype=torch.bool).tril())
+    positions = Packed.of(documents).positions if packed else torch.arange(seq)
+    for rank in range(degree):
+        view = ContextSplit(None, degree, rank).slice(seq // degree, documents, torch.device("cpu"))
+        chunk = seq // (2 * degree)
+        for chunk_id, mask in zip((rank, 2 * degree - 1 - rank), view.masks()):
+            rows = whole[..., chunk_id * chunk:(chunk_id + 1) * chunk, :(chunk_id + 1) * chunk]
+            assert torch.equal(mask.expand_as(rows), rows)
+            # No key past the chunk's end is ever seen: cutting the keys there loses nothing.
+            assert not whole[..., chunk_id * chunk:(chunk_id + 1) * chunk, (chunk_id + 1) * chunk:].any()
+        assert torch.equal(view.positions, local_chunks(positions, rank, degree, dim=positions.dim() - 1))
+
+
 def test_cp_counts_in_the_layout():
     layout = resolve_layout(1, 2, 2, 1, 8, cp=2)
     assert layout == Layout(dp_shard=2, tp=2, cp=2) and layout.reducing == 4 and layout.dp == 2
@@ -136,7 +156,7 @@ def test_plan_counts_cp():
 
 
 @pytest.mark.parametrize("options, words", [
-    (["--seq", "1000", "--cp", "8"], ["parallel.cp=8 needs the sequence length (--seq=1000) to be a multiple of 2 x cp = 16"]),
+    (["--seq", "1000", "--cp", "8"], ["parallel.cp=8 needs the sequence length (--seq=1000)", "2 x cp = 16"]),
     (["--cp", "3"], ["--cp 3 does not divide --world 8"]),
 ])
 def test_plan_refuses_a_cp_that_cannot_run(options, words, capsys):
