@@ -114,7 +114,7 @@ class Llama(Decoder):
 
     family = "llama"
 
-    def make_block(self, config: GPTConfig) -> nn.Module:
+    def make_block(self, config: GPTConfig, layer: int = 0) -> nn.Module:
         if "rotary" not in self.__dict__:  # one table for all layers (built with the first)
             self.rotary = RotaryEmbedding(config)
         return Block(self.make_norm(config), SelfAttention(config, self.rotary), self.make_norm(config),

@@ -75,6 +75,7 @@ class ModelShape:
     n_kv_head: int | None = None
     intermediate_size: int | None = None
     head_dim: int | None = None
+    extra: tuple = ()  # the other GPTConfig fields of EXTRA_FIELDS as (name, value) pairs (hashable: lists as tuples)
 
     @classmethod
     def from_config(cls, config, block_size: int | None = None) -> "ModelShape":
@@ -82,7 +83,7 @@ class ModelShape:
         sequences of `block_size` (default: the model's context)."""
         return cls(config.n_layer, config.n_head, config.n_embd, config.vocab_size, block_size or config.block_size,
                    config.bias, config.tie_embeddings, config.arch, config.n_kv_head, config.intermediate_size,
-                   config.head_dim)
+                   config.head_dim, tuple((name, _hashable(getattr(config, name))) for name in EXTRA_FIELDS))
 
     def config(self, tp: int = 1):
         """The GPTConfig of this shape, its vocabulary padded for tp."""
@@ -91,7 +92,8 @@ class ModelShape:
                          n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, n_kv_head=self.n_kv_head,
                          head_dim=self.head_dim, intermediate_size=self.intermediate_size, bias=self.bias,
                          tie_embeddings=self.tie_embeddings,
-                         padded_vocab_size=padded if padded != self.vocab_size else None)
+                         padded_vocab_size=padded if padded != self.vocab_size else None,
+                         **{name: list(value) if isinstance(value, tuple) else value for name, value in self.extra})
 
     def parameter_shapes(self, tp: int = 1) -> dict[str, tuple[int, ...]]:
         """Name -> full shape of every parameter of the model (vocabulary padded for tp; a tied
@@ -109,6 +111,15 @@ class ModelShape:
     def block_params(self) -> int:
         """Parameters of one transformer block."""
         return sum(math.prod(s) for name, s in self.parameter_shapes().items() if name.startswith("layers.0."))
+
+
+# GPTConfig fields beyond ModelShape's own that change the parameters: q/k norms, the experts.
+EXTRA_FIELDS = ("qk_norm", "num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
+                "decoder_sparse_step", "mlp_only_layers")
+
+
+def _hashable(value):
+    return tuple(value) if isinstance(value, list) else value
 
 
 @functools.lru_cache(maxsize=64)

@@ -50,6 +50,7 @@ from triax.train import continuation, init_from
 from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset,
                                 continuation_overrides, final_lr, gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
+from triax.train import router_metrics
 from triax.train.loss import loss_function
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
@@ -724,6 +725,10 @@ class Trainer:
                     scaled = loss / trainer.grad_accum
                 else:
                     loss = scaled = self._loss(self.model, x, y, reduction="sum") * per_token
+                # A mixture of experts' router losses, of this micro-batch's forward.
+                self._router_term = router_metrics.objective_term(self.model, self.config.model)
+                if self._router_term is not None:
+                    scaled = scaled + self._router_term / trainer.grad_accum
                 self.timing["forward"] += time.perf_counter() - started
                 self._phase("backward", step, micro)
                 self.scaler.scale(scaled).backward()
@@ -947,6 +952,10 @@ class Trainer:
                           "epoch": self.epoch, **self._throughput(pace.interval_steps, pace.interval_seconds),
                           "peak_mem_mb": round(peak_memory_mb(self.device), 1),
                           **self._rank_times(pace.interval_steps)}
+                routing, warning = router_metrics.record(self.model, getattr(self, "_router_term", None))
+                record.update(routing)
+                if warning and self.place.is_main:
+                    print(warning, file=sys.stderr, flush=True)
             if trainer.eval_every and (self.step % trainer.eval_every == 0 or self.step == self.total_steps):
                 self._phase("evaluation", self.step)
                 record = {**(record or {}), **self.evaluate()}

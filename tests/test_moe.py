@@ -1,0 +1,217 @@
+"""Qwen3, Mixtral and Qwen3-MoE: tiny random checkpoints saved by transformers compute the same LM
+loss in triax (fp32, |rel| <= 1e-5); a run started from one exports back to a directory
+transformers loads and scores as the original; a checkpoint whose experts, router or values do not
+match its config is one line; the new config fields are bounded."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from forked import launch
+from helpers import tiny_overrides, train
+from hf_scoring import hf_mean_loss
+from llama_checkpoints import VOCAB
+from moe_checkpoints import MODEL_TYPES, save_checkpoint
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
+
+BLOCK = 32
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, tiny_corpus):
+    """model_type -> (save_pretrained directory with tokenizer.json, the transformers model)."""
+    made = {}
+
+    def get(model_type):
+        if model_type not in made:
+            directory = tmp_path_factory.mktemp(model_type)
+            made[model_type] = directory, save_checkpoint(directory, model_type, tiny_corpus)
+        return made[model_type]
+
+    return get
+
+
+def windows():
+    return torch.randint(0, VOCAB, (4, BLOCK), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_lm_loss_equals_transformers(model_type, checkpoints):
+    from triax.models.hf_model import load_hf_model
+
+    directory, reference = checkpoints(model_type)
+    ours = load_hf_model(str(directory), torch.device("cpu"))
+    ids = windows()
+    with torch.no_grad():
+        expected = reference(ids, labels=ids).loss.item()
+        logits = ours(ids)
+    got = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)).item()
+    assert abs(got - expected) / expected <= 1e-5, (got, expected)
+
+
+def test_grouped_matmul_equals_the_loop_over_experts():
+    from triax.models import moe
+
+    counts = torch.tensor([5, 0, 9, 2])
+    x = torch.randn(16, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(4, 12, 8, dtype=torch.float64)
+    looped = torch.cat([part @ weight[e].t() for e, part in enumerate(torch.split(x, counts.tolist()))])
+    x32, w32 = x.detach().float(), weight.float()
+    assert moe._grouped_mm_fits(x32, w32) == hasattr(F, "grouped_mm")
+    assert torch.allclose(moe.grouped_linear(x32, w32, counts).double(), looped, atol=1e-5)
+    assert torch.allclose(moe.grouped_linear(x, weight, counts), looped)  # float64 rows: the loop
+
+
+def copy_checkpoint(source, target, change):
+    """A copy of checkpoint `source` with its tensors changed by `change(dict)`."""
+    from safetensors.torch import load_file, save_file
+
+    target.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (target / name).write_bytes((source / name).read_bytes())
+    tensors = load_file(str(source / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+def _drop(name):
+    return lambda t: t.pop(name)
+
+
+def _set(name, value):
+    return lambda t: t.__setitem__(name, value(t[name]))
+
+
+EXPERTS = "model.layers.0.block_sparse_moe.experts"
+HOSTILE = {
+    "an expert missing": (_drop(f"{EXPERTS}.3.w1.weight"), "experts.3.w1.weight"),
+    "an expert too many": (lambda t: t.__setitem__(f"{EXPERTS}.4.w1.weight", t[f"{EXPERTS}.0.w1.weight"].clone()),
+                           "past the 4 experts"),
+    "an expert of another shape": (_set(f"{EXPERTS}.2.w2.weight", lambda t: t[:, :-1].contiguous()), "experts.2.w2"),
+    "a router of the wrong width": (_set("model.layers.1.block_sparse_moe.gate.weight", lambda t: t[:3].contiguous()),
+                                    "gate.weight"),
+    "a NaN in an expert": (_set(f"{EXPERTS}.1.w3.weight", lambda t: t.index_fill(0, torch.tensor([0]), float("nan"))),
+                           "not finite"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_mixtral_checkpoint_is_one_line(case, tmp_path, checkpoints):
+    from triax.models.hf_files import CheckpointError
+    from triax.models.hf_model import load_hf_model
+
+    directory, _ = checkpoints("mixtral")
+    change, words = HOSTILE[case]
+    damaged = copy_checkpoint(directory, tmp_path / "damaged", change)
+    with pytest.raises(CheckpointError) as error:
+        load_hf_model(str(damaged), torch.device("cpu"))
+    assert words in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(experts_per_token=5), "experts_per_token=5 is above model.num_experts=4"),
+    (dict(num_experts=0), "num_experts=0 must be a positive integer"),
+    (dict(num_experts=2**20), "num_experts=1048576 is above"),
+    (dict(mlp_only_layers=[7]), "mlp_only_layers holds 7"),
+    (dict(arch="mixtral", norm_topk_prob=False), "Mixtral always renormalises"),
+    (dict(arch="llama"), "num_experts=4 with model.arch=llama"),
+    (dict(router_aux_loss_coef=-1.0), "router_aux_loss_coef=-1.0 must be a number >= 0"),
+])
+def test_expert_fields_are_bounded(fields, words):
+    from triax.errors import ConfigError
+    from triax.models import GPTConfig
+
+    base = dict(vocab_size=50, block_size=16, arch="qwen3_moe", n_layer=2, n_head=2, n_embd=16, num_experts=4)
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace("[", r"\[")):
+        GPTConfig(**{**base, **fields})
+
+
+def test_the_published_shapes_count_as_published():
+    """Total and active parameters of the presets, from their shapes alone (meta device)."""
+    from triax.models import GPTConfig, PRESETS, build_model, parameter_shapes
+
+    totals = {}
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-0.6b"):
+        config = GPTConfig.from_preset(name, vocab_size=PRESETS[name]["vocab_size"], block_size=4096)
+        totals[name] = sum(torch.Size(shape).numel() for shape in parameter_shapes(config).values())
+    # Mixtral 8x7B: 46.7B parameters; Qwen3-30B-A3B: 30.5B; Qwen3-0.6B: 0.6B (model cards).
+    assert round(totals["mixtral-8x7b"] / 1e9, 1) == 46.7
+    assert round(totals["qwen3-30b-a3b"] / 1e9, 1) == 30.5
+    assert round(totals["qwen3-0.6b"] / 1e9, 1) == 0.6
+    with torch.device("meta"):
+        model = build_model(GPTConfig.from_preset("qwen3-30b-a3b", vocab_size=151936, block_size=4096))
+    assert 3.3e9 <= model.active_params() < 3.4e9  # "A3B": 3.3B activated (model card)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_a_run_from_the_checkpoint_exports_back(model_type, tmp_path, tiny_corpus, checkpoints):
+    """One step at a negligible learning rate: the export scores the validation split as the
+    original does under transformers."""
+    directory, _ = checkpoints(model_type)
+    run_dir = tmp_path / "run"
+    train(tiny_overrides(run_dir, tiny_corpus, **{
+        "model.init_from": str(directory), "data.block_size": BLOCK, "trainer.max_steps": 1,
+        "trainer.batch_size": 4, "optim.lr": 1e-12, "optim.min_lr": 0.0, "trainer.eval_every": 1,
+        "trainer.eval_batches": 0, "parallel.dp_replicate": 1, "trainer.log_every": 1,
+        "model.router_aux_loss_coef": 0.02 if model_type != "qwen3" else 0.0}), timeout=300)
+    assert json.load(open(run_dir / "model.json"))["arch"] == model_type
+    if model_type != "qwen3":  # the router's figures are logged beside the LM loss
+        record = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][-1]
+        assert "router_loss" in record and len(record["expert_share"]) == 4
+    launch(1, ["-m", "triax", "export", str(run_dir), str(tmp_path / "hf"), "--format", "hf"])
+    assert json.load(open(tmp_path / "hf" / "config.json"))["model_type"] == model_type
+    from tokenizers import Tokenizer
+
+    ids = torch.tensor(Tokenizer.from_file(str(directory / "tokenizer.json")).encode(
+        open(tiny_corpus, encoding="utf-8").read(), add_special_tokens=False).ids[-2000:])
+    original, _ = hf_mean_loss(str(directory), ids, BLOCK)
+    exported, _ = hf_mean_loss(str(tmp_path / "hf"), ids, BLOCK)
+    assert abs(exported - original) / original <= 1e-5, (exported, original)
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
+def test_router_losses_equal_transformers(model_type, checkpoints):
+    """For one batch: the load-balancing loss equals transformers' load_balancing_loss_func over the
+    model's own router logits, and LM loss + coefficient x it equals the model's loss with
+    output_router_logits=True; a coefficient of 0 turns it off; the z-loss is logsumexp^2's mean."""
+    import importlib
+
+    from triax.models.hf_model import load_hf_model
+    from triax.models.router_loss import expert_shares, load_balancing_loss, moe_blocks, router_loss
+
+    directory, reference = checkpoints(model_type)
+    ours = load_hf_model(str(directory), torch.device("cpu"))
+    ids = windows()
+    with torch.no_grad():
+        out = reference(ids, labels=ids, output_router_logits=True)
+        logits = ours(ids)
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    config = reference.config
+    expected = modeling.load_balancing_loss_func(out.router_logits, config.num_experts if model_type == "qwen3_moe"
+                                                 else config.num_local_experts, config.num_experts_per_tok)
+    blocks = moe_blocks(ours)
+    assert len(blocks) == len(out.router_logits)  # the dense layer of qwen3_moe has no router
+    got = load_balancing_loss([b.router_logits for b in blocks], blocks[0].num_experts, blocks[0].top_k)
+    assert abs(got.item() - expected.item()) <= 1e-6 * expected.item()
+    coef = config.router_aux_loss_coef
+    lm = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
+    total = lm + router_loss(ours, coef, 0.0)
+    assert abs(total.item() - out.loss.item()) / out.loss.item() <= 1e-5
+    assert router_loss(ours, 0.0, 0.0) is None
+    z = router_loss(ours, 0.0, 1.0).item()
+    pooled = torch.cat([torch.logsumexp(b.router_logits, -1) for b in blocks])
+    assert abs(z - (pooled ** 2).mean().item()) <= 1e-5 * z
+    shares = expert_shares(ours)
+    assert len(shares) == blocks[0].num_experts and abs(sum(shares) - 1) < 1e-6
+
+
+def test_a_collapsed_router_is_named():
+    from triax.models.router_loss import collapsed
+
+    assert collapsed([0.25, 0.25, 0.25, 0.25]) == []
+    assert collapsed([0.5, 0.49, 0.01, 0.0]) == [2, 3]

@@ -1,0 +1,149 @@
+"""Mixtures of experts (model.arch=mixtral | qwen3_moe): the Llama family's block with its MLP
+replaced, in the layers the config names, by routed experts.
+
+A linear router (`gate`) scores every expert for each token; the token goes to its top-k experts
+(softmax over all experts, the top k kept, renormalised to sum to one when `norm_topk_prob`, as
+transformers' Mixtral and Qwen3-MoE compute it: Mixtral's "softmax over the chosen logits" is the
+renormalised case). Routing is dropless: no capacity factor, every token reaches its k experts,
+so the loss is transformers'.
+
+The experts are held as three batched parameters, [num_experts, out, in] each (nn.Linear's layout
+per expert), so fully-sharded and expert parallelism split them along the expert dimension like
+any other tensor. Tokens are sorted by expert and each weight applied to its contiguous group in
+one grouped matmul (torch's F.grouped_mm where this build has it and the sizes are aligned for
+it; a loop over the experts' groups otherwise).
+
+Each routed block keeps its last router logits (`router_logits`) and token counts for the
+router's losses and the per-expert shares (triax/models/router_loss.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from triax.models.config import GPTConfig
+from triax.models.decoder import Block, SelfAttention
+from triax.models.init import init_normal
+from triax.models.llama import Llama, RotaryEmbedding, SwiGLU
+
+
+def route(logits: torch.Tensor, top_k: int, normalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, experts) of each token's top_k experts, (tokens, top_k) each: softmax in fp32 over
+    every expert, then the k largest, renormalised when asked (transformers' order of operations)."""
+    probabilities = F.softmax(logits.float(), dim=-1)
+    weights, experts = torch.topk(probabilities, top_k, dim=-1)
+    if normalise:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def _grouped_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """F.grouped_mm takes fp32/bf16/fp16 and needs 16-byte aligned rows (its kernels read whole vectors)."""
+    if not hasattr(F, "grouped_mm") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    return all(size * x.element_size() % 16 == 0 for size in weight.shape[1:])
+
+
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Rows of `x` sorted by expert (counts[e] rows for expert e, in order) times each expert's
+    nn.Linear-layout weight [experts, out, in]: (rows, out)."""
+    if _grouped_mm_fits(x, weight):
+        ends = counts.cumsum(0).to(torch.int32)
+        return F.grouped_mm(x, weight.transpose(1, 2), offs=ends)
+    parts = [x_e @ weight[e].t() for e, x_e in enumerate(torch.split(x, counts.tolist()))]
+    return torch.cat(parts) if parts else x.new_zeros(0, weight.size(1))
+
+
+class GroupedExperts(nn.Module):
+    """num_experts SwiGLU MLPs held as batched weights: gate_proj and up_proj [experts, width,
+    n_embd], down_proj [experts, n_embd, width]."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        experts, width, embd = config.num_experts, config.moe_intermediate_size, config.n_embd
+        self.gate_proj = nn.Parameter(torch.empty(experts, width, embd))
+        self.up_proj = nn.Parameter(torch.empty(experts, width, embd))
+        self.down_proj = nn.Parameter(torch.empty(experts, embd, width))
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x: token rows sorted by expert, counts[e] of them for expert e."""
+        hidden = F.silu(grouped_linear(x, self.gate_proj, counts)) * grouped_linear(x, self.up_proj, counts)
+        return grouped_linear(hidden, self.down_proj, counts)
+
+
+class MoE(nn.Module):
+    """The routed MLP: each token through its top-k experts, their outputs summed by the routing
+    weights. Keeps the last forward's router logits and per-expert token counts (the losses and
+    the load statistics are computed from them after the forward)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.top_k, self.normalise = config.experts_per_token, config.norm_topk_prob
+        self.num_experts = config.num_experts
+        self.gate = nn.Linear(config.n_embd, config.num_experts, bias=False)
+        self.experts = GroupedExperts(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.router_logits: torch.Tensor | None = None
+        self.tokens_per_expert: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        logits = self.gate(x)
+        weights, experts = route(logits, self.top_k, self.normalise)
+        self.router_logits = logits
+        flat = experts.reshape(-1)
+        # Sorted by expert (stable: a token's rows keep their order); row r of the sorted list is
+        # token order[r] // top_k.
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        self.tokens_per_expert = counts.detach()
+        tokens = order // self.top_k
+        out = self.experts(x[tokens], counts)
+        out = out * weights.reshape(-1)[order, None].to(out.dtype)
+        y = torch.zeros_like(x).index_add_(0, tokens, out.to(x.dtype))
+        return self.dropout(y.view(shape))
+
+
+class Mixture(Llama):
+    """The mixture-of-experts decoders (model.arch=mixtral | qwen3_moe): Llama blocks whose MLP is
+    an MoE in the layers `config.has_experts` names, a dense SwiGLU in the others."""
+
+    family = "moe"
+
+    def make_block(self, config: GPTConfig, layer: int = 0) -> nn.Module:
+        if "rotary" not in self.__dict__:
+            self.rotary = RotaryEmbedding(config)
+        mlp = MoE(config) if config.has_experts(layer) else SwiGLU(config)
+        return Block(self.make_norm(config), SelfAttention(config, self.rotary), self.make_norm(config), mlp)
+
+    def init_weights(self, seed: int | None = None) -> None:
+        """Decoder's initialisation, and the experts' batched weights alike: N(0, 0.02), the
+        down projections (residual) scaled by 1/sqrt(2 * n_layer); the router is a Linear."""
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+        super().init_weights(seed)
+        residual_std = 0.02 / (2 * self.config.n_layer) ** 0.5
+        for module_name, module in self.named_modules():
+            if isinstance(module, GroupedExperts):
+                for name, parameter in module.named_parameters():
+                    std = residual_std if name == "down_proj" else 0.02
+                    init_normal(parameter, seed, f"{module_name}.{name}", std)
+
+    def active_params(self) -> int:
+        """Parameters one token passes through: all but the experts it is not routed to."""
+        c = self.config
+        idle = 0
+        for module in self.modules():
+            if isinstance(module, GroupedExperts):
+                per_expert = sum(p.numel() for p in module.parameters()) // c.num_experts
+                idle += per_expert * (c.num_experts - c.experts_per_token)
+        return self.num_params() - idle
+
+    def flops_per_token(self, seq_len: int | None = None, num_params: int | None = None) -> float:
+        """The PaLM formula over the active parameters (a token's FLOPs go through top-k experts only)."""
+        if num_params is None:
+            num_params = self.active_params()
+        return super().flops_per_token(seq_len, num_params)
