@@ -215,3 +215,55 @@ def test_a_collapsed_router_is_named():
 
     assert collapsed([0.25, 0.25, 0.25, 0.25]) == []
     assert collapsed([0.5, 0.49, 0.01, 0.0]) == [2, 3]
+
+
+@pytest.mark.parametrize("arch, layout, fields, words", [
+    ("mixtral", dict(tp=2), {}, "parallel.tp=2 with model.arch=mixtral"),
+    ("qwen3", dict(tp=2), {}, "qwen3): tensor parallelism of per-head q/k norms"),
+    ("qwen3_moe", dict(pp=2), dict(router_aux_loss_coef=0.01), "parallel.pp=2 with model.router_aux"),
+])
+def test_a_layout_that_does_not_compose_is_one_line(arch, layout, fields, words):
+    from triax.errors import ConfigError
+    from triax.models import GPTConfig
+    from triax.parallel.experts import check_layout
+    from triax.parallel.mesh import Layout
+
+    experts = dict(num_experts=4) if arch != "qwen3" else {}
+    config = GPTConfig(vocab_size=50, block_size=16, arch=arch, n_layer=2, n_head=2, n_embd=16, **experts, **fields)
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        check_layout(config, Layout(**layout))
+    check_layout(config, Layout(dp_shard=2))  # FSDP composes
+
+
+@pytest.mark.multiprocess
+def test_the_trainer_refuses_it_before_any_group(tmp_path, tiny_corpus, checkpoints):
+    directory, _ = checkpoints("mixtral")
+    result = train(tiny_overrides(tmp_path / "run", tiny_corpus, **{
+        "model.init_from": str(directory), "data.block_size": BLOCK, "parallel.dp_replicate": 1, "parallel.tp": 2}),
+        nproc=2, check=False)
+    assert result.returncode != 0 and "triax: error: parallel.tp=2 with model.arch=mixtral" in result.stderr
+
+
+@pytest.mark.multiprocess
+def test_fine_tuning_under_fsdp_equals_one_process(tmp_path, tiny_corpus, checkpoints):
+    """3 steps from the Mixtral checkpoint with the load-balancing loss on: FSDP x 2 (each rank
+    half the batch, the experts sharded along their first dimension) equals one process taking the
+    two halves as accumulated micro-batches (the router loss is a per-micro-batch figure in both,
+    as in transformers' own data-parallel training)."""
+    from helpers import assert_adam_close, final_weights, run_config
+
+    directory, _ = checkpoints("mixtral")
+
+    def run(run_dir, nproc, **settings):
+        train(tiny_overrides(run_dir, tiny_corpus, **{
+            "model.init_from": str(directory), "data.block_size": BLOCK, "trainer.max_steps": 3,
+            "trainer.batch_size": 4, "trainer.log_every": 1, "trainer.eval_every": 3, "trainer.eval_batches": 0,
+            "parallel.dp_replicate": 1, "model.router_aux_loss_coef": 0.02, **settings}), nproc=nproc, timeout=300)
+        return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+    single = run(tmp_path / "single", 1, **{"trainer.grad_accum": 2})
+    sharded = run(tmp_path / "fsdp2", 2, **{"parallel.dp_shard": 2})
+    for key in ("loss", "val_loss"):
+        assert [r[key] for r in sharded if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    assert_adam_close(final_weights(tmp_path / "fsdp2"), final_weights(tmp_path / "single"), learning_rates)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from triax.models import hf_llama
+from triax.models import hf_llama, parameter_shapes
 from triax.models.hf_files import CheckpointError, Source
 from triax.models.safetensors_header import TensorEntry
 
@@ -154,8 +154,6 @@ def hf_config(config) -> dict:
 def hf_tensors(config, source):
     """(transformers name, a function returning that tensor from `source`, its shape): the
     llama family's tensors, each expert's three Linears cut from triax's batched weights."""
-    from triax.models import parameter_shapes
-
     for name, shape in parameter_shapes(config).items():
         if name == "lm_head.weight" and config.tie_embeddings:
             continue

@@ -50,6 +50,7 @@ from triax.train import continuation, init_from
 from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset,
                                 continuation_overrides, final_lr, gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
+from triax.parallel.experts import check_layout as check_expert_layout
 from triax.train import router_metrics
 from triax.train.loss import loss_function
 from triax.train.preemption import StopRequest
@@ -180,6 +181,7 @@ class Trainer:
                                         GPU_VOCAB_MULTIPLE if self.device.type == "cuda" else 1)
         model_config = gpt_config(config.model, vocab_size, block_size,
                                   padded_rows if padded_rows != vocab_size else None)
+        check_expert_layout(model_config, self.layout)  # before any process group forms
         self._check_memory(model_config)
         # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
         self.global_micro_batch = trainer.batch_size * self.layout.dp
