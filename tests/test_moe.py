@@ -267,3 +267,20 @@ def test_fine_tuning_under_fsdp_equals_one_process(tmp_path, tiny_corpus, checkp
         assert [r[key] for r in sharded if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
     learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
     assert_adam_close(final_weights(tmp_path / "fsdp2"), final_weights(tmp_path / "single"), learning_rates)
+
+
+def test_plan_counts_active_parameters_and_flops():
+    """`triax plan` and MFU count the FLOPs of the parameters a token passes through."""
+    from triax.models import GPTConfig, build_model
+    from triax.parallel.plan import ModelShape, candidate_layouts
+
+    config = GPTConfig.from_preset("mixtral-debug", vocab_size=512, block_size=128)
+    shape = ModelShape.from_config(config)
+    with torch.device("meta"):
+        model = build_model(config)
+    assert shape.num_params() == model.num_params()
+    assert shape.active_params() == model.active_params() < model.num_params()
+    per_expert = 3 * config.n_embd * config.moe_intermediate_size
+    assert model.num_params() - model.active_params() == config.n_layer * per_expert * (8 - 2)
+    assert shape.flops_per_token() == model.flops_per_token(128)
+    assert all(layout.tp == 1 for layout in candidate_layouts(8, shape))

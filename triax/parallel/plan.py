@@ -103,9 +103,18 @@ class ModelShape:
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.parameter_shapes().values())
 
+    def active_params(self) -> int:
+        """Parameters one token passes through: a mixture of experts' tokens go through
+        experts_per_token of its num_experts experts only."""
+        extra = dict(self.extra)
+        experts, chosen = extra.get("num_experts", 0), extra.get("experts_per_token", 0)
+        idle = sum(math.prod(s) for name, s in self.parameter_shapes().items() if ".mlp.experts." in name)
+        return self.num_params() - (idle * (experts - chosen) // experts if experts else 0)
+
     def flops_per_token(self) -> float:
+        """The PaLM formula over the active parameters (MFU counts the FLOPs a token costs)."""
         c = self.config()
-        n = self.num_params() - (self.block_size * self.n_embd if c.family == "gpt" else 0)  # no position table
+        n = self.active_params() - (self.block_size * self.n_embd if c.family == "gpt" else 0)  # no position table
         return 6 * n + 12 * self.n_layer * self.n_head * c.head_dim * self.block_size
 
     def block_params(self) -> int:
@@ -243,6 +252,8 @@ def candidate_layouts(world: int, shape: ModelShape) -> list[Layout]:
                 if shape.n_head % tp or (shape.n_kv_head or shape.n_head) % tp or pp > shape.n_layer \
                         or shape.block_size % tp:
                     continue
+                if tp > 1 and (dict(shape.extra).get("num_experts") or dict(shape.extra).get("qk_norm")):
+                    continue  # not composed yet (triax/parallel/experts.py)
                 layouts.append(Layout(pp=pp, dp_replicate=rest, dp_shard=dp_shard, tp=tp))
     return layouts
 
@@ -330,7 +341,9 @@ def main(argv: list[str]) -> int:
     results = plan(shape, args.world, args.memory_gb, args.global_batch, precision=args.precision,
                    pp_schedule=args.pp_schedule, microbatches=args.microbatches, tflops=args.tflops,
                    bandwidth_gbs=args.bandwidth)
-    print(f"{args.model}: {shape.num_params() / 1e6:.1f}M parameters, {args.world} device{'s' if args.world != 1 else ''} x {args.memory_gb:g} GiB, "
+    active = shape.active_params()  # a mixture of experts' tokens use only some of its parameters
+    active_note = f" ({active / 1e6:.1f}M active per token)" if active != shape.num_params() else ""
+    print(f"{args.model}: {shape.num_params() / 1e6:.1f}M parameters{active_note}, {args.world} device{'s' if args.world != 1 else ''} x {args.memory_gb:g} GiB, "
           f"{args.global_batch} x {args.seq} tokens per step, {args.precision}")
     if not results:
         print("no layout fits; add devices, lower --global-batch / --seq, or use --precision bf16-pure")
