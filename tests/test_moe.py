@@ -284,3 +284,48 @@ def test_plan_counts_active_parameters_and_flops():
     assert model.num_params() - model.active_params() == config.n_layer * per_expert * (8 - 2)
     assert shape.flops_per_token() == model.flops_per_token(128)
     assert all(layout.tp == 1 for layout in candidate_layouts(8, shape))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
+def test_lora_on_attention_exports_to_peft(model_type, tmp_path, tiny_corpus, checkpoints):
+    """LoRA on q/k/v/o of a mixture of experts (the experts frozen): `--format peft` loads in
+    peft.PeftModel over transformers' model with triax's logits (fp32, 1e-5)."""
+    peft = pytest.importorskip("peft")
+    from helpers import final_weights
+    from triax.models.hf_model import load_hf_model
+    from triax.models.lora import LoRAConfig, apply_lora
+
+    directory, _ = checkpoints(model_type)
+    run_dir = tmp_path / "run"
+    train(tiny_overrides(run_dir, tiny_corpus, **{
+        "model.init_from": str(directory), "data.block_size": BLOCK, "trainer.max_steps": 3, "trainer.batch_size": 4,
+        "optim.lr": 1e-2, "parallel.dp_replicate": 1, "model.lora.rank": 4, "model.lora.alpha": 8,
+        "model.lora.targets": "[q,k,v,o]"}), timeout=300)
+    launch(1, ["-m", "triax", "export", str(run_dir), str(tmp_path / "adapter"), "--format", "peft"])
+    weights = final_weights(run_dir)
+    ours = load_hf_model(str(directory), torch.device("cpu"))
+    apply_lora(ours, LoRAConfig(rank=4, alpha=8, targets=["q", "k", "v", "o"]))
+    with torch.no_grad():
+        for name, parameter in ours.named_parameters():
+            if name in weights:
+                parameter.data = weights[name].clone()
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(directory)).eval()
+    reference = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    ids = windows()
+    with torch.no_grad():
+        triax_logits, peft_logits = ours(ids), reference(ids).logits
+        plain = load_hf_model(str(directory), torch.device("cpu"))(ids)
+    torch.testing.assert_close(triax_logits, peft_logits, atol=1e-5, rtol=1e-5)
+    assert (triax_logits - plain).abs().max() > 1e-3  # the adapters changed the model
+
+
+def test_lora_on_the_experts_is_one_line():
+    from triax.errors import ConfigError
+    from triax.models import GPTConfig, build_model
+    from triax.models.lora import LoRAConfig, apply_lora
+
+    with torch.device("meta"):
+        model = build_model(GPTConfig.from_preset("mixtral-debug", vocab_size=64, block_size=16))
+    with pytest.raises(ConfigError, match="no mlp.gate_proj"):
+        apply_lora(model, LoRAConfig(rank=4, targets=["all-linear"]))
