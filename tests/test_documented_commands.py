@@ -86,6 +86,7 @@ NOT_RUN = {
     ('docs/horovod.md', 'triax horovodrun -np 4 --min-np 2 --max-np 8 --host-discovery-script ./discover_hosts.sh python train.py'): 'several machines',
     ('docs/horovod.md', 'triax horovodrun -np 8 -H node1:4,node2:4 python train.py'): 'several machines',
     ('docs/llama.md', 'OMP_NUM_THREADS=1 python benchmarks/vs_transformers_llama.py --rounds 3 --steps 200'): 'a quiet machine',
+    ('docs/moe.md', 'OMP_NUM_THREADS=1 python benchmarks/moe_vs_transformers.py --rounds 3 --steps 20'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/allocator_cost.py'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/memory_scaling.py'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/memory_scaling.py --model gpt2-large --shards 4 --phases construct step'): 'a quiet machine',
