@@ -245,9 +245,11 @@ def test_the_trainer_refuses_it_before_any_group(tmp_path, tiny_corpus, checkpoi
 
 
 @pytest.mark.multiprocess
-def test_fine_tuning_under_fsdp_equals_one_process(tmp_path, tiny_corpus, checkpoints):
+@pytest.mark.parametrize("layout", ["fsdp2", "ep2"])
+def test_fine_tuning_under_fsdp_or_ep_equals_one_process(layout, tmp_path, tiny_corpus, checkpoints):
     """3 steps from the Mixtral checkpoint with the load-balancing loss on: FSDP x 2 (each rank
-    half the batch, the experts sharded along their first dimension) equals one process taking the
+    half the batch, the experts sharded along their first dimension) or EP x 2 (each rank holding
+    half the experts, tokens exchanged all-to-all) equals one process taking the
     two halves as accumulated micro-batches (the router loss is a per-micro-batch figure in both,
     as in transformers' own data-parallel training)."""
     from helpers import assert_adam_close, final_weights, run_config
@@ -262,7 +264,8 @@ def test_fine_tuning_under_fsdp_equals_one_process(tmp_path, tiny_corpus, checkp
         return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
 
     single = run(tmp_path / "single", 1, **{"trainer.grad_accum": 2})
-    sharded = run(tmp_path / "fsdp2", 2, **{"parallel.dp_shard": 2})
+    settings = {"parallel.dp_shard": 2, **({"parallel.ep": 2} if layout == "ep2" else {})}
+    sharded = run(tmp_path / "fsdp2", 2, **settings)
     for key in ("loss", "val_loss"):
         assert [r[key] for r in sharded if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
     learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
@@ -329,3 +332,52 @@ def test_lora_on_the_experts_is_one_line():
         model = build_model(GPTConfig.from_preset("mixtral-debug", vocab_size=64, block_size=16))
     with pytest.raises(ConfigError, match="no mlp.gate_proj"):
         apply_lora(model, LoRAConfig(rank=4, targets=["all-linear"]))
+
+
+@pytest.mark.multiprocess
+def test_snapshots_are_layout_free_under_ep(tmp_path, tiny_corpus, checkpoints):
+    """A snapshot saved at step 2 by EP x 2 resumes on one process, and one saved by one process
+    resumes under EP x 2: both land on the uninterrupted single process's step 3."""
+    import shutil
+
+    from helpers import assert_adam_close, final_weights, run_config
+
+    directory, _ = checkpoints("mixtral")
+    single = {"trainer.grad_accum": 2}
+    ep2 = {"parallel.dp_shard": 2, "parallel.ep": 2}
+
+    def run(run_dir, settings, nproc):
+        return train(tiny_overrides(run_dir, tiny_corpus, **{
+            "model.init_from": str(directory), "data.block_size": BLOCK, "trainer.max_steps": 3,
+            "trainer.batch_size": 4, "trainer.save_every": 2, "parallel.dp_replicate": 1,
+            "model.router_aux_loss_coef": 0.02, **settings}), nproc=nproc, timeout=300)
+
+    run(tmp_path / "single", single, 1)
+    run(tmp_path / "ep", ep2, 2)
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    for first, settings, nproc in (("ep", single, 1), ("single", ep2, 2)):
+        resumed = tmp_path / f"{first}_resumed"
+        shutil.copytree(tmp_path / first, resumed)
+        shutil.rmtree(resumed / "snapshots" / "step_00000003")
+        result = run(resumed, settings, nproc)
+        assert "resuming from" in result.stdout + result.stderr
+        assert_adam_close(final_weights(resumed), final_weights(tmp_path / "single"), learning_rates)
+
+
+@pytest.mark.parametrize("ep, layout, fields, words", [
+    (3, dict(dp_shard=6), {}, "parallel.ep=3 does not divide model.num_experts=4"),
+    (2, dict(dp_shard=3), {}, "parallel.ep=2 does not divide parallel.dp_shard=3"),
+    (2, dict(dp_shard=2, dp_replicate=2), {}, "composes with parallel.dp_shard only"),
+    (2, dict(dp_shard=2), dict(arch="qwen3", num_experts=0), "which has no experts"),
+    (0, dict(), {}, "parallel.ep=0 must be a positive integer"),
+])
+def test_expert_parallelism_is_validated(ep, layout, fields, words):
+    from triax.errors import ConfigError
+    from triax.models import GPTConfig
+    from triax.parallel.experts import check_layout
+    from triax.parallel.mesh import Layout
+
+    config = GPTConfig(**{**dict(vocab_size=50, block_size=16, arch="mixtral", n_layer=2, n_head=2, n_embd=16,
+                                 num_experts=4), **fields})
+    with pytest.raises(ConfigError, match=words):
+        check_layout(config, Layout(**layout), ep=ep)

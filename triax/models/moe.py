@@ -56,6 +56,11 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
     return torch.cat(parts) if parts else x.new_zeros(0, weight.size(1))
 
 
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    """This process's experts of a weight split over expert-parallel ranks (a DTensor), or the weight."""
+    return weight.to_local() if hasattr(weight, "to_local") else weight
+
+
 class GroupedExperts(nn.Module):
     """num_experts SwiGLU MLPs held as batched weights: gate_proj and up_proj [experts, width,
     n_embd], down_proj [experts, n_embd, width]."""
@@ -66,11 +71,21 @@ class GroupedExperts(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(experts, width, embd))
         self.up_proj = nn.Parameter(torch.empty(experts, width, embd))
         self.down_proj = nn.Parameter(torch.empty(experts, embd, width))
+        # Set from outside by expert parallelism (triax/parallel/expert_parallel.py): sends the rows
+        # to the ranks holding their experts and brings the outputs back.
+        self.exchange = None
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x: token rows sorted by expert, counts[e] of them for expert e."""
-        hidden = F.silu(grouped_linear(x, self.gate_proj, counts)) * grouped_linear(x, self.up_proj, counts)
-        return grouped_linear(hidden, self.down_proj, counts)
+        if self.exchange is not None:
+            return self.exchange(x, counts, self)
+        return self.local_forward(x, counts)
+
+    def local_forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Through the experts this process holds (all of them without expert parallelism)."""
+        gate, up, down = (_local(w) for w in (self.gate_proj, self.up_proj, self.down_proj))
+        hidden = F.silu(grouped_linear(x, gate, counts)) * grouped_linear(x, up, counts)
+        return grouped_linear(hidden, down, counts)
 
 
 class MoE(nn.Module):

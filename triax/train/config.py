@@ -321,6 +321,10 @@ class ParallelConfig:
     pp: int = 1
     """Pipeline-parallel stages (splits the layer stack)."""
 
+    ep: int = 1
+    """Expert-parallel degree (mixtures of experts): each layer's experts split over this many of the
+    dp_shard ranks, tokens exchanged all-to-all; must divide dp_shard and model.num_experts."""
+
     pp_schedule: str = "1f1b"
     """Pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zero_bubble."""
 

@@ -181,7 +181,7 @@ class Trainer:
                                         GPU_VOCAB_MULTIPLE if self.device.type == "cuda" else 1)
         model_config = gpt_config(config.model, vocab_size, block_size,
                                   padded_rows if padded_rows != vocab_size else None)
-        check_expert_layout(model_config, self.layout)  # before any process group forms
+        check_expert_layout(model_config, self.layout, parallel.ep, parallel.cpu_offload)  # before any group forms
         self._check_memory(model_config)
         # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
         self.global_micro_batch = trainer.batch_size * self.layout.dp
