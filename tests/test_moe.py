@@ -245,7 +245,7 @@ def test_the_trainer_refuses_it_before_any_group(tmp_path, tiny_corpus, checkpoi
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("layout", ["fsdp2", "ep2"])
+@pytest.mark.parametrize("layout", ["fsdp2", "ep2", "ep2_in_fsdp4"])
 def test_fine_tuning_under_fsdp_or_ep_equals_one_process(layout, tmp_path, tiny_corpus, checkpoints):
     """3 steps from the Mixtral checkpoint with the load-balancing loss on: FSDP x 2 (each rank
     half the batch, the experts sharded along their first dimension) or EP x 2 (each rank holding
@@ -263,9 +263,10 @@ def test_fine_tuning_under_fsdp_or_ep_equals_one_process(layout, tmp_path, tiny_
             "parallel.dp_replicate": 1, "model.router_aux_loss_coef": 0.02, **settings}), nproc=nproc, timeout=300)
         return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
 
-    single = run(tmp_path / "single", 1, **{"trainer.grad_accum": 2})
-    settings = {"parallel.dp_shard": 2, **({"parallel.ep": 2} if layout == "ep2" else {})}
-    sharded = run(tmp_path / "fsdp2", 2, **settings)
+    nproc = 4 if layout == "ep2_in_fsdp4" else 2  # ep2_in_fsdp4: each rank's experts FSDP-sharded over 2 more
+    single = run(tmp_path / "single", 1, **{"trainer.grad_accum": nproc})
+    settings = {"parallel.dp_shard": nproc, **({"parallel.ep": 2} if layout.startswith("ep2") else {})}
+    sharded = run(tmp_path / "fsdp2", nproc, **settings)
     for key in ("loss", "val_loss"):
         assert [r[key] for r in sharded if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
     learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3

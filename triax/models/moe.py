@@ -81,9 +81,10 @@ class GroupedExperts(nn.Module):
             return self.exchange(x, counts, self)
         return self.local_forward(x, counts)
 
-    def local_forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Through the experts this process holds (all of them without expert parallelism)."""
-        gate, up, down = (_local(w) for w in (self.gate_proj, self.up_proj, self.down_proj))
+    def local_forward(self, x: torch.Tensor, counts: torch.Tensor, weight_of=_local) -> torch.Tensor:
+        """Through the experts this process holds (all of them without expert parallelism);
+        `weight_of(parameter)`: the tensor to compute with."""
+        gate, up, down = (weight_of(w) for w in (self.gate_proj, self.up_proj, self.down_proj))
         hidden = F.silu(grouped_linear(x, gate, counts)) * grouped_linear(x, up, counts)
         return grouped_linear(hidden, down, counts)
 

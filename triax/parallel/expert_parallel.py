@@ -8,9 +8,10 @@ parameter is sharded over all dp_shard ranks as without EP. Data parallelism is 
 rank reads its own batch, routes its own tokens and gets their outputs back.
 
 Gradients: an expert's gradient arrives whole on the rank that holds it (the all-to-all's backward
-brings back the gradient of every token routed to it, from every ep rank), so FSDP's reduction over
-`efsdp` must divide by all dp_shard ranks, not by efsdp alone, for the mean over data-parallel
-ranks that every other parameter gets.
+brings back the gradient of every token routed to it, from every ep rank), the sum over ep ranks'
+batches; FSDP's reduction over `efsdp` then divides by efsdp only. The mean over all dp_shard ranks
+that every other parameter gets needs a further 1/ep, applied to the gradient as it reaches the
+weights (FSDP2's own gradient divide factor would reduce with PREMUL_SUM, which gloo lacks).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def build_expert_mesh(dp_shard: int, ep: int, device_type: str):
     return init_device_mesh(device_type, (dp_shard // ep, ep), mesh_dim_names=("efsdp", "ep"))
 
 
-def apply_expert_parallel(model: nn.Module, expert_mesh, precision: Precision, dp_shard: int) -> None:
+def apply_expert_parallel(model: nn.Module, expert_mesh, precision: Precision) -> None:
     """Split every GroupedExperts' tensors over expert_mesh["ep"] and shard them over "efsdp" (the
     model on the meta device, before the blocks' FSDP, which then leaves them to these units)."""
     ep_mesh = expert_mesh["ep"]
@@ -47,7 +48,6 @@ def apply_expert_parallel(model: nn.Module, expert_mesh, precision: Precision, d
         experts.ep_group = ep_mesh.get_group()
         experts.exchange = dispatch
         fully_shard(experts, mesh=expert_mesh["efsdp"], mp_policy=mixed_precision_policy(precision))
-        experts.set_gradient_divide_factor(float(dp_shard))
 
 
 def dispatch(x: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
@@ -67,6 +67,19 @@ def dispatch(x: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
     # Rows arrive by source rank, then by expert: regroup them by expert (stable).
     expert_of_row = torch.arange(local, device=x.device).repeat(ep).repeat_interleave(received.flatten())
     order = torch.argsort(expert_of_row, stable=True)
-    out = experts.local_forward(rows[order], received.sum(0))
+    out = experts.local_forward(rows[order], received.sum(0), lambda w: _ScaleGradient.apply(w.to_local(), 1.0 / ep))
     restored = torch.empty_like(out).index_copy(0, order, out)  # back in arrival order
     return all_to_all_single_autograd(restored, to_send, to_receive, group)
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """The identity, whose gradient is scaled by `factor`."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor, None

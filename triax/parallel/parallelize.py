@@ -86,8 +86,7 @@ def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precisio
     if getattr(parallel, "ep", 1) > 1:  # the experts' own units first: the blocks' FSDP leaves them alone
         from triax.parallel.expert_parallel import apply_expert_parallel, build_expert_mesh  # deferred: MoE runs only
 
-        apply_expert_parallel(part, build_expert_mesh(layout.dp_shard, parallel.ep, mesh.device_type), precision,
-                              layout.dp_shard)
+        apply_expert_parallel(part, build_expert_mesh(layout.dp_shard, parallel.ep, mesh.device_type), precision)
     if kind in ("fsdp", "hsdp"):
         dp_mesh = mesh["dp_shard"] if kind == "fsdp" else mesh["dp_replicate", "dp_shard"]
         apply_fsdp(part, dp_mesh, precision, reshard_after_forward=layout.pp == 1, cpu_offload=cpu_offload)
