@@ -382,3 +382,16 @@ def test_expert_parallelism_is_validated(ep, layout, fields, words):
                                  num_experts=4), **fields})
     with pytest.raises(ConfigError, match=words):
         check_layout(config, Layout(**layout), ep=ep)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_greedy_generation_equals_transformers(model_type, checkpoints):
+    """generate (with its key/value cache) writes transformers' greedy continuation."""
+    from triax.models.hf_model import load_hf_model
+
+    directory, reference = checkpoints(model_type)
+    ours = load_hf_model(str(directory), torch.device("cpu"))
+    prompt = windows()[:2, :8]
+    with torch.no_grad():
+        expected = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(prompt, 12, greedy=True), expected)
