@@ -395,3 +395,54 @@ def test_greedy_generation_equals_transformers(model_type, checkpoints):
     with torch.no_grad():
         expected = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
     assert torch.equal(ours.generate(prompt, 12, greedy=True), expected)
+
+
+@pytest.mark.parametrize("normalise", [True, False])
+def test_a_shared_expert_block_equals_transformers_qwen2_moe(normalise):
+    """With a gated shared expert, the routed MLP computes transformers' Qwen2MoeSparseMoeBlock
+    (the same weights copied in), forward and gradients."""
+    from transformers.models.qwen2_moe.configuration_qwen2_moe import Qwen2MoeConfig
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    from triax.models import GPTConfig
+    from triax.models.moe import MoE
+
+    torch.manual_seed(0)
+    theirs = Qwen2MoeSparseMoeBlock(Qwen2MoeConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2,
+                                                   moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                                                   norm_topk_prob=normalise))
+    for parameter in theirs.parameters():
+        torch.nn.init.normal_(parameter, std=0.1)
+    ours = MoE(GPTConfig(vocab_size=50, block_size=16, arch="qwen3_moe", n_layer=1, n_head=2, n_embd=32,
+                         num_experts=4, experts_per_token=2, moe_intermediate_size=16, norm_topk_prob=normalise,
+                         shared_expert_intermediate_size=24, shared_expert_gate=True))
+    with torch.no_grad():
+        ours.gate.weight.copy_(theirs.gate.weight)
+        ours.experts.gate_proj.copy_(theirs.experts.gate_up_proj[:, :16])
+        ours.experts.up_proj.copy_(theirs.experts.gate_up_proj[:, 16:])
+        ours.experts.down_proj.copy_(theirs.experts.down_proj)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(ours.shared_expert, name).weight.copy_(getattr(theirs.shared_expert, name).weight)
+        ours.shared_expert_gate.weight.copy_(theirs.shared_expert_gate.weight)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    torch.testing.assert_close(ours(x), theirs(x2), atol=1e-6, rtol=1e-5)
+    ours(x).square().sum().backward()
+    theirs(x2).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.shared_expert_gate.weight.grad, theirs.shared_expert_gate.weight.grad,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_a_shared_expert_trains_and_is_not_exported_as_transformers_mixtral(tmp_path):
+    from triax.models import GPTConfig, build_model
+    from triax.train.hf_export import ExportError, check_mappable
+
+    config = GPTConfig.from_preset("mixtral-debug", vocab_size=64, block_size=16, shared_expert_intermediate_size=64)
+    model = build_model(config, seed=0)
+    assert model.layers["0"].mlp.shared_expert.up_proj.weight.std() > 0.01  # initialised
+    ids = torch.randint(0, 64, (2, 16))
+    F.cross_entropy(model(ids).view(-1, 64), ids.view(-1)).backward()
+    assert model.layers["0"].mlp.shared_expert.down_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ExportError, match="shared_expert_intermediate_size=64 has no equivalent"):
+        check_mappable(config)

@@ -192,6 +192,13 @@ class GPTConfig:
     mlp_only_layers: Optional[list[int]] = None
     """qwen3_moe: layer numbers whose MLP is dense (intermediate_size wide) instead of experts."""
 
+    shared_expert_intermediate_size: int = 0
+    """Width of a shared expert beside the routed ones, through which every token also passes
+    (Qwen2-MoE's, DeepSeek's); 0 = none."""
+
+    shared_expert_gate: bool = False
+    """Scale the shared expert's output by sigmoid(a learned linear of the token) (Qwen2-MoE); false = add it as is (DeepSeek)."""
+
     router_aux_loss_coef: float = 0.0
     """Weight of the load-balancing loss (transformers' load_balancing_loss_func) added to the LM loss; 0 = off."""
 
@@ -295,6 +302,9 @@ class GPTConfig:
             if not (isinstance(value, (int, float)) and 0 <= value < 1e3):
                 raise ConfigError(f"model.{name}={value!r} must be a number >= 0 (0 turns it off)")
         if self.family != "moe":
+            if self.shared_expert_intermediate_size or self.shared_expert_gate:
+                raise ConfigError(f"model.shared_expert_intermediate_size with model.arch={self.arch}: a shared expert "
+                                  "sits beside routed ones; use model.arch=mixtral or qwen3_moe")
             if self.num_experts:
                 raise ConfigError(f"model.num_experts={self.num_experts} with model.arch={self.arch}: experts are "
                                   "built by model.arch=mixtral or qwen3_moe; set num_experts=0 or change the arch")
@@ -311,6 +321,12 @@ class GPTConfig:
         if self.arch == "mixtral" and not self.norm_topk_prob:
             raise ConfigError("model.norm_topk_prob=false with model.arch=mixtral: Mixtral always renormalises its "
                               "top-k weights; use model.arch=qwen3_moe for unnormalised weights")
+        if self.shared_expert_intermediate_size:
+            _check_size("shared_expert_intermediate_size", self.shared_expert_intermediate_size,
+                        MAX_OPTIONAL_SIZES["intermediate_size"])
+        if self.shared_expert_gate and not self.shared_expert_intermediate_size:
+            raise ConfigError("model.shared_expert_gate=true without a shared expert; set "
+                              "model.shared_expert_intermediate_size > 0")
         _check_size("decoder_sparse_step", self.decoder_sparse_step, MAX_SIZES["n_layer"])
         self.mlp_only_layers = list(self.mlp_only_layers or [])
         bad = [i for i in self.mlp_only_layers if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.n_layer]

@@ -100,6 +100,12 @@ class MoE(nn.Module):
         self.num_experts = config.num_experts
         self.gate = nn.Linear(config.n_embd, config.num_experts, bias=False)
         self.experts = GroupedExperts(config)
+        # A shared expert every token also passes through (Qwen2-MoE gates it, DeepSeek adds it).
+        width = config.shared_expert_intermediate_size
+        self.shared_expert = SwiGLU(config, width) if width else None
+        if self.shared_expert is not None:
+            self.shared_expert.dropout = nn.Identity()  # the block's own dropout follows the sum
+        self.shared_expert_gate = nn.Linear(config.n_embd, 1, bias=False) if config.shared_expert_gate else None
         self.dropout = nn.Dropout(config.dropout)
         self.router_logits: torch.Tensor | None = None
         self.tokens_per_expert: torch.Tensor | None = None
@@ -120,6 +126,11 @@ class MoE(nn.Module):
         out = self.experts(x[tokens], counts)
         out = out * weights.reshape(-1)[order, None].to(out.dtype)
         y = torch.zeros_like(x).index_add_(0, tokens, out.to(x.dtype))
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            y = y + shared
         return self.dropout(y.view(shape))
 
 

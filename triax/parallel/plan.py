@@ -124,7 +124,7 @@ class ModelShape:
 
 # GPTConfig fields beyond ModelShape's own that change the parameters: q/k norms, the experts.
 EXTRA_FIELDS = ("qk_norm", "num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
-                "decoder_sparse_step", "mlp_only_layers")
+                "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size", "shared_expert_gate")
 
 
 def _hashable(value):
