@@ -446,3 +446,50 @@ def test_a_shared_expert_trains_and_is_not_exported_as_transformers_mixtral(tmp_
     assert model.layers["0"].mlp.shared_expert.down_proj.weight.grad.abs().sum() > 0
     with pytest.raises(ExportError, match="shared_expert_intermediate_size=64 has no equivalent"):
         check_mappable(config)
+
+
+def test_sigmoid_scores_with_a_bias_choose_by_the_bias_and_weigh_without_it():
+    from triax.models.moe import route
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    bias = torch.tensor([0.0, 0.0, 0.0, 5.0])
+    weights, experts = route(logits, 2, normalise=False, scoring="sigmoid", bias=bias)
+    assert experts.tolist() == [[3, 0]]  # the bias lifted expert 3 into the top 2
+    torch.testing.assert_close(weights, torch.sigmoid(torch.tensor([[-1.0, 2.0]])))
+    weights, _ = route(logits, 2, normalise=True, scoring="sigmoid", bias=bias)
+    assert abs(weights.sum().item() - 1) < 1e-6
+
+
+def test_the_bias_moves_toward_an_even_load():
+    from triax.models import GPTConfig
+    from triax.models.moe import MoE, update_expert_bias
+
+    block = MoE(GPTConfig(vocab_size=50, block_size=16, arch="qwen3_moe", n_layer=1, n_head=2, n_embd=16,
+                          num_experts=4, router_scoring="sigmoid", router_bias_update_rate=0.01))
+    block.step_load = torch.tensor([10.0, 0.0, 5.0, 5.0])
+    update_expert_bias(block, 0.01)
+    torch.testing.assert_close(block.expert_bias, torch.tensor([-0.01, 0.01, 0.0, 0.0]))
+    assert block.step_load is None
+
+
+@pytest.mark.multiprocess
+def test_aux_free_balancing_under_fsdp_equals_one_process(tmp_path, tiny_corpus):
+    """DeepSeek-V3's sigmoid scores and per-expert bias, from scratch: the biases (summed loads over
+    ranks) and weights of FSDP x 2 equal one process's with accumulated micro-batches, and moved."""
+    from helpers import assert_adam_close, final_weights, run_config
+
+    def run(run_dir, nproc, **settings):
+        train(["model=qwen3-moe-debug", *tiny_overrides(run_dir, tiny_corpus, **{
+            "trainer.max_steps": 3, "trainer.batch_size": 4, "parallel.dp_replicate": 1,
+            "model.router_scoring": "sigmoid", "model.router_bias_update_rate": 0.01, **settings})], nproc=nproc,
+            timeout=300)
+        return final_weights(run_dir)
+
+    single = run(tmp_path / "single", 1, **{"trainer.grad_accum": 2})
+    sharded = run(tmp_path / "fsdp2", 2, **{"parallel.dp_shard": 2})
+    biases = [name for name in single if name.endswith("expert_bias")]
+    assert biases and all(single[name].abs().sum() > 0 for name in biases)
+    for name in biases:
+        assert torch.equal(single[name], sharded[name]), name
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    assert_adam_close(sharded, single, learning_rates)

@@ -199,6 +199,15 @@ class GPTConfig:
     shared_expert_gate: bool = False
     """Scale the shared expert's output by sigmoid(a learned linear of the token) (Qwen2-MoE); false = add it as is (DeepSeek)."""
 
+    router_scoring: str = "softmax"
+    """How the router scores experts: softmax (Mixtral, Qwen3-MoE) | sigmoid (DeepSeek-V3: each expert scored
+    on its own; the chosen scores renormalised when norm_topk_prob)."""
+
+    router_bias_update_rate: float = 0.0
+    """DeepSeek-V3's balancing without an auxiliary loss: a per-expert bias added to the scores for choosing
+    experts only (not for weighting them), raised by this much after each step for every expert that got
+    fewer tokens than the mean and lowered for those that got more; 0 = no bias. DeepSeek-V3 used 0.001."""
+
     router_aux_loss_coef: float = 0.0
     """Weight of the load-balancing loss (transformers' load_balancing_loss_func) added to the LM loss; 0 = off."""
 
@@ -302,6 +311,9 @@ class GPTConfig:
             if not (isinstance(value, (int, float)) and 0 <= value < 1e3):
                 raise ConfigError(f"model.{name}={value!r} must be a number >= 0 (0 turns it off)")
         if self.family != "moe":
+            if self.router_scoring != "softmax" or self.router_bias_update_rate:
+                raise ConfigError(f"model.router_scoring / router_bias_update_rate with model.arch={self.arch}: they "
+                                  "route experts; use model.arch=mixtral or qwen3_moe")
             if self.shared_expert_intermediate_size or self.shared_expert_gate:
                 raise ConfigError(f"model.shared_expert_intermediate_size with model.arch={self.arch}: a shared expert "
                                   "sits beside routed ones; use model.arch=mixtral or qwen3_moe")
@@ -321,6 +333,14 @@ class GPTConfig:
         if self.arch == "mixtral" and not self.norm_topk_prob:
             raise ConfigError("model.norm_topk_prob=false with model.arch=mixtral: Mixtral always renormalises its "
                               "top-k weights; use model.arch=qwen3_moe for unnormalised weights")
+        if self.router_scoring not in ("softmax", "sigmoid"):
+            raise ConfigError(f"model.router_scoring={self.router_scoring!r} is unknown; choose softmax or sigmoid")
+        if not (isinstance(self.router_bias_update_rate, (int, float)) and 0 <= self.router_bias_update_rate < 1):
+            raise ConfigError(f"model.router_bias_update_rate={self.router_bias_update_rate!r} must be in [0, 1) "
+                              "(0: no bias; DeepSeek-V3 used 0.001)")
+        if self.arch == "mixtral" and self.router_scoring != "softmax":
+            raise ConfigError("model.router_scoring=sigmoid with model.arch=mixtral: Mixtral's router is a softmax; "
+                              "use model.arch=qwen3_moe for DeepSeek-V3's sigmoid scores")
         if self.shared_expert_intermediate_size:
             _check_size("shared_expert_intermediate_size", self.shared_expert_intermediate_size,
                         MAX_OPTIONAL_SIZES["intermediate_size"])

@@ -29,11 +29,18 @@ from triax.models.init import init_normal
 from triax.models.llama import Llama, RotaryEmbedding, SwiGLU
 
 
-def route(logits: torch.Tensor, top_k: int, normalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights, experts) of each token's top_k experts, (tokens, top_k) each: softmax in fp32 over
-    every expert, then the k largest, renormalised when asked (transformers' order of operations)."""
-    probabilities = F.softmax(logits.float(), dim=-1)
-    weights, experts = torch.topk(probabilities, top_k, dim=-1)
+def route(logits: torch.Tensor, top_k: int, normalise: bool, scoring: str = "softmax",
+          bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, experts) of each token's top_k experts, (tokens, top_k) each: scores in fp32
+    (softmax over every expert, or each expert's sigmoid), the k largest, renormalised when asked
+    (transformers' order of operations). `bias` (DeepSeek-V3's balancing) shifts the scores for
+    choosing the experts only; the weights are the unbiased scores of those chosen."""
+    scores = F.softmax(logits.float(), dim=-1) if scoring == "softmax" else torch.sigmoid(logits.float())
+    if bias is None:
+        weights, experts = torch.topk(scores, top_k, dim=-1)
+    else:
+        experts = torch.topk(scores + bias.float(), top_k, dim=-1).indices
+        weights = scores.gather(-1, experts)
     if normalise:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, experts
@@ -96,7 +103,7 @@ class MoE(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.top_k, self.normalise = config.experts_per_token, config.norm_topk_prob
+        self.top_k, self.normalise, self.scoring = config.experts_per_token, config.norm_topk_prob, config.router_scoring
         self.num_experts = config.num_experts
         self.gate = nn.Linear(config.n_embd, config.num_experts, bias=False)
         self.experts = GroupedExperts(config)
@@ -109,12 +116,19 @@ class MoE(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.router_logits: torch.Tensor | None = None
         self.tokens_per_expert: torch.Tensor | None = None
+        if config.router_bias_update_rate:
+            # DeepSeek-V3's selection bias (a buffer: not trained by gradients, saved in snapshots), and
+            # the tokens each expert got over this training step's forwards, for its update.
+            self.register_buffer("expert_bias", torch.zeros(config.num_experts))
+            self.step_load: torch.Tensor | None = None  # (built on the meta device: made at the first forward)
+        else:
+            self.expert_bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         logits = self.gate(x)
-        weights, experts = route(logits, self.top_k, self.normalise)
+        weights, experts = route(logits, self.top_k, self.normalise, self.scoring, self.expert_bias)
         self.router_logits = logits
         flat = experts.reshape(-1)
         # Sorted by expert (stable: a token's rows keep their order); row r of the sorted list is
@@ -122,6 +136,9 @@ class MoE(nn.Module):
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts)
         self.tokens_per_expert = counts.detach()
+        if self.expert_bias is not None and self.training:
+            load = counts.detach().float()
+            self.step_load = load if self.step_load is None else self.step_load + load
         tokens = order // self.top_k
         out = self.experts(x[tokens], counts)
         out = out * weights.reshape(-1)[order, None].to(out.dtype)
@@ -158,6 +175,8 @@ class Mixture(Llama):
                 for name, parameter in module.named_parameters():
                     std = residual_std if name == "down_proj" else 0.02
                     init_normal(parameter, seed, f"{module_name}.{name}", std)
+            if isinstance(module, MoE) and module.expert_bias is not None:
+                module.expert_bias.zero_()
 
     def active_params(self) -> int:
         """Parameters one token passes through: all but the experts it is not routed to."""
@@ -174,3 +193,21 @@ class Mixture(Llama):
         if num_params is None:
             num_params = self.active_params()
         return super().flops_per_token(seq_len, num_params)
+
+
+@torch.no_grad()
+def update_expert_bias(model: nn.Module, rate: float, all_reduce=None) -> None:
+    """DeepSeek-V3's balancing step, after each optimizer step: each routed layer's bias rises by
+    `rate` for experts that got fewer tokens than the mean over this step's forwards and falls for
+    those that got more. `all_reduce(tensor)`: sums the loads over data-parallel ranks, so that
+    every rank makes the same update."""
+    for module in model.modules():
+        if isinstance(module, MoE) and module.expert_bias is not None:
+            load = module.step_load
+            if load is None:  # no training forward this step (every rank has one: data parallelism)
+                load = torch.zeros_like(module.expert_bias)
+            load = load.to(module.expert_bias.device, torch.float32)
+            if all_reduce is not None:
+                all_reduce(load)
+            module.expert_bias += rate * torch.sign(load.mean() - load)
+            module.step_load = None

@@ -24,6 +24,10 @@ def check_layout(model_config, layout, ep: int = 1, cpu_offload: bool = False) -
     if layout.tp > 1 and model_config.qk_norm:
         raise ConfigError(f"parallel.tp={layout.tp} with model.qk_norm=true (model.arch={model_config.arch}): tensor "
                           "parallelism of per-head q/k norms is not supported; use parallel.dp_shard")
+    if layout.pp > 1 and model_config.router_bias_update_rate:
+        raise ConfigError(f"parallel.pp={layout.pp} with model.router_bias_update_rate="
+                          f"{model_config.router_bias_update_rate}: each stage holds other layers, whose loads "
+                          "cannot be summed over all ranks; set it to 0 or use parallel.pp=1")
     if layout.pp > 1 and (model_config.router_aux_loss_coef or model_config.router_z_loss_coef):
         raise ConfigError(f"parallel.pp={layout.pp} with model.router_aux_loss_coef="
                           f"{model_config.router_aux_loss_coef} / router_z_loss_coef={model_config.router_z_loss_coef}: "

@@ -6,7 +6,9 @@ router trains a fraction of the model it holds)."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
+from triax.models.moe import update_expert_bias
 from triax.models.router_loss import collapsed, expert_shares, router_loss
 
 
@@ -16,6 +18,15 @@ def objective_term(model: torch.nn.Module, model_config) -> torch.Tensor | None:
     if model_config.num_experts == 0:
         return None
     return router_loss(model, model_config.router_aux_loss_coef, model_config.router_z_loss_coef)
+
+
+def after_step(model: torch.nn.Module, model_config) -> None:
+    """After the optimizer step: the per-expert selection biases move toward an even load, by the
+    load summed over every rank (the same update everywhere)."""
+    if not model_config.router_bias_update_rate:
+        return
+    reduce = dist.all_reduce if dist.is_available() and dist.is_initialized() else None
+    update_expert_bias(model, model_config.router_bias_update_rate, reduce)
 
 
 def record(model: torch.nn.Module, last_term: torch.Tensor | None) -> tuple[dict, str | None]:

@@ -742,6 +742,7 @@ class Trainer:
         max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
         grad_norm = clip_grad_norm(list(self.model.parameters()), max_norm, self.pp_group)
         self.scaler.step(self.optimizer)
+        router_metrics.after_step(self.model, self.config.model)  # DeepSeek-V3's bias update, if on
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
