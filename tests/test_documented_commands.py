@@ -91,6 +91,7 @@ NOT_RUN = {
     ('docs/parallelism.md', 'python benchmarks/memory_scaling.py'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/memory_scaling.py --model gpt2-large --shards 4 --phases construct step'): 'a quiet machine',
     ('docs/performance.md', 'OMP_NUM_THREADS=1 python benchmarks/lora_vs_peft.py --rounds 3 --steps 100'): 'a quiet machine',
+    ('docs/performance.md', 'OMP_NUM_THREADS=1 python benchmarks/moe_vs_transformers.py --rounds 3 --steps 20'): 'a quiet machine',
     ('docs/performance.md', 'OMP_NUM_THREADS=1 python benchmarks/pipe_overlap.py --repeats 5'): 'a quiet machine',
     ('docs/performance.md', 'OMP_NUM_THREADS=1 python benchmarks/vs_transformers_llama.py --rounds 3 --steps 200'): 'a quiet machine',
     ('docs/performance.md', 'OMP_NUM_THREADS=1 python benchmarks/snapshot_bench.py --ranks 1,2,4 --model gopher-44m --skip-snapshot --skip-training'): 'a quiet machine',
