@@ -56,7 +56,7 @@ def build(side: str, directory: str):
         logits_of = model
     model.train()
 
-    def loss_of(ids):
+    def loss_of(ids: torch.Tensor) -> torch.Tensor:
         logits = logits_of(ids[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
 

@@ -38,5 +38,5 @@ def parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     return {**before, **{k: v for layer in layers.values() for k, v in layer.items()}, **after}
 
 
-__all__ = ["ARCHITECTURES", "Decoder", "GPT", "GPTConfig", "KVCache", "Llama", "Mixture", "PRESETS", "VOCABULARY_PARAMETERS",
-           "build_model", "parameter_shapes", "vocabulary_rows"]
+__all__ = ["ARCHITECTURES", "Decoder", "GPT", "GPTConfig", "KVCache", "Llama", "Mixture", "PRESETS",
+           "VOCABULARY_PARAMETERS", "build_model", "parameter_shapes", "vocabulary_rows"]

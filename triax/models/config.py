@@ -197,7 +197,8 @@ class GPTConfig:
     (Qwen2-MoE's, DeepSeek's); 0 = none."""
 
     shared_expert_gate: bool = False
-    """Scale the shared expert's output by sigmoid(a learned linear of the token) (Qwen2-MoE); false = add it as is (DeepSeek)."""
+    """Scale the shared expert's output by sigmoid(a learned linear of the token) (Qwen2-MoE); false = add
+    it as is (DeepSeek)."""
 
     router_scoring: str = "softmax"
     """How the router scores experts: softmax (Mixtral, Qwen3-MoE) | sigmoid (DeepSeek-V3: each expert scored
@@ -349,9 +350,10 @@ class GPTConfig:
                               "model.shared_expert_intermediate_size > 0")
         _check_size("decoder_sparse_step", self.decoder_sparse_step, MAX_SIZES["n_layer"])
         self.mlp_only_layers = list(self.mlp_only_layers or [])
-        bad = [i for i in self.mlp_only_layers if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.n_layer]
+        bad = [i for i in self.mlp_only_layers if type(i) is not int or not 0 <= i < self.n_layer]
         if bad:
-            raise ConfigError(f"model.mlp_only_layers holds {bad[0]!r}, not a layer number below n_layer={self.n_layer}")
+            raise ConfigError(f"model.mlp_only_layers holds {bad[0]!r}, not a layer number below "
+                              f"n_layer={self.n_layer}")
         if self.arch == "mixtral" and (self.mlp_only_layers or self.decoder_sparse_step != 1):
             raise ConfigError("model.mlp_only_layers / decoder_sparse_step are qwen3_moe's; Mixtral has experts in "
                               "every layer: use model.arch=qwen3_moe")

@@ -10,10 +10,13 @@ expert (a missing, extra or misshapen expert is one line) and a slice reads only
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
 from triax.models import hf_llama, parameter_shapes
-from triax.models.hf_files import CheckpointError, Source
+from triax.models.config import GPTConfig
+from triax.models.hf_files import CheckpointError, HFWeights, Source
 from triax.models.safetensors_header import TensorEntry
 
 MODEL_TYPES = ("mixtral", "qwen3_moe")
@@ -47,7 +50,8 @@ def architecture(config: dict) -> dict:
         raise CheckpointError("config.json: attention_bias=true; triax's qwen3_moe has no biases")
     jitter = config.get("router_jitter_noise", 0.0)
     if jitter:
-        raise CheckpointError(f"config.json: router_jitter_noise={jitter!r}; triax's router adds no noise (set it to 0)")
+        raise CheckpointError(f"config.json: router_jitter_noise={jitter!r}; triax's router adds no noise "
+                              "(set it to 0)")
     dense = {**config, "model_type": "mistral" if model_type == "mixtral" else "qwen2"}  # the llama reader's rules
     fields = hf_llama.architecture(dense)
     fields.update(arch=model_type, num_experts=num_experts(config),
@@ -65,7 +69,7 @@ class ExpertStack:
     """A checkpoint's tensors (HFWeights), plus the batched expert tensors triax holds, each served
     from its per-expert tensors: a name holding EXPERT_SLOT stands for all `experts` of them, stacked."""
 
-    def __init__(self, weights, experts: int):
+    def __init__(self, weights: HFWeights, experts: int):
         self.weights, self.experts = weights, experts
 
     def __getattr__(self, name: str):
@@ -90,7 +94,8 @@ class ExpertStack:
                                       f"{first}; every expert of a layer has one shape and dtype")
         if self.weights.has(name.format(expert=self.experts)):
             raise CheckpointError(f"the checkpoint holds {name.format(expert=self.experts)!r}, past the "
-                                  f"{self.experts} experts its config.json gives; the weights do not belong to this config")
+                                  f"{self.experts} experts its config.json gives; the weights do not belong to "
+                                  "this config")
         return TensorEntry(first.dtype, (self.experts, *first.shape))
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -104,7 +109,7 @@ class ExpertStack:
                             for e in range(*experts.indices(self.experts))])
 
 
-def wrap_weights(weights, model_config):
+def wrap_weights(weights: HFWeights, model_config: GPTConfig) -> ExpertStack:
     return ExpertStack(weights, model_config.num_experts)
 
 
@@ -120,7 +125,7 @@ def stored_name(name: str, arch: str, prefix: str = "model.") -> str:
     return hf_llama.hf_name(name, prefix)
 
 
-def sources(weights, model_config):
+def sources(weights: ExpertStack, model_config: GPTConfig):
     """triax parameter name -> Source (expert tensors: a stacked name ExpertStack serves)."""
     prefix = weights.prefix("embed_tokens.weight", ("model.", ""))
     dense = hf_llama.sources(weights, model_config)
@@ -135,7 +140,7 @@ def sources(weights, model_config):
 
 # ---- writing (`triax export --format hf`) ------------------------------------------------------
 
-def hf_config(config) -> dict:
+def hf_config(config: GPTConfig) -> dict:
     """config.json for transformers' MixtralForCausalLM or Qwen3MoeForCausalLM."""
     base = hf_llama.hf_config(config)
     values = {key: value for key, value in base.items() if key not in ("use_sliding_window", "max_window_layers")}
@@ -151,7 +156,7 @@ def hf_config(config) -> dict:
     return values
 
 
-def hf_tensors(config, source):
+def hf_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor]):
     """(transformers name, a function returning that tensor from `source`, its shape): the
     llama family's tensors, each expert's three Linears cut from triax's batched weights."""
     for name, shape in parameter_shapes(config).items():

@@ -19,6 +19,8 @@ router's losses and the per-expert shares (triax/models/router_loss.py).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -88,7 +90,7 @@ class GroupedExperts(nn.Module):
             return self.exchange(x, counts, self)
         return self.local_forward(x, counts)
 
-    def local_forward(self, x: torch.Tensor, counts: torch.Tensor, weight_of=_local) -> torch.Tensor:
+    def local_forward(self, x: torch.Tensor, counts: torch.Tensor, weight_of: Callable = _local) -> torch.Tensor:
         """Through the experts this process holds (all of them without expert parallelism);
         `weight_of(parameter)`: the tensor to compute with."""
         gate, up, down = (weight_of(w) for w in (self.gate_proj, self.up_proj, self.down_proj))
@@ -103,7 +105,8 @@ class MoE(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.top_k, self.normalise, self.scoring = config.experts_per_token, config.norm_topk_prob, config.router_scoring
+        self.top_k, self.normalise = config.experts_per_token, config.norm_topk_prob
+        self.scoring = config.router_scoring
         self.num_experts = config.num_experts
         self.gate = nn.Linear(config.n_embd, config.num_experts, bias=False)
         self.experts = GroupedExperts(config)
@@ -196,7 +199,7 @@ class Mixture(Llama):
 
 
 @torch.no_grad()
-def update_expert_bias(model: nn.Module, rate: float, all_reduce=None) -> None:
+def update_expert_bias(model: nn.Module, rate: float, all_reduce: Callable | None = None) -> None:
     """DeepSeek-V3's balancing step, after each optimizer step: each routed layer's bias rises by
     `rate` for experts that got fewer tokens than the mean over this step's forwards and falls for
     those that got more. `all_reduce(tensor)`: sums the loads over data-parallel ranks, so that

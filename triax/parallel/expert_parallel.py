@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
@@ -28,12 +28,12 @@ from triax.parallel.fsdp import mixed_precision_policy
 from triax.precision import Precision
 
 
-def build_expert_mesh(dp_shard: int, ep: int, device_type: str):
+def build_expert_mesh(dp_shard: int, ep: int, device_type: str) -> DeviceMesh:
     """The (efsdp, ep) mesh over the fully-sharded ranks (ep innermost: neighbouring ranks exchange tokens)."""
     return init_device_mesh(device_type, (dp_shard // ep, ep), mesh_dim_names=("efsdp", "ep"))
 
 
-def apply_expert_parallel(model: nn.Module, expert_mesh, precision: Precision) -> None:
+def apply_expert_parallel(model: nn.Module, expert_mesh: DeviceMesh, precision: Precision) -> None:
     """Split every GroupedExperts' tensors over expert_mesh["ep"] and shard them over "efsdp" (the
     model on the meta device, before the blocks' FSDP, which then leaves them to these units)."""
     ep_mesh = expert_mesh["ep"]
@@ -50,7 +50,7 @@ def apply_expert_parallel(model: nn.Module, expert_mesh, precision: Precision) -
         fully_shard(experts, mesh=expert_mesh["efsdp"], mp_policy=mixed_precision_policy(precision))
 
 
-def dispatch(x: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
+def dispatch(x: torch.Tensor, counts: torch.Tensor, experts: GroupedExperts) -> torch.Tensor:
     """The experts' outputs for rows `x` sorted by (global) expert, counts[e] of them for expert e,
     computed on the ranks that hold the experts: rows out by all-to-all, through this rank's
     experts (regrouped by expert), and back in their order."""

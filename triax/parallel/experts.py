@@ -14,9 +14,11 @@ expert dimension like any other parameter) composes as for a dense model. Refuse
 from __future__ import annotations
 
 from triax.errors import ConfigError
+from triax.models.config import GPTConfig
+from triax.parallel.mesh import Layout
 
 
-def check_layout(model_config, layout, ep: int = 1, cpu_offload: bool = False) -> None:
+def check_layout(model_config: GPTConfig, layout: Layout, ep: int = 1, cpu_offload: bool = False) -> None:
     _check_expert_parallel(model_config, layout, ep, cpu_offload)
     if layout.tp > 1 and model_config.num_experts:
         raise ConfigError(f"parallel.tp={layout.tp} with model.arch={model_config.arch}: tensor parallelism of "
@@ -30,11 +32,12 @@ def check_layout(model_config, layout, ep: int = 1, cpu_offload: bool = False) -
                           "cannot be summed over all ranks; set it to 0 or use parallel.pp=1")
     if layout.pp > 1 and (model_config.router_aux_loss_coef or model_config.router_z_loss_coef):
         raise ConfigError(f"parallel.pp={layout.pp} with model.router_aux_loss_coef="
-                          f"{model_config.router_aux_loss_coef} / router_z_loss_coef={model_config.router_z_loss_coef}: "
+                          f"{model_config.router_aux_loss_coef} / router_z_loss_coef="
+                          f"{model_config.router_z_loss_coef}: "
                           "the pipeline's loss does not see the router logits; set both to 0 or use parallel.pp=1")
 
 
-def _check_expert_parallel(model_config, layout, ep: int, cpu_offload: bool) -> None:
+def _check_expert_parallel(model_config: GPTConfig, layout: Layout, ep: int, cpu_offload: bool) -> None:
     """parallel.ep: the experts split over ep of the fully-sharded ranks (triax/parallel/expert_parallel.py)."""
     if type(ep) is not int or ep < 1:
         raise ConfigError(f"parallel.ep={ep!r} must be a positive integer (1: no expert parallelism)")

@@ -8,11 +8,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from triax.models.config import GPTConfig
 from triax.models.moe import update_expert_bias
 from triax.models.router_loss import collapsed, expert_shares, router_loss
 
 
-def objective_term(model: torch.nn.Module, model_config) -> torch.Tensor | None:
+def objective_term(model: torch.nn.Module, model_config: GPTConfig) -> torch.Tensor | None:
     """router_aux_loss_coef x load balancing + router_z_loss_coef x z-loss of the last forward
     (None for a dense model or both coefficients 0)."""
     if model_config.num_experts == 0:
@@ -20,7 +21,7 @@ def objective_term(model: torch.nn.Module, model_config) -> torch.Tensor | None:
     return router_loss(model, model_config.router_aux_loss_coef, model_config.router_z_loss_coef)
 
 
-def after_step(model: torch.nn.Module, model_config) -> None:
+def after_step(model: torch.nn.Module, model_config: GPTConfig) -> None:
     """After the optimizer step: the per-expert selection biases move toward an even load, by the
     load summed over every rank (the same update everywhere)."""
     if not model_config.router_bias_update_rate:
