@@ -493,3 +493,27 @@ def test_aux_free_balancing_under_fsdp_equals_one_process(tmp_path, tiny_corpus)
         assert torch.equal(single[name], sharded[name]), name
     learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
     assert_adam_close(sharded, single, learning_rates)
+
+
+@pytest.mark.multiprocess
+def test_a_30_step_fine_tune_under_ep_ends_where_one_process_does(tmp_path, tiny_corpus, checkpoints):
+    """30 steps from the Mixtral checkpoint, load-balancing loss on: EP x 2 ends with one process's
+    weights (grad_accum 2: the same micro-batches), and the validation loss falls."""
+    from helpers import assert_adam_close, final_weights, run_config
+
+    directory, _ = checkpoints("mixtral")
+
+    def run(run_dir, nproc, **settings):
+        train(tiny_overrides(run_dir, tiny_corpus, **{
+            "model.init_from": str(directory), "data.block_size": BLOCK, "trainer.max_steps": 30,
+            "trainer.batch_size": 4, "trainer.log_every": 10, "trainer.eval_every": 10, "trainer.eval_batches": 0,
+            "optim.lr": 3e-3, "optim.warmup_steps": 3, "parallel.dp_replicate": 1,
+            "model.router_aux_loss_coef": 0.02, **settings}), nproc=nproc, timeout=600)
+        return [r["val_loss"] for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "val_loss" in r]
+
+    single = run(tmp_path / "single", 1, **{"trainer.grad_accum": 2})
+    ep = run(tmp_path / "ep", 2, **{"parallel.dp_shard": 2, "parallel.ep": 2})
+    assert ep == pytest.approx(single, rel=1e-5)
+    assert single[-1] < single[0] - 0.1, single
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 30
+    assert_adam_close(final_weights(tmp_path / "ep"), final_weights(tmp_path / "single"), learning_rates)
