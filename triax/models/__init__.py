@@ -4,8 +4,9 @@ from triax.models.config import ARCHITECTURES, PRESETS, GPTConfig
 from triax.models.decoder import VOCABULARY_PARAMETERS, Decoder, KVCache, vocabulary_rows
 from triax.models.gpt import GPT
 from triax.models.llama import Llama
+from triax.models.moe import Mixture
 
-FAMILIES = {"gpt": GPT, "llama": Llama}
+FAMILIES = {"gpt": GPT, "llama": Llama, "moe": Mixture}
 
 
 def build_model(config: GPTConfig, **parts) -> Decoder:
@@ -16,20 +17,26 @@ def build_model(config: GPTConfig, **parts) -> Decoder:
 
 def parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """{name: full shape} of every parameter of the model of `config` (a tied head once, as
-    named_parameters gives it), without memory: built on the meta device with one block, whose
-    shapes every block repeats, so a model of 80 layers costs what one layer does (checks run
-    before a model is built must not cost a build)."""
+    named_parameters gives it), without memory: built on the meta device with one block of each
+    kind (a mixture of experts may have dense layers too), whose shapes every block of that kind
+    repeats, so a model of 80 layers costs what one layer does (checks run before a model is built
+    must not cost a build)."""
+    kind = [config.has_experts(layer) for layer in range(config.n_layer)]
+    first = {has: kind.index(has) for has in set(kind)}  # the first layer of each kind
     with torch.device("meta"):
-        model = build_model(config, layers=[0])
-    shapes = {}
+        model = build_model(config, layers=sorted(first.values()))
+    before, layers, after = {}, {layer: {} for layer in range(config.n_layer)}, {}
     for name, parameter in model.named_parameters():
-        if name.startswith("layers.0."):
-            for layer in range(config.n_layer):
-                shapes[f"layers.{layer}.{name.removeprefix('layers.0.')}"] = tuple(parameter.shape)
-        else:
-            shapes[name] = tuple(parameter.shape)
-    return shapes
+        if not name.startswith("layers."):
+            # named_parameters' order: the embedding, the layers, the final norm and head.
+            (after if any(layers.values()) else before)[name] = tuple(parameter.shape)
+            continue
+        built, rest = name.removeprefix("layers.").split(".", 1)
+        for layer in range(config.n_layer):
+            if first[kind[layer]] == int(built):
+                layers[layer][f"layers.{layer}.{rest}"] = tuple(parameter.shape)
+    return {**before, **{k: v for layer in layers.values() for k, v in layer.items()}, **after}
 
 
-__all__ = ["ARCHITECTURES", "Decoder", "GPT", "GPTConfig", "KVCache", "Llama", "PRESETS", "VOCABULARY_PARAMETERS",
-           "build_model", "parameter_shapes", "vocabulary_rows"]
+__all__ = ["ARCHITECTURES", "Decoder", "GPT", "GPTConfig", "KVCache", "Llama", "Mixture", "PRESETS",
+           "VOCABULARY_PARAMETERS", "build_model", "parameter_shapes", "vocabulary_rows"]

@@ -21,7 +21,8 @@ from typing import Optional
 from triax.errors import ConfigError
 
 # model.arch -> family (the module that builds it).
-ARCHITECTURES = {"gpt2": "gpt", "llama": "llama", "qwen2": "llama", "mistral": "llama"}
+ARCHITECTURES = {"gpt2": "gpt", "llama": "llama", "qwen2": "llama", "mistral": "llama", "qwen3": "llama",
+                 "mixtral": "moe", "qwen3_moe": "moe"}
 LLAMA_FAMILY = tuple(name for name, family in ARCHITECTURES.items() if family == "llama")
 
 # model.gelu -> F.gelu's `approximate` argument.
@@ -37,6 +38,7 @@ ROPE_SCALINGS = ("none", "linear", "llama3")
 # is refused instead of asking for terabytes.
 MAX_SIZES = {"vocab_size": 2**24, "block_size": 2**21, "n_layer": 1024, "n_head": 1024, "n_embd": 2**16}
 MAX_OPTIONAL_SIZES = {"n_kv_head": 1024, "head_dim": 2**12, "intermediate_size": 2**20}
+MAX_EXPERTS = 2**14  # published MoEs route over at most a few hundred experts
 SIZE_REASON = "several times the largest published GPT-style models; a larger value is a typo or a damaged file"
 
 # The one preset table: `model=NAME` for `triax train`, `--model NAME` for `triax plan` and
@@ -59,6 +61,21 @@ PRESETS: dict[str, dict] = {
                       rope_theta=500000.0, rope_scaling="llama3", vocab_size=128256),
     "llama3-70b": dict(arch="llama", n_layer=80, n_head=64, n_kv_head=8, n_embd=8192, intermediate_size=28672,
                        rope_theta=500000.0, rope_scaling="llama3", vocab_size=128256),
+    # Qwen3 (q/k norm per head) and the mixtures of experts (triax/models/moe.py): CPU-sized, then
+    # the published shapes (Qwen3-0.6B, Mixtral 8x7B, Qwen3-30B-A3B: 128 experts, 8 per token).
+    "qwen3-debug": dict(arch="qwen3", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=352),
+    "qwen3-0.6b": dict(arch="qwen3", n_layer=28, n_head=16, n_kv_head=8, n_embd=1024, head_dim=128,
+                       intermediate_size=3072, rope_theta=1000000.0, norm_eps=1e-6, tie_embeddings=True,
+                       vocab_size=151936),
+    "mixtral-debug": dict(arch="mixtral", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=352,
+                          num_experts=8, experts_per_token=2),
+    "mixtral-8x7b": dict(arch="mixtral", n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336,
+                         num_experts=8, experts_per_token=2, rope_theta=1000000.0, vocab_size=32000),
+    "qwen3-moe-debug": dict(arch="qwen3_moe", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=352,
+                            moe_intermediate_size=64, num_experts=8, experts_per_token=2, norm_topk_prob=True),
+    "qwen3-30b-a3b": dict(arch="qwen3_moe", n_layer=48, n_head=32, n_kv_head=4, n_embd=2048, head_dim=128,
+                          intermediate_size=6144, moe_intermediate_size=768, num_experts=128, experts_per_token=8,
+                          norm_topk_prob=True, rope_theta=1000000.0, norm_eps=1e-6, vocab_size=151936),
 }
 PLAN_ONLY_PRESET_KEYS = ("vocab_size",)
 
@@ -91,7 +108,8 @@ class GPTConfig:
     arch: str = "gpt2"
     """Architecture: gpt2 (learned positions, LayerNorm, GELU) | llama (rotary positions, RMSNorm,
     SwiGLU, grouped-query attention) | qwen2 (llama with biases on q/k/v) | mistral (llama, exported as
-    transformers' Mistral)."""
+    transformers' Mistral) | qwen3 (llama with q/k norm per head) | mixtral, qwen3_moe (llama with a
+    mixture-of-experts MLP: triax/models/moe.py)."""
 
     n_layer: int = 4
     """Transformer blocks."""
@@ -151,6 +169,52 @@ class GPTConfig:
     parallel degree, so it splits evenly); None: no padding. Padding rows start at zero, their
     logits are masked out, so they never take probability, gradient or a sampled id."""
 
+    qk_norm: Optional[bool] = None
+    """RMSNorm over each query and key head before the rotary positions (Qwen3's); unset = the
+    architecture's (qwen3, qwen3_moe: true; others: false)."""
+
+    num_experts: int = 0
+    """Routed experts of a mixture-of-experts MLP (mixtral, qwen3_moe; triax/models/moe.py); 0 = a dense MLP."""
+
+    experts_per_token: int = 2
+    """Experts each token is routed to (top-k; transformers' num_experts_per_tok)."""
+
+    moe_intermediate_size: Optional[int] = None
+    """Hidden width of each expert's SwiGLU; unset = intermediate_size."""
+
+    norm_topk_prob: Optional[bool] = None
+    """Renormalise the top-k routing weights to sum to one (mixtral: always); unset = the architecture's
+    (mixtral: true, qwen3_moe: false, as transformers' default)."""
+
+    decoder_sparse_step: int = 1
+    """qwen3_moe: layer i has experts when (i + 1) is a multiple of this (and i is not in mlp_only_layers)."""
+
+    mlp_only_layers: Optional[list[int]] = None
+    """qwen3_moe: layer numbers whose MLP is dense (intermediate_size wide) instead of experts."""
+
+    shared_expert_intermediate_size: int = 0
+    """Width of a shared expert beside the routed ones, through which every token also passes
+    (Qwen2-MoE's, DeepSeek's); 0 = none."""
+
+    shared_expert_gate: bool = False
+    """Scale the shared expert's output by sigmoid(a learned linear of the token) (Qwen2-MoE); false = add
+    it as is (DeepSeek)."""
+
+    router_scoring: str = "softmax"
+    """How the router scores experts: softmax (Mixtral, Qwen3-MoE) | sigmoid (DeepSeek-V3: each expert scored
+    on its own; the chosen scores renormalised when norm_topk_prob)."""
+
+    router_bias_update_rate: float = 0.0
+    """DeepSeek-V3's balancing without an auxiliary loss: a per-expert bias added to the scores for choosing
+    experts only (not for weighting them), raised by this much after each step for every expert that got
+    fewer tokens than the mean and lowered for those that got more; 0 = no bias. DeepSeek-V3 used 0.001."""
+
+    router_aux_loss_coef: float = 0.0
+    """Weight of the load-balancing loss (transformers' load_balancing_loss_func) added to the LM loss; 0 = off."""
+
+    router_z_loss_coef: float = 0.0
+    """Weight of the router z-loss (mean squared logsumexp of the router logits, ST-MoE); 0 = off."""
+
     # Optional[...] rather than `X | None` above: OmegaConf (the model.* schema is built from these
     # fields) reads typing's Optional only.
 
@@ -174,6 +238,7 @@ class GPTConfig:
             self._check_gpt2()
         else:
             self._check_llama()
+        self._check_experts()
 
     @property
     def family(self) -> str:
@@ -236,6 +301,68 @@ class GPTConfig:
                               f"model.rope_high_freq_factor={self.rope_high_freq_factor}, and "
                               f"model.rope_original_context={self.rope_original_context} positive")
 
+    def _check_experts(self) -> None:
+        """The mixture-of-experts fields (and Qwen3's q/k norm), checked and given the architecture's defaults."""
+        if self.qk_norm is None:
+            self.qk_norm = self.arch in ("qwen3", "qwen3_moe")
+        if self.qk_norm and self.family == "gpt":
+            raise ConfigError("model.qk_norm=true applies to the llama family's attention; use model.arch=qwen3")
+        for name in ("router_aux_loss_coef", "router_z_loss_coef"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < 1e3):
+                raise ConfigError(f"model.{name}={value!r} must be a number >= 0 (0 turns it off)")
+        if self.family != "moe":
+            if self.router_scoring != "softmax" or self.router_bias_update_rate:
+                raise ConfigError(f"model.router_scoring / router_bias_update_rate with model.arch={self.arch}: they "
+                                  "route experts; use model.arch=mixtral or qwen3_moe")
+            if self.shared_expert_intermediate_size or self.shared_expert_gate:
+                raise ConfigError(f"model.shared_expert_intermediate_size with model.arch={self.arch}: a shared expert "
+                                  "sits beside routed ones; use model.arch=mixtral or qwen3_moe")
+            if self.num_experts:
+                raise ConfigError(f"model.num_experts={self.num_experts} with model.arch={self.arch}: experts are "
+                                  "built by model.arch=mixtral or qwen3_moe; set num_experts=0 or change the arch")
+            return
+        _check_size("num_experts", self.num_experts, MAX_EXPERTS)
+        _check_size("experts_per_token", self.experts_per_token, MAX_EXPERTS)
+        if self.experts_per_token > self.num_experts:
+            raise ConfigError(f"model.experts_per_token={self.experts_per_token} is above model.num_experts="
+                              f"{self.num_experts}; a token cannot be routed to more experts than there are")
+        self.moe_intermediate_size = self.moe_intermediate_size or self.intermediate_size
+        _check_size("moe_intermediate_size", self.moe_intermediate_size, MAX_OPTIONAL_SIZES["intermediate_size"])
+        if self.norm_topk_prob is None:
+            self.norm_topk_prob = self.arch == "mixtral"
+        if self.arch == "mixtral" and not self.norm_topk_prob:
+            raise ConfigError("model.norm_topk_prob=false with model.arch=mixtral: Mixtral always renormalises its "
+                              "top-k weights; use model.arch=qwen3_moe for unnormalised weights")
+        if self.router_scoring not in ("softmax", "sigmoid"):
+            raise ConfigError(f"model.router_scoring={self.router_scoring!r} is unknown; choose softmax or sigmoid")
+        if not (isinstance(self.router_bias_update_rate, (int, float)) and 0 <= self.router_bias_update_rate < 1):
+            raise ConfigError(f"model.router_bias_update_rate={self.router_bias_update_rate!r} must be in [0, 1) "
+                              "(0: no bias; DeepSeek-V3 used 0.001)")
+        if self.arch == "mixtral" and self.router_scoring != "softmax":
+            raise ConfigError("model.router_scoring=sigmoid with model.arch=mixtral: Mixtral's router is a softmax; "
+                              "use model.arch=qwen3_moe for DeepSeek-V3's sigmoid scores")
+        if self.shared_expert_intermediate_size:
+            _check_size("shared_expert_intermediate_size", self.shared_expert_intermediate_size,
+                        MAX_OPTIONAL_SIZES["intermediate_size"])
+        if self.shared_expert_gate and not self.shared_expert_intermediate_size:
+            raise ConfigError("model.shared_expert_gate=true without a shared expert; set "
+                              "model.shared_expert_intermediate_size > 0")
+        _check_size("decoder_sparse_step", self.decoder_sparse_step, MAX_SIZES["n_layer"])
+        self.mlp_only_layers = list(self.mlp_only_layers or [])
+        bad = [i for i in self.mlp_only_layers if type(i) is not int or not 0 <= i < self.n_layer]
+        if bad:
+            raise ConfigError(f"model.mlp_only_layers holds {bad[0]!r}, not a layer number below "
+                              f"n_layer={self.n_layer}")
+        if self.arch == "mixtral" and (self.mlp_only_layers or self.decoder_sparse_step != 1):
+            raise ConfigError("model.mlp_only_layers / decoder_sparse_step are qwen3_moe's; Mixtral has experts in "
+                              "every layer: use model.arch=qwen3_moe")
+
+    def has_experts(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is a mixture of experts (transformers' Qwen3-MoE rule)."""
+        return (self.family == "moe" and layer not in (self.mlp_only_layers or [])
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
     @property
     def qkv_bias(self) -> bool:
         """Biases on the query/key/value projections: Qwen2's, or every layer's (bias)."""
@@ -251,10 +378,15 @@ class GPTConfig:
         return self.padded_vocab_size or self.vocab_size
 
 
+# Fields that are training choices (dropout, the router losses' weights) or the layout's (padding),
+# not part of the function a trained model computes.
+TRAINING_FIELDS = ("dropout", "padded_vocab_size", "router_aux_loss_coef", "router_z_loss_coef")
+
+
 def architecture_fields(config: GPTConfig) -> dict:
-    """The fields that define a trained model's function: all but dropout (a training choice) and
-    the layout's vocabulary padding. A checkpoint to start from fixes these."""
-    return {key: value for key, value in asdict(config).items() if key not in ("dropout", "padded_vocab_size")}
+    """The fields that define a trained model's function: all but TRAINING_FIELDS. A checkpoint to
+    start from fixes these."""
+    return {key: value for key, value in asdict(config).items() if key not in TRAINING_FIELDS}
 
 
 def _check_size(name: str, value, limit: int) -> None:

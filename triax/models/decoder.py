@@ -128,6 +128,9 @@ class SelfAttention(nn.Module):
         self.v_proj = nn.Linear(config.n_embd, config.n_kv_head * config.head_dim, bias=config.qkv_bias)
         self.out_proj = nn.Linear(width, config.n_embd, bias=config.bias)
         self.out_proj.residual_projection = True  # marks it for the scaled init
+        # Qwen3: each query and key head RMS-normalised (over its head_dim values) before rotation.
+        self.q_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps) if config.qk_norm else None
         self.rotary = rotary
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -138,6 +141,8 @@ class SelfAttention(nn.Module):
         q = self.q_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             # The new positions come after the cached ones. The whole sequence is here even under
             # sequence parallelism (the tensor-parallel plan gathers it before attention).
@@ -229,7 +234,7 @@ class Decoder(nn.Module):
         # layers and keeps their names ("layers.5"), so checkpoints written by any layout share
         # one set of parameter names.
         numbers = range(config.n_layer) if layers is None else layers
-        self.layers = nn.ModuleDict({str(i): self.make_block(config) for i in numbers})
+        self.layers = nn.ModuleDict({str(i): self.make_block(config, i) for i in numbers})
         self.ln_f = self.make_norm(config) if head else None
         self.lm_head = nn.Linear(config.n_embd, rows, bias=False) if head else None
         self.vocab_mask = PaddedVocabMask(config.vocab_size) if head and rows > config.vocab_size else None
@@ -238,8 +243,8 @@ class Decoder(nn.Module):
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights(seed)
 
-    def make_block(self, config: GPTConfig) -> nn.Module:
-        """One transformer block: `block(x, cache=LayerCache | None)` -> x."""
+    def make_block(self, config: GPTConfig, layer: int = 0) -> nn.Module:
+        """Transformer block number `layer`: `block(x, cache=LayerCache | None)` -> x."""
         raise NotImplementedError
 
     def make_norm(self, config: GPTConfig) -> nn.Module:

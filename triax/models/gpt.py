@@ -35,7 +35,7 @@ class GPT(Decoder):
     family = "gpt"
     learned_positions = True
 
-    def make_block(self, config: GPTConfig) -> nn.Module:
+    def make_block(self, config: GPTConfig, layer: int = 0) -> nn.Module:
         return Block(self.make_norm(config), SelfAttention(config), self.make_norm(config), MLP(config))
 
     def make_norm(self, config: GPTConfig) -> nn.Module:

@@ -13,7 +13,7 @@ import re
 import torch
 
 from triax.errors import ConfigError
-from triax.models import hf_gpt2, hf_llama, parameter_shapes
+from triax.models import hf_gpt2, hf_llama, hf_moe, parameter_shapes
 from triax.models.config import GPTConfig, architecture_fields
 from triax.models.hf_config_types import type_error
 from triax.models.hf_files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, check_source,
@@ -23,7 +23,8 @@ __all__ = ["DESCRIPTION_FILES", "MAX_DESCRIPTION_BYTES", "CheckpointError", "HFW
            "description_files", "family_of", "is_hf_directory", "load_into", "read_hf_config", "tokenizer_file",
            "window_of"]
 
-FAMILIES = {**dict.fromkeys(hf_gpt2.MODEL_TYPES, hf_gpt2), **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
+FAMILIES = {**dict.fromkeys(hf_gpt2.MODEL_TYPES, hf_gpt2), **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama),
+            **dict.fromkeys(hf_moe.MODEL_TYPES, hf_moe)}
 
 
 def read_hf_config(directory: str, follow_links: bool = True) -> dict:
@@ -40,12 +41,13 @@ def read_hf_config(directory: str, follow_links: bool = True) -> dict:
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
         raise CheckpointError(f"{path} has model_type {model_type!r}; triax builds {', '.join(FAMILIES)} "
-                              "(transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)")
+                              "(transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, "
+                              "Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM)")
     return config
 
 
 def family_of(config: dict):
-    """The module (hf_gpt2 or hf_llama) that reads a checkpoint with this config.json."""
+    """The module (hf_gpt2, hf_llama or hf_moe) that reads a checkpoint with this config.json."""
     return FAMILIES[config["model_type"]]
 
 
@@ -72,6 +74,8 @@ def architecture(directory: str) -> dict:
 def window_of(directory: str) -> int | None:
     """The sliding attention window of a llama-family checkpoint's layers, if any."""
     config = read_hf_config(directory)
+    if config["model_type"] in hf_moe.MODEL_TYPES:  # Mixtral keeps Mistral's window, Qwen3-MoE Qwen2's switch
+        config = {**config, "model_type": "mistral" if config["model_type"] == "mixtral" else "qwen2"}
     return hf_llama.sliding_window(config) if config["model_type"] in hf_llama.MODEL_TYPES else None
 
 
@@ -80,7 +84,7 @@ def check_weights(directory: str, model_config) -> None:
     config gives it and a floating dtype: checked from the safetensors headers alone, before the
     model is allocated, so a config.json describing a model its weights do not hold (a billion
     parameters over kilobytes) is one line, not gigabytes allocated first."""
-    weights = HFWeights(directory)
+    weights = _weights(read_hf_config(directory), directory, model_config)
     source_of = family_of(read_hf_config(directory)).sources(weights, model_config)
     for name, shape in parameter_shapes(model_config).items():
         source, transposed, shift, fused = source_of(name)
@@ -90,6 +94,13 @@ def check_weights(directory: str, model_config) -> None:
 def load_into(model: torch.nn.Module, directory: str, model_config, stored_name=lambda n: n) -> int:
     """copy_into with the family's name mapping: this rank's part of `model` from `directory`."""
     config = read_hf_config(directory)
-    weights = HFWeights(directory)
+    weights = _weights(config, directory, model_config)
     source_of = family_of(config).sources(weights, model_config)
     return copy_into(model, weights, source_of, model_config.vocab_size, stored_name)
+
+
+def _weights(config: dict, directory: str, model_config):
+    """The directory's tensors as the family reads them (a mixture of experts' stacked per expert)."""
+    weights = HFWeights(directory)
+    wrap = getattr(family_of(config), "wrap_weights", None)
+    return wrap(weights, model_config) if wrap is not None else weights

@@ -23,6 +23,8 @@ KINDS = {
     "str": ("a string", lambda v: isinstance(v, str)),
     "dict": ("an object", lambda v: isinstance(v, dict)),
     "list[str]": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "list[int]": ("a list of integers", lambda v: isinstance(v, list)
+                  and all(isinstance(x, int) and not isinstance(x, bool) for x in v)),
     "int|list[int]": ("an integer or a list of integers", lambda v: (isinstance(v, int) and not isinstance(v, bool))
                       or (isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v))),
 }
@@ -40,6 +42,10 @@ FIELDS = {
     "partial_rotary_factor": "float", "attention_bias": "bool", "mlp_bias": "bool", "attention_dropout": "float?",
     "pretraining_tp": "int?", "use_sliding_window": "bool", "sliding_window": "int?", "max_window_layers": "int",
     "layer_types": "list[str]?",
+    # the mixtures of experts (Mixtral, Qwen3-MoE)
+    "num_local_experts": "int", "num_experts": "int", "num_experts_per_tok": "int", "moe_intermediate_size": "int",
+    "norm_topk_prob": "bool", "decoder_sparse_step": "int", "mlp_only_layers": "list[int]?",
+    "router_aux_loss_coef": "float", "router_jitter_noise": "float", "output_router_logits": "bool",
     # GPT-2
     "n_positions": "int", "n_ctx": "int", "n_embd": "int", "n_layer": "int", "n_head": "int", "n_inner": "int?",
     "activation_function": "str", "layer_norm_epsilon": "float", "resid_pdrop": "float", "embd_pdrop": "float",

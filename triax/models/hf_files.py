@@ -288,6 +288,10 @@ def copy_tensor(target: torch.Tensor, name: str, weights: HFWeights, source: Sou
         values.copy_(weights.slice(source, (slice(box[0][0] + shift, box[0][1] + shift),)))
     else:
         values.copy_(weights.slice(source, tuple(slice(*b) for b in box)))
+    if not bool(torch.isfinite(values).all()):
+        # A NaN or infinity would train into a model whose every loss is NaN, far from the load.
+        raise CheckpointError(f"the checkpoint's {source} holds values that are not finite (NaN or infinity); "
+                              "the file is damaged: re-save or re-download it")
     local.copy_(values)
     return values.numel()
 

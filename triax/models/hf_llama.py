@@ -17,7 +17,7 @@ import torch
 from triax.models import build_model
 from triax.models.hf_files import CheckpointError, HFWeights, Source
 
-MODEL_TYPES = ("llama", "qwen2", "mistral")
+MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
 
 # transformers' rope_type -> model.rope_scaling
 ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
@@ -56,7 +56,7 @@ def sliding_window(config: dict) -> int | None:
     model_type, window = config["model_type"], config.get("sliding_window")
     if window is None:
         return None
-    if model_type == "qwen2":
+    if model_type in ("qwen2", "qwen3"):
         if not config.get("use_sliding_window", False):
             return None  # Qwen2 keeps the field but uses it only when asked to
         layer_types = config.get("layer_types") or [
@@ -86,6 +86,8 @@ def architecture(config: dict) -> dict:
             raise CheckpointError(f"config.json: attention_bias={attention_bias} with mlp_bias={mlp_bias}; triax's llama "
                                   "has biases in every linear layer (model.bias=true) or in none")
         bias = attention_bias
+    if model_type == "qwen3" and config.get("attention_bias", False):
+        raise CheckpointError("config.json: attention_bias=true; triax's qwen3 has no biases")
     context = config["max_position_embeddings"]
     window = sliding_window(config)
     if window is not None:
@@ -129,7 +131,8 @@ def sources(weights: HFWeights, model_config):
 
 # ---- writing (`triax export --format hf`) ------------------------------------------------------
 
-CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+           "qwen3": "Qwen3ForCausalLM"}
 
 
 def hf_config(config) -> dict:
@@ -144,7 +147,8 @@ def hf_config(config) -> dict:
         rope.update(low_freq_factor=config.rope_low_freq_factor, high_freq_factor=config.rope_high_freq_factor,
                     original_max_position_embeddings=config.rope_original_context)
     values = {
-        "architectures": [CLASSES[config.arch]], "model_type": config.arch,
+        # (hf_moe builds on this config and names its own class)
+        "architectures": [CLASSES.get(config.arch, config.arch)], "model_type": config.arch,
         "vocab_size": config.vocab_size, "hidden_size": config.n_embd, "intermediate_size": config.intermediate_size,
         "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
         "num_key_value_heads": config.n_kv_head, "head_dim": config.head_dim, "hidden_act": "silu",
@@ -157,8 +161,10 @@ def hf_config(config) -> dict:
         values.update(attention_bias=bool(config.bias), mlp_bias=bool(config.bias), pretraining_tp=1)
     else:  # triax attends to the whole context: no window
         values.update(sliding_window=None)
-    if config.arch == "qwen2":
+    if config.arch in ("qwen2", "qwen3"):
         values.update(use_sliding_window=False, max_window_layers=config.n_layer)
+    if config.arch == "qwen3":
+        values.update(attention_bias=False)
     return values
 
 

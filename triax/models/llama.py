@@ -97,11 +97,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)) (Shazeer 2020)."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, width: int | None = None):
         super().__init__()
-        self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=config.bias)
-        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=config.bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=config.bias)
+        width = width or config.intermediate_size  # another width: a mixture of experts' shared expert
+        self.gate_proj = nn.Linear(config.n_embd, width, bias=config.bias)
+        self.up_proj = nn.Linear(config.n_embd, width, bias=config.bias)
+        self.down_proj = nn.Linear(width, config.n_embd, bias=config.bias)
         self.down_proj.residual_projection = True
         self.dropout = nn.Dropout(config.dropout)
 
@@ -116,7 +117,7 @@ class Llama(Decoder):
 
     family = "llama"
 
-    def make_block(self, config: GPTConfig) -> nn.Module:
+    def make_block(self, config: GPTConfig, layer: int = 0) -> nn.Module:
         if "rotary" not in self.__dict__:  # one table for all layers (built with the first)
             self.rotary = RotaryEmbedding(config)
         return Block(self.make_norm(config), SelfAttention(config, self.rotary), self.make_norm(config),

@@ -139,7 +139,8 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh=None) -> list[str]:
             layer = getattr(getattr(block, owner), attribute, None)
             if layer is None:
                 raise ConfigError(f"model.lora.targets has {key!r} but this model's blocks have no {TARGETS[key]} "
-                                  "(GPT-2's MLP has no gate); choose among the layers it has")
+                                  "(GPT-2's MLP has no gate; a mixture of experts' routed MLP holds batched experts, "
+                                  "not these layers); choose among the layers it has")
             weight = layer.weight
             device = weight.device if not hasattr(weight, "to_local") else weight.to_local().device
             with torch.device(device):

@@ -86,6 +86,7 @@ class ModelShape:
     n_kv_head: int | None = None
     intermediate_size: int | None = None
     head_dim: int | None = None
+    extra: tuple = ()  # the other GPTConfig fields of EXTRA_FIELDS as (name, value) pairs (hashable: lists as tuples)
 
     @classmethod
     def from_config(cls, config, block_size: int | None = None) -> "ModelShape":
@@ -93,7 +94,7 @@ class ModelShape:
         sequences of `block_size` (default: the model's context)."""
         return cls(config.n_layer, config.n_head, config.n_embd, config.vocab_size, block_size or config.block_size,
                    config.bias, config.tie_embeddings, config.arch, config.n_kv_head, config.intermediate_size,
-                   config.head_dim)
+                   config.head_dim, tuple((name, _hashable(getattr(config, name))) for name in EXTRA_FIELDS))
 
     def config(self, tp: int = 1):
         """The GPTConfig of this shape, its vocabulary padded for tp."""
@@ -102,7 +103,8 @@ class ModelShape:
                          n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, n_kv_head=self.n_kv_head,
                          head_dim=self.head_dim, intermediate_size=self.intermediate_size, bias=self.bias,
                          tie_embeddings=self.tie_embeddings,
-                         padded_vocab_size=padded if padded != self.vocab_size else None)
+                         padded_vocab_size=padded if padded != self.vocab_size else None,
+                         **{name: list(value) if isinstance(value, tuple) else value for name, value in self.extra})
 
     def parameter_shapes(self, tp: int = 1) -> dict[str, tuple[int, ...]]:
         """Name -> full shape of every parameter of the model (vocabulary padded for tp; a tied
@@ -112,14 +114,32 @@ class ModelShape:
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.parameter_shapes().values())
 
+    def active_params(self) -> int:
+        """Parameters one token passes through: a mixture of experts' tokens go through
+        experts_per_token of its num_experts experts only."""
+        extra = dict(self.extra)
+        experts, chosen = extra.get("num_experts", 0), extra.get("experts_per_token", 0)
+        idle = sum(math.prod(s) for name, s in self.parameter_shapes().items() if ".mlp.experts." in name)
+        return self.num_params() - (idle * (experts - chosen) // experts if experts else 0)
+
     def flops_per_token(self) -> float:
+        """The PaLM formula over the active parameters (MFU counts the FLOPs a token costs)."""
         c = self.config()
-        n = self.num_params() - (self.block_size * self.n_embd if c.family == "gpt" else 0)  # no position table
+        n = self.active_params() - (self.block_size * self.n_embd if c.family == "gpt" else 0)  # no position table
         return 6 * n + 12 * self.n_layer * self.n_head * c.head_dim * self.block_size
 
     def block_params(self) -> int:
         """Parameters of one transformer block."""
         return sum(math.prod(s) for name, s in self.parameter_shapes().items() if name.startswith("layers.0."))
+
+
+# GPTConfig fields beyond ModelShape's own that change the parameters: q/k norms, the experts.
+EXTRA_FIELDS = ("qk_norm", "num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
+                "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size", "shared_expert_gate")
+
+
+def _hashable(value):
+    return tuple(value) if isinstance(value, list) else value
 
 
 @functools.lru_cache(maxsize=64)
@@ -261,6 +281,8 @@ def candidate_layouts(world: int, shape: ModelShape, cps: list[int] | None = Non
                     if shape.n_head % tp or (shape.n_kv_head or shape.n_head) % tp or pp > shape.n_layer \
                             or (shape.block_size // cp) % tp:
                         continue
+                    if tp > 1 and (dict(shape.extra).get("num_experts") or dict(shape.extra).get("qk_norm")):
+                        continue  # not composed yet (triax/parallel/experts.py)
                     layouts.append(Layout(pp=pp, dp_replicate=rest, dp_shard=dp_shard, tp=tp, cp=cp))
     return layouts
 
@@ -367,7 +389,9 @@ def main(argv: list[str]) -> int:
                    precision=args.precision,
                    pp_schedule=args.pp_schedule, microbatches=args.microbatches, tflops=args.tflops,
                    bandwidth_gbs=args.bandwidth)
-    print(f"{args.model}: {shape.num_params() / 1e6:.1f}M parameters, {args.world} device{'s' if args.world != 1 else ''} x {args.memory_gb:g} GiB, "
+    active = shape.active_params()  # a mixture of experts' tokens use only some of its parameters
+    active_note = f" ({active / 1e6:.1f}M active per token)" if active != shape.num_params() else ""
+    print(f"{args.model}: {shape.num_params() / 1e6:.1f}M parameters{active_note}, {args.world} device{'s' if args.world != 1 else ''} x {args.memory_gb:g} GiB, "
           f"{args.global_batch} x {args.seq} tokens per step, {args.precision}")
     if not results:
         print("no layout fits; add devices, lower --global-batch / --seq, or use --precision bf16-pure")

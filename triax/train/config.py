@@ -324,6 +324,10 @@ class ParallelConfig:
     cp: int = 1
     """Context-parallel degree: each sequence is cut over cp ranks (long context); block_size a multiple of 2 x cp."""
 
+    ep: int = 1
+    """Expert-parallel degree (mixtures of experts): each layer's experts split over this many of the
+    dp_shard ranks, tokens exchanged all-to-all; must divide dp_shard and model.num_experts."""
+
     pp_schedule: str = "1f1b"
     """Pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zero_bubble."""
 

@@ -32,7 +32,7 @@ import torch
 
 from triax import safe_files
 from triax.errors import ConfigError, TriaxError
-from triax.models import hf, hf_llama
+from triax.models import hf, hf_llama, hf_moe
 from triax.models.config import architecture_fields
 
 # GPTConfig fields the transformers config can express (the rotary ones and gelu each family's
@@ -41,7 +41,9 @@ from triax.models.config import architecture_fields
 MAPPED_FIELDS = {"arch", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "head_dim",
                  "intermediate_size", "dropout", "bias", "tie_embeddings", "gelu", "norm_eps", "rope_theta",
                  "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-                 "rope_original_context"}
+                 "rope_original_context", "qk_norm", "num_experts", "experts_per_token", "moe_intermediate_size",
+                 "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
+                 "router_z_loss_coef"}
 # model.gelu -> transformers' activation_function
 HF_ACTIVATIONS = {"tanh": "gelu_new", "exact": "gelu"}
 
@@ -51,6 +53,9 @@ class ExportError(TriaxError, ValueError):
 
 
 def check_mappable(config) -> None:
+    if config.qk_norm and config.arch not in ("qwen3", "qwen3_moe"):
+        raise ExportError(f"model option qk_norm=true has no equivalent in transformers' {config.arch}; export this "
+                          "run with the plain safetensors format instead (or train model.arch=qwen3)")
     for field in fields(config):
         if field.name not in MAPPED_FIELDS and getattr(config, field.name) != field.default:
             raise ExportError(f"model option {field.name}={getattr(config, field.name)!r} has no equivalent in "
@@ -61,6 +66,8 @@ def hf_config(config) -> dict:
     """config.json for the transformers class of the run's architecture."""
     if config.family == "llama":
         return hf_llama.hf_config(config)
+    if config.family == "moe":
+        return hf_moe.hf_config(config)
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": config.vocab_size, "n_positions": config.block_size, "n_ctx": config.block_size,
@@ -80,6 +87,8 @@ def hf_tensors(config, source: Mapping[str, torch.Tensor]) -> Iterator[tuple[str
     Each builder reads only the one to three source tensors it needs, when called."""
     if config.family == "llama":
         return hf_llama.hf_tensors(config, source)
+    if config.family == "moe":
+        return hf_moe.hf_tensors(config, source)
     return _gpt2_tensors(config, source)
 
 

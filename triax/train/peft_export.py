@@ -69,7 +69,7 @@ def export_peft_main(run_dir: str, out_dir: str) -> int:
         raise UsageError(f"OUT_DIR {out_dir!r} exists and is not a directory; give a new directory")
 
     def export(reader, model_config, vocab):
-        if model_config.arch not in ("llama", "qwen2", "mistral"):
+        if model_config.arch not in ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen3_moe"):
             raise UsageError(f"--format peft writes llama-family adapters; this run's model is {model_config.arch}")
         lora, base = run_lora(reader.state, reader.snapshot)
         source = tensor_source(reader)

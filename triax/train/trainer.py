@@ -52,6 +52,8 @@ from triax.train import continuation, init_from
 from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset,
                                 continuation_overrides, final_lr, gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
+from triax.parallel.experts import check_layout as check_expert_layout
+from triax.train import router_metrics
 from triax.train.loss import loss_function
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
@@ -182,6 +184,7 @@ class Trainer:
                                         GPU_VOCAB_MULTIPLE if self.device.type == "cuda" else 1)
         model_config = gpt_config(config.model, vocab_size, block_size,
                                   padded_rows if padded_rows != vocab_size else None)
+        check_expert_layout(model_config, self.layout, parallel.ep, parallel.cpu_offload)  # before any group forms
         self._check_memory(model_config)
         # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
         self.global_micro_batch = trainer.batch_size * self.layout.dp
@@ -738,6 +741,10 @@ class Trainer:
                     scaled = loss / trainer.grad_accum
                 else:
                     loss = scaled = self._loss(self.model, x, y, reduction="sum") * per_token
+                # A mixture of experts' router losses, of this micro-batch's forward.
+                self._router_term = router_metrics.objective_term(self.model, self.config.model)
+                if self._router_term is not None:
+                    scaled = scaled + self._router_term / trainer.grad_accum
                 self.timing["forward"] += time.perf_counter() - started
                 self._phase("backward", step, micro)
                 self.scaler.scale(scaled).backward()
@@ -749,6 +756,7 @@ class Trainer:
         max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
         grad_norm = clip_grad_norm(list(self.model.parameters()), max_norm, self.pp_group)
         self.scaler.step(self.optimizer)
+        router_metrics.after_step(self.model, self.config.model)  # DeepSeek-V3's bias update, if on
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -961,6 +969,10 @@ class Trainer:
                           "epoch": self.epoch, **self._throughput(pace.interval_steps, pace.interval_seconds),
                           "peak_mem_mb": round(peak_memory_mb(self.device), 1),
                           **self._rank_times(pace.interval_steps)}
+                routing, warning = router_metrics.record(self.model, getattr(self, "_router_term", None))
+                record.update(routing)
+                if warning and self.place.is_main:
+                    print(warning, file=sys.stderr, flush=True)
             if trainer.eval_every and (self.step % trainer.eval_every == 0 or self.step == self.total_steps):
                 self._phase("evaluation", self.step)
                 record = {**(record or {}), **self.evaluate()}

@@ -1,0 +1,63 @@
+"""Which layouts a mixture of experts (and Qwen3's q/k norms) composes with today, checked before
+any process group forms.
+
+Data parallelism (replicated or fully sharded: FSDP shards the batched expert tensors along the
+expert dimension like any other parameter) composes as for a dense model. Refused, one line each:
+- tensor parallelism of routed layers: the tensor-parallel plan splits Linear layers by heads and
+  widths; the experts are batched parameters it has no plan for.
+- tensor parallelism with q/k norms: the norm's gain would see only this rank's heads, so its
+  gradient would need a reduction over the tensor-parallel ranks the plan does not make.
+- the router's losses under pipeline parallelism: the schedule computes the loss from the last
+  stage's logits only, without the router logits of every stage.
+- context parallelism of routed layers: the balancing loss and the bias update see one rank's
+  slice of each sequence (and expert parallelism's exchange is not built over the cp ranks), so the
+  run would not equal one process; nothing tests it yet.
+"""
+
+from __future__ import annotations
+
+from triax.errors import ConfigError
+from triax.models.config import GPTConfig
+from triax.parallel.mesh import Layout
+
+
+def check_layout(model_config: GPTConfig, layout: Layout, ep: int = 1, cpu_offload: bool = False) -> None:
+    _check_expert_parallel(model_config, layout, ep, cpu_offload)
+    if layout.tp > 1 and model_config.num_experts:
+        raise ConfigError(f"parallel.tp={layout.tp} with model.arch={model_config.arch}: tensor parallelism of "
+                          "mixture-of-experts layers is not supported; use parallel.dp_shard (FSDP shards the experts)")
+    if layout.cp > 1 and model_config.num_experts:
+        raise ConfigError(f"parallel.cp={layout.cp} with model.arch={model_config.arch}: context parallelism of "
+                          "mixture-of-experts layers is not supported; use parallel.cp=1")
+    if layout.tp > 1 and model_config.qk_norm:
+        raise ConfigError(f"parallel.tp={layout.tp} with model.qk_norm=true (model.arch={model_config.arch}): tensor "
+                          "parallelism of per-head q/k norms is not supported; use parallel.dp_shard")
+    if layout.pp > 1 and model_config.router_bias_update_rate:
+        raise ConfigError(f"parallel.pp={layout.pp} with model.router_bias_update_rate="
+                          f"{model_config.router_bias_update_rate}: each stage holds other layers, whose loads "
+                          "cannot be summed over all ranks; set it to 0 or use parallel.pp=1")
+    if layout.pp > 1 and (model_config.router_aux_loss_coef or model_config.router_z_loss_coef):
+        raise ConfigError(f"parallel.pp={layout.pp} with model.router_aux_loss_coef="
+                          f"{model_config.router_aux_loss_coef} / router_z_loss_coef="
+                          f"{model_config.router_z_loss_coef}: "
+                          "the pipeline's loss does not see the router logits; set both to 0 or use parallel.pp=1")
+
+
+def _check_expert_parallel(model_config: GPTConfig, layout: Layout, ep: int, cpu_offload: bool) -> None:
+    """parallel.ep: the experts split over ep of the fully-sharded ranks (triax/parallel/expert_parallel.py)."""
+    if type(ep) is not int or ep < 1:
+        raise ConfigError(f"parallel.ep={ep!r} must be a positive integer (1: no expert parallelism)")
+    if ep == 1:
+        return
+    if not model_config.num_experts:
+        raise ConfigError(f"parallel.ep={ep} with model.arch={model_config.arch}, which has no experts; "
+                          "set parallel.ep=1 or use model.arch=mixtral or qwen3_moe")
+    if model_config.num_experts % ep:
+        raise ConfigError(f"parallel.ep={ep} does not divide model.num_experts={model_config.num_experts}; each "
+                          "rank holds an equal share of the experts: choose ep among its divisors")
+    if layout.dp_shard % ep:
+        raise ConfigError(f"parallel.ep={ep} does not divide parallel.dp_shard={layout.dp_shard}; expert "
+                          "parallelism borrows its ranks from the fully-sharded ones: make dp_shard a multiple of ep")
+    if layout.tp > 1 or layout.pp > 1 or layout.dp_replicate > 1 or cpu_offload:
+        raise ConfigError(f"parallel.ep={ep} composes with parallel.dp_shard only (got {layout.describe()}"
+                          f"{', cpu_offload' if cpu_offload else ''}); set tp, pp and dp_replicate to 1")

@@ -1,0 +1,46 @@
+"""What the trainer adds for a mixture of experts: the router's losses in the training objective
+(triax/models/router_loss.py) and, on logged steps, the router loss and each expert's share of the
+routed tokens beside the LM loss, with a warning when experts stop receiving tokens (a collapsed
+router trains a fraction of the model it holds)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from triax.models.config import GPTConfig
+from triax.models.moe import update_expert_bias
+from triax.models.router_loss import collapsed, expert_shares, router_loss
+
+
+def objective_term(model: torch.nn.Module, model_config: GPTConfig) -> torch.Tensor | None:
+    """router_aux_loss_coef x load balancing + router_z_loss_coef x z-loss of the last forward
+    (None for a dense model or both coefficients 0)."""
+    if model_config.num_experts == 0:
+        return None
+    return router_loss(model, model_config.router_aux_loss_coef, model_config.router_z_loss_coef)
+
+
+def after_step(model: torch.nn.Module, model_config: GPTConfig) -> None:
+    """After the optimizer step: the per-expert selection biases move toward an even load, by the
+    load summed over every rank (the same update everywhere)."""
+    if not model_config.router_bias_update_rate:
+        return
+    reduce = dist.all_reduce if dist.is_available() and dist.is_initialized() else None
+    update_expert_bias(model, model_config.router_bias_update_rate, reduce)
+
+
+def record(model: torch.nn.Module, last_term: torch.Tensor | None) -> tuple[dict, str | None]:
+    """({router_loss, expert_share} of the last step, a warning if experts collapsed) for the log."""
+    shares = expert_shares(model)
+    if not shares:
+        return {}, None
+    fields = {"expert_share": [round(share, 4) for share in shares]}
+    if last_term is not None:
+        fields["router_loss"] = round(float(last_term.detach()), 6)
+    dead = collapsed(shares)
+    warning = None
+    if dead:
+        warning = (f"triax: warning: experts {dead} received under a tenth of an even share of the tokens this step "
+                   "(router collapse); raise model.router_aux_loss_coef (transformers uses 0.001-0.02)")
+    return fields, warning
