@@ -77,7 +77,7 @@ def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precisio
     if layout.tp > 1:
         apply_tensor_parallel(part, mesh["tp"], loss_parallel=loss_parallel)
     if layout.cp > 1:
-        from triax.parallel.context_parallel import apply_context_parallel
+        from triax.parallel.context_parallel import apply_context_parallel  # deferred: context-parallel runs only
 
         apply_context_parallel(part, mesh["cp"])
     if lora is not None and lora.rank:
