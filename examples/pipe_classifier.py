@@ -62,7 +62,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images, label
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--devices", nargs="+", default=["cpu", "cpu"])
     parser.add_argument("--balance", nargs="+", type=int, default=None,
                         help="layers per partition (default: balance_by_time on a sample batch)")

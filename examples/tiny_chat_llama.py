@@ -46,7 +46,7 @@ def conversations(count: int, seed: int = 0) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", help="where to write the checkpoint")
     parser.add_argument("--conversations", required=True, help="the JSONL file of conversations to write")
     parser.add_argument("--count", type=int, default=400)

@@ -14,6 +14,7 @@ import time
 
 from triax.errors import TriaxError, printable
 from triax.launch.settings import ERRORS_REPORTED_BY_LAUNCHER_ENV
+from triax.threads import check_thread_setting
 
 # sub-command -> (module with main(argv), one-line help)
 COMMANDS = {
@@ -71,6 +72,9 @@ def run_command(argv: list[str]) -> int:
     if name not in COMMANDS:
         raise TriaxError(f"unknown command {name!r}; commands are: {', '.join(COMMANDS)}")
     target, _ = COMMANDS[name]
+    # Checked like an option, before the command imports torch (whose OpenMP runtime would warn
+    # about a bad value and carry on with its own count): triax.threads.
+    check_thread_setting()
     module_name, func_name = target.split(":")
     try:
         module = importlib.import_module(module_name)

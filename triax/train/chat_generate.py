@@ -133,8 +133,13 @@ def generate_main(argv: list[str]) -> int:
     need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
     check_device("--device", args.device)
     commands.run_snapshot_root(args.run_dir)  # one line if it is not a run directory
+    device = pick_device(args.device)
+    if device.type == "cpu":
+        from triax.threads import apply_thread_choice  # deferred: as the imports above
+
+        apply_thread_choice()  # the cores idle now (triax.threads: why)
     answer = generate_chat(args.run_dir, args.chat, args.system, args.tokens, args.temperature, args.top_k,
-                           args.greedy, args.seed, pick_device(args.device))
+                           args.greedy, args.seed, device)
     # Exactly the text into a file or a pipe; on a terminal, no escape sequence the data taught it.
     print(printable(answer, keep="\n\t") if sys.stdout.isatty() else answer)
     return 0
