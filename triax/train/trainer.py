@@ -854,7 +854,7 @@ class Trainer:
             self.logger.print(
                 f"training {loaded} ({self.model_config.arch}, {params / 1e6:.2f}M params) on {self.device} x "
                 f"{processes} ({self.layout.describe()}){threads}, precision {self.precision.name}, "
-                f"{self.total_steps} steps of {self.samples_per_step} samples "
+                f"{self.total_steps} step{'s' if self.total_steps != 1 else ''} of {self.samples_per_step} samples "
                 f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
             if self.config.model.lora.rank:
                 lora = self.config.model.lora
@@ -986,7 +986,7 @@ class Trainer:
         pace = self.pace
         pace.update(self.step)
         tokens = pace.session_steps * pace.tokens_per_step
-        parts = [f"done: {pace.session_steps} steps in {duration(pace.seconds)} "
+        parts = [f"done: {pace.session_steps} step{'s' if pace.session_steps != 1 else ''} in {duration(pace.seconds)} "
                  f"({tokens / max(pace.seconds, 1e-9):,.0f} tokens/s)"]
         if self.best_val is not None:
             parts.append(f"best val_loss {self.best_val[0]:.4f} (step {self.best_val[1]})")
