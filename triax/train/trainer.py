@@ -47,6 +47,7 @@ from triax.stragglers import StragglerCheck
 from triax.threads import apply_thread_choice
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train import continuation, init_from
+from triax.train.batch_fit import fit_batch_size
 from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset,
                                 continuation_overrides, final_lr, gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
@@ -180,6 +181,9 @@ class Trainer:
         model_config = gpt_config(config.model, vocab_size, block_size,
                                   padded_rows if padded_rows != vocab_size else None)
         self._check_memory(model_config)
+        # A batch larger than the data is lowered to fit, with a line (triax.train.batch_fit: why).
+        trainer.batch_size, self.batch_note = fit_batch_size(trainer.batch_size, len(self.data.train),
+                                                             self.layout.dp, trainer.grad_accum)
         # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
         self.global_micro_batch = trainer.batch_size * self.layout.dp
         self.samples_per_step = self.global_micro_batch * trainer.grad_accum
@@ -855,13 +859,15 @@ class Trainer:
                 f"training {loaded} ({self.model_config.arch}, {params / 1e6:.2f}M params) on {self.device} x "
                 f"{processes} ({self.layout.describe()}){threads}, precision {self.precision.name}, "
                 f"{self.total_steps} step{'s' if self.total_steps != 1 else ''} of {self.samples_per_step} samples "
-                f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
+                f"({self.steps_per_epoch} step{'s' if self.steps_per_epoch != 1 else ''}/epoch), run dir {trainer.run_dir}")
             if self.config.model.lora.rank:
                 lora = self.config.model.lora
                 self.logger.print(f"LoRA rank {lora.rank} on {', '.join(lora.targets)}: the base is frozen, "
                                   f"{self.trainable_params / 1e6:.3f}M adapter parameters train")
             if self.data.report:
                 self.logger.print(self.data.report)
+            if self.batch_note:
+                self.logger.print(self.batch_note)
         self.model.train()
         self.logger.start_progress(self.total_steps, self.step)
         self.pace = Pace(self.samples_per_step * self.data.block_size, self.total_steps, self.step)
