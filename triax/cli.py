@@ -15,6 +15,7 @@ import time
 from triax.errors import TriaxError, printable
 from triax.launch.settings import ERRORS_REPORTED_BY_LAUNCHER_ENV
 from triax.threads import check_thread_setting
+from triax.torch_logs import quiet_torch_logs
 
 # sub-command -> (module with main(argv), one-line help)
 COMMANDS = {
@@ -108,6 +109,7 @@ def report_error(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = take_debug_flag(argv)
+    quiet_torch_logs(debug)  # DTensor's advice to torch's developers, once per rank (triax.torch_logs)
     try:
         code = run_command(argv)
     except TriaxError as error:

@@ -875,6 +875,11 @@ class Trainer:
         debug = self.config.debug
         stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank, trainer.stop_grace,
                            self._restart_point).install()
+        # `triax train | head -3`: the closed pipe ends the run as Ctrl-C does (triax.metrics).
+        self.logger.on_output_closed = lambda: stop.request("a closed output", "its output was closed "
+                                                            "(the reader of the pipe ended)")
+        if self.logger.output_closed:
+            self.logger.on_output_closed()
         try:
             last = self._loop(stop)
             stop.reached()  # at a step boundary: the final snapshot is not cut short
