@@ -118,3 +118,21 @@ def test_the_doctor_reports_and_uses_the_rules_threads(rule_says):
     assert torch.get_num_threads() == 1
     figure = device_check(doctor.device, doctor.threads).figure
     assert "1 thread each (2 cores, 0.2 idle; OMP_NUM_THREADS to choose), as `triax train` would" in figure, figure
+
+
+@pytest.mark.multiprocess
+def test_with_every_core_kept_busy_beside_it_the_rule_takes_one_thread():
+    """Busy processes started a moment ago (the load average has not followed yet) are seen at once."""
+    cores = threads.usable_cores()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in cores]
+    try:
+        import time
+
+        time.sleep(1.0)  # they are running
+        choice = threads.choose_threads(1, environment={})
+        assert choice.threads == 1 and choice.reason.startswith(f"{len(cores)} cores, "), choice
+        assert float(choice.reason.split(", ")[1].split()[0]) < 0.5, choice  # 'N cores, X idle; ...'
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
