@@ -128,6 +128,11 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def step_count(count: int) -> str:
+    """'1 step', '2 steps'."""
+    return f"{count} step{'s' if count != 1 else ''}"
+
+
 def duration(seconds: float) -> str:
     """1h02m, 3m05s, 42s."""
     seconds = int(round(seconds))

@@ -28,7 +28,7 @@ from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
-from triax.metrics import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops
+from triax.metrics import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops, step_count
 from triax.models import build_model, vocabulary_rows
 from triax.models.lora import apply_lora, trainable_summary
 from triax.models.peft_format import load_adapter
@@ -858,8 +858,8 @@ class Trainer:
             self.logger.print(
                 f"training {loaded} ({self.model_config.arch}, {params / 1e6:.2f}M params) on {self.device} x "
                 f"{processes} ({self.layout.describe()}){threads}, precision {self.precision.name}, "
-                f"{self.total_steps} step{'s' if self.total_steps != 1 else ''} of {self.samples_per_step} samples "
-                f"({self.steps_per_epoch} step{'s' if self.steps_per_epoch != 1 else ''}/epoch), run dir {trainer.run_dir}")
+                f"{step_count(self.total_steps)} of {self.samples_per_step} samples "
+                f"({step_count(self.steps_per_epoch)}/epoch), run dir {trainer.run_dir}")
             if self.config.model.lora.rank:
                 lora = self.config.model.lora
                 self.logger.print(f"LoRA rank {lora.rank} on {', '.join(lora.targets)}: the base is frozen, "
@@ -997,7 +997,7 @@ class Trainer:
         pace = self.pace
         pace.update(self.step)
         tokens = pace.session_steps * pace.tokens_per_step
-        parts = [f"done: {pace.session_steps} step{'s' if pace.session_steps != 1 else ''} in {duration(pace.seconds)} "
+        parts = [f"done: {step_count(pace.session_steps)} in {duration(pace.seconds)} "
                  f"({tokens / max(pace.seconds, 1e-9):,.0f} tokens/s)"]
         if self.best_val is not None:
             parts.append(f"best val_loss {self.best_val[0]:.4f} (step {self.best_val[1]})")
