@@ -1,7 +1,7 @@
 """`triax generate RUN --chat MESSAGE`: the run's model answers one user message, rendered with the
 chat template it was trained with (data.chat_template, or the checkpoint's, kept in RUN/init_from/),
-and stops at the model's end-of-turn token or any other special token, printing none. A LoRA run's model is its base (model.init_from) with
-the snapshot's adapters; any other run's is its snapshot."""
+and stops at the model's end-of-turn token or any other special token, printing none. A LoRA run's
+model is its base (model.init_from) with the snapshot's adapters; any other run's is its snapshot."""
 
 from __future__ import annotations
 
