@@ -329,3 +329,21 @@ def test_the_batch_is_lowered_only_when_the_data_is_smaller_and_never_below_one_
     assert fit_batch_size(32, 19, 2, 2)[0] == 4  # 4 x 2 ranks x 2 accumulated = 16 <= 19
     with pytest.raises(ConfigError, match="one step needs at least 4 samples"):
         fit_batch_size(32, 3, 2, 2)
+
+
+def test_the_merged_export_computes_with_the_thread_rules_count(single, tmp_path, monkeypatch):
+    """`export --format hf --merge` multiplies the adapters into the base on this CPU: with the
+    threads of triax.threads (here a machine whose sample finds 0.3 of 2 cores idle: one)."""
+    import triax.threads as threads
+    from triax.cli import main
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "usable_cores", lambda: [0, 1])
+    monkeypatch.setattr(threads, "idle_cores", lambda cpus: 0.3)
+    torch.set_num_threads(2)
+    try:
+        assert main(["export", str(single), str(tmp_path / "merged"), "--format", "hf", "--merge"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
