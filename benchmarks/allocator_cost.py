@@ -49,7 +49,7 @@ def train_once(args, release: bool, run_dir: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="gpt-micro")
     parser.add_argument("--nproc", type=int, default=1, help="processes (torchrun when > 1)")
     parser.add_argument("--steps", type=int, default=40)

@@ -39,7 +39,7 @@ def last_eval(run_dir: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("text", help="a UTF-8 text file (e.g. tinyshakespeare)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--vocab-size", type=int, default=1024)

@@ -128,7 +128,7 @@ def size_check(config) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     started = time.perf_counter()

@@ -39,7 +39,7 @@ def seconds(model: GPT, prompt: torch.Tensor, tokens: int, use_cache: bool) -> f
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="off/on pairs per model; the best of each counts")
     args = parser.parse_args(argv)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--depth", type=int, default=16, help="linear layers (weight + bias each)")

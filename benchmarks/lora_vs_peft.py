@@ -160,7 +160,7 @@ def run_worker(which: str, checkpoint: str, steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--worker", choices=("triax-lora", "triax-full", "peft"), help=argparse.SUPPRESS)

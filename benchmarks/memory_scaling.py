@@ -193,7 +193,7 @@ def machine() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="gpt2-medium", help="model preset")
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="FSDP degrees (= processes)")
     parser.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)

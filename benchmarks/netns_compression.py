@@ -82,7 +82,7 @@ def chart(results: dict, path: str, title: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     add_step_arguments(parser)
     parser.add_argument("--rates", default="1gbit,100mbit", help="tc rates, e.g. 1gbit,100mbit")
     parser.add_argument("--nodes", type=int, default=2)

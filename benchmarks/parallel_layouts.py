@@ -70,7 +70,7 @@ def step_cost(name: str, steps: int, workdir: str, corpus: str | None) -> tuple[
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, nargs=2, default=[4, 28], help="a short and a long run")
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--corpus", default=None, help="text file (default: the built-in corpus)")

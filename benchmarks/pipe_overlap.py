@@ -171,7 +171,7 @@ def gpu_table(batch_size: int, repeats: int) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=float, default=0.2, help="seconds of sleep per partition per mini-batch")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--classifier", action="store_true", help="also time seed 002's classifier on CPU")

@@ -181,7 +181,7 @@ def bench_sharded(model: str, ranks: list[int], root: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt2")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)

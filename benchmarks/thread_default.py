@@ -10,8 +10,8 @@ time of the whole command, then each setting's ratio to triax's default.
     python benchmarks/thread_default.py                       # gpt-micro, 40 steps, load = 2 x cores
     python benchmarks/thread_default.py --steps 20 --load 4 --rounds 3
 
-The one-minute load average, which the default reads, follows a new load only over about a
-minute: the loaded runs start --settle seconds after the busy processes (default 90 s). Only a
+The default samples the idle cores at the start (/proc/stat), so the loaded runs start --settle
+seconds after the busy processes (default 3 s), once those run. Only a
 machine with nothing else running gives valid figures; run it there.
 """
 
@@ -84,23 +84,23 @@ def report(state: str, results: dict[str, list[tuple[float, float]]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt-micro")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--load", type=int, default=None, help="busy processes for the loaded runs (default 2 x cores)")
-    parser.add_argument("--settle", type=float, default=90.0, help="seconds between starting the load and measuring")
+    parser.add_argument("--settle", type=float, default=3.0, help="seconds between starting the load and measuring")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--set", nargs="*", default=[], help="more key=value overrides")
     args = parser.parse_args()
-    cores = usable_cores()
+    cores = len(usable_cores())
     load = args.load if args.load is not None else 2 * cores
     settings = {"triax default": None, "OMP_NUM_THREADS=1": "1", f"OMP_NUM_THREADS={cores} (torch's)": str(cores)}
     print(f"{cores} cores; load average now {os.getloadavg()[0]:.1f} (should be near 0 for the idle runs)")
     idle = measure(args, settings, "idle")
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(load)]
     try:
-        print(f"\n{load} busy processes started; waiting {args.settle:.0f} s for the load average to follow")
+        print(f"\n{load} busy processes started; waiting {args.settle:.0f} s for them to run")
         time.sleep(args.settle)
         loaded = measure(args, settings, f"loaded ({load} busy processes)")
     finally:

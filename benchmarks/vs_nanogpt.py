@@ -137,7 +137,7 @@ def last_float(lines: list[tuple[float, str]], pattern: str) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--nanogpt", default=os.environ.get("NANOGPT_DIR"),
                         help="a nanoGPT checkout (train.py, model.py, configurator.py); default $NANOGPT_DIR")
     parser.add_argument("--steps", type=int, default=2000)

@@ -142,7 +142,7 @@ def run_worker(which: str, steps: int, fused_adamw: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="A B rounds (each run a fresh process)")
     parser.add_argument("--steps", type=int, default=200, help="training steps per run")
     parser.add_argument("--fused-adamw", action="store_true", help="the transformers loop uses fused AdamW too")

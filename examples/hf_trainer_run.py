@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import transformers
 
-parser = argparse.ArgumentParser()
+parser = argparse.ArgumentParser(allow_abbrev=False)
 parser.add_argument("out")
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--save-steps", type=int, default=2)

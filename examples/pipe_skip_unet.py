@@ -76,7 +76,7 @@ def noisy_sines(batch_size: int, generator: torch.Generator):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--devices", nargs="+", default=["cpu", "cpu", "cpu"])
     parser.add_argument("--balance", nargs="+", type=int, default=[2, 3, 2])
     parser.add_argument("--chunks", type=int, default=4)

@@ -12,7 +12,7 @@ import hashlib
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-parser = argparse.ArgumentParser()
+parser = argparse.ArgumentParser(allow_abbrev=False)
 parser.add_argument("--library", choices=["accelerate", "triax"], required=True)
 parser.add_argument("--steps", type=int, required=True, help="train until this many steps are done in all")
 parser.add_argument("--save", default=None, help="save_state here after the last step")

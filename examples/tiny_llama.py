@@ -16,7 +16,7 @@ import torch
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", help="where to write config.json, model.safetensors and tokenizer.json")
     parser.add_argument("--corpus", required=True, help="a UTF-8 text file to train the tokenizer on")
     parser.add_argument("--model-type", choices=("llama", "qwen2", "mistral"), default="llama")

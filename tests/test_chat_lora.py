@@ -271,3 +271,79 @@ def test_merged_export_is_loaded_by_transformers_with_triax_logits(single, base,
     with torch.no_grad():
         torch.testing.assert_close(merged(ids).logits, ours(ids), atol=1e-5, rtol=1e-5)
     assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"]  # the checkpoint's, kept
+
+
+def test_sampled_chat_answers_stop_at_any_special_token_and_print_none(single, capsys):
+    """Sampled nearly uniformly, an answer soon draws a header or begin-of-text token (not only
+    <|eot_id|>): it ends there, and no special token is printed."""
+    from triax.cli import main
+
+    specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    for seed in range(3):
+        assert main(["generate", str(single), "--chat", "two plus two?", "--temperature", "1000", "--tokens", "60",
+                     "--seed", str(seed)]) == 0
+        answer = capsys.readouterr().out
+        assert not any(special in answer for special in specials), answer
+
+
+def test_an_answer_ends_at_the_first_special_token_it_draws(single, monkeypatch, capsys):
+    """Whatever the sampling drew: a header token in the middle of an answer ends it there (the old
+    rule stopped only at <|eot_id|> and printed `<|start_header_id|>user...`)."""
+    from tokenizers import Tokenizer
+
+    import triax.train.chat_generate as chat_generate
+    from triax.cli import main
+
+    tokenizer = Tokenizer.from_file(str(single / "tokenizer.json"))
+    words, header = tokenizer.encode("four.").ids, tokenizer.token_to_id("<|start_header_id|>")
+    real = chat_generate.load_chat_model
+
+    def drawing_a_header(run_dir, config, device):
+        model = real(run_dir, config, device)
+        model.generate = lambda idx, count, **options: torch.cat(
+            [idx, torch.tensor([[*words, header, *words]])], dim=1)
+        return model
+
+    monkeypatch.setattr(chat_generate, "load_chat_model", drawing_a_header)
+    assert main(["generate", str(single), "--chat", "two plus two?", "--tokens", "20"]) == 0
+    assert capsys.readouterr().out == "four.\n"
+
+
+def test_a_first_chat_run_on_20_conversations_trains_with_the_default_batch(tmp_path, base):
+    """The default batch of 32 is more than 20 conversations hold (18 train, 2 validate): it is
+    lowered to fit, with a line saying so, and the run trains."""
+    chat = write_chat_file(tmp_path / "mine.jsonl", arithmetic_conversations(20, seed=3))
+    done = train([f"model.init_from={base}", "data.task=chat", f"data.path={chat}", "data.block_size=64",
+                  "model.lora.rank=4", "trainer.max_steps=2", "trainer.sample_tokens=0",
+                  f"trainer.run_dir={tmp_path / 'run'}"])
+    assert "trainer.batch_size 32 lowered to 18: the training set has 18 samples" in done.stdout, done.stdout
+    assert "2 steps of 18 samples (1 step/epoch)" in done.stdout and "done: 2 steps" in done.stdout, done.stdout
+
+
+def test_the_batch_is_lowered_only_when_the_data_is_smaller_and_never_below_one_per_rank():
+    from triax.errors import ConfigError
+    from triax.train.batch_fit import fit_batch_size
+
+    assert fit_batch_size(32, 1000, 2, 1) == (32, None)
+    assert fit_batch_size(32, 18, 1, 1)[0] == 18
+    assert fit_batch_size(32, 19, 2, 2)[0] == 4  # 4 x 2 ranks x 2 accumulated = 16 <= 19
+    with pytest.raises(ConfigError, match="one step needs at least 4 samples"):
+        fit_batch_size(32, 3, 2, 2)
+
+
+def test_the_merged_export_computes_with_the_thread_rules_count(single, tmp_path, monkeypatch):
+    """`export --format hf --merge` multiplies the adapters into the base on this CPU: with the
+    threads of triax.threads (here a machine whose sample finds 0.3 of 2 cores idle: one)."""
+    import triax.threads as threads
+    from triax.cli import main
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "usable_cores", lambda: [0, 1])
+    monkeypatch.setattr(threads, "idle_cores", lambda cpus: 0.3)
+    torch.set_num_threads(2)
+    try:
+        assert main(["export", str(single), str(tmp_path / "merged"), "--format", "hf", "--merge"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

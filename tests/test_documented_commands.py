@@ -32,7 +32,8 @@ How a command runs here (tests/command_shims.py has the details):
   without `runs/`, so its commands run in order as a new user runs them.
   Questions a command asks are answered with Enter (each default).
 - No command may resume a finished run by accident (`... is already complete`): a page's
-  `triax train` that is not the quickstart names a trainer.run_dir of its own.
+  `triax train` that is not the quickstart names a trainer.run_dir of its own (or is part of a
+  sequence meant to resume), and every command that trains must show a step run (TRAINS).
 """
 
 from __future__ import annotations
@@ -60,10 +61,15 @@ NEEDS = re.compile(r"(?:^|\s)#(?:[^#]*[\s;])?needs: ([^#]+?)\s*$")
 COMMAND_TIMEOUT = 300
 QUICKSTART = "triax train"
 COMPLETE = "is already complete"  # what a finished run started again says (triax.train.trainer)
+# A command that trains (`triax train`, alone or under torchrun or a script: not --help) must show
+# a step run: the trainer's summary, or a stop after a step (a run meant to be resumed).
+TRAINS = re.compile(r"(?:^|[\s;&|(])(?:-m )?triax train(?=\s|$)|examples/slurm/train\.sbatch")
+STEPS_RUN = re.compile(r"done: [1-9]\d* steps? in|stopped by .* after step [1-9]")
 
 # Every command not run here, by page, and why (the `needs:` on its line or block).
 NOT_RUN = {
     ('README.md', 'bash scripts/test.sh'): 'network',
+    ('README.md', 'bash scripts/test.sh -m "not multiprocess"'): 'network',
     ('README.md', "python3 -m pip install -e '.[docs]' && mkdocs serve"): 'network',
     ('README.md', "python3 -m pip install -e '.[wandb,mlflow]'"): 'network',
     ('README.md', 'python3 -m pip install torch==2.13.0 -e .'): 'network',
@@ -365,6 +371,9 @@ def test_documented_commands_run(page, prepared, command_server, tmp_path):
         output = (result.stdout + result.stderr).strip()
         assert COMPLETE not in output, (f"{command.page}: `{command.text}` trained nothing: it resumed a finished "
                                         f"run; give it a trainer.run_dir of its own\n{output[-2000:]}")
+        if command.expected is None and TRAINS.search(command.bare) and " --help" not in command.bare:
+            assert STEPS_RUN.search(output), (f"{command.page}: `{command.text}` trained nothing (no step ran)\n"
+                                              f"{output[-2000:]}")
         if command.expected is None:
             assert result.returncode == 0, (f"{command.page}: `{command.text}` exited {result.returncode}\n"
                                             f"--- stdout ---\n{result.stdout[-3000:]}\n--- stderr ---\n"

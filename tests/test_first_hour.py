@@ -9,14 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from triax.arguments import check_command
 from triax.cli import main as triax_main
 from triax.errors import ConfigError
 from triax.testing import quiet_env, run
-from triax.threads import choose_threads
 
 from forked import launch
 from helpers import tiny_overrides, train
@@ -103,26 +101,6 @@ def test_a_run_directory_that_is_not_there_is_named_with_where_it_was_looked_for
     assert triax_main(command) == 2
     error = capsys.readouterr().err.strip()
     assert f"'runs/gpt' does not exist (relative to {tmp_path})" in error and "\n" not in error, error
-
-
-@pytest.mark.parametrize("cores,load,processes,expected", [
-    (2, 0.1, 1, 2),    # idle cores: all of them (PyTorch's own choice)
-    (2, 5.0, 1, 1),    # a shared machine at load 5: one thread, which no busy core holds up
-    (2, 1.2, 1, 1),    # one core busy: one thread
-    (16, 3.6, 2, 8),   # two processes per host: each its share of the cores
-    (16, 10.2, 1, 6),  # only the idle cores
-    (1, 0.0, 4, 1),    # never fewer than one
-])
-def test_the_default_thread_count_is_the_idle_cores_share(cores, load, processes, expected):
-    choice = choose_threads(processes, cores=cores, load=load, environment={})
-    assert choice.threads == expected
-    assert choice.describe().startswith(f"{expected} thread{'s' if expected > 1 else ''} each ({cores} cores, "
-                                        f"load {load:.1f}; OMP_NUM_THREADS to choose)")
-
-
-def test_omp_num_threads_is_the_users_choice():
-    choice = choose_threads(1, cores=64, load=0.0, environment={"OMP_NUM_THREADS": "3"})
-    assert choice.threads == torch.get_num_threads() and choice.reason == "OMP_NUM_THREADS=3"
 
 
 @pytest.mark.multiprocess

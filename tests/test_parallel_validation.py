@@ -20,13 +20,14 @@ def test_minus_one_fills_the_rest():
 
 @pytest.mark.parametrize("degrees, world, message", [
     ((1, 2, 2, 1), 2, "multiply to 4 but the job has 2"),
-    ((-1, -1, 1, 1), 4, "only one parallel degree may be -1"),
-    ((-1, 1, 3, 1), 4, "not divisible by the product 3"),
+    ((-1, -1, 1, 1), 4, "only one parallel degree may take the remaining processes"),
+    ((-1, 1, 3, 1), 4, r"not divisible by 3 \(dp_shard=1 x tp=3 x pp=1\)"),
     ((1, 0, 1, 1), 1, "parallel.dp_shard=0 is invalid"),
 ])
 def test_bad_degrees(degrees, world, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as error:
         resolve_layout(*degrees, world)
+    assert "=-1" not in str(error.value)  # dp_replicate's default, which the user may never have written
 
 
 @pytest.mark.parametrize("layout, kwargs, message", [

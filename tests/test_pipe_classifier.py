@@ -1,4 +1,4 @@
-"""Seed 002: the CIFAR-style classifier, flattened into an nn.Sequential, trains through Pipe."""
+"""examples/pipe_classifier.py: a CIFAR-style classifier, flattened into an nn.Sequential, trains through Pipe."""
 
 import copy
 import importlib.util
@@ -53,10 +53,9 @@ def test_classifier_training_through_pipe_equals_plain_training(one_thread):
 @pytest.mark.multiprocess
 def test_example_script_learns_its_batches():
     env = quiet_env(PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    result = run([sys.executable, str(EXAMPLE), "--steps", "6", "--batch-size", "8", "--repeat", "2"],
-                 env=env, timeout=240)
+    result = run([sys.executable, str(EXAMPLE), "--steps", "10"], env=env, timeout=240)  # else its defaults
     assert re.search(r"balance \[\d+, \d+\] on \['cpu', 'cpu'\], chunks 4, checkpoint except_last", result.stdout)
     losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", result.stdout)]
-    assert len(losses) == 6
-    first_batch = losses[0::2]  # batch 0 is seen at steps 0, 2, 4, ...
-    assert first_batch[-1] < first_batch[0] - 0.005, losses
+    assert len(losses) == 10
+    # Visibly: from 0.325 (uniform answers) by more than a tenth, memorising the batch it is shown.
+    assert losses[-1] < 0.9 * losses[0], losses

@@ -11,9 +11,11 @@ import sys
 
 import pytest
 
+from helpers import tiny_overrides, train
 from triax.errors import TriaxError
 from triax.place import detect_place
 from triax.rendezvous import RendezvousError, set_rendezvous_defaults
+from triax.testing import quiet_env
 from triax.slurm import (
     MAX_HOSTS,
     SLURM_FIRST_PORT,
@@ -23,7 +25,6 @@ from triax.slurm import (
     rendezvous_address,
     tasks_per_node,
 )
-from triax.testing import quiet_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -224,3 +225,29 @@ def test_the_cluster_script_refuses_a_directory_it_would_have_to_quote(tmp_path)
     result = subprocess.run(["bash", os.path.join(REPO, "scripts", "slurm_cluster.sh"), "up", "--dir", str(odd)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "use a plainer path" in result.stderr and os.listdir(odd) == []
+
+
+@pytest.mark.multiprocess
+def test_train_sbatch_without_a_run_dir_trains_a_run_of_its_own(tmp_path, tiny_corpus):
+    """docs/clusters.md's `sbatch examples/slurm/train.sbatch trainer.max_steps=50`, in a checkout
+    where the quickstart finished runs/gpt: the job trains into runs/slurm-<job id> (it used to
+    resume runs/gpt, call it complete and exit 0). Here srun is a stand-in that runs the step's
+    command as one task (the real cluster's runs are test_slurm_cluster.py's)."""
+    overrides = tiny_overrides("runs/gpt", tiny_corpus, **{"trainer.max_steps": 3})
+    train(overrides, cwd=str(tmp_path))  # the quickstart's finished run
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = quiet_env(SLURM_JOB_ID="77")
+    env["PATH"] = f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}{env['PATH']}"
+    job = [item for item in overrides if not item.startswith("trainer.run_dir=")]  # as the page's: no run_dir
+    result = subprocess.run(["bash", os.path.join(REPO, "examples", "slurm", "train.sbatch"), *job], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "is already complete" not in result.stdout and "done: 3 steps" in result.stdout, result.stdout
+    assert (tmp_path / "runs" / "slurm-77" / "metrics.jsonl").exists()
+    again = subprocess.run(["bash", os.path.join(REPO, "examples", "slurm", "train.sbatch"), *job,
+                            f"trainer.run_dir={tmp_path / 'runs' / 'mine'}"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and (tmp_path / "runs" / "mine" / "metrics.jsonl").exists(), again.stderr[-3000:]

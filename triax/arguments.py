@@ -17,10 +17,27 @@ from triax.errors import UsageError
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad argument raises UsageError (one line) instead of exiting."""
+    """argparse, but a bad argument raises UsageError (one line) instead of exiting, and an option
+    is only ever its whole name: with abbreviations `--val FILE` would be read as `--val-fraction`
+    and refused with a message about a number."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+        raise UsageError(f"{self.prog}: {plain_message(message)} (see {self.prog} --help)")
+
+
+def plain_message(message: str) -> str:
+    """argparse's message, but an option it does not know is called that (it says 'unrecognized
+    arguments' for `--val FILE`, an abbreviation it no longer expands)."""
+    prefix = "unrecognized arguments: "
+    unknown = message[len(prefix):].split() if message.startswith(prefix) else []
+    options = [word for word in unknown if word.startswith("-")]
+    if options:
+        return f"unknown option {options[0]!r} (options are taken only by their whole names)"
+    return message
 
 
 def need(ok: bool, option: str, value, what: str) -> None:

@@ -14,6 +14,8 @@ import time
 
 from triax.errors import TriaxError, printable
 from triax.launch.settings import ERRORS_REPORTED_BY_LAUNCHER_ENV
+from triax.threads import check_thread_setting
+from triax.torch_logs import quiet_torch_logs
 
 # sub-command -> (module with main(argv), one-line help)
 COMMANDS = {
@@ -71,6 +73,9 @@ def run_command(argv: list[str]) -> int:
     if name not in COMMANDS:
         raise TriaxError(f"unknown command {name!r}; commands are: {', '.join(COMMANDS)}")
     target, _ = COMMANDS[name]
+    # Checked like an option, before the command imports torch (whose OpenMP runtime would warn
+    # about a bad value and carry on with its own count): triax.threads.
+    check_thread_setting()
     module_name, func_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
@@ -104,6 +109,7 @@ def report_error(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = take_debug_flag(argv)
+    quiet_torch_logs(debug)  # DTensor's advice to torch's developers, once per rank (triax.torch_logs)
     try:
         code = run_command(argv)
     except TriaxError as error:

@@ -145,7 +145,7 @@ def run(command: list[str], rank: int, timestamp: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m triax.horovod_worker")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m triax.horovod_worker")
     parser.add_argument("--hostname", help="under torchrun: the host's name in the host list")
     parser.add_argument("--cross", help="under torchrun: cross rank:cross size of each local rank")
     parser.add_argument("--timestamp", action="store_true", help="put the time before each line's prefix")

@@ -128,6 +128,11 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def step_count(count: int) -> str:
+    """'1 step', '2 steps'."""
+    return f"{count} step{'s' if count != 1 else ''}"
+
+
 def duration(seconds: float) -> str:
     """1h02m, 3m05s, 42s."""
     seconds = int(round(seconds))
@@ -199,6 +204,8 @@ class MetricsLogger:
                  loggers=("tensorboard", "jsonl"), progress: bool | None = None, project: str = "triax",
                  run_name: str | None = None, config: dict | None = None):
         self.enabled = enabled and run_dir is not None
+        self.output_closed = False  # stdout's reader went away (`triax train | head`)
+        self.on_output_closed = None  # the trainer's: stop after this step, as Ctrl-C does
         self.trackers: list = []
         self._bar = None
         self._progress = False
@@ -241,10 +248,26 @@ class MetricsLogger:
         # Names in it come from configs and files, samples from the data: nothing reaches the
         # terminal raw but line breaks and tabs.
         message = printable(message, keep="\n\t")
-        if self._bar is not None:
-            self._bar.write(message)
-        else:
-            print(message, flush=True)
+        if self.output_closed:  # what is left to say (where the snapshot is) goes to stderr
+            print(message, file=sys.stderr, flush=True)
+            return
+        try:
+            if self._bar is not None:
+                self._bar.write(message)
+            else:
+                print(message, flush=True)
+        except BrokenPipeError:
+            self._close_output()
+
+    def _close_output(self) -> None:
+        """stdout is a pipe whose reader ended (`| head -3`): later writes, and Python's own flush at
+        exit, go to /dev/null instead of raising BrokenPipeError; the run stops as Ctrl-C stops it."""
+        self.output_closed = True
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+        if self.on_output_closed is not None:
+            self.on_output_closed()
 
     def log(self, step: int, record: dict, console: str | None = None) -> None:
         if not self.enabled:

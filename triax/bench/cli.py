@@ -89,7 +89,7 @@ def check_out_directory(out: str, force: bool) -> None:
 
 def worker_arguments(args: argparse.Namespace) -> list[str]:
     """The step arguments, passed on to each worker as they were given."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add_step_arguments(parser)
     argv = []
     for action in parser._actions:

@@ -130,7 +130,7 @@ def measure(names: list[str], setup: StepSetup, args, results: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="triax.bench.worker")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="triax.bench.worker")
     add_step_arguments(parser)
     parser.add_argument("--out", required=True, help="JSON file rank 0 writes")
     args = parser.parse_args(argv)

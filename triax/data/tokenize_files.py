@@ -17,8 +17,10 @@ import posixpath
 import numpy as np
 
 from triax import safe_files
+from triax.arguments import plain_message
 from triax.data.errors import DataError
 from triax.errors import printable
+from triax.threads import apply_thread_choice
 
 # Progress bars (tqdm, disable=None) show only when stderr is a terminal: logs and pipes get one line.
 CHUNK_CHARACTERS = 1 << 20  # text handed to the tokenizer at once; bounds memory whatever the input size
@@ -32,8 +34,12 @@ OUTPUT_FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # whole option names only (`--val` is not `--val-fraction`)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # one line, exit status 2 (through triax.cli), instead of usage + message
-        raise DataError(f"{self.prog}: {message} (see --help)")
+        raise DataError(f"{self.prog}: {plain_message(message)} (see --help)")
 
 
 def expand_inputs(inputs: list[str]) -> list[tuple[object, str, int]]:
@@ -210,6 +216,7 @@ def main(argv: list[str]) -> int:
                         help="chat files: render with this checkpoint's chat template; write ids and answer masks "
                              "(see `triax tokenize --chat CHECKPOINT --help`)")
     args = parser.parse_args(argv)
+    apply_thread_choice(torch_threads=False)  # the tokenizer's pool: the cores idle now (triax.threads: why)
     if not 0.0 < args.val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
     if args.vocab_size is not None and args.vocab_size < MIN_VOCAB_SIZE:

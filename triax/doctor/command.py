@@ -25,6 +25,7 @@ from triax.errors import ConfigError, TriaxError
 from triax.place import Place, detect_place, pick_device
 from triax.precision import Precision
 from triax.process_group import is_distributed, shutdown_distributed
+from triax.threads import apply_thread_choice
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train.config import TrainConfig, compose_config, to_dict
 
@@ -116,6 +117,10 @@ class Doctor:
         self.config, self.args, self.place = config, args, place
         self.skip = set(args.skip)
         self.device = device if device is not None else pick_device(config.trainer.device, place.local_rank)
+        # `triax doctor` computes (matmuls, a compile) with the threads a run here would take
+        # (triax.threads); a run's preflight keeps the run's own.
+        self.threads = (apply_thread_choice(place.local_world_size)
+                        if device is None and self.device.type == "cpu" else None)
         self.start = time.perf_counter()
         self.nodes = [network.Node(0, socket.gethostname(), "local", list(range(place.world_size)))]
 
@@ -175,7 +180,7 @@ class Doctor:
             checks.append(_skipped("system", "versions, device, precision, SDPA, matmul"))
         else:
             checks += _guarded("versions", system.versions)
-            checks += _guarded("device", lambda: system.device_check(self.device))
+            checks += _guarded("device", lambda: system.device_check(self.device, self.threads))
             checks += _guarded("precision", lambda: system.precision_check(self.device, trainer.precision))
             checks += _guarded("SDPA", lambda: system.attention_checks(
                 self.device, Precision(trainer.precision).compute_dtype))

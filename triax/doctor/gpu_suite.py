@@ -317,7 +317,7 @@ def source_tests_dir() -> str | None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="triax doctor --gpu-suite",
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="triax doctor --gpu-suite",
                                      description="The GPU acceptance in one command: gpu tests, matmul rate, "
                                                  "throughput and MFU against a hand-written loop, largest batch, "
                                                  "snapshot cost; one JSON report.")

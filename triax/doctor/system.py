@@ -18,6 +18,7 @@ from triax.host_memory import host_memory_bytes
 from triax.launch.env import cpu_flags
 from triax.metrics import gpu_peak_flops, measure_peak_flops, precision_name
 from triax.precision import Precision
+from triax.threads import ThreadChoice
 from triax.train.config import asynchronous_snapshots
 from triax.version import __version__
 
@@ -60,7 +61,7 @@ def _driver_version() -> str:
         return "unknown (no nvidia-smi)"
 
 
-def device_check(device: torch.device) -> Check:
+def device_check(device: torch.device, threads: ThreadChoice | None = None) -> Check:
     if device.type == "cuda":
         properties = torch.cuda.get_device_properties(device)
         figure = (f"{device}: {properties.name}, {format_bytes(properties.total_memory)}, compute capability "
@@ -68,9 +69,11 @@ def device_check(device: torch.device) -> Check:
         return Check("device", OK, figure, section=SECTION,
                      values={"name": properties.name, "memory_bytes": properties.total_memory})
     capability = torch.backends.cpu.get_cpu_capability()
-    threads = torch.get_num_threads()
-    return Check("device", OK, f"cpu ({capability}), {threads} thread(s) for torch", section=SECTION,
-                 values={"name": "cpu", "capability": capability, "threads": threads})
+    count = torch.get_num_threads()
+    # The count triax's commands take here now (triax.threads), with why; else torch's as it stands.
+    why = f"{threads.describe()}, as `triax train` would" if threads is not None else f"{count} thread(s) for torch"
+    return Check("device", OK, f"cpu ({capability}), {why}", section=SECTION,
+                 values={"name": "cpu", "capability": capability, "threads": count})
 
 
 def precision_check(device: torch.device, precision: str) -> list[Check]:

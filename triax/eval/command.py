@@ -34,6 +34,7 @@ from triax.models import hf
 from triax.models.hf_model import load_hf_model
 from triax.place import detect_place, pick_device
 from triax.process_group import init_distributed, shutdown_distributed
+from triax.threads import apply_thread_choice
 from triax.train.chat_generate import chat_encoder, load_chat_model
 from triax.train.commands import _snapshot_root, check_exists, load_run_model
 from triax.train.config import TrainConfig, from_dict
@@ -183,6 +184,8 @@ def main(argv: list[str]) -> int:
 
     place = detect_place()
     device = pick_device(args.device, place.local_rank)
+    if device.type == "cpu":
+        apply_thread_choice(place.local_world_size)  # the cores idle now (triax.threads: why)
     try:
         if place.world_size > 1:
             place = init_distributed(device, place)

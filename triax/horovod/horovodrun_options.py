@@ -163,7 +163,8 @@ def _switch(group, on: str, off: str, dest: str, hidden_on=False, hidden_off=Fal
 def parser() -> argparse.ArgumentParser:
     # An explicit usage line: argparse's own one, wrapped, asserts on this parser's mutually
     # exclusive groups of hidden options (an AssertionError instead of the help).
-    parser = _Parser(prog="triax horovodrun", usage="triax horovodrun [options] -np N command [args ...]",
+    parser = _Parser(prog="triax horovodrun", allow_abbrev=False,
+                     usage="triax horovodrun [options] -np N command [args ...]",
                      description="horovodrun-compatible launcher (Horovod's options; "
                      "those triax cannot honour are refused, see docs/horovod.md)")
     parser.add_argument("-v", "--version", action="version", version=f"triax {__version__}")

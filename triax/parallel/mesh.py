@@ -78,15 +78,19 @@ def resolve_layout(dp_replicate: int, dp_shard: int, tp: int, pp: int, world_siz
             raise ConfigError(f"parallel.{name}={value} is invalid; use a positive degree or -1 for "
                               "'the remaining processes'")
     unknown = [name for name, value in given.items() if value == -1]
+    # -1 ("the remaining processes") is dp_replicate's default: the messages name what it means,
+    # never a `dp_replicate=-1` the user may not have written.
     if len(unknown) > 1:
-        raise ConfigError(f"only one parallel degree may be -1, got {', '.join(f'parallel.{n}=-1' for n in unknown)}; "
-                          "give the others explicitly")
+        raise ConfigError(f"only one parallel degree may take the remaining processes (-1; dp_replicate's default), "
+                          f"but {' and '.join(f'parallel.{n}' for n in unknown)} both do; give all but one a number "
+                          f"(e.g. parallel.{unknown[0]}=1)")
     known = math.prod(value for value in given.values() if value != -1)
     if unknown:
         if world_size % known != 0:
-            raise ConfigError(f"the world size {world_size} is not divisible by the product {known} of the given "
-                              f"degrees ({_degrees(given)}), so parallel.{unknown[0]}=-1 cannot fill the rest; "
-                              "change the degrees or the number of processes")
+            named = _degrees({name: value for name, value in given.items() if value != -1})
+            raise ConfigError(f"the world size {world_size} is not divisible by {known} ({named}), so "
+                              f"parallel.{unknown[0]} cannot take the remaining processes; change the degrees or "
+                              "the number of processes")
         given[unknown[0]] = world_size // known
     layout = Layout(pp=given["pp"], dp_replicate=given["dp_replicate"], dp_shard=given["dp_shard"], tp=given["tp"],
                     cp=given["cp"])

@@ -1,7 +1,7 @@
 """`triax generate RUN --chat MESSAGE`: the run's model answers one user message, rendered with the
 chat template it was trained with (data.chat_template, or the checkpoint's, kept in RUN/init_from/),
-and stops at the model's end-of-turn token. A LoRA run's model is its base (model.init_from) with
-the snapshot's adapters; any other run's is its snapshot."""
+and stops at the model's end-of-turn token or any other special token, printing none. A LoRA run's
+model is its base (model.init_from) with the snapshot's adapters; any other run's is its snapshot."""
 
 from __future__ import annotations
 
@@ -73,6 +73,13 @@ def end_of_turn_ids(encoder) -> list[int]:
     return [token for token in ids if token is not None]
 
 
+def special_ids(tokenizer) -> list[int]:
+    """Every special token of the tokenizer (headers, begin-of-text, end markers): an answer ends at
+    the first one it samples (a sampled <|start_header_id|> would begin a turn of its own) and never
+    prints it."""
+    return sorted(token for token, added in tokenizer.get_added_tokens_decoder().items() if added.special)
+
+
 def generate_chat(run_dir: str, message: str, system: str | None, tokens: int, temperature: float,
                   top_k: int | None, greedy: bool, seed: int, device) -> str:
     import torch  # deferred: `triax --help` stays fast
@@ -85,15 +92,14 @@ def generate_chat(run_dir: str, message: str, system: str | None, tokens: int, t
     if len(prompt) >= model.config.block_size:
         raise TriaxError(f"the rendered conversation is {len(prompt)} tokens, not shorter than the model's context "
                          f"{model.config.block_size}; give a shorter message")
-    stop = end_of_turn_ids(encoder)
+    stop = sorted(set(end_of_turn_ids(encoder)) | set(special_ids(encoder.tokenizer)))
     generator = torch.Generator(device=device).manual_seed(seed)
     out = model.generate(torch.tensor([prompt], device=device), min(tokens, model.config.block_size - len(prompt)),
                          temperature=temperature, top_k=top_k, greedy=greedy, generator=generator,
                          vocab_limit=min(encoder.tokenizer.get_vocab_size(), model.config.vocab_size), stop_ids=stop)
     answer = out[0, len(prompt):].tolist()
-    if answer and answer[-1] in stop:
-        answer = answer[:-1]
-    return encoder.tokenizer.decode(answer, skip_special_tokens=False)
+    ended = next((at for at, token in enumerate(answer) if token in stop), len(answer))
+    return encoder.tokenizer.decode(answer[:ended], skip_special_tokens=True)
 
 
 def generate_main(argv: list[str]) -> int:
@@ -133,8 +139,13 @@ def generate_main(argv: list[str]) -> int:
     need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
     check_device("--device", args.device)
     commands.run_snapshot_root(args.run_dir)  # one line if it is not a run directory
+    device = pick_device(args.device)
+    if device.type == "cpu":
+        from triax.threads import apply_thread_choice  # deferred: as the imports above
+
+        apply_thread_choice()  # the cores idle now (triax.threads: why)
     answer = generate_chat(args.run_dir, args.chat, args.system, args.tokens, args.temperature, args.top_k,
-                           args.greedy, args.seed, pick_device(args.device))
+                           args.greedy, args.seed, device)
     # Exactly the text into a file or a pipe; on a terminal, no escape sequence the data taught it.
     print(printable(answer, keep="\n\t") if sys.stdout.isatty() else answer)
     return 0

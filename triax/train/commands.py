@@ -190,6 +190,10 @@ def generate_main(argv: list[str]) -> int:
     need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
     check_device("--device", args.device)
     device = pick_device(args.device)
+    if device.type == "cpu":
+        from triax.threads import apply_thread_choice  # deferred: as the imports above
+
+        apply_thread_choice()  # the cores idle now (triax.threads: why)
 
     def load(*opened):
         vocab = opened[2]

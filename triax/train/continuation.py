@@ -7,6 +7,8 @@ tool would take next. The checkpoint's kind picks the reader: nanoGPT's ckpt.pt
 
 from __future__ import annotations
 
+import math
+
 from triax import checkpoint
 from triax.checkpoint import hf_trainer_run, nanogpt_run
 from triax.errors import ConfigError
@@ -33,14 +35,25 @@ def check(source, config: TrainConfig) -> None:
         raise ConfigError(f"trainer.continue_from: {error}") from None
 
 
+# nanoGPT's train.py starts best_val_loss at 1e9 and keeps it until its first evaluation (so does
+# triax's export, which carries no evaluation over): not a loss to report or to beat.
+NANOGPT_UNSET_LOSS = 1e9
+
+
+def nanogpt_best(loss, iter_num: int) -> tuple[float, int] | None:
+    """A nanoGPT checkpoint's best validation (loss, step), or None where it has none yet."""
+    if loss is None or not math.isfinite(float(loss)) or float(loss) >= NANOGPT_UNSET_LOSS:
+        return None
+    return float(loss), iter_num
+
+
 def load(source, model, optimizer, model_config, stored_name) -> tuple[int, tuple[float, int] | None]:
     """Put the saved AdamW state into this rank's `optimizer` (its state must exist); returns (the
     step to continue from, the best validation (loss, step) so far, or None)."""
     if source.kind == "nanogpt":
         saved = source.nanogpt
         nanogpt_run.load_optimizer_state(saved, model, optimizer, model_config.vocab_size, stored_name)
-        best = (float(saved.best_val_loss), saved.iter_num) if saved.best_val_loss is not None else None
-        return saved.iter_num, best
+        return saved.iter_num, nanogpt_best(saved.best_val_loss, saved.iter_num)
     saved = source.trainer
     hf_trainer_run.load_optimizer_state(saved, model, optimizer, model_config, stored_name)
     # This process keeps only its slices of the moments, now in its optimizer: the rest goes.

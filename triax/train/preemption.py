@@ -59,6 +59,14 @@ class StopRequest:
             self._deadline.cancel()
             self._deadline = None
 
+    def request(self, reason: str, why: str) -> None:
+        """Stop after the current step with a snapshot, as a signal would, for a reason found in the
+        process (`why`: what happened, for the line on stderr)."""
+        if not self.requested:
+            self.reason = reason
+            print(f"triax: rank {self.rank}: {why}: finishing the current step, then writing a snapshot",
+                  file=sys.stderr, flush=True)
+
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.requested and signum == signal.SIGINT:

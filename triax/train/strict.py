@@ -26,6 +26,11 @@ from triax.errors import ConfigError
 # Config groups chosen with `group=option` rather than keys of the schema.
 CONFIG_GROUPS = ("model", "experiment")
 ACCEPTED_HYDRA_KEYS = ("hydra.searchpath",)
+# Other tools' names for triax's keys (transformers' TrainingArguments, nanoGPT), which no
+# spelling distance finds: `optim.learning_rate` is `optim.lr`.
+OTHER_NAMES = {"learning_rate": "lr", "max_iters": "max_steps", "num_train_epochs": "max_epochs",
+               "per_device_train_batch_size": "batch_size", "gradient_accumulation_steps": "grad_accum",
+               "warmup_iters": "warmup_steps", "output_dir": "run_dir", "out_dir": "run_dir"}
 
 
 def schema_keys(schema) -> dict[str, object]:
@@ -43,6 +48,9 @@ def closest_key(key: str, keys: list[str]) -> str | None:
     (`trainer.max_step` -> `trainer.max_steps`), else the same word in another section
     (`trainer.lr` -> `optim.lr`), else a similar whole key."""
     section, _, leaf = key.rpartition(".")
+    named = [candidate for candidate in keys if candidate.rpartition(".")[2] == OTHER_NAMES.get(leaf)]
+    if named:  # the same section's first
+        return sorted(named, key=lambda candidate: candidate.rpartition(".")[0] != section)[0]
     siblings = {candidate.rpartition(".")[2]: candidate for candidate in keys
                 if candidate.rpartition(".")[0] == section}
     matches = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.7)

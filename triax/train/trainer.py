@@ -28,7 +28,7 @@ from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
-from triax.metrics import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops
+from triax.metrics import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops, step_count
 from triax.models import build_model, vocabulary_rows
 from triax.models.lora import apply_lora, trainable_summary
 from triax.models.peft_format import load_adapter
@@ -49,6 +49,7 @@ from triax.stragglers import StragglerCheck
 from triax.threads import apply_thread_choice
 from triax.timeouts import collective_timeout, slow_phase_timeout
 from triax.train import continuation, init_from
+from triax.train.batch_fit import fit_batch_size
 from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset,
                                 continuation_overrides, final_lr, gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
@@ -186,6 +187,9 @@ class Trainer:
                                   padded_rows if padded_rows != vocab_size else None)
         check_expert_layout(model_config, self.layout, parallel.ep, parallel.cpu_offload)  # before any group forms
         self._check_memory(model_config)
+        # A batch larger than the data is lowered to fit, with a line (triax.train.batch_fit: why).
+        trainer.batch_size, self.batch_note = fit_batch_size(trainer.batch_size, len(self.data.train),
+                                                             self.layout.dp, trainer.grad_accum)
         # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
         self.global_micro_batch = trainer.batch_size * self.layout.dp
         self.samples_per_step = self.global_micro_batch * trainer.grad_accum
@@ -876,14 +880,16 @@ class Trainer:
             self.logger.print(
                 f"training {loaded} ({self.model_config.arch}, {params / 1e6:.2f}M params) on {self.device} x "
                 f"{processes} ({self.layout.describe()}){threads}, precision {self.precision.name}, "
-                f"{self.total_steps} steps of {self.samples_per_step} samples "
-                f"({self.steps_per_epoch} steps/epoch), run dir {trainer.run_dir}")
+                f"{step_count(self.total_steps)} of {self.samples_per_step} samples "
+                f"({step_count(self.steps_per_epoch)}/epoch), run dir {trainer.run_dir}")
             if self.config.model.lora.rank:
                 lora = self.config.model.lora
                 self.logger.print(f"LoRA rank {lora.rank} on {', '.join(lora.targets)}: the base is frozen, "
                                   f"{self.trainable_params / 1e6:.3f}M adapter parameters train")
             if self.data.report:
                 self.logger.print(self.data.report)
+            if self.batch_note:
+                self.logger.print(self.batch_note)
         self.model.train()
         self.logger.start_progress(self.total_steps, self.step)
         self.pace = Pace(self.samples_per_step * self.data.block_size, self.total_steps, self.step)
@@ -891,6 +897,11 @@ class Trainer:
         debug = self.config.debug
         stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank, trainer.stop_grace,
                            self._restart_point).install()
+        # `triax train | head -3`: the closed pipe ends the run as Ctrl-C does (triax.metrics).
+        self.logger.on_output_closed = lambda: stop.request("a closed output", "its output was closed "
+                                                            "(the reader of the pipe ended)")
+        if self.logger.output_closed:
+            self.logger.on_output_closed()
         try:
             last = self._loop(stop)
             stop.reached()  # at a step boundary: the final snapshot is not cut short
@@ -1012,7 +1023,7 @@ class Trainer:
         pace = self.pace
         pace.update(self.step)
         tokens = pace.session_steps * pace.tokens_per_step
-        parts = [f"done: {pace.session_steps} steps in {duration(pace.seconds)} "
+        parts = [f"done: {step_count(pace.session_steps)} in {duration(pace.seconds)} "
                  f"({tokens / max(pace.seconds, 1e-9):,.0f} tokens/s)"]
         if self.best_val is not None:
             parts.append(f"best val_loss {self.best_val[0]:.4f} (step {self.best_val[1]})")
