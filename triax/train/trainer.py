@@ -50,6 +50,7 @@ from triax.train import continuation, init_from
 from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset,
                                 continuation_overrides, final_lr, gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
+from triax.train.dpo import DPOObjective, check_preference_run
 from triax.train.loss import loss_function
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
@@ -155,6 +156,11 @@ class Trainer:
             # GPT-2's learned position table is split for positions of one sequence, not per-row positions.
             raise ConfigError("data.packing=true with GPT-2 (learned positions) does not run under tensor "
                               "parallelism; use data.packing=false or parallel.tp=1")
+        check_preference_run(config, self.layout)
+        # DPO on preference pairs: its loss replaces the token loss (triax.train.dpo).
+        self.dpo = DPOObjective(config.dpo) if config.data.task == "preference" else None
+        if self.dpo is not None:  # tensor parallelism splits the sequence: rows padded to a multiple of tp
+            self.data.train.multiple = self.data.val.multiple = self.layout.tp
         validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
                         block_size=self.data.block_size, batch_size=trainer.batch_size,
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
@@ -302,6 +308,8 @@ class Trainer:
         if self.config.model.lora.rank and self.config.model.lora.init_from:
             load_adapter(self.raw_model if self.raw_model is not None else self.model,
                          self.config.model.lora.init_from, self.config.model.lora, self._stored_name())
+            if self.dpo is not None:  # DPO's reference: the adapters as read (TRL's "ref" adapter)
+                self.dpo.keep_initial_adapters(self.raw_model)
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
@@ -314,7 +322,8 @@ class Trainer:
         self.optimizer = make_adamw(self.raw_model if self.raw_model is not None else self.model,
                                     optim.lr, optim.weight_decay, optim.betas, optimizer_device,
                                     decay=optim.decay, fused=optim.fused, eps=optim.eps)
-        self.sampler = GlobalSampler(len(self.data.train), seed=self.config.trainer.seed)
+        self.sampler = GlobalSampler(len(self.data.train), seed=self.config.trainer.seed,
+                                     shuffle=self.config.data.shuffle)
         self.total_steps = self._total_steps()
         self.scheduler = make_schedule(self.optimizer, optim.decay_steps or self.total_steps, optim.warmup_steps,
                                        final_lr(optim), optim.schedule)
@@ -616,6 +625,8 @@ class Trainer:
         return model(x)
 
     def _loss(self, model, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        if self.dpo is not None:  # preference pairs: the mean DPO loss of the batch's pairs
+            return self.dpo.loss(self, model, x, y)
         with self.precision.autocast(self.device):
             logits = self._forward(model, x)
         return self._token_loss(logits, y, reduction)
@@ -756,6 +767,8 @@ class Trainer:
         token counted once. Data-parallel ranks share the windows and their summed losses and
         token counts are added up exactly, so every layout and process count reports the same
         number. `val_tokens` is how many tokens were scored."""
+        if self.dpo is not None:
+            return self.dpo.evaluate(self)
         trainer = self.config.trainer
         self.model.eval()
         val = self.data.val
@@ -943,6 +956,7 @@ class Trainer:
             if logged:
                 self._phase("metrics all-gather", self.step)
                 record = {"loss": round(mean_across_ranks(loss), 6),
+                          **(self.dpo.take_metrics() if self.dpo is not None else {}),
                           "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(grad_norm, 5),
                           "epoch": self.epoch, **self._throughput(pace.interval_steps, pace.interval_seconds),
                           "peak_mem_mb": round(peak_memory_mb(self.device), 1),
@@ -1028,6 +1042,8 @@ class Trainer:
             parts.append(f"val_loss {record['val_loss']:.4f} ({record['val_tokens']} tokens)")
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
+        if "val_rewards/accuracies" in record:  # DPO: the share of validation pairs ranked right
+            parts.append(f"val_reward_acc {100 * record['val_rewards/accuracies']:.1f}%")
         if self.step < self.total_steps:
             parts.append(f"{self.pace.time_left} left")
         return " | ".join(parts)
