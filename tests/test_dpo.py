@@ -78,17 +78,24 @@ def trl_curve(root, base, records):
         trainer = InOrder(model=model, args=args, train_dataset=datasets.Dataset.from_list(records),
                           processing_class=tokenizer)
         trainer.train()
-    return [entry for entry in trainer.state.log_history if "rewards/chosen" in entry]
+    return [entry for entry in trainer.state.log_history if "rewards/chosen" in entry], trainer
 
 
-def test_dpo_equals_trl_dpo_trainer_step_by_step(setup, tmp_path):
+@pytest.fixture(scope="module")
+def runs(setup, tmp_path_factory):
+    """triax's run (validated on val.jsonl at its last step) and TRL's, from the same adapter."""
     root, base, records, pairs, val = setup
-    run_dir = tmp_path / "run"
-    train(triax_overrides(root, base, pairs, val, run_dir, **{"model.lora.init_from": root / "adapter"}),
-          timeout=400)
+    run_dir = tmp_path_factory.mktemp("triax") / "run"
+    train(triax_overrides(root, base, pairs, val, run_dir, **{"model.lora.init_from": root / "adapter",
+                                                               "trainer.eval_every": STEPS}), timeout=400)
     ours = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    history, trainer = trl_curve(root, base, records)
+    return run_dir, ours, history, trainer
+
+
+def test_dpo_equals_trl_dpo_trainer_step_by_step(runs):
+    _, ours, theirs, _ = runs
     ours = [record for record in ours if "loss" in record]
-    theirs = trl_curve(root, base, records)
     assert len(ours) == len(theirs) == STEPS
     for step, (mine, other) in enumerate(zip(ours, theirs)):
         tolerance = 1e-5 if step < 5 else 1e-4
@@ -117,3 +124,24 @@ def test_what_dpo_cannot_run_is_one_line(setup, tmp_path, key, value, words):
     assert result.returncode != 0
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and words in lines[0], result.stderr[-2000:]
+
+
+def test_eval_reports_trl_metrics_on_a_validation_file(setup, runs):
+    """`triax eval RUN --preference val.jsonl` gives the run's own last validation figures, and those
+    TRL's evaluate() gives on the same file after its 30 steps (<= 1e-4)."""
+    root, _, _, _, val = setup
+    run_dir, ours, _, trainer = runs
+    result = launch(1, ["-m", "triax", "eval", str(run_dir), "--preference", str(val), "--json"])
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    last = [record for record in ours if "val_loss" in record][-1]
+    assert found["pairs"] == last["val_pairs"] == 16
+    assert abs(found["loss"] - last["val_loss"]) < 1e-6
+    for name in METRICS[1:]:
+        assert abs(found[name] - last[f"val_{name}"]) < 1e-6, name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.args.per_device_eval_batch_size = 8
+        theirs = trainer.evaluate(datasets.Dataset.from_list([json.loads(line) for line in open(val)]))
+    assert abs(found["loss"] - theirs["eval_loss"]) < 1e-4, (found, theirs)
+    for name in METRICS[1:]:
+        assert abs(found[name] - theirs[f"eval_{name}"]) < 1e-4, (name, found, theirs)

@@ -125,6 +125,13 @@ class DPOObjective:
         lengths = (y != IGNORE_INDEX).sum(dim=1)
         return pair_losses(self.config, answer_logps(logits, y), ref_logps, lengths)
 
+    @torch.no_grad()
+    def pair_terms_plain(self, model, x: torch.Tensor, y: torch.Tensor):
+        """Each pair's loss and metrics by a plain model on one process (`triax eval`)."""
+        with self._reference():
+            ref_logps = answer_logps(model(x), y)
+        return pair_losses(self.config, answer_logps(model(x), y), ref_logps, (y != IGNORE_INDEX).sum(dim=1))
+
     def loss(self, trainer, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The mean loss of this micro-batch's pairs; their metrics are kept for the log line."""
         losses, stats = self._pair_terms(trainer, model, x, y)
