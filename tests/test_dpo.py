@@ -59,7 +59,7 @@ def triax_overrides(root, base, pairs, val, run_dir, **extra):
     return [f"{key}={value}" for key, value in values.items()]
 
 
-def trl_curve(root, base, records):
+def trl_curve(root, base, records, steps=STEPS, **options):
     """TRL's DPOTrainer on the same pairs in file order: its logged loss and rewards per step."""
 
     class InOrder(trl.DPOTrainer):
@@ -72,7 +72,7 @@ def trl_curve(root, base, records):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = trl.DPOConfig(output_dir=str(root / "trl"), report_to=[], max_length=64, beta=BETA,
-                             per_device_train_batch_size=BATCH, max_steps=STEPS, learning_rate=LR,
+                             per_device_train_batch_size=BATCH, max_steps=steps, learning_rate=LR, **options,
                              lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
                              adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, logging_steps=1,
                              save_strategy="no", use_cpu=True, seed=0, dataloader_drop_last=True,
@@ -228,3 +228,20 @@ def test_fresh_adapters_resume_after_sigkill_bitwise_and_export_as_peft(setup, t
     ids = torch.randint(0, merged.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(merged(ids).logits, model.eval()(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("loss_type, smoothing", [("ipo", 0.0), ("robust", 0.1), ("hinge", 0.0)])
+def test_other_losses_equal_trl(setup, tmp_path, loss_type, smoothing):
+    """dpo.loss_type ipo, robust (with dpo.label_smoothing) and hinge: TRL's loss and rewards for 4 steps."""
+    root, base, records, pairs, val = setup
+    run_dir = tmp_path / "run"
+    train(triax_overrides(root, base, pairs, val, run_dir, **{"model.lora.init_from": root / "adapter",
+                                                               "trainer.max_steps": 4, "dpo.loss_type": loss_type,
+                                                               "dpo.label_smoothing": smoothing}), timeout=400)
+    ours = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    theirs, _ = trl_curve(root, base, records, steps=4, loss_type=[loss_type], label_smoothing=smoothing)
+    assert len(ours) == len(theirs) == 4
+    for step, (mine, other) in enumerate(zip(ours, theirs)):
+        for name in METRICS:
+            assert abs(mine[name] - other[name]) <= 1e-5, (loss_type, step + 1, name, mine[name], other[name])
+    assert len({round(record["loss"], 6) for record in ours}) > 1
