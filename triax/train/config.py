@@ -128,14 +128,20 @@ class DataConfig:
     packing: bool = False
     """task=chat: several conversations per row (each attends only to itself) instead of one, padded."""
 
+    batch_padding: bool = False
+    """task=chat: pad each batch to its longest row, not to block_size (less compute on short
+    conversations; the same loss)."""
+
     overlong: str = "truncate"
     """task=chat: a conversation longer than block_size + 1 tokens is cut (truncate) or left out (drop)."""
 
     truncation_mode: str = "keep_start"
-    """task=preference: a sequence longer than block_size loses its end (keep_start) or start (keep_end), as TRL's."""
+    """task=preference: a sequence longer than block_size loses its end (keep_start) or its start
+    (keep_end), as TRL's truncation_mode."""
 
     shuffle: bool = True
-    """Read the samples in a new random order each epoch; false: in order (for chat and preference files, the records' order)."""
+    """Read the samples in a new random order each epoch; false: in order (chat and preference
+    files: the records' order)."""
 
     truncate: float = 1.0
     """task=char: use only this leading fraction of the text."""

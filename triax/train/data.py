@@ -78,7 +78,7 @@ def _chat_data(config: DataConfig, codec, source) -> TrainData:
     template = chat_template_for(config.chat_template, source.description, source.path)
     encoder = ChatEncoder(template, codec.tokenizer)
     chat = load_chat_datasets(config.path, config.val_path, config.train_split, encoder, config.block_size,
-                              config.packing, config.overlong)
+                              config.packing, config.overlong, config.batch_padding)
     return TrainData(chat.train, chat.val, len(codec), config.block_size, codec,
                      getattr(codec, "source_path", None), report=chat.report)
 

@@ -112,6 +112,9 @@ class Trainer:
         self.stop_reason: str | None = None  # set when a signal stopped the run early
         self.first_step = True  # compiles and sets up lazily: the watchdog gives it the slow allowance
         self.timing = {"step": 0.0, "data": 0.0, "forward": 0.0}  # this rank's seconds in the log interval
+        # Chat and preference rows vary: this rank's training tokens of the log interval, counted as
+        # read (the positions computed, padding included; the targets the loss sees).
+        self.counted = [0, 0]
         self.stragglers = StragglerCheck()
         self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
         self._peak_flops = stated_peak_flops(self.device, self.precision.compute_dtype, config.trainer.peak_flops)
@@ -159,8 +162,12 @@ class Trainer:
         check_preference_run(config, self.layout)
         # DPO on preference pairs: its loss replaces the token loss (triax.train.dpo).
         self.dpo = DPOObjective(config.dpo) if config.data.task == "preference" else None
-        if self.dpo is not None:  # tensor parallelism splits the sequence: rows padded to a multiple of tp
-            self.data.train.multiple = self.data.val.multiple = self.layout.tp
+        if config.data.task in ("chat", "preference"):  # batches cut to their longest row: a multiple of tp
+            self.data.train.multiple = self.data.val.multiple = self.layout.tp  # (which splits the sequence)
+        if config.data.task == "chat" and config.data.batch_padding and self.layout.pp > 1:
+            raise ConfigError("data.batch_padding=true does not run under pipeline parallelism (parallel.pp="
+                              f"{self.layout.pp}): its stages are built for one row length; use "
+                              "data.batch_padding=false")
         validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
                         block_size=self.data.block_size, batch_size=trainer.batch_size,
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
@@ -599,6 +606,9 @@ class Trainer:
         self.timing["data"] += time.perf_counter() - started
         return batch
 
+    def _counts_tokens(self) -> bool:
+        return self.config.data.task in ("chat", "preference")
+
     def _batch(self, dataset, indices: torch.Tensor, scored: list | None = None):
         """(inputs, targets) on the device; packed chat rows' inputs are (ids, example numbers).
         `scored` (a list) gets the number of tokens the loss scores, counted on the host before the
@@ -606,6 +616,9 @@ class Trainer:
         x, y = dataset.batch(indices)
         if scored is not None:
             scored.append(int((y != IGNORE_INDEX).sum()))
+        if dataset is self.data.train and self._counts_tokens():
+            self.counted[0] += x.numel()
+            self.counted[1] += scored[-1] if scored else int((y != IGNORE_INDEX).sum())
         if getattr(dataset, "packing", False):
             return (self._to_device(x), self._to_device(dataset.document_ids(indices))), self._to_device(y)
         return self._to_device(x), self._to_device(y)
@@ -829,9 +842,18 @@ class Trainer:
     # ---- the loop ------------------------------------------------------------------------------
 
     def _throughput(self, steps: int, seconds: float) -> dict:
-        tokens = steps * self.samples_per_step * self.data.block_size
+        """tokens_per_s: the positions the model computed, padding included (what MFU counts);
+        chat and preference data (rows of varying length) add loss_tokens: the targets the loss saw
+        in the interval, all ranks together, and loss_tokens_per_s (docs/preference.md)."""
+        tokens, counted = steps * self.samples_per_step * self.data.block_size, {}
+        if self._counts_tokens():  # counted as read; tensor-parallel peers read the same rows
+            totals = [sum(column) * self.layout.dp / self.world_size for column in zip(*gather_floats(self.counted))]
+            self.counted = [0, 0]
+            tokens = totals[0]
+            self.pace.tokens_per_step = tokens / max(steps, 1)  # the bar's figure: this interval's rows
+            counted = {"loss_tokens": round(totals[1]), "loss_tokens_per_s": round(totals[1] / max(seconds, 1e-9), 1)}
         tokens_per_s = tokens / max(seconds, 1e-9)
-        figures = {"tokens_per_s": round(tokens_per_s, 1), "step_time_s": round(seconds / max(steps, 1), 5)}
+        figures = {"tokens_per_s": round(tokens_per_s, 1), **counted, "step_time_s": round(seconds / max(steps, 1), 5)}
         if self._peak_flops is None:  # a CPU or an unknown GPU, no trainer.peak_flops: tokens/s alone
             return figures
         peak, source = self._peak_flops
