@@ -26,8 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from triax import safe_files
 from triax.data.addition import IGNORE_INDEX
-from triax.data.chat import MAX_DEPTH, RecordError, _depth, _messages, _text
+from triax.data.chat import MAX_DEPTH, RecordError, _depth, _messages, _text, chat_template_for, read_records
+from triax.data.chat_template import TemplateError, special_tokens_of
 from triax.data.errors import DataError
 from triax.errors import printable
 
@@ -221,8 +223,6 @@ class PreferenceData:
 def load_preference_datasets(path: str | None, val_path: str | None, train_split: float, encoder: PreferenceEncoder,
                              max_length: int, truncation: str, multiple: int = 1) -> PreferenceData:
     """Train and validation pairs of data.path (and data.val_path, else the tail of data.path)."""
-    from triax.data.chat import read_records  # the chat path's checked reader (sizes, links, encoding)
-
     if not path:
         raise DataError("data.task=preference needs data.path: a local .jsonl, .json or .parquet file of "
                         "prompt/chosen/rejected records")
@@ -249,9 +249,6 @@ def preference_encoder_for(chat_template: str | None, description: dict[str, str
     """The encoder of a checkpoint (`description`: its tokenizer files, as model.init_from found
     them): its chat template for conversational records (a checkpoint without one can still encode
     text records) and its eos token for text ones."""
-    from triax.data.chat import chat_template_for
-    from triax.data.chat_template import TemplateError
-
     template, no_template = None, None
     try:
         template = chat_template_for(chat_template, description, origin)
@@ -264,9 +261,6 @@ def preference_encoder_for(chat_template: str | None, description: dict[str, str
 
 
 def _special_tokens(description: dict[str, str]) -> dict[str, str]:
-    from triax import safe_files
-    from triax.data.chat_template import special_tokens_of
-
     if "tokenizer_config.json" not in description:
         return {}
     try:

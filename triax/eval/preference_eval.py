@@ -10,15 +10,19 @@ import os
 import torch
 
 from triax import safe_files
+from triax.data.chat import read_records
+from triax.data.preference import PreferenceDataset, encode_pairs, load_preference_datasets, preference_encoder_for
+from triax.data.tokenizer import BPETokenizer
 from triax.errors import TriaxError, printable
+from triax.models import hf
+from triax.models.lora import is_adapter
+from triax.models.peft_format import load_adapter
+from triax.train.dpo import METRICS, DPOObjective
+from triax.train.run_files import KEPT_SOURCE_DIR
 
 
 def preference_encoder_of_run(run_dir: str, config):
-    from triax.data.preference import preference_encoder_for
-    from triax.data.tokenizer import BPETokenizer
-    from triax.models import hf
-    from triax.train.run_files import KEPT_SOURCE_DIR
-
+    """The tokenizer and chat template a preference run kept in its directory."""
     tokenizer_path = os.path.join(run_dir, "tokenizer.json")
     if not safe_files.is_regular(tokenizer_path):
         raise TriaxError(f"{run_dir!r} has no tokenizer.json; a preference run keeps its checkpoint's")
@@ -30,10 +34,6 @@ def preference_encoder_of_run(run_dir: str, config):
 
 def _objective(model, config):
     """The DPO objective with the run's reference: model.lora.init_from's adapters if it had them."""
-    from triax.models.lora import is_adapter
-    from triax.models.peft_format import load_adapter
-    from triax.train.dpo import DPOObjective
-
     objective = DPOObjective(config.dpo)
     if config.model.lora.init_from:
         trained = {name: parameter.detach().clone() for name, parameter in model.named_parameters() if is_adapter(name)}
@@ -48,10 +48,6 @@ def _objective(model, config):
 
 def evaluate_preference(args, model, config, device) -> int:
     """Score the pairs on this process alone and print the metrics (rank 0)."""
-    from triax.data.chat import read_records
-    from triax.data.preference import PreferenceDataset, encode_pairs, load_preference_datasets
-    from triax.train.dpo import METRICS
-
     encoder = preference_encoder_of_run(args.model, config)
     block = args.block_size or config.data.block_size
     if args.preference:
