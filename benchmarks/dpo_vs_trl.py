@@ -87,7 +87,7 @@ def triax_loop(base: str, pairs: str, run_dir: str, steps: int) -> float:
                  "model.lora.targets=[q,v]", f"dpo.beta={BETA}", f"optim.lr={LR}", "optim.warmup_steps=0",
                  "optim.schedule=constant", "optim.weight_decay=0.0", f"trainer.batch_size={BATCH}",
                  f"trainer.max_steps={steps}", "trainer.log_every=1", "trainer.eval_every=0", "trainer.save_every=0",
-                 "trainer.sample_tokens=0", f"trainer.run_dir={run_dir}", "trainer.overwrite=true"]
+                 "trainer.sample_tokens=0", f"trainer.run_dir={run_dir}"]
     subprocess.run([sys.executable, "-m", "triax", "train", *overrides], check=True, capture_output=True, env=env())
     with open(os.path.join(run_dir, "metrics.jsonl")) as handle:
         records = [json.loads(line) for line in handle if '"step_time_s"' in line]
@@ -109,7 +109,7 @@ def main() -> None:
         base, pairs = write_inputs(directory, args.steps)
         ours, theirs = [], []
         for round_number in range(args.rounds):
-            ours.append(triax_loop(base, pairs, os.path.join(directory, "run"), args.steps))
+            ours.append(triax_loop(base, pairs, os.path.join(directory, f"run-{round_number}"), args.steps))
             theirs.append(trl_loop(base, pairs, os.path.join(directory, "trl"), args.steps))
             print(f"round {round_number + 1}: triax {ours[-1]:.2f}s, TRL {theirs[-1]:.2f}s "
                   f"({args.steps - 1} steps after the first)", flush=True)

@@ -59,20 +59,22 @@ def triax_overrides(root, base, pairs, val, run_dir, **extra):
     return [f"{key}={value}" for key, value in values.items()]
 
 
-def trl_curve(root, base, records, steps=STEPS, **options):
-    """TRL's DPOTrainer on the same pairs in file order: its logged loss and rewards per step."""
+def trl_curve(root, base, records, steps=STEPS, lora=True, **options):
+    """TRL's DPOTrainer on the same pairs in file order: its logged loss and rewards per step
+    (lora=False: every weight trains, the reference a second copy of the base, TRL's own)."""
 
     class InOrder(trl.DPOTrainer):
         def _get_train_sampler(self, *args, **kwargs):
             return torch.utils.data.SequentialSampler(self.train_dataset)
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(base))
-    model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(str(base)),
-                                           str(root / "adapter"), is_trainable=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(base))
+    if lora:
+        model = peft.PeftModel.from_pretrained(model, str(root / "adapter"), is_trainable=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = trl.DPOConfig(output_dir=str(root / "trl"), report_to=[], max_length=64, beta=BETA,
-                             per_device_train_batch_size=BATCH, max_steps=steps, learning_rate=LR, **options,
+                             per_device_train_batch_size=BATCH, max_steps=steps, **{"learning_rate": LR, **options},
                              lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
                              adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, logging_steps=1,
                              save_strategy="no", use_cpu=True, seed=0, dataloader_drop_last=True,
@@ -112,7 +114,7 @@ def test_dpo_equals_trl_dpo_trainer_step_by_step(runs):
 
 
 @pytest.mark.parametrize("key, value, words", [
-    ("model.lora.rank", 0, "model.lora.rank"),
+    ("model.init_from", "null", "model.init_from"),
     ("dpo.beta", 0, "dpo.beta"),
     ("dpo.loss_type", "kto", "dpo.loss_type"),
     ("dpo.label_smoothing", 0.1, "robust"),
@@ -245,3 +247,30 @@ def test_other_losses_equal_trl(setup, tmp_path, loss_type, smoothing):
         for name in METRICS:
             assert abs(mine[name] - other[name]) <= 1e-5, (loss_type, step + 1, name, mine[name], other[name])
     assert len({round(record["loss"], 6) for record in ours}) > 1
+
+
+NO_LORA = {"model.lora.rank": 0, "trainer.max_steps": 4, "optim.lr": 1e-3, "trainer.eval_every": 4}
+
+
+def test_without_lora_the_reference_is_a_frozen_copy_equal_to_trl(setup, tmp_path):
+    """Every weight trains; the reference is model.init_from built again, frozen: TRL's loss and
+    rewards (its reference a second copy of the base) for 4 steps, and FSDP x 2 (each model sharded,
+    neither whole on a rank) ends with the one-process weights."""
+    root, base, records, pairs, val = setup
+    single = tmp_path / "single"
+    train(triax_overrides(root, base, pairs, val, single, **NO_LORA), timeout=400)
+    ours = [json.loads(line) for line in open(single / "metrics.jsonl") if '"loss"' in line]
+    theirs, _ = trl_curve(root, base, records, steps=4, lora=False, learning_rate=1e-3)
+    assert len(ours) == len(theirs) == 4
+    for step, (mine, other) in enumerate(zip(ours, theirs)):
+        for name in METRICS:
+            assert abs(mine[name] - other[name]) <= 1e-5, (step + 1, name, mine[name], other[name])
+    assert ours[0]["rewards/margins"] == 0 and ours[-1]["rewards/margins"] != 0
+    sharded = tmp_path / "fsdp"
+    train(triax_overrides(root, base, pairs, val, sharded, **{**NO_LORA, "parallel.dp_shard": 2,
+                                                              "trainer.batch_size": BATCH // 2}), nproc=2, timeout=600)
+    mine, one = final_weights(sharded), final_weights(single)
+    assert sorted(mine) == sorted(one) and len(one) > 8  # every weight, not adapters
+    assert_adam_close(mine, one, [1e-3] * 4)
+    worst = max((mine[name].float() - one[name].float()).abs().max().item() for name in one)
+    assert worst <= 1e-5, worst

@@ -15,6 +15,7 @@ from triax.data.preference import PreferenceDataset, encode_pairs, load_preferen
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import TriaxError, printable
 from triax.models import hf
+from triax.models.hf_model import load_hf_model
 from triax.models.lora import is_adapter
 from triax.models.peft_format import load_adapter
 from triax.train.dpo import METRICS, DPOObjective
@@ -32,9 +33,12 @@ def preference_encoder_of_run(run_dir: str, config):
                                   BPETokenizer.from_file(tokenizer_path).tokenizer)
 
 
-def _objective(model, config):
-    """The DPO objective with the run's reference: model.lora.init_from's adapters if it had them."""
+def _objective(model, config, device):
+    """The DPO objective with the run's reference: model.lora.init_from's adapters if it had them,
+    model.init_from itself for a run without LoRA."""
     objective = DPOObjective(config.dpo)
+    if not config.model.lora.rank:
+        objective.reference = load_hf_model(config.model.init_from, device).eval()
     if config.model.lora.init_from:
         trained = {name: parameter.detach().clone() for name, parameter in model.named_parameters() if is_adapter(name)}
         load_adapter(model, config.model.lora.init_from, config.model.lora)
@@ -61,7 +65,7 @@ def evaluate_preference(args, model, config, device) -> int:
         data = load_preference_datasets(config.data.path, config.data.val_path, config.data.train_split, encoder,
                                         block, config.data.truncation_mode)
         found = [(f"{args.split} split", data.val if args.split == "val" else data.train)]
-    objective = _objective(model, config)
+    objective = _objective(model, config, device)
     sums, pairs = torch.zeros(len(METRICS) + 1, dtype=torch.float64), 0
     for _, dataset in found:
         for start in range(0, len(dataset), args.batch_size):

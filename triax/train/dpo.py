@@ -7,7 +7,8 @@ from, as in TRL's DPOTrainer with a PEFT model, without a second model in memory
 (B = 0) leave the base as it was, so the reference is the model with its adapters off
 (triax.models.lora.adapters_disabled, PEFT's disable_adapter); adapters read from
 model.lora.init_from are kept as they were read (a copy of this rank's shards of the adapters
-alone, TRL's "ref" adapter) and put in place for the reference's forward. Its forward runs without
+alone, TRL's "ref" adapter) and put in place for the reference's forward. Without LoRA the
+reference is model.init_from built again in the same layout, frozen (Trainer._frozen_reference). Its forward runs without
 gradients, the policy's with them, in the same layout and precision.
 
 The loss of a micro-batch is the mean of its pairs' losses (TRL's), so a step of grad_accum
@@ -39,9 +40,8 @@ def check_preference_run(config, layout) -> None:
     """What a DPO run needs, before any process group forms (one line each)."""
     if config.data.task != "preference":
         return
-    if not config.model.lora.rank:
-        raise ConfigError("data.task=preference trains LoRA adapters against the base with them off as the "
-                          "reference; set model.lora.rank (e.g. 8): a full-weight reference copy is not supported yet")
+    if not config.model.lora.rank and not config.model.init_from:
+        raise ConfigError("data.task=preference needs model.init_from: the reference is the model it starts from")
     if layout.pp > 1:
         raise ConfigError(f"data.task=preference does not run under pipeline parallelism (parallel.pp={layout.pp}): "
                           "a pair's two answers and both forwards must stay on one stage; use dp_shard or tp")
@@ -92,6 +92,7 @@ class DPOObjective:
         self.sums: torch.Tensor | None = None  # the metrics summed over pairs since the last log line
         self.pairs = 0
         self.initial: list[tuple[torch.nn.Parameter, torch.Tensor]] | None = None  # model.lora.init_from's adapters
+        self.reference: torch.nn.Module | None = None  # without LoRA: the frozen model.init_from, sharded alike
 
     @torch.no_grad()
     def keep_initial_adapters(self, model: torch.nn.Module) -> None:
@@ -101,6 +102,9 @@ class DPOObjective:
 
     @contextlib.contextmanager
     def _reference(self):
+        if self.reference is not None:  # a model of its own: nothing to switch
+            yield
+            return
         if self.initial is None:
             with adapters_disabled():
                 yield
@@ -117,7 +121,7 @@ class DPOObjective:
     def _pair_terms(self, trainer, model, x: torch.Tensor, y: torch.Tensor):
         with torch.no_grad(), self._reference():
             with trainer.precision.autocast(trainer.device):
-                reference = trainer._forward(model, x)
+                reference = trainer._forward(self.reference if self.reference is not None else model, x)
             ref_logps = answer_logps(reference, y)
             del reference
         with trainer.precision.autocast(trainer.device):
@@ -129,7 +133,7 @@ class DPOObjective:
     def pair_terms_plain(self, model, x: torch.Tensor, y: torch.Tensor):
         """Each pair's loss and metrics by a plain model on one process (`triax eval`)."""
         with self._reference():
-            ref_logps = answer_logps(model(x), y)
+            ref_logps = answer_logps((self.reference or model)(x), y)
         return pair_losses(self.config, answer_logps(model(x), y), ref_logps, (y != IGNORE_INDEX).sum(dim=1))
 
     def loss(self, trainer, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -317,9 +317,21 @@ class Trainer:
                          self.config.model.lora.init_from, self.config.model.lora, self._stored_name())
             if self.dpo is not None:  # DPO's reference: the adapters as read (TRL's "ref" adapter)
                 self.dpo.keep_initial_adapters(self.raw_model)
+        if self.dpo is not None and not self.config.model.lora.rank:
+            self.dpo.reference = self._frozen_reference(model_config)
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
+
+    def _frozen_reference(self, model_config):
+        """DPO without LoRA: a second model from model.init_from, built and sharded as the policy
+        (each rank holds its part alone), frozen, never in the optimizer or the snapshots."""
+        reference = parallelize(model_config, self.layout, self.mesh, self.precision, self.config.parallel,
+                                self.device, seed=self.config.trainer.seed, rank=self.rank).model
+        init_from.load_weights(self.init_source, unwrap(reference), model_config, self._stored_name())
+        for parameter in reference.parameters():
+            parameter.requires_grad_(False)
+        return reference.eval()
 
     def _build_optimizer(self) -> None:
         """AdamW over this rank's parameters, the schedule, the loss scaler and the data order."""
