@@ -162,12 +162,7 @@ class Trainer:
         check_preference_run(config, self.layout)
         # DPO on preference pairs: its loss replaces the token loss (triax.train.dpo).
         self.dpo = DPOObjective(config.dpo) if config.data.task == "preference" else None
-        if config.data.task in ("chat", "preference"):  # batches cut to their longest row: a multiple of tp
-            self.data.train.multiple = self.data.val.multiple = self.layout.tp  # (which splits the sequence)
-        if config.data.task == "chat" and config.data.batch_padding and self.layout.pp > 1:
-            raise ConfigError("data.batch_padding=true does not run under pipeline parallelism (parallel.pp="
-                              f"{self.layout.pp}): its stages are built for one row length; use "
-                              "data.batch_padding=false")
+        self._check_batch_padding()
         validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
                         block_size=self.data.block_size, batch_size=trainer.batch_size,
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
@@ -246,6 +241,17 @@ class Trainer:
         check_memory(shape, self.layout, memory / 2**30, where, batch_size=trainer.batch_size,
                      precision=trainer.precision, checkpointing=parallel.activation_checkpointing,
                      pp_schedule=parallel.pp_schedule, microbatches=parallel.pp_microbatches)
+
+    def _check_batch_padding(self) -> None:
+        """Chat and preference batches cut to their longest row: to a multiple of tp (which splits
+        the sequence); not under a pipeline (its stages are built for one row length)."""
+        data = self.config.data
+        if data.task in ("chat", "preference"):
+            self.data.train.multiple = self.data.val.multiple = self.layout.tp
+        if data.task == "chat" and data.batch_padding and self.layout.pp > 1:
+            raise ConfigError("data.batch_padding=true does not run under pipeline parallelism (parallel.pp="
+                              f"{self.layout.pp}): its stages are built for one row length; use "
+                              "data.batch_padding=false")
 
     def _join_job(self, created_run_dir: bool) -> None:
         """The watchdog and the process group."""
@@ -326,9 +332,10 @@ class Trainer:
     def _frozen_reference(self, model_config):
         """DPO without LoRA: a second model from model.init_from, built and sharded as the policy
         (each rank holds its part alone), frozen, never in the optimizer or the snapshots."""
-        reference = parallelize(model_config, self.layout, self.mesh, self.precision, self.config.parallel,
-                                self.device, seed=self.config.trainer.seed, rank=self.rank).model
-        init_from.load_weights(self.init_source, unwrap(reference), model_config, self._stored_name())
+        # Without DDP's wrapper (nothing to synchronise: it has no gradients); FSDP and TP shard in place.
+        reference = unwrap(parallelize(model_config, self.layout, self.mesh, self.precision, self.config.parallel,
+                                       self.device, seed=self.config.trainer.seed, rank=self.rank).model)
+        init_from.load_weights(self.init_source, reference, model_config, self._stored_name())
         for parameter in reference.parameters():
             parameter.requires_grad_(False)
         return reference.eval()
