@@ -35,7 +35,7 @@ BATCH, RANK, ALPHA, BETA, LR, BLOCK = 8, 8, 16, 0.1, 5e-3, 64
 TRL_SCRIPT = r"""
 import json, sys, time, warnings
 import datasets, peft, torch, transformers, trl
-base, pairs, out, steps, seed, val = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+base, pairs, out, steps, seed, val = sys.argv[1:4] + [int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]]
 torch.set_num_threads(1)
 records = [json.loads(line) for line in open(pairs)]
 
@@ -53,8 +53,8 @@ class Clock(transformers.TrainerCallback):
 warnings.simplefilter("ignore")
 model = transformers.AutoModelForCausalLM.from_pretrained(base)
 config = peft.LoraConfig(r=%(rank)d, lora_alpha=%(alpha)d, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
-args = trl.DPOConfig(output_dir=out, report_to=[], max_length=%(block)d, beta=%(beta)r, per_device_train_batch_size=%(batch)d,
-                     max_steps=steps, learning_rate=%(lr)r, lr_scheduler_type="constant", warmup_steps=0,
+args = trl.DPOConfig(output_dir=out, report_to=[], max_length=%(block)d, beta=%(beta)r,
+                     per_device_train_batch_size=%(batch)d, max_steps=steps, learning_rate=%(lr)r, lr_scheduler_type="constant", warmup_steps=0,
                      weight_decay=0.0, max_grad_norm=1.0, logging_steps=10**9, save_strategy="no", use_cpu=True,
                      bf16=False, gradient_checkpointing=False, disable_tqdm=True, seed=seed, data_seed=seed)
 trainer = InOrder(model=model, args=args, train_dataset=datasets.Dataset.from_list(records), processing_class=
@@ -96,12 +96,12 @@ def triax_loop(base: str, pairs: str, run_dir: str, steps: int, seed: int = 0, v
     """The loop's seconds after the first step (--quality: the final validation reward accuracy)."""
     order = [f"trainer.seed={seed}", f"data.val_path={val}", f"trainer.eval_every={steps}"] if val else [
         "data.shuffle=false", "trainer.eval_every=0"]
-    overrides = order + [f"model.init_from={base}", "data.task=preference", f"data.path={pairs}", f"data.block_size={BLOCK}",
-                 f"model.lora.rank={RANK}", f"model.lora.alpha={ALPHA}",
-                 "model.lora.targets=[q,v]", f"dpo.beta={BETA}", f"optim.lr={LR}", "optim.warmup_steps=0",
-                 "optim.schedule=constant", "optim.weight_decay=0.0", "optim.betas=[0.9,0.999]", f"trainer.batch_size={BATCH}",
-                 f"trainer.max_steps={steps}", "trainer.log_every=1", "trainer.save_every=0",
-                 "trainer.sample_tokens=0", f"trainer.run_dir={run_dir}"]
+    overrides = order + [
+        f"model.init_from={base}", "data.task=preference", f"data.path={pairs}", f"data.block_size={BLOCK}",
+        f"model.lora.rank={RANK}", f"model.lora.alpha={ALPHA}", "model.lora.targets=[q,v]", f"dpo.beta={BETA}",
+        f"optim.lr={LR}", "optim.warmup_steps=0", "optim.schedule=constant", "optim.weight_decay=0.0",
+        "optim.betas=[0.9,0.999]", f"trainer.batch_size={BATCH}", f"trainer.max_steps={steps}", "trainer.log_every=1",
+        "trainer.save_every=0", "trainer.sample_tokens=0", f"trainer.run_dir={run_dir}"]
     subprocess.run([sys.executable, "-m", "triax", "train", *overrides], check=True, capture_output=True, env=env())
     with open(os.path.join(run_dir, "metrics.jsonl")) as handle:
         records = [json.loads(line) for line in handle]
