@@ -55,7 +55,8 @@ model = transformers.AutoModelForCausalLM.from_pretrained(base)
 config = peft.LoraConfig(r=%(rank)d, lora_alpha=%(alpha)d, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
 args = trl.DPOConfig(output_dir=out, report_to=[], max_length=%(block)d, beta=%(beta)r,
                      per_device_train_batch_size=%(batch)d, max_steps=steps, learning_rate=%(lr)r,
-                     lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, logging_steps=10**9, save_strategy="no", use_cpu=True,
+                     lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+                     logging_steps=10**9, save_strategy="no", use_cpu=True,
                      bf16=False, gradient_checkpointing=False, disable_tqdm=True, seed=seed, data_seed=seed)
 trainer = InOrder(model=model, args=args, train_dataset=datasets.Dataset.from_list(records), processing_class=
                   transformers.AutoTokenizer.from_pretrained(base), peft_config=config, callbacks=[Clock()])
