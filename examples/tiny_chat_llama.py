@@ -1,11 +1,14 @@
 """Write a tiny random Llama checkpoint that can chat (its output layer scaled as a trained model's):
 save_pretrained's files, a byte-level BPE tokenizer.json that knows Llama 3's header and end-of-turn
-tokens, and a tokenizer_config.json with a Llama 3 style chat template (its answers marked by {% generation %} tags). Also writes a JSONL
-file of small multi-turn conversations to fine-tune it on. A stand-in for a downloaded instruct
+tokens, and a tokenizer_config.json with a Llama 3 style chat template (its answers marked by
+{% generation %} tags). Also writes a JSONL file of small multi-turn conversations to fine-tune it on
+(and, with --pairs, preference pairs for DPO: a sum's right answer chosen, a wrong one rejected;
+docs/preference.md). A stand-in for a downloaded instruct
 model (Llama 3.x Instruct, SmolLM2-Instruct, Qwen2.5-Instruct) on a CPU, nothing downloaded
 (docs/chat-lora.md).
 
     python examples/tiny_chat_llama.py path/to/chat-llama --conversations chat.jsonl
+    python examples/tiny_chat_llama.py path/to/chat-llama --conversations chat.jsonl --pairs pairs.jsonl
 """
 
 from __future__ import annotations
@@ -50,12 +53,30 @@ def conversations(count: int, seed: int = 0) -> list[dict]:
     return records
 
 
+def preference_pairs(count: int, seed: int = 1) -> list[dict]:
+    """TRL's conversational preference records: a question, the right sum chosen, a wrong one rejected."""
+    rng = random.Random(seed)
+    records = []
+    for _ in range(count):
+        a, b = rng.randrange(5), rng.randrange(5)
+        wrong = (a + b + rng.randrange(1, 5)) % 10
+        records.append({"prompt": [{"role": "system", "content": "You add numbers."},
+                                   {"role": "user", "content": f"{WORDS[a]} plus {WORDS[b]}?"}],
+                        "chosen": [{"role": "assistant", "content": f"{WORDS[a + b]}."}],
+                        "rejected": [{"role": "assistant", "content": f"{WORDS[wrong]}."}]})
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", help="where to write the checkpoint")
     parser.add_argument("--conversations", required=True, help="the JSONL file of conversations to write")
     parser.add_argument("--count", type=int, default=400)
+    parser.add_argument("--pairs", default=None, help="also write this JSONL file of preference pairs (DPO)")
     args = parser.parse_args()
+    if args.pairs:
+        with open(args.pairs, "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in preference_pairs(args.count))
 
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -297,10 +297,15 @@ class ChatDataset(torch.utils.data.Dataset):
 
     sliding_windows = False  # each row is scored whole by evaluation
 
-    def __init__(self, examples: list[Example], block_size: int, packing: bool, pad_id: int = 0):
+    def __init__(self, examples: list[Example], block_size: int, packing: bool, pad_id: int = 0,
+                 batch_padding: bool = False):
         self.block_size = block_size
         self.packing = packing
         self.examples = examples
+        # batch_padding: a batch is cut to its longest row (rounded up to `multiple`, tensor
+        # parallelism's split of the sequence); the columns cut hold padding alone, no target.
+        self.batch_padding = batch_padding
+        self.multiple = 1
         rows = pack(examples, block_size) if packing else [[number] for number in range(len(examples))]
         count = len(rows)
         self.inputs = np.full((count, block_size), pad_id, dtype=np.int64)
@@ -315,16 +320,25 @@ class ChatDataset(torch.utils.data.Dataset):
                 self.targets[row, position:end] = targets
                 self.documents[row, position:end] = document
                 position = end
+        self.lengths = (self.documents >= 0).sum(axis=1)  # each row's positions before its padding
+
+    def _width(self, rows: np.ndarray) -> int:
+        if not self.batch_padding or not len(rows):
+            return self.block_size
+        width = -(-max(int(self.lengths[rows].max()), 1) // self.multiple) * self.multiple
+        return min(width, self.block_size)
 
     def __len__(self) -> int:
         return len(self.inputs)
 
     def batch(self, indices: torch.Tensor):
         rows = np.asarray(indices, dtype=np.int64).reshape(-1)
-        return torch.from_numpy(self.inputs[rows]), torch.from_numpy(self.targets[rows])
+        width = self._width(rows)
+        return torch.from_numpy(self.inputs[rows, :width]), torch.from_numpy(self.targets[rows, :width])
 
     def document_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self.documents[np.asarray(indices, dtype=np.int64).reshape(-1)])
+        rows = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return torch.from_numpy(self.documents[rows, :self._width(rows)])
 
     def __getitem__(self, index: int):
         x, y = self.batch(torch.tensor([index]))
@@ -375,7 +389,7 @@ class ChatData:
 
 
 def load_chat_datasets(path: str, val_path: str | None, train_split: float, encoder: ChatEncoder,
-                       block_size: int, packing: bool, overlong: str) -> ChatData:
+                       block_size: int, packing: bool, overlong: str, batch_padding: bool = False) -> ChatData:
     """Train and validation rows of data.path (and data.val_path, else its tail fraction)."""
     if overlong not in OVERLONG_RULES:
         raise DataError(f"data.overlong={printable(str(overlong))!r}; use one of {', '.join(OVERLONG_RULES)}")
@@ -395,5 +409,5 @@ def load_chat_datasets(path: str, val_path: str | None, train_split: float, enco
               f"{', packed' if packing else ', one per row'}; {train.truncated + val.truncated} cut to "
               f"data.block_size, {train.dropped + val.dropped} dropped (longer than the block with "
               "data.overlong=drop, or no answer token left)")
-    return ChatData(ChatDataset(train.examples, block_size, packing), ChatDataset(val.examples, block_size, packing),
-                    report)
+    return ChatData(ChatDataset(train.examples, block_size, packing, batch_padding=batch_padding),
+                    ChatDataset(val.examples, block_size, packing, batch_padding=batch_padding), report)

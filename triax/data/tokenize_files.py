@@ -202,6 +202,10 @@ def main(argv: list[str]) -> int:
         from triax.data.tokenize_chat import main as chat_main  # deferred: only conversations need it
 
         return chat_main(argv)
+    if any(arg == "--preference" or arg.startswith("--preference=") for arg in argv):
+        from triax.data.tokenize_preference import main as preference_main  # deferred: only pairs need it
+
+        return preference_main(argv)
     parser = _Parser(prog="triax tokenize",
                      description="train a byte-level BPE (or use a tokenizer.json) and write a token "
                                  "directory for `triax train data.task=tokens`")
@@ -215,6 +219,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--chat", metavar="CHECKPOINT", default=None,
                         help="chat files: render with this checkpoint's chat template; write ids and answer masks "
                              "(see `triax tokenize --chat CHECKPOINT --help`)")
+    parser.add_argument("--preference", metavar="CHECKPOINT", default=None,
+                        help="preference pairs: write the prompt/chosen/rejected ids TRL's DPOTrainer trains on "
+                             "(see `triax tokenize --preference CHECKPOINT --help`)")
     args = parser.parse_args(argv)
     apply_thread_choice(torch_threads=False)  # the tokenizer's pool: the cores idle now (triax.threads: why)
     if not 0.0 < args.val_fraction < 1.0:

@@ -172,6 +172,8 @@ def main(argv: list[str]) -> int:
                                                                   "vocabulary or tokenizer.json")
     parser.add_argument("--chat", nargs="+", metavar="FILE", help="chat files (.jsonl/.json/.parquet): the loss on "
                                                                   "the answers, rendered with the model's chat template")
+    parser.add_argument("--preference", nargs="+", metavar="FILE", help="preference pairs (.jsonl/.json/.parquet): "
+                        "a DPO run's loss and rewards against its reference (default: the run's split)")
     parser.add_argument("--block-size", type=int, default=None, help="window length; default the model's")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--device", default="cpu")
@@ -190,6 +192,14 @@ def main(argv: list[str]) -> int:
         if place.world_size > 1:
             place = init_distributed(device, place)
         model, vocab, run_config = load_model(args.model, device)
+        if run_config is not None and run_config.data.task == "preference" and not (args.tokens or args.text or
+                                                                                args.chat):
+            from triax.eval.preference_eval import evaluate_preference  # deferred: DPO runs only
+
+            return evaluate_preference(args, model, run_config, device) if place.rank == 0 else 0
+        if args.preference:
+            raise TriaxError("--preference scores a DPO run (data.task=preference): it needs the run's reference; "
+                             f"{args.model!r} is not one")
         if args.block_size and args.block_size > model.config.block_size:
             raise TriaxError(f"--block-size {args.block_size} is longer than the model's context "
                              f"({model.config.block_size})")

@@ -21,6 +21,7 @@ starts from the same adapters.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -109,7 +110,27 @@ def is_adapter(name: str) -> bool:
     return ADAPTER_MARK in name
 
 
+class _Switch:
+    off = False  # adapters_disabled(): every layer computes its base output alone
+
+
+_ADAPTERS = _Switch()
+
+
+@contextlib.contextmanager
+def adapters_disabled():
+    """Within: every adapted layer is its base layer (PEFT's disable_adapter), the reference
+    model of DPO with LoRA without a second model in memory."""
+    was, _ADAPTERS.off = _ADAPTERS.off, True
+    try:
+        yield
+    finally:
+        _ADAPTERS.off = was
+
+
 def _add_adapter(module: nn.Linear, args, output):
+    if _ADAPTERS.off:
+        return output
     x = args[0]
     delta = F.linear(F.linear(module.lora_dropout(x), module.lora_A.weight), module.lora_B.weight)
     delta = delta * module.lora_scaling

@@ -33,6 +33,7 @@ from triax.errors import ConfigError
 from triax.models.config import PRESETS, GPTConfig, preset_fields
 from triax.models.lora import LoRAConfig, check_lora
 from triax.optim import DECAY_RULES, SCHEDULES
+from triax.train.dpo_config import DPOConfig, check_dpo
 from triax.place import detect_place
 from triax.parallel.comm_hooks import check_compression
 from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
@@ -108,7 +109,8 @@ class DataConfig:
     task: str = "char"
     """What to learn: char (next-character prediction) | tokens (token files, nanoGPT layout) |
     addition (minGPT's a+b task) | chat (conversations in a local .jsonl/.json/.parquet file, the
-    loss on the answers only; docs/chat-lora.md)."""
+    loss on the answers only; docs/chat-lora.md) | preference (prompt/chosen/rejected pairs for
+    DPO, dpo.*; docs/preference.md)."""
 
     block_size: int = 64
     """Context length in characters or tokens (addition: set from digits)."""
@@ -126,8 +128,20 @@ class DataConfig:
     packing: bool = False
     """task=chat: several conversations per row (each attends only to itself) instead of one, padded."""
 
+    batch_padding: bool = False
+    """task=chat: pad each batch to its longest row, not to block_size (less compute on short
+    conversations; the same loss)."""
+
     overlong: str = "truncate"
     """task=chat: a conversation longer than block_size + 1 tokens is cut (truncate) or left out (drop)."""
+
+    truncation_mode: str = "keep_start"
+    """task=preference: a sequence longer than block_size loses its end (keep_start) or its start
+    (keep_end), as TRL's truncation_mode."""
+
+    shuffle: bool = True
+    """Read the samples in a new random order each epoch; false: in order (chat and preference
+    files: the records' order)."""
 
     truncate: float = 1.0
     """task=char: use only this leading fraction of the text."""
@@ -383,6 +397,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
 
 
 _registered = False
@@ -542,6 +557,7 @@ def validate(config: TrainConfig) -> None:
     _check_trainer(config.trainer)
     _check_parallel(config.parallel)
     _check_debug(config.debug)
+    check_dpo(config.dpo)
 
 
 def _check_model(model: ModelConfig) -> None:
@@ -551,8 +567,10 @@ def _check_model(model: ModelConfig) -> None:
 
 
 def _check_data(data: DataConfig) -> None:
-    _need(data.task in ("char", "tokens", "addition", "chat"), "data.task", data.task,
-          "use char, tokens, addition or chat")
+    _need(data.task in ("char", "tokens", "addition", "chat", "preference"), "data.task", data.task,
+          "use char, tokens, addition, chat or preference")
+    _need(data.truncation_mode in ("keep_start", "keep_end"), "data.truncation_mode", data.truncation_mode,
+          "use keep_start or keep_end")
     _need(data.overlong in ("truncate", "drop"), "data.overlong", data.overlong, "use truncate or drop")
     _need(data.vocab_size is None or data.vocab_size >= 1, "data.vocab_size", data.vocab_size,
           "use 1 or more (or leave it unset to take meta.json's)")

@@ -31,6 +31,8 @@ def build_data(config: DataConfig, codec=None, source=None) -> TrainData:
     `source`: model.init_from's InitSource (data.task=chat reads its chat template)."""
     if config.task == "chat":
         return _chat_data(config, codec, source)
+    if config.task == "preference":
+        return _preference_data(config, codec, source)
     if config.task == "char" and codec is not None:
         return _encoded_text(config, codec)
     if config.task == "addition":
@@ -76,6 +78,20 @@ def _chat_data(config: DataConfig, codec, source) -> TrainData:
     template = chat_template_for(config.chat_template, source.description, source.path)
     encoder = ChatEncoder(template, codec.tokenizer)
     chat = load_chat_datasets(config.path, config.val_path, config.train_split, encoder, config.block_size,
-                              config.packing, config.overlong)
+                              config.packing, config.overlong, config.batch_padding)
     return TrainData(chat.train, chat.val, len(codec), config.block_size, codec,
                      getattr(codec, "source_path", None), report=chat.report)
+
+
+def _preference_data(config: DataConfig, codec, source) -> TrainData:
+    """Preference pairs encoded as TRL's DPOTrainer encodes them (triax.data.preference)."""
+    from triax.data.preference import load_preference_datasets, preference_encoder_for
+
+    if source is None or not isinstance(codec, BPETokenizer):
+        raise ConfigError("data.task=preference needs model.init_from: a transformers checkpoint directory with "
+                          "tokenizer.json (its tokenizer and chat template encode the pairs)")
+    encoder = preference_encoder_for(config.chat_template, source.description, source.path, codec.tokenizer)
+    pairs = load_preference_datasets(config.path, config.val_path, config.train_split, encoder, config.block_size,
+                                     config.truncation_mode)
+    return TrainData(pairs.train, pairs.val, len(codec), config.block_size, codec,
+                     getattr(codec, "source_path", None), report=pairs.report)

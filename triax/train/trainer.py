@@ -55,6 +55,7 @@ from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapsh
 from triax.train.data import build_data
 from triax.parallel.experts import check_layout as check_expert_layout
 from triax.train import router_metrics
+from triax.train.dpo import DPOObjective, check_preference_run
 from triax.train.loss import loss_function
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
@@ -116,6 +117,9 @@ class Trainer:
         self.stop_reason: str | None = None  # set when a signal stopped the run early
         self.first_step = True  # compiles and sets up lazily: the watchdog gives it the slow allowance
         self.timing = {"step": 0.0, "data": 0.0, "forward": 0.0}  # this rank's seconds in the log interval
+        # Chat and preference rows vary: this rank's training tokens of the log interval, counted as
+        # read (the positions computed, padding included; the targets the loss sees).
+        self.counted = [0, 0]
         self.stragglers = StragglerCheck()
         self.sample_log = SampleLog(config.debug.sample_log, self.rank) if config.debug.sample_log else None
         self._peak_flops = stated_peak_flops(self.device, self.precision.compute_dtype, config.trainer.peak_flops)
@@ -161,6 +165,10 @@ class Trainer:
             # GPT-2's learned position table is split for positions of one sequence, not per-row positions.
             raise ConfigError("data.packing=true with GPT-2 (learned positions) does not run under tensor "
                               "parallelism; use data.packing=false or parallel.tp=1")
+        check_preference_run(config, self.layout)
+        # DPO on preference pairs: its loss replaces the token loss (triax.train.dpo).
+        self.dpo = DPOObjective(config.dpo) if config.data.task == "preference" else None
+        self._check_batch_padding()
         validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
                         block_size=self.data.block_size, batch_size=trainer.batch_size,
                         grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
@@ -244,6 +252,21 @@ class Trainer:
                      precision=trainer.precision, checkpointing=parallel.activation_checkpointing,
                      pp_schedule=parallel.pp_schedule, microbatches=parallel.pp_microbatches)
 
+    def _check_batch_padding(self) -> None:
+        """Chat and preference batches cut to their longest row: to a multiple of tp (which splits
+        the sequence); not under a pipeline (its stages are built for one row length)."""
+        data = self.config.data
+        if data.task in ("chat", "preference"):
+            self.data.train.multiple = self.data.val.multiple = self.layout.tp
+        if data.task == "chat" and data.batch_padding and self.layout.cp > 1:
+            raise ConfigError("data.batch_padding=true does not run under context parallelism (parallel.cp="
+                              f"{self.layout.cp}): each row is cut into 2 x cp chunks of the block; use "
+                              "data.batch_padding=false")
+        if data.task == "chat" and data.batch_padding and self.layout.pp > 1:
+            raise ConfigError("data.batch_padding=true does not run under pipeline parallelism (parallel.pp="
+                              f"{self.layout.pp}): its stages are built for one row length; use "
+                              "data.batch_padding=false")
+
     def _join_job(self, created_run_dir: bool) -> None:
         """The watchdog and the process group."""
         trainer = self.config.trainer
@@ -313,9 +336,24 @@ class Trainer:
         if self.config.model.lora.rank and self.config.model.lora.init_from:
             load_adapter(self.raw_model if self.raw_model is not None else self.model,
                          self.config.model.lora.init_from, self.config.model.lora, self._stored_name())
+            if self.dpo is not None:  # DPO's reference: the adapters as read (TRL's "ref" adapter)
+                self.dpo.keep_initial_adapters(self.raw_model)
+        if self.dpo is not None and not self.config.model.lora.rank:
+            self.dpo.reference = self._frozen_reference(model_config)
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
+
+    def _frozen_reference(self, model_config):
+        """DPO without LoRA: a second model from model.init_from, built and sharded as the policy
+        (each rank holds its part alone), frozen, never in the optimizer or the snapshots."""
+        # Without DDP's wrapper (nothing to synchronise: it has no gradients); FSDP and TP shard in place.
+        reference = unwrap(parallelize(model_config, self.layout, self.mesh, self.precision, self.config.parallel,
+                                       self.device, seed=self.config.trainer.seed, rank=self.rank).model)
+        init_from.load_weights(self.init_source, reference, model_config, self._stored_name())
+        for parameter in reference.parameters():
+            parameter.requires_grad_(False)
+        return reference.eval()
 
     def _build_optimizer(self) -> None:
         """AdamW over this rank's parameters, the schedule, the loss scaler and the data order."""
@@ -325,7 +363,8 @@ class Trainer:
         self.optimizer = make_adamw(self.raw_model if self.raw_model is not None else self.model,
                                     optim.lr, optim.weight_decay, optim.betas, optimizer_device,
                                     decay=optim.decay, fused=optim.fused, eps=optim.eps)
-        self.sampler = GlobalSampler(len(self.data.train), seed=self.config.trainer.seed)
+        self.sampler = GlobalSampler(len(self.data.train), seed=self.config.trainer.seed,
+                                     shuffle=self.config.data.shuffle)
         self.total_steps = self._total_steps()
         self.scheduler = make_schedule(self.optimizer, optim.decay_steps or self.total_steps, optim.warmup_steps,
                                        final_lr(optim), optim.schedule)
@@ -601,6 +640,9 @@ class Trainer:
         self.timing["data"] += time.perf_counter() - started
         return batch
 
+    def _counts_tokens(self) -> bool:
+        return self.config.data.task in ("chat", "preference")
+
     def _batch(self, dataset, indices: torch.Tensor, scored: list | None = None,
                first_scored: torch.Tensor | None = None):
         """(inputs, targets) on the device; packed chat rows' inputs are (ids, example numbers).
@@ -615,6 +657,9 @@ class Trainer:
         x, y = (local_chunks(t, self.cp_rank, self.layout.cp) for t in (x, y))
         if scored is not None:
             scored.append(int((y != IGNORE_INDEX).sum()))
+        if dataset is self.data.train and self._counts_tokens():
+            self.counted[0] += x.numel()
+            self.counted[1] += scored[-1] if scored else int((y != IGNORE_INDEX).sum())
         if getattr(dataset, "packing", False):
             return (self._to_device(x), self._to_device(dataset.document_ids(indices))), self._to_device(y)
         return self._to_device(x), self._to_device(y)
@@ -634,6 +679,8 @@ class Trainer:
         return model(x)
 
     def _loss(self, model, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        if self.dpo is not None:  # preference pairs: the mean DPO loss of the batch's pairs
+            return self.dpo.loss(self, model, x, y)
         with self.precision.autocast(self.device):
             logits = self._forward(model, x)
         return self._token_loss(logits, y, reduction)
@@ -782,6 +829,8 @@ class Trainer:
         token counted once. Data-parallel ranks share the windows and their summed losses and
         token counts are added up exactly, so every layout and process count reports the same
         number. `val_tokens` is how many tokens were scored."""
+        if self.dpo is not None:
+            return self.dpo.evaluate(self)
         trainer = self.config.trainer
         self.model.eval()
         val = self.data.val
@@ -842,9 +891,18 @@ class Trainer:
     # ---- the loop ------------------------------------------------------------------------------
 
     def _throughput(self, steps: int, seconds: float) -> dict:
-        tokens = steps * self.samples_per_step * self.data.block_size
+        """tokens_per_s: the positions the model computed, padding included (what MFU counts);
+        chat and preference data (rows of varying length) add loss_tokens: the targets the loss saw
+        in the interval, all ranks together, and loss_tokens_per_s (docs/preference.md)."""
+        tokens, counted = steps * self.samples_per_step * self.data.block_size, {}
+        if self._counts_tokens():  # counted as read; tensor-parallel peers read the same rows, cp ranks parts of them
+            totals = [sum(column) * self.layout.dp * self.layout.cp / self.world_size for column in zip(*gather_floats(self.counted))]
+            self.counted = [0, 0]
+            tokens = totals[0]
+            self.pace.tokens_per_step = tokens / max(steps, 1)  # the bar's figure: this interval's rows
+            counted = {"loss_tokens": round(totals[1]), "loss_tokens_per_s": round(totals[1] / max(seconds, 1e-9), 1)}
         tokens_per_s = tokens / max(seconds, 1e-9)
-        figures = {"tokens_per_s": round(tokens_per_s, 1), "step_time_s": round(seconds / max(steps, 1), 5)}
+        figures = {"tokens_per_s": round(tokens_per_s, 1), **counted, "step_time_s": round(seconds / max(steps, 1), 5)}
         if self._peak_flops is None:  # a CPU or an unknown GPU, no trainer.peak_flops: tokens/s alone
             return figures
         peak, source = self._peak_flops
@@ -976,6 +1034,7 @@ class Trainer:
             if logged:
                 self._phase("metrics all-gather", self.step)
                 record = {"loss": round(mean_across_ranks(loss), 6),
+                          **(self.dpo.take_metrics() if self.dpo is not None else {}),
                           "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(grad_norm, 5),
                           "epoch": self.epoch, **self._throughput(pace.interval_steps, pace.interval_seconds),
                           "peak_mem_mb": round(peak_memory_mb(self.device), 1),
@@ -1065,6 +1124,8 @@ class Trainer:
             parts.append(f"val_loss {record['val_loss']:.4f} ({record['val_tokens']} tokens)")
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
+        if "val_rewards/accuracies" in record:  # DPO: the share of validation pairs ranked right
+            parts.append(f"val_reward_acc {100 * record['val_rewards/accuracies']:.1f}%")
         if self.step < self.total_steps:
             parts.append(f"{self.pace.time_left} left")
         return " | ".join(parts)
