@@ -17,13 +17,14 @@ transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)` make
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from triax.data import template_budget as budgets
 from triax.data.errors import DataError
 from triax.errors import printable
 
@@ -68,12 +69,28 @@ def _environment():
 
         def parse(self, parser):
             lineno = next(parser.stream).lineno
-            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            if getattr(self, "depth", 0):
+                # The answer spans would overlap: which text is the answer is ambiguous.
+                parser.fail("a {% generation %} block inside another one; close the first before opening the next",
+                            lineno)
+            self.depth = 1
+            try:
+                body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            finally:
+                self.depth = 0
             return jinja2.nodes.CallBlock(self.call_method("_span", []), [], [], body).set_lineno(lineno)
 
         def _span(self, caller):
-            text = caller()
             state = self.environment.render_state
+            if state is not None and state.in_generation:  # a macro with one, called inside another
+                raise jinja2.exceptions.TemplateError("a {% generation %} block runs inside another one")
+            if state is not None:
+                state.in_generation = True
+            try:
+                text = caller()
+            finally:
+                if state is not None:
+                    state.in_generation = False
             if state is not None:
                 start = state.length()
                 state.spans.append((start, start + len(text)))
@@ -101,11 +118,51 @@ def _environment():
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # Jinja's own tojson escapes HTML characters; templates expect plain JSON (as transformers gives).
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
     class Sandbox(ImmutableSandboxedEnvironment):
+        # Intercepted so that their inputs are checked before a result past the bounds is computed
+        # (and never folded into a constant at compile time).
+        intercepted_binops = frozenset(["*", "**", "+", "%"])
+
+        def budget(self) -> budgets.Budget | None:
+            return self.render_state.budget if self.render_state is not None else None
+
+        def _sized(self):
+            budget = self.budget()
+            return budget.size if budget is not None else budgets.deep_size
+
+        def _counted(self, value):
+            budget = self.budget()
+            if budget is None:
+                return value
+            budget.operation()
+            return budget.built_value(value)
+
+        def _parse(self, source, name, filename):
+            return budgets.Counted().visit(super()._parse(source, name, filename))
+
+        def call_binop(self, context, operator, left, right):
+            budgets.binop_before(operator, left, right, self._sized())
+            result = super().call_binop(context, operator, left, right)
+            budgets.check_int(result)
+            return self._counted(result)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
+            owner = getattr(__obj, "__self__", None)
+            if isinstance(owner, str) and callable(__obj):
+                budgets.str_method_before(owner, getattr(__obj, "__name__", ""), args, kwargs, __self._sized())
+            else:
+                for value in list(args) + list(kwargs.values()):
+                    budgets.check_count(value)
+            return __self._counted(super().call(__context, __obj, *args, **kwargs))
+
+        def getattr(self, obj, attribute):
+            budgets.str_attribute(obj, attribute)
+            return self._counted(super().getattr(obj, attribute))
+
+        def getitem(self, obj, argument):
+            budgets.str_attribute(obj, argument)
+            return self._counted(super().getitem(obj, argument))
+
         def unsafe_undefined(self, obj, attribute):
             # Jinja's sandbox answers a forbidden attribute with an undefined value, which prints as
             # nothing: `{{ lipsum.__globals__ }}` would render silently. No legitimate template
@@ -116,7 +173,16 @@ def _environment():
     # trim_blocks and lstrip_blocks as transformers sets them: the same template gives the same text.
     environment = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationSpans, jinja2.ext.loopcontrols])
     environment.render_state = None
-    environment.filters["tojson"] = tojson
+    budget_of = environment.budget
+    # Jinja's own tojson escapes HTML characters; templates expect plain JSON (as transformers gives).
+    environment.filters["tojson"] = functools.partial(budgets.tojson, budget_of)
+    for name, function in list(environment.filters.items()):
+        environment.filters[name] = budgets.guarded_filter(function, name, budget_of)
+    environment.filters["triax_loop"] = functools.partial(budgets.counted_loop, budget_of)
+    environment.filters["triax_concat"] = functools.partial(budgets.concat, budget_of)
+    environment.filters["triax_charge"] = functools.partial(budgets.charge, budget_of)
+    environment.concat = functools.partial(budgets.checked_join, budget_of)
+    del environment.globals["lipsum"]  # lorem ipsum of any length: no chat template needs it
     environment.globals["raise_exception"] = raise_exception
     environment.globals["namespace"] = Namespace
     environment.globals["dict"] = lambda *args, **kwargs: dict(*args, **kwargs)
@@ -128,6 +194,8 @@ class _RenderState:
         self.blocks: list[str] = []
         self.spans: list[tuple[int, int]] = []
         self.chars = 0
+        self.in_generation = False
+        self.budget = budgets.Budget()
 
     def length(self) -> int:
         return self.chars
@@ -170,6 +238,9 @@ class ChatTemplate:
         except _RenderTooLarge:
             raise TemplateError(f"the chat template of {self.origin} renders one conversation to more than "
                                 f"{MAX_RENDERED_CHARS} characters; it is not a chat template") from None
+        except budgets.TemplateLimit as error:
+            raise TemplateError(f"the chat template of {self.origin} {error} (a bound on what a template may do "
+                                "for one conversation); it is not a chat template triax renders") from None
         except jinja2.exceptions.SecurityError as error:
             raise TemplateError(f"the chat template of {self.origin} tried something its sandbox forbids "
                                 f"({_first_line(error)}); use a template without it") from None
