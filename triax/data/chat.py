@@ -75,7 +75,15 @@ def _depth(value, limit: int) -> int:
 def _text(where: str, field: str, value) -> str:
     if not isinstance(value, str):
         raise RecordError(f"{where}: field {field!r} must be text, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate ("\ud800"): JSON can hold one, text cannot
+        raise RecordError(f"{where}: field {field!r} is not valid text (a lone surrogate "
+                          f"{value[error.start]!r} at character {error.start}); fix the record") from None
     return value
+
+
+FORMS = (("messages",), ("prompt", "completion"), ("instruction", "output"))
 
 
 def _messages(where: str, field: str, value) -> list[dict]:
@@ -102,6 +110,10 @@ def record_messages(record, where: str) -> list[dict]:
         raise RecordError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
     if _depth(record, MAX_DEPTH) > MAX_DEPTH:
         raise RecordError(f"{where}: the record nests more than {MAX_DEPTH} levels deep; not a conversation")
+    forms = ["/".join(form) for form in FORMS if any(key in record for key in form)]
+    if len(forms) > 1:  # which one was meant is a guess; the other would be dropped without a word
+        raise RecordError(f"{where}: the record has both {' and '.join(repr(form) for form in forms)}; keep one form "
+                          "of conversation per record")
     if "messages" in record:
         messages = _messages(where, "messages", record["messages"])
     elif "prompt" in record or "completion" in record:
@@ -138,21 +150,25 @@ def _parse(line: bytes, where: str):
         raise RecordError(f"{where}: not valid JSON ({printable(str(error))[:200]})") from None
 
 
-def read_records(path: str):
-    """(where, record) of every record of a local .jsonl, .json or .parquet file, in order."""
+def read_records(path: str, option: str = "data.path"):
+    """(where, record) of every record of a local .jsonl, .json or .parquet file, in order;
+    `option`: what the user gave the file as, for the messages."""
     if not path:
-        raise DataError("data.task=chat needs data.path: a local .jsonl, .json or .parquet file of conversations")
+        raise DataError(f"data.task=chat needs {option}: a local .jsonl, .json or .parquet file of conversations")
     if "://" in path:
-        raise DataError(f"data.path {path!r}: chat data is read from local files only; copy it here first")
+        raise DataError(f"{option} {path!r}: chat data is read from local files only; copy it here first")
     extension = os.path.splitext(path)[1].lower()
     if extension not in (".jsonl", ".json", ".parquet"):
-        raise DataError(f"data.path {path!r} is not .jsonl, .json or .parquet; chat data comes in one of those")
+        raise DataError(f"{option} {path!r} is not .jsonl, .json or .parquet; chat data comes in one of those")
+    if os.path.islink(path):
+        raise DataError(f"{option} {path!r} is a symlink; triax reads chat data from the file itself (give the "
+                        f"link's target, {printable(os.path.realpath(path))!r})")
     try:
         handle = safe_files.open_read(path, MAX_JSON_BYTES if extension == ".json" else None)
     except FileNotFoundError:
-        raise DataError(f"data.path {path!r} does not exist") from None
+        raise DataError(f"{option} {path!r} does not exist") from None
     except OSError as error:
-        raise DataError(f"data.path {path!r} cannot be read: {printable(str(error))}") from None
+        raise DataError(f"{option} {path!r} cannot be read: {printable(str(error))}") from None
     with handle:
         if extension == ".jsonl":
             number = 0
@@ -211,6 +227,23 @@ class ChatEncoder:
                                     "its answers cannot be found; use a template with generation tags")
             spans.append((len(before), len(through)))
         return spans
+
+    def check_learns_to_stop(self) -> None:
+        """Refuse a template whose answer span ends with the answer's text: nothing after it (no
+        end-of-turn marker) is learned, so the trained model never learns to stop."""
+        probe = "triax probe answer"
+        messages = [{"role": "user", "content": "triax probe question"}, {"role": "assistant", "content": probe}]
+        try:
+            text, spans = self.template.render(messages)
+            if not self.template.has_generation_tags:
+                spans = self.answer_spans(messages, text, self.template.origin)
+        except TemplateError:
+            return  # a template that needs another shape of conversation: judged on the records themselves
+        answers = [text[start:end] for start, end in spans if probe in text[start:end]]
+        if answers and all(not answer[answer.rindex(probe) + len(probe):].strip() for answer in answers):
+            raise TemplateError(f"the chat template of {self.template.origin} ends an answer with its text alone: no "
+                                "end-of-turn marker (such as eos_token) follows it within the answer, so the model "
+                                "would never learn to stop; put the marker inside {% generation %}")
 
     def encode(self, messages: list[dict], where: str) -> Example:
         text, spans = self.template.render(messages)
@@ -379,9 +412,10 @@ def load_chat_datasets(path: str, val_path: str | None, train_split: float, enco
     """Train and validation rows of data.path (and data.val_path, else its tail fraction)."""
     if overlong not in OVERLONG_RULES:
         raise DataError(f"data.overlong={printable(str(overlong))!r}; use one of {', '.join(OVERLONG_RULES)}")
+    encoder.check_learns_to_stop()
     train = encode_records(read_records(path), encoder, block_size, overlong)
     if val_path:
-        val = encode_records(read_records(val_path), encoder, block_size, overlong)
+        val = encode_records(read_records(val_path, "data.val_path"), encoder, block_size, overlong)
     else:
         # The tail of the file validates (as for text): a fixed set, whatever the process count.
         keep = min(len(train.examples) - 1, int(len(train.examples) * train_split))
