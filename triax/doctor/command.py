@@ -32,6 +32,10 @@ SECTIONS = ("system", "compile", "memory", "storage", "network")
 DEFAULT_REPORT = "triax-doctor.json"
 DEFAULT_SIZES_MIB = "1,16"
 MAX_SIZE_MIB = 4096  # a collective's buffer is allocated on every rank: beyond this, a typo
+# Each measurement repeats for --seconds (a dozen of them): a minute each is already a long doctor.
+MAX_SECONDS = 60.0
+# Reaching the rendezvous store: an hour covers a slow scheduler starting the nodes one by one.
+MAX_STORE_TIMEOUT_S = 3600.0
 # Versions that must match on every rank: a mismatch fails collectives in ways that look like bugs.
 SAME_EVERYWHERE = ("python", "torch", "triax", "cuda", "nccl")
 
@@ -66,7 +70,11 @@ def parse(argv: list[str]):
     for override in args.overrides:
         need("=" in override, "KEY=VALUE", override, "give config overrides as key=value (triax train --help)")
     positive("--store-timeout", args.store_timeout)
+    need(args.store_timeout <= MAX_STORE_TIMEOUT_S, "--store-timeout", args.store_timeout,
+         f"use at most {MAX_STORE_TIMEOUT_S} seconds")
     positive("--seconds", args.seconds)
+    need(args.seconds <= MAX_SECONDS, "--seconds", args.seconds,
+         f"each measurement is repeated for at most {MAX_SECONDS} seconds; use a number up to that")
     positive("--link-mib", args.link_mib)
     need(args.link_mib <= MAX_SIZE_MIB, "--link-mib", args.link_mib, f"use at most {MAX_SIZE_MIB}")
     args.sizes = _sizes(args.sizes)

@@ -301,7 +301,8 @@ class Trainer:
                                    model_config, self._stored_name())
         if self.config.model.lora.rank and self.config.model.lora.init_from:
             load_adapter(self.raw_model if self.raw_model is not None else self.model,
-                         self.config.model.lora.init_from, self.config.model.lora, self._stored_name())
+                         self.config.model.lora.init_from, self.config.model.lora, self._stored_name(),
+                         n_layer=model_config.n_layer)
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
