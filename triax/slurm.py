@@ -27,7 +27,8 @@ MAX_NODELIST_CHARS = 1 << 20
 MAX_HOSTS = 1 << 20
 
 _NAME_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+# ASCII digits only: \d also matches other scripts' digits ('١'), which int() reads but no host has.
+_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
 
 
 def _split_top_level(text: str, what: str) -> list[str]:
@@ -133,7 +134,7 @@ def tasks_per_node(text: str, source: str = "SLURM_STEP_TASKS_PER_NODE") -> list
     """Slurm's compressed counts, '2(x3),1' -> [2, 2, 2, 1]."""
     counts: list[int] = []
     for part in text.split(","):
-        match = re.match(r"^(\d+)(?:\(x(\d+)\))?$", part.strip())
+        match = re.match(r"^([0-9]+)(?:\(x([0-9]+)\))?$", part.strip())
         if not match:
             raise TriaxError(f"{source}={text[:200]!r} cannot be read (expected e.g. '2(x3),1')")
         repeat = int(match.group(2) or 1)
