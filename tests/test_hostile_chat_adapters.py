@@ -330,3 +330,79 @@ def test_too_many_slurm_slots_name_the_variable(sandbox, monkeypatch):  # noqa: 
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "100000(x9)")
     line = quickly(sandbox, ["horovodrun", "-np", "2", "python", "-c", "pass"], "SLURM_JOB_NODELIST")
     assert "-H" not in line
+
+
+# ---- PEFT adapters: checked against the model, tensor by tensor -----------------------------------
+
+def _exported_adapter(sandbox, lora_copy):  # noqa: F811
+    out = sandbox.work / "adapter"
+    assert triax_main(["export", str(lora_copy), str(out), "--format", "peft"]) == 0
+    return out
+
+
+def _edit_tensors(directory, change):
+    from safetensors.torch import load_file, save_file
+
+    path = directory / "adapter_model.safetensors"
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _first(tensors, suffix="lora_A.weight"):
+    return next(name for name in sorted(tensors) if name.endswith(suffix))
+
+
+ADAPTER_CASES = {
+    "alpha_pattern": (lambda d: _edit_config(d, alpha_pattern={"q_proj": 64}), ["alpha_pattern", "per-layer"]),
+    "rank_pattern": (lambda d: _edit_config(d, rank_pattern={"q_proj": 2}), ["rank_pattern"]),
+    "layers_to_transform": (lambda d: _edit_config(d, layers_to_transform=[0]), ["layers_to_transform"]),
+    "modules_to_save": (lambda d: _edit_config(d, modules_to_save=["lm_head"]), ["modules_to_save"]),
+    "bias": (lambda d: _edit_config(d, bias="all"), ["bias='all'"]),
+    "NaN values": (lambda d: _edit_tensors(d, lambda t: t[_first(t)].fill_(float("nan"))), ["NaN or infinite"]),
+    "inf values": (lambda d: _edit_tensors(d, lambda t: t[_first(t, "lora_B.weight")].fill_(float("inf"))),
+                   ["NaN or infinite"]),
+    "int32 tensor": (lambda d: _edit_tensors(d, lambda t: t.update({_first(t): t[_first(t)].to(torch.int32)})),
+                     ["I32", "floating-point"]),
+    "a layer the model lacks": (lambda d: _edit_tensors(d, lambda t: t.update(
+        {_first(t).replace("layers.0.", "layers.99."): t[_first(t)].clone()})), ["layers.99."]),
+    "a shape the model lacks": (lambda d: _edit_tensors(d, lambda t: t.update({_first(t): torch.zeros(4, 3)})),
+                                ["shape [4, 3]"]),
+    "weights linked outside": (lambda d: _link_outside(d, "adapter_model.safetensors"), ["links outside"]),
+    "config linked outside": (lambda d: _link_outside(d, "adapter_config.json"), ["links outside"]),
+}
+
+
+def _edit_config(directory, **changes):
+    path = directory / "adapter_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def _link_outside(directory, name):
+    target = directory.parent / f"outside-{name}"
+    shutil.move(directory / name, target)
+    os.symlink(target, directory / name)
+
+
+@pytest.mark.parametrize("name", list(ADAPTER_CASES))
+def test_a_bad_adapter_is_refused_in_one_line(name, sandbox, lora_copy, chat_base):  # noqa: F811
+    base, chat = chat_base
+    adapter = _exported_adapter(sandbox, lora_copy)
+    change, words = ADAPTER_CASES[name]
+    change(adapter)
+    quickly(sandbox, chat_overrides(sandbox.work / "run", base, chat, **{"model.lora.init_from": adapter}),
+            "model.lora.init_from", *words)
+
+
+def test_peft_applies_alpha_pattern_so_refusing_it_is_needed(sandbox, lora_copy, chat_base):  # noqa: F811
+    """PEFT itself scales a layer named in alpha_pattern by its own alpha: an adapter with one is a
+    different model from the one triax would build, hence the refusal above."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    base, _ = chat_base
+    adapter = _exported_adapter(sandbox, lora_copy)
+    _edit_config(adapter, alpha_pattern={"q_proj": 64})
+    model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base), str(adapter))
+    scalings = {module.scaling["default"] for name, module in model.named_modules()
+                if hasattr(module, "scaling") and name.endswith("q_proj")}
+    assert scalings == {64 / 4}

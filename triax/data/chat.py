@@ -32,7 +32,7 @@ import torch
 
 from triax import safe_files
 from triax.data.addition import IGNORE_INDEX
-from triax.data.chat_template import (BUILTIN_TEMPLATES, ChatTemplate, TemplateError, special_tokens_of,
+from triax.data.chat_template import (BUILTIN_TEMPLATES, ChatTemplate, TemplateBoundError, TemplateError, special_tokens_of,
                                       template_of_config)
 from triax.data.errors import DataError, MissingDependency
 from triax.errors import printable
@@ -237,6 +237,8 @@ class ChatEncoder:
             text, spans = self.template.render(messages)
             if not self.template.has_generation_tags:
                 spans = self.answer_spans(messages, text, self.template.origin)
+        except TemplateBoundError:
+            raise  # past a bound already: the records would only pass it again
         except TemplateError:
             return  # a template that needs another shape of conversation: judged on the records themselves
         answers = [text[start:end] for start, end in spans if probe in text[start:end]]

@@ -56,6 +56,10 @@ class TemplateError(DataError):
     """A chat template that does not compile, escapes its sandbox, or fails on a conversation."""
 
 
+class TemplateBoundError(TemplateError):
+    """A template that passed a bound on its work or on what it builds (template_budget.py)."""
+
+
 class _RenderTooLarge(Exception):
     pass
 
@@ -153,6 +157,9 @@ def _environment():
             else:
                 for value in list(args) + list(kwargs.values()):
                     budgets.check_count(value)
+            budget = __self.budget()
+            if budget is not None and isinstance(__obj, jinja2.runtime.Macro):
+                budget.operation(budgets.MACRO_CALL_COST)
             return __self._counted(super().call(__context, __obj, *args, **kwargs))
 
         def getattr(self, obj, attribute):
@@ -236,10 +243,10 @@ class ChatTemplate:
                 if state.chars > MAX_RENDERED_CHARS:
                     raise _RenderTooLarge()
         except _RenderTooLarge:
-            raise TemplateError(f"the chat template of {self.origin} renders one conversation to more than "
+            raise TemplateBoundError(f"the chat template of {self.origin} renders one conversation to more than "
                                 f"{MAX_RENDERED_CHARS} characters; it is not a chat template") from None
         except budgets.TemplateLimit as error:
-            raise TemplateError(f"the chat template of {self.origin} {error} (a bound on what a template may do "
+            raise TemplateBoundError(f"the chat template of {self.origin} {error} (a bound on what a template may do "
                                 "for one conversation); it is not a chat template triax renders") from None
         except jinja2.exceptions.SecurityError as error:
             raise TemplateError(f"the chat template of {self.origin} tried something its sandbox forbids "

@@ -22,6 +22,8 @@ from jinja2.visitor import NodeTransformer
 # Calls, attribute reads, item reads, operators and loop iterations of one rendering. A real
 # template spends tens per message; a million is seconds of Python and far past any conversation.
 MAX_OPERATIONS = 1_000_000
+# A macro call costs Jinja about as much as a hundred simple operations (its frame, arguments, caller).
+MACRO_CALL_COST = 100
 # The largest text, list or dict a template may build (one conversation's whole rendering is held
 # to the same bound by chat_template.MAX_RENDERED_CHARS).
 MAX_VALUE_SIZE = 16 * 2**20

@@ -154,9 +154,21 @@ def _check_names(names: set[str], expected: set[str], path: str) -> None:
                            f"{printable(unused[0])[:120]!r}; give an adapter saved for this model")
 
 
+def check_adapter(model_config, lora: LoRAConfig) -> None:
+    """Check model.lora.init_from against the whole model before anything of the run is written:
+    its config, and every tensor's name, shape, dtype and values, on a model of shapes alone."""
+    from triax.models import build_model  # deferred: the model classes, when there is an adapter only
+    from triax.models.lora import apply_lora
+
+    with torch.device("meta"):
+        model = build_model(model_config)
+        apply_lora(model, lora)
+    load_adapter(model, lora.init_from, lora, n_layer=model_config.n_layer, copy=False)
+
+
 @torch.no_grad()
 def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig, stored_name=lambda name: name,
-                 n_layer: int | None = None) -> int:
+                 n_layer: int | None = None, copy: bool = True) -> int:
     """Copy the adapter directory's tensors into this rank's part of `model`'s adapters; every tensor
     of the file checked against the model first (its name, shape, dtype and finite values).
     `n_layer`: the whole model's blocks (a pipeline rank holds some of them only)."""
@@ -174,7 +186,7 @@ def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig, store
             for parameter_name, parameter in model.named_parameters():
                 name = stored_name(parameter_name)
                 if ADAPTER_MARK in name:
-                    read += _load_one(stored, names, name, parameter, shown)
+                    read += _load_one(stored, names, name, parameter, shown, copy)
     except AdapterError:
         raise
     except Exception as error:  # safetensors' own errors: a damaged file
@@ -183,7 +195,7 @@ def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig, store
     return read
 
 
-def _load_one(stored, names: set[str], name: str, parameter: torch.Tensor, path: str) -> int:
+def _load_one(stored, names: set[str], name: str, parameter: torch.Tensor, path: str, copy: bool = True) -> int:
     source = peft_name(name)
     if source not in names:  # PEFT keeps the adapter name in memory; some tools save it too
         source = source.replace(".weight", ".default.weight")
@@ -202,7 +214,7 @@ def _load_one(stored, names: set[str], name: str, parameter: torch.Tensor, path:
     if not bool(torch.isfinite(whole).all()):
         raise AdapterError(f"model.lora.init_from: {path}'s {source} holds NaN or infinite values; give an adapter "
                            "saved before training diverged")
-    if local.numel() == 0:
+    if local.numel() == 0 or not copy:
         return 0
     box = tuple(slice(start, start + size) for start, size in zip(offset, local.shape))
     local.copy_(whole[box].to(local.dtype))
