@@ -406,3 +406,44 @@ def test_peft_applies_alpha_pattern_so_refusing_it_is_needed(sandbox, lora_copy,
     scalings = {module.scaling["default"] for name, module in model.named_modules()
                 if hasattr(module, "scaling") and name.endswith("q_proj")}
     assert scalings == {64 / 4}
+
+
+# ---- the abort at exit after a Parquet refusal ------------------------------------------------------
+
+@pytest.mark.multiprocess
+def test_reading_parquet_starts_no_thread_that_calls_back_into_python(tmp_path):
+    """The cause of the abort at exit (`terminate called without an active exception`, exit 134,
+    intermittent) after a refused Parquet record: Arrow given a Python file object reads it on its
+    I/O threads, which call back into Python; one still doing so while the interpreter shuts down
+    aborts the process. The reader gives Arrow the bytes and reads on the calling thread, so no
+    Arrow thread is ever started (jemalloc's background thread never enters Python). Checked in a
+    fresh process, deterministically: the threads before and after reading a file with a bad row."""
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as parquet
+
+    records = [CONVERSATIONS[0]] * 50 + [{"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]}]
+    rows = pyarrow.RecordBatch.from_struct_array(pyarrow.array(records))
+    parquet.write_table(pyarrow.Table.from_batches([rows]), tmp_path / "chat.parquet")
+    script = textwrap.dedent(f"""
+        import os
+        import pyarrow.parquet
+        from triax.data.chat import RecordError, read_records, record_messages
+
+        def threads():
+            return {{task: open(f"/proc/self/task/{{task}}/comm").read().strip() for task in os.listdir("/proc/self/task")}}
+
+        before = threads()
+        try:
+            for where, record in read_records({str(tmp_path / "chat.parquet")!r}):
+                record_messages(record, where)
+        except RecordError as error:
+            print("refused:", error)
+        started = {{task: name for task, name in threads().items() if task not in before}}
+        print(sorted(name for name in started.values() if name != "jemalloc_bg_thd"))
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("refused:") and "row 50" in lines[0]
+    assert lines[-1] == "[]", f"reading Parquet started threads: {lines[-1]}"

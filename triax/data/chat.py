@@ -43,6 +43,8 @@ ROLES = ("system", "user", "assistant")
 MAX_LINE_BYTES = 16 * 2**20
 # A .json file is parsed whole: past this, use JSONL (read line by line).
 MAX_JSON_BYTES = 1024 * 2**20
+# A Parquet file is read whole (its table is built in memory anyway): past this, split it.
+MAX_PARQUET_BYTES = 1024 * 2**20
 # Nesting of a record: a conversation needs 4 levels (record, list, message, text).
 MAX_DEPTH = 8
 OVERLONG_RULES = ("truncate", "drop")
@@ -110,6 +112,8 @@ def record_messages(record, where: str) -> list[dict]:
         raise RecordError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
     if _depth(record, MAX_DEPTH) > MAX_DEPTH:
         raise RecordError(f"{where}: the record nests more than {MAX_DEPTH} levels deep; not a conversation")
+    # A null field is an absent one: a Parquet file's rows all have every column, null where unused.
+    record = {key: value for key, value in record.items() if value is not None}
     forms = ["/".join(form) for form in FORMS if any(key in record for key in form)]
     if len(forms) > 1:  # which one was meant is a guess; the other would be dropped without a word
         raise RecordError(f"{where}: the record has both {' and '.join(repr(form) for form in forms)}; keep one form "
@@ -164,7 +168,7 @@ def read_records(path: str, option: str = "data.path"):
         raise DataError(f"{option} {path!r} is a symlink; triax reads chat data from the file itself (give the "
                         f"link's target, {printable(os.path.realpath(path))!r})")
     try:
-        handle = safe_files.open_read(path, MAX_JSON_BYTES if extension == ".json" else None)
+        handle = safe_files.open_read(path, {".json": MAX_JSON_BYTES, ".parquet": MAX_PARQUET_BYTES}.get(extension))
     except FileNotFoundError:
         raise DataError(f"{option} {path!r} does not exist") from None
     except OSError as error:
@@ -194,12 +198,22 @@ def read_records(path: str, option: str = "data.path"):
 
 def _parquet_records(handle, path: str):
     try:
-        import pyarrow.parquet as parquet  # deferred: an optional dependency, for Parquet files only
+        import pyarrow  # deferred: an optional dependency, for Parquet files only
+        import pyarrow.parquet as parquet
     except ImportError:
         raise MissingDependency(f"{path!r} is Parquet, which needs pyarrow: pip install pyarrow "
                                 "(or convert it to JSONL)") from None
+    # Arrow is given the file's bytes, never the Python file object, and reads on this thread
+    # alone: with a file object its I/O threads call back into Python to read, and one doing so
+    # while the interpreter shuts down (after a refusal below, say) aborts the process
+    # ("terminate called without an active exception", exit 134).
+    data = pyarrow.py_buffer(handle.read(MAX_PARQUET_BYTES + 1))
+    if data.size > MAX_PARQUET_BYTES:
+        raise DataError(f"{path!r} is more than {MAX_PARQUET_BYTES} bytes; split it into smaller Parquet files")
     try:
-        table = parquet.read_table(handle)
+        # ParquetFile.read, not read_table: read_table's dataset scanner starts an I/O thread even
+        # with use_threads=False.
+        table = parquet.ParquetFile(pyarrow.BufferReader(data), pre_buffer=False).read(use_threads=False)
     except Exception as error:  # pyarrow's many error classes: the file is not Parquet it can read
         raise DataError(f"{path!r} is not a Parquet file pyarrow can read ({printable(str(error))[:200]})") from None
     for number, record in enumerate(table.to_pylist()):
