@@ -100,6 +100,8 @@ TEMPLATE_CASES = {
     "str.translate": ("{{ 'a'.translate({97: 'b' * 100000}) }}", ["str.translate"]),
     "str.expandtabs through getitem": ("{{ ('\\t' * 1000)['expandtabs'](100000) }}", ["expandtabs"]),
     "lipsum": ("{{ lipsum(100000, max=100000) }}", ["lipsum"]),
+    "recursive loop of exponential size": ("{% for x in messages recursive %}{% if loop.depth < 30 %}"
+                                           "{{ loop(messages) }}{% endif %}{% endfor %}", ["operations"]),
     "integer squaring": ("{% set ns = namespace(x=3) %}{% for i in range(64) %}{% set ns.x = ns.x * ns.x %}"
                          "{% endfor %}{{ ns.x }}", ["bits"]),
 }
@@ -304,7 +306,8 @@ def test_gpu_suite_report_never_replaces_a_foreign_file_or_a_link(sandbox):  # n
 
 @pytest.mark.parametrize("option, value", [("--seconds", "1e12"), ("--seconds", "inf"), ("--seconds", "nan"),
                                            ("--seconds", "0"), ("--store-timeout", "1e12"),
-                                           ("--link-mib", "1e9"), ("--sizes", "1,1e12")])
+                                           ("--link-mib", "1e9"), ("--sizes", "1,1e12"),
+                                           ("--sizes", "1e-9"), ("--link-mib", "1e-9")])
 def test_every_numeric_doctor_option_has_a_range(option, value, sandbox):  # noqa: F811
     quickly(sandbox, ["doctor", option, value], option)
 
@@ -447,3 +450,73 @@ def test_reading_parquet_starts_no_thread_that_calls_back_into_python(tmp_path):
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("refused:") and "row 50" in lines[0]
     assert lines[-1] == "[]", f"reading Parquet started threads: {lines[-1]}"
+
+
+@pytest.mark.parametrize("device", ["bogus", "cuda:99", "meta"])
+def test_gpu_suite_device_is_checked(device, sandbox):  # noqa: F811
+    if device != "bogus" and torch.cuda.is_available() and torch.cuda.device_count() > 99:
+        pytest.skip("a machine with 100 GPUs")
+    quickly(sandbox, ["doctor", "--gpu-suite", "--device", device], "--device")
+
+
+# ---- Slurm variables read as options --------------------------------------------------------------
+
+@pytest.mark.parametrize("port", ["\u0661\u0662\u0663\u0664", "99999", "0", "http"])
+def test_master_port_is_checked_like_an_option(port):
+    from triax.errors import TriaxError
+    from triax.slurm import launch_placement
+
+    env = {"SLURM_STEP_ID": "0", "SLURM_NODEID": "0", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
+           "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "MASTER_PORT": port}
+    with pytest.raises(TriaxError, match="MASTER_PORT"):
+        launch_placement(env)
+
+
+def test_a_node_id_in_other_digits_is_not_a_node():
+    from triax.errors import TriaxError
+    from triax.slurm import launch_placement, local_world_size
+
+    env = {"SLURM_STEP_ID": "0", "SLURM_NODEID": "\u0661", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
+           "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    with pytest.raises(TriaxError, match="SLURM_NODEID"):
+        launch_placement(env)
+    assert local_world_size(env) is None
+
+
+# ---- files of other tools: the message names the file and what is wrong ------------------------
+
+def test_a_meta_plain_pickle_names_the_global_and_never_runs(sandbox):  # noqa: F811
+    import pickle
+
+    folder = sandbox.work / "meta"
+    folder.mkdir()
+    (folder / "params.json").write_text(json.dumps({"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+                                                    "vocab_size": 300, "multiple_of": 16, "norm_eps": 1e-5}))
+    (folder / "tokenizer.model").write_bytes(b"not read")
+    marker = sandbox.root / "home" / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (folder / "consolidated.00.pth").write_bytes(pickle.dumps({"tok_embeddings.weight": Payload()}))
+    corpus = sandbox.work / "corpus.txt"
+    corpus.write_text("ab cd " * 200)
+    quickly(sandbox, ["train", f"model.init_from={folder}", f"data.path={corpus}", "trainer.max_steps=1",
+                      f"trainer.run_dir={sandbox.work / 'run'}"], "consolidated.00.pth", "posix.system")
+    assert not marker.exists()
+
+
+def test_a_bad_scheduler_bin_is_named_as_such(tmp_path):
+    from test_accelerate_folder import prepared
+    from triax.checkpoint import SnapshotCorruptError
+    from triax.checkpoint.pickled import pickled_bytes
+
+    accelerator, model, optimizer, scheduler, counter, _ = prepared()
+    folder = accelerator.save_state(str(tmp_path / "ckpt"))
+    os.remove(os.path.join(folder, "triax_manifest.json"))
+    with open(os.path.join(folder, "scheduler.bin"), "wb") as handle:
+        handle.write(pickled_bytes({**scheduler.state_dict(), "last_epoch": "abc"}))
+    with pytest.raises(SnapshotCorruptError) as raised:
+        accelerator.load_state(folder)
+    assert "scheduler.bin" in str(raised.value) and "state.json" not in str(raised.value)

@@ -158,8 +158,11 @@ def _environment():
                 for value in list(args) + list(kwargs.values()):
                     budgets.check_count(value)
             budget = __self.budget()
-            if budget is not None and isinstance(__obj, jinja2.runtime.Macro):
+            if budget is not None and isinstance(__obj, (jinja2.runtime.Macro, jinja2.runtime.LoopContext)):
                 budget.operation(budgets.MACRO_CALL_COST)
+            if isinstance(__obj, jinja2.runtime.LoopContext) and args:
+                # loop(children) of a recursive loop: its iterations counted like the first level's
+                args = (budgets.counted_loop(__self.budget, args[0], budgets.MACRO_CALL_COST), *args[1:])
             return __self._counted(super().call(__context, __obj, *args, **kwargs))
 
         def getattr(self, obj, attribute):

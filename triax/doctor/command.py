@@ -76,7 +76,8 @@ def parse(argv: list[str]):
     need(args.seconds <= MAX_SECONDS, "--seconds", args.seconds,
          f"each measurement is repeated for at most {MAX_SECONDS} seconds; use a number up to that")
     positive("--link-mib", args.link_mib)
-    need(args.link_mib <= MAX_SIZE_MIB, "--link-mib", args.link_mib, f"use at most {MAX_SIZE_MIB}")
+    need(1 / 1024 <= args.link_mib <= MAX_SIZE_MIB, "--link-mib", args.link_mib,
+         f"use from 1/1024 (1 KiB) to {MAX_SIZE_MIB}")
     args.sizes = _sizes(args.sizes)
     return args
 
@@ -88,8 +89,8 @@ def _sizes(text: str) -> list[int]:
             value = float(item)
         except ValueError:
             value = float("nan")
-        need(value == value and 0 < value <= MAX_SIZE_MIB, "--sizes", text,
-             f"give sizes in MiB above 0 and at most {MAX_SIZE_MIB}, separated by commas (e.g. 1,16)")
+        need(value == value and 1 / 1024 <= value <= MAX_SIZE_MIB, "--sizes", text,
+             f"give sizes in MiB from 1/1024 (1 KiB) to {MAX_SIZE_MIB}, separated by commas (e.g. 1,16)")
         sizes.append(int(value * 2**20))
     return sizes
 

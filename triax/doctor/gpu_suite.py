@@ -36,7 +36,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from triax import safe_files
-from triax.arguments import ArgumentParser, check_output_file
+from triax.arguments import ArgumentParser, check_device, check_output_file
 from triax.doctor import gpu_bench
 from triax.version import __version__
 
@@ -339,6 +339,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     unknown = sorted(set(filter(None, args.skip.split(","))) - set(SHARES))
     if unknown:
         parser.error(f"--skip {args.skip!r}: unknown part(s) {', '.join(unknown)}; parts are {', '.join(SHARES)}")
+    if args.device is not None:
+        check_device("--device", args.device, allow_auto=False)
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: CUDA is not available on this machine; leave --device out")
+        index = torch.device(args.device).index
+        if index is not None and index >= torch.cuda.device_count():
+            parser.error(f"--device {args.device}: this machine has {torch.cuda.device_count()} CUDA devices")
     # The one output rule of triax's reports: a new file, or one this suite wrote; never a link's target.
     check_output_file("--json", args.json, args.force, is_suite_report)
     return args
