@@ -261,6 +261,10 @@ def test_peft_export_never_replaces_a_foreign_adapter(sandbox, lora_copy, capsys
     (out / "adapter_model.safetensors").write_bytes(b"foreign")
     quickly(sandbox, ["export", str(lora_copy), str(out), "--format", "peft"], "adapter_model.safetensors")
     assert triax_main(["export", str(lora_copy), str(out), "--format", "peft", "--force"]) == 0
+    # A directory where a file goes: refused before any file is written, --force or not.
+    (out / "adapter_config.json").unlink()
+    (out / "adapter_config.json").mkdir()
+    quickly(sandbox, ["export", str(lora_copy), str(out), "--format", "peft", "--force"], "a directory named")
 
 
 @pytest.fixture(scope="module")

@@ -103,6 +103,9 @@ def check_output_directory(option: str, directory: str, files: dict, force: bool
                          "give a new directory")
     for name, written_by_triax in files.items():
         path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):  # not replaceable by a file, --force or not
+            raise UsageError(f"{option} {directory!r} holds a directory named {name}, where triax writes a file; "
+                             "remove it or choose another directory")
         if not os.path.lexists(path) or force:
             continue
         if os.path.islink(path) or not written_by_triax(path):
