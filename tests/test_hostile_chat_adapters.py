@@ -311,7 +311,8 @@ def test_gpu_suite_report_never_replaces_a_foreign_file_or_a_link(sandbox):  # n
 @pytest.mark.parametrize("option, value", [("--seconds", "1e12"), ("--seconds", "inf"), ("--seconds", "nan"),
                                            ("--seconds", "0"), ("--store-timeout", "1e12"),
                                            ("--link-mib", "1e9"), ("--sizes", "1,1e12"),
-                                           ("--sizes", "1e-9"), ("--link-mib", "1e-9")])
+                                           ("--sizes", "1e-9"), ("--link-mib", "1e-9"), ("--seconds", "1e-300"),
+                                           ("--store-timeout", "1e-300")])
 def test_every_numeric_doctor_option_has_a_range(option, value, sandbox):  # noqa: F811
     quickly(sandbox, ["doctor", option, value], option)
 

@@ -250,7 +250,9 @@ class ChatTemplate:
                                 f"{MAX_RENDERED_CHARS} characters; it is not a chat template") from None
         except budgets.TemplateLimit as error:
             raise TemplateBoundError(f"the chat template of {self.origin} {error} (a bound on what a template may do "
-                                "for one conversation); it is not a chat template triax renders") from None
+                                     f"for one conversation; this one has {len(messages)} messages): a template that "
+                                     "does that is not one triax renders, and a conversation that needs it is too "
+                                     "long to train on") from None
         except jinja2.exceptions.SecurityError as error:
             raise TemplateError(f"the chat template of {self.origin} tried something its sandbox forbids "
                                 f"({_first_line(error)}); use a template without it") from None

@@ -34,6 +34,7 @@ DEFAULT_SIZES_MIB = "1,16"
 MAX_SIZE_MIB = 4096  # a collective's buffer is allocated on every rank: beyond this, a typo
 # Each measurement repeats for --seconds (a dozen of them): a minute each is already a long doctor.
 MAX_SECONDS = 60.0
+MIN_SECONDS = 0.01  # below a timer's resolution on a loaded machine: a measurement of nothing
 # Reaching the rendezvous store: an hour covers a slow scheduler starting the nodes one by one.
 MAX_STORE_TIMEOUT_S = 3600.0
 # Versions that must match on every rank: a mismatch fails collectives in ways that look like bugs.
@@ -70,11 +71,11 @@ def parse(argv: list[str]):
     for override in args.overrides:
         need("=" in override, "KEY=VALUE", override, "give config overrides as key=value (triax train --help)")
     positive("--store-timeout", args.store_timeout)
-    need(args.store_timeout <= MAX_STORE_TIMEOUT_S, "--store-timeout", args.store_timeout,
-         f"use at most {MAX_STORE_TIMEOUT_S} seconds")
+    need(1 <= args.store_timeout <= MAX_STORE_TIMEOUT_S, "--store-timeout", args.store_timeout,
+         f"use from 1 to {MAX_STORE_TIMEOUT_S:g} seconds")
     positive("--seconds", args.seconds)
-    need(args.seconds <= MAX_SECONDS, "--seconds", args.seconds,
-         f"each measurement is repeated for at most {MAX_SECONDS} seconds; use a number up to that")
+    need(MIN_SECONDS <= args.seconds <= MAX_SECONDS, "--seconds", args.seconds,
+         f"each measurement is repeated for {MIN_SECONDS} to {MAX_SECONDS:g} seconds; use a number in that range")
     positive("--link-mib", args.link_mib)
     need(1 / 1024 <= args.link_mib <= MAX_SIZE_MIB, "--link-mib", args.link_mib,
          f"use from 1/1024 (1 KiB) to {MAX_SIZE_MIB}")
