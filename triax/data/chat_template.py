@@ -64,123 +64,128 @@ class _RenderTooLarge(Exception):
     pass
 
 
-def _environment():
-    class GenerationSpans(jinja2.ext.Extension):
-        """`{% generation %}` blocks: their text is rendered as usual and its character span in
-        the whole output recorded (the output so far is what `render` has collected)."""
+class GenerationSpans(jinja2.ext.Extension):
+    """`{% generation %}` blocks: their text is rendered as usual and its character span in
+    the whole output recorded (the output so far is what `render` has collected)."""
 
-        tags = {"generation"}
+    tags = {"generation"}
 
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            if getattr(self, "depth", 0):
-                # The answer spans would overlap: which text is the answer is ambiguous.
-                parser.fail("a {% generation %} block inside another one; close the first before opening the next",
-                            lineno)
-            self.depth = 1
-            try:
-                body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
-            finally:
-                self.depth = 0
-            return jinja2.nodes.CallBlock(self.call_method("_span", []), [], [], body).set_lineno(lineno)
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        if getattr(self, "depth", 0):
+            # The answer spans would overlap: which text is the answer is ambiguous.
+            parser.fail("a {% generation %} block inside another one; close the first before opening the next",
+                        lineno)
+        self.depth = 1
+        try:
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        finally:
+            self.depth = 0
+        return jinja2.nodes.CallBlock(self.call_method("_span", []), [], [], body).set_lineno(lineno)
 
-        def _span(self, caller):
-            state = self.environment.render_state
-            if state is not None and state.in_generation:  # a macro with one, called inside another
-                raise jinja2.exceptions.TemplateError("a {% generation %} block runs inside another one")
+    def _span(self, caller):
+        state = self.environment.render_state
+        if state is not None and state.in_generation:  # a macro with one, called inside another
+            raise jinja2.exceptions.TemplateError("a {% generation %} block runs inside another one")
+        if state is not None:
+            state.in_generation = True
+        try:
+            text = caller()
+        finally:
             if state is not None:
-                state.in_generation = True
-            try:
-                text = caller()
-            finally:
-                if state is not None:
-                    state.in_generation = False
-            if state is not None:
-                start = state.length()
-                state.spans.append((start, start + len(text)))
-            return text
+                state.in_generation = False
+        if state is not None:
+            start = state.length()
+            state.spans.append((start, start + len(text)))
+        return text
 
-    class Namespace(jinja2.utils.Namespace):
-        """namespace() that refuses underscore names (transformers' rule: no way to CPython internals)."""
+class Namespace(jinja2.utils.Namespace):
+    """namespace() that refuses underscore names (transformers' rule: no way to CPython internals)."""
 
-        def __init__(*args, **kwargs):
-            self, args = args[0], args[1:]
-            attributes = dict(*args, **kwargs)
-            for name in attributes:
-                Namespace._check(name)
-            jinja2.utils.Namespace.__init__(self, attributes)
-
-        def __setitem__(self, name, value):
+    def __init__(*args, **kwargs):
+        self, args = args[0], args[1:]
+        attributes = dict(*args, **kwargs)
+        for name in attributes:
             Namespace._check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
+        jinja2.utils.Namespace.__init__(self, attributes)
 
-        @staticmethod
-        def _check(name):
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(f"a namespace attribute may not start with '_': {name!r}")
+    def __setitem__(self, name, value):
+        Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
 
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
+    @staticmethod
+    def _check(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"a namespace attribute may not start with '_': {name!r}")
 
-    class Sandbox(ImmutableSandboxedEnvironment):
-        # Intercepted so that their inputs are checked before a result past the bounds is computed
-        # (and never folded into a constant at compile time).
-        intercepted_binops = frozenset(["*", "**", "+", "%"])
+def raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
 
-        def budget(self) -> budgets.Budget | None:
-            return self.render_state.budget if self.render_state is not None else None
+class Sandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, stricter: forbidden attributes refuse the template, and every
+    operation is counted and its inputs and result checked against template_budget's bounds."""
 
-        def _sized(self):
-            budget = self.budget()
-            return budget.size if budget is not None else budgets.deep_size
+    # Intercepted so that their inputs are checked before a result past the bounds is computed
+    # (and never folded into a constant at compile time).
+    intercepted_binops = frozenset(["*", "**", "+", "%"])
 
-        def _counted(self, value):
-            budget = self.budget()
-            if budget is None:
-                return value
-            budget.operation()
-            return budget.built_value(value)
+    def budget(self) -> budgets.Budget | None:
+        return self.render_state.budget if self.render_state is not None else None
 
-        def _parse(self, source, name, filename):
-            return budgets.Counted().visit(super()._parse(source, name, filename))
+    def _sized(self):
+        budget = self.budget()
+        return budget.size if budget is not None else budgets.deep_size
 
-        def call_binop(self, context, operator, left, right):
-            budgets.binop_before(operator, left, right, self._sized())
-            result = super().call_binop(context, operator, left, right)
-            budgets.check_int(result)
-            return self._counted(result)
+    def _counted(self, value):
+        budget = self.budget()
+        if budget is None:
+            return value
+        budget.operation()
+        return budget.built_value(value)
 
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
-            owner = getattr(__obj, "__self__", None)
-            if isinstance(owner, str) and callable(__obj):
-                budgets.str_method_before(owner, getattr(__obj, "__name__", ""), args, kwargs, __self._sized())
-            else:
-                for value in list(args) + list(kwargs.values()):
-                    budgets.check_count(value)
-            budget = __self.budget()
-            if budget is not None and isinstance(__obj, (jinja2.runtime.Macro, jinja2.runtime.LoopContext)):
-                budget.operation(budgets.MACRO_CALL_COST)
-            if isinstance(__obj, jinja2.runtime.LoopContext) and args:
-                # loop(children) of a recursive loop: its iterations counted like the first level's
-                args = (budgets.counted_loop(__self.budget, args[0], budgets.MACRO_CALL_COST), *args[1:])
-            return __self._counted(super().call(__context, __obj, *args, **kwargs))
+    def _parse(self, source, name, filename):
+        return budgets.Counted().visit(super()._parse(source, name, filename))
 
-        def getattr(self, obj, attribute):
-            budgets.str_attribute(obj, attribute)
-            return self._counted(super().getattr(obj, attribute))
+    def call_binop(self, context, operator, left, right):
+        budgets.binop_before(operator, left, right, self._sized())
+        result = super().call_binop(context, operator, left, right)
+        budgets.check_int(result)
+        return self._counted(result)
 
-        def getitem(self, obj, argument):
-            budgets.str_attribute(obj, argument)
-            return self._counted(super().getitem(obj, argument))
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str) and callable(__obj):
+            budgets.str_method_before(owner, getattr(__obj, "__name__", ""), args, kwargs, __self._sized())
+        else:
+            for value in list(args) + list(kwargs.values()):
+                budgets.check_count(value)
+        budget = __self.budget()
+        if budget is not None and isinstance(__obj, (jinja2.runtime.Macro, jinja2.runtime.LoopContext)):
+            budget.operation(budgets.MACRO_CALL_COST)
+        if isinstance(__obj, jinja2.runtime.LoopContext) and args:
+            # loop(children) of a recursive loop: its iterations counted like the first level's
+            args = (budgets.counted_loop(__self.budget, args[0], budgets.MACRO_CALL_COST), *args[1:])
+        return __self._counted(super().call(__context, __obj, *args, **kwargs))
 
-        def unsafe_undefined(self, obj, attribute):
-            # Jinja's sandbox answers a forbidden attribute with an undefined value, which prints as
-            # nothing: `{{ lipsum.__globals__ }}` would render silently. No legitimate template
-            # asks for one, so the attempt itself refuses the template.
-            raise jinja2.exceptions.SecurityError(
-                f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
+    def getattr(self, obj, attribute):
+        budgets.str_attribute(obj, attribute)
+        return self._counted(super().getattr(obj, attribute))
 
-    # trim_blocks and lstrip_blocks as transformers sets them: the same template gives the same text.
+    def getitem(self, obj, argument):
+        budgets.str_attribute(obj, argument)
+        return self._counted(super().getitem(obj, argument))
+
+    def unsafe_undefined(self, obj, attribute):
+        # Jinja's sandbox answers a forbidden attribute with an undefined value, which prints as
+        # nothing: `{{ lipsum.__globals__ }}` would render silently. No legitimate template
+        # asks for one, so the attempt itself refuses the template.
+        raise jinja2.exceptions.SecurityError(
+            f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
+
+# trim_blocks and lstrip_blocks as transformers sets them: the same template gives the same text.
+
+
+def _environment():
     environment = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationSpans, jinja2.ext.loopcontrols])
     environment.render_state = None
     budget_of = environment.budget

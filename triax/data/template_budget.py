@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import re
+from typing import Callable
 
 import jinja2.nodes
 from jinja2.visitor import NodeTransformer
@@ -71,6 +72,10 @@ class Budget:
         return deep_size(value, self.sizes)
 
 
+# What the sandbox hands the filters: the running rendering's Budget, or None (compile time).
+BudgetOf = Callable[[], "Budget | None"]
+
+
 def _shallow(value) -> int:
     try:
         return len(value) if isinstance(value, (list, tuple, dict, set, frozenset)) else 0
@@ -124,7 +129,7 @@ def check_widths(text: str) -> None:
             raise TemplateLimit(f"formats with a width of {run[:20]}, more than {MAX_VALUE_SIZE}")
 
 
-def binop_before(operator: str, left, right, size) -> None:
+def binop_before(operator: str, left, right, size: Callable) -> None:
     """Refuse an operator whose result would pass a bound, from its inputs' sizes."""
     numbers = all(isinstance(side, (int, float)) and not isinstance(side, bool) for side in (left, right))
     if operator == "**" and numbers and isinstance(left, int) and isinstance(right, int):
@@ -169,7 +174,7 @@ def str_attribute(obj, name) -> None:
         check_widths(obj)
 
 
-def str_method_before(text: str, name: str, args: tuple, kwargs: dict, size) -> None:
+def str_method_before(text: str, name: str, args: tuple, kwargs: dict, size: Callable) -> None:
     if name in STR_METHODS_PLAIN:
         return
     if name not in STR_METHODS_SIZED:
@@ -190,7 +195,7 @@ def str_method_before(text: str, name: str, args: tuple, kwargs: dict, size) -> 
             check_count(value)
 
 
-def filter_before(name: str, args: tuple, kwargs: dict, size) -> None:
+def filter_before(name: str, args: tuple, kwargs: dict, size: Callable) -> None:
     """The bounds of Jinja's filters that can build something larger than their inputs."""
     values = list(args) + list(kwargs.values())
     for value in values:
@@ -210,7 +215,7 @@ def filter_before(name: str, args: tuple, kwargs: dict, size) -> None:
         check_widths(subject)
 
 
-def tojson(budget_of, value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+def tojson(budget_of: "BudgetOf", value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
     """json.dumps as transformers gives templates (no HTML escaping), encoded piece by piece so that
     a value that would print past the bound is stopped at the bound, not after."""
     if isinstance(indent, bool) or not (indent is None or (isinstance(indent, int) and 0 <= indent <= MAX_JSON_INDENT)
@@ -261,7 +266,7 @@ class Counted(NodeTransformer):
                                    None, None, lineno=node.lineno)
 
 
-def counted_loop(budget_of, iterable, weight: int = 1):
+def counted_loop(budget_of: "BudgetOf", iterable, weight: int = 1):
     budget = budget_of()
     for item in iterable:
         if budget is not None:
@@ -269,14 +274,14 @@ def counted_loop(budget_of, iterable, weight: int = 1):
         yield item
 
 
-def charge(budget_of, empty: str, weight: int) -> str:
+def charge(budget_of: "BudgetOf", empty: str, weight: int) -> str:
     budget = budget_of()
     if budget is not None:
         budget.operation(weight)
     return empty
 
 
-def checked_join(budget_of, pieces) -> str:
+def checked_join(budget_of: "BudgetOf", pieces) -> str:
     """Jinja's concat of a buffered body (a macro's, a block's output): sizes checked before joining."""
     pieces = pieces if isinstance(pieces, list) else list(pieces)
     budget = budget_of()
@@ -290,14 +295,14 @@ def checked_join(budget_of, pieces) -> str:
     return "".join(pieces)
 
 
-def concat(budget_of, parts: list) -> str:
+def concat(budget_of: "BudgetOf", parts: list) -> str:
     budget = budget_of()
     size = budget.size if budget is not None else deep_size
     check_size(sum(size(part) for part in parts))
     return "".join(map(str, parts))
 
 
-def guarded_filter(function, name: str, budget_of):
+def guarded_filter(function: Callable, name: str, budget_of: "BudgetOf"):
     """Jinja filter `function` with its bounds checked before it runs and its result after."""
 
     @functools.wraps(function)
