@@ -2,7 +2,7 @@
 that did not end as a refusal should (exit code 2, one line): an abort at exit (`terminate called
 without an active exception`, exit 134), a hang, a traceback.
 
-    python scripts/stress_chat_refusals.py CHECKPOINT --runs 100 --busy 4
+    python scripts/stress_chat_refusals.py CHECKPOINT --runs 100 --busy 2 --parallel 4
 
 CHECKPOINT is a directory with tokenizer.json and a chat template (tokenizer_config.json). The
 cases are Parquet, JSONL and JSON files with one bad record each, read by `triax tokenize --chat`.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import json
 import multiprocessing
 import os
@@ -53,12 +54,30 @@ def busy(stop_at: float) -> None:
         sum(i * i for i in range(10000))
 
 
+def one_run(run: int, case: str, args, directory: str, env: dict) -> str:
+    """One refusal; its outcome ("refused", "hang" or "exit N"), printed when it is not a refusal."""
+    command = [sys.executable, "-m", "triax", "tokenize", "--chat", args.checkpoint, case,
+               "--out", os.path.join(directory, f"out{run}")]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        print(f"run {run} ({os.path.basename(case)}): hung", flush=True)
+        return "hang"
+    lines = result.stderr.strip().splitlines()
+    if result.returncode == 2 and len(lines) == 1 and lines[0].startswith("triax: error:"):
+        return "refused"
+    print(f"run {run} ({os.path.basename(case)}): exit {result.returncode}: {result.stderr.strip()[-300:]}",
+          flush=True)
+    return f"exit {result.returncode}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--busy", type=int, default=4, help="busy-looping processes beside the runs")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
     args = parser.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -70,22 +89,13 @@ def main() -> int:
         for worker in workers:
             worker.start()
         try:
-            for run in range(args.runs):
-                case = cases[run % len(cases)]
-                command = [sys.executable, "-m", "triax", "tokenize", "--chat", args.checkpoint, case,
-                           "--out", os.path.join(directory, f"out{run}")]
-                try:
-                    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
-                except subprocess.TimeoutExpired:
-                    outcomes["hang"] += 1
-                    print(f"run {run} ({os.path.basename(case)}): hung", flush=True)
-                    continue
-                lines = result.stderr.strip().splitlines()
-                ok = result.returncode == 2 and len(lines) == 1 and lines[0].startswith("triax: error:")
-                outcomes["refused" if ok else f"exit {result.returncode}"] += 1
-                if not ok:
-                    print(f"run {run} ({os.path.basename(case)}): exit {result.returncode}: "
-                          f"{result.stderr.strip()[-300:]}", flush=True)
+            with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+                runs = [pool.submit(one_run, run, cases[run % len(cases)], args, directory, env)
+                        for run in range(args.runs)]
+                for done, future in enumerate(concurrent.futures.as_completed(runs), 1):
+                    outcomes[future.result()] += 1
+                    if done % 10 == 0:
+                        print(f"{done} runs: {dict(outcomes)}", flush=True)
         finally:
             for worker in workers:
                 worker.terminate()
