@@ -256,6 +256,7 @@ def moment_of_another_shape(optimizer):
     ("trainer_state.json", lambda s: s.update(global_step="2"), "global_step='2' is not an integer"),
     ("trainer_state.json", lambda s: s.update(global_step=2.0), "global_step=2.0 is not an integer"),
     ("trainer_state.json", lambda s: s.update(max_steps=1), "max_steps=1 is not an integer >= global_step"),
+    ("trainer_state.json", lambda s: s.update(global_step=2**60, max_steps=2**61), "and below 2**53"),
     ("trainer_state.json", lambda s: s.update(log_history={"a": 1}), "log_history={'a': 1} is not a list"),
     ("trainer_state.json", lambda s: s.update(best_metric="low"), "best_metric='low' is not a number or null"),
     ("trainer_state.json", lambda s: s.update(best_metric=float("nan")), "NaN is not a number"),

@@ -71,9 +71,10 @@ def check_device(option: str, requested: str, allow_auto: bool = True) -> None:
          "use cpu, cuda or cuda:N" + (" (or auto)" if allow_auto else ""))
 
 
-def written_by_triax_safetensors(path: str) -> bool:
+def written_by_triax_safetensors(path: str, key: str = "triax_model") -> bool:
     """Whether `path` is a regular file (not a link) holding a safetensors header whose metadata
-    carries triax's model description: an export triax may replace. Reads only the header."""
+    carries triax's mark `key` (the model's description): an export triax may replace. Reads only
+    the header."""
     import json
     import stat
     import struct
@@ -89,7 +90,7 @@ def written_by_triax_safetensors(path: str) -> bool:
     except (OSError, struct.error, ValueError, UnicodeDecodeError):
         return False
     metadata = header.get("__metadata__") if isinstance(header, dict) else None
-    return isinstance(metadata, dict) and "triax_model" in metadata
+    return isinstance(metadata, dict) and key in metadata
 
 
 def check_output_file(option: str, path: str, force: bool, written_by_triax) -> None:
@@ -105,6 +106,47 @@ def check_output_file(option: str, path: str, force: bool, written_by_triax) -> 
     if os.path.lexists(path) and not force and not written_by_triax(path):
         raise UsageError(f"{option} {path!r} already exists and was not written by triax; "
                          "choose another path, or add --force to replace it")
+
+
+def check_output_directory(option: str, directory: str, files: dict, force: bool) -> None:
+    """The kept-directory rule of every export and report written into a directory: the directory
+    is new or a real directory (not a link, not a file), and each file triax would write there
+    (`files`: {name: whether triax wrote the file at a path}) is absent, or one triax wrote; a
+    foreign file, a link or anything but a regular file needs --force (and is then replaced
+    itself, a link's target untouched)."""
+    need(directory.strip() != "", option, directory, "give a directory")
+    if os.path.lexists(directory) and (os.path.islink(directory) or not os.path.isdir(directory)):
+        raise UsageError(f"{option} {directory!r} exists and is not a directory of its own (a file or a link); "
+                         "give a new directory")
+    for name, written_by_triax in files.items():
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):  # not replaceable by a file, --force or not
+            raise UsageError(f"{option} {directory!r} holds a directory named {name}, where triax writes a file; "
+                             "remove it or choose another directory")
+        if not os.path.lexists(path) or force:
+            continue
+        if os.path.islink(path) or not written_by_triax(path):
+            raise UsageError(f"{option} {directory!r} already holds {name}, which triax did not write (or a link); "
+                             "choose another directory, or add --force to replace it")
+
+
+def written_by_triax_pickle(path: str) -> bool:
+    """Whether `path` is a regular file holding a torch.save archive whose pickle marks it triax's
+    export (`exported_by: triax`). Reads the archive's index and its small pickle, not its tensors."""
+    import stat
+    import zipfile
+
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        with zipfile.ZipFile(path) as archive:
+            entries = [info for info in archive.infolist() if info.filename.endswith("/data.pkl")]
+            if len(entries) != 1 or entries[0].file_size > 16 * 2**20:
+                return False
+            data = archive.read(entries[0])
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
+        return False
+    return b"exported_by" in data and b"triax" in data
 
 
 def check_script(script: str, module: bool) -> None:

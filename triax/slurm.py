@@ -27,7 +27,8 @@ MAX_NODELIST_CHARS = 1 << 20
 MAX_HOSTS = 1 << 20
 
 _NAME_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+# ASCII digits only: \d also matches other scripts' digits ('١'), which int() reads but no host has.
+_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
 
 
 def _split_top_level(text: str, what: str) -> list[str]:
@@ -133,7 +134,7 @@ def tasks_per_node(text: str, source: str = "SLURM_STEP_TASKS_PER_NODE") -> list
     """Slurm's compressed counts, '2(x3),1' -> [2, 2, 2, 1]."""
     counts: list[int] = []
     for part in text.split(","):
-        match = re.match(r"^(\d+)(?:\(x(\d+)\))?$", part.strip())
+        match = re.match(r"^([0-9]+)(?:\(x([0-9]+)\))?$", part.strip())
         if not match:
             raise TriaxError(f"{source}={text[:200]!r} cannot be read (expected e.g. '2(x3),1')")
         repeat = int(match.group(2) or 1)
@@ -172,11 +173,16 @@ def rendezvous_address(env) -> tuple[str, int, str]:
     return host, port, f"{host} (first node of {source}) port {port} (from SLURM_JOB_ID)"
 
 
+def _ascii_digits(text: str) -> bool:
+    """0-9 only: str.isdigit() also accepts other scripts' digits ('١'), which int() reads."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
 def local_world_size(env) -> int | None:
     """Tasks of this step on this node (SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID), or None."""
     text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
     node = env.get("SLURM_NODEID")
-    if not text or node is None or not node.isdigit():
+    if not text or node is None or not _ascii_digits(node):
         return None
     counts = tasks_per_node(text)
     return counts[int(node)] if int(node) < len(counts) else None
@@ -195,11 +201,15 @@ def launch_placement(env) -> dict:
                          f"{source}={env.get(source)} tasks per node; use srun --ntasks-per-node=1 (the agent "
                          "starts --num-processes workers on each node)")
     node = env["SLURM_NODEID"]
-    if not node.isdigit() or int(node) >= len(counts):
+    if not _ascii_digits(node) or int(node) >= len(counts):
         raise TriaxError(f"SLURM_NODEID={node[:40]!r} is not a node of this step ({len(counts)} nodes)")
     host, port, _ = rendezvous_address(env)
-    if env.get("MASTER_PORT", "").isdigit():
-        port = int(env["MASTER_PORT"])
+    if env.get("MASTER_PORT"):
+        given = env["MASTER_PORT"]
+        if not _ascii_digits(given) or not 1 <= int(given) <= 65535:
+            raise TriaxError(f"MASTER_PORT={given[:40]!r} is not a port; set it to a number from 1 to 65535 "
+                             "(or unset it: the port is derived from SLURM_JOB_ID)")
+        port = int(given)
     return {"num_machines": len(counts), "machine_rank": int(node), "main_process_ip": env.get("MASTER_ADDR") or host,
             "main_process_port": port}
 

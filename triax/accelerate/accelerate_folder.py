@@ -314,8 +314,8 @@ def load_folder(accelerator, path: str, models: list, fsdp: bool = False) -> str
             "loose": folder.safetensors(LOOSE) if folder.exists(LOOSE) else {},
         }
         _check_loose(staged["loose"], accelerator, path)
-        for saved, scheduler in zip(staged["schedulers"], accelerator._schedulers):
-            _check_scheduler(saved, scheduler.state_dict(), path)
+        for index, (saved, scheduler) in enumerate(zip(staged["schedulers"], accelerator._schedulers)):
+            _check_scheduler(saved, scheduler.state_dict(), path, os.path.join(path, numbered("scheduler.bin", index)))
             _check_numbers(saved, f"{path} scheduler")
         for saved in staged["optimizers"]:
             if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):

@@ -161,17 +161,18 @@ def validate_state(state, snapshot: str) -> dict:
     return state
 
 
-def _check_scheduler(saved, current, snapshot: str) -> None:
+def _check_scheduler(saved, current, snapshot: str, where: str | None = None) -> None:
     """A saved scheduler state has this scheduler's numeric fields as numbers (a last_epoch of
-    "abc" would only fail later, inside the user's loop)."""
-    _expect(isinstance(saved, dict), f"snapshot {snapshot}: state.json", "a scheduler state that is not an object")
+    "abc" would only fail later, inside the user's loop). `where`: the file it came from, when not
+    the snapshot's state.json."""
+    where = where or f"snapshot {snapshot}: state.json"
+    _expect(isinstance(saved, dict), where, "a scheduler state that is not an object")
     for key, value in current.items():
         if is_number(value) and key in saved and not is_number(saved[key]):
-            _expect(False, f"snapshot {snapshot}: state.json",
-                    f"scheduler {key}={str(saved[key])[:40]!r} where a number belongs")
+            _expect(False, where, f"scheduler {key}={str(saved[key])[:40]!r} where a number belongs")
         if isinstance(value, list) and all(is_number(v) for v in value) and key in saved:
             _expect(isinstance(saved[key], list) and len(saved[key]) == len(value)
-                    and all(is_number(v) for v in saved[key]), f"snapshot {snapshot}: state.json",
+                    and all(is_number(v) for v in saved[key]), where,
                     f"scheduler {key} that is not a list of {len(value)} numbers")
 
 

@@ -95,9 +95,9 @@ class TrainerCheckpoint:
             return value
 
         self.global_step = field("global_step", lambda v: _integer(v, 1), "an integer >= 1 (a checkpoint after "
-                                 "at least one step)")
+                                 "at least one step) and below 2**53")
         self.max_steps = field("max_steps", lambda v: _integer(v, self.global_step),
-                               f"an integer >= global_step ({self.global_step})")
+                               f"an integer >= global_step ({self.global_step}) and below 2**53")
         self.batch_size = field("train_batch_size", lambda v: v is None or _integer(v, 1), "an integer >= 1")
         self.logging_steps = field("logging_steps", lambda v: v is None or (_number(v) and v > 0),
                                    "a number above 0")

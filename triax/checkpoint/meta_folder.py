@@ -72,7 +72,8 @@ class MetaFolder:
         self.fields["tie_embeddings"] = "output.weight" not in self.shapes  # Llama 3.2's small models
 
     def _read(self, name: str) -> dict:
-        state = load_pickled_mapped(checkpoint_file(self.path, name), "Meta's Llama weights")
+        state = load_pickled_mapped(checkpoint_file(self.path, name),
+                                    f"{os.path.join(self.path, name)} (Meta's Llama weights)")
         if not isinstance(state, dict) or not all(isinstance(key, str) and isinstance(value, torch.Tensor)
                                                   for key, value in state.items()):
             raise PickledFileError(f"{os.path.join(self.path, name)} holds no dictionary of named tensors; not "

@@ -61,7 +61,65 @@ def load_pickled_mapped(path: str, where: str):
     """The object in the torch.save file at `path` (checked by the caller: a regular file, no
     link leaving its folder), its tensors memory-mapped: only the slices a caller reads are paged
     in, so a rank holding part of a model reads only that part of the file."""
+    if not _is_zip(path):
+        # Not torch.save's archive (a plain or legacy pickle): never unpickled; what it would have
+        # run is named from its opcodes.
+        name = foreign_global(path)
+        if name is not None:
+            raise PickledFileError(f"{where} is a plain pickle that needs {name} to be unpickled, which triax never "
+                                   "runs; re-save it with torch.save as tensors, numbers, strings, lists and dicts")
+        raise PickledFileError(f"{where} is not a torch.save archive (a plain or legacy pickle, or damaged); re-save "
+                               "it with torch.save")
     return _weights_only(lambda: torch.load(path, map_location="cpu", weights_only=True, mmap=True), where)
+
+
+def _is_zip(path: str) -> bool:
+    with safe_files.open_read(path) as handle:
+        return handle.read(4) == b"PK\x03\x04"
+
+
+# What torch's own archives name: its tensor rebuilders and storages, and OrderedDict.
+_TORCH_GLOBAL = re.compile(r"^(torch(\.[\w.]+)?|collections\.OrderedDict|_codecs\.encode)$")
+_STRINGS = ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8", "SHORT_BINSTRING", "BINSTRING", "STRING")
+
+
+def foreign_global(path: str, max_bytes: int = 64 * 2**20) -> str | None:
+    """The first global (module.name) a pickle file would import that torch.save's own files do not,
+    read from its opcodes without unpickling (the first `max_bytes` only)."""
+    with safe_files.open_read(path) as handle:
+        data = handle.read(max_bytes)
+    offset = 0
+    try:
+        for _ in range(8):  # torch's legacy format is a few pickles in a row (magic, protocol, info, data)
+            name, offset = _first_foreign(data, offset)
+            if name is not None or offset >= len(data):
+                return name
+    except (ValueError, EOFError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _first_foreign(data: bytes, offset: int) -> tuple[str | None, int]:
+    """(the first foreign global of the pickle at `offset`, or None; where the next pickle starts)."""
+    import pickletools
+
+    strings: list[str] = []
+    end = len(data)
+    stream = io.BytesIO(data)
+    stream.seek(offset)
+    for opcode, argument, position in pickletools.genops(stream):
+        if opcode.name in _STRINGS:
+            strings = (strings + [str(argument)])[-2:]
+        name = None
+        if opcode.name in ("GLOBAL", "INST"):
+            name = str(argument).replace(" ", ".")
+        elif opcode.name == "STACK_GLOBAL" and len(strings) == 2:
+            name = ".".join(strings)
+        if name is not None and not _TORCH_GLOBAL.match(name):
+            return name[:120], end
+        end = position + 1  # genops gives positions in the stream
+    return None, end
+    return None
 
 
 def _weights_only(load, where: str, numpy_rng: bool = False):

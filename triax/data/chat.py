@@ -32,7 +32,7 @@ import torch
 
 from triax import safe_files
 from triax.data.addition import IGNORE_INDEX
-from triax.data.chat_template import (BUILTIN_TEMPLATES, ChatTemplate, TemplateError, special_tokens_of,
+from triax.data.chat_template import (BUILTIN_TEMPLATES, ChatTemplate, TemplateBoundError, TemplateError, special_tokens_of,
                                       template_of_config)
 from triax.data.errors import DataError, MissingDependency
 from triax.errors import printable
@@ -43,6 +43,8 @@ ROLES = ("system", "user", "assistant")
 MAX_LINE_BYTES = 16 * 2**20
 # A .json file is parsed whole: past this, use JSONL (read line by line).
 MAX_JSON_BYTES = 1024 * 2**20
+# A Parquet file is read whole (its table is built in memory anyway): past this, split it.
+MAX_PARQUET_BYTES = 1024 * 2**20
 # Nesting of a record: a conversation needs 4 levels (record, list, message, text).
 MAX_DEPTH = 8
 OVERLONG_RULES = ("truncate", "drop")
@@ -75,7 +77,15 @@ def _depth(value, limit: int) -> int:
 def _text(where: str, field: str, value) -> str:
     if not isinstance(value, str):
         raise RecordError(f"{where}: field {field!r} must be text, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate ("\ud800"): JSON can hold one, text cannot
+        raise RecordError(f"{where}: field {field!r} is not valid text (a lone surrogate "
+                          f"{value[error.start]!r} at character {error.start}); fix the record") from None
     return value
+
+
+FORMS = (("messages",), ("prompt", "completion"), ("instruction", "output"))
 
 
 def _messages(where: str, field: str, value) -> list[dict]:
@@ -102,6 +112,12 @@ def record_messages(record, where: str) -> list[dict]:
         raise RecordError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
     if _depth(record, MAX_DEPTH) > MAX_DEPTH:
         raise RecordError(f"{where}: the record nests more than {MAX_DEPTH} levels deep; not a conversation")
+    # A null field is an absent one: a Parquet file's rows all have every column, null where unused.
+    record = {key: value for key, value in record.items() if value is not None}
+    forms = ["/".join(form) for form in FORMS if any(key in record for key in form)]
+    if len(forms) > 1:  # which one was meant is a guess; the other would be dropped without a word
+        raise RecordError(f"{where}: the record has both {' and '.join(repr(form) for form in forms)}; keep one form "
+                          "of conversation per record")
     if "messages" in record:
         messages = _messages(where, "messages", record["messages"])
     elif "prompt" in record or "completion" in record:
@@ -138,21 +154,25 @@ def _parse(line: bytes, where: str):
         raise RecordError(f"{where}: not valid JSON ({printable(str(error))[:200]})") from None
 
 
-def read_records(path: str):
-    """(where, record) of every record of a local .jsonl, .json or .parquet file, in order."""
+def read_records(path: str, option: str = "data.path"):
+    """(where, record) of every record of a local .jsonl, .json or .parquet file, in order;
+    `option`: what the user gave the file as, for the messages."""
     if not path:
-        raise DataError("data.task=chat needs data.path: a local .jsonl, .json or .parquet file of conversations")
+        raise DataError(f"data.task=chat needs {option}: a local .jsonl, .json or .parquet file of conversations")
     if "://" in path:
-        raise DataError(f"data.path {path!r}: chat data is read from local files only; copy it here first")
+        raise DataError(f"{option} {path!r}: chat data is read from local files only; copy it here first")
     extension = os.path.splitext(path)[1].lower()
     if extension not in (".jsonl", ".json", ".parquet"):
-        raise DataError(f"data.path {path!r} is not .jsonl, .json or .parquet; chat data comes in one of those")
+        raise DataError(f"{option} {path!r} is not .jsonl, .json or .parquet; chat data comes in one of those")
+    if os.path.islink(path):
+        raise DataError(f"{option} {path!r} is a symlink; triax reads chat data from the file itself (give the "
+                        f"link's target, {printable(os.path.realpath(path))!r})")
     try:
-        handle = safe_files.open_read(path, MAX_JSON_BYTES if extension == ".json" else None)
+        handle = safe_files.open_read(path, {".json": MAX_JSON_BYTES, ".parquet": MAX_PARQUET_BYTES}.get(extension))
     except FileNotFoundError:
-        raise DataError(f"data.path {path!r} does not exist") from None
+        raise DataError(f"{option} {path!r} does not exist") from None
     except OSError as error:
-        raise DataError(f"data.path {path!r} cannot be read: {printable(str(error))}") from None
+        raise DataError(f"{option} {path!r} cannot be read: {printable(str(error))}") from None
     with handle:
         if extension == ".jsonl":
             number = 0
@@ -178,12 +198,22 @@ def read_records(path: str):
 
 def _parquet_records(handle, path: str):
     try:
-        import pyarrow.parquet as parquet  # deferred: an optional dependency, for Parquet files only
+        import pyarrow  # deferred: an optional dependency, for Parquet files only
+        import pyarrow.parquet as parquet
     except ImportError:
         raise MissingDependency(f"{path!r} is Parquet, which needs pyarrow: pip install pyarrow "
                                 "(or convert it to JSONL)") from None
+    # Arrow is given the file's bytes, never the Python file object, and reads on this thread
+    # alone: with a file object its I/O threads call back into Python to read, and one doing so
+    # while the interpreter shuts down (after a refusal below, say) aborts the process
+    # ("terminate called without an active exception", exit 134).
+    data = pyarrow.py_buffer(handle.read(MAX_PARQUET_BYTES + 1))
+    if data.size > MAX_PARQUET_BYTES:
+        raise DataError(f"{path!r} is more than {MAX_PARQUET_BYTES} bytes; split it into smaller Parquet files")
     try:
-        table = parquet.read_table(handle)
+        # ParquetFile.read, not read_table: read_table's dataset scanner starts an I/O thread even
+        # with use_threads=False.
+        table = parquet.ParquetFile(pyarrow.BufferReader(data), pre_buffer=False).read(use_threads=False)
     except Exception as error:  # pyarrow's many error classes: the file is not Parquet it can read
         raise DataError(f"{path!r} is not a Parquet file pyarrow can read ({printable(str(error))[:200]})") from None
     for number, record in enumerate(table.to_pylist()):
@@ -211,6 +241,25 @@ class ChatEncoder:
                                     "its answers cannot be found; use a template with generation tags")
             spans.append((len(before), len(through)))
         return spans
+
+    def check_learns_to_stop(self) -> None:
+        """Refuse a template whose answer span ends with the answer's text: nothing after it (no
+        end-of-turn marker) is learned, so the trained model never learns to stop."""
+        probe = "triax probe answer"
+        messages = [{"role": "user", "content": "triax probe question"}, {"role": "assistant", "content": probe}]
+        try:
+            text, spans = self.template.render(messages)
+            if not self.template.has_generation_tags:
+                spans = self.answer_spans(messages, text, self.template.origin)
+        except TemplateBoundError:
+            raise  # past a bound already: the records would only pass it again
+        except TemplateError:
+            return  # a template that needs another shape of conversation: judged on the records themselves
+        answers = [text[start:end] for start, end in spans if probe in text[start:end]]
+        if answers and all(not answer[answer.rindex(probe) + len(probe):].strip() for answer in answers):
+            raise TemplateError(f"the chat template of {self.template.origin} ends an answer with its text alone: no "
+                                "end-of-turn marker (such as eos_token) follows it within the answer, so the model "
+                                "would never learn to stop; put the marker inside {% generation %}")
 
     def encode(self, messages: list[dict], where: str) -> Example:
         text, spans = self.template.render(messages)
@@ -393,9 +442,10 @@ def load_chat_datasets(path: str, val_path: str | None, train_split: float, enco
     """Train and validation rows of data.path (and data.val_path, else its tail fraction)."""
     if overlong not in OVERLONG_RULES:
         raise DataError(f"data.overlong={printable(str(overlong))!r}; use one of {', '.join(OVERLONG_RULES)}")
+    encoder.check_learns_to_stop()
     train = encode_records(read_records(path), encoder, block_size, overlong)
     if val_path:
-        val = encode_records(read_records(val_path), encoder, block_size, overlong)
+        val = encode_records(read_records(val_path, "data.val_path"), encoder, block_size, overlong)
     else:
         # The tail of the file validates (as for text): a fixed set, whatever the process count.
         keep = min(len(train.examples) - 1, int(len(train.examples) * train_split))

@@ -17,13 +17,14 @@ transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)` make
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from triax.data import template_budget as budgets
 from triax.data.errors import DataError
 from triax.errors import printable
 
@@ -55,68 +56,148 @@ class TemplateError(DataError):
     """A chat template that does not compile, escapes its sandbox, or fails on a conversation."""
 
 
+class TemplateBoundError(TemplateError):
+    """A template that passed a bound on its work or on what it builds (template_budget.py)."""
+
+
 class _RenderTooLarge(Exception):
     pass
 
 
-def _environment():
-    class GenerationSpans(jinja2.ext.Extension):
-        """`{% generation %}` blocks: their text is rendered as usual and its character span in
-        the whole output recorded (the output so far is what `render` has collected)."""
+class GenerationSpans(jinja2.ext.Extension):
+    """`{% generation %}` blocks: their text is rendered as usual and its character span in
+    the whole output recorded (the output so far is what `render` has collected)."""
 
-        tags = {"generation"}
+    tags = {"generation"}
 
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        if getattr(self, "depth", 0):
+            # The answer spans would overlap: which text is the answer is ambiguous.
+            parser.fail("a {% generation %} block inside another one; close the first before opening the next",
+                        lineno)
+        self.depth = 1
+        try:
             body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_span", []), [], [], body).set_lineno(lineno)
+        finally:
+            self.depth = 0
+        return jinja2.nodes.CallBlock(self.call_method("_span", []), [], [], body).set_lineno(lineno)
 
-        def _span(self, caller):
+    def _span(self, caller):
+        state = self.environment.render_state
+        if state is not None and state.in_generation:  # a macro with one, called inside another
+            raise jinja2.exceptions.TemplateError("a {% generation %} block runs inside another one")
+        if state is not None:
+            state.in_generation = True
+        try:
             text = caller()
-            state = self.environment.render_state
+        finally:
             if state is not None:
-                start = state.length()
-                state.spans.append((start, start + len(text)))
-            return text
+                state.in_generation = False
+        if state is not None:
+            start = state.length()
+            state.spans.append((start, start + len(text)))
+        return text
 
-    class Namespace(jinja2.utils.Namespace):
-        """namespace() that refuses underscore names (transformers' rule: no way to CPython internals)."""
+class Namespace(jinja2.utils.Namespace):
+    """namespace() that refuses underscore names (transformers' rule: no way to CPython internals)."""
 
-        def __init__(*args, **kwargs):
-            self, args = args[0], args[1:]
-            attributes = dict(*args, **kwargs)
-            for name in attributes:
-                Namespace._check(name)
-            jinja2.utils.Namespace.__init__(self, attributes)
-
-        def __setitem__(self, name, value):
+    def __init__(*args, **kwargs):
+        self, args = args[0], args[1:]
+        attributes = dict(*args, **kwargs)
+        for name in attributes:
             Namespace._check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
+        jinja2.utils.Namespace.__init__(self, attributes)
 
-        @staticmethod
-        def _check(name):
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(f"a namespace attribute may not start with '_': {name!r}")
+    def __setitem__(self, name, value):
+        Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
 
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
+    @staticmethod
+    def _check(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"a namespace attribute may not start with '_': {name!r}")
 
-    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # Jinja's own tojson escapes HTML characters; templates expect plain JSON (as transformers gives).
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
 
-    class Sandbox(ImmutableSandboxedEnvironment):
-        def unsafe_undefined(self, obj, attribute):
-            # Jinja's sandbox answers a forbidden attribute with an undefined value, which prints as
-            # nothing: `{{ lipsum.__globals__ }}` would render silently. No legitimate template
-            # asks for one, so the attempt itself refuses the template.
-            raise jinja2.exceptions.SecurityError(
-                f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
+class Sandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, stricter: forbidden attributes refuse the template, and every
+    operation is counted and its inputs and result checked against template_budget's bounds."""
 
-    # trim_blocks and lstrip_blocks as transformers sets them: the same template gives the same text.
+    # Intercepted so that their inputs are checked before a result past the bounds is computed
+    # (and never folded into a constant at compile time).
+    intercepted_binops = frozenset(["*", "**", "+", "%"])
+
+    def budget(self) -> budgets.Budget | None:
+        return self.render_state.budget if self.render_state is not None else None
+
+    def _sized(self):
+        budget = self.budget()
+        return budget.size if budget is not None else budgets.deep_size
+
+    def _counted(self, value):
+        budget = self.budget()
+        if budget is None:
+            return value
+        budget.operation()
+        return budget.built_value(value)
+
+    def _parse(self, source, name, filename):
+        return budgets.Counted().visit(super()._parse(source, name, filename))
+
+    def call_binop(self, context, operator, left, right):
+        budgets.binop_before(operator, left, right, self._sized())
+        result = super().call_binop(context, operator, left, right)
+        budgets.check_int(result)
+        return self._counted(result)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str) and callable(__obj):
+            budgets.str_method_before(owner, getattr(__obj, "__name__", ""), args, kwargs, __self._sized())
+        else:
+            for value in list(args) + list(kwargs.values()):
+                budgets.check_count(value)
+        budget = __self.budget()
+        if budget is not None and isinstance(__obj, (jinja2.runtime.Macro, jinja2.runtime.LoopContext)):
+            budget.operation(budgets.MACRO_CALL_COST)
+        if isinstance(__obj, jinja2.runtime.LoopContext) and args:
+            # loop(children) of a recursive loop: its iterations counted like the first level's
+            args = (budgets.counted_loop(__self.budget, args[0], budgets.MACRO_CALL_COST), *args[1:])
+        return __self._counted(super().call(__context, __obj, *args, **kwargs))
+
+    def getattr(self, obj, attribute):
+        budgets.str_attribute(obj, attribute)
+        return self._counted(super().getattr(obj, attribute))
+
+    def getitem(self, obj, argument):
+        budgets.str_attribute(obj, argument)
+        return self._counted(super().getitem(obj, argument))
+
+    def unsafe_undefined(self, obj, attribute):
+        # Jinja's sandbox answers a forbidden attribute with an undefined value, which prints as
+        # nothing: `{{ lipsum.__globals__ }}` would render silently. No legitimate template
+        # asks for one, so the attempt itself refuses the template.
+        raise jinja2.exceptions.SecurityError(
+            f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
+
+# trim_blocks and lstrip_blocks as transformers sets them: the same template gives the same text.
+
+
+def _environment():
     environment = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationSpans, jinja2.ext.loopcontrols])
     environment.render_state = None
-    environment.filters["tojson"] = tojson
+    budget_of = environment.budget
+    # Jinja's own tojson escapes HTML characters; templates expect plain JSON (as transformers gives).
+    environment.filters["tojson"] = functools.partial(budgets.tojson, budget_of)
+    for name, function in list(environment.filters.items()):
+        environment.filters[name] = budgets.guarded_filter(function, name, budget_of)
+    environment.filters["triax_loop"] = functools.partial(budgets.counted_loop, budget_of)
+    environment.filters["triax_concat"] = functools.partial(budgets.concat, budget_of)
+    environment.filters["triax_charge"] = functools.partial(budgets.charge, budget_of)
+    environment.concat = functools.partial(budgets.checked_join, budget_of)
+    del environment.globals["lipsum"]  # lorem ipsum of any length: no chat template needs it
     environment.globals["raise_exception"] = raise_exception
     environment.globals["namespace"] = Namespace
     environment.globals["dict"] = lambda *args, **kwargs: dict(*args, **kwargs)
@@ -128,6 +209,8 @@ class _RenderState:
         self.blocks: list[str] = []
         self.spans: list[tuple[int, int]] = []
         self.chars = 0
+        self.in_generation = False
+        self.budget = budgets.Budget()
 
     def length(self) -> int:
         return self.chars
@@ -168,8 +251,13 @@ class ChatTemplate:
                 if state.chars > MAX_RENDERED_CHARS:
                     raise _RenderTooLarge()
         except _RenderTooLarge:
-            raise TemplateError(f"the chat template of {self.origin} renders one conversation to more than "
+            raise TemplateBoundError(f"the chat template of {self.origin} renders one conversation to more than "
                                 f"{MAX_RENDERED_CHARS} characters; it is not a chat template") from None
+        except budgets.TemplateLimit as error:
+            raise TemplateBoundError(f"the chat template of {self.origin} {error} (a bound on what a template may do "
+                                     f"for one conversation; this one has {len(messages)} messages): a template that "
+                                     "does that is not one triax renders, and a conversation that needs it is too "
+                                     "long to train on") from None
         except jinja2.exceptions.SecurityError as error:
             raise TemplateError(f"the chat template of {self.origin} tried something its sandbox forbids "
                                 f"({_first_line(error)}); use a template without it") from None

@@ -60,15 +60,16 @@ def main(argv: list[str]) -> int:
     tokenizer = BPETokenizer.from_file(tokenizer_path)
     template = chat_template_for(args.chat_template, hf.description_files(args.chat), args.chat)
     encoder = ChatEncoder(template, tokenizer.tokenizer)
+    encoder.check_learns_to_stop()
     block = args.block_size if args.block_size is not None else 2**62
 
     def records(paths):
         for path in paths:
-            yield from read_records(path)
+            yield from read_records(path, "input")
 
     train = encode_records(records(args.inputs), encoder, block, args.overlong)
     if args.val:
-        val = encode_records(read_records(args.val), encoder, block, args.overlong)
+        val = encode_records(read_records(args.val, "--val"), encoder, block, args.overlong)
     else:  # the trainer's rule (triax.data.chat.load_chat_datasets)
         keep = min(len(train.examples) - 1, int(len(train.examples) * (1 - args.val_fraction)))
         train, val = (EncodedSplit(train.examples[:keep], train.truncated, train.dropped),

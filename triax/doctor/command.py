@@ -33,6 +33,11 @@ SECTIONS = ("system", "compile", "memory", "storage", "network")
 DEFAULT_REPORT = "triax-doctor.json"
 DEFAULT_SIZES_MIB = "1,16"
 MAX_SIZE_MIB = 4096  # a collective's buffer is allocated on every rank: beyond this, a typo
+# Each measurement repeats for --seconds (a dozen of them): a minute each is already a long doctor.
+MAX_SECONDS = 60.0
+MIN_SECONDS = 0.01  # below a timer's resolution on a loaded machine: a measurement of nothing
+# Reaching the rendezvous store: an hour covers a slow scheduler starting the nodes one by one.
+MAX_STORE_TIMEOUT_S = 3600.0
 # Versions that must match on every rank: a mismatch fails collectives in ways that look like bugs.
 SAME_EVERYWHERE = ("python", "torch", "triax", "cuda", "nccl")
 
@@ -67,9 +72,14 @@ def parse(argv: list[str]):
     for override in args.overrides:
         need("=" in override, "KEY=VALUE", override, "give config overrides as key=value (triax train --help)")
     positive("--store-timeout", args.store_timeout)
+    need(1 <= args.store_timeout <= MAX_STORE_TIMEOUT_S, "--store-timeout", args.store_timeout,
+         f"use from 1 to {MAX_STORE_TIMEOUT_S:g} seconds")
     positive("--seconds", args.seconds)
+    need(MIN_SECONDS <= args.seconds <= MAX_SECONDS, "--seconds", args.seconds,
+         f"each measurement is repeated for {MIN_SECONDS} to {MAX_SECONDS:g} seconds; use a number in that range")
     positive("--link-mib", args.link_mib)
-    need(args.link_mib <= MAX_SIZE_MIB, "--link-mib", args.link_mib, f"use at most {MAX_SIZE_MIB}")
+    need(1 / 1024 <= args.link_mib <= MAX_SIZE_MIB, "--link-mib", args.link_mib,
+         f"use from 1/1024 (1 KiB) to {MAX_SIZE_MIB}")
     args.sizes = _sizes(args.sizes)
     return args
 
@@ -81,8 +91,8 @@ def _sizes(text: str) -> list[int]:
             value = float(item)
         except ValueError:
             value = float("nan")
-        need(value == value and 0 < value <= MAX_SIZE_MIB, "--sizes", text,
-             f"give sizes in MiB above 0 and at most {MAX_SIZE_MIB}, separated by commas (e.g. 1,16)")
+        need(value == value and 1 / 1024 <= value <= MAX_SIZE_MIB, "--sizes", text,
+             f"give sizes in MiB from 1/1024 (1 KiB) to {MAX_SIZE_MIB}, separated by commas (e.g. 1,16)")
         sizes.append(int(value * 2**20))
     return sizes
 

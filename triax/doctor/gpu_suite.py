@@ -36,6 +36,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from triax import safe_files
+from triax.arguments import ArgumentParser, check_device, check_output_file
 from triax.doctor import gpu_bench
 from triax.version import __version__
 
@@ -317,7 +318,7 @@ def source_tests_dir() -> str | None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(allow_abbrev=False, prog="triax doctor --gpu-suite",
+    parser = ArgumentParser(prog="triax doctor --gpu-suite",
                                      description="The GPU acceptance in one command: gpu tests, matmul rate, "
                                                  "throughput and MFU against a hand-written loop, largest batch, "
                                                  "snapshot cost; one JSON report.")
@@ -329,6 +330,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-compile", action="store_true",
                         help="time the models uncompiled (torch.compile's first compilation takes minutes on a CPU)")
     parser.add_argument("--skip", default="", help="comma-separated parts to leave out: " + ", ".join(SHARES))
+    parser.add_argument("--force", action="store_true", help="replace a --json file the suite did not write")
     args = parser.parse_args(argv)
     if not (0 < args.budget <= 7200):
         parser.error(f"--budget {args.budget:g}: give seconds between 1 and 7200")
@@ -337,7 +339,25 @@ def parse(argv: list[str]) -> argparse.Namespace:
     unknown = sorted(set(filter(None, args.skip.split(","))) - set(SHARES))
     if unknown:
         parser.error(f"--skip {args.skip!r}: unknown part(s) {', '.join(unknown)}; parts are {', '.join(SHARES)}")
+    if args.device is not None:
+        check_device("--device", args.device, allow_auto=False)
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: CUDA is not available on this machine; leave --device out")
+        index = torch.device(args.device).index
+        if index is not None and index >= torch.cuda.device_count():
+            parser.error(f"--device {args.device}: this machine has {torch.cuda.device_count()} CUDA devices")
+    # The one output rule of triax's reports: a new file, or one this suite wrote; never a link's target.
+    check_output_file("--json", args.json, args.force, is_suite_report)
     return args
+
+
+def is_suite_report(path: str) -> bool:
+    """Whether `path` is a regular file (not a link) holding a report this suite wrote."""
+    try:
+        value = safe_files.read_json(path, max_bytes=16 * 2**20)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(value, dict) and value.get("schema") == SCHEMA
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,7 +88,7 @@ def datasets(args, model, vocab, run_config):
     found = []
     for path in args.chat or []:
         encoder = chat_encoder_of(args.model, run_config)
-        split = encode_records(read_records(path), encoder, block, "truncate")
+        split = encode_records(read_records(path, "--chat"), encoder, block, "truncate")
         if not split.examples:
             raise TriaxError(f"--chat {path!r} has no conversation with an answer token within {block} tokens")
         found.append((path, ChatDataset(split.examples, block, packing=False)))  # the answers' tokens only

@@ -88,11 +88,12 @@ def parse_hosts(hosts: str | None, hostfile: str | None, np: int | None) -> list
         for item in hosts.split(","):
             entries.append(entry(*split_host_slots(item), f"-H entry {item!r}"))
     else:
+        where = "the hosts of SLURM_JOB_NODELIST"
         if (np or 1) > MAX_PROCESSES:
             raise TriaxError(f"-np {np} is more than the {MAX_PROCESSES} processes triax horovodrun starts in one job")
         # No hosts given: inside a Slurm allocation its nodes (horovodrun's own rule is this machine).
         entries = slurm.allocation_hosts(os.environ) or [("localhost", np or 1)]
-    check_total(entries, f"the hostfile {hostfile}" if hostfile else "the hosts of -H")
+    check_total(entries, f"the hostfile {hostfile}" if hostfile else "the hosts of -H" if hosts else where)
     return entries
 
 

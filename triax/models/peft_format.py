@@ -21,7 +21,7 @@ from triax import safe_files
 from triax.errors import ConfigError, printable
 from triax.models.hf_llama import hf_name
 from triax.models.init import local_box
-from triax.models.lora import ADAPTER_MARK, PEFT_NAMES, LoRAConfig, target_keys
+from triax.models.lora import ADAPTER_MARK, PEFT_NAMES, TARGETS, LoRAConfig, target_keys
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
@@ -34,6 +34,20 @@ def peft_name(name: str) -> str:
     layer, factor = name.split(ADAPTER_MARK, 1)  # "layers.0.attn.q_proj", "A.weight"
     weight = hf_name(f"{layer}.weight")
     return f"{PEFT_PREFIX}{weight.removesuffix('.weight')}.lora_{factor}"
+
+
+def output_files() -> dict:
+    """{file: whether triax wrote the file at a path} of an adapter directory: the config is triax's
+    when the weights beside it are (written together, weights first)."""
+    from triax.arguments import written_by_triax_safetensors
+
+    def weights(path: str) -> bool:
+        return written_by_triax_safetensors(path, "triax_adapter")
+
+    def config(path: str) -> bool:
+        return safe_files.is_regular(path) and weights(os.path.join(os.path.dirname(path), WEIGHTS_FILE))
+
+    return {WEIGHTS_FILE: weights, CONFIG_FILE: config}
 
 
 def adapter_config(lora: LoRAConfig, base: str | None) -> dict:
@@ -49,7 +63,9 @@ def write_adapter(tensors: dict[str, torch.Tensor], lora: LoRAConfig, base: str 
     """Write {triax adapter name: full tensor} to `out_dir` in PEFT's format; returns the tensor count."""
     safe_files.make_directory(out_dir)
     named = {peft_name(name): tensor.detach().to(torch.float32).contiguous() for name, tensor in tensors.items()}
-    safe_files.write_atomic(os.path.join(out_dir, WEIGHTS_FILE), save(named, metadata={"format": "pt"}))
+    # triax_adapter marks the file as triax's export, which a later export may replace (PEFT ignores it).
+    safe_files.write_atomic(os.path.join(out_dir, WEIGHTS_FILE), save(named, metadata={"format": "pt",
+                                                                                      "triax_adapter": "1"}))
     safe_files.write_atomic(os.path.join(out_dir, CONFIG_FILE), json.dumps(adapter_config(lora, base), indent=2))
     return len(named)
 
@@ -58,10 +74,23 @@ class AdapterError(ConfigError, ValueError):
     """A PEFT adapter directory that cannot be read into this model's adapters."""
 
 
+def adapter_file(directory: str, name: str) -> str:
+    """The path of the adapter directory's file `name`, refused if it links outside the directory
+    (the adapter is the directory's own files, nothing elsewhere on the machine)."""
+    path = os.path.join(directory, name)
+    real, home = os.path.realpath(path), os.path.realpath(directory)
+    if not real.startswith(home + os.sep):
+        raise AdapterError(f"model.lora.init_from: {path} links outside {directory} (to {printable(real)}); copy the "
+                           "adapter's files into one directory")
+    return real
+
+
 def read_adapter_config(directory: str) -> dict:
     path = os.path.join(directory, CONFIG_FILE)
     try:
-        config = safe_files.read_json(os.path.realpath(path))
+        config = safe_files.read_json(adapter_file(directory, CONFIG_FILE))
+    except AdapterError:
+        raise
     except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
         raise AdapterError(f"model.lora.init_from: cannot read {path} ({type(error).__name__}: "
                            f"{printable(str(error))[:200]}); give a directory PEFT's save_pretrained wrote") from None
@@ -70,8 +99,21 @@ def read_adapter_config(directory: str) -> dict:
     return config
 
 
+# PEFT settings that change what the adapter computes and that triax does not implement: an
+# adapter with any of them set loads into a model that differs from PEFT's, so it is refused.
+# (value, meaning): unset is None, empty, false or the value shown.
+UNSUPPORTED = {
+    "alpha_pattern": "a per-layer lora_alpha", "rank_pattern": "a per-layer rank",
+    "layers_to_transform": "adapters on some layers only", "layers_pattern": "adapters on some layers only",
+    "modules_to_save": "whole modules trained besides the adapters", "fan_in_fan_out": "transposed weights",
+    "lora_bias": "a bias in lora_B", "target_parameters": "adapters on parameters",
+    "trainable_token_indices": "trained token embeddings", "exclude_modules": "excluded modules",
+}
+
+
 def check_matches(config: dict, lora: LoRAConfig, directory: str) -> None:
-    """The adapter's rank, alpha and layers are this run's model.lora."""
+    """The adapter's rank, alpha and layers are this run's model.lora, and nothing in it changes
+    what the adapter computes beyond what triax computes."""
     targets = config.get("target_modules")
     targets = [targets] if isinstance(targets, str) else targets
     wanted = [TRIAX_NAMES[key] for key in target_keys(lora.targets)]
@@ -85,45 +127,95 @@ def check_matches(config: dict, lora: LoRAConfig, directory: str) -> None:
     for key in ("use_dora", "use_rslora"):
         if config.get(key):
             differences.append(f"{key}=true (triax trains plain LoRA)")
+    if config.get("bias", "none") not in ("none", None):
+        differences.append(f"bias={printable(str(config.get('bias')))[:40]!r} (triax trains no biases: 'none')")
+    for key, meaning in UNSUPPORTED.items():
+        if config.get(key) not in (None, False, {}, [], ""):
+            differences.append(f"{key}={printable(json.dumps(config[key]))[:80]} ({meaning}, which triax does not "
+                               "apply)")
     if differences:
         raise AdapterError(f"model.lora.init_from={directory!r} does not match this run: " + ", ".join(differences)
-                           + "; set model.lora to the adapter's values")
+                           + "; set model.lora to the adapter's values, or save the adapter without those settings")
+
+
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+
+
+def expected_names(lora: LoRAConfig, n_layer: int) -> set[str]:
+    """PEFT's names of every adapter tensor of an n_layer model with model.lora's targets."""
+    return {peft_name(f"layers.{number}.{TARGETS[key]}{ADAPTER_MARK}{factor}.weight")
+            for number in range(n_layer) for key in target_keys(lora.targets) for factor in "AB"}
+
+
+def _check_names(names: set[str], expected: set[str], path: str) -> None:
+    unused = sorted(name for name in names if name not in expected and name.replace(".default.", ".") not in expected)
+    if unused:
+        raise AdapterError(f"model.lora.init_from: {path} has {len(unused)} tensors this model has no place for, e.g. "
+                           f"{printable(unused[0])[:120]!r}; give an adapter saved for this model")
+
+
+def check_adapter(model_config, lora: LoRAConfig) -> None:
+    """Check model.lora.init_from against the whole model before anything of the run is written:
+    its config, and every tensor's name, shape, dtype and values, on a model of shapes alone."""
+    from triax.models import build_model  # deferred: the model classes, when there is an adapter only
+    from triax.models.lora import apply_lora
+
+    with torch.device("meta"):
+        model = build_model(model_config)
+        apply_lora(model, lora)
+    load_adapter(model, lora.init_from, lora, n_layer=model_config.n_layer, copy=False)
 
 
 @torch.no_grad()
-def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig, stored_name=lambda name: name) -> int:
-    """Copy the adapter directory's tensors into this rank's part of `model`'s adapters."""
+def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig, stored_name=lambda name: name,
+                 n_layer: int | None = None, copy: bool = True) -> int:
+    """Copy the adapter directory's tensors into this rank's part of `model`'s adapters; every tensor
+    of the file checked against the model first (its name, shape, dtype and finite values).
+    `n_layer`: the whole model's blocks (a pipeline rank holds some of them only)."""
     check_matches(read_adapter_config(directory), lora, directory)
-    path = os.path.realpath(os.path.join(directory, WEIGHTS_FILE))
+    path = adapter_file(directory, WEIGHTS_FILE)
+    shown = os.path.join(directory, WEIGHTS_FILE)
     if not safe_files.is_regular(path):
-        raise AdapterError(f"model.lora.init_from: {os.path.join(directory, WEIGHTS_FILE)} is missing or not a "
-                           "regular file")
+        raise AdapterError(f"model.lora.init_from: {shown} is missing or not a regular file")
     read = 0
     try:
         with safe_open(path, framework="pt") as stored:
             names = set(stored.keys())
+            if n_layer is not None:
+                _check_names(names, expected_names(lora, n_layer), shown)
             for parameter_name, parameter in model.named_parameters():
                 name = stored_name(parameter_name)
-                if ADAPTER_MARK not in name:
-                    continue
-                source = peft_name(name)
-                if source not in names:  # PEFT keeps the adapter name in memory; some tools save it too
-                    source = source.replace(".weight", ".default.weight")
-                if source not in names:
-                    raise AdapterError(f"model.lora.init_from: {path} has no tensor {peft_name(name)!r} (for {name})")
-                local, offset, full_shape = local_box(parameter)
-                stored_shape = tuple(stored.get_slice(source).get_shape())
-                if stored_shape != tuple(full_shape):
-                    raise AdapterError(f"model.lora.init_from: {path}'s {source} has shape {list(stored_shape)}, "
-                                       f"this model's {name} is {list(full_shape)}")
-                if local.numel() == 0:
-                    continue
-                box = tuple(slice(start, start + size) for start, size in zip(offset, local.shape))
-                local.copy_(stored.get_slice(source)[box].to(local.dtype))
-                read += local.numel()
+                if ADAPTER_MARK in name:
+                    read += _load_one(stored, names, name, parameter, shown, copy)
     except AdapterError:
         raise
     except Exception as error:  # safetensors' own errors: a damaged file
-        raise AdapterError(f"model.lora.init_from: cannot read {path} ({type(error).__name__}: "
+        raise AdapterError(f"model.lora.init_from: cannot read {shown} ({type(error).__name__}: "
                            f"{printable(str(error))[:200]})") from None
     return read
+
+
+def _load_one(stored, names: set[str], name: str, parameter: torch.Tensor, path: str, copy: bool = True) -> int:
+    source = peft_name(name)
+    if source not in names:  # PEFT keeps the adapter name in memory; some tools save it too
+        source = source.replace(".weight", ".default.weight")
+    if source not in names:
+        raise AdapterError(f"model.lora.init_from: {path} has no tensor {peft_name(name)!r} (for {name})")
+    local, offset, full_shape = local_box(parameter)
+    piece = stored.get_slice(source)
+    stored_shape, dtype = tuple(piece.get_shape()), piece.get_dtype()
+    if stored_shape != tuple(full_shape):
+        raise AdapterError(f"model.lora.init_from: {path}'s {source} has shape {list(stored_shape)}, "
+                           f"this model's {name} is {list(full_shape)}")
+    if dtype not in FLOAT_DTYPES:
+        raise AdapterError(f"model.lora.init_from: {path}'s {source} is {dtype}, not a floating-point tensor; "
+                           "give an adapter PEFT saved")
+    whole = stored.get_tensor(source)  # an adapter is small (rank x width): checked whole on every rank
+    if not bool(torch.isfinite(whole).all()):
+        raise AdapterError(f"model.lora.init_from: {path}'s {source} holds NaN or infinite values; give an adapter "
+                           "saved before training diverged")
+    if local.numel() == 0 or not copy:
+        return 0
+    box = tuple(slice(start, start + size) for start, size in zip(offset, local.shape))
+    local.copy_(whole[box].to(local.dtype))
+    return local.numel()

@@ -269,8 +269,11 @@ def export_main(argv: list[str]) -> int:
     if args.format == "nanogpt":
         from triax.train.nanogpt_export import export_nanogpt
 
+        from triax.arguments import check_output_directory, written_by_triax_pickle
+
         root = run_snapshot_root(args.run_dir)
         check_not_in_run(args.output, args.run_dir, root, "OUTPUT")
+        check_output_directory("OUTPUT", args.output, {"ckpt.pt": written_by_triax_pickle}, args.force)
         with_fallback(args.run_dir, root, lambda *opened: export_nanogpt(args.run_dir, args.output, opened,
                                                                           _true_shapes))
         return 0

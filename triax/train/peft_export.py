@@ -52,21 +52,24 @@ def export_main(argv: list[str]) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("output", help="a new directory: adapter_config.json and adapter_model.safetensors")
     parser.add_argument("--format", choices=("peft",), required=True)
+    parser.add_argument("--force", action="store_true", help="replace adapter files in OUT_DIR that triax did not write")
     args = parser.parse_args(argv)
-    return export_peft_main(args.run_dir, args.output)
+    return export_peft_main(args.run_dir, args.output, args.force)
 
 
-def export_peft_main(run_dir: str, out_dir: str) -> int:
+def export_peft_main(run_dir: str, out_dir: str, force: bool = False) -> int:
     from triax.checkpoint.export import tensor_source  # deferred: imports torch
     from triax.models.peft_format import write_adapter  # deferred: `triax --help` stays fast
     # deferred: `triax --help` stays fast
     from triax.train.commands import check_not_in_run, newest_good_snapshot, run_snapshot_root
     from triax.train.run_files import read_model_config  # deferred: `triax --help` stays fast
 
+    from triax.arguments import check_output_directory  # deferred: `triax --help` stays fast
+    from triax.models.peft_format import output_files  # deferred: as above
+
     root = run_snapshot_root(run_dir)
     check_not_in_run(out_dir, run_dir, root, "OUT_DIR")
-    if os.path.lexists(out_dir) and (not os.path.isdir(out_dir) or os.path.islink(out_dir)):
-        raise UsageError(f"OUT_DIR {out_dir!r} exists and is not a directory; give a new directory")
+    check_output_directory("OUT_DIR", out_dir, output_files(), force)
 
     def export(reader, model_config, vocab):
         if model_config.arch not in ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen3_moe"):

@@ -15,7 +15,7 @@ import os
 from triax import safe_files
 from triax.checkpoint.reader import SnapshotReader
 from triax.checkpoint.snapshot import MODEL_KEY
-from triax.errors import ConfigError, TriaxError
+from triax.errors import ConfigError, TriaxError, UsageError
 from triax.models.config import MAX_SIZES
 
 # Far beyond any model triax trains, small enough that arithmetic on them stays exact and cheap.
@@ -59,6 +59,17 @@ def snapshot_bytes(snapshot: str) -> int | None:
     return total
 
 
+def _refuse_lora_run(run_dir: str, snapshot) -> None:
+    """A LoRA run's snapshots hold its adapters alone: reading one as a whole model is not damage."""
+    config = getattr(snapshot, "state", {}).get("config")
+    lora = ((config or {}).get("model") or {}).get("lora") if isinstance(config, dict) else None
+    rank = lora.get("rank") if isinstance(lora, dict) else None
+    if isinstance(rank, int) and rank > 0:
+        raise UsageError(f"{run_dir!r} is a LoRA run (model.lora.rank={rank}): its snapshots hold its adapters only, "
+                         "not a whole model; export it with --format hf --merge (the merged model) or --format peft "
+                         "(the adapters) and use the export")
+
+
 def read_model_config(run_dir: str, snapshot=None):
     """model.json as a GPTConfig, checked: known keys, types, sizes (and GPTConfig's own checks),
     and (with `snapshot`, a validated SnapshotReader or a local path) a model no larger than what
@@ -100,6 +111,7 @@ def read_model_config(run_dir: str, snapshot=None):
         stored_values = sum(math.prod(snapshot.tensor_info(key)[1]) for key in snapshot.tensor_names()
                             if key.startswith(MODEL_KEY))
         if count > stored_values:
+            _refuse_lora_run(run_dir, snapshot)
             raise TriaxError(f"{path} describes a model of {count:,} parameters but snapshot "
                              f"{snapshot.snapshot} stores only {stored_values:,} model values: model.json does "
                              "not belong to it (damaged or replaced); restore it from the run's config")

@@ -31,7 +31,7 @@ from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
 from triax.metrics import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops, step_count
 from triax.models import build_model, vocabulary_rows
 from triax.models.lora import apply_lora, trainable_summary
-from triax.models.peft_format import load_adapter
+from triax.models.peft_format import check_adapter, load_adapter
 from triax.optim import make_adamw, make_schedule, move_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
@@ -225,6 +225,8 @@ class Trainer:
                     f"trainer.resume=false but {self.snapshot_root!r} already holds a run (newest snapshot "
                     f"{existing}); resume it (trainer.resume=true), choose another trainer.run_dir, or add "
                     "trainer.overwrite=true to delete its snapshots and start over")
+        if config.model.lora.rank and config.model.lora.init_from:
+            check_adapter(model_config, config.model.lora)  # before the run directory is written
         # Created only once every check above passed: a refused start leaves no empty run directory.
         created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
         # Checked as typed (the errors above name what the user wrote), kept absolute: config.yaml
@@ -335,7 +337,8 @@ class Trainer:
                                    model_config, self._stored_name())
         if self.config.model.lora.rank and self.config.model.lora.init_from:
             load_adapter(self.raw_model if self.raw_model is not None else self.model,
-                         self.config.model.lora.init_from, self.config.model.lora, self._stored_name())
+                         self.config.model.lora.init_from, self.config.model.lora, self._stored_name(),
+                         n_layer=model_config.n_layer)
             if self.dpo is not None:  # DPO's reference: the adapters as read (TRL's "ref" adapter)
                 self.dpo.keep_initial_adapters(self.raw_model)
         if self.dpo is not None and not self.config.model.lora.rank:
