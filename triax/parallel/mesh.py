@@ -101,7 +101,8 @@ def resolve_layout(dp_replicate: int, dp_shard: int, tp: int, pp: int, world_siz
 
 
 def _degrees(given: dict) -> str:
-    return " x ".join(f"{name}={value}" for name, value in given.items())
+    # cp, the newest degree, only where it is used: a message names what the user set.
+    return " x ".join(f"{name}={value}" for name, value in given.items() if name != "cp" or value != 1)
 
 
 def pipeline_microbatches(requested: int, pp: int) -> int:
