@@ -347,7 +347,7 @@ META_DAMAGE = {
     "an infinite number": (lambda d, m: (d / "params.json").write_text(json.dumps(PARAMS).replace("500000.0", "Infinity")),
                            "Infinity is not a number triax accepts"),
     "a layer too many": (lambda d, m: _params(d, n_layers=1), "holds layers.1.attention.wk.weight and 8 more"),
-    "a damaged second file": (lambda d, m: (d / "consolidated.01.pth").write_bytes(b""), "not a readable torch.save"),
+    "a damaged second file": (lambda d, m: (d / "consolidated.01.pth").write_bytes(b""), "is not a torch.save archive"),
     "a missing part": (lambda d, m: torch.save({}, d / "consolidated.02.pth"), "numbered [0, 2]"),
     "parts of another model": (lambda d, m: torch.save({"x": torch.ones(1)}, d / "consolidated.01.pth"),
                                "holds other tensors than consolidated.00.pth"),
@@ -355,7 +355,7 @@ META_DAMAGE = {
     "params.json linked outside": (lambda d, m: _outside(d, "params.json"), "outside the checkpoint directory"),
     "params.json a FIFO": (lambda d, m: _fifo(d, "params.json"), "is not a regular file"),
     "weights a FIFO": (lambda d, m: _fifo(d, "consolidated.00.pth"), "is not a regular file"),
-    "not a pickle": (lambda d, m: (d / "consolidated.00.pth").write_bytes(b"junk" * 10), "not a readable torch.save"),
+    "not a pickle": (lambda d, m: (d / "consolidated.00.pth").write_bytes(b"junk" * 10), "is not a torch.save archive"),
 }
 
 

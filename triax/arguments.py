@@ -8,10 +8,14 @@ main, so a script or a test sees the same shape of failure whatever was wrong.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
 import shutil
+import stat
+import struct
+import zipfile
 
 from triax.errors import UsageError
 
@@ -59,7 +63,7 @@ def positive(option: str, value) -> None:
 
 def check_device(option: str, requested: str, allow_auto: bool = True) -> None:
     """cpu | cuda | cuda:N (| auto): the spelling only; whether CUDA exists is checked where it is used."""
-    import torch
+    import torch  # deferred: the CLI checks its options (and OMP_NUM_THREADS) before torch loads
 
     if allow_auto and requested == "auto":
         return
@@ -75,10 +79,6 @@ def written_by_triax_safetensors(path: str, key: str = "triax_model") -> bool:
     """Whether `path` is a regular file (not a link) holding a safetensors header whose metadata
     carries triax's mark `key` (the model's description): an export triax may replace. Reads only
     the header."""
-    import json
-    import stat
-    import struct
-
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return False
@@ -133,9 +133,6 @@ def check_output_directory(option: str, directory: str, files: dict, force: bool
 def written_by_triax_pickle(path: str) -> bool:
     """Whether `path` is a regular file holding a torch.save archive whose pickle marks it triax's
     export (`exported_by: triax`). Reads the archive's index and its small pickle, not its tensors."""
-    import stat
-    import zipfile
-
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return False

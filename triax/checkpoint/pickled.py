@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import pickletools
 import re
 
 import numpy as np
@@ -101,8 +102,6 @@ def foreign_global(path: str, max_bytes: int = 64 * 2**20) -> str | None:
 
 def _first_foreign(data: bytes, offset: int) -> tuple[str | None, int]:
     """(the first foreign global of the pickle at `offset`, or None; where the next pickle starts)."""
-    import pickletools
-
     strings: list[str] = []
     end = len(data)
     stream = io.BytesIO(data)

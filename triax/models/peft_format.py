@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save
 
 from triax import safe_files
+from triax.arguments import written_by_triax_safetensors
 from triax.errors import ConfigError, printable
 from triax.models.hf_llama import hf_name
 from triax.models.init import local_box
@@ -39,8 +40,6 @@ def peft_name(name: str) -> str:
 def output_files() -> dict:
     """{file: whether triax wrote the file at a path} of an adapter directory: the config is triax's
     when the weights beside it are (written together, weights first)."""
-    from triax.arguments import written_by_triax_safetensors
-
     def weights(path: str) -> bool:
         return written_by_triax_safetensors(path, "triax_adapter")
 
