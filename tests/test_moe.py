@@ -219,7 +219,6 @@ def test_a_collapsed_router_is_named():
 
 @pytest.mark.parametrize("arch, layout, fields, words", [
     ("mixtral", dict(tp=2), {}, "parallel.tp=2 with model.arch=mixtral"),
-    ("qwen3", dict(tp=2), {}, "qwen3): tensor parallelism of per-head q/k norms"),
     ("qwen3_moe", dict(pp=2), dict(router_aux_loss_coef=0.01), "parallel.pp=2 with model.router_aux"),
 ])
 def test_a_layout_that_does_not_compose_is_one_line(arch, layout, fields, words):
@@ -242,6 +241,35 @@ def test_the_trainer_refuses_it_before_any_group(tmp_path, tiny_corpus, checkpoi
         "model.init_from": str(directory), "data.block_size": BLOCK, "parallel.dp_replicate": 1, "parallel.tp": 2}),
         nproc=2, check=False)
     assert result.returncode != 0 and "triax: error: parallel.tp=2 with model.arch=mixtral" in result.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", [{"parallel.tp": 2}, {"parallel.dp_shard": 2}], ids=["tp2", "fsdp2"])
+def test_dense_qwen3_under_tp_or_fsdp_equals_one_process(layout, tmp_path, tiny_corpus, checkpoints):
+    """3 steps from the Qwen3 checkpoint: under TP x 2 each rank's per-head q/k norms see half the
+    heads, and their gains' gradients are summed over the ranks; under FSDP x 2 each rank takes half
+    the batch. Both equal one process (the FSDP one taking the halves as accumulated micro-batches)."""
+    from helpers import assert_adam_close, final_weights, run_config
+
+    directory, _ = checkpoints("qwen3")
+
+    def run(run_dir, nproc, **settings):
+        train(tiny_overrides(run_dir, tiny_corpus, **{
+            "model.init_from": str(directory), "data.block_size": BLOCK, "trainer.max_steps": 3,
+            "trainer.batch_size": 4, "trainer.log_every": 1, "trainer.eval_every": 3, "trainer.eval_batches": 0,
+            "parallel.dp_replicate": 1, **settings}), nproc=nproc, timeout=300)
+        return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+    accumulate = 2 if "parallel.dp_shard" in layout else 1
+    single = run(tmp_path / "single", 1, **{"trainer.grad_accum": accumulate})
+    parallel = run(tmp_path / "parallel", 2, **layout)
+    for key in ("loss", "val_loss"):
+        assert [r[key] for r in parallel if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    one = final_weights(tmp_path / "single")
+    # Tensor parallelism pads the vocabulary to a multiple of tp; the padding rows hold zeros.
+    ranks = {name: tensor[: one[name].shape[0]] for name, tensor in final_weights(tmp_path / "parallel").items()}
+    assert_adam_close(ranks, one, learning_rates)
 
 
 @pytest.mark.multiprocess
@@ -288,6 +316,8 @@ def test_plan_counts_active_parameters_and_flops():
     assert model.num_params() - model.active_params() == config.n_layer * per_expert * (8 - 2)
     assert shape.flops_per_token() == model.flops_per_token(128)
     assert all(layout.tp == 1 for layout in candidate_layouts(8, shape))
+    dense = ModelShape.from_config(GPTConfig.from_preset("qwen3-debug", vocab_size=512, block_size=128))
+    assert any(layout.tp == 2 for layout in candidate_layouts(8, dense))  # per-head q/k norms split by heads
 
 
 @pytest.mark.multiprocess

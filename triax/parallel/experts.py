@@ -5,8 +5,6 @@ Data parallelism (replicated or fully sharded: FSDP shards the batched expert te
 expert dimension like any other parameter) composes as for a dense model. Refused, one line each:
 - tensor parallelism of routed layers: the tensor-parallel plan splits Linear layers by heads and
   widths; the experts are batched parameters it has no plan for.
-- tensor parallelism with q/k norms: the norm's gain would see only this rank's heads, so its
-  gradient would need a reduction over the tensor-parallel ranks the plan does not make.
 - the router's losses under pipeline parallelism: the schedule computes the loss from the last
   stage's logits only, without the router logits of every stage.
 - context parallelism of routed layers: the balancing loss and the bias update see one rank's
@@ -29,9 +27,6 @@ def check_layout(model_config: GPTConfig, layout: Layout, ep: int = 1, cpu_offlo
     if layout.cp > 1 and model_config.num_experts:
         raise ConfigError(f"parallel.cp={layout.cp} with model.arch={model_config.arch}: context parallelism of "
                           "mixture-of-experts layers is not supported; use parallel.cp=1")
-    if layout.tp > 1 and model_config.qk_norm:
-        raise ConfigError(f"parallel.tp={layout.tp} with model.qk_norm=true (model.arch={model_config.arch}): tensor "
-                          "parallelism of per-head q/k norms is not supported; use parallel.dp_shard")
     if layout.pp > 1 and model_config.router_bias_update_rate:
         raise ConfigError(f"parallel.pp={layout.pp} with model.router_bias_update_rate="
                           f"{model_config.router_bias_update_rate}: each stage holds other layers, whose loads "

@@ -281,7 +281,7 @@ def candidate_layouts(world: int, shape: ModelShape, cps: list[int] | None = Non
                     if shape.n_head % tp or (shape.n_kv_head or shape.n_head) % tp or pp > shape.n_layer \
                             or (shape.block_size // cp) % tp:
                         continue
-                    if tp > 1 and (dict(shape.extra).get("num_experts") or dict(shape.extra).get("qk_norm")):
+                    if tp > 1 and dict(shape.extra).get("num_experts"):
                         continue  # not composed yet (triax/parallel/experts.py)
                     layouts.append(Layout(pp=pp, dp_replicate=rest, dp_shard=dp_shard, tp=tp, cp=cp))
     return layouts

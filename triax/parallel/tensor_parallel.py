@@ -8,7 +8,8 @@ The plan (Megatron-LM's, expressed in PyTorch's parallel styles):
 - the attention output projection and the MLP down-projection are row-parallel: partial sums that
   are reduce-scattered along the sequence;
 - LayerNorms / RMSNorms and dropout run sequence-parallel: between the parallel regions each rank holds a
-  slice of the sequence, so their activations are not replicated tp times;
+  slice of the sequence, so their activations are not replicated tp times; Qwen3's per-head q/k
+  norms run on each rank's heads with replicated gains;
 - the token embedding is vocabulary-parallel (each rank holds 1/tp of the rows) and the head
   is column-parallel over the vocabulary. With `loss_parallel` the logits stay sharded and the
   cross-entropy is computed without ever gathering the (batch, seq, vocab) tensor; a padded
@@ -33,7 +34,12 @@ def block_plan(block: nn.Module) -> dict:
     """The plan for one transformer Block; names are relative to the block."""
     gather_sequence = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     gate = {"mlp.gate_proj": ColwiseParallel()} if hasattr(block.mlp, "gate_proj") else {}
+    # Qwen3's per-head q/k norms see this rank's heads (dim 1 of the (batch, heads, seq, head_dim)
+    # tensor): their gains are replicated and their gradients, partial per rank, summed by DTensor.
+    head_norms = {f"attn.{name}": SequenceParallel(sequence_dim=1, use_local_output=True)
+                  for name in ("q_norm", "k_norm") if getattr(block.attn, name, None) is not None}
     return {
+        **head_norms,
         "ln_1": SequenceParallel(),
         "attn": gather_sequence,
         "attn.q_proj": ColwiseParallel(),
