@@ -37,25 +37,13 @@ def main(argv: list[str]) -> int:
                                  "answer masks a data.task=chat run trains on")
     parser.add_argument("--chat", required=True, metavar="CHECKPOINT",
                         help="a transformers checkpoint directory with tokenizer.json and a chat template")
-    parser.add_argument("inputs", nargs="+", help="local .jsonl, .json or .parquet files of conversations")
-    parser.add_argument("--out", required=True, help="directory to write the token, mask and start files to")
-    parser.add_argument("--val", default=None, help="a file of validation conversations (else the tail of the inputs)")
-    parser.add_argument("--val-fraction", type=float, default=0.1)
+    add_split_arguments(parser, "conversations", "directory to write the token, mask and start files to")
     parser.add_argument("--block-size", type=int, default=None, help="cut or drop longer conversations, as training")
     parser.add_argument("--overlong", choices=OVERLONG_RULES, default="truncate")
-    parser.add_argument("--chat-template", default=None, help="a built-in template (chatml), not the checkpoint's")
-    parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing --out")
     args = parser.parse_args(argv)
-    if not 0.0 < args.val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+    check_split_arguments(args, "--chat", args.chat, OUTPUT_FILES)
     if args.block_size is not None and args.block_size < 1:
         raise DataError(f"--block-size must be 1 or more, got {args.block_size}")
-    if not os.path.isdir(args.chat) or not hf.tokenizer_file(args.chat):
-        raise DataError(f"--chat {args.chat!r} is not a checkpoint directory with tokenizer.json")
-    existing = [name for name in OUTPUT_FILES if os.path.lexists(os.path.join(args.out, name))]
-    if existing and not args.overwrite:
-        raise DataError(f"--out {args.out!r} already holds {', '.join(existing)}; pass --overwrite or choose another "
-                        "directory")
     tokenizer_path = hf.tokenizer_file(args.chat)
     tokenizer = BPETokenizer.from_file(tokenizer_path)
     template = chat_template_for(args.chat_template, hf.description_files(args.chat), args.chat)
@@ -100,3 +88,28 @@ def main(argv: list[str]) -> int:
                     f"{counts['val'][1]} tokens, {counts['train'][2]} + {counts['val'][2]} of them answers; "
                     f"{train.truncated + val.truncated} cut, {train.dropped + val.dropped} dropped) to {args.out}"))
     return 0
+
+
+def add_split_arguments(parser, records: str, out_help: str) -> None:
+    """The options `triax tokenize --chat` and `--preference` share: the record files, where to
+    write, the validation split and the template."""
+    parser.add_argument("inputs", nargs="+", help=f"local .jsonl, .json or .parquet files of {records}")
+    parser.add_argument("--out", required=True, help=out_help)
+    parser.add_argument("--val", default=None, help=f"a file of validation {records} (else the tail of the inputs)")
+    parser.add_argument("--val-fraction", type=float, default=0.1)
+    parser.add_argument("--chat-template", default=None, help="a built-in template (chatml), not the checkpoint's")
+    parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing --out")
+
+
+def check_split_arguments(args, option: str, checkpoint: str, output_files: tuple) -> None:
+    """The shared options' checks (one line each): the split, the checkpoint, an --out kept."""
+    from triax.models import hf  # deferred: with the models, after --help
+
+    if not 0.0 < args.val_fraction < 1.0:
+        raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+    if not os.path.isdir(checkpoint) or not hf.tokenizer_file(checkpoint):
+        raise DataError(f"{option} {checkpoint!r} is not a checkpoint directory with tokenizer.json")
+    existing = [name for name in output_files if os.path.lexists(os.path.join(args.out, name))]
+    if existing and not args.overwrite:
+        raise DataError(f"--out {args.out!r} already holds {', '.join(existing)}; pass --overwrite or choose another "
+                        "directory")

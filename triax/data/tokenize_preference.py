@@ -16,6 +16,7 @@ import os
 from triax import safe_files
 from triax.data.errors import DataError
 from triax.data.preference import TRUNCATION_MODES, EncodedPairs, encode_pairs, preference_encoder_for
+from triax.data.tokenize_chat import add_split_arguments, check_split_arguments
 from triax.errors import printable
 
 OUTPUT_FILES = ("train.pairs.jsonl", "val.pairs.jsonl", "meta.json")
@@ -33,25 +34,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--preference", required=True, metavar="CHECKPOINT",
                         help="a transformers checkpoint directory with tokenizer.json (and a chat template for "
                              "conversational records)")
-    parser.add_argument("inputs", nargs="+", help="local .jsonl, .json or .parquet files of prompt/chosen/rejected")
-    parser.add_argument("--out", required=True, help="directory to write the pair files to")
-    parser.add_argument("--val", default=None, help="a file of validation pairs (else the tail of the inputs)")
-    parser.add_argument("--val-fraction", type=float, default=0.1)
+    add_split_arguments(parser, "pairs (prompt/chosen/rejected)", "directory to write the pair files to")
     parser.add_argument("--max-length", type=int, default=None, help="leave out pairs whose prompt fills it")
     parser.add_argument("--truncation-mode", choices=TRUNCATION_MODES, default="keep_start")
-    parser.add_argument("--chat-template", default=None, help="a built-in template (chatml), not the checkpoint's")
-    parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing --out")
     args = parser.parse_args(argv)
-    if not 0.0 < args.val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+    check_split_arguments(args, "--preference", args.preference, OUTPUT_FILES)
     if args.max_length is not None and args.max_length < 2:
         raise DataError(f"--max-length must be 2 or more, got {args.max_length}")
-    if not os.path.isdir(args.preference) or not hf.tokenizer_file(args.preference):
-        raise DataError(f"--preference {args.preference!r} is not a checkpoint directory with tokenizer.json")
-    existing = [name for name in OUTPUT_FILES if os.path.lexists(os.path.join(args.out, name))]
-    if existing and not args.overwrite:
-        raise DataError(f"--out {args.out!r} already holds {', '.join(existing)}; pass --overwrite or choose another "
-                        "directory")
     tokenizer = BPETokenizer.from_file(hf.tokenizer_file(args.preference))
     encoder = preference_encoder_for(args.chat_template, hf.description_files(args.preference), args.preference,
                                      tokenizer.tokenizer)
