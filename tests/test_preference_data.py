@@ -192,6 +192,10 @@ def test_hostile_files_and_templates_are_refused_in_one_line(checkpoint, tmp_pat
         assert "\n" not in str(caught.value) and expected in str(caught.value), name
     with pytest.raises(DataError, match="needs data.path"):
         load_preference_datasets(None, None, 0.5, encoder, 512, "keep_start")
+    # A bad validation file is named as the option it came from, not as data.path.
+    with pytest.raises(DataError) as caught:
+        load_preference_datasets(str(good), str(tmp_path / "pairs.csv"), 0.5, encoder, 512, "keep_start")
+    assert "data.val_path" in str(caught.value) and "data.path" not in str(caught.value).replace("data.val_path", "")
     # A template that reaches for CPython internals is refused when the checkpoint is opened.
     hostile = tmp_path / "hostile"
     hostile.mkdir()

@@ -228,7 +228,7 @@ def load_preference_datasets(path: str | None, val_path: str | None, train_split
                         "prompt/chosen/rejected records")
     train = encode_pairs(read_records(path), encoder, max_length, truncation)
     if val_path:
-        val = encode_pairs(read_records(val_path), encoder, max_length, truncation)
+        val = encode_pairs(read_records(val_path, "data.val_path"), encoder, max_length, truncation)
     else:
         keep = min(len(train.pairs) - 1, int(len(train.pairs) * train_split))
         val = EncodedPairs(train.pairs[keep:])

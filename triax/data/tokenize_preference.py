@@ -48,11 +48,11 @@ def main(argv: list[str]) -> int:
 
     def records(paths):
         for path in paths:
-            yield from read_records(path)
+            yield from read_records(path, "input")
 
     train = encode_pairs(records(args.inputs), encoder, limit, args.truncation_mode)
     if args.val:
-        val = encode_pairs(read_records(args.val), encoder, limit, args.truncation_mode)
+        val = encode_pairs(read_records(args.val, "--val"), encoder, limit, args.truncation_mode)
     else:  # the trainer's rule (triax.data.preference.load_preference_datasets)
         keep = min(len(train.pairs) - 1, int(len(train.pairs) * (1 - args.val_fraction)))
         train, val = EncodedPairs(train.pairs[:keep], train.truncated, train.dropped), EncodedPairs(train.pairs[keep:])

@@ -57,7 +57,7 @@ def evaluate_preference(args, model, config, device) -> int:
     if args.preference:
         found = []
         for path in args.preference:
-            split = encode_pairs(read_records(path), encoder, block, config.data.truncation_mode)
+            split = encode_pairs(read_records(path, "--preference"), encoder, block, config.data.truncation_mode)
             if not split.pairs:
                 raise TriaxError(f"--preference {path!r} has no pair whose prompt fits {block} tokens")
             found.append((path, PreferenceDataset(split.pairs, block, config.data.truncation_mode)))
