@@ -5,30 +5,23 @@ off, or model.lora.init_from's adapters), over the run's validation pairs or the
 from __future__ import annotations
 
 import json
-import os
 
 import torch
 
-from triax import safe_files
 from triax.data.chat import read_records
 from triax.data.preference import PreferenceDataset, encode_pairs, load_preference_datasets, preference_encoder_for
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import TriaxError, printable
-from triax.models import hf
 from triax.models.hf_model import load_hf_model
 from triax.models.lora import is_adapter
 from triax.models.peft_format import load_adapter
 from triax.train.dpo import METRICS, DPOObjective
-from triax.train.run_files import KEPT_SOURCE_DIR
+from triax.train.run_files import kept_tokenizer
 
 
 def preference_encoder_of_run(run_dir: str, config):
     """The tokenizer and chat template a preference run kept in its directory."""
-    tokenizer_path = os.path.join(run_dir, "tokenizer.json")
-    if not safe_files.is_regular(tokenizer_path):
-        raise TriaxError(f"{run_dir!r} has no tokenizer.json; a preference run keeps its checkpoint's")
-    kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
-    description = hf.description_files(kept, follow_links=False) if safe_files.is_directory(kept) else {}
+    tokenizer_path, description = kept_tokenizer(run_dir, "a preference run keeps its checkpoint's")
     return preference_encoder_for(config.data.chat_template, description, run_dir,
                                   BPETokenizer.from_file(tokenizer_path).tokenizer)
 

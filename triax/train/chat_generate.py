@@ -52,14 +52,9 @@ def load_chat_model(run_dir: str, config, device):
 def chat_encoder(run_dir: str, config):
     from triax.data.chat import ChatEncoder, chat_template_for  # deferred: start-up time of `triax generate`
     from triax.data.tokenizer import BPETokenizer  # deferred: `triax --help` and plain generate stay fast
-    from triax.models import hf  # deferred: `triax --help` and plain generate stay fast
-    from triax.train.run_files import KEPT_SOURCE_DIR  # deferred: `triax --help` and plain generate stay fast
+    from triax.train.run_files import kept_tokenizer  # deferred: `triax --help` and plain generate stay fast
 
-    tokenizer_path = os.path.join(run_dir, "tokenizer.json")
-    if not safe_files.is_regular(tokenizer_path):
-        raise TriaxError(f"{run_dir!r} has no tokenizer.json; --chat needs a run trained with a tokenizer")
-    kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
-    description = hf.description_files(kept, follow_links=False) if safe_files.is_directory(kept) else {}
+    tokenizer_path, description = kept_tokenizer(run_dir, "--chat needs a run trained with a tokenizer")
     template = chat_template_for(config.data.chat_template, description, run_dir)
     return ChatEncoder(template, BPETokenizer.from_file(tokenizer_path).tokenizer)
 

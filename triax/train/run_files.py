@@ -153,3 +153,15 @@ def read_vocabulary(run_dir: str, vocab_size: int | None = None):
     if vocab_size is not None and len(chars) > vocab_size:
         raise TriaxError(f"{path} is damaged: {len(chars)} characters but the model has only {vocab_size} token ids")
     return Vocabulary(chars)
+
+
+def kept_tokenizer(run_dir: str, needed_for: str) -> tuple[str, dict]:
+    """(tokenizer.json's path, the kept checkpoint's description files) of a run trained from a
+    transformers checkpoint with its tokenizer; `needed_for` ends the refusal where it has none."""
+    from triax.models import hf  # deferred: `triax --help` and plain generate stay fast
+
+    tokenizer_path = os.path.join(run_dir, "tokenizer.json")
+    if not safe_files.is_regular(tokenizer_path):
+        raise TriaxError(f"{run_dir!r} has no tokenizer.json; {needed_for}")
+    kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
+    return tokenizer_path, hf.description_files(kept, follow_links=False) if safe_files.is_directory(kept) else {}
