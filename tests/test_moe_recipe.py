@@ -2,7 +2,7 @@
 of the same recipe: the same checkpoint, torch's AdamW with the same hyper-parameters, transformers'
 own cosine schedule, the same gradient clipping, the load-balancing loss at the same coefficient,
 and the very windows triax trained on in the same order (read back from debug.sample_log). Their
-validation losses agree and fall."""
+validation losses agree and fall. Then `triax eval` and `triax generate` on that run."""
 
 import json
 
@@ -93,3 +93,35 @@ def test_a_30_step_fine_tune_falls_as_transformers_same_recipe_does(fine_tuned, 
     assert theirs[0] > theirs[10] > theirs[20] > theirs[30], theirs
     assert ours[10] < theirs[0] and ours[10] > ours[20] > ours[30], ours
 
+
+def test_triax_eval_of_the_run_is_its_own_validation_loss(fine_tuned):
+    """`triax eval RUN` scores the run's last snapshot over the whole validation split: the number
+    the trainer logged at its last step, over the same windows."""
+    _, run_dir, ours, _ = fine_tuned
+    out = launch(1, ["-m", "triax", "eval", str(run_dir), "--json"], timeout=240).stdout
+    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    assert result["loss"] == pytest.approx(ours[STEPS], rel=1e-5)
+
+
+def test_triax_generate_writes_the_fine_tuned_model_s_greedy_text(fine_tuned, tmp_path, capsys):
+    """`triax generate RUN --tokens N --greedy` prints the text transformers' greedy decoding of the
+    run's export writes."""
+    from tokenizers import Tokenizer
+
+    from triax.cli import main as triax_main
+
+    directory, run_dir, _, _ = fine_tuned
+    prompt = "the quick brown"
+    assert triax_main(["generate", str(run_dir), "--prompt", prompt, "--tokens", "20", "--greedy"]) == 0
+    ours = capsys.readouterr().out.rstrip("\n")
+    assert triax_main(["export", str(run_dir), str(tmp_path / "hf"), "--format", "hf"]) == 0
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True).eval()
+    prompt_ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False).ids])
+    # triax draws only ids the tokenizer has (the checkpoint's vocabulary may be larger): so must transformers.
+    unused = list(range(tokenizer.get_vocab_size(), model.config.vocab_size))
+    theirs = model.generate(prompt_ids, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0,
+                            suppress_tokens=unused or None)
+    assert theirs.shape[1] == prompt_ids.shape[1] + 20
+    assert ours.startswith(prompt) and len(ours) > len(prompt)
+    assert ours == tokenizer.decode(theirs[0].tolist(), skip_special_tokens=False)
