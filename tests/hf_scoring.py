@@ -29,6 +29,12 @@ def hf_mean_loss(model_dir, ids, block_size, tail=True, batch_size=64):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
+    return model_mean_loss(model, ids, block_size, tail, batch_size)
+
+
+@torch.no_grad()
+def model_mean_loss(model, ids, block_size, tail=True, batch_size=64):
+    """hf_mean_loss of a transformers model already in memory (in eval mode)."""
     targets = len(ids) - 1
     full = targets // block_size
     windows = [(k * block_size, 0) for k in range(full)]

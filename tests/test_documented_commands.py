@@ -93,6 +93,8 @@ NOT_RUN = {
     ('docs/horovod.md', 'triax horovodrun -np 8 -H node1:4,node2:4 python train.py'): 'several machines',
     ('docs/llama.md', 'OMP_NUM_THREADS=1 python benchmarks/vs_transformers_llama.py --rounds 3 --steps 200'): 'a quiet machine',
     ('docs/moe.md', 'OMP_NUM_THREADS=1 python benchmarks/moe_vs_transformers.py --rounds 3 --steps 20'): 'a quiet machine',
+    ('docs/moe.md', 'python benchmarks/moe_memory.py --steps 3'): 'a quiet machine',
+    ('docs/performance.md', 'python benchmarks/moe_memory.py --steps 3'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/allocator_cost.py'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/context_memory.py'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/memory_scaling.py'): 'a quiet machine',
