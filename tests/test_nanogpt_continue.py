@@ -260,6 +260,7 @@ def test_a_triax_run_exported_continues_on_nanogpt_and_back_on_triax(tmp_path, s
     next step of the run; continuing the export on triax is that step too."""
     from triax.train.commands import export_main
 
+    # A directory of its own: tmp_path/out holds nanoGPT's own ckpt.pt, which an export never replaces.
     run_dir = tmp_path / "triax-run"
     common = [f"data.path={started['data']}", "data.task=tokens", "data.block_size=16", "model.n_layer=2",
               "model.n_head=2", "model.n_embd=16", "model.gelu=exact", "model.tie_embeddings=true",
@@ -267,8 +268,8 @@ def test_a_triax_run_exported_continues_on_nanogpt_and_back_on_triax(tmp_path, s
               "optim.decay_steps=8", "optim.schedule=nanogpt", "optim.decay=matrices", "optim.fused=false",
               "trainer.batch_size=2", "trainer.eval_every=0", "trainer.log_every=1", "trainer.sample_tokens=0"]
     train([*common, f"trainer.run_dir={run_dir}", f"trainer.max_steps={STOP}"])
-    assert export_main([str(run_dir), str(tmp_path / "out"), "--format", "nanogpt"]) == 0
-    exported = torch.load(tmp_path / "out" / "ckpt.pt", map_location="cpu", weights_only=True)
+    assert export_main([str(run_dir), str(tmp_path / "exported"), "--format", "nanogpt"]) == 0
+    exported = torch.load(tmp_path / "exported" / "ckpt.pt", map_location="cpu", weights_only=True)
     config = exported["config"]
     assert {key: config[key] for key in ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "batch_size",
                                          "max_iters", "beta1", "beta2", "decay_lr")} == {
@@ -281,7 +282,7 @@ def test_a_triax_run_exported_continues_on_nanogpt_and_back_on_triax(tmp_path, s
 
     train([*common, f"trainer.run_dir={run_dir}", f"trainer.max_steps={STOP + 1}"])  # triax's own next step
     continued = tmp_path / "continued"
-    train([f"trainer.continue_from={tmp_path / 'out'}", f"data.path={started['data']}", "data.task=tokens",
+    train([f"trainer.continue_from={tmp_path / 'exported'}", f"data.path={started['data']}", "data.task=tokens",
            f"trainer.run_dir={continued}", f"trainer.max_steps={STOP + 1}", "optim.fused=false",
            "trainer.sample_tokens=0"])
     for name, run in (("own", run_dir), ("continued", continued)):
