@@ -160,7 +160,11 @@ down() {
   done
   bash "$HERE/netns.sh" down --prefix "$PREFIX" >/dev/null 2>&1 || true
   if [ -f "$DIR/run/munged.pid" ]; then
-    kill -TERM "$(cat "$DIR/run/munged.pid")" 2>/dev/null || true
+    # munged writes its seed file into DIR as it exits: wait for it (10 s at most), or the caller's
+    # removal of DIR races that write and leaves DIR behind.
+    pid=$(cat "$DIR/run/munged.pid")
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   fi
   rm -f "$DIR/prefix"
 }

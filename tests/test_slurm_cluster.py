@@ -237,5 +237,5 @@ def test_a_step_with_fewer_tasks_than_the_layout_is_one_line(cluster, tmp_path, 
                           *overrides], cwd=str(tmp_path), check=False, timeout=JOB_TIMEOUT)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("triax: error:")]
-    assert errors and all("the world size 2 is not divisible by the product 4" in line for line in errors), result.stderr
+    assert errors and all("the world size 2 is not divisible by 4" in line for line in errors), result.stderr
     assert "Traceback" not in result.stderr, result.stderr
