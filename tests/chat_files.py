@@ -105,9 +105,11 @@ def write_chat_checkpoint(directory, model_type="llama", **options):
     """A tiny random transformers checkpoint whose tokenizer knows the Llama 3 style special tokens,
     with the Llama 3 style chat template in its tokenizer_config.json."""
     from tests.llama_checkpoints import save_checkpoint
+    from tests.moe_checkpoints import MODEL_TYPES, save_checkpoint as save_new_family  # qwen3, mixtral, qwen3_moe
 
     directory.mkdir(parents=True, exist_ok=True)
-    model = save_checkpoint(directory, model_type, **{"max_position_embeddings": 128, **options})
+    save = save_new_family if model_type in MODEL_TYPES else save_checkpoint
+    model = save(directory, model_type, **{"max_position_embeddings": 128, **options})
     records = arithmetic_conversations(50)
     corpus = directory / "corpus.txt"
     corpus.write_text(CORPUS + " ".join(json.dumps(record) for record in records) * 3)

@@ -547,3 +547,26 @@ def test_a_30_step_fine_tune_under_ep_ends_where_one_process_does(tmp_path, tiny
     assert single[-1] < single[0] - 0.1, single
     learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 30
     assert_adam_close(final_weights(tmp_path / "ep"), final_weights(tmp_path / "single"), learning_rates)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_chat_data_with_lora_on_the_attention_learns_the_answers(model_type, tmp_path):
+    """Chat data as for the Llama family: a checkpoint of the family with a chat template, LoRA on
+    the attention, the answer-only loss; after training the validation loss is below the base's."""
+    from chat_files import arithmetic_conversations, write_chat_checkpoint, write_chat_file
+
+    base = tmp_path / "base"
+    write_chat_checkpoint(base, model_type)
+    chat = write_chat_file(tmp_path / "chat.jsonl", arithmetic_conversations(48, seed=1))
+    run_dir = tmp_path / "run"
+    train([f"{key}={value}" for key, value in {
+        "model.init_from": base, "data.task": "chat", "data.path": chat, "data.block_size": 64,
+        "model.lora.rank": 4, "model.lora.alpha": 8, "model.lora.targets": "[q,v]", "trainer.max_steps": 8,
+        "trainer.batch_size": 4, "trainer.eval_every": 8, "trainer.log_every": 1, "trainer.sample_tokens": 0,
+        "trainer.run_dir": run_dir, "optim.lr": 3e-2, "optim.warmup_steps": 0, "parallel.dp_replicate": 1}.items()],
+        timeout=300)
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    first = [record["loss"] for record in records if "loss" in record][0]  # the base's: B starts at zero
+    losses = [record["val_loss"] for record in records if "val_loss" in record]
+    assert losses and losses[-1] < first - 0.1, (first, losses)
