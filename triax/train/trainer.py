@@ -34,6 +34,7 @@ from triax.models.lora import apply_lora, trainable_summary
 from triax.models.peft_format import check_adapter, load_adapter
 from triax.optim import make_adamw, make_schedule, move_schedule
 from triax.parallel.ddp import unwrap
+from triax.parallel.experts import check_layout as check_expert_layout
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.context_parallel import local_chunks
 from triax.parallel.mesh import (GPU_VOCAB_MULTIPLE, build_mesh, check_context_parallel, padded_vocab_size,
@@ -48,13 +49,11 @@ from triax.rendezvous import restart_count
 from triax.stragglers import StragglerCheck
 from triax.threads import apply_thread_choice
 from triax.timeouts import collective_timeout, slow_phase_timeout
-from triax.train import continuation, init_from
+from triax.train import continuation, init_from, router_metrics
 from triax.train.batch_fit import fit_batch_size
 from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset,
                                 continuation_overrides, final_lr, gpt_config, snapshot_every, snapshot_root, to_dict)
 from triax.train.data import build_data
-from triax.parallel.experts import check_layout as check_expert_layout
-from triax.train import router_metrics
 from triax.train.dpo import DPOObjective, check_preference_run
 from triax.train.loss import loss_function
 from triax.train.preemption import StopRequest
@@ -117,6 +116,7 @@ class Trainer:
         self.stop_reason: str | None = None  # set when a signal stopped the run early
         self.first_step = True  # compiles and sets up lazily: the watchdog gives it the slow allowance
         self.timing = {"step": 0.0, "data": 0.0, "forward": 0.0}  # this rank's seconds in the log interval
+        self._router_term = None  # a mixture of experts' router losses of the last forward (router_metrics)
         # Chat and preference rows vary: this rank's training tokens of the log interval, counted as
         # read (the positions computed, padding included; the targets the loss sees).
         self.counted = [0, 0]
@@ -898,8 +898,9 @@ class Trainer:
         chat and preference data (rows of varying length) add loss_tokens: the targets the loss saw
         in the interval, all ranks together, and loss_tokens_per_s (docs/preference.md)."""
         tokens, counted = steps * self.samples_per_step * self.data.block_size, {}
-        if self._counts_tokens():  # counted as read; tensor-parallel peers read the same rows, cp ranks parts of them
-            totals = [sum(column) * self.layout.dp * self.layout.cp / self.world_size for column in zip(*gather_floats(self.counted))]
+        if self._counts_tokens():  # counted as read; tensor and pipeline peers read the same tokens
+            totals = [sum(column) * self.layout.reducing / self.world_size
+                      for column in zip(*gather_floats(self.counted))]
             self.counted = [0, 0]
             tokens = totals[0]
             self.pace.tokens_per_step = tokens / max(steps, 1)  # the bar's figure: this interval's rows
@@ -1042,7 +1043,7 @@ class Trainer:
                           "epoch": self.epoch, **self._throughput(pace.interval_steps, pace.interval_seconds),
                           "peak_mem_mb": round(peak_memory_mb(self.device), 1),
                           **self._rank_times(pace.interval_steps)}
-                routing, warning = router_metrics.record(self.model, getattr(self, "_router_term", None))
+                routing, warning = router_metrics.record(self.model, self._router_term)
                 record.update(routing)
                 if warning and self.place.is_main:
                     print(warning, file=sys.stderr, flush=True)
