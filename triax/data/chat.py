@@ -437,6 +437,13 @@ class ChatData:
     report: str  # what was read, cut and dropped, for the run's log
 
 
+
+def training_count(count: int, train_split: float) -> int:
+    """How many of `count` records train when the tail of the file validates (as for text): the
+    train_split share, at least one left to validate. The one rule for chat and preference data,
+    in training and in `triax tokenize`."""
+    return min(count - 1, int(count * train_split))
+
 def load_chat_datasets(path: str, val_path: str | None, train_split: float, encoder: ChatEncoder,
                        block_size: int, packing: bool, overlong: str, batch_padding: bool = False) -> ChatData:
     """Train and validation rows of data.path (and data.val_path, else its tail fraction)."""
@@ -448,7 +455,7 @@ def load_chat_datasets(path: str, val_path: str | None, train_split: float, enco
         val = encode_records(read_records(val_path, "data.val_path"), encoder, block_size, overlong)
     else:
         # The tail of the file validates (as for text): a fixed set, whatever the process count.
-        keep = min(len(train.examples) - 1, int(len(train.examples) * train_split))
+        keep = training_count(len(train.examples), train_split)
         val = EncodedSplit(train.examples[keep:])
         train = EncodedSplit(train.examples[:keep], train.truncated, train.dropped)
     for name, split, source in (("training", train, path), ("validation", val, val_path or path)):

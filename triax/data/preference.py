@@ -28,7 +28,8 @@ import torch
 
 from triax import safe_files
 from triax.data.addition import IGNORE_INDEX
-from triax.data.chat import MAX_DEPTH, RecordError, _depth, _messages, _text, chat_template_for, read_records
+from triax.data.chat import (MAX_DEPTH, RecordError, _depth, _messages, _text, chat_template_for, read_records,
+                             training_count)
 from triax.data.chat_template import TemplateError, special_tokens_of
 from triax.data.errors import DataError
 from triax.errors import printable
@@ -230,7 +231,7 @@ def load_preference_datasets(path: str | None, val_path: str | None, train_split
     if val_path:
         val = encode_pairs(read_records(val_path, "data.val_path"), encoder, max_length, truncation)
     else:
-        keep = min(len(train.pairs) - 1, int(len(train.pairs) * train_split))
+        keep = training_count(len(train.pairs), train_split)
         val = EncodedPairs(train.pairs[keep:])
         train = EncodedPairs(train.pairs[:keep], train.truncated, train.dropped)
     for name, split, source in (("training", train, path), ("validation", val, val_path or path)):

@@ -19,7 +19,8 @@ import os
 import numpy as np
 
 from triax import safe_files
-from triax.data.chat import OVERLONG_RULES, ChatEncoder, EncodedSplit, chat_template_for, encode_records, read_records
+from triax.data.chat import (OVERLONG_RULES, ChatEncoder, EncodedSplit, chat_template_for, encode_records, read_records,
+                             training_count)
 from triax.data.errors import DataError
 from triax.errors import printable
 
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
     if args.val:
         val = encode_records(read_records(args.val, "--val"), encoder, block, args.overlong)
     else:  # the trainer's rule (triax.data.chat.load_chat_datasets)
-        keep = min(len(train.examples) - 1, int(len(train.examples) * (1 - args.val_fraction)))
+        keep = training_count(len(train.examples), 1 - args.val_fraction)
         train, val = (EncodedSplit(train.examples[:keep], train.truncated, train.dropped),
                       EncodedSplit(train.examples[keep:]))
     if not train.examples or not val.examples:

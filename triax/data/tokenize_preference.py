@@ -24,7 +24,7 @@ OUTPUT_FILES = ("train.pairs.jsonl", "val.pairs.jsonl", "meta.json")
 
 def main(argv: list[str]) -> int:
     from triax.arguments import ArgumentParser  # deferred: with the models' imports below, after --help
-    from triax.data.chat import read_records
+    from triax.data.chat import read_records, training_count
     from triax.data.tokenizer import BPETokenizer  # deferred: with the models, after --help
     from triax.models import hf  # deferred: with the models, after --help
 
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     if args.val:
         val = encode_pairs(read_records(args.val, "--val"), encoder, limit, args.truncation_mode)
     else:  # the trainer's rule (triax.data.preference.load_preference_datasets)
-        keep = min(len(train.pairs) - 1, int(len(train.pairs) * (1 - args.val_fraction)))
+        keep = training_count(len(train.pairs), 1 - args.val_fraction)
         train, val = EncodedPairs(train.pairs[:keep], train.truncated, train.dropped), EncodedPairs(train.pairs[keep:])
     if not train.pairs or not val.pairs:
         raise DataError(f"the inputs leave {len(train.pairs)} training / {len(val.pairs)} validation pairs; give "
