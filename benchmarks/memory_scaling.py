@@ -117,7 +117,7 @@ def worker_baseline() -> None:
 def worker_train(overrides: list[str], phases: list[str], resume: bool) -> None:
     import torch.distributed as dist
 
-    from triax.process_group import shutdown_distributed
+    from triax.runtime.process_group import shutdown_distributed
     from triax.train.config import compose_config
     from triax.train.trainer import Trainer
 

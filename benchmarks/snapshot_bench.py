@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from triax import checkpoint  # noqa: E402
 from triax.models import GPT, GPTConfig  # noqa: E402
-from triax.optim import make_adamw  # noqa: E402
+from triax.train.optim import make_adamw  # noqa: E402
 
 
 def directory_mb(path: str) -> float:
@@ -116,8 +116,8 @@ def sharded_worker(args) -> None:
     import json
     import resource
 
-    from triax.collectives import barrier
-    from triax.process_group import shutdown_distributed
+    from triax.runtime.shared_decisions import barrier
+    from triax.runtime.process_group import shutdown_distributed
     from triax.train.config import compose_config
     from triax.train.trainer import Trainer
 

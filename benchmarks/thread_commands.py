@@ -1,4 +1,4 @@
-"""`triax eval RUN` and `triax generate RUN` with triax's thread rule (triax/threads.py) against
+"""`triax eval RUN` and `triax generate RUN` with triax's thread rule (triax/runtime/threads.py) against
 OMP_NUM_THREADS=1 and against PyTorch's default (a thread per core), with --load busy processes
 beside them (plain Python loops, as a neighbour's job would be; 0 for idle cores).
 
@@ -28,7 +28,7 @@ print = functools.partial(print, flush=True)  # noqa: A001 - progress shows up w
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from triax.testing import quiet_env  # noqa: E402
-from triax.threads import usable_cores  # noqa: E402
+from triax.runtime.threads import usable_cores  # noqa: E402
 
 BUSY_LOOP = "while True: pass"
 

@@ -1,4 +1,4 @@
-"""The default thread count of a CPU `triax train` (triax/threads.py) against one thread and
+"""The default thread count of a CPU `triax train` (triax/runtime/threads.py) against one thread and
 against PyTorch's default (a thread per core), on idle cores and on cores other programs keep busy.
 
 For each machine state (idle, then loaded with --load busy processes: plain Python loops, as a
@@ -33,7 +33,7 @@ print = functools.partial(print, flush=True)  # noqa: A001 - progress shows up w
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from triax.testing import quiet_env  # noqa: E402
-from triax.threads import usable_cores  # noqa: E402
+from triax.runtime.threads import usable_cores  # noqa: E402
 
 BUSY_LOOP = "while True: pass"
 

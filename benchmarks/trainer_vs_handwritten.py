@@ -66,7 +66,7 @@ def precision_figures(steps: int, model: str) -> dict:
                 trainer.train_step()
             seconds = time_block(trainer.train_step, steps)
             figures = trainer._throughput(1, seconds)
-            from triax.metrics import measure_peak_flops
+            from triax.tracking.throughput import measure_peak_flops
 
             # The trainer reports MFU against a stated peak only; this benchmark, run side by side on
             # one quiet machine, states the matmul peak it measured there.

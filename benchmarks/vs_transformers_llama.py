@@ -77,7 +77,7 @@ def run_transformers(steps: int, fused_adamw: bool) -> dict:
 
     from triax.data import GlobalSampler
     from triax.models import build_model, hf_llama
-    from triax.optim import split_decay_parameters, warmup_cosine
+    from triax.train.optim import split_decay_parameters, warmup_cosine
     from triax.train.config import compose_config, gpt_config
     from triax.train.data import build_data
 

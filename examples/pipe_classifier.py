@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from triax.pipe import Pipe, balance_by_time
-from triax.threads import apply_thread_choice
+from triax.runtime.threads import apply_thread_choice
 
 
 def classifier(dropout: float = 0.5) -> nn.Sequential:

@@ -119,7 +119,7 @@ def serve(path: str) -> None:
     import signal
 
     import forked
-    from triax.rendezvous import free_port
+    from triax.runtime.rendezvous import free_port
 
     for name in [*forked.PRELOAD, "torch.distributed.run"]:
         importlib.import_module(name)

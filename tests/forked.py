@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 
-from triax.rendezvous import free_port
+from triax.runtime.rendezvous import free_port
 from triax.testing import quiet_env
 
 # Imported once, in the server, before any fork: what every trainer process needs.

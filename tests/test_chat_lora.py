@@ -333,8 +333,8 @@ def test_the_batch_is_lowered_only_when_the_data_is_smaller_and_never_below_one_
 
 def test_the_merged_export_computes_with_the_thread_rules_count(single, tmp_path, monkeypatch):
     """`export --format hf --merge` multiplies the adapters into the base on this CPU: with the
-    threads of triax.threads (here a machine whose sample finds 0.3 of 2 cores idle: one)."""
-    import triax.threads as threads
+    threads of triax.runtime.threads (here a machine whose sample finds 0.3 of 2 cores idle: one)."""
+    import triax.runtime.threads as threads
     from triax.cli import main
 
     before = torch.get_num_threads()

@@ -9,7 +9,7 @@ from triax.errors import ConfigError, TriaxError
 from triax.launch import settings
 from triax.launch.config import LaunchConfig
 from triax.models.config import PRESETS
-from triax.rendezvous import restart_count
+from triax.runtime.rendezvous import restart_count
 from triax.train.config import TrainConfig, compose_config, describe_keys, field_docs
 
 

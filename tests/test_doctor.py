@@ -12,7 +12,7 @@ from triax.doctor import command, network, report, storage
 from triax.doctor.needs import run_needs
 from triax.doctor.report import Check
 from triax.errors import ConfigError, UsageError
-from triax.place import detect_place
+from triax.runtime.place import detect_place
 from triax.train.config import compose_config
 
 QUICK = ["--skip", "compile", "--seconds", "0.05"]

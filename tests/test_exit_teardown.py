@@ -1,5 +1,5 @@
 """A finished job ends cleanly: every door tears its process group down before the interpreter
-finalizes (triax.process_group), so gloo's threads never meet a finalizing interpreter.
+finalizes (triax.runtime.process_group), so gloo's threads never meet a finalizing interpreter.
 
 The failure this guards against was intermittent: on a loaded machine, the README's Accelerator
 demo under `triax launch --num-processes 2` trained, printed its last loss, and then a rank died

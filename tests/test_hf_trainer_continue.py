@@ -197,7 +197,7 @@ def test_the_parameter_order_and_decay_groups_are_the_trainers(kind, tie, bias):
 def test_the_schedules_are_transformers():
     from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
 
-    from triax.optim import warmup_cosine
+    from triax.train.optim import warmup_cosine
 
     for schedule, make in (("linear", get_linear_schedule_with_warmup), ("cosine_hf", get_cosine_schedule_with_warmup)):
         optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=LR)

@@ -115,7 +115,7 @@ def test_horovodrun_maps_hosts_onto_torchrun(capsys):
     assert horovodrun.main(["-np", "3", "--dry-run", "python", "train.py"]) == 0
     (line,) = capsys.readouterr().out.strip().splitlines()
     assert "--nproc-per-node=3" in line and "--nnodes=1" in line and line.endswith(
-        "-m triax.horovod_worker --hostname=localhost --cross=0:1,0:1,0:1 -- python train.py")
+        "-m triax.launch.horovod_worker --hostname=localhost --cross=0:1,0:1,0:1 -- python train.py")
     assert horovodrun.main(["-np", "6", "-H", "node1:4,node2:4", "--master-port", "1234", "--dry-run",
                             "python", "train.py"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import triax.horovod as hvd
-from triax import horovod_worker
+from triax.launch import horovod_worker
 from triax.horovod import horovodrun
 
 from horovod_support import REPO, child_env, horovod  # noqa: F401  (horovod: a fixture)
@@ -40,7 +40,7 @@ def test_horovodrun_gives_horovods_variables_for_uneven_hosts():
 def test_the_worker_gets_the_variables_before_the_command_runs():
     env = child_env(**torchrun_env(2, 0, 1, world=4, local_world=2))
     shown = subprocess.run(
-        [sys.executable, "-m", "triax.horovod_worker", "--hostname=nodeB", "--cross=1:2,1:2", "--",
+        [sys.executable, "-m", "triax.launch.horovod_worker", "--hostname=nodeB", "--cross=1:2,1:2", "--",
          sys.executable, "-c", "import os; print(os.environ['HOROVOD_RANK'], os.environ['HOROVOD_CROSS_RANK'], "
                                "os.environ['HOROVOD_HOSTNAME'])"],
         env=env, capture_output=True, text=True, timeout=120, cwd=REPO)

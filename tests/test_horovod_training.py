@@ -15,7 +15,7 @@ import torch
 
 from helpers import assert_adam_close
 from horovod_support import WORKERS, child_env
-from triax.rendezvous import free_port
+from triax.runtime.rendezvous import free_port
 from triax.testing import run
 
 # Every test here starts processes (torchrun, launchers, scripts).

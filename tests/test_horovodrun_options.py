@@ -16,7 +16,7 @@ from horovod_support import REPO, child_env
 from triax.cli import main as cli_main
 from triax.horovod import horovodrun, horovodrun_options, run_function
 from triax.horovod.output import JobOutput, StartWatch
-from triax.horovod_worker import lines, prefix, started_line
+from triax.launch.horovod_worker import lines, prefix, started_line
 from triax.errors import TriaxError
 
 # Horovod 0.28.1's parse_args, option by option (its first spelling), with a value where it takes one.

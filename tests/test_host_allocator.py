@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from triax.host_memory import glibc_version
+from triax.runtime.host_memory import glibc_version
 from triax.testing import quiet_env, run
 
 pytestmark = [pytest.mark.multiprocess,
@@ -25,7 +25,7 @@ BLOCKS, BLOCK_MB = 32, 8
 CHILD = """
 import json, sys
 import torch
-from triax.host_memory import return_freed_memory_to_os
+from triax.runtime.host_memory import return_freed_memory_to_os
 
 def rss():
     with open('/proc/self/statm') as handle:

@@ -863,7 +863,7 @@ def test_overwrite_refuses_a_symlinked_snapshots_directory(sandbox, tiny_corpus)
 def test_metrics_that_cannot_be_written_are_dropped_with_one_warning(tmp_path, capsys):
     import errno
 
-    from triax.metrics import MetricsLogger
+    from triax.tracking.throughput import MetricsLogger
 
     logger = MetricsLogger(str(tmp_path), enabled=True, loggers=["jsonl"], progress=False)
 

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import tiny_overrides
 from triax import checkpoint
-from triax.rendezvous import free_port
+from triax.runtime.rendezvous import free_port
 from triax.testing import quiet_env
 
 pytestmark = pytest.mark.multiprocess

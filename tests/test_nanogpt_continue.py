@@ -176,7 +176,7 @@ def test_the_run_takes_nanogpts_settings_and_the_command_line_wins(started):
 
 
 def test_the_schedule_is_nanogpts_get_lr():
-    from triax.optim import warmup_cosine
+    from triax.train.optim import warmup_cosine
 
     for step in range(12):
         assert warmup_cosine(step, 8, 2, 1e-2, 1e-3, "nanogpt") == pytest.approx(get_lr(step), rel=1e-15)
@@ -305,7 +305,7 @@ def test_a_triax_run_exported_continues_on_nanogpt_and_back_on_triax(tmp_path, s
 
 def test_each_weight_decay_rule_groups_the_parameters_it_names():
     from triax.models import GPTConfig, build_model
-    from triax.optim import split_decay_parameters
+    from triax.train.optim import split_decay_parameters
 
     model = build_model(GPTConfig(vocab_size=67, block_size=16, n_layer=1, n_head=2, n_embd=16, tie_embeddings=True))
     names = {id(p): n for n, p in model.named_parameters()}

@@ -1,9 +1,9 @@
-"""A collective that failed because a peer is gone is one line naming the peer (triax.peers)."""
+"""A collective that failed because a peer is gone is one line naming the peer (triax.runtime.lost_peers)."""
 
 import pytest
 
 from triax.errors import TriaxError
-from triax.peers import PeerLostError, lost_peer_message
+from triax.runtime.lost_peers import PeerLostError, lost_peer_message
 
 
 @pytest.mark.parametrize("text, where", [

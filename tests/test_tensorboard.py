@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helpers import tiny_overrides, train
-from triax.trackers import TensorBoardTracker
+from triax.tracking.trackers import TensorBoardTracker
 
 pytest.importorskip("tensorboard")
 

@@ -1,4 +1,4 @@
-"""The one thread rule (triax.threads) of every command that computes: the idle cores measured now,
+"""The one thread rule (triax.runtime.threads) of every command that computes: the idle cores measured now,
 OMP_NUM_THREADS checked like an option, and each command taking the rule's count."""
 
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-import triax.threads as threads
+import triax.runtime.threads as threads
 from triax.cli import main as triax_main
 from triax.testing import quiet_env
 
@@ -111,7 +111,7 @@ def test_eval_generate_and_tokenize_compute_with_the_rules_threads(rule_says, tm
 def test_the_doctor_reports_and_uses_the_rules_threads(rule_says):
     from triax.doctor.command import Doctor, compose_config, parse
     from triax.doctor.system import device_check
-    from triax.place import detect_place
+    from triax.runtime.place import detect_place
 
     rule_says(0.2)
     doctor = Doctor(compose_config([]), parse([]), detect_place())

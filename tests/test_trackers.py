@@ -147,7 +147,7 @@ def test_accelerator_logs_to_every_tracker_as_accelerate(tmp_path, monkeypatch):
 
 def test_log_with_follows_accelerate(monkeypatch):
     from triax.accelerate.tracking import parse_log_with
-    from triax.trackers import TRACKERS
+    from triax.tracking.trackers import TRACKERS
 
     class Mine:  # a tracker object of the user's own is kept as it is
         name = "mine"
@@ -165,7 +165,7 @@ def test_log_with_follows_accelerate(monkeypatch):
         parse_log_with("nope")
     with pytest.warns(UserWarning, match="no 'comet_ml' tracker"):
         assert parse_log_with(["comet_ml", "jsonl"]) == ["jsonl"]
-    monkeypatch.setattr("triax.trackers.importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr("triax.tracking.trackers.importlib.util.find_spec", lambda name: None)
     with pytest.warns(UserWarning, match=r"pip install 'triax\[mlflow\]'"):
         assert parse_log_with(["mlflow", "jsonl"]) == ["jsonl"]  # Accelerate leaves it out too
     assert parse_log_with("all") == ["jsonl"]
@@ -173,7 +173,7 @@ def test_log_with_follows_accelerate(monkeypatch):
 
 def test_a_tracker_that_is_missing_or_cannot_start_is_one_line(tmp_path, monkeypatch):
     from triax.errors import ConfigError, TriaxError
-    from triax.trackers import check_trackers, open_tracker
+    from triax.tracking.trackers import check_trackers, open_tracker
 
     with pytest.raises(ConfigError, match="'neptune' is not a tracker triax has"):
         check_trackers(["jsonl", "neptune"], "trainer.loggers")
@@ -183,7 +183,7 @@ def test_a_tracker_that_is_missing_or_cannot_start_is_one_line(tmp_path, monkeyp
     with pytest.raises(TriaxError, match=r"cannot start the mlflow run \(.*nowhere.*MLFLOW_TRACKING_URI") as caught:
         open_tracker("mlflow", str(tmp_path), "demo")
     assert "\n" not in str(caught.value) and isinstance(caught.value, RuntimeError)
-    monkeypatch.setattr("triax.trackers.importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr("triax.tracking.trackers.importlib.util.find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"needs the wandb package; install it with: pip install 'triax\[wandb\]'"):
         check_trackers(["wandb"], "trainer.loggers")
 

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from helpers import tiny_overrides
-from triax.stragglers import StragglerCheck
+from triax.runtime.stragglers import StragglerCheck
 from triax.testing import run, torchrun_command
-from triax.timeouts import ENV_COLLECTIVE_TIMEOUT, TimeoutValueError, collective_timeout
-from triax.watchdog import HANG_EXIT_CODE, Watchdog, heartbeat_interval
+from triax.runtime.timeouts import ENV_COLLECTIVE_TIMEOUT, TimeoutValueError, collective_timeout
+from triax.runtime.watchdog import HANG_EXIT_CODE, Watchdog, heartbeat_interval
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "fault_worker.py")
 
@@ -35,7 +35,7 @@ def test_collective_timeout_comes_from_config_then_environment(monkeypatch):
     assert collective_timeout() == 120
     monkeypatch.setenv(ENV_COLLECTIVE_TIMEOUT, "30")
     assert collective_timeout() == 30 and collective_timeout(7.5) == 7.5
-    from triax.timeouts import process_group_timeout
+    from triax.runtime.timeouts import process_group_timeout
 
     assert process_group_timeout() == 30
     monkeypatch.delenv(ENV_COLLECTIVE_TIMEOUT)
@@ -66,7 +66,7 @@ def test_launch_exports_the_timeout_to_the_workers(capsys, tmp_path):
 
 
 def test_horovod_reads_its_gloo_timeout(monkeypatch, capsys):
-    from triax import timeouts
+    from triax.runtime import timeouts
     from triax.horovod.lifecycle import gloo_timeout as _gloo_timeout
     from triax.horovod.horovodrun import main as horovodrun
 
@@ -90,8 +90,8 @@ def test_the_process_group_of_every_door_takes_the_timeout(monkeypatch):
     import torch
     import torch.distributed as dist
 
-    from triax import process_group
-    from triax.place import Place
+    from triax.runtime import process_group
+    from triax.runtime.place import Place
 
     seen = []
     monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: seen.append(kwargs["timeout"].total_seconds()))

@@ -14,8 +14,8 @@ import time
 
 from triax.errors import TriaxError, printable
 from triax.launch.settings import ERRORS_REPORTED_BY_LAUNCHER_ENV
-from triax.threads import check_thread_setting
-from triax.torch_logs import quiet_torch_logs
+from triax.runtime.threads import check_thread_setting
+from triax.runtime.torch_logs import quiet_torch_logs
 
 # sub-command -> (module with main(argv), one-line help)
 COMMANDS = {
@@ -74,7 +74,7 @@ def run_command(argv: list[str]) -> int:
         raise TriaxError(f"unknown command {name!r}; commands are: {', '.join(COMMANDS)}")
     target, _ = COMMANDS[name]
     # Checked like an option, before the command imports torch (whose OpenMP runtime would warn
-    # about a bad value and carry on with its own count): triax.threads.
+    # about a bad value and carry on with its own count): triax.runtime.threads.
     check_thread_setting()
     module_name, func_name = target.split(":")
     try:
@@ -109,7 +109,7 @@ def report_error(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = take_debug_flag(argv)
-    quiet_torch_logs(debug)  # DTensor's advice to torch's developers, once per rank (triax.torch_logs)
+    quiet_torch_logs(debug)  # DTensor's advice to torch's developers, once per rank (triax.runtime.torch_logs)
     try:
         code = run_command(argv)
     except TriaxError as error:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from torch.nn.parallel import DistributedDataParallel
 
-import triax.process_group  # noqa: F401  (its exit handler lets gloo's threads finish: the script's group too)
+import triax.runtime.process_group  # noqa: F401  (its exit handler lets gloo's threads finish: the script's group too)
 from triax.errors import ConfigError
 from triax.launch import settings as launch_settings
 from triax.parallel.comm_hooks import check_compression, register_compression

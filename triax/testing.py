@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from triax.rendezvous import free_port
+from triax.runtime.rendezvous import free_port
 
 
 def quiet_env(**extra: str) -> dict[str, str]:

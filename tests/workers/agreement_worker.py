@@ -14,10 +14,10 @@ import sys
 import torch
 
 from triax import checkpoint
-from triax.agreement import raise_together
-from triax.collectives import barrier
-from triax.place import detect_place
-from triax.process_group import init_distributed, shutdown_distributed
+from triax.runtime.failure_agreement import raise_together
+from triax.runtime.shared_decisions import barrier
+from triax.runtime.place import detect_place
+from triax.runtime.process_group import init_distributed, shutdown_distributed
 
 
 def tamper_rng_file(snapshot: str, rank: int) -> None:

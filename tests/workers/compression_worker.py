@@ -8,8 +8,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from triax.parallel.ddp import apply_ddp
-from triax.place import detect_place
-from triax.process_group import init_distributed
+from triax.runtime.place import detect_place
+from triax.runtime.process_group import init_distributed
 
 STEPS = 30
 

@@ -34,7 +34,7 @@ if DistributedDataParallel.__init__.__name__ != "_boosted_init":
     # Without triax (the by-hand and plain reference runs) PyTorch's own collectives can leave
     # work for gloo's worker thread that needs the GIL after the script's last line, which aborts
     # the process if the interpreter is finalizing by then (seen with its Python fp16 hook, and
-    # once with no hook at all). triax keeps its works until exit instead (triax/kept_works.py,
+    # once with no hook at all). triax keeps its works until exit instead (triax/runtime/collectives_at_exit.py,
     # keep_until_exit): the boosted run must exit normally, and the test checks that it does.
     # The references' output is written and closed, so they skip finalization.
     sys.stdout.flush()

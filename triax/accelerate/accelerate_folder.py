@@ -40,11 +40,11 @@ from triax import safe_files
 from triax.accelerate import fsdp_folder
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate.saving import _agree, _check_dataloader_position, _check_scheduler
-from triax.agreement import raise_together
+from triax.runtime.failure_agreement import raise_together
 from triax.checkpoint.numbers import COUNTERS, RANGES, bad_number
 from triax.checkpoint.pickled import PickledFileError, pickled_bytes, read_pickled, read_whole
-from triax.collectives import all_gather_bytes
-from triax.process_group import is_distributed
+from triax.runtime.shared_decisions import all_gather_bytes
+from triax.runtime.process_group import is_distributed
 
 MANIFEST = "triax_manifest.json"
 LOOSE = "triax_loose_parameters.safetensors"

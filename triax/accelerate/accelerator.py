@@ -41,12 +41,12 @@ from triax.accelerate.saving import load_state as _load_state
 from triax.accelerate.state import AcceleratorState, GradientState, share_with_accelerate
 from triax.accelerate.tracking import GeneralTracker, filter_trackers, start_trackers
 from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
-from triax.agreement import raise_together
-from triax.collectives import any_rank
+from triax.runtime.failure_agreement import raise_together
+from triax.runtime.shared_decisions import any_rank
 from triax.parallel.ddp import apply_ddp, unwrap
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.no_sync import no_sync, sync_in_backward
-from triax.precision import Precision
+from triax.runtime.precision import Precision
 
 __all__ = ["Accelerator"]
 

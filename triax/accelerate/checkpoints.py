@@ -17,7 +17,7 @@ import shutil
 from triax import safe_files
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate.operations import broadcast_object_list
-from triax.process_group import is_distributed
+from triax.runtime.process_group import is_distributed
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d{1,18})$")
 

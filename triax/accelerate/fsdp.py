@@ -27,7 +27,7 @@ from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer
 
 from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError, UnsupportedFeatureError
 from triax.accelerate.fsdp_plugin import PRECISION_DTYPES, FullyShardedDataParallelPlugin, find_layer_classes
-from triax.agreement import raise_together
+from triax.runtime.failure_agreement import raise_together
 from triax.parallel.activation_checkpoint import apply_activation_checkpointing
 from triax.parallel.fsdp import each_block, offload_policy, shard_units, sharded_parameter_device
 

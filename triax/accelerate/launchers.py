@@ -10,7 +10,7 @@ import sys
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError, UnsupportedFeatureError
 from triax.accelerate.state import AcceleratorState, GradientState, PartialState
 from triax.launch import settings as launch_settings
-from triax.rendezvous import free_port
+from triax.runtime.rendezvous import free_port
 
 
 __all__ = ["debug_launcher", "notebook_launcher", "test_launch"]

@@ -16,9 +16,9 @@ import torch.distributed as dist
 from triax.accelerate.errors import DistributedOperationException  # noqa: F401 - Accelerate's name in this module
 from triax.accelerate.errors import AcceleratorValueError, distributed_operation_error
 from triax.accelerate.nested import is_mapping, recursively_apply, send_to_device  # noqa: F401 (re-exported)
-from triax.collectives import all_gather_bytes
-from triax.kept_works import wait_and_keep
-from triax.process_group import collective_device, is_distributed
+from triax.runtime.shared_decisions import all_gather_bytes
+from triax.runtime.collectives_at_exit import wait_and_keep
+from triax.runtime.process_group import collective_device, is_distributed
 
 
 # Every function here walks nested data the same way (triax.accelerate.nested).

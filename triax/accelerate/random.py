@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch.utils.data import RandomSampler
 
 from triax.accelerate.errors import AcceleratorValueError
-from triax.kept_works import wait_and_keep
-from triax.process_group import collective_device, is_distributed
+from triax.runtime.collectives_at_exit import wait_and_keep
+from triax.runtime.process_group import collective_device, is_distributed
 
 # Accelerate's rng_types that exist on triax's devices; its other accelerators' types are refused.
 RNG_TYPES = ("torch", "cuda", "generator")

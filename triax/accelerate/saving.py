@@ -30,7 +30,7 @@ from triax.accelerate.errors import (
     AcceleratorValueError,
     StateCorruptError,
 )
-from triax.agreement import raise_together
+from triax.runtime.failure_agreement import raise_together
 from triax.checkpoint import latest_snapshot, load_snapshot, read_state, save_snapshot
 from triax.checkpoint.numbers import bad_number, is_number
 from triax.errors import TriaxError

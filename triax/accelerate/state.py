@@ -2,7 +2,7 @@
 
 PartialState is Accelerate's process-wide view of the job: every instance shares one state, so
 `PartialState()` anywhere in a script (before or after the Accelerator) answers the same, and the
-first one joins the process group (triax.process_group). Its helpers — main_process_first, the on_*
+first one joins the process group (triax.runtime.process_group). Its helpers — main_process_first, the on_*
 decorators, split_between_processes — are also the Accelerator's, which delegates here.
 """
 
@@ -24,10 +24,10 @@ from triax.accelerate.dataclasses import DistributedType, DynamoBackend
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate.flags import check_accelerate_environment, parse_flag_from_env
 from triax.accelerate.surface import serve_absent
-from triax.agreement import raise_together
-from triax.collectives import barrier
-from triax.place import detect_place, pick_device
-from triax.process_group import init_distributed, is_distributed, shutdown_distributed
+from triax.runtime.failure_agreement import raise_together
+from triax.runtime.shared_decisions import barrier
+from triax.runtime.place import detect_place, pick_device
+from triax.runtime.process_group import init_distributed, is_distributed, shutdown_distributed
 
 __all__ = ["AcceleratorState", "GradientState", "PartialState", "is_initialized"]
 
@@ -69,7 +69,7 @@ class PartialState:
         self.device = pick_device(os.environ.get("ACCELERATE_TORCH_DEVICE") or ("cpu" if cpu else None),
                                   place.local_rank)
         # Uses a process group the script already created (e.g. under torchrun), or creates one.
-        timeout_s = timeout.total_seconds() if timeout is not None else None  # None: triax.timeouts' default
+        timeout_s = timeout.total_seconds() if timeout is not None else None  # None: triax.runtime.timeouts' default
         self.place = init_distributed(self.device, place, backend=backend, timeout_s=timeout_s)
         if self.device.type == "cpu" and self.device.index is None and self.place.world_size > 1:
             # Accelerate's device of a process among several on CPUs: cpu:<local index modulo the

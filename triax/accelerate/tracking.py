@@ -1,4 +1,4 @@
-"""Experiment tracking for the Accelerator: accelerate.tracking's counterpart, over triax.trackers.
+"""Experiment tracking for the Accelerator: accelerate.tracking's counterpart, over triax.tracking.trackers.
 
 As in Accelerate: `log_with` takes a tracker name, a `LoggerType`, a tracker object of your own (a
 GeneralTracker subclass, triax's or Accelerate's: anything with `log` and `finish`), a list of
@@ -24,7 +24,7 @@ import warnings
 import yaml
 
 from triax import safe_files
-from triax import trackers as core
+from triax.tracking import trackers as core
 from triax.accelerate.dataclasses import LoggerType
 from triax.accelerate.errors import AcceleratorValueError
 from triax.accelerate.state import PartialState
@@ -88,7 +88,7 @@ class TrackerClassError(TriaxError, NotImplementedError):
 
 
 class _CoreTracker(GeneralTracker):
-    """A GeneralTracker over one of triax.trackers' destinations: the files `triax train` writes,
+    """A GeneralTracker over one of triax.tracking.trackers' destinations: the files `triax train` writes,
     written the same way. `start` opens it (on the main process)."""
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, **kwargs):

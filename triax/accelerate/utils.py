@@ -96,7 +96,7 @@ from triax.accelerate.sharding import BatchSamplerShard, IterableDatasetShard, S
 from triax.accelerate.state import PartialState
 from triax.accelerate.surface import serve_absent
 from triax.checkpoint.rng import seed_everything
-from triax.collectives import barrier as wait_for_everyone
+from triax.runtime.shared_decisions import barrier as wait_for_everyone
 
 # Accelerate's is_<thing>_available probes (triax.accelerate.imports).
 globals().update({name: getattr(imports, name) for name in imports.PROBES})

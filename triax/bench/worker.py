@@ -22,10 +22,10 @@ import torch.distributed as dist
 
 from triax.bench.adapters import ADAPTERS, StepSetup, Unavailable, make_step
 from triax.bench.models import make_bench_model
-from triax.metrics import peak_flops
-from triax.place import detect_place, pick_device
-from triax.precision import Precision
-from triax.process_group import init_distributed, is_distributed, shutdown_distributed
+from triax.tracking.throughput import peak_flops
+from triax.runtime.place import detect_place, pick_device
+from triax.runtime.precision import Precision
+from triax.runtime.process_group import init_distributed, is_distributed, shutdown_distributed
 
 
 def add_step_arguments(parser: argparse.ArgumentParser) -> None:

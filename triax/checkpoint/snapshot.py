@@ -50,14 +50,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from triax.agreement import raise_together
+from triax.runtime.failure_agreement import raise_together
 from triax.checkpoint.errors import SnapshotCorruptError, SnapshotError, SnapshotWriteError
 from triax.checkpoint.padding import PaddedRowsLoadPlanner
 from triax.checkpoint.reader import FORMAT, MANIFEST, SNAPSHOT_NAME, STATE, SnapshotReader
 from triax.checkpoint.rng import capture_rng_state, check_rng_state, restore_rng_state
 from triax.checkpoint.shards import SHARDS_METADATA, ShardReader, ShardWriter
 from triax.checkpoint.storage import Store, sha256
-from triax.collectives import broadcast_int, max_across_ranks
+from triax.runtime.shared_decisions import broadcast_int, max_across_ranks
 from triax.errors import TriaxError, printable
 from triax.version import __version__
 

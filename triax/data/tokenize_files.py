@@ -20,7 +20,7 @@ from triax import safe_files
 from triax.arguments import plain_message
 from triax.data.errors import DataError
 from triax.errors import printable
-from triax.threads import apply_thread_choice
+from triax.runtime.threads import apply_thread_choice
 
 # Progress bars (tqdm, disable=None) show only when stderr is a terminal: logs and pipes get one line.
 CHUNK_CHARACTERS = 1 << 20  # text handed to the tokenizer at once; bounds memory whatever the input size
@@ -223,7 +223,7 @@ def main(argv: list[str]) -> int:
                         help="preference pairs: write the prompt/chosen/rejected ids TRL's DPOTrainer trains on "
                              "(see `triax tokenize --preference CHECKPOINT --help`)")
     args = parser.parse_args(argv)
-    apply_thread_choice(torch_threads=False)  # the tokenizer's pool: the cores idle now (triax.threads: why)
+    apply_thread_choice(torch_threads=False)  # the tokenizer's pool: the cores idle now (triax.runtime.threads: why)
     if not 0.0 < args.val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
     if args.vocab_size is not None and args.vocab_size < MIN_VOCAB_SIZE:

@@ -17,16 +17,16 @@ import time
 from dataclasses import asdict
 
 from triax.arguments import ArgumentParser, at_least, check_output_file, need, positive
-from triax.collectives import all_gather_bytes, barrier, broadcast_int
+from triax.runtime.shared_decisions import all_gather_bytes, barrier, broadcast_int
 from triax.doctor import network, report, storage, system
 from triax.doctor.needs import RunNeeds, run_needs
 from triax.doctor.report import FAILED, OK, SKIPPED, Check
 from triax.errors import ConfigError, TriaxError
-from triax.place import Place, detect_place, pick_device
-from triax.precision import Precision
-from triax.process_group import is_distributed, shutdown_distributed
-from triax.threads import apply_thread_choice
-from triax.timeouts import collective_timeout, slow_phase_timeout
+from triax.runtime.place import Place, detect_place, pick_device
+from triax.runtime.precision import Precision
+from triax.runtime.process_group import is_distributed, shutdown_distributed
+from triax.runtime.threads import apply_thread_choice
+from triax.runtime.timeouts import collective_timeout, slow_phase_timeout
 from triax.train.config import TrainConfig, compose_config, to_dict
 
 SECTIONS = ("system", "compile", "memory", "storage", "network")
@@ -128,7 +128,7 @@ class Doctor:
         self.skip = set(args.skip)
         self.device = device if device is not None else pick_device(config.trainer.device, place.local_rank)
         # `triax doctor` computes (matmuls, a compile) with the threads a run here would take
-        # (triax.threads); a run's preflight keeps the run's own.
+        # (triax.runtime.threads); a run's preflight keeps the run's own.
         self.threads = (apply_thread_choice(place.local_world_size)
                         if device is None and self.device.type == "cpu" else None)
         self.start = time.perf_counter()

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from triax.metrics import table_peak_flops
+from triax.tracking.throughput import table_peak_flops
 from triax.models import GPTConfig, build_model
 from triax.models.config import preset_fields
 from triax.parallel.mesh import GPU_VOCAB_MULTIPLE, Layout, padded_vocab_size
@@ -80,7 +80,7 @@ def write_token_files(directory: str, vocab_size: int, tokens: int, seed: int = 
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
-    """The data-sheet peak MFU is reported against (triax.metrics' table), None off a known GPU."""
+    """The data-sheet peak MFU is reported against (triax.tracking.throughput' table), None off a known GPU."""
     return table_peak_flops(device, dtype) if device.type == "cuda" else None
 
 

@@ -198,7 +198,7 @@ def matmul(suite: Suite, deadline: float) -> None:
     figure = f"{rate / 1e12:.1f} TFLOP/s bf16 ({size}^3)"
     if peak is None:
         suite.add("matmul", "skipped" if not suite.gpu else "warning",
-                  figure, NEEDS_GPU if not suite.gpu else "this GPU is not in triax's data-sheet table (triax/metrics.py)",
+                  figure, NEEDS_GPU if not suite.gpu else "this GPU is not in triax's data-sheet table (triax/tracking/throughput.py)",
                   time.monotonic() - started, tflops=round(rate / 1e12, 2))
         return
     suite.add("matmul", "ok", f"{figure}, {100 * rate / peak:.0f}% of the data sheet's {peak / 1e12:.0f}", "",

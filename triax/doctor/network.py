@@ -29,13 +29,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from triax.collectives import all_gather_bytes, barrier, gather_floats
+from triax.runtime.shared_decisions import all_gather_bytes, barrier, gather_floats
 from triax.doctor.report import FAILED, OK, SKIPPED, WARNING, Check, format_bytes, format_rate
-from triax.kept_works import wait_and_keep
-from triax.metrics import measure_peak_flops
-from triax.place import Place, default_backend
-from triax.process_group import collective_device, init_distributed, shutdown_distributed
-from triax.rendezvous import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, attempt_store
+from triax.runtime.collectives_at_exit import wait_and_keep
+from triax.tracking.throughput import measure_peak_flops
+from triax.runtime.place import Place, default_backend
+from triax.runtime.process_group import collective_device, init_distributed, shutdown_distributed
+from triax.runtime.rendezvous import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, attempt_store
 
 SECTION = "network"
 SLOWER_THAN_MEDIAN = 1.2  # a link or rank more than 20% slower than the median is named
@@ -61,7 +61,7 @@ class Node:
 
 def store_address() -> tuple[str, int]:
     """Where the job's store is: MASTER_ADDR:MASTER_PORT, as torchrun, `triax launch` and the
-    rendezvous defaults (triax/rendezvous.py) set them."""
+    rendezvous defaults (triax/runtime/rendezvous.py) set them."""
     address = os.environ.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR
     port_text = os.environ.get("MASTER_PORT") or str(DEFAULT_MASTER_PORT)
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:

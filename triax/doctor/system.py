@@ -14,11 +14,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from triax.doctor.needs import RunNeeds
 from triax.doctor.report import FAILED, OK, SKIPPED, WARNING, Check, format_bytes
-from triax.host_memory import host_memory_bytes
+from triax.runtime.host_memory import host_memory_bytes
 from triax.launch.env import cpu_flags
-from triax.metrics import gpu_peak_flops, measure_peak_flops, precision_name
-from triax.precision import Precision
-from triax.threads import ThreadChoice
+from triax.tracking.throughput import gpu_peak_flops, measure_peak_flops, precision_name
+from triax.runtime.precision import Precision
+from triax.runtime.threads import ThreadChoice
 from triax.train.config import asynchronous_snapshots
 from triax.version import __version__
 
@@ -70,7 +70,7 @@ def device_check(device: torch.device, threads: ThreadChoice | None = None) -> C
                      values={"name": properties.name, "memory_bytes": properties.total_memory})
     capability = torch.backends.cpu.get_cpu_capability()
     count = torch.get_num_threads()
-    # The count triax's commands take here now (triax.threads), with why; else torch's as it stands.
+    # The count triax's commands take here now (triax.runtime.threads), with why; else torch's as it stands.
     why = f"{threads.describe()}, as `triax train` would" if threads is not None else f"{count} thread(s) for torch"
     return Check("device", OK, f"cpu ({capability}), {why}", section=SECTION,
                  values={"name": "cpu", "capability": capability, "threads": count})
@@ -83,7 +83,7 @@ def precision_check(device: torch.device, precision: str) -> list[Check]:
         works, why = _dtype_works(device, dtype)
         needed = name in precision
         if device.type == "cpu" and name == "fp16" and not needed:
-            # The trainer's fp16 is autocast with loss scaling: a CUDA policy (triax/precision.py).
+            # The trainer's fp16 is autocast with loss scaling: a CUDA policy (triax/runtime/precision.py).
             checks.append(Check(name, SKIPPED, "not on a CPU: the trainer's fp16 (autocast + loss scaling) "
                                 "needs CUDA; bf16 is the CPU's half precision", section=SECTION))
             continue

@@ -20,7 +20,7 @@ from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
 from triax.arguments import ArgumentParser, at_least, check_device
-from triax.collectives import gather_floats
+from triax.runtime.shared_decisions import gather_floats
 from triax.data.addition import IGNORE_INDEX
 from triax.data.chat import (ChatDataset, ChatEncoder, chat_template_for, encode_records, load_chat_datasets,
                              read_records)
@@ -32,9 +32,9 @@ from triax.errors import TriaxError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.models import hf
 from triax.models.hf_model import load_hf_model
-from triax.place import detect_place, pick_device
-from triax.process_group import init_distributed, shutdown_distributed
-from triax.threads import apply_thread_choice
+from triax.runtime.place import detect_place, pick_device
+from triax.runtime.process_group import init_distributed, shutdown_distributed
+from triax.runtime.threads import apply_thread_choice
 from triax.train.chat_generate import chat_encoder, load_chat_model
 from triax.train.commands import _snapshot_root, check_exists, load_run_model
 from triax.train.config import TrainConfig, from_dict
@@ -187,7 +187,7 @@ def main(argv: list[str]) -> int:
     place = detect_place()
     device = pick_device(args.device, place.local_rank)
     if device.type == "cpu":
-        apply_thread_choice(place.local_world_size)  # the cores idle now (triax.threads: why)
+        apply_thread_choice(place.local_world_size)  # the cores idle now (triax.runtime.threads: why)
     try:
         if place.world_size > 1:
             place = init_distributed(device, place)

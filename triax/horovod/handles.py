@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from triax.errors import TriaxError
-from triax.kept_works import keep_until_exit
+from triax.runtime.collectives_at_exit import keep_until_exit
 from triax.horovod import process_sets
 from triax.horovod.errors import HorovodInternalError, HorovodValueError
 

@@ -31,7 +31,7 @@ from triax.horovod.horovodrun_options import check_timeout_environment, start_ti
 from triax.horovod.hosts import LOCAL_NAMES, address_of, parse_hosts, place_processes
 from triax.horovod.output import JobOutput, StartWatch
 from triax.horovod.slots import assign
-from triax.rendezvous import free_port
+from triax.runtime.rendezvous import free_port
 
 # Horovod's bounds for --blacklist-cooldown-range (seconds)
 COOLDOWN_LOWEST_S, COOLDOWN_HIGHEST_S = 1, 3600

@@ -19,7 +19,7 @@ import shlex
 from triax import safe_yaml
 from triax.errors import TriaxError
 from triax.horovod import basics
-from triax.timeouts import MAX_TIMEOUT_S, collective_timeout
+from triax.runtime.timeouts import MAX_TIMEOUT_S, collective_timeout
 from triax.version import __version__
 
 DEFAULT_START_TIMEOUT_S = 30  # Horovod's default for --start-timeout

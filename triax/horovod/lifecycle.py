@@ -1,6 +1,6 @@
 """`hvd.init()` and `hvd.shutdown()`: joining and leaving the job.
 
-The world is torch.distributed's default process group, found through `triax.place` (torchrun,
+The world is torch.distributed's default process group, found through `triax.runtime.place` (torchrun,
 `triax launch`, mpirun, Horovod's variables, Slurm). This module sits above everything it sets up
 or tears down: the world (basics), the process sets and their agreement (set_registration) and
 the handles in flight.
@@ -19,10 +19,10 @@ from triax.horovod import basics, handles, optimizer, process_sets, set_registra
 from triax.horovod.basics import CHECK_ENV
 from triax.horovod.errors import HorovodTypeError, HorovodValueError
 from triax.horovod.elastic import worker as elastic_worker
-from triax.place import Place, detect_place, pick_device
-from triax.process_group import init_distributed, shutdown_distributed
-from triax.rendezvous import attempt_store, port_taken_explained, set_rendezvous_defaults
-from triax.timeouts import ENV_COLLECTIVE_TIMEOUT, HOROVOD_GLOO_TIMEOUT_S, collective_timeout
+from triax.runtime.place import Place, detect_place, pick_device
+from triax.runtime.process_group import init_distributed, shutdown_distributed
+from triax.runtime.rendezvous import attempt_store, port_taken_explained, set_rendezvous_defaults
+from triax.runtime.timeouts import ENV_COLLECTIVE_TIMEOUT, HOROVOD_GLOO_TIMEOUT_S, collective_timeout
 
 # The rendezvous store outlives shutdown(): every init() after the first joins under a new key
 # prefix on the same store. A fresh env:// rendezvous would race (a fast rank could reach the
@@ -104,7 +104,7 @@ def init(comm=None, process_sets=None, check: bool | None = None) -> None:
 
 def gloo_timeout() -> float:
     """Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS bounds every collective; unset: $TRIAX_COLLECTIVE_TIMEOUT
-    if set, else Horovod's default, 30 s (triax.timeouts, their one home)."""
+    if set, else Horovod's default, 30 s (triax.runtime.timeouts, their one home)."""
     text = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "").strip()
     if not text:
         if os.environ.get(ENV_COLLECTIVE_TIMEOUT, "").strip():
@@ -124,7 +124,7 @@ def _next_store(place):
         with port_taken_explained(how):
             _base_store, _, _ = next(dist.rendezvous("env://", place.rank, place.world_size))
     _generation += 1
-    # A fresh prefix per init() (generation) and per torchrun restart attempt (triax.rendezvous.attempt_store).
+    # A fresh prefix per init() (generation) and per torchrun restart attempt (triax.runtime.rendezvous.attempt_store).
     return attempt_store(_base_store, f"triax-horovod/{_generation}")
 
 

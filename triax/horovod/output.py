@@ -1,6 +1,6 @@
 """What `triax horovodrun` does with its workers' output, as Horovod's launcher does.
 
-Each worker writes its lines prefixed with its rank (`[1]<stdout>:...`, triax/horovod_worker.py).
+Each worker writes its lines prefixed with its rank (`[1]<stdout>:...`, triax/launch/horovod_worker.py).
 The launcher reads the processes it started (one torchrun or ssh per host; one process per
 elastic worker) and writes every line on to its own stdout or stderr. With --output-filename DIR
 it also writes each worker's lines, prefix and all, to DIR/rank.<N>/stdout and DIR/rank.<N>/stderr
@@ -20,7 +20,7 @@ import time
 from triax import safe_files
 from triax.errors import TriaxError
 from triax.horovod.horovodrun_options import DEFAULT_START_TIMEOUT_S, START_TIMEOUT_ENV
-from triax.horovod_worker import LINE_PREFIX, STARTED, chunks, lines
+from triax.launch.horovod_worker import LINE_PREFIX, STARTED, chunks, lines
 
 READERS_JOIN_S = 10.0  # a process the job left behind may hold a pipe open: do not wait on it for ever
 

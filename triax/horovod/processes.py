@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from triax import slurm
+from triax.launch import slurm
 from triax.horovod.hosts import address_of
 
 # Variables handed to remote hosts (horovodrun forwards the environment the same way).
@@ -41,7 +41,7 @@ def forwarded_environment(extra: dict[str, str] | None = None) -> dict[str, str]
 def remote_start(host: str, argv: list[str], args, extra_env: dict[str, str] | None = None) -> tuple[list[str], str]:
     """(ssh argv, script for its stdin). The script sets the environment and runs the command.
     `args`: ssh_option (list), ssh_port, ssh_identity_file. A node of the Slurm allocation this
-    runs in is reached by srun instead (a job step: triax.slurm.step_command), with the same script."""
+    runs in is reached by srun instead (a job step: triax.launch.slurm.step_command), with the same script."""
     exports = "".join(f"export {name}={shlex.quote(value)}\n"
                       for name, value in forwarded_environment(extra_env).items())
     script = f"cd {shlex.quote(os.getcwd())} || exit 1\n{exports}exec {shlex.join(argv)}\n"
@@ -61,9 +61,9 @@ def remote_start(host: str, argv: list[str], args, extra_env: dict[str, str] | N
 
 
 def worker_command(command: list[str], timestamp: bool, *options: str) -> list[str]:
-    """The command that starts one worker: triax.horovod_worker (Horovod's variables under torchrun,
+    """The command that starts one worker: triax.launch.horovod_worker (Horovod's variables under torchrun,
     the rank before each line of output), then the user's command."""
-    return [sys.executable, "-m", "triax.horovod_worker", *options, *(["--timestamp"] if timestamp else []),
+    return [sys.executable, "-m", "triax.launch.horovod_worker", *options, *(["--timestamp"] if timestamp else []),
             "--", *command]
 
 

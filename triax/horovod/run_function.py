@@ -35,7 +35,7 @@ from triax.errors import TriaxError
 from triax.horovod import horovodrun
 from triax.horovod.errors import HorovodRunError, HorovodValueError
 from triax.horovod.hosts import address_toward, is_local, parse_hosts
-from triax.rendezvous import loopback_store
+from triax.runtime.rendezvous import loopback_store
 
 try:
     import cloudpickle as _pickler  # sends functions and lambdas by value, as Horovod does

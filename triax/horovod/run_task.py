@@ -17,7 +17,7 @@ import torch.distributed as dist
 from triax.horovod.elastic.protocol import ADDRESS_ENV
 from triax.horovod.run_function import (FUNCTION, FUNCTION_KEY, JOB_ENV, KEY_ENV, RESULT, STORE_ENV, STORE_TIMEOUT_S,
                                          dumps, loads, result_key)
-from triax.place import detect_place
+from triax.runtime.place import detect_place
 
 
 def main() -> None:

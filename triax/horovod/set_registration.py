@@ -13,7 +13,7 @@ import torch.distributed as dist
 from triax.horovod import basics, check, process_sets
 from triax.horovod.process_sets import ProcessSet, global_process_set
 from triax.horovod.errors import HorovodTypeError
-from triax.process_group import shutdown_distributed
+from triax.runtime.process_group import shutdown_distributed
 
 
 def _register(process_set: ProcessSet) -> ProcessSet:

@@ -18,7 +18,7 @@ import signal
 import socket
 import sys
 
-from triax import slurm
+from triax.launch import slurm
 from triax.arguments import ArgumentParser, check_script
 from triax.errors import TriaxError, UsageError
 from triax.launch import settings, variables, workers
@@ -134,7 +134,7 @@ def check_port(config: LaunchConfig, dry_run: bool = False) -> LaunchConfig:
         if config.num_machines > 1:
             raise TriaxError("--main-process-port 0 (pick a free port) only works on one machine: the "
                              "other machines must know the port; give a fixed port such as 29500")
-        from triax.rendezvous import free_port
+        from triax.runtime.rendezvous import free_port
 
         return dataclasses.replace(config, main_process_port=free_port())
     if config.machine_rank == 0 and not dry_run and not _port_is_free(config.main_process_port):
@@ -182,7 +182,7 @@ def loopback_store(config: LaunchConfig):
     returned store alive while torchrun runs."""
     if config.num_machines != 1:
         return None
-    from triax.rendezvous import loopback_store as store_on_loopback  # deferred: it imports torch
+    from triax.runtime.rendezvous import loopback_store as store_on_loopback  # deferred: it imports torch
 
     return store_on_loopback(config.main_process_port, 60, multi_tenant=True)
 
@@ -227,7 +227,7 @@ def main(argv: list[str]) -> int:
     script, script_args, module = args.script, args.script_args, args.module
     env = {**file_environment, **child_environment(config)}
     if args.collective_timeout is not None:
-        from triax.timeouts import ENV_COLLECTIVE_TIMEOUT, collective_timeout
+        from triax.runtime.timeouts import ENV_COLLECTIVE_TIMEOUT, collective_timeout
 
         env[ENV_COLLECTIVE_TIMEOUT] = f"{collective_timeout(args.collective_timeout, '--collective-timeout'):g}"
     if args.grad_compression or args.bucket_cap_mb:

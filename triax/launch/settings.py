@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-# Accelerate's precision names -> triax.precision policy names. `triax launch` offers Accelerate's
+# Accelerate's precision names -> triax.runtime.precision policy names. `triax launch` offers Accelerate's
 # three; the Accelerator also accepts triax's own names.
 PRECISION_POLICIES = {"no": "fp32", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "bf16-pure": "bf16-pure"}
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")

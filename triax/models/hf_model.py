@@ -9,7 +9,7 @@ import torch
 
 from triax.models import GPTConfig, build_model, hf
 from triax.models.memory import check_whole_model_fits
-from triax.place import detect_place
+from triax.runtime.place import detect_place
 
 
 def load_hf_model(directory: str, device: torch.device, dropout: float = 0.0):

@@ -99,7 +99,7 @@ class LoRAFactor(nn.Module):
     """One adapter matrix, as a module with a `weight` so its name reads as PEFT's (lora_A.weight).
     Not an nn.Linear: the model's own initialisation (N(0, 0.02) for linear layers) must not touch it."""
 
-    matmul_weight = True  # weight decay applies to it as to a Linear's weight (triax.optim)
+    matmul_weight = True  # weight decay applies to it as to a Linear's weight (triax.train.optim)
 
     def __init__(self, rows: int, columns: int):
         super().__init__()

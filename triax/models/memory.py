@@ -14,7 +14,7 @@ import math
 import torch
 
 from triax.errors import ConfigError
-from triax.host_memory import host_memory_bytes
+from triax.runtime.host_memory import host_memory_bytes
 from triax.models import parameter_shapes
 
 

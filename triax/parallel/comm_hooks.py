@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from triax.errors import ConfigError
-from triax.kept_works import keep_until_exit
+from triax.runtime.collectives_at_exit import keep_until_exit
 
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 

@@ -7,7 +7,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from triax.parallel.comm_hooks import check_compression, register_compression
-from triax.process_group import is_distributed
+from triax.runtime.process_group import is_distributed
 
 
 def apply_ddp(model: nn.Module, device: torch.device, process_group=None,

@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from triax.models.moe import GroupedExperts
 from triax.parallel.fsdp import mixed_precision_policy
-from triax.precision import Precision
+from triax.runtime.precision import Precision
 
 
 def build_expert_mesh(dp_shard: int, ep: int, device_type: str) -> DeviceMesh:

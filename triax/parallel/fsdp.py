@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from triax.precision import Precision
+from triax.runtime.precision import Precision
 
 
 def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:

@@ -26,7 +26,7 @@ from triax.models.lora import apply_lora, init_adapters
 from triax.parallel.activation_checkpoint import apply_activation_checkpointing
 from triax.parallel.compile import apply_compile
 from triax.parallel.mesh import Layout, check_cpu_offload, pipeline_microbatches
-from triax.precision import Precision
+from triax.runtime.precision import Precision
 
 
 @dataclass

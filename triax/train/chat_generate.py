@@ -108,7 +108,7 @@ def generate_main(argv: list[str]) -> int:
 
     # deferred: `triax --help` and plain generate stay fast
     from triax.arguments import ArgumentParser, at_least, check_device, need
-    from triax.place import pick_device  # deferred: `triax --help` and plain generate stay fast
+    from triax.runtime.place import pick_device  # deferred: `triax --help` and plain generate stay fast
 
     parser = ArgumentParser(prog="triax generate --chat", description="answer one user message with a chat run")
     parser.add_argument("run_dir")
@@ -136,9 +136,9 @@ def generate_main(argv: list[str]) -> int:
     commands.run_snapshot_root(args.run_dir)  # one line if it is not a run directory
     device = pick_device(args.device)
     if device.type == "cpu":
-        from triax.threads import apply_thread_choice  # deferred: as the imports above
+        from triax.runtime.threads import apply_thread_choice  # deferred: as the imports above
 
-        apply_thread_choice()  # the cores idle now (triax.threads: why)
+        apply_thread_choice()  # the cores idle now (triax.runtime.threads: why)
     answer = generate_chat(args.run_dir, args.chat, args.system, args.tokens, args.temperature, args.top_k,
                            args.greedy, args.seed, device)
     # Exactly the text into a file or a pipe; on a terminal, no escape sequence the data taught it.

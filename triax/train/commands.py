@@ -145,7 +145,7 @@ def load_run_model(run_dir: str, device: str = "cpu", opened=None):
     from triax.checkpoint.export import load_module_streaming
     from triax.models import GPTConfig, build_model
     from triax.models.memory import check_whole_model_fits  # deferred: loads torch
-    from triax.place import detect_place  # deferred: with the model
+    from triax.runtime.place import detect_place  # deferred: with the model
 
     reader, model_config, vocab = opened or open_run(run_dir)
     true_config, _ = _true_shapes(model_config, vocab)
@@ -162,7 +162,7 @@ def generate_main(argv: list[str]) -> int:
     import torch
 
     from triax.arguments import ArgumentParser, at_least, check_device, need
-    from triax.place import pick_device
+    from triax.runtime.place import pick_device
 
     parser = ArgumentParser(prog="triax generate", description="sample text from a trained run")
     parser.add_argument("run_dir")
@@ -191,9 +191,9 @@ def generate_main(argv: list[str]) -> int:
     check_device("--device", args.device)
     device = pick_device(args.device)
     if device.type == "cpu":
-        from triax.threads import apply_thread_choice  # deferred: as the imports above
+        from triax.runtime.threads import apply_thread_choice  # deferred: as the imports above
 
-        apply_thread_choice()  # the cores idle now (triax.threads: why)
+        apply_thread_choice()  # the cores idle now (triax.runtime.threads: why)
 
     def load(*opened):
         vocab = opened[2]

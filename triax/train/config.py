@@ -32,14 +32,14 @@ from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
 from triax.models.config import PRESETS, GPTConfig, preset_fields
 from triax.models.lora import LoRAConfig, check_lora
-from triax.optim import DECAY_RULES, SCHEDULES
+from triax.train.optim import DECAY_RULES, SCHEDULES
 from triax.train.dpo_config import DPOConfig, check_dpo
-from triax.place import detect_place
+from triax.runtime.place import detect_place
 from triax.parallel.comm_hooks import check_compression
 from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
-from triax.precision import POLICY_NAMES
-from triax.timeouts import collective_timeout
-from triax.trackers import check_trackers
+from triax.runtime.precision import POLICY_NAMES
+from triax.runtime.timeouts import collective_timeout
+from triax.tracking.trackers import check_trackers
 from triax.train.strict import check_composed, check_overrides, quote_text_values, schema_keys, unknown_key_error
 
 
@@ -294,7 +294,7 @@ class TrainerConfig:
 
     peak_flops: Optional[float] = None
     """Peak FLOP/s of one device, which MFU (model FLOPs utilisation) is reported against; unset =
-    the data-sheet peak of a known GPU for the run's precision (triax/metrics.py), and on a CPU or
+    the data-sheet peak of a known GPU for the run's precision (triax/tracking/throughput.py), and on a CPU or
     another GPU no MFU: tokens/s alone."""
 
     stop_grace: float = 30.0

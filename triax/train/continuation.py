@@ -12,7 +12,7 @@ import math
 from triax import checkpoint
 from triax.checkpoint import hf_trainer_run, nanogpt_run
 from triax.errors import ConfigError
-from triax.optim import warmup_cosine
+from triax.train.optim import warmup_cosine
 from triax.train.config import TrainConfig, final_lr
 
 TOOLS = {"nanogpt": "nanoGPT's", "transformers": "transformers Trainer's"}

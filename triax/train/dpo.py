@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from triax.collectives import gather_floats
+from triax.runtime.shared_decisions import gather_floats
 from triax.data.addition import IGNORE_INDEX
 from triax.errors import ConfigError
 from triax.models.lora import adapters_disabled, is_adapter

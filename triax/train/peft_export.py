@@ -114,9 +114,9 @@ def export_merged_main(run_dir: str, out_dir: str) -> int:
     config = run_config(run_dir)
     if not config.model.lora.rank:
         raise UsageError(f"{run_dir!r} is not a LoRA run (model.lora.rank was not set); export it with --format hf")
-    from triax.threads import apply_thread_choice  # deferred: as above
+    from triax.runtime.threads import apply_thread_choice  # deferred: as above
 
-    apply_thread_choice()  # the merge computes on this CPU: the cores idle now (triax.threads: why)
+    apply_thread_choice()  # the merge computes on this CPU: the cores idle now (triax.runtime.threads: why)
     model = load_chat_model(run_dir, config, torch.device("cpu"))
     tokenizer = os.path.join(run_dir, "tokenizer.json")
     kept = os.path.join(run_dir, KEPT_SOURCE_DIR)

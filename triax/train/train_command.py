@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from triax.collectives import barrier
+from triax.runtime.shared_decisions import barrier
 from triax.errors import TriaxError
-from triax.peers import PeerLostError, lost_peer_message
-from triax.process_group import shutdown_distributed
+from triax.runtime.lost_peers import PeerLostError, lost_peer_message
+from triax.runtime.process_group import shutdown_distributed
 from triax.train.config import compose_config, describe_keys
 from triax.train.trainer import Trainer
 

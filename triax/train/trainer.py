@@ -20,19 +20,19 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 from triax import checkpoint, safe_files
-from triax.agreement import raise_together
+from triax.runtime.failure_agreement import raise_together
 from triax.checkpoint.rng import seed_everything
-from triax.collectives import any_rank, gather_floats, mean_across_ranks
+from triax.runtime.shared_decisions import any_rank, gather_floats, mean_across_ranks
 from triax.data import GlobalSampler
 from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
-from triax.host_memory import host_memory_bytes, return_freed_memory_to_os
-from triax.metrics import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops, step_count
+from triax.runtime.host_memory import host_memory_bytes, return_freed_memory_to_os
+from triax.tracking.throughput import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops, step_count
 from triax.models import build_model, vocabulary_rows
 from triax.models.lora import apply_lora, trainable_summary
 from triax.models.peft_format import check_adapter, load_adapter
-from triax.optim import make_adamw, make_schedule, move_schedule
+from triax.train.optim import make_adamw, make_schedule, move_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.experts import check_layout as check_expert_layout
 from triax.parallel.grad_clip import clip_grad_norm
@@ -42,13 +42,13 @@ from triax.parallel.mesh import (GPU_VOCAB_MULTIPLE, build_mesh, check_context_p
 from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import parallelize
 from triax.parallel.plan import ModelShape, check_memory
-from triax.place import detect_place, pick_device
-from triax.precision import Precision
-from triax.process_group import init_distributed
-from triax.rendezvous import restart_count
-from triax.stragglers import StragglerCheck
-from triax.threads import apply_thread_choice
-from triax.timeouts import collective_timeout, slow_phase_timeout
+from triax.runtime.place import detect_place, pick_device
+from triax.runtime.precision import Precision
+from triax.runtime.process_group import init_distributed
+from triax.runtime.rendezvous import restart_count
+from triax.runtime.stragglers import StragglerCheck
+from triax.runtime.threads import apply_thread_choice
+from triax.runtime.timeouts import collective_timeout, slow_phase_timeout
 from triax.train import continuation, init_from, router_metrics
 from triax.train.batch_fit import fit_batch_size
 from triax.train.config import (TrainConfig, absolute_paths, asynchronous_snapshots, changed_from_preset,
@@ -59,7 +59,7 @@ from triax.train.loss import loss_function
 from triax.train.preemption import StopRequest
 from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
 from triax.train.sample_log import SampleLog
-from triax.watchdog import Watchdog
+from triax.runtime.watchdog import Watchdog
 
 
 def check_writable_directory(path: str, key: str) -> bool:
@@ -146,7 +146,7 @@ class Trainer:
         # exists, so a mistake is one message per rank, never a hang in a collective.
         self.place = detect_place()
         self.device = pick_device(trainer.device, self.place.local_rank)
-        # A CPU run computes with the cores idle at its start (triax.threads: why), unless OMP_NUM_THREADS says.
+        # A CPU run computes with the cores idle at its start (triax.runtime.threads: why), unless OMP_NUM_THREADS says.
         self.threads = apply_thread_choice(self.place.local_world_size) if self.device.type == "cpu" else None
         self.precision = Precision(trainer.precision)
         self.precision.check_device(self.device)
@@ -959,7 +959,7 @@ class Trainer:
         debug = self.config.debug
         stop = StopRequest(self.rank, debug.preempt_at_step, debug.preempt_rank, trainer.stop_grace,
                            self._restart_point).install()
-        # `triax train | head -3`: the closed pipe ends the run as Ctrl-C does (triax.metrics).
+        # `triax train | head -3`: the closed pipe ends the run as Ctrl-C does (triax.tracking.throughput).
         self.logger.on_output_closed = lambda: stop.request("a closed output", "its output was closed "
                                                             "(the reader of the pipe ended)")
         if self.logger.output_closed:

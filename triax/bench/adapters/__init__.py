@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from triax.bench.models import BenchModel
-from triax.precision import Precision
+from triax.runtime.precision import Precision
 
 # name -> module; the order is the order of the table.
 ADAPTERS = {

@@ -52,7 +52,7 @@ def _trainer_step(setup: StepSetup):
 
 
 def _core_step(setup: StepSetup):
-    from triax.optim import make_adamw
+    from triax.train.optim import make_adamw
     from triax.parallel.ddp import apply_ddp
 
     raw = setup.model.build().to(setup.device)

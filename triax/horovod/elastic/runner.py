@@ -20,7 +20,7 @@ import sys
 from triax.horovod import basics, lifecycle
 from triax.horovod.elastic import worker as elastic_worker
 from triax.horovod.errors import HorovodInternalError, HostsUpdatedInterrupt, WorkerRemoved
-from triax.rendezvous import restart_count
+from triax.runtime.rendezvous import restart_count
 
 
 def run(func):

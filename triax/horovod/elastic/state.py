@@ -25,7 +25,7 @@ from triax.horovod.elastic import worker as elastic_worker
 from triax.horovod.elastic.sampler import ElasticSampler
 from triax.horovod.errors import HostsUpdatedInterrupt
 from triax.horovod.objects import broadcast_object
-from triax.rendezvous import restart_count
+from triax.runtime.rendezvous import restart_count
 
 
 class State:

@@ -1,6 +1,6 @@
 """What a Slurm allocation tells a job: its nodes, where it meets, how many tasks each node runs.
 
-srun starts every task of a step with SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (triax.place reads
+srun starts every task of a step with SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (triax.runtime.place reads
 them) but sets no MASTER_ADDR/MASTER_PORT. Every task must still agree on one rendezvous address
 without talking to the others, so it is derived from what all of them see alike:
 

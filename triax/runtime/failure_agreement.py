@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 
-from triax.collectives import all_gather_bytes, any_rank
+from triax.runtime.shared_decisions import all_gather_bytes, any_rank
 from triax.errors import TriaxError
-from triax.process_group import is_distributed
+from triax.runtime.process_group import is_distributed
 
 
 class RankFailedError(TriaxError, RuntimeError):

@@ -1,6 +1,6 @@
 """The first process of every worker of `triax horovodrun`, on the worker's host.
 
-    python -m triax.horovod_worker [--hostname H --cross 0:2,0:2,0:1] [--timestamp] -- COMMAND
+    python -m triax.launch.horovod_worker [--hostname H --cross 0:2,0:2,0:1] [--timestamp] -- COMMAND
 
 Horovod's launcher reads each worker's output and writes it on line by line, each line prefixed
 with the worker's rank and stream (`[1]<stdout>:loss 0.25`; with --prefix-output-with-timestamp
@@ -145,7 +145,7 @@ def run(command: list[str], rank: int, timestamp: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m triax.horovod_worker")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m triax.launch.horovod_worker")
     parser.add_argument("--hostname", help="under torchrun: the host's name in the host list")
     parser.add_argument("--cross", help="under torchrun: cross rank:cross size of each local rank")
     parser.add_argument("--timestamp", action="store_true", help="put the time before each line's prefix")

@@ -20,10 +20,10 @@ if dist.is_available():
     # for it until their collective timed out. Imported here, before any group, the default is None.
     import torch.distributed.nn.functional  # noqa: F401
 
-from triax import kept_works
-from triax.place import Place, default_backend, detect_place
-from triax.rendezvous import attempt_store, port_taken_explained, set_rendezvous_defaults
-from triax.timeouts import process_group_timeout
+from triax.runtime import collectives_at_exit as kept_works
+from triax.runtime.place import Place, default_backend, detect_place
+from triax.runtime.rendezvous import attempt_store, port_taken_explained, set_rendezvous_defaults
+from triax.runtime.timeouts import process_group_timeout
 
 
 def init_distributed(device: torch.device, place: Place | None = None, backend: str | None = None,

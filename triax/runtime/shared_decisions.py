@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from triax.kept_works import wait_and_keep
-from triax.process_group import collective_device, is_distributed
+from triax.runtime.collectives_at_exit import wait_and_keep
+from triax.runtime.process_group import collective_device, is_distributed
 
 _decision_buffers: dict = {}
 

@@ -40,8 +40,8 @@ import time
 import torch.distributed as dist
 
 from triax.errors import TriaxError
-from triax.rendezvous import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, attempt_store
-from triax.timeouts import slow_phase_timeout
+from triax.runtime.rendezvous import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, attempt_store
+from triax.runtime.timeouts import slow_phase_timeout
 
 # EX_TEMPFAIL: a temporary failure; torchrun's restart is the retry.
 HANG_EXIT_CODE = 75

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from triax.errors import TriaxError
-from triax.slurm import local_world_size
+from triax.launch.slurm import local_world_size
 
 # Environment variables of each launcher, in the order they are trusted. torchrun comes first:
 # `triax launch` is torchrun, and a torchrun started inside an Slurm allocation must win over Slurm's.

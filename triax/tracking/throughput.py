@@ -11,7 +11,7 @@ import torch
 
 from triax import safe_files
 from triax.errors import printable
-from triax.trackers import open_tracker
+from triax.tracking.trackers import open_tracker
 
 # Dense (no sparsity) peak FLOP/s of one GPU per precision, from NVIDIA's data sheets (their tensor
 # core figures "with sparsity" are twice these). tf32 is what float32 matmuls run at when PyTorch
@@ -196,7 +196,7 @@ class Pace:
 
 
 class MetricsLogger:
-    """Writes one record per logged step to the run's trackers (triax.trackers: metrics.jsonl,
+    """Writes one record per logged step to the run's trackers (triax.tracking.trackers: metrics.jsonl,
     TensorBoard, W&B, MLflow) and prints the console line. Only the main process creates one with
     enabled=True; the others get a silent logger so call sites need no rank checks."""
 
