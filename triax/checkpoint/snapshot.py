@@ -284,16 +284,7 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
 
     tensors, _, optim_state = _tensor_state(model, optimizer, stored_name, full_state_dict)
     try:
-        # Each rank's part may fail alone; every rank learns it before the next collective.
-        with raise_together("creating the snapshot directory", SnapshotWriteError):
-            if rank == 0:
-                _prepare(store, work)
-        with raise_together("writing its RNG state", SnapshotWriteError):
-            store.write(store.join(work, "rng", f"rank_{rank:05d}.json"), json.dumps(capture_rng_state()).encode())
-            if rank == 0:
-                record = dict(state, step=step, world_size=world, triax_version=__version__,
-                              optimizer_groups=_hyper_parameters(optim_state))
-                store.write(store.join(work, STATE), json.dumps(record, indent=1).encode())
+        _write_directory_and_state(store, work, step, state, optim_state)
     except Exception as failure:
         cleanup()
         raise SnapshotWriteError(f"could not write snapshot {url}: {_describe(failure)}", _retryable(failure)) from None
@@ -314,6 +305,26 @@ def start_snapshot(snapshot_root: str, step: int, model: torch.nn.Module,
                                 async_stager=BlockingAsyncStager(), no_dist=not dist.is_initialized())
         future = getattr(future, "upload_completion", future)
         return PendingSnapshot(url, future, cleanup)
+    return _save_now(tensors, writer, url, cleanup)
+
+
+def _write_directory_and_state(store: Store, work: str, step: int, state: dict, optim_state: dict | None) -> None:
+    """The snapshot's directory (rank 0), every rank's RNG file and rank 0's state.json. Collective:
+    each rank's part may fail alone; every rank learns it before the next collective."""
+    rank, world = _rank(), _world()
+    with raise_together("creating the snapshot directory", SnapshotWriteError):
+        if rank == 0:
+            _prepare(store, work)
+    with raise_together("writing its RNG state", SnapshotWriteError):
+        store.write(store.join(work, "rng", f"rank_{rank:05d}.json"), json.dumps(capture_rng_state()).encode())
+        if rank == 0:
+            record = dict(state, step=step, world_size=world, triax_version=__version__,
+                          optimizer_groups=_hyper_parameters(optim_state))
+            store.write(store.join(work, STATE), json.dumps(record, indent=1).encode())
+
+
+def _save_now(tensors: dict, writer: ShardWriter, url: str, cleanup: Callable[[], None]) -> PendingSnapshot:
+    """Write the tensors before returning; the snapshot, already complete (or its error, raised)."""
     future: Future = Future()
     try:
         with _single_process_quiet():
@@ -465,6 +476,40 @@ def _check_groups(saved: list, current: list, snapshot: str) -> None:
                                            "is not one this optimizer has, or has the wrong type")
 
 
+def _open_checked(snapshot: str, optimizer: torch.optim.Optimizer | None, restore_rng: bool,
+                  check_state: Callable[[dict], None] | None) -> tuple[SnapshotReader, dict | None]:
+    """The snapshot's reader, its state checked (by the caller's `check_state` and against the
+    optimizer's groups), and this rank's RNG state to restore (None: none to restore)."""
+    reader, rng_state = SnapshotReader(snapshot), None
+    if check_state is not None:
+        check_state(reader.state)
+    if optimizer is not None and reader.state.get("optimizer_groups") is not None:
+        groups = [group for one in _optimizers(optimizer) for group in one.param_groups]
+        _check_groups(reader.state["optimizer_groups"], groups, snapshot)
+    rng_file = f"rng/rank_{_rank():05d}.json"
+    # A rank that did not exist when saving (resuming on more processes) keeps its own seed.
+    if restore_rng and reader.has(rng_file):
+        rng_state = reader.json(rng_file)
+        check_rng_state(rng_state, snapshot)
+    return reader, rng_state
+
+
+def _set_loaded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict,
+                      optim_state: dict | None, state: dict) -> None:
+    """Put the loaded tensors into the model and the optimizer, with the saved hyper-parameters."""
+    set_model_state_dict(model, model_state, options=_options(model, False, loading=True))
+    if optim_state is not None:
+        saved_groups = state["optimizer_groups"]
+        if len(saved_groups) != len(optim_state["param_groups"]):
+            raise ValueError(f"{len(saved_groups)} optimizer parameter groups saved, "
+                             f"{len(optim_state['param_groups'])} now")
+        optim_state["param_groups"] = [
+            dict(group, **{key: _as_held(value, group.get(key)) for key, value in saved.items()},
+                 params=group["params"])
+            for group, saved in zip(optim_state["param_groups"], saved_groups)]
+        set_optimizer_state_dict(model, optimizer, optim_state, options=_options(model, False))
+
+
 def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                   restore_rng: bool = True, stored_name: Callable[[str], str] = _identity,
                   check_state: Callable[[dict], None] | None = None, stats: dict | None = None,
@@ -481,17 +526,7 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
     reader, rng_state = None, None
     # Corrupt, or one rank's own refusal: agreed before any collective load, so nobody is left waiting.
     with raise_together(f"verifying snapshot {snapshot}", SnapshotCorruptError):
-        reader = SnapshotReader(snapshot)
-        if check_state is not None:
-            check_state(reader.state)
-        if optimizer is not None and reader.state.get("optimizer_groups") is not None:
-            groups = [group for one in _optimizers(optimizer) for group in one.param_groups]
-            _check_groups(reader.state["optimizer_groups"], groups, snapshot)
-        rng_file = f"rng/rank_{_rank():05d}.json"
-        # A rank that did not exist when saving (resuming on more processes) keeps its own seed.
-        if restore_rng and reader.has(rng_file):
-            rng_state = reader.json(rng_file)
-            check_rng_state(rng_state, snapshot)
+        reader, rng_state = _open_checked(snapshot, optimizer, restore_rng, check_state)
     state = reader.state
     tensors, model_state, optim_state = _tensor_state(
         model, optimizer if state.get("optimizer_groups") is not None else None, stored_name)
@@ -508,17 +543,7 @@ def load_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.
             raise SnapshotCorruptError(str(corrupt)) from None
         raise _fit_error(snapshot, causes[0] if causes else failure) from None
     try:
-        set_model_state_dict(model, model_state, options=_options(model, False, loading=True))
-        if optim_state is not None:
-            saved_groups = state["optimizer_groups"]
-            if len(saved_groups) != len(optim_state["param_groups"]):
-                raise ValueError(f"{len(saved_groups)} optimizer parameter groups saved, "
-                                 f"{len(optim_state['param_groups'])} now")
-            optim_state["param_groups"] = [
-                dict(group, **{key: _as_held(value, group.get(key)) for key, value in saved.items()},
-                     params=group["params"])
-                for group, saved in zip(optim_state["param_groups"], saved_groups)]
-            set_optimizer_state_dict(model, optimizer, optim_state, options=_options(model, False))
+        _set_loaded_state(model, optimizer, model_state, optim_state, state)
     except (RuntimeError, KeyError, ValueError, TypeError) as failure:
         raise _fit_error(snapshot, failure) from None
     if rng_state is not None:

@@ -121,19 +121,7 @@ def validate_layout(layout: Layout, *, n_layer: int, n_head: int, block_size: in
         raise ConfigError(f"parallel.activation_checkpointing={activation_checkpointing!r} is unknown; "
                           f"choose one of {', '.join(ACTIVATION_CHECKPOINTING)}")
     if layout.tp > 1:
-        if n_head % layout.tp != 0:
-            raise ConfigError(f"parallel.tp={layout.tp} does not divide model.n_head={n_head}; tensor parallelism "
-                              "splits attention by heads, so choose tp among the divisors of n_head")
-        if n_kv_head is not None and n_kv_head % layout.tp != 0:
-            raise ConfigError(f"parallel.tp={layout.tp} does not divide model.n_kv_head={n_kv_head}; tensor "
-                              "parallelism gives each rank whole key/value heads with their query heads, so choose "
-                              "tp among the divisors of n_kv_head")
-        if block_size % layout.tp != 0:
-            raise ConfigError(f"parallel.tp={layout.tp} does not divide the sequence length {block_size} "
-                              "(data.block_size); sequence parallelism splits it, so make it a multiple of tp")
-        if tie_embeddings:
-            raise ConfigError("model.tie_embeddings=true is not supported with parallel.tp > 1; "
-                              "set model.tie_embeddings=false")
+        _check_tensor_parallel(layout, n_head, n_kv_head, block_size, tie_embeddings)
     if pp_schedule not in PP_SCHEDULES:
         raise ConfigError(f"parallel.pp_schedule={pp_schedule!r} is unknown; choose one of {', '.join(PP_SCHEDULES)}")
     if layout.pp == 1:
@@ -154,6 +142,29 @@ def validate_layout(layout: Layout, *, n_layer: int, n_head: int, block_size: in
     if grad_accum != 1:
         raise ConfigError(f"trainer.grad_accum={grad_accum} is not used with parallel.pp > 1; the pipeline's "
                           "micro-batches are the accumulation: set grad_accum=1 and raise parallel.pp_microbatches")
+    _check_microbatches(layout, batch_size, pp_schedule, pp_microbatches)
+
+
+def _check_tensor_parallel(layout: Layout, n_head: int, n_kv_head: int | None, block_size: int,
+                           tie_embeddings: bool) -> None:
+    """What tp > 1 needs of the model: heads and the sequence divided by tp, embeddings untied."""
+    if n_head % layout.tp != 0:
+        raise ConfigError(f"parallel.tp={layout.tp} does not divide model.n_head={n_head}; tensor parallelism "
+                          "splits attention by heads, so choose tp among the divisors of n_head")
+    if n_kv_head is not None and n_kv_head % layout.tp != 0:
+        raise ConfigError(f"parallel.tp={layout.tp} does not divide model.n_kv_head={n_kv_head}; tensor "
+                          "parallelism gives each rank whole key/value heads with their query heads, so choose "
+                          "tp among the divisors of n_kv_head")
+    if block_size % layout.tp != 0:
+        raise ConfigError(f"parallel.tp={layout.tp} does not divide the sequence length {block_size} "
+                          "(data.block_size); sequence parallelism splits it, so make it a multiple of tp")
+    if tie_embeddings:
+        raise ConfigError("model.tie_embeddings=true is not supported with parallel.tp > 1; "
+                          "set model.tie_embeddings=false")
+
+
+def _check_microbatches(layout: Layout, batch_size: int, pp_schedule: str, pp_microbatches: int) -> None:
+    """What pp > 1 needs of the pipeline's micro-batches: a count that divides the batch and suits the schedule."""
     micro = pipeline_microbatches(pp_microbatches, layout.pp)
     if pp_microbatches < 0:
         raise ConfigError(f"parallel.pp_microbatches={pp_microbatches} must be >= 0 (0 means 2 x pp)")

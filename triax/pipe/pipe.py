@@ -24,7 +24,7 @@ import contextlib
 import functools
 import operator
 from collections import OrderedDict
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -301,21 +301,7 @@ class Pipe(nn.Module):
         outputs = list(micro_batches)
         deferred = [layer for layer in self.modules() if isinstance(layer, DeferredBatchNorm)]
         try:
-            with spawn_workers(self.devices) as workers:
-                for tick in clock_cycles(len(micro_batches), num_partitions):
-                    for wave in _turns(tick, locks):
-                        for index, partition_index in wave:
-                            workers[partition_index].submit(
-                                lambda i=index, j=partition_index, x=outputs[index]: task(i, j, x))
-                        errors = []
-                        for index, partition_index in wave:
-                            ok, value = workers[partition_index].result()
-                            if ok:
-                                outputs[index] = value
-                            else:
-                                errors.append(value)
-                        if errors:
-                            raise errors[0]
+            _run_clock_cycles(self.devices, num_partitions, locks, task, outputs)
         except BaseException:
             for layer in deferred:  # half a mini-batch must not leak into the next one's statistics
                 layer.discard()
@@ -324,3 +310,25 @@ class Pipe(nn.Module):
             for layer in deferred:
                 layer.commit()
         return join(outputs)
+
+
+def _run_clock_cycles(devices: list[torch.device], num_partitions: int, locks: list,
+                      task: Callable[[int, int, Batch], Batch], outputs: list[Batch]) -> None:
+    """Push every micro-batch through every partition, tick by tick of the schedule, each partition in
+    its worker thread; `outputs[i]` is replaced by micro-batch i's output of each partition it passes.
+    The first error of a wave is raised once the whole wave has finished."""
+    with spawn_workers(devices) as workers:
+        for tick in clock_cycles(len(outputs), num_partitions):
+            for wave in _turns(tick, locks):
+                for index, partition_index in wave:
+                    workers[partition_index].submit(
+                        lambda i=index, j=partition_index, x=outputs[index]: task(i, j, x))
+                errors = []
+                for index, partition_index in wave:
+                    ok, value = workers[partition_index].result()
+                    if ok:
+                        outputs[index] = value
+                    else:
+                        errors.append(value)
+                if errors:
+                    raise errors[0]
