@@ -9,10 +9,16 @@ them (allgather, broadcast). Each matches the gradient tests of Horovod's own su
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from triax.horovod.errors import HorovodValueError
 from triax.horovod import basics, engine, process_sets, reduce_ops
+from triax.horovod.compression import Compressor
+
+if TYPE_CHECKING:
+    from torch.autograd.function import FunctionCtx
 
 
 def _own_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -21,19 +27,20 @@ def _own_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 class AllreduceFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, op, prescale, postscale, compression, name):
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, op: int, prescale: float, postscale: float,
+                compression: type[Compressor], name: str | None):
         ctx.process_set = process_sets.current()
         ctx.args = (op, prescale, postscale, compression, name)
         return engine.wait(engine.start_allreduce(_own_copy(tensor), op, prescale, postscale,
                                                   compression, name))
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor):
         with process_sets.scoped(ctx.process_set):
             return AllreduceFunction._backward(ctx, grad)
 
     @staticmethod
-    def _backward(ctx, grad):
+    def _backward(ctx: FunctionCtx, grad: torch.Tensor):
         op, prescale, postscale, compression, name = ctx.args
         if op not in (reduce_ops.Average, reduce_ops.Sum):
             raise HorovodValueError(f"allreduce {name or ''}: no gradient for op={reduce_ops.NAMES[op]}; "
@@ -44,7 +51,8 @@ class AllreduceFunction(torch.autograd.Function):
 
 class GroupedAllreduceFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op, prescale, postscale, compression, name, *tensors):
+    def forward(ctx: FunctionCtx, op: int, prescale: float, postscale: float, compression: type[Compressor],
+                name: str | None, *tensors: torch.Tensor):
         ctx.process_set = process_sets.current()
         ctx.args = (op, prescale, postscale, compression, name)
         buffers = [_own_copy(t) for t in tensors]
@@ -52,12 +60,12 @@ class GroupedAllreduceFunction(torch.autograd.Function):
                                                                 compression, name)))
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx: FunctionCtx, *grads: torch.Tensor):
         with process_sets.scoped(ctx.process_set):
             return GroupedAllreduceFunction._backward(ctx, *grads)
 
     @staticmethod
-    def _backward(ctx, *grads):
+    def _backward(ctx: FunctionCtx, *grads: torch.Tensor):
         op, prescale, postscale, compression, name = ctx.args
         if op not in (reduce_ops.Average, reduce_ops.Sum):
             raise HorovodValueError(f"grouped_allreduce {name or ''}: no gradient for op={reduce_ops.NAMES[op]}")
@@ -69,18 +77,18 @@ class GroupedAllreduceFunction(torch.autograd.Function):
 
 class AllgatherFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, name: str | None):
         ctx.process_set = process_sets.current()
         ctx.rows, ctx.name = tensor.shape[0], name
         return engine.wait(engine.start_allgather(tensor.detach(), name))
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor):
         with process_sets.scoped(ctx.process_set):
             return AllgatherFunction._backward(ctx, grad)
 
     @staticmethod
-    def _backward(ctx, grad):
+    def _backward(ctx: FunctionCtx, grad: torch.Tensor):
         reduced = engine.wait(engine.start_allreduce(_own_copy(grad), reduce_ops.Average, name=ctx.name))
         # Where this rank's rows sit in the output: after the rows of lower ranks.
         rows = engine.wait(engine.start_allgather(torch.tensor([ctx.rows]), name=ctx.name))
@@ -90,18 +98,18 @@ class AllgatherFunction(torch.autograd.Function):
 
 class BroadcastFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, root_rank: int, name: str | None):
         ctx.process_set = process_sets.current()
         ctx.root_rank, ctx.name = root_rank, name
         return engine.wait(engine.start_broadcast(_own_copy(tensor), root_rank, name))
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor):
         with process_sets.scoped(ctx.process_set):
             return BroadcastFunction._backward(ctx, grad)
 
     @staticmethod
-    def _backward(ctx, grad):
+    def _backward(ctx: FunctionCtx, grad: torch.Tensor):
         reduced = engine.wait(engine.start_allreduce(_own_copy(grad), reduce_ops.Average, name=ctx.name))
         if basics.rank() != ctx.root_rank:
             reduced.zero_()  # only the root's input reached the output
@@ -110,7 +118,7 @@ class BroadcastFunction(torch.autograd.Function):
 
 class AlltoallFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, splits: torch.Tensor | list[int] | None, name: str | None):
         ctx.process_set = process_sets.current()
         ctx.name = name
         output, received = engine.wait(engine.start_alltoall(tensor.detach(), splits, name))
@@ -119,31 +127,32 @@ class AlltoallFunction(torch.autograd.Function):
         return output, received
 
     @staticmethod
-    def backward(ctx, grad, _received_grad):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor, _received_grad: torch.Tensor):
         with process_sets.scoped(ctx.process_set):
             return AlltoallFunction._backward(ctx, grad, _received_grad)
 
     @staticmethod
-    def _backward(ctx, grad, _received_grad):
+    def _backward(ctx: FunctionCtx, grad: torch.Tensor, _received_grad: torch.Tensor):
         back, _ = engine.wait(engine.start_alltoall(grad.contiguous(), ctx.received, ctx.name))
         return back, None, None
 
 
 class ReducescatterFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, op, prescale, postscale, compression, name):
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, op: int, prescale: float, postscale: float,
+                compression: type[Compressor], name: str | None):
         ctx.process_set = process_sets.current()
         ctx.args = (op, prescale, postscale, name)
         return engine.wait(engine.start_reducescatter(tensor.detach(), op, prescale, postscale,
                                                       compression, name))
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor):
         with process_sets.scoped(ctx.process_set):
             return ReducescatterFunction._backward(ctx, grad)
 
     @staticmethod
-    def _backward(ctx, grad):
+    def _backward(ctx: FunctionCtx, grad: torch.Tensor):
         op, prescale, postscale, name = ctx.args
         if op not in (reduce_ops.Average, reduce_ops.Sum):
             raise HorovodValueError(f"reducescatter {name or ''}: no gradient for op={reduce_ops.NAMES[op]}")

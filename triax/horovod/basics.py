@@ -94,7 +94,7 @@ def is_distributed() -> bool:
     return world().size > 1
 
 
-def start_timeline(file_path, mark_cycles: bool = False) -> None:
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Horovod writes a Chrome-trace timeline; triax does not. Use torch.profiler instead."""
     world()
     warnings.warn(f"hvd.start_timeline({file_path!r}) does nothing in triax.horovod; record a trace with "

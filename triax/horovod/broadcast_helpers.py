@@ -5,11 +5,13 @@ Tensors are fused by (dtype, device) into one flat broadcast each, instead of on
 
 from __future__ import annotations
 
+from typing import Any, Iterable, Mapping
+
 import torch
 
 from triax.horovod.errors import HorovodTypeError
 from triax.horovod import basics, engine, process_sets
-from triax.horovod.process_sets import global_process_set, in_process_set
+from triax.horovod.process_sets import ProcessSet, global_process_set, in_process_set
 from triax.horovod.objects import broadcast_object
 from triax.horovod.optimizer import _DistributedOptimizer
 
@@ -31,7 +33,8 @@ def _broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int, label: str)
 
 
 @in_process_set
-def broadcast_parameters(params, root_rank=0, prefix=None, process_set=global_process_set):
+def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], root_rank: int = 0,
+                         prefix: str | None = None, process_set: ProcessSet = global_process_set):
     """`params`: a state_dict (dict name -> tensor) or `model.named_parameters()` pairs."""
     if process_sets.active_size() == 1:
         return
@@ -53,7 +56,7 @@ def broadcast_parameters(params, root_rank=0, prefix=None, process_set=global_pr
     _broadcast_tensors_(tensors, root_rank, "broadcast_parameters" + (f" {prefix}" if prefix else ""))
 
 
-def _split_tensors(value, tensors: list):
+def _split_tensors(value: Any, tensors: list):
     """Replace tensors in a nested state by placeholders; collect them in `tensors`."""
     if torch.is_tensor(value):
         tensors.append(value)
@@ -65,11 +68,11 @@ def _split_tensors(value, tensors: list):
     return value
 
 
-def _is_placeholder(value) -> bool:
+def _is_placeholder(value: Any) -> bool:
     return isinstance(value, tuple) and len(value) == 5 and value[0] == "__triax_tensor__"
 
 
-def _fill_tensors(value, tensors: list):
+def _fill_tensors(value: Any, tensors: list):
     if _is_placeholder(value):
         return tensors[value[1]]
     if isinstance(value, dict):
@@ -79,7 +82,7 @@ def _fill_tensors(value, tensors: list):
     return value
 
 
-def _placeholders(value, found: list):
+def _placeholders(value: Any, found: list):
     if _is_placeholder(value):
         found.append(value)
     elif isinstance(value, dict):
@@ -91,7 +94,7 @@ def _placeholders(value, found: list):
     return found
 
 
-def _initialize_state(optimizer) -> None:
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
     """Horovod's dummy step: zero gradients, then the wrapped optimizer's own step (no exchange,
     which would need every rank to step), so the state tensors exist on every rank."""
     for group in optimizer.param_groups:
@@ -107,7 +110,8 @@ def _initialize_state(optimizer) -> None:
 
 
 @in_process_set
-def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
+                              model: torch.nn.Module | None = None, process_set: ProcessSet = global_process_set):
     """Every rank's optimizer takes root_rank's state and hyperparameters (lr, momentum, ...).
 
     As in Horovod, an optimizer with no state yet (before its first step) first takes one local

@@ -69,8 +69,8 @@ class Agreement:
         return [int(d) if r not in self.joined else 0 for r, d in enumerate(self.rows[:, 5].tolist())]
 
 
-def make_row(kind: str, tensor: torch.Tensor | None = None, op: int = -1, root: int = -1,
-             extra: str | int = "", shape=None, dtype=None) -> torch.Tensor:
+def make_row(kind: str, tensor: torch.Tensor | None = None, op: int = -1, root: int = -1, extra: str | int = "",
+             shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     row = torch.zeros(SLOTS, dtype=torch.int64)
     row[0] = KIND[kind]
     shape = tuple(tensor.shape) if tensor is not None else (tuple(shape) if shape is not None else ())
@@ -206,9 +206,9 @@ def check_rows(rows: torch.Tensor, name: str | None, problem: str | None = None)
     return Agreement(rows, joined)
 
 
-def agree(kind: str, tensor: torch.Tensor | None = None, op: int = -1, root: int = -1,
-          name: str | None = None, extra: str = "", shape=None, dtype=None,
-          problem: str | None = None, problem_class=HorovodInternalError) -> Agreement | None:
+def agree(kind: str, tensor: torch.Tensor | None = None, op: int = -1, root: int = -1, name: str | None = None,
+          extra: str = "", shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None,
+          problem: str | None = None, problem_class: type[Exception] = HorovodInternalError) -> Agreement | None:
     """Run the check before a collective; None when it is off or there is only one process.
 
     `problem`: what is wrong with this rank's own arguments, if anything. It is raised, as

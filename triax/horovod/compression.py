@@ -13,21 +13,21 @@ class Compressor:
     """Interface: subclasses override both static methods."""
 
     @staticmethod
-    def compress(tensor):
+    def compress(tensor: torch.Tensor):
         raise NotImplementedError
 
     @staticmethod
-    def decompress(tensor, ctx):
+    def decompress(tensor: torch.Tensor, ctx: torch.dtype | None):
         raise NotImplementedError
 
 
 class NoneCompressor(Compressor):
     @staticmethod
-    def compress(tensor):
+    def compress(tensor: torch.Tensor):
         return tensor, None
 
     @staticmethod
-    def decompress(tensor, ctx):
+    def decompress(tensor: torch.Tensor, ctx: torch.dtype | None):
         return tensor
 
 
@@ -37,14 +37,14 @@ class _CastCompressor(Compressor):
     wire_dtype = torch.float16
 
     @classmethod
-    def compress(cls, tensor):
+    def compress(cls, tensor: torch.Tensor):
         original = tensor.dtype
         if tensor.is_floating_point() and original != cls.wire_dtype:
             tensor = tensor.to(cls.wire_dtype)
         return tensor, original
 
     @classmethod
-    def decompress(cls, tensor, ctx):
+    def decompress(cls, tensor: torch.Tensor, ctx: torch.dtype | None):
         return tensor if ctx is None or tensor.dtype == ctx else tensor.to(ctx)
 
 

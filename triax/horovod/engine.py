@@ -8,24 +8,27 @@ returns `(works, finish)`: wait on `works`, then `finish()` gives the result. Th
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodInternalError, HorovodNotImplementedError, HorovodValueError
 from triax.horovod import adasum, check, compat, handles, process_sets, reduce_ops
 from triax.horovod.handles import wait_all
-from triax.horovod.compression import NoneCompressor
+from triax.horovod.compression import Compressor, NoneCompressor
 
 _UNCHECKED = object()  # sentinel: run the check here
 
 
-def wait(works_and_finish):
+def wait(works_and_finish: tuple[list, Callable[[], Any]]):
     works, finish = works_and_finish
     wait_all(works)
     return finish()
 
 
-def _agree(agreement, kind, tensor=None, problem=None, problem_class=HorovodInternalError, **fields):
+def _agree(agreement: object, kind: str, tensor: torch.Tensor | None = None, problem: str | None = None,
+           problem_class: type[Exception] = HorovodInternalError, **fields: Any):
     """The check round (or the one a joined rank already did); a `problem` raises on every rank."""
     if agreement is _UNCHECKED:
         return check.agree(kind, tensor, problem=problem, problem_class=problem_class, **fields)
@@ -63,8 +66,8 @@ def _average_divisor(tensor: torch.Tensor, op: int, contributors: int, postscale
 
 
 def start_allreduce(buffer: torch.Tensor, op: int, prescale: float = 1.0, postscale: float = 1.0,
-                    compression=NoneCompressor, name: str | None = None, extra: str = "",
-                    agreement=_UNCHECKED):
+                    compression: type[Compressor] = NoneCompressor, name: str | None = None, extra: str = "",
+                    agreement: object = _UNCHECKED):
     """Reduce `buffer` (contiguous) in place across ranks."""
     if not buffer.is_contiguous():  # callers hand over their own contiguous copy
         raise RuntimeError(f"allreduce {name or ''}: internal buffer must be contiguous")
@@ -95,7 +98,8 @@ def start_allreduce(buffer: torch.Tensor, op: int, prescale: float = 1.0, postsc
     return works, finish
 
 
-def _start_adasum(buffer, prescale, postscale, compression, name, extra, agreement):
+def _start_adasum(buffer: torch.Tensor, prescale: float, postscale: float, compression: type[Compressor],
+                  name: str | None, extra: str, agreement: object):
     """Adasum runs to completion here (a butterfly of sends, see adasum.py); nothing stays in flight."""
     size_problem = adasum.power_of_two_problem(process_sets.active_size())
     if size_problem:  # the same size on every rank of the set: all raise here, Horovod's class
@@ -120,7 +124,7 @@ def _start_adasum(buffer, prescale, postscale, compression, name, extra, agreeme
 
 
 def start_grouped_allreduce(buffers: list[torch.Tensor], op: int, prescale: float = 1.0,
-                            postscale: float = 1.0, compression=NoneCompressor,
+                            postscale: float = 1.0, compression: type[Compressor] = NoneCompressor,
                             name: str | None = None):
     """Reduce several tensors in place with one fused allreduce per (dtype, device)."""
     groups: dict[tuple, list[int]] = {}
@@ -136,7 +140,8 @@ def start_grouped_allreduce(buffers: list[torch.Tensor], op: int, prescale: floa
                                                     name, extra=shapes)
         works += group_works
 
-        def finish(flat=flat, indices=indices, group_finish=group_finish):
+        def finish(flat: torch.Tensor = flat, indices: list[int] = indices,
+                   group_finish: Callable[[], Any] = group_finish):
             group_finish()
             offset = 0
             for i in indices:
@@ -154,7 +159,7 @@ def start_grouped_allreduce(buffers: list[torch.Tensor], op: int, prescale: floa
     return works, finish_all
 
 
-def start_allgather(tensor: torch.Tensor, name: str | None = None, agreement=_UNCHECKED):
+def start_allgather(tensor: torch.Tensor, name: str | None = None, agreement: object = _UNCHECKED):
     """Concatenate every rank's tensor along dim 0; first dimensions may differ."""
     tensor = tensor.contiguous()
     problem = (f"allgather {name or ''}: a 0-dim tensor has no first dimension to concatenate along; "
@@ -188,7 +193,7 @@ def start_allgather(tensor: torch.Tensor, name: str | None = None, agreement=_UN
 
 
 def start_broadcast(buffer: torch.Tensor, root_rank: int, name: str | None = None,
-                    agreement=_UNCHECKED):
+                    agreement: object = _UNCHECKED):
     """Overwrite `buffer` (contiguous) with root_rank's."""
     problem = root_problem("broadcast", root_rank, name)
     _agree(agreement, "broadcast", buffer, problem, root=root_rank if problem is None else -1, name=name)
@@ -205,7 +210,7 @@ def start_broadcast(buffer: torch.Tensor, root_rank: int, name: str | None = Non
     return works, finish
 
 
-def root_problem(what: str, root_rank, name: str | None) -> str | None:
+def root_problem(what: str, root_rank: int, name: str | None) -> str | None:
     ranks = process_sets.active_ranks()  # root_rank is a global rank, in the set (as Horovod's)
     if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank not in ranks:
         where = f"0..{len(ranks) - 1}" if process_sets.current().ranks is None else f"the process set {ranks}"
@@ -218,7 +223,7 @@ def even_splits(rows: int, parts: int) -> list[int]:
     return [rows // parts + (1 if r < rows % parts else 0) for r in range(parts)]
 
 
-def _checked_splits(tensor, splits, size: int, name: str | None):
+def _checked_splits(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None, size: int, name: str | None):
     """(rows sent to each rank, None) or (None, what is wrong)."""
     rows = tensor.shape[0] if tensor.dim() else 0
     if splits is None:
@@ -238,8 +243,8 @@ def _checked_splits(tensor, splits, size: int, name: str | None):
     return splits, None
 
 
-def start_alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,
-                   agreement=_UNCHECKED):
+def start_alltoall(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None = None, name: str | None = None,
+                   agreement: object = _UNCHECKED):
     """Send rows splits[r] to rank r; returns (received rows, received splits)."""
     size = process_sets.active_size()
     tensor = tensor.contiguous()
@@ -259,8 +264,8 @@ def start_alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,
 
 
 def start_reducescatter(tensor: torch.Tensor, op: int = reduce_ops.Average, prescale: float = 1.0,
-                        postscale: float = 1.0, compression=NoneCompressor, name: str | None = None,
-                        agreement=_UNCHECKED):
+                        postscale: float = 1.0, compression: type[Compressor] = NoneCompressor, name: str | None = None,
+                        agreement: object = _UNCHECKED):
     """Reduce across ranks, each keeping its share of dim 0 (Horovod's uneven split)."""
     size, rank = process_sets.active_size(), process_sets.active_rank()
     if op == reduce_ops.Adasum:  # as in Horovod
@@ -299,7 +304,7 @@ def start_reducescatter(tensor: torch.Tensor, op: int = reduce_ops.Average, pres
     return works, finish
 
 
-def start_barrier(agreement=_UNCHECKED):
+def start_barrier(agreement: object = _UNCHECKED):
     if not _distributed():
         return [], lambda: None
     _agree(agreement, "barrier")

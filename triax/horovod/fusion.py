@@ -43,7 +43,7 @@ class Bucket:
         return ",".join(f"{n}{tuple(p.shape)}{str(p.dtype)[6:]}" for n, p in zip(self.names, self.params))
 
 
-def _make(params, names_by_id) -> Bucket:
+def _make(params: list[torch.Tensor], names_by_id: dict[int, str]) -> Bucket:
     bucket = Bucket(list(params), [names_by_id[id(p)] for p in params])
     offset = 0
     for p in bucket.params:
@@ -53,7 +53,8 @@ def _make(params, names_by_id) -> Bucket:
     return bucket
 
 
-def plan_buckets(params: list, names_by_id: dict, threshold: int, groups=None) -> list[Bucket]:
+def plan_buckets(params: list, names_by_id: dict, threshold: int,
+                 groups: list[list[torch.Tensor]] | int | None = None) -> list[Bucket]:
     """Split `params` (in launch order) into buckets.
 
     groups: None (by size), an int (that many buckets of about equal size), or a list of
@@ -90,11 +91,11 @@ def plan_buckets(params: list, names_by_id: dict, threshold: int, groups=None) -
     return [_make(chunk, names_by_id) for chunk in _split_by_kind(chunks) if chunk]
 
 
-def _kind(p) -> tuple:
+def _kind(p: torch.Tensor) -> tuple:
     return (p.dtype, p.device)
 
 
-def _split_by_kind(chunks):
+def _split_by_kind(chunks: list):
     """One flat buffer needs one dtype and device: split any chunk that mixes them."""
     for chunk in chunks:
         part: list = []

@@ -37,7 +37,7 @@ def failures_as_internal_error():
         raise HorovodInternalError(f"a collective failed: {error}") from error
 
 
-def wait_all(works) -> None:
+def wait_all(works: list) -> None:
     """Wait for torch.distributed work (failures: HorovodInternalError, above)."""
     with failures_as_internal_error():
         for work in works:
@@ -45,7 +45,7 @@ def wait_all(works) -> None:
     keep_until_exit(works)  # so a script that ends right after its last collective exits cleanly
 
 
-def wait_one(work) -> None:
+def wait_one(work: Any) -> None:
     """Wait for one collective started with async_op=True (see wait_all)."""
     wait_all([work])
 

@@ -20,6 +20,7 @@ import shlex
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from triax.arguments import check_command
 from triax.errors import TriaxError
@@ -33,13 +34,17 @@ from triax.horovod.output import JobOutput, StartWatch
 from triax.horovod.slots import assign
 from triax.runtime.rendezvous import free_port
 
+if TYPE_CHECKING:
+    import argparse
+
 # Horovod's bounds for --blacklist-cooldown-range (seconds)
 COOLDOWN_LOWEST_S, COOLDOWN_HIGHEST_S = 1, 3600
 ELASTIC_ONLY = {"max_np": "--max-np", "slots": "--slots-per-host", "cooldown_range": "--blacklist-cooldown-range",
                 "elastic_timeout": "--elastic-timeout"}
 
 
-def torchrun_commands(placed, command, port, restarts, timestamp=False) -> list[tuple[str, list[str]]]:
+def torchrun_commands(placed: list[tuple[str, int]], command: list[str], port: int, restarts: int,
+                      timestamp: bool = False) -> list[tuple[str, list[str]]]:
     master = "127.0.0.1" if len(placed) == 1 else address_of(placed[0][0])
     if len(placed) > 1 and master in LOCAL_NAMES:
         master = socket.getfqdn()  # "localhost" would point each remote host at itself
@@ -85,7 +90,8 @@ def supervise(hosts: list[str], started: list, watch: StartWatch | None = None) 
         raise
 
 
-def _launch_fixed(args, command: list[str], extra_env: dict[str, str], option_env: dict[str, str]) -> int:
+def _launch_fixed(args: argparse.Namespace, command: list[str], extra_env: dict[str, str],
+                  option_env: dict[str, str]) -> int:
     entries = parse_hosts(args.hosts, args.hostfile, args.np)
     np = args.np if args.np is not None else sum(slots for _, slots in entries)
     placed = place_processes(entries, np)
@@ -129,7 +135,8 @@ def _launch_fixed(args, command: list[str], extra_env: dict[str, str], option_en
         output.close()
 
 
-def elastic_settings(args, command: list[str], extra_env: dict[str, str] | None = None) -> ElasticSettings:
+def elastic_settings(args: argparse.Namespace, command: list[str],
+                     extra_env: dict[str, str] | None = None) -> ElasticSettings:
     """Check the elastic options (one line for the first wrong one) and gather them."""
     if args.host_discovery_script and (args.hosts or args.hostfile):
         raise TriaxError("pass either --host-discovery-script or -H/--hostfile, not both")
@@ -167,7 +174,7 @@ def elastic_settings(args, command: list[str], extra_env: dict[str, str] | None 
                            prefix_timestamp=args.prefix_timestamp)
 
 
-def _check_local_command(args, command: list[str]) -> None:
+def _check_local_command(args: argparse.Namespace, command: list[str]) -> None:
     """The training command, checked as `triax launch` checks its script: one line and exit 2
     before anything starts, not a traceback from every worker. Only a job on this host's
     processes: another host's files are that host's."""

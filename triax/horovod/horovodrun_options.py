@@ -120,7 +120,7 @@ def whole_seconds(text: str, variable: str) -> int:
     return int(stripped)
 
 
-def check_timeout_environment(args) -> None:
+def check_timeout_environment(args: argparse.Namespace) -> None:
     """Horovod's timeout variables the job would read, checked before anything starts (each is one
     line naming it, instead of a traceback per rank later). The options win over them."""
     if args.start_timeout is None:
@@ -137,14 +137,15 @@ def check_timeout_environment(args) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit 2, through the CLI's TriaxError handling
+    def error(self, message: str):  # one line and exit 2, through the CLI's TriaxError handling
         raise TriaxError(f"horovodrun: {message}")
 
 
 class _Interfaces(argparse.Action):
     """--network-interface(s): repeatable, comma-separated, gathered in order (Horovod: a set)."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: str,
+                 option_string: str | None = None):
         names = list(getattr(namespace, self.dest) or [])
         for name in values.split(","):
             if name.strip() and name.strip() not in names:
@@ -152,7 +153,8 @@ class _Interfaces(argparse.Action):
         setattr(namespace, self.dest, names)
 
 
-def _switch(group, on: str, off: str, dest: str, hidden_on=False, hidden_off=False) -> None:
+def _switch(group: argparse._ActionsContainer, on: str, off: str, dest: str, hidden_on: bool = False,
+            hidden_off: bool = False) -> None:
     """A Horovod on/off pair writing True/False into one dest (None: not given)."""
     pair = group.add_mutually_exclusive_group()
     pair.add_argument(on, dest=dest, action="store_const", const=True, default=None,
@@ -181,11 +183,29 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-filename", help="also write each rank's output to DIR/rank.<N>/stdout and stderr")
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--config-file", help="Horovod's YAML parameter file (options given here win)")
+    _add_ssh(parser)
+    _add_tuning(parser)
+    _add_logging(parser)
+    _add_hosts(parser)
+    _add_elastic(parser)
+    controller = parser.add_mutually_exclusive_group()
+    controller.add_argument("--gloo", dest="use_gloo", action="store_true", help="accepted: gloo is what runs")
+    controller.add_argument("--mpi", dest="use_mpi", action="store_true", help=argparse.SUPPRESS)
+    controller.add_argument("--jsrun", dest="use_jsrun", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dry-run", action="store_true", help="print the command(s) and exit")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
+    return parser
+
+
+def _add_ssh(parser: argparse.ArgumentParser) -> None:
     ssh = parser.add_argument_group("ssh")
     ssh.add_argument("-p", "--ssh-port", type=_port, help="ssh port for remote hosts")
     ssh.add_argument("-i", "--ssh-identity-file", help="ssh identity file for remote hosts")
     ssh.add_argument("--ssh-option", action="append", default=[], metavar="OPTION",
                      help="passed to ssh as -o OPTION (repeatable), e.g. StrictHostKeyChecking=accept-new")
+
+
+def _add_tuning(parser: argparse.ArgumentParser) -> None:
     params = parser.add_argument_group("tuning")
     params.add_argument("--fusion-threshold-mb", type=count(0), help="most MB of gradients fused into one "
                         "allreduce; 0: none (HOROVOD_FUSION_THRESHOLD)")
@@ -208,6 +228,9 @@ def parser() -> argparse.ArgumentParser:
                         "uses TCP anyway)")
     params.add_argument("--gloo-timeout-seconds", type=float,
                         help="seconds a collective may wait before failing (HOROVOD_GLOO_TIMEOUT_SECONDS)")
+
+
+def _add_logging(parser: argparse.ArgumentParser) -> None:
     logging = parser.add_argument_group("logging")
     logging.add_argument("--log-level", choices=LOG_LEVELS, help="least level torch's distributed backend logs "
                          "(TORCH_CPP_LOG_LEVEL; TRACE and DEBUG: INFO)")
@@ -218,10 +241,16 @@ def parser() -> argparse.ArgumentParser:
                         action="store_const", const=True, default=None, help=argparse.SUPPRESS)
     stamps.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", dest="prefix_timestamp",
                         action="store_true", help="put the time before each line of the workers' output")
+
+
+def _add_hosts(parser: argparse.ArgumentParser) -> None:
     hosts = parser.add_argument_group("hosts")
     hosts.add_argument("-H", "--hosts", help="host:slots,... (default localhost:NP)")
     hosts.add_argument("-hostfile", "--hostfile", help="file with 'host slots=N' lines")
     hosts.add_argument("--master-port", type=_port, help="rendezvous port (default: a free one)")
+
+
+def _add_elastic(parser: argparse.ArgumentParser) -> None:
     elastic = parser.add_argument_group("elastic")
     elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=count(1),
                          help="fewest processes to keep training with (makes the job elastic)")
@@ -236,13 +265,6 @@ def parser() -> argparse.ArgumentParser:
                          help="seconds to wait for enough slots (default $HOROVOD_ELASTIC_TIMEOUT or 600)")
     elastic.add_argument("--reset-limit", type=count(0), help="elastic: resets allowed (default: no limit); "
                          "fixed: restarts allowed (torchrun --max-restarts, default 0)")
-    controller = parser.add_mutually_exclusive_group()
-    controller.add_argument("--gloo", dest="use_gloo", action="store_true", help="accepted: gloo is what runs")
-    controller.add_argument("--mpi", dest="use_mpi", action="store_true", help=argparse.SUPPRESS)
-    controller.add_argument("--jsrun", dest="use_jsrun", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--dry-run", action="store_true", help="print the command(s) and exit")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
-    return parser
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -264,7 +286,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _apply_config_file(args) -> dict[str, str]:
+def _apply_config_file(args: argparse.Namespace) -> dict[str, str]:
     """Set every option the file gives and the command line does not; {dest: 'section.key'} of those set."""
     path = args.config_file
     config = safe_yaml.read(path, MAX_CONFIG_BYTES, source=f"--config-file {path}") or {}
@@ -304,7 +326,7 @@ def _apply_config_file(args) -> dict[str, str]:
     return given
 
 
-def _check_config_values(args, given: dict[str, str], path: str) -> None:
+def _check_config_values(args: argparse.Namespace, given: dict[str, str], path: str) -> None:
     """Values from the file are checked as the command line checks them."""
     if "fusion_threshold_mb" in given:
         value = args.fusion_threshold_mb
@@ -321,7 +343,7 @@ def _check_config_values(args, given: dict[str, str], path: str) -> None:
         args.log_level = str(args.log_level).upper()
 
 
-def start_timeout(args) -> int:
+def start_timeout(args: argparse.Namespace) -> int:
     """--start-timeout, else $HOROVOD_START_TIMEOUT, else Horovod's 30 seconds."""
     if args.start_timeout is not None:
         return args.start_timeout
@@ -329,7 +351,7 @@ def start_timeout(args) -> int:
     return whole_seconds(text, START_TIMEOUT_ENV) if text else DEFAULT_START_TIMEOUT_S
 
 
-def worker_environment(args) -> dict[str, str]:
+def worker_environment(args: argparse.Namespace) -> dict[str, str]:
     """The variables the options set in every worker, as horovodrun sets them."""
     env = {}
     if args.gloo_timeout_seconds is not None:

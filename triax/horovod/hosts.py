@@ -43,7 +43,7 @@ def entry(host: str, slots: str, where: str, minimum: int = 1) -> tuple[str, int
     return host, count
 
 
-def check_total(entries, where: str) -> None:
+def check_total(entries: list[tuple[str, int]], where: str) -> None:
     """The slots of all `entries` together stay within MAX_PROCESSES."""
     total = sum(slots for _, slots in entries)
     if total > MAX_PROCESSES:

@@ -10,19 +10,20 @@ joined ranks included, as Horovod's do (a joined rank contributes zeros).
 
 from __future__ import annotations
 
+
 import torch
 import torch.distributed as dist
 
 from triax.horovod.errors import HorovodInternalError, HorovodValueError
 from triax.horovod import basics, check, engine, handles, process_sets, reduce_ops
-from triax.horovod.process_sets import global_process_set, in_process_set
+from triax.horovod.process_sets import ProcessSet, global_process_set, in_process_set
 
 # Layout digest -> DistributedOptimizer, so a joined rank can serve a gradient step (optimizer.py).
 optimizers_by_layout: dict = {}
 
 
 @in_process_set
-def join(device=-1, process_set=global_process_set) -> int:
+def join(device: int = -1, process_set: ProcessSet = global_process_set) -> int:
     """Block until every rank (of the set) has called join(); return the rank that joined last."""
     world = basics.world()
     if process_sets.active_size() == 1:

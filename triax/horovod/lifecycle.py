@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from triax.horovod import basics, handles, optimizer, process_sets, set_registration
 from triax.horovod.basics import CHECK_ENV
 from triax.horovod.errors import HorovodTypeError, HorovodValueError
+from triax.horovod.process_sets import ProcessSet
 from triax.horovod.elastic import worker as elastic_worker
 from triax.runtime.place import Place, detect_place, pick_device
 from triax.runtime.process_group import init_distributed, shutdown_distributed
@@ -42,7 +44,7 @@ def _backend_for(device: torch.device) -> str:
     return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
-def init(comm=None, process_sets=None, check: bool | None = None) -> None:
+def init(comm: Any = None, process_sets: list[ProcessSet] | str | None = None, check: bool | None = None) -> None:
     """Join the job. `process_sets`: hvd.ProcessSet objects to register, in order, on every rank
     ("dynamic" or None: none now; add them later with hvd.add_process_set). `check` turns the disagreement check on or off
     (default: on, unless TRIAX_HOROVOD_CHECK=0)."""
@@ -117,7 +119,7 @@ def gloo_timeout() -> float:
     return collective_timeout(value, source="HOROVOD_GLOO_TIMEOUT_SECONDS")
 
 
-def _next_store(place):
+def _next_store(place: Place):
     global _base_store, _generation
     if _base_store is None:
         how = set_rendezvous_defaults(place.launcher)

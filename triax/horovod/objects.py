@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.distributed as dist
 
 from triax.horovod import basics, check, engine, handles, process_sets
-from triax.horovod.process_sets import global_process_set, in_process_set
+from triax.horovod.process_sets import ProcessSet, global_process_set, in_process_set
 
 
 @in_process_set
-def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet = global_process_set):
     """Every rank returns root_rank's `obj` (pickled on the way)."""
     problem = engine.root_problem("broadcast_object", root_rank, name)
     check.agree("broadcast_object", root=root_rank if problem is None else -1, name=name, problem=problem)
@@ -22,7 +25,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 
 @in_process_set
-def allgather_object(obj, name=None, process_set=global_process_set):
+def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet = global_process_set):
     """A list with every rank's `obj`, in rank order."""
     if process_sets.active_size() == 1:
         return [obj]

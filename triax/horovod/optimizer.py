@@ -16,7 +16,7 @@ import contextlib
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,8 @@ from triax.horovod.errors import HorovodAssertionError, HorovodNotImplementedErr
 from triax.horovod import adasum, basics, check, collectives, fusion, handles, joining, reduce_ops
 from triax.horovod import process_sets
 from triax.horovod.process_sets import ProcessSet, global_process_set
-from triax.horovod.compression import Compression
+from triax.horovod.compression import Compression, Compressor
+from triax.horovod.fusion import Bucket
 from triax.horovod.elastic import worker as elastic_worker
 
 
@@ -33,7 +34,7 @@ class _DistributedOptimizer:
     """Methods mixed in front of the user's optimizer class."""
 
     # ---- the public methods Horovod has ------------------------------------------------------
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], Any] | None = None):
         if self._hvd.should_synchronize:
             if self._hvd.synchronized and self._hvd.included:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -82,7 +83,7 @@ class _DistributedOptimizer:
         self.backward_passes_per_step = _check_passes(passes)
 
     # ---- internals -----------------------------------------------------------------------------
-    def _hvd_on_gradient(self, param):
+    def _hvd_on_gradient(self, param: torch.Tensor):
         key = id(param)
         count = self._hvd.passes.get(key, 0) + 1
         self._hvd.passes[key] = count
@@ -118,7 +119,7 @@ class _DistributedOptimizer:
             self._hvd_launch(bucket)
             self._hvd.next_bucket += 1
 
-    def _hvd_launch(self, bucket):
+    def _hvd_launch(self, bucket: Bucket):
         if bucket.flat is None:
             first = bucket.params[0]
             bucket.flat = torch.empty(bucket.numel, dtype=first.dtype, device=first.device)
@@ -162,7 +163,7 @@ class _DistributedOptimizer:
         self._hvd.step_started = False
         self._hvd.synchronized = False
 
-    def _hvd_finish(self, bucket):
+    def _hvd_finish(self, bucket: Bucket):
         works, wire, ctx = bucket.pending
         handles.wait_all(works)  # a lost peer surfaces as HorovodInternalError
         postscale = self._hvd.postscale
@@ -200,7 +201,7 @@ class _DistributedOptimizer:
             handles.wait_one(dist.all_reduce(wire, group=self._hvd.process_set._group, async_op=True))
 
 
-def _check_passes(passes) -> int:
+def _check_passes(passes: object) -> int:
     if not isinstance(passes, int) or passes < 1:
         raise HorovodValueError(f"backward_passes_per_step={passes!r} must be a positive integer")
     return passes
@@ -231,7 +232,8 @@ class _Exchange:
     hook_handles: list = field(default_factory=list)
 
 
-def _parameter_names(optimizer, params: list, named_parameters) -> dict[int, str]:
+def _parameter_names(optimizer: torch.optim.Optimizer, params: list,
+                     named_parameters: Iterable[tuple[str, torch.Tensor]] | None) -> dict[int, str]:
     if named_parameters is None:  # Horovod's names: allreduce.noname.<group>.<index>
         return {id(p): f"allreduce.noname.{i}.{j}" for i, group in enumerate(optimizer.param_groups)
                 for j, p in enumerate(group["params"])}
@@ -267,7 +269,7 @@ def forget_in_flight() -> None:
         optimizer._hvd_forget_in_flight()
 
 
-def _validated_op(op, gradient_predivide_factor, group_size: int) -> int:
+def _validated_op(op: int, gradient_predivide_factor: float, group_size: int) -> int:
     op = reduce_ops.resolve(op)
     if op not in (reduce_ops.Average, reduce_ops.Sum, reduce_ops.Adasum):
         raise HorovodValueError(f"DistributedOptimizer(op={reduce_ops.NAMES[op]}) is not supported; use "
@@ -281,7 +283,7 @@ def _validated_op(op, gradient_predivide_factor, group_size: int) -> int:
     return op
 
 
-def _unique_params(optimizer) -> list:
+def _unique_params(optimizer: torch.optim.Optimizer) -> list:
     seen, params = set(), []
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -291,7 +293,7 @@ def _unique_params(optimizer) -> list:
     return params
 
 
-def _swap_class(optimizer) -> None:
+def _swap_class(optimizer: torch.optim.Optimizer) -> None:
     """Put _DistributedOptimizer's methods in front of the optimizer's own class."""
     cls = _classes.get(type(optimizer))
     if cls is None:
@@ -303,7 +305,7 @@ def _swap_class(optimizer) -> None:
         # it to the class's step (which synchronizes), keeping the scheduler's marker.
         owner_ref = weakref.ref(optimizer)
 
-        def step(*args, **kwargs):
+        def step(*args: Any, **kwargs: Any):
             opt = owner_ref()
             return type(opt).step(opt, *args, **kwargs)
 
@@ -311,10 +313,10 @@ def _swap_class(optimizer) -> None:
         optimizer.step = step
 
 
-def _hook_gradients(optimizer, trainable: list) -> list:
+def _hook_gradients(optimizer: torch.optim.Optimizer, trainable: list) -> list:
     owner = weakref.ref(optimizer)
 
-    def on_gradient(param):
+    def on_gradient(param: torch.Tensor):
         opt = owner()
         if opt is not None:
             opt._hvd_on_gradient(param)
@@ -322,10 +324,12 @@ def _hook_gradients(optimizer, trainable: list) -> list:
     return [p.register_post_accumulate_grad_hook(on_gradient) for p in trainable]
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=reduce_ops.Average,
-                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=global_process_set):
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: type[Compressor] = Compression.none, backward_passes_per_step: int = 1,
+                         op: int = reduce_ops.Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: list | None = None, sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set):
     """Wrap `optimizer` so gradients are averaged (op=Average) or summed across ranks.
 
     On a rank outside `process_set` the optimizer steps on its own gradients, as in Horovod."""

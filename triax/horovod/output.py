@@ -16,11 +16,15 @@ import os
 import sys
 import threading
 import time
+from typing import IO, TYPE_CHECKING, TextIO
 
 from triax import safe_files
 from triax.errors import TriaxError
 from triax.horovod.horovodrun_options import DEFAULT_START_TIMEOUT_S, START_TIMEOUT_ENV
 from triax.launch.horovod_worker import LINE_PREFIX, STARTED, chunks, lines
+
+if TYPE_CHECKING:
+    import subprocess
 
 READERS_JOIN_S = 10.0  # a process the job left behind may hold a pipe open: do not wait on it for ever
 
@@ -63,14 +67,14 @@ class JobOutput:
                     old.close()
                 self.files[(rank, stream)] = opened[stream]
 
-    def follow(self, process) -> None:
+    def follow(self, process: subprocess.Popen) -> None:
         """Read `process`'s stdout and stderr (both pipes) until they close."""
         for pipe, terminal in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
             reader = threading.Thread(target=self._read, args=(pipe, terminal), daemon=True)
             reader.start()
             self.readers.append(reader)
 
-    def _read(self, pipe, terminal) -> None:
+    def _read(self, pipe: IO[bytes], terminal: TextIO) -> None:
         for line in lines(chunks(pipe.fileno())):
             marker = STARTED.match(line)
             if marker:
@@ -100,7 +104,7 @@ class JobOutput:
             self.files.clear()
 
 
-def _write(terminal, line: bytes) -> None:
+def _write(terminal: TextIO, line: bytes) -> None:
     buffer = getattr(terminal, "buffer", None)
     try:
         if buffer is not None:
@@ -123,7 +127,7 @@ class StartWatch:
         self.ranks = set(hosts_by_rank)
         self.began = time.monotonic()
 
-    def check(self, ranks) -> bool:
+    def check(self, ranks: list[int]) -> bool:
         """True once every rank of `ranks` started; TriaxError if the time is up before."""
         missing = sorted(set(ranks) - self.output.started_ranks())
         if not missing:

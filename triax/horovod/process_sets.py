@@ -17,15 +17,19 @@ import contextlib
 import functools
 import inspect
 import threading
+from typing import Any, Callable, Sequence, TYPE_CHECKING
 
 from triax.horovod import basics
 from triax.horovod.errors import HorovodTypeError, HorovodValueError
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 
 class ProcessSet:
     """A set of ranks that run collectives among themselves (Horovod's `hvd.ProcessSet`)."""
 
-    def __init__(self, ranks=None):
+    def __init__(self, ranks: Sequence[int] | None = None):
         if ranks is None:
             self.ranks = None  # every rank: the global set
         else:
@@ -72,7 +76,7 @@ _next_id = 1
 _active = threading.local()
 
 
-def record(process_set: ProcessSet, group) -> ProcessSet:
+def record(process_set: ProcessSet, group: dist.ProcessGroup | None) -> ProcessSet:
     """Give an agreed set its id and torch.distributed group (set_registration.py agrees first)."""
     global _next_id
     process_set._group = group
@@ -109,7 +113,7 @@ def forget_all() -> None:
 
 
 # ---- the set the current collective runs on ---------------------------------------------------
-def _resolve(process_set) -> ProcessSet:
+def _resolve(process_set: ProcessSet | int) -> ProcessSet:
     if process_set is None or process_set is global_process_set:
         return global_process_set
     if not isinstance(process_set, ProcessSet):
@@ -124,7 +128,7 @@ def _resolve(process_set) -> ProcessSet:
 
 
 @contextlib.contextmanager
-def scoped(process_set):
+def scoped(process_set: ProcessSet | int):
     """Run the enclosed collectives on `process_set` (validated: registered, this rank in it)."""
     basics.world()
     process_set = _resolve(process_set)
@@ -162,12 +166,12 @@ def active_ranks() -> list[int]:
     return current()._all_ranks()
 
 
-def in_process_set(function):
+def in_process_set(function: Callable):
     """Decorate a public collective: its body runs on the `process_set=` argument's set."""
     signature = inspect.signature(function)
 
     @functools.wraps(function)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any):
         chosen = signature.bind_partial(*args, **kwargs).arguments.get("process_set", global_process_set)
         with scoped(chosen):
             return function(*args, **kwargs)

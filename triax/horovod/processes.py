@@ -15,9 +15,13 @@ import signal
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from triax.launch import slurm
 from triax.horovod.hosts import address_of
+
+if TYPE_CHECKING:
+    import argparse
 
 # Variables handed to remote hosts (horovodrun forwards the environment the same way).
 FORWARDED_PREFIXES = ("HOROVOD_", "TRIAX_", "NCCL_", "GLOO_", "PYTHONPATH", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
@@ -38,7 +42,8 @@ def forwarded_environment(extra: dict[str, str] | None = None) -> dict[str, str]
     return {k: v for k, v in env.items() if _ENV_NAME.match(k)}
 
 
-def remote_start(host: str, argv: list[str], args, extra_env: dict[str, str] | None = None) -> tuple[list[str], str]:
+def remote_start(host: str, argv: list[str], args: argparse.Namespace,
+                 extra_env: dict[str, str] | None = None) -> tuple[list[str], str]:
     """(ssh argv, script for its stdin). The script sets the environment and runs the command.
     `args`: ssh_option (list), ssh_port, ssh_identity_file. A node of the Slurm allocation this
     runs in is reached by srun instead (a job step: triax.launch.slurm.step_command), with the same script."""

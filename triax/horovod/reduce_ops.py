@@ -24,7 +24,7 @@ _TORCH_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.Redu
               Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
 
 
-def resolve(op, average=None) -> int:
+def resolve(op: int | None, average: bool | None = None) -> int:
     """Horovod's (average=, op=) pair -> one op; `average` is the pre-0.21 spelling."""
     if average is not None and op is not None:
         raise HorovodValueError("pass either average= or op= to a Horovod collective, not both; use op=hvd.Average")

@@ -28,6 +28,7 @@ import pickle
 import secrets
 import sys
 import warnings
+from typing import Callable
 
 import torch.distributed as dist
 
@@ -62,7 +63,7 @@ def _mac(key: bytes, job: str, kind: str, rank: int, payload: bytes) -> bytes:
     return hmac.new(key, f"{job}\n{kind}\n{rank}\n".encode() + payload, hashlib.sha256).digest()
 
 
-def dumps(value, key: bytes, job: str, kind: str, rank: int = EVERY_RANK) -> bytes:
+def dumps(value: object, key: bytes, job: str, kind: str, rank: int = EVERY_RANK) -> bytes:
     payload = (_pickler or pickle).dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     return _mac(key, job, kind, rank, payload) + payload
 
@@ -86,7 +87,7 @@ def job_store(local_only: bool):
                          timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
 
 
-def _check_sendable(func) -> None:
+def _check_sendable(func: Callable) -> None:
     if _pickler is None and getattr(func, "__module__", None) == "__main__":
         raise HorovodValueError(f"hvd.run({getattr(func, '__name__', func)!r}): a function defined in the script "
                                 "itself can only be sent to the workers by value, which needs cloudpickle; "
@@ -110,11 +111,15 @@ def _argv(options: dict, executable: str) -> list[str]:
     return argv + ["--", executable, "-m", "triax.horovod.run_task"]
 
 
-def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=None, slots=None,
-        reset_limit=None, cooldown_range=None, hosts=None, hostfile=None, host_discovery_script=None,
-        start_timeout=None, ssh_port=None, ssh_identity_file=None, disable_cache=None, output_filename=None,
-        verbose=None, use_gloo=None, use_mpi=None, mpi_args=None, network_interface=None,
-        network_interfaces=None, executable=None, np=None, min_np=None, max_np=None):
+def run(func: Callable, args: tuple = (), kwargs: dict | None = None, num_proc: int | None = 1,
+        min_num_proc: int | None = None, max_num_proc: int | None = None, slots: int | None = None,
+        reset_limit: int | None = None, cooldown_range: tuple[int, int] | None = None, hosts: str | None = None,
+        hostfile: str | None = None, host_discovery_script: str | None = None, start_timeout: int | None = None,
+        ssh_port: int | None = None, ssh_identity_file: str | None = None, disable_cache: bool | None = None,
+        output_filename: str | None = None, verbose: bool | None = None, use_gloo: bool | None = None,
+        use_mpi: bool | None = None, mpi_args: str | None = None, network_interface: str | None = None,
+        network_interfaces: list[str] | None = None, executable: str | None = None, np: int | None = None,
+        min_np: int | None = None, max_np: int | None = None):
     """Run `func(*args, **kwargs)` on every process of a Horovod job; the results in rank order.
 
     Horovod's signature and meaning (np, min_np, max_np: its deprecated names), each argument as
@@ -158,15 +163,24 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     # machine at the driver's address (the driver runs here too; it works out the address each host
     # reaches it at); fixed ones at ours toward the first remote host.
     address = "127.0.0.1" if local_only else "" if elastic else address_toward(remote[0])
+    _launch(argv, {STORE_ENV: f"{address}:{store.port}", KEY_ENV: key.hex(), JOB_ENV: job})
+    count = min_num_proc if min_num_proc is not None else num_proc  # elastic: the first min_num_proc
+    return _collect_results(store, count, key, job)
+
+
+def _launch(argv: list[str], extra_env: dict[str, str]) -> None:
+    """Run the job as `triax horovodrun` would; its errors as Horovod's."""
     try:
-        code = horovodrun.main(argv, extra_env={STORE_ENV: f"{address}:{store.port}", KEY_ENV: key.hex(),
-                                                JOB_ENV: job})
+        code = horovodrun.main(argv, extra_env=extra_env)
     except TriaxError as error:
         raise HorovodValueError(str(error)) from None
     if code != 0:
         raise HorovodRunError(f"hvd.run: one or more processes exited with a non-zero status ({code}); "
                               "their output above says why")
-    count = min_num_proc if min_num_proc is not None else num_proc  # elastic: the first min_num_proc
+
+
+def _collect_results(store: dist.Store, count: int, key: bytes, job: str) -> list:
+    """The first `count` ranks' results from the job's store, each checked against its signature."""
     results = []
     for rank in range(count):
         if not store.check([result_key(rank)]):

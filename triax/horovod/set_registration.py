@@ -31,7 +31,7 @@ def _register(process_set: ProcessSet) -> ProcessSet:
     return process_sets.record(process_set, group)
 
 
-def add_process_set(process_set) -> ProcessSet:
+def add_process_set(process_set: ProcessSet) -> ProcessSet:
     """Register a set (a ProcessSet or a list of ranks) on every rank; call it on all ranks."""
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
@@ -50,7 +50,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return True
 
 
-def register_at_init(sets) -> None:
+def register_at_init(sets: list[ProcessSet] | str | None) -> None:
     """`hvd.init(process_sets=[...])`: register each, in order, right after joining the job."""
     if sets in (None, "dynamic"):
         return

@@ -8,12 +8,17 @@ DistributedOptimizer averages them like every other gradient.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from triax.horovod import basics, handles
+
+if TYPE_CHECKING:
+    from torch.autograd.function import FunctionCtx
 
 
 def _sum_across_ranks(tensor: torch.Tensor) -> torch.Tensor:
@@ -24,7 +29,8 @@ def _sum_across_ranks(tensor: torch.Tensor) -> torch.Tensor:
 
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum):
+    def forward(ctx: FunctionCtx, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                running_mean: torch.Tensor | None, running_var: torch.Tensor | None, eps: float, momentum: float):
         channels = x.shape[1]
         reduce_dims = [0] + list(range(2, x.dim()))
         x32 = x.float()
@@ -50,7 +56,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         return out.to(x.dtype)
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: FunctionCtx, grad_out: torch.Tensor):
         normalized, invstd, weight = ctx.saved_tensors
         shape, dims = ctx.shape, ctx.reduce_dims
         grad32 = grad_out.float()
@@ -72,11 +78,11 @@ class _SyncBatchNormFunction(torch.autograd.Function):
 class SyncBatchNorm(_BatchNorm):
     """Drop-in for torch.nn.BatchNorm{1,2,3}d that normalizes with global-batch statistics."""
 
-    def _check_input_dim(self, x):
+    def _check_input_dim(self, x: torch.Tensor):
         if x.dim() < 2:
             raise ValueError(f"SyncBatchNorm expects at least 2-D input (N, C, ...), got {x.dim()}-D")
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor):
         self._check_input_dim(x)
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:

@@ -21,7 +21,7 @@ _HOMES = {"run": "runner", "State": "state", "ObjectState": "state", "TorchState
 __all__ = list(_HOMES)
 
 
-def __getattr__(name):
+def __getattr__(name: str):
     if name not in _HOMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

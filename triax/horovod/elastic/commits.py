@@ -17,6 +17,7 @@ import json
 import os
 import stat
 import tempfile
+from typing import Any
 
 import torch
 
@@ -77,7 +78,7 @@ def commit_directory() -> str | None:
 
 
 # ---- tagged JSON: values keep their Python types (tuple vs list, int dict keys) -----------------
-def _encode(value, tensors: dict, depth: int = 0):
+def _encode(value: Any, tensors: dict, depth: int = 0):
     if depth > _MAX_DEPTH:
         raise HorovodTypeError(f"elastic state nests deeper than {_MAX_DEPTH} levels; flatten it")
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -102,7 +103,7 @@ def _encode(value, tensors: dict, depth: int = 0):
                            "use numbers, strings, None, lists, tuples, dicts and tensors")
 
 
-def _decode(node, tensors, depth: int = 0):
+def _decode(node: Any, tensors: dict[str, torch.Tensor], depth: int = 0):
     if depth > _MAX_DEPTH:
         raise CommitCorrupt("nested too deeply")
     if node is None or isinstance(node, (bool, int, float, str)):
@@ -126,12 +127,12 @@ def _decode(node, tensors, depth: int = 0):
     raise CommitCorrupt(f"unknown entry {tag!r}")
 
 
-def check_committable(value) -> None:
+def check_committable(value: Any) -> None:
     """Raise HorovodTypeError now if `value` could not be committed."""
     _encode(value, {})
 
 
-def write(directory: str, snapshot) -> None:
+def write(directory: str, snapshot: dict) -> None:
     """Commit `snapshot` atomically (rank 0 only)."""
     from safetensors.torch import save_file
 

@@ -153,7 +153,7 @@ class FixedHosts:
 
 
 class _HostState:
-    def __init__(self, cooldown_range):
+    def __init__(self, cooldown_range: tuple[int, int] | list[int] | None):
         self.cooldown_range = cooldown_range
         self.blacklisted = False
         self.times_blacklisted = 0
@@ -180,7 +180,7 @@ class _HostState:
 class HostManager:
     """The hosts discovered last, their order, and the blacklist."""
 
-    def __init__(self, cooldown_range=None):
+    def __init__(self, cooldown_range: tuple[int, int] | list[int] | None = None):
         self.cooldown_range = cooldown_range
         self.slots: dict[str, int] = {}
         self.order: list[str] = []  # first appearance first, blacklisted ones left out

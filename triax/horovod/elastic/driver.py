@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -39,6 +39,9 @@ from triax.horovod.elastic.discovery import DiscoveryError, HostManager
 from triax.horovod.hosts import address_toward, is_local
 from triax.horovod.output import JobOutput, StartWatch
 from triax.horovod.slots import SlotInfo, assign
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 DISCOVERY_PERIOD_S = 1.0  # Horovod's DISCOVER_HOSTS_FREQUENCY_SECS
 POLL_PERIOD_S = 0.1
@@ -207,7 +210,7 @@ class _Driver:
         self.next_round()
         return None
 
-    def failure(self, first) -> int:
+    def failure(self, first: int) -> int:
         """The job ends because of `first`, the first worker to fail: Horovod's message; its code."""
         self.say(processes.FAILURE_MESSAGE.format(name=first.where, code=first.exit_code))
         return first.exit_code
@@ -297,7 +300,7 @@ def run_elastic(settings: ElasticSettings, dry_run: bool = False) -> int:
         return 0
     driver = _Driver(settings)
 
-    def on_terminate(signum, frame):
+    def on_terminate(signum: int, frame: FrameType | None):
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_terminate)

@@ -16,18 +16,22 @@ from __future__ import annotations
 
 import functools
 import sys
+from typing import Any, Callable, TYPE_CHECKING
 
 from triax.horovod import basics, lifecycle
 from triax.horovod.elastic import worker as elastic_worker
 from triax.horovod.errors import HorovodInternalError, HostsUpdatedInterrupt, WorkerRemoved
 from triax.runtime.rendezvous import restart_count
 
+if TYPE_CHECKING:
+    from triax.horovod.elastic.state import State
 
-def run(func):
+
+def run(func: Callable):
     """Decorate `train(state, ...)`; see the module's docstring."""
 
     @functools.wraps(func)
-    def wrapper(state, *args, **kwargs):
+    def wrapper(state: State, *args: Any, **kwargs: Any):
         if not basics.is_initialized():
             lifecycle.init()
         if not elastic_worker.under_driver():

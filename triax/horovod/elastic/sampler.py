@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Sized
 
 import torch.utils.data
 
@@ -21,7 +22,7 @@ from triax.horovod import basics
 
 
 class ElasticSampler(torch.utils.data.Sampler):
-    def __init__(self, dataset, shuffle: bool = True, seed: int = 0):
+    def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0):
         self.dataset = dataset
         self.shuffle = shuffle
         self.seed = seed

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import Any, Callable
 
 import torch
 
@@ -34,7 +35,7 @@ class State:
     def __init__(self):
         self._reset_callbacks = []
 
-    def register_reset_callbacks(self, callbacks):
+    def register_reset_callbacks(self, callbacks: list[Callable[[], None]]):
         """Called after a reset, e.g. to rescale the learning rate to the new hvd.size()."""
         self._reset_callbacks.extend(callbacks)
 
@@ -80,7 +81,7 @@ class ObjectState(State):
     """Plain values (epoch, batch, ...) kept as attributes. Under torchrun restarts they are also
     written to disk, so they must be numbers, strings, None, lists, tuples, dicts or tensors."""
 
-    def __init__(self, **values):
+    def __init__(self, **values: Any):
         super().__init__()
         self._saved_values = copy.deepcopy(values)
         self._set_values(values)
@@ -145,12 +146,12 @@ class ObjectState(State):
 class StateHandler:
     """Keeps one object's committed state; `saved` is what goes to disk under torchrun restarts."""
 
-    def __init__(self, value):
+    def __init__(self, value: Any):
         self.value = value
         self.saved = None
         self.save()
 
-    def set_value(self, value):
+    def set_value(self, value: Any):
         self.value = value
         self.save()
 
@@ -206,7 +207,7 @@ class SamplerStateHandler(StateHandler):
         self.value.reset()
 
 
-def _to_host(value):
+def _to_host(value: Any):
     if torch.is_tensor(value):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
@@ -227,12 +228,12 @@ def get_handler_registry():
     return _handler_registry
 
 
-def set_handler_registry(registry):
+def set_handler_registry(registry: Any):
     global _handler_registry
     _handler_registry = registry
 
 
-def _handler_for(value):
+def _handler_for(value: Any):
     for kind, handler_class in _handler_registry:
         if isinstance(value, kind):
             return handler_class(value)
@@ -243,7 +244,8 @@ class TorchState(ObjectState):
     """Models, optimizers and samplers plus plain values: `TorchState(model, optimizer, epoch=0)`.
     Any keyword holding a Module, Optimizer or ElasticSampler is kept through its handler."""
 
-    def __init__(self, model=None, optimizer=None, **values):
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 **values: Any):
         values.update(model=model, optimizer=optimizer)
         handlers, plain = {}, {}
         for name, value in values.items():
@@ -257,7 +259,7 @@ class TorchState(ObjectState):
             object.__setattr__(self, name, handler.value)
         super().__init__(**plain)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any):
         # `state.model = other_model` replaces what is kept, as in Horovod.
         handlers = self.__dict__.get("_handlers", {})
         if name in handlers:

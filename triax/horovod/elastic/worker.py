@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Mapping
 
 import torch.distributed as dist
 
@@ -22,7 +23,7 @@ from triax.horovod.slots import SlotInfo
 class _Worker:
     """What this process knows of the driver: one per process, made on first use."""
 
-    def __init__(self, env):
+    def __init__(self, env: Mapping[str, str]):
         self.name = env[protocol.WORKER_ENV]
         self.hostname = env.get("HOROVOD_HOSTNAME", "localhost")
         self.timeout_s = float(env.get(protocol.TIMEOUT_ENV) or protocol.DEFAULT_ELASTIC_TIMEOUT_S)
@@ -39,7 +40,7 @@ class _Worker:
 _worker: _Worker | None = None
 
 
-def under_driver(env=None) -> bool:
+def under_driver(env: Mapping[str, str] | None = None) -> bool:
     """True in a process started by `triax horovodrun`'s elastic driver."""
     env = os.environ if env is None else env
     return env.get(protocol.ELASTIC_ENV) == "1" and protocol.WORKER_ENV in env and protocol.ADDRESS_ENV in env
