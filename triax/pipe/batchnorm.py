@@ -20,6 +20,8 @@ catastrophic cancellation float32 would give when the mean is large against the 
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,8 +38,8 @@ class DeferredBatchNorm(_BatchNorm):
     sum: torch.Tensor
     sum_squares: torch.Tensor
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
-                 affine: bool = True, chunks: int = 1, device=None, dtype=None):
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 chunks: int = 1, device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__(num_features, eps, momentum, affine, track_running_stats=True,
                          device=device, dtype=dtype)
         accumulator = torch.zeros(num_features, device=self.running_mean.device, dtype=_ACCUMULATOR_DTYPE)
@@ -47,7 +49,7 @@ class DeferredBatchNorm(_BatchNorm):
         self.tracked = 0  # micro-batches gathered since the last update
         self.chunks = chunks
 
-    def _apply(self, fn, *args, **kwargs):
+    def _apply(self, fn: Callable, *args: Any, **kwargs: Any):
         # A cast of the module (.half(), .to(torch.bfloat16)) is for its parameters and running
         # statistics; sums over a whole mini-batch would overflow or cancel in half precision.
         super()._apply(fn, *args, **kwargs)

@@ -27,12 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import Callable, ContextManager, TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from triax.pipe.dependency import phony
 from triax.pipe.microbatch import Batch, check_batch, rebuild, tensors_of
+
+if TYPE_CHECKING:
+    from torch.autograd.function import FunctionCtx
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
 
@@ -127,7 +131,8 @@ def _batch_norm_statistics_kept(partition: nn.Module):
 class _Recorded:
     """What one checkpointed (partition, micro-batch) keeps between forward and backward."""
 
-    def __init__(self, partition: nn.Module, like: Batch, device: torch.device, caller_state, label: str):
+    def __init__(self, partition: nn.Module, like: Batch, device: torch.device,
+                 caller_state: Callable[[], ContextManager], label: str):
         self.partition, self.like, self.device, self.caller_state = partition, like, device, caller_state
         self.label = label  # names the partition in errors about its output
         self.inputs: tuple = ()
@@ -165,7 +170,7 @@ class Checkpoint(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, phony, recorded: _Recorded, *inputs):
+    def forward(ctx: FunctionCtx, phony: torch.Tensor, recorded: _Recorded, *inputs: torch.Tensor):
         ctx.recorded = recorded
         recorded.inputs = inputs
         recorded.save_rng()
@@ -176,7 +181,7 @@ class Checkpoint(torch.autograd.Function):
         return tensors_of(outputs)
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx: FunctionCtx, *grads: torch.Tensor):
         recorded = ctx.recorded
         if recorded.recomputed is None:  # Recompute sits after us in the graph; normally it ran
             recorded.recompute()
@@ -193,19 +198,19 @@ class Recompute(torch.autograd.Function):
     `Checkpoint`'s backward needs the rebuilt graph (FairScale's `RecomputeBackward`)."""
 
     @staticmethod
-    def forward(ctx, recorded: _Recorded, *outputs):
+    def forward(ctx: FunctionCtx, recorded: _Recorded, *outputs: torch.Tensor):
         ctx.recorded = recorded
         detached = tuple(out.detach() for out in outputs)
         return detached[0] if recorded.single_output else detached
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx: FunctionCtx, *grads: torch.Tensor):
         ctx.recorded.recompute()
         return (None, *grads)
 
 
 def run_partition(partition: nn.Module, batch: Batch, checkpoint: bool, device: torch.device | None = None,
-                  caller_state=None, label: str = "partition output") -> Batch:
+                  caller_state: Callable[[], ContextManager] | None = None, label: str = "partition output") -> Batch:
     """Forward `batch` through `partition`, keeping activations or only the input (checkpoint).
 
     `caller_state` makes the context the forward pass runs under (autograd and autocast modes, the

@@ -12,7 +12,12 @@ one. Both pass the tensor's values and gradient through unchanged:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from torch.autograd.function import FunctionCtx
 
 
 def phony(device: torch.device, requires_grad: bool = False) -> torch.Tensor:
@@ -22,21 +27,21 @@ def phony(device: torch.device, requires_grad: bool = False) -> torch.Tensor:
 
 class Fork(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input):
+    def forward(ctx: FunctionCtx, input: torch.Tensor):
         return input.detach(), phony(input.device)
 
     @staticmethod
-    def backward(ctx, grad_input, grad_phony):
+    def backward(ctx: FunctionCtx, grad_input: torch.Tensor, grad_phony: torch.Tensor):
         return grad_input
 
 
 class Join(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, joined_phony):
+    def forward(ctx: FunctionCtx, input: torch.Tensor, joined_phony: torch.Tensor):
         return input.detach()
 
     @staticmethod
-    def backward(ctx, grad_input):
+    def backward(ctx: FunctionCtx, grad_input: torch.Tensor):
         return grad_input, None
 
 

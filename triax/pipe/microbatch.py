@@ -16,7 +16,7 @@ from triax.pipe.errors import PipeTypeError, PipeValueError
 Batch = Union[torch.Tensor, tuple]
 
 
-def check_tensors(batch, what: str = "Pipe input") -> None:
+def check_tensors(batch: object, what: str = "Pipe input") -> None:
     """Refuse anything that is not a tensor or a non-empty tuple of tensors (TypeError, as FairScale)."""
     if isinstance(batch, torch.Tensor):
         return
@@ -29,7 +29,7 @@ def check_tensors(batch, what: str = "Pipe input") -> None:
                              "only tensors can be cut into micro-batches")
 
 
-def check_batch(batch, what: str = "Pipe input") -> None:
+def check_batch(batch: object, what: str = "Pipe input") -> None:
     """`check_tensors`, and every tensor has a batch dimension of one size to cut micro-batches from."""
     check_tensors(batch, what)
     if isinstance(batch, torch.Tensor):
@@ -46,7 +46,7 @@ def check_batch(batch, what: str = "Pipe input") -> None:
                          "every tensor of the tuple is cut along dimension 0, so they must agree")
 
 
-def coerce_chunks(chunks) -> int:
+def coerce_chunks(chunks: object) -> int:
     """`int(chunks)`, as FairScale does (4.0 and "4" are 4), refusing what int() would truncate."""
     try:
         whole = int(chunks)

@@ -3,6 +3,8 @@ runs unchanged; making one raises UnsupportedFeatureError naming what to use ins
 
 from __future__ import annotations
 
+from typing import Any
+
 from triax.errors import UnsupportedFeatureError
 
 ACROSS_PROCESSES = ("FairScale's pipelines across processes are not part of triax; use triax.pipe.Pipe (one "
@@ -10,7 +12,7 @@ ACROSS_PROCESSES = ("FairScale's pipelines across processes are not part of tria
 
 
 def _not_provided(name: str, instead: str) -> type:
-    def refuse(self, *args, **kwargs):
+    def refuse(self, *args: Any, **kwargs: Any):
         raise UnsupportedFeatureError(f"fairscale.nn.pipe.{name} is not provided by triax: {instead}")
 
     return type(name, (), {"__init__": refuse, "__doc__": f"Not provided: {instead}", "__module__": __name__})

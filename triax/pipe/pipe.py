@@ -24,7 +24,7 @@ import contextlib
 import functools
 import operator
 from collections import OrderedDict
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -47,7 +47,7 @@ def _recommend_balancing(message: str) -> str:
             "balance = balance_by_time(partitions, module, sample) or balance_by_size(partitions, module, input)")
 
 
-def _check_module(module) -> list[tuple[str, nn.Module]]:
+def _check_module(module: object) -> list[tuple[str, nn.Module]]:
     # FairScale's messages first (its users' tests match them), then what triax adds.
     if not isinstance(module, nn.Sequential):
         raise PipeTypeError(f"module must be nn.Sequential to be partitioned, got {type(module).__name__}; "
@@ -65,7 +65,7 @@ def _check_module(module) -> list[tuple[str, nn.Module]]:
     return layers
 
 
-def _check_balance(balance, num_layers: int) -> list[int]:
+def _check_balance(balance: object, num_layers: int) -> list[int]:
     if isinstance(balance, (str, bytes)) or not isinstance(balance, Iterable):
         raise PipeTypeError(f"balance must be a list of layer counts, got {balance!r}; e.g. balance=[2, 2]")
     balance = list(balance)  # a tuple, a range or a generator, as FairScale takes them
@@ -88,7 +88,7 @@ def _check_balance(balance, num_layers: int) -> list[int]:
     return counts
 
 
-def _check_checkpoint(mode) -> str:
+def _check_checkpoint(mode: object) -> str:
     mode = str(mode)  # as FairScale: anything whose str() is a mode name is that mode
     if mode not in CHECKPOINT_MODES:
         raise PipeValueError(f"checkpoint is not one of 'always', 'except_last', or 'never' (got {mode!r})")
@@ -99,7 +99,7 @@ class PipeDevicesError(PipeIndexError, ValueError):
     """Fewer devices than partitions: FairScale raises IndexError; a ValueError catch works too."""
 
 
-def _resolve_devices(devices, num_partitions: int) -> list[torch.device]:
+def _resolve_devices(devices: Sequence[torch.device | int | str] | None, num_partitions: int) -> list[torch.device]:
     if devices is None:
         count = torch.cuda.device_count()
         if count < num_partitions:
@@ -186,7 +186,8 @@ class Pipe(nn.Module):
         deferred_batch_norm: update BatchNorm running statistics once per mini-batch.
     """
 
-    def __init__(self, module: nn.Sequential, balance=None, *, devices=None, chunks: int = 1,
+    def __init__(self, module: nn.Sequential, balance: Iterable[int] | None = None, *,
+                 devices: Sequence[torch.device | int | str] | None = None, chunks: int = 1,
                  checkpoint: str = "except_last", deferred_batch_norm: bool = False):
         super().__init__()
         # In FairScale's order, so that a call with several mistakes reports the same one first.
@@ -229,13 +230,13 @@ class Pipe(nn.Module):
 
     # -- device moves are refused: partitions are pinned to their devices ----------------------
 
-    def _refuse_move(self, target) -> None:
+    def _refuse_move(self, target: object) -> None:
         raise PipeTypeError(f"denied to move parameters and buffers, because Pipe should manage device placement: "
                             f"its partitions are pinned to devices {[str(d) for d in self.devices]}, and moving "
                             f"the whole Pipe to {target} would undo the split. Choose devices with "
                             "Pipe(..., devices=[...]) instead (changing dtype with .to(torch.float16) is fine)")
 
-    def to(self, *args, **kwargs):
+    def to(self, *args: Any, **kwargs: Any):
         # FairScale's rule, read from the arguments themselves: a device (torch.device, index or
         # name) or a tensor, first or by keyword, is a move; only a dtype alone is let through.
         # (torch's own parser is not asked: for an index it needs an accelerator to exist.)
@@ -247,7 +248,7 @@ class Pipe(nn.Module):
             self._refuse_move(args[0].device)
         return super().to(*args, **kwargs)
 
-    def cuda(self, device=None):
+    def cuda(self, device: int | torch.device | None = None):
         self._refuse_move("cuda" if device is None else f"cuda:{device}")
 
     def cpu(self):

@@ -5,13 +5,17 @@ from __future__ import annotations
 import atexit
 import ctypes
 import datetime
+from typing import Iterable, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed import Work
 
 # The latest collectives triax started, kept until the process ends (see keep_until_exit).
 _kept_works: list = []
 EXIT_WAIT_SECONDS = 30
 
 
-def keep_until_exit(works) -> None:
+def keep_until_exit(works: Iterable[Work]) -> None:
     """Hold on to these torch.distributed works (async collectives) so the interpreter never
     finalizes while gloo's worker thread still needs the GIL for them.
 
@@ -27,7 +31,7 @@ def keep_until_exit(works) -> None:
     _kept_works.extend(works)
 
 
-def wait_and_keep(work) -> None:
+def wait_and_keep(work: Work) -> None:
     """Wait for one collective started with async_op=True, then keep it until exit."""
     work.wait()
     keep_until_exit([work])

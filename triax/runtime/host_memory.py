@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from typing import Mapping
 
 # Buffers of at least this many bytes get pages of their own (mmap) and go back to the OS on free.
 HOST_MMAP_THRESHOLD = 4 << 20
@@ -16,7 +17,7 @@ _ALLOCATOR_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_thresho
 _host_allocator_tuned: bool | None = None
 
 
-def return_freed_memory_to_os(env=None) -> bool:
+def return_freed_memory_to_os(env: Mapping[str, str] | None = None) -> bool:
     """Make glibc's malloc hand buffers of 4 MiB and more back to the OS when they are freed.
 
     Why: glibc mmaps a large block only until one such block is freed; then it raises its mmap

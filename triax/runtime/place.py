@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 
@@ -52,7 +53,7 @@ class Place:
 
 
 
-def int_from_env(name: str, env) -> int | None:
+def int_from_env(name: str, env: Mapping[str, str]) -> int | None:
     value = env.get(name)
     if value is None or value == "":
         return None
@@ -64,7 +65,7 @@ def int_from_env(name: str, env) -> int | None:
         raise TriaxError(f"environment variable {name}={env.get(name)!r} is not an integer") from None
 
 
-def detect_place(env=None) -> Place:
+def detect_place(env: Mapping[str, str] | None = None) -> Place:
     """Read rank and world size from whichever launcher started us; a plain process is rank 0 of 1."""
     env = os.environ if env is None else env
     for launcher, rank_var, world_var, local_var, local_world_var in _LAUNCHERS:

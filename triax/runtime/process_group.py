@@ -27,7 +27,7 @@ from triax.runtime.timeouts import process_group_timeout
 
 
 def init_distributed(device: torch.device, place: Place | None = None, backend: str | None = None,
-                     timeout_s: float | None = None, store=None) -> Place:
+                     timeout_s: float | None = None, store: dist.Store | None = None) -> Place:
     """Join the default process group if the job has more than one process.
 
     `timeout_s` bounds every collective (and the start-up rendezvous); default: process_group_timeout().
@@ -137,7 +137,7 @@ def settle_threads(limit_s: float = SETTLE_LIMIT_SECONDS) -> None:
         quiet = 0 if any(state == b"R" for _, state in threads) else quiet + 1
 
 
-def shutdown_distributed(group=None) -> None:
+def shutdown_distributed(group: dist.ProcessGroup | None = None) -> None:
     """Destroy `group` (default: every group) so that none of gloo's threads or connections
     outlives it: wait for the kept collectives, let gloo's threads finish (above), destroy, then
     drop the kept collectives, which would otherwise hold gloo's sockets open (kept_works.py).

@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import os
 import socket
+from typing import Mapping
 
 import torch.distributed as dist
 
@@ -17,7 +18,7 @@ DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
 
 
-def restart_count(env=None) -> int:
+def restart_count(env: Mapping[str, str] | None = None) -> int:
     """How many times torchrun's agent has restarted this job's workers (--max-restarts); 0 for a
     first attempt or a process torchrun did not start."""
     env = os.environ if env is None else env
@@ -28,7 +29,7 @@ class RendezvousError(TriaxError, RuntimeError):
     """The job cannot meet where it was told to (torch raises a RuntimeError there)."""
 
 
-def set_rendezvous_defaults(launcher: str | None = None, env=None) -> str:
+def set_rendezvous_defaults(launcher: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """Fill MASTER_ADDR/MASTER_PORT where the launcher set none, and say where they came from.
 
     srun's tasks (`launcher == "slurm"`) meet on the step's first node at a port derived from the
@@ -46,7 +47,7 @@ def set_rendezvous_defaults(launcher: str | None = None, env=None) -> str:
 
 
 @contextlib.contextmanager
-def port_taken_explained(how: str, env=None):
+def port_taken_explained(how: str, env: Mapping[str, str] | None = None):
     """Around the first rendezvous: rank 0 could not listen on the port -> one line saying which
     port, where it came from and what to do (torch's own error is a paragraph)."""
     env = os.environ if env is None else env
@@ -60,7 +61,7 @@ def port_taken_explained(how: str, env=None):
                               f"{how}); set MASTER_PORT to a free port") from None
 
 
-def attempt_store(store, scope: str):
+def attempt_store(store: dist.Store, scope: str):
     """`store` seen through a key prefix of its own for this restart attempt. torchrun's agent keeps
     its store across worker restarts, so keys a failed attempt left there (gloo's addresses of dead
     ranks, a half-finished barrier) would otherwise be read by the restarted workers."""

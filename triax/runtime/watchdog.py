@@ -80,7 +80,7 @@ class Watchdog:
     """`watch = Watchdog(run_dir, timeout_s, rank, world_size); watch.start()`, then
     `watch.phase("forward", step)` as work moves on, `watch.stop()` at the end."""
 
-    def __init__(self, run_dir: str, timeout_s: float, rank: int, world_size: int, store=None,
+    def __init__(self, run_dir: str, timeout_s: float, rank: int, world_size: int, store: dist.Store | None = None,
                  slow_timeout_s: float | None = None, host: str | None = None,
                  address: tuple[str, int] | None = None):
         self.run_dir, self.timeout_s, self.rank, self.world_size = run_dir, timeout_s, rank, world_size
@@ -150,7 +150,7 @@ class Watchdog:
 
     # ---- the store ------------------------------------------------------------------------
 
-    def _open_store(self, store, generation: int):
+    def _open_store(self, store: dist.Store | None, generation: int):
         if store is None:
             # A connection of our own to the job's store: its operations time out after a few
             # beats instead of blocking, and a blocked main thread cannot hold it.
@@ -265,7 +265,7 @@ class Watchdog:
         if not running:
             return None
 
-        def progress(rank):
+        def progress(rank: int):
             beat = peers[rank]
             # Outside the step loop (start-up) counts as before any step.
             return (beat["step"], STEP_PHASES.get(beat["phase"], -1), beat["micro"])

@@ -6,6 +6,7 @@ import os
 import re
 import sys
 import time
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -152,7 +153,8 @@ class Pace:
     in metrics.jsonl); the time left is the steps to go at this session's pace so far, evaluations
     and snapshots included, which is what the rest of the run will also spend its time on."""
 
-    def __init__(self, tokens_per_step: int, total_steps: int, step: int, clock=time.perf_counter):
+    def __init__(self, tokens_per_step: int, total_steps: int, step: int,
+                 clock: Callable[[], float] = time.perf_counter):
         self.tokens_per_step, self.total_steps, self.clock = tokens_per_step, total_steps, clock
         self.session_start = self.interval_start = clock()
         self.first_step = self.step = self.interval_first = step
@@ -201,8 +203,8 @@ class MetricsLogger:
     enabled=True; the others get a silent logger so call sites need no rank checks."""
 
     def __init__(self, run_dir: str | None, enabled: bool,
-                 loggers=("tensorboard", "jsonl"), progress: bool | None = None, project: str = "triax",
-                 run_name: str | None = None, config: dict | None = None):
+                 loggers: Sequence[str] = ("tensorboard", "jsonl"), progress: bool | None = None,
+                 project: str = "triax", run_name: str | None = None, config: dict | None = None):
         self.enabled = enabled and run_dir is not None
         self.output_closed = False  # stdout's reader went away (`triax train | head`)
         self.on_output_closed = None  # the trainer's: stop after this step, as Ctrl-C does
@@ -236,7 +238,7 @@ class MetricsLogger:
             self._bar = tqdm(total=total_steps, initial=step, unit="step", dynamic_ncols=True, leave=False,
                              bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
 
-    def advance(self, steps: int = 1, **postfix) -> None:
+    def advance(self, steps: int = 1, **postfix: Any) -> None:
         if self._bar is not None:
             if postfix:  # before the update, which draws it: the bar shows this step's figures
                 self._bar.set_postfix(postfix, refresh=False)

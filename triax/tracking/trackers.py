@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from typing import Any, Iterable
 
 from triax import safe_files
 from triax.errors import ConfigError, TriaxError
@@ -62,7 +63,7 @@ def install_hint(name: str) -> str:
     return f"pip install 'triax[{name}]'" if name in EXTRAS else f"pip install {PACKAGES[name]}"
 
 
-def check_trackers(names, where: str) -> list[str]:
+def check_trackers(names: Iterable[str], where: str) -> list[str]:
     """The tracker names, checked: known, not repeated, and their package installed. One line
     naming the extra to install otherwise (raised before anything starts)."""
     names = list(names)
@@ -116,7 +117,7 @@ class Tracker:
     def store_init_configuration(self, values: dict) -> None:
         pass
 
-    def log(self, values: dict, step: int | None = None, **kwargs) -> None:
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         raise NotImplementedError
 
     def finish(self) -> None:
@@ -144,7 +145,7 @@ class JsonlTracker(Tracker):
     def tracker(self):
         return self._handle
 
-    def log(self, values: dict, step: int | None = None, **kwargs) -> None:
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         step = self._numbered(step)
         if self._handle is None:
             return
@@ -170,7 +171,7 @@ class TensorBoardTracker(Tracker):
 
     name = "tensorboard"
 
-    def __init__(self, directory: str, **kwargs):
+    def __init__(self, directory: str, **kwargs: Any):
         from torch.utils.tensorboard import SummaryWriter  # deferred: only runs that ask for it pay the import
 
         self.writer = SummaryWriter(safe_files.make_directory(directory), **kwargs)
@@ -182,7 +183,7 @@ class TensorBoardTracker(Tracker):
     def store_init_configuration(self, values: dict) -> None:
         self.writer.add_text("config", "```\n" + json.dumps(values, indent=1, default=str) + "\n```")
 
-    def log(self, values: dict, step: int | None = None, **kwargs) -> None:
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         numbers = numbers_only(values)
         if kwargs:  # add_scalar's own options (walltime, new_style, ...): its own path
             for key, value in numbers.items():
@@ -209,7 +210,7 @@ class WandbTracker(Tracker):
 
     name = "wandb"
 
-    def __init__(self, project: str, run_name: str | None = None, directory: str | None = None, **kwargs):
+    def __init__(self, project: str, run_name: str | None = None, directory: str | None = None, **kwargs: Any):
         import wandb  # deferred: an optional extra
 
         kwargs.setdefault("project", os.environ.get("WANDB_PROJECT", project))
@@ -226,7 +227,7 @@ class WandbTracker(Tracker):
     def store_init_configuration(self, values: dict) -> None:
         self.run.config.update(values, allow_val_change=True)
 
-    def log(self, values: dict, step: int | None = None, **kwargs) -> None:
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         self.run.log(values, step=step, **kwargs)
 
     def finish(self) -> None:
@@ -239,7 +240,7 @@ class MLflowTracker(Tracker):
 
     name = "mlflow"
 
-    def __init__(self, project: str, run_name: str | None = None, **kwargs):
+    def __init__(self, project: str, run_name: str | None = None, **kwargs: Any):
         import mlflow  # deferred: an optional extra
 
         self.mlflow = mlflow
@@ -262,7 +263,7 @@ class MLflowTracker(Tracker):
         for start in range(0, len(params), MLFLOW_PARAMS_PER_CALL):
             self.mlflow.log_params(dict(params[start:start + MLFLOW_PARAMS_PER_CALL]))
 
-    def log(self, values: dict, step: int | None = None, **kwargs) -> None:
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         step = self._numbered(step)  # W&B counts steps itself; MLflow does not
         metrics = numbers_only(values)
         if metrics:

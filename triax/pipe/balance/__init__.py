@@ -16,6 +16,8 @@ Both measure copies of the layers, so the module passed in is left untouched.
 
 from __future__ import annotations
 
+from typing import Callable, TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -24,6 +26,9 @@ from triax.pipe.balance.blockpartition import check_partitions
 from triax.pipe.balance.profile import profile_sizes, profile_times
 from triax.pipe.errors import PipeTypeError
 from triax.pipe.microbatch import check_batch, coerce_chunks
+
+if TYPE_CHECKING:
+    from triax.pipe.microbatch import Batch
 
 __all__ = ["balance_by_time", "balance_by_size", "balance_cost"]
 
@@ -48,7 +53,8 @@ def balance_cost(costs: list[float], partitions: int) -> list[int]:
     return sizes
 
 
-def _best_cut(prefix: list[float], partitions: int, score, combine) -> tuple[float, list[int]]:
+def _best_cut(prefix: list[float], partitions: int, score: Callable[[float], float],
+              combine: Callable[[float, float], float]) -> tuple[float, list[int]]:
     """The cut of the layers into contiguous partitions with the least `combine` of `score(run cost)`."""
     layers = len(prefix) - 1
     infinity = float("inf")
@@ -80,20 +86,20 @@ def _cut(costs: list[float], partitions: int, exact: bool) -> list[int]:
     return [len(block) for block in blockpartition.solve(costs, partitions)]
 
 
-def _check_module(module) -> None:
+def _check_module(module: object) -> None:
     if not isinstance(module, nn.Sequential):
         raise PipeTypeError(f"balancing needs the nn.Sequential you will give Pipe, got {type(module).__name__}")
 
 
-def _default_device(device) -> torch.device:
+def _default_device(device: torch.device | int | str | None) -> torch.device:
     # FairScale's default is 'cuda'; the CPU when no GPU is visible lets the same call run anywhere.
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
 
 
-def balance_by_time(partitions: int, module: nn.Sequential, sample, *, timeout: float = 1.0,
-                    device=None, exact: bool = False) -> list[int]:
+def balance_by_time(partitions: int, module: nn.Sequential, sample: Batch, *, timeout: float = 1.0,
+                    device: torch.device | int | str | None = None, exact: bool = False) -> list[int]:
     """A balance for `Pipe` that evens out forward + backward time per partition.
 
     `sample` is a batch like the ones the pipe will see (the micro-batch size matters). Layers are
@@ -108,8 +114,8 @@ def balance_by_time(partitions: int, module: nn.Sequential, sample, *, timeout: 
     return _cut(times, partitions, exact)
 
 
-def balance_by_size(partitions: int, module: nn.Sequential, input, *, chunks: int = 1,
-                    param_scale: float = 2.0, device=None, exact: bool = False) -> list[int]:
+def balance_by_size(partitions: int, module: nn.Sequential, input: Batch, *, chunks: int = 1, param_scale: float = 2.0,
+                    device: torch.device | int | str | None = None, exact: bool = False) -> list[int]:
     """A balance for `Pipe` that evens out training memory per partition (FairScale's signature).
 
     Each layer's cost is the bytes autograd saves for its backward on one micro-batch (`input`

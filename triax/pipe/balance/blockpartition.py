@@ -14,12 +14,14 @@ balance under either library.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from triax.pipe.errors import PipeValueError
 
 __all__ = ["solve"]
 
 
-def check_partitions(partitions, items: int, what: str = "layers") -> None:
+def check_partitions(partitions: object, items: int, what: str = "layers") -> None:
     """Refuse a partition count that is not a whole number >= 1, or more partitions than `items`."""
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise PipeValueError(f"partitions must be a whole number >= 1, got {partitions!r}")
@@ -28,7 +30,7 @@ def check_partitions(partitions, items: int, what: str = "layers") -> None:
                              f"one, so ask for at most {items}")
 
 
-def solve(sequence, partitions: int = 1) -> list:
+def solve(sequence: Sequence[float], partitions: int = 1) -> list:
     """Cut `sequence` (costs, one per layer) into `partitions` contiguous, non-empty blocks.
 
     Returns the blocks themselves (slices of `sequence`), as FairScale's `blockpartition.solve`:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Iterator
+from typing import Iterator, TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from triax.pipe.errors import PipeValueError
 from triax.pipe.microbatch import split, tensors_of, to_device
+
+if TYPE_CHECKING:
+    from triax.pipe.microbatch import Batch
 
 __all__: list[str] = []
 
@@ -42,19 +45,19 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _detached(batch, device: torch.device):
+def _detached(batch: Batch, device: torch.device):
     """A fresh leaf copy of `batch` on `device`, so each layer is measured on its own."""
     tensors = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in tensors_of(to_device(batch, device)))
     return tensors[0] if isinstance(batch, torch.Tensor) else tensors
 
 
-def _backward(output) -> None:
+def _backward(output: Batch) -> None:
     outputs = [t for t in tensors_of(output) if t.requires_grad]
     if outputs:
         torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
 
 
-def profile_times(module: nn.Sequential, sample, timeout: float, device: torch.device) -> list[float]:
+def profile_times(module: nn.Sequential, sample: Batch, timeout: float, device: torch.device) -> list[float]:
     """Seconds of forward + backward per layer, summed over whole passes repeated until `timeout`
     has passed (at least one timed pass, after one untimed warm-up pass of allocators and kernels)."""
     refuse_existing_gradients(module)
@@ -77,7 +80,7 @@ def profile_times(module: nn.Sequential, sample, timeout: float, device: torch.d
     return times
 
 
-def profile_sizes(module: nn.Sequential, input, chunks: int, param_scale: float,
+def profile_sizes(module: nn.Sequential, input: Batch, chunks: int, param_scale: float,
                   device: torch.device) -> list[float]:
     """Bytes per layer: saved activations of one micro-batch plus `param_scale` x parameter bytes."""
     batch = split(input, chunks)[0]
@@ -87,7 +90,7 @@ def profile_sizes(module: nn.Sequential, input, chunks: int, param_scale: float,
         parameter_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
         saved: dict[int, int] = {}
 
-        def pack(tensor):
+        def pack(tensor: torch.Tensor):
             storage = tensor.untyped_storage()
             if storage.data_ptr() not in parameter_storages:
                 saved[storage.data_ptr()] = storage.nbytes()

@@ -8,9 +8,14 @@ runs that micro-batch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from triax.pipe.skip.skippable import Skippable
+
+if TYPE_CHECKING:
+    from triax.pipe.skip.namespace import Namespace
 
 
 class SkipLayout:
@@ -30,7 +35,7 @@ class SkipLayout:
         """(stash partition, namespace, name) of each skip to copy into `partition` before it runs."""
         return list(self._copies_into[partition])
 
-    def requires_copy(self, ns, name: str) -> bool:
+    def requires_copy(self, ns: Namespace, name: str) -> bool:
         """Whether the skip crosses partitions (a skip unknown to the layout does not: it is nested
         inside a layer, so it is stashed and popped in one partition)."""
         stash_partition, pop_partition = self.by_ns_name.get((ns, name), (-1, -1))

@@ -28,10 +28,10 @@ class Namespace(metaclass=abc.ABCMeta):
     def __hash__(self) -> int:
         return hash(self.id)
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Namespace) and other is not None and self.id == other.id
 
-    def __lt__(self, other) -> bool:
+    def __lt__(self, other: object) -> bool:
         # Any fixed order will do (skips are sorted for a stable copy order); the ids are random.
         return isinstance(other, Namespace) and other is not None and self.id < other.id
 

@@ -25,10 +25,15 @@ PortalBlue (see tracker.py).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from triax.pipe.dependency import phony as new_phony
 from triax.pipe.errors import PipeRuntimeError
+
+if TYPE_CHECKING:
+    from torch.autograd.function import FunctionCtx
 
 
 class Portal:
@@ -93,12 +98,12 @@ class PortalBlue(torch.autograd.Function):
     """Forward: hides the tensor. Backward: gives the tensor's producer the gradient PortalOrange left."""
 
     @staticmethod
-    def forward(ctx, portal: Portal, tensor: torch.Tensor):
+    def forward(ctx: FunctionCtx, portal: Portal, tensor: torch.Tensor):
         ctx.portal = portal
         return new_phony(tensor.device)
 
     @staticmethod
-    def backward(ctx, grad_phony):
+    def backward(ctx: FunctionCtx, grad_phony: torch.Tensor):
         return None, ctx.portal.use_grad()
 
 
@@ -106,12 +111,12 @@ class PortalOrange(torch.autograd.Function):
     """Forward: the hidden tensor, cut from its producer's graph. Backward: leaves its gradient in the portal."""
 
     @staticmethod
-    def forward(ctx, portal: Portal, phony: torch.Tensor):
+    def forward(ctx: FunctionCtx, portal: Portal, phony: torch.Tensor):
         ctx.portal = portal
         return portal.use_tensor().detach()
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor):
         ctx.portal.put_grad(grad)
         return None, None
 
@@ -120,7 +125,7 @@ class PortalCopy(torch.autograd.Function):
     """Forward: moves the hidden tensor to the pop partition's device. Backward: moves its gradient back."""
 
     @staticmethod
-    def forward(ctx, portal: Portal, device: torch.device, phony: torch.Tensor):
+    def forward(ctx: FunctionCtx, portal: Portal, device: torch.device, phony: torch.Tensor):
         ctx.portal = portal
         ctx.source_device = portal.tensor.device
         # The copy replaces the original in the portal, so the source device's memory is freed now.
@@ -128,7 +133,7 @@ class PortalCopy(torch.autograd.Function):
         return new_phony(device)
 
     @staticmethod
-    def backward(ctx, grad_phony):
+    def backward(ctx: FunctionCtx, grad_phony: torch.Tensor):
         portal = ctx.portal
         if portal.grad is not None:
             portal.grad = portal.grad.to(ctx.source_device)

@@ -21,12 +21,16 @@ with the same arguments and keep it as `.module`.
 from __future__ import annotations
 
 import inspect
+from typing import Any, Callable, Iterable, TYPE_CHECKING
 
 from torch import nn
 
 from triax.pipe.errors import PipeRuntimeError, PipeTypeError
 from triax.pipe.skip.namespace import Namespace
 from triax.pipe.skip.tracker import current_skip_tracker
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["skippable", "stash", "pop", "verify_skippables"]
 
@@ -39,7 +43,7 @@ class stash:
 
     __slots__ = ("name", "tensor")
 
-    def __init__(self, name: str, tensor):
+    def __init__(self, name: str, tensor: torch.Tensor | None):
         self.name = name
         self.tensor = tensor
 
@@ -60,7 +64,7 @@ class Skippable(nn.Module):
     stashable_names: frozenset = frozenset()
     poppable_names: frozenset = frozenset()
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__()
         self.module = self.module_cls(*args, **kwargs)
         self.namespaces: dict[str, Namespace] = {}
@@ -82,14 +86,15 @@ class Skippable(nn.Module):
         for name in sorted(self.poppable_names):
             yield self.namespaced(name)
 
-    def isolate(self, ns: Namespace, *, only=None):
+    def isolate(self, ns: Namespace, *, only: Iterable[str] | None = None):
         """Put this layer's skip names (all, or those in `only`) in namespace `ns`; returns the layer."""
         names = self.stashable_names | self.poppable_names if only is None else set(only)
         for name in names:
             self.namespaces[name] = ns
         return self
 
-    def dispatch(self, input, handle_stash, handle_pop):
+    def dispatch(self, input: Any, handle_stash: Callable[[str, torch.Tensor | None], None],
+                 handle_pop: Callable[[str], torch.Tensor | None]):
         """Run the decorated module's forward, answering the stash and pop commands it yields."""
         result = self.module(input)
         if not inspect.isgenerator(result):  # a forward without yield: its return value is the output
@@ -108,7 +113,7 @@ class Skippable(nn.Module):
         except StopIteration as finished:
             return finished.value
 
-    def forward(self, input):
+    def forward(self, input: Any):
         tracker = current_skip_tracker()
         # The tensors to pop are taken before the layer runs, so that inside a Pipe their portals
         # fork from this layer's input (see tracker.py).
@@ -121,7 +126,7 @@ class Skippable(nn.Module):
                                        f"earlier layer stashed it in this forward pass; {_HOW_TO_PAIR}") from None
         stashed = {}
 
-        def handle_stash(name: str, tensor) -> None:
+        def handle_stash(name: str, tensor: torch.Tensor | None) -> None:
             if name not in self.stashable_names:
                 raise PipeRuntimeError(f"'{name}' has not been declared as stashable: add it to "
                                        f"@skippable(stash=[...]) of {type(self.module).__name__}")
@@ -148,7 +153,7 @@ class Skippable(nn.Module):
         return output
 
 
-def skippable(stash=(), pop=()):
+def skippable(stash: Iterable[str] = (), pop: Iterable[str] = ()):
     """Class decorator declaring the skip names an `nn.Module` stashes and pops (see the module docstring)."""
     stashable_names, poppable_names = frozenset(stash), frozenset(pop)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +30,11 @@ from triax.pipe.checkpoint import is_checkpointing
 from triax.pipe.dependency import fork, join
 from triax.pipe.errors import PipeTypeError
 from triax.pipe.skip.portal import Portal
+
+if TYPE_CHECKING:
+    from triax.pipe.microbatch import Batch
+    from triax.pipe.skip.namespace import Namespace
+    from triax.pipe.skip.layout import SkipLayout
 
 # Reads of a portal's tensor, as counted in the module docstring.
 READS_PLAIN = 2
@@ -42,21 +48,21 @@ class SkipTracker:
     def __init__(self):
         self.tensors: dict = {}
 
-    def save(self, batch, namespace, name: str, tensor: torch.Tensor | None):
+    def save(self, batch: Batch, namespace: Namespace, name: str, tensor: torch.Tensor | None):
         """Keep `tensor` for the layer that pops it; returns the stashing layer's output `batch`."""
         self.tensors[(namespace, name)] = tensor
         return batch
 
-    def load(self, batch, namespace, name: str):
+    def load(self, batch: Batch, namespace: Namespace, name: str):
         """(the popping layer's input `batch`, the stashed tensor). KeyError if nothing was stashed."""
         return batch, self.tensors.pop((namespace, name))
 
-    def copy(self, batch, namespace, name: str, device: torch.device):
+    def copy(self, batch: Batch, namespace: Namespace, name: str, device: torch.device):
         raise PipeTypeError("copy is not supported for non-portal skip tensors: only a Pipe moves stashed "
                             "tensors between partitions")
 
 
-def _lane_position(batch) -> int:
+def _lane_position(batch: Batch) -> int:
     """Which tensor of a batch carries the phonies: the first floating-point one.
 
     A phony joined into an integer tensor would be dropped by autograd (integers carry no
@@ -72,11 +78,11 @@ def _lane_position(batch) -> int:
     return 0
 
 
-def _lane(batch) -> torch.Tensor:
+def _lane(batch: Batch) -> torch.Tensor:
     return batch if isinstance(batch, torch.Tensor) else batch[_lane_position(batch)]
 
 
-def _with_lane(batch, lane: torch.Tensor):
+def _with_lane(batch: Batch, lane: torch.Tensor):
     if isinstance(batch, torch.Tensor):
         return lane
     position = _lane_position(batch)
@@ -89,12 +95,12 @@ class SkipTrackerThroughPortals(SkipTracker):
     `layout` is the pipe's `SkipLayout`: which names cross partitions.
     """
 
-    def __init__(self, layout):
+    def __init__(self, layout: SkipLayout):
         super().__init__()
         self.layout = layout
         self.portals: dict = {}
 
-    def save(self, batch, namespace, name, tensor):
+    def save(self, batch: Batch, namespace: Namespace, name: str, tensor: torch.Tensor | None):
         if not self.layout.requires_copy(namespace, name):
             return super().save(batch, namespace, name, tensor)
         if tensor is not None and not isinstance(tensor, torch.Tensor):
@@ -110,14 +116,14 @@ class SkipTrackerThroughPortals(SkipTracker):
             portal.put_tensor(tensor, READS_RECOMPUTED_STASH)
         return _with_lane(batch, join(_lane(batch), portal.blue()))
 
-    def load(self, batch, namespace, name):
+    def load(self, batch: Batch, namespace: Namespace, name: str):
         if not self.layout.requires_copy(namespace, name):
             return super().load(batch, namespace, name)
         portal = self.portals[(namespace, name)]
         lane, branch = fork(_lane(batch))
         return _with_lane(batch, lane), portal.orange(branch)
 
-    def copy(self, batch, namespace, name, device):
+    def copy(self, batch: Batch, namespace: Namespace, name: str, device: torch.device):
         """Move the stashed tensor to `device`, where `batch` is about to enter the pop partition."""
         lane, branch = fork(_lane(batch))
         branch = self.portals[(namespace, name)].copy(device, branch)
