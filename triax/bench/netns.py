@@ -58,7 +58,7 @@ class SimulatedNetwork:
         self.up_message = self._script(*args).stdout.strip()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._script("down", check=False)
 
     def address(self, node: int) -> str:

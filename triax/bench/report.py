@@ -48,7 +48,7 @@ def summarize(records: list[dict]) -> list[dict]:
     return rows
 
 
-def _cell(value, fmt: str) -> str:
+def _cell(value: float | int | str | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from typing import Iterable
 
 from triax.errors import TriaxError
 from triax.testing import quiet_env
@@ -53,7 +54,7 @@ class SlurmCluster:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.directory is None:
             return
         subprocess.run(["bash", SCRIPT, "down", "--dir", self.directory], capture_output=True, text=True)
@@ -111,7 +112,8 @@ class SlurmCluster:
         text = self.run(["scontrol", "-o", "show", "job", str(job_id)]).stdout
         return dict(re.findall(r"(\w+)=(\S*)", text))
 
-    def wait(self, job_id: int, states=frozenset(ENDED), timeout: float = 300, poll_s: float = 0.5) -> dict[str, str]:
+    def wait(self, job_id: int, states: Iterable[str] = frozenset(ENDED), timeout: float = 300,
+             poll_s: float = 0.5) -> dict[str, str]:
         """Wait until the job is in one of `states`; its fields. Raises with the logs on a timeout."""
         deadline = time.monotonic() + timeout
         while True:

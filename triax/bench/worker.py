@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -65,7 +66,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_block(step, steps: int, device: torch.device) -> tuple[float, float]:
+def _time_block(step: Callable[[], float], steps: int, device: torch.device) -> tuple[float, float]:
     """Seconds per step over `steps` steps (the slowest rank's), and the last loss."""
     if is_distributed():
         dist.barrier()
@@ -98,7 +99,7 @@ def parse_impl(label: str, setup: StepSetup) -> tuple[str, StepSetup]:
     return name, dataclasses.replace(setup, **changes)
 
 
-def measure(names: list[str], setup: StepSetup, args, results: dict) -> None:
+def measure(names: list[str], setup: StepSetup, args: argparse.Namespace, results: dict) -> None:
     steps = {}
     for name in names:
         status, step = "ok", None

@@ -7,10 +7,15 @@ targets for the question part are ignored (-1).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch.utils.data import Dataset
 
 from triax.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 IGNORE_INDEX = -1
 
@@ -55,7 +60,7 @@ class AdditionDataset(Dataset):
 
 
 @torch.no_grad()
-def addition_accuracy(model, dataset: AdditionDataset, device, batch_size: int = 500,
+def addition_accuracy(model: nn.Module, dataset: AdditionDataset, device: torch.device, batch_size: int = 500,
                       max_problems: int | None = None, use_cache: bool = True) -> float:
     """Exact-match accuracy: give the model a and b, decode the sum greedily (`use_cache`: as in
     GPT.generate), compare."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import Any, IO, Iterable, Sequence, TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,6 +37,9 @@ from triax.data.chat_template import (BUILTIN_TEMPLATES, ChatTemplate, TemplateB
                                       template_of_config)
 from triax.data.errors import DataError, MissingDependency
 from triax.errors import printable
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 ROLES = ("system", "user", "assistant")
 # A JSONL line or a message's text longer than this is not a conversation to train on: refused
@@ -60,7 +64,7 @@ class Example:
     mask: list[int]  # 1 where the token is part of an answer
 
 
-def _depth(value, limit: int) -> int:
+def _depth(value: object, limit: int) -> int:
     stack, deepest = [(value, 1)], 0
     while stack:
         item, level = stack.pop()
@@ -74,7 +78,7 @@ def _depth(value, limit: int) -> int:
     return deepest
 
 
-def _text(where: str, field: str, value) -> str:
+def _text(where: str, field: str, value: object) -> str:
     if not isinstance(value, str):
         raise RecordError(f"{where}: field {field!r} must be text, got {type(value).__name__}")
     try:
@@ -88,7 +92,7 @@ def _text(where: str, field: str, value) -> str:
 FORMS = (("messages",), ("prompt", "completion"), ("instruction", "output"))
 
 
-def _messages(where: str, field: str, value) -> list[dict]:
+def _messages(where: str, field: str, value: object) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise RecordError(f"{where}: field {field!r} must be a non-empty list of {{role, content}} messages, "
                           f"got {type(value).__name__ if not isinstance(value, list) else 'an empty list'}")
@@ -106,7 +110,7 @@ def _messages(where: str, field: str, value) -> list[dict]:
     return messages
 
 
-def record_messages(record, where: str) -> list[dict]:
+def record_messages(record: object, where: str) -> list[dict]:
     """The conversation of one record (any of the three forms); RecordError naming the field."""
     if not isinstance(record, dict):
         raise RecordError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
@@ -196,7 +200,7 @@ def read_records(path: str, option: str = "data.path"):
             yield from _parquet_records(handle, path)
 
 
-def _parquet_records(handle, path: str):
+def _parquet_records(handle: IO[bytes], path: str):
     try:
         import pyarrow  # deferred: an optional dependency, for Parquet files only
         import pyarrow.parquet as parquet
@@ -223,7 +227,7 @@ def _parquet_records(handle, path: str):
 class ChatEncoder:
     """Conversations -> Examples with a chat template and a `tokenizers` tokenizer."""
 
-    def __init__(self, template: ChatTemplate, tokenizer):
+    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer):
         self.template = template
         self.tokenizer = tokenizer  # a tokenizers.Tokenizer
 
@@ -274,7 +278,7 @@ class ChatEncoder:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def assistant_mask(offsets, spans) -> list[int]:
+def assistant_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[int]:
     """1 for each token whose characters overlap an answer span (transformers' rule: a token cut by
     the span's edge counts). Spans and offsets are both in order: one pass."""
     mask = [0] * len(offsets)
@@ -296,7 +300,8 @@ class EncodedSplit:
     dropped: int = 0  # longer than the block (overlong=drop) or without an answer token left
 
 
-def encode_records(records, encoder: ChatEncoder, block_size: int, overlong: str) -> EncodedSplit:
+def encode_records(records: Iterable[tuple[str, Any]], encoder: ChatEncoder, block_size: int,
+                   overlong: str) -> EncodedSplit:
     """Every record encoded; one longer than block_size + 1 tokens cut or dropped as `overlong` says."""
     split = EncodedSplit([])
     for where, record in records:

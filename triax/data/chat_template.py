@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Any, Callable
 
 import jinja2
 import jinja2.ext
@@ -70,7 +71,7 @@ class GenerationSpans(jinja2.ext.Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser):
+    def parse(self, parser: jinja2.parser.Parser):
         lineno = next(parser.stream).lineno
         if getattr(self, "depth", 0):
             # The answer spans would overlap: which text is the answer is ambiguous.
@@ -83,7 +84,7 @@ class GenerationSpans(jinja2.ext.Extension):
             self.depth = 0
         return jinja2.nodes.CallBlock(self.call_method("_span", []), [], [], body).set_lineno(lineno)
 
-    def _span(self, caller):
+    def _span(self, caller: Callable[[], str]):
         state = self.environment.render_state
         if state is not None and state.in_generation:  # a macro with one, called inside another
             raise jinja2.exceptions.TemplateError("a {% generation %} block runs inside another one")
@@ -102,19 +103,19 @@ class GenerationSpans(jinja2.ext.Extension):
 class Namespace(jinja2.utils.Namespace):
     """namespace() that refuses underscore names (transformers' rule: no way to CPython internals)."""
 
-    def __init__(*args, **kwargs):
+    def __init__(*args: Any, **kwargs: Any):
         self, args = args[0], args[1:]
         attributes = dict(*args, **kwargs)
         for name in attributes:
             Namespace._check(name)
         jinja2.utils.Namespace.__init__(self, attributes)
 
-    def __setitem__(self, name, value):
+    def __setitem__(self, name: str, value: Any):
         Namespace._check(name)
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
     @staticmethod
-    def _check(name):
+    def _check(name: str):
         if isinstance(name, str) and name.startswith("_"):
             raise jinja2.exceptions.SecurityError(f"a namespace attribute may not start with '_': {name!r}")
 
@@ -136,23 +137,24 @@ class Sandbox(ImmutableSandboxedEnvironment):
         budget = self.budget()
         return budget.size if budget is not None else budgets.deep_size
 
-    def _counted(self, value):
+    def _counted(self, value: Any):
         budget = self.budget()
         if budget is None:
             return value
         budget.operation()
         return budget.built_value(value)
 
-    def _parse(self, source, name, filename):
+    def _parse(self, source: str, name: str | None, filename: str | None):
         return budgets.Counted().visit(super()._parse(source, name, filename))
 
-    def call_binop(self, context, operator, left, right):
+    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any):
         budgets.binop_before(operator, left, right, self._sized())
         result = super().call_binop(context, operator, left, right)
         budgets.check_int(result)
         return self._counted(result)
 
-    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
+    def call(__self: Sandbox, __context: jinja2.runtime.Context, __obj: Any,  # noqa: N805 (Jinja's own signature)
+             *args: Any, **kwargs: Any):
         owner = getattr(__obj, "__self__", None)
         if isinstance(owner, str) and callable(__obj):
             budgets.str_method_before(owner, getattr(__obj, "__name__", ""), args, kwargs, __self._sized())
@@ -167,15 +169,15 @@ class Sandbox(ImmutableSandboxedEnvironment):
             args = (budgets.counted_loop(__self.budget, args[0], budgets.MACRO_CALL_COST), *args[1:])
         return __self._counted(super().call(__context, __obj, *args, **kwargs))
 
-    def getattr(self, obj, attribute):
+    def getattr(self, obj: Any, attribute: str):
         budgets.str_attribute(obj, attribute)
         return self._counted(super().getattr(obj, attribute))
 
-    def getitem(self, obj, argument):
+    def getitem(self, obj: Any, argument: Any):
         budgets.str_attribute(obj, argument)
         return self._counted(super().getitem(obj, argument))
 
-    def unsafe_undefined(self, obj, attribute):
+    def unsafe_undefined(self, obj: Any, attribute: str):
         # Jinja's sandbox answers a forbidden attribute with an undefined value, which prints as
         # nothing: `{{ lipsum.__globals__ }}` would render silently. No legitimate template
         # asks for one, so the attempt itself refuses the template.

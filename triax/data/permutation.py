@@ -60,7 +60,7 @@ class FeistelPermutation:
             left, right = right, left ^ (_mix32(right ^ round_key) & self._half_mask)
         return (left << bits) | right
 
-    def __call__(self, positions) -> np.ndarray:
+    def __call__(self, positions: np.ndarray | int) -> np.ndarray:
         """The permuted values at `positions` (an int or an array of ints in [0, n)), as int64."""
         positions = np.asarray(positions, dtype=np.int64)
         if positions.size and (positions.min() < 0 or positions.max() >= self.n):

@@ -22,6 +22,7 @@ fills the block is left out, as TRL leaves it out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Iterable, Sequence, TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +35,10 @@ from triax.data.chat_template import TemplateError, special_tokens_of
 from triax.data.errors import DataError
 from triax.errors import printable
 
+if TYPE_CHECKING:
+    from triax.data.chat_template import ChatTemplate
+    from tokenizers import Tokenizer
+
 TRUNCATION_MODES = ("keep_start", "keep_end")
 
 
@@ -44,7 +49,7 @@ class Pair:
     rejected: list[int]
 
 
-def _shared_prefix(chosen, rejected):
+def _shared_prefix(chosen: Sequence[int], rejected: Sequence[int]):
     """TRL's extract_prompt on two sequences (texts or message lists): the index where the prompt
     ends. As TRL's loop: where the two first differ, one earlier if a space is just before it; if
     neither differs within the shorter, the shorter's last position."""
@@ -57,7 +62,7 @@ def _shared_prefix(chosen, rejected):
     return index
 
 
-def preference_fields(record, where: str):
+def preference_fields(record: object, where: str):
     """(prompt, chosen, rejected) of one record, each text or a list of messages (all alike);
     RecordError naming the field."""
     if not isinstance(record, dict):
@@ -102,7 +107,8 @@ class PreferenceEncoder:
     """Records -> Pairs with a `tokenizers` tokenizer and, for conversational records, a chat template.
     `no_template`: why there is no template (raised at the first conversational record), else None."""
 
-    def __init__(self, tokenizer, template=None, eos_token: str | None = None, no_template: str | None = None):
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None = None, eos_token: str | None = None,
+                 no_template: str | None = None):
         self.tokenizer = tokenizer
         self.template = template
         self.eos_token = eos_token
@@ -117,7 +123,7 @@ class PreferenceEncoder:
         text, _ = self.template.render(messages, add_generation_prompt=generation_prompt)
         return self._ids(text, special=False)  # the template writes the special tokens it wants
 
-    def encode(self, record, where: str) -> Pair:
+    def encode(self, record: object, where: str) -> Pair:
         prompt, chosen, rejected = preference_fields(record, where)
         if isinstance(chosen, list):
             prompt_ids = self._render(prompt, generation_prompt=True)
@@ -141,7 +147,8 @@ class EncodedPairs:
     dropped: int = 0  # keep_start: the prompt alone fills the block
 
 
-def encode_pairs(records, encoder: PreferenceEncoder, max_length: int, truncation: str) -> EncodedPairs:
+def encode_pairs(records: Iterable[tuple[str, Any]], encoder: PreferenceEncoder, max_length: int,
+                 truncation: str) -> EncodedPairs:
     """Every record encoded; pairs whose prompt fills max_length left out under keep_start (as TRL)."""
     if truncation not in TRUNCATION_MODES:
         raise DataError(f"dpo.truncation_mode={printable(str(truncation))!r}; use one of {', '.join(TRUNCATION_MODES)}")
@@ -185,7 +192,7 @@ class PreferenceDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.pairs)
 
-    def rows(self, indices) -> list[tuple[list[int], list[int]]]:
+    def rows(self, indices: Sequence[int]) -> list[tuple[list[int], list[int]]]:
         chosen, rejected = [], []
         for index in np.asarray(indices, dtype=np.int64).reshape(-1).tolist():
             pair = self.pairs[index]
@@ -193,7 +200,7 @@ class PreferenceDataset(torch.utils.data.Dataset):
             rejected.append(sequence(pair, pair.rejected, self.max_length, self.truncation))
         return chosen + rejected
 
-    def batch(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.rows(indices)
         width = max(max(len(ids) for ids, _ in rows) - 1, 1)
         width = -(-width // self.multiple) * self.multiple
@@ -246,7 +253,7 @@ def load_preference_datasets(path: str | None, val_path: str | None, train_split
 
 
 def preference_encoder_for(chat_template: str | None, description: dict[str, str], origin: str,
-                           tokenizer) -> PreferenceEncoder:
+                           tokenizer: Tokenizer) -> PreferenceEncoder:
     """The encoder of a checkpoint (`description`: its tokenizer files, as model.init_from found
     them): its chat template for conversational records (a checkpoint without one can still encode
     text records) and its eos token for text ones."""

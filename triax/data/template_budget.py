@@ -15,7 +15,7 @@ import functools
 import json
 import math
 import re
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 import jinja2.nodes
 from jinja2.visitor import NodeTransformer
@@ -56,7 +56,7 @@ class Budget:
         if self.operations > MAX_OPERATIONS:
             raise TemplateLimit(f"does more than {MAX_OPERATIONS} operations on one conversation")
 
-    def built_value(self, value):
+    def built_value(self, value: Any):
         """Check and count a value an operation made; returns it."""
         size = self.size(value)
         check_size(size)
@@ -68,7 +68,7 @@ class Budget:
         if self.built > MAX_BUILT_SIZE:
             raise TemplateLimit(f"builds more than {MAX_BUILT_SIZE} characters in all for one conversation")
 
-    def size(self, value) -> int:
+    def size(self, value: Any) -> int:
         return deep_size(value, self.sizes)
 
 
@@ -76,14 +76,14 @@ class Budget:
 BudgetOf = Callable[[], "Budget | None"]
 
 
-def _shallow(value) -> int:
+def _shallow(value: Any) -> int:
     try:
         return len(value) if isinstance(value, (list, tuple, dict, set, frozenset)) else 0
     except TypeError:
         return 0
 
 
-def deep_size(value, cache: dict | None = None, limit: int = MAX_VALUE_SIZE) -> int:
+def deep_size(value: Any, cache: dict | None = None, limit: int = MAX_VALUE_SIZE) -> int:
     """About what `str(value)` prints, in characters; stops counting past `limit`."""
     if isinstance(value, (str, bytes)):
         return len(value)
@@ -116,7 +116,7 @@ def check_int(value: int) -> None:
         raise TemplateLimit(f"computes an integer of more than {MAX_INT_BITS} bits")
 
 
-def check_count(value) -> None:
+def check_count(value: Any) -> None:
     """An integer argument (a width, a repetition, a count) that would make a value past the bound."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_VALUE_SIZE:
         raise TemplateLimit(f"asks for a width or count of {value}, more than {MAX_VALUE_SIZE}")
@@ -129,7 +129,7 @@ def check_widths(text: str) -> None:
             raise TemplateLimit(f"formats with a width of {run[:20]}, more than {MAX_VALUE_SIZE}")
 
 
-def binop_before(operator: str, left, right, size: Callable) -> None:
+def binop_before(operator: str, left: Any, right: Any, size: Callable) -> None:
     """Refuse an operator whose result would pass a bound, from its inputs' sizes."""
     numbers = all(isinstance(side, (int, float)) and not isinstance(side, bool) for side in (left, right))
     if operator == "**" and numbers and isinstance(left, int) and isinstance(right, int):
@@ -163,7 +163,7 @@ STR_METHODS_PLAIN = {
 STR_METHODS_SIZED = {"replace", "join", "ljust", "rjust", "center", "zfill", "format"}
 
 
-def str_attribute(obj, name) -> None:
+def str_attribute(obj: Any, name: str) -> None:
     """A str method read from a template: only those offered; format's widths checked on reading
     (Jinja's sandbox hands templates a wrapped str.format)."""
     if not (isinstance(obj, str) and isinstance(name, str) and callable(getattr(str, name, None))):
@@ -215,7 +215,8 @@ def filter_before(name: str, args: tuple, kwargs: dict, size: Callable) -> None:
         check_widths(subject)
 
 
-def tojson(budget_of: "BudgetOf", value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+def tojson(budget_of: "BudgetOf", value: Any, ensure_ascii: bool = False, indent: int | str | None = None,
+           separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     """json.dumps as transformers gives templates (no HTML escaping), encoded piece by piece so that
     a value that would print past the bound is stopped at the bound, not after."""
     if isinstance(indent, bool) or not (indent is None or (isinstance(indent, int) and 0 <= indent <= MAX_JSON_INDENT)
@@ -244,13 +245,13 @@ class Counted(NodeTransformer):
     its size when it runs (`triax_charge`), and every `~` concatenation passes through
     `triax_concat` (its size checked before it is joined)."""
 
-    def visit_For(self, node):
+    def visit_For(self, node: jinja2.nodes.Node):
         node = self.generic_visit(node)
         weight = jinja2.nodes.Const(_weight(node.body), lineno=node.lineno)
         node.iter = jinja2.nodes.Filter(node.iter, "triax_loop", [weight], [], None, None, lineno=node.lineno)
         return node
 
-    def _charged(self, node):
+    def _charged(self, node: jinja2.nodes.Node):
         node = self.generic_visit(node)
         weight = jinja2.nodes.Const(_weight(node.body), lineno=node.lineno)
         charge = jinja2.nodes.Filter(jinja2.nodes.Const(""), "triax_charge", [weight], [], None, None,
@@ -260,13 +261,13 @@ class Counted(NodeTransformer):
 
     visit_Macro = visit_CallBlock = visit_FilterBlock = _charged
 
-    def visit_Concat(self, node):
+    def visit_Concat(self, node: jinja2.nodes.Node):
         node = self.generic_visit(node)
         return jinja2.nodes.Filter(jinja2.nodes.List(node.nodes, lineno=node.lineno), "triax_concat", [], [],
                                    None, None, lineno=node.lineno)
 
 
-def counted_loop(budget_of: "BudgetOf", iterable, weight: int = 1):
+def counted_loop(budget_of: "BudgetOf", iterable: Iterable, weight: int = 1):
     budget = budget_of()
     for item in iterable:
         if budget is not None:
@@ -281,7 +282,7 @@ def charge(budget_of: "BudgetOf", empty: str, weight: int) -> str:
     return empty
 
 
-def checked_join(budget_of: "BudgetOf", pieces) -> str:
+def checked_join(budget_of: "BudgetOf", pieces: Iterable) -> str:
     """Jinja's concat of a buffered body (a macro's, a block's output): sizes checked before joining."""
     pieces = pieces if isinstance(pieces, list) else list(pieces)
     budget = budget_of()
@@ -306,7 +307,7 @@ def guarded_filter(function: Callable, name: str, budget_of: "BudgetOf"):
     """Jinja filter `function` with its bounds checked before it runs and its result after."""
 
     @functools.wraps(function)
-    def guarded(*args, **kwargs):
+    def guarded(*args: Any, **kwargs: Any):
         budget = budget_of()
         values = args[1:] if getattr(function, "jinja_pass_arg", None) is not None else args
         filter_before(name, tuple(values), kwargs, budget.size if budget is not None else deep_size)

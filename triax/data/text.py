@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -86,7 +87,7 @@ class Vocabulary:
             raise ConfigError(f"characters {''.join(unknown)!r} are not in the training vocabulary")
         return torch.from_numpy(ids.astype(np.int32 if len(self.chars) > 32767 else np.int16))
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.chars[int(i)] for i in ids)
 
     def to_json(self) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Iterable, TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from triax.data.chat import (OVERLONG_RULES, ChatEncoder, EncodedSplit, chat_tem
                              training_count)
 from triax.data.errors import DataError
 from triax.errors import printable
+
+if TYPE_CHECKING:
+    import argparse
 
 OUTPUT_FILES = ("train.bin", "train.mask.bin", "train.starts.bin", "val.bin", "val.mask.bin", "val.starts.bin",
                 "tokenizer.json", "meta.json")
@@ -52,7 +56,7 @@ def main(argv: list[str]) -> int:
     encoder.check_learns_to_stop()
     block = args.block_size if args.block_size is not None else 2**62
 
-    def records(paths):
+    def records(paths: Iterable[str]):
         for path in paths:
             yield from read_records(path, "input")
 
@@ -91,7 +95,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def add_split_arguments(parser, records: str, out_help: str) -> None:
+def add_split_arguments(parser: argparse.ArgumentParser, records: str, out_help: str) -> None:
     """The options `triax tokenize --chat` and `--preference` share: the record files, where to
     write, the validation split and the template."""
     parser.add_argument("inputs", nargs="+", help=f"local .jsonl, .json or .parquet files of {records}")
@@ -102,7 +106,7 @@ def add_split_arguments(parser, records: str, out_help: str) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing --out")
 
 
-def check_split_arguments(args, option: str, checkpoint: str, output_files: tuple) -> None:
+def check_split_arguments(args: argparse.Namespace, option: str, checkpoint: str, output_files: tuple) -> None:
     """The shared options' checks (one line each): the split, the checkpoint, an --out kept."""
     from triax.models import hf  # deferred: with the models, after --help
 

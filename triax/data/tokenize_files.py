@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import posixpath
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +22,11 @@ from triax.arguments import plain_message
 from triax.data.errors import DataError
 from triax.errors import printable
 from triax.runtime.threads import apply_thread_choice
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+    from tokenizers import Tokenizer
+    from tqdm import tqdm
 
 # Progress bars (tqdm, disable=None) show only when stderr is a terminal: logs and pipes get one line.
 CHUNK_CHARACTERS = 1 << 20  # text handed to the tokenizer at once; bounds memory whatever the input size
@@ -34,11 +40,11 @@ OUTPUT_FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
 
 
 class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("allow_abbrev", False)  # whole option names only (`--val` is not `--val-fraction`)
         super().__init__(*args, **kwargs)
 
-    def error(self, message):  # one line, exit status 2 (through triax.cli), instead of usage + message
+    def error(self, message: str):  # one line, exit status 2 (through triax.cli), instead of usage + message
         raise DataError(f"{self.prog}: {plain_message(message)} (see --help)")
 
 
@@ -65,7 +71,7 @@ def expand_inputs(inputs: list[str]) -> list[tuple[object, str, int]]:
     return files
 
 
-def read_chunks(files, progress=None):
+def read_chunks(files: list[tuple[AbstractFileSystem, str, int]], progress: tqdm | None = None):
     """The text of all files, as chunks of about CHUNK_CHARACTERS that end at a line end (a line
     longer than a chunk is cut where the chunk is full). Yields (chunk, bytes read so far)."""
     for fs, path, _ in files:
@@ -110,7 +116,7 @@ def pieces(text: str) -> list[str]:
     return result
 
 
-def train_bpe(files, vocab_size: int):
+def train_bpe(files: list[tuple[AbstractFileSystem, str, int]], vocab_size: int):
     from triax.data.tokenizer import require_tokenizers
 
     tokenizers = require_tokenizers()
@@ -141,11 +147,11 @@ def split_point(data: bytes, at: int) -> int:
     return at
 
 
-def _is_local(fs) -> bool:
+def _is_local(fs: AbstractFileSystem) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
 
 
-def _create(fs, path: str):
+def _create(fs: AbstractFileSystem, path: str):
     """A new output file; locally never through a planted link (a stale one is removed, not followed)."""
     if not _is_local(fs):
         return fs.open(path, "wb")
@@ -153,7 +159,7 @@ def _create(fs, path: str):
     return safe_files.create_new(path)
 
 
-def _write(fs, path: str, data: bytes) -> None:
+def _write(fs: AbstractFileSystem, path: str, data: bytes) -> None:
     if _is_local(fs):
         safe_files.write_atomic(path, data)
     else:
@@ -161,7 +167,8 @@ def _write(fs, path: str, data: bytes) -> None:
             handle.write(data)
 
 
-def encode_files(files, tokenizer, out_fs, out_dir: str, dtype: str, val_fraction: float) -> tuple[int, int]:
+def encode_files(files: list[tuple[AbstractFileSystem, str, int]], tokenizer: Tokenizer, out_fs: AbstractFileSystem,
+                 out_dir: str, dtype: str, val_fraction: float) -> tuple[int, int]:
     """Encode all text into train.bin then val.bin (the tail); returns their token counts."""
     from tqdm import tqdm
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from typing import Sequence
 
 from triax import safe_files
 from triax.data.errors import DataError, MissingDependency
@@ -61,7 +62,7 @@ class BPETokenizer:
         with _panics_as_errors(self.source):
             return [item.ids for item in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         with _panics_as_errors(self.source):
             return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 

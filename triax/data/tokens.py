@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +20,9 @@ from torch.utils.data import Dataset
 from triax import safe_files
 from triax.data.errors import DataError
 from triax.models.gpt import MAX_SIZES, SIZE_REASON
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 TOKEN_DTYPES = ("uint8", "uint16", "int16", "uint32", "int32", "int64")
 META_FILE = "meta.json"
@@ -30,7 +34,7 @@ CHECKED_WINDOWS = 64
 class TokenFile:
     """A flat array of token ids at `path` (local path or fsspec URL), read by ranges."""
 
-    def __init__(self, fs, path: str, dtype: str, local: bool):
+    def __init__(self, fs: AbstractFileSystem, path: str, dtype: str, local: bool):
         self.path = path
         self.dtype = np.dtype(dtype)
         size = fs.size(path)
@@ -95,7 +99,7 @@ class TokenDataset(Dataset):
         self._windows(np.unique(np.linspace(0, len(self) - 1, count).astype(np.int64)))
 
 
-def read_token_meta(fs, directory: str) -> dict | None:
+def read_token_meta(fs: AbstractFileSystem, directory: str) -> dict | None:
     path = posixpath.join(directory, META_FILE)
     local = "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
     if not (os.path.lexists(path) if local else fs.exists(path)):
@@ -123,7 +127,7 @@ def read_token_meta(fs, directory: str) -> dict | None:
     return meta
 
 
-def resolve_token_settings(fs, directory: str, vocab_size: int | None, token_dtype: str | None):
+def resolve_token_settings(fs: AbstractFileSystem, directory: str, vocab_size: int | None, token_dtype: str | None):
     """(vocab_size, dtype, tokenizer path or None) from meta.json and the config, which must agree."""
     meta = read_token_meta(fs, directory)
     if meta is None:

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from dataclasses import asdict
+from typing import Callable, TYPE_CHECKING
 
 from triax.arguments import ArgumentParser, at_least, check_output_file, need, positive
 from triax.runtime.shared_decisions import all_gather_bytes, barrier, broadcast_int
@@ -28,6 +29,9 @@ from triax.runtime.process_group import is_distributed, shutdown_distributed
 from triax.runtime.threads import apply_thread_choice
 from triax.runtime.timeouts import collective_timeout, slow_phase_timeout
 from triax.train.config import TrainConfig, compose_config, to_dict
+
+if TYPE_CHECKING:
+    import torch
 
 SECTIONS = ("system", "compile", "memory", "storage", "network")
 DEFAULT_REPORT = "triax-doctor.json"
@@ -109,7 +113,7 @@ def main(argv: list[str]) -> int:
         shutdown_distributed()
 
 
-def preflight(config: TrainConfig, place: Place, device) -> None:
+def preflight(config: TrainConfig, place: Place, device: torch.device) -> None:
     """trainer.preflight=true: the fast part of the doctor at the start of a run, on the run's own
     process group: memory, the snapshot directory (room, write rate, shared by every node) and the
     network (a 1 MiB all-reduce and all-gather, each link between nodes, stragglers). Leaves out
@@ -123,7 +127,7 @@ def preflight(config: TrainConfig, place: Place, device) -> None:
 
 
 class Doctor:
-    def __init__(self, config: TrainConfig, args, place: Place, device=None):
+    def __init__(self, config: TrainConfig, args: argparse.Namespace, place: Place, device: torch.device | None = None):
         self.config, self.args, self.place = config, args, place
         self.skip = set(args.skip)
         self.device = device if device is not None else pick_device(config.trainer.device, place.local_rank)
@@ -292,7 +296,7 @@ class Doctor:
             print(f"triax doctor: could not write {path}: {error.strerror or error}", flush=True)
 
 
-def _guarded(name: str, make) -> list[Check]:
+def _guarded(name: str, make: Callable[[], Check | list[Check]]) -> list[Check]:
     """The check(s) `make` returns; one that raises (a broken driver, a bug) is a failed line of its
     own rather than a rank that dies while the others wait for it in the next collective.
     TRIAX_DEBUG=1 lets the exception through, with its traceback."""

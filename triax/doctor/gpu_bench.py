@@ -250,7 +250,7 @@ def largest_batch(shape: BenchShape, device: torch.device, data_dir: str, cap: i
 # ---- snapshots -----------------------------------------------------------------------------------
 
 
-def timed_steps(trainer, steps: int) -> float:
+def timed_steps(trainer: Trainer, steps: int) -> float:
     """Seconds per step of `steps` trainer steps, the device waited for at both ends."""
     synchronize(trainer.device)
     started = time.perf_counter()
@@ -260,7 +260,7 @@ def timed_steps(trainer, steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def snapshot_figures(trainer, steps: int = 3) -> dict:
+def snapshot_figures(trainer: Trainer, steps: int = 3) -> dict:
     """What a snapshot of this trainer's model and AdamW state costs: the synchronous write (the
     loop waits for all of it), and the background write (the loop waits for the copy to host
     memory; the steps while it is written, against steps without one)."""

@@ -31,6 +31,7 @@ import tempfile
 import time
 import traceback
 import xml.etree.ElementTree as ElementTree
+from typing import Any, Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -68,7 +69,7 @@ class Suite:
     def left(self) -> float:
         return self.budget_s - (time.monotonic() - self.started)
 
-    def add(self, name: str, status: str, figure: str, advice: str = "", seconds: float = 0.0, **detail) -> dict:
+    def add(self, name: str, status: str, figure: str, advice: str = "", seconds: float = 0.0, **detail: Any) -> dict:
         assert status in STATUSES, status
         check = {"name": name, "status": status, "figure": figure, "advice": advice,
                  "seconds": round(seconds, 2), "needs_gpu": name not in ("environment",), "detail": detail}
@@ -77,7 +78,7 @@ class Suite:
               flush=True)
         return check
 
-    def run(self, name: str, part) -> None:
+    def run(self, name: str, part: Callable[[float], None]) -> None:
         """One part, timed, within what the budget has left; an exception is a failed check with its
         traceback in the report, and the suite goes on."""
         share = SHARES.get(name, 0.0) * self.budget_s

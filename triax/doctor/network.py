@@ -25,6 +25,7 @@ import socket
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -117,7 +118,7 @@ def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def wait_for_ranks(store, place: Place, timeout_s: float) -> tuple[list[Node], Check]:
+def wait_for_ranks(store: dist.Store, place: Place, timeout_s: float) -> tuple[list[Node], Check]:
     """Every rank's arrival in the store, or the ones missing by name once `timeout_s` is up.
 
     Rank 0 gives the verdict on who is missing, so every rank names the same ones, and keeps the
@@ -185,7 +186,7 @@ def _arrival(payload: bytes) -> dict:
     return {key: str(record.get(key, "unknown"))[:256] for key in ("host", "address")}
 
 
-def _wait_for_acknowledgements(store, arrived: list[str]) -> None:
+def _wait_for_acknowledgements(store: dist.Store, arrived: list[str]) -> None:
     others = [f"acknowledged/{key.split('/')[1]}" for key in arrived if key != "arrived/0"]
     deadline = time.monotonic() + VERDICT_GRACE_S
     while others and time.monotonic() < deadline:
@@ -193,7 +194,7 @@ def _wait_for_acknowledgements(store, arrived: list[str]) -> None:
         time.sleep(POLL_S)
 
 
-def form_group(device: torch.device, place: Place, store, timeout_s: float) -> Check:
+def form_group(device: torch.device, place: Place, store: dist.Store, timeout_s: float) -> Check:
     backend = default_backend(device)
     start = time.perf_counter()
     try:
@@ -208,7 +209,7 @@ def form_group(device: torch.device, place: Place, store, timeout_s: float) -> C
                  section=SECTION, values={"backend": backend, "seconds": seconds})
 
 
-def _iterations(seconds_one: float, target_s: float, group=None) -> int:
+def _iterations(seconds_one: float, target_s: float, group: dist.ProcessGroup | None = None) -> int:
     """How many timed repeats fill `target_s`, agreed by every rank of `group` (the slowest decides)."""
     wanted = torch.tensor([seconds_one], dtype=torch.float64, device=collective_device())
     wait_and_keep(dist.all_reduce(wanted, op=dist.ReduceOp.MAX, group=group, async_op=True))
@@ -222,7 +223,7 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def _timed(operation, iterations: int, group=None) -> float:
+def _timed(operation: Callable[[], None], iterations: int, group: dist.ProcessGroup | None = None) -> float:
     """Seconds per `operation`, the slowest rank's (a collective ends when its last rank is done)."""
     wait_and_keep(dist.barrier(group=group, async_op=True))
     start = time.perf_counter()
@@ -235,7 +236,7 @@ def _timed(operation, iterations: int, group=None) -> float:
     return seconds.item()
 
 
-def _measure(kind: str, size_bytes: int, target_s: float, group=None) -> dict:
+def _measure(kind: str, size_bytes: int, target_s: float, group: dist.ProcessGroup | None = None) -> dict:
     """One nccl-tests row: `kind` (all_reduce | all_gather) of `size_bytes` on `group`."""
     device = collective_device()
     n = dist.get_world_size(group)

@@ -7,6 +7,7 @@ import importlib.metadata
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,9 @@ from triax.runtime.precision import Precision
 from triax.runtime.threads import ThreadChoice
 from triax.train.config import asynchronous_snapshots
 from triax.version import __version__
+
+if TYPE_CHECKING:
+    from triax.train.config import TrainerConfig
 
 SECTION = "system"
 OPTIONAL_PACKAGES = ("transformers", "accelerate", "tokenizers", "safetensors", "hydra-core", "fsspec",
@@ -187,7 +191,7 @@ def matmul_checks(device: torch.device, precision: str, seconds: float) -> list[
     return checks
 
 
-def memory_checks(device: torch.device, needs: RunNeeds, trainer, cpu_offload: bool,
+def memory_checks(device: torch.device, needs: RunNeeds, trainer: TrainerConfig, cpu_offload: bool,
                   local_world_size: int) -> list[Check]:
     """The memory the configured model needs per device (triax plan's estimate) against what there
     is: on a CPU the host's, shared by this host's processes; on a GPU the GPU's, and the host's for
@@ -207,7 +211,7 @@ def memory_checks(device: torch.device, needs: RunNeeds, trainer, cpu_offload: b
     return checks
 
 
-def host_bytes_per_gpu_process(needs: RunNeeds, trainer, device: torch.device, cpu_offload: bool) -> int:
+def host_bytes_per_gpu_process(needs: RunNeeds, trainer: TrainerConfig, device: torch.device, cpu_offload: bool) -> int:
     """Host memory a GPU process of the run holds: its model and optimizer shards, staged for an
     asynchronous snapshot (trainer.async_save, on by default with CUDA), and with
     parallel.cpu_offload its shards, gradients and optimizer state themselves."""

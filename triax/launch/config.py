@@ -12,6 +12,7 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass, fields
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -170,7 +171,7 @@ def write_config(config: LaunchConfig, path: str | None = None) -> str:
 
 # ---- the questionnaire ---------------------------------------------------------------------------
 
-def _ask(prompt: str, default, convert=str, choices=None):
+def _ask(prompt: str, default: Any, convert: Callable[[str], Any] = str, choices: Sequence[str] | None = None):
     while True:
         shown = ("yes" if default else "no") if isinstance(default, bool) else default
         answer = input(f"{prompt} [{shown}]: ")

@@ -30,6 +30,10 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable, Iterable, Mapping, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 # [RANK]<stdout>: / [RANK]<stderr>:, optionally after time.asctime()'s text (which has no '[')
 LINE_PREFIX = re.compile(rb"^[^\[\r\n]*\[(\d+)\]<(stdout|stderr)>:")
@@ -49,7 +53,7 @@ def started_line(rank: int) -> bytes:
     return f"[{rank}]<started>\n".encode()
 
 
-def lines(chunks):
+def lines(chunks: Iterable[bytes]):
     """Split a byte stream into lines ending in \\n or \\r (a progress bar's update is a line, as
     in Horovod); the last piece may have no end."""
     pending = b""
@@ -82,7 +86,7 @@ def write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def horovod_variables(env, cross: list[tuple[int, int]], hostname: str) -> dict[str, str]:
+def horovod_variables(env: Mapping[str, str], cross: list[tuple[int, int]], hostname: str) -> dict[str, str]:
     """Horovod's variables for the worker torchrun described in `env`; `cross`: (cross rank, cross
     size) of each local rank on this host, worked out by the launcher (triax.horovod.slots)."""
     cross_rank, cross_size = cross[int(env["LOCAL_RANK"])]
@@ -92,7 +96,7 @@ def horovod_variables(env, cross: list[tuple[int, int]], hostname: str) -> dict[
             "HOROVOD_HOSTNAME": hostname}
 
 
-def _forward(source: int, target: int, head) -> None:
+def _forward(source: int, target: int, head: Callable[[], bytes]) -> None:
     """Copy `source` to `target` line by line, each line after head(); if `target` is gone (the
     launcher died), keep reading so the command never blocks on a full pipe. A piece without an
     end (the last, or one LONGEST_LINE long) gets a newline: the workers of a host share one
@@ -126,7 +130,7 @@ def run(command: list[str], rank: int, timestamp: bool) -> int:
         write_all(2, prefix(rank, "stderr", timestamp) + f"cannot start {command[0]}: {error.strerror}\n".encode())
         return 127
 
-    def pass_on(signum, frame):
+    def pass_on(signum: int, frame: FrameType | None):
         try:
             os.killpg(child.pid, signum)
         except ProcessLookupError:

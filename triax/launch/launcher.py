@@ -17,6 +17,7 @@ import shlex
 import signal
 import socket
 import sys
+from typing import Any
 
 from triax.launch import slurm
 from triax.arguments import ArgumentParser, check_script
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start a training script on several processes (a front end to torchrun). "
                     "Options default to the file written by `triax config`.")
 
-    def option(name: str, **kwargs):
+    def option(name: str, **kwargs: Any):
         # Accept Accelerate's underscore spelling too (--num_processes), so its users' muscle
         # memory works.
         spellings = [f"--{name}"] + ([f"--{name.replace('-', '_')}"] if "-" in name else [])
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_config(args) -> tuple[LaunchConfig, dict[str, str]]:
+def resolve_config(args: argparse.Namespace) -> tuple[LaunchConfig, dict[str, str]]:
     """Command line over config file over built-in defaults; with the environment the file asks
     for the workers (an Accelerate config's FSDP section)."""
     path = args.config_file or config_path()

@@ -8,6 +8,7 @@ An argument passed to the Accelerator always wins over the environment.
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
 # Accelerate's precision names -> triax.runtime.precision policy names. `triax launch` offers Accelerate's
 # three; the Accelerator also accepts triax's own names.
@@ -34,7 +35,7 @@ GRAD_COMPRESSION_ENV = "TRIAX_GRAD_COMPRESSION"
 DDP_BUCKET_CAP_MB_ENV = "TRIAX_DDP_BUCKET_CAP_MB"
 
 
-def to_environment(settings) -> dict[str, str]:
+def to_environment(settings: object) -> dict[str, str]:
     """Environment variables for the workers from an object with the ENVIRONMENT attributes."""
     env = {}
     for name, variable in ENVIRONMENT.items():
@@ -43,13 +44,13 @@ def to_environment(settings) -> dict[str, str]:
     return env
 
 
-def from_environment(name: str, env=None) -> str | None:
+def from_environment(name: str, env: Mapping[str, str] | None = None) -> str | None:
     """The value `triax launch` set for setting `name`, or None when it set none."""
     env = os.environ if env is None else env
     return env.get(ENVIRONMENT[name]) or None
 
 
-def flag_from_environment(name: str, env=None) -> bool:
+def flag_from_environment(name: str, env: Mapping[str, str] | None = None) -> bool:
     return (from_environment(name, env) or "").lower() in ("1", "true", "yes")
 
 

@@ -16,6 +16,7 @@ Node lists are in Slurm's hostlist syntax: `node[1-3,5],login`, `gpu[01-16]`, `r
 from __future__ import annotations
 
 import re
+from typing import Mapping
 
 from triax.errors import TriaxError
 
@@ -144,7 +145,7 @@ def tasks_per_node(text: str, source: str = "SLURM_STEP_TASKS_PER_NODE") -> list
     return counts
 
 
-def job_id(env) -> int | None:
+def job_id(env: Mapping[str, str]) -> int | None:
     text = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if text is None:
         return None
@@ -153,7 +154,7 @@ def job_id(env) -> int | None:
     return int(text)
 
 
-def rendezvous_port(env) -> int:
+def rendezvous_port(env: Mapping[str, str]) -> int:
     """The port every task of the job derives alike from its id (see the module's docstring)."""
     number = job_id(env)
     if number is None:
@@ -161,7 +162,7 @@ def rendezvous_port(env) -> int:
     return SLURM_FIRST_PORT + number % SLURM_PORT_SPAN
 
 
-def rendezvous_address(env) -> tuple[str, int, str]:
+def rendezvous_address(env: Mapping[str, str]) -> tuple[str, int, str]:
     """(host, port, how) where the tasks of this Slurm step meet; `how` says where each came from."""
     source = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
     nodelist = env.get(source)
@@ -178,7 +179,7 @@ def _ascii_digits(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 18
 
 
-def local_world_size(env) -> int | None:
+def local_world_size(env: Mapping[str, str]) -> int | None:
     """Tasks of this step on this node (SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID), or None."""
     text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
     node = env.get("SLURM_NODEID")
@@ -188,7 +189,7 @@ def local_world_size(env) -> int | None:
     return counts[int(node)] if int(node) < len(counts) else None
 
 
-def launch_placement(env) -> dict:
+def launch_placement(env: Mapping[str, str]) -> dict:
     """For `triax launch` (torchrun, one agent per node) inside an srun step: the number of machines,
     this machine's rank and machine 0's address, as LaunchConfig fields; {} outside a step.
     MASTER_ADDR/MASTER_PORT, when set (torchtitan's scripts set them), are machine 0's address."""
@@ -214,7 +215,7 @@ def launch_placement(env) -> dict:
             "main_process_port": port}
 
 
-def allocation_hosts(env) -> list[tuple[str, int]] | None:
+def allocation_hosts(env: Mapping[str, str]) -> list[tuple[str, int]] | None:
     """Inside an allocation (sbatch, salloc): its nodes with the tasks it asked for on each, as
     `triax horovodrun` host entries ('node1', 2); None outside one. One slot per node when the
     task counts do not describe every node."""

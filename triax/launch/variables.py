@@ -16,7 +16,7 @@ module only knows their spelling, and imports nothing heavy (the launcher checks
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from triax.errors import UsageError
 from triax.launch.settings import PRECISION_POLICIES
@@ -106,7 +106,7 @@ VARIABLES: dict[str, tuple[Callable[[str], bool], str]] = {
 }
 
 
-def check_value(variable: str, value, shown: str | None = None, error=UsageError) -> None:
+def check_value(variable: str, value: object, shown: str | None = None, error: type[Exception] = UsageError) -> None:
     """Raise `error` (one line naming `shown`, else `$variable`, and the value) unless `value`
     is a spelling `variable` accepts. Non-strings are judged by their text (a config file's
     `fsdp_version: 2` is "2", its `fsdp_min_num_params: [1]` is refused)."""
@@ -118,7 +118,8 @@ def check_value(variable: str, value, shown: str | None = None, error=UsageError
     raise error(f"{shown or '$' + variable}={shown_value!r} is invalid; {what}")
 
 
-def check_environment(environ: Mapping[str, str], error=UsageError, already_checked=()) -> None:
+def check_environment(environ: Mapping[str, str], error: type[Exception] = UsageError,
+                      already_checked: Iterable[str] = ()) -> None:
     """Every FSDP_* / ACCELERATE_* variable of VARIABLES set in `environ`, and the one rule that
     joins two of them: under FSDP2 (FSDP_VERSION=2) FSDP_RESHARD_AFTER_FORWARD is true or false."""
     for variable in VARIABLES:

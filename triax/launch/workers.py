@@ -20,6 +20,10 @@ import gc
 import os
 import signal
 import subprocess
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
@@ -37,7 +41,7 @@ def forward_signals(before: set[int]) -> dict:
     """Forward FORWARDED_SIGNALS to every live worker (its whole session: a worker's own children too).
     Returns the previous handlers, for `restore`."""
 
-    def forward(signum, frame):
+    def forward(signum: int, frame: FrameType | None):
         for worker in started_since(before):
             if worker.poll() is None:
                 try:

@@ -11,6 +11,7 @@ parameter names (and therefore checkpoints) do not change.
 from __future__ import annotations
 
 import functools
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -27,11 +28,12 @@ _SAVE_OPS = {
 }
 
 
-def _policy(ctx, op, *args, **kwargs):
+def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any):
     return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str, blocks=None, offload: bool = False) -> nn.Module:
+def apply_activation_checkpointing(model: nn.Module, mode: str, blocks: Iterable[nn.Module] | None = None,
+                                   offload: bool = False) -> nn.Module:
     """Checkpoint each of `blocks` (default: a GPT's `model.layers`) in `mode`. With `offload`, the
     inputs each checkpoint keeps for its recomputation wait in host memory until backward (the
     activation that grows with sequence length), pinned when a GPU will fetch them back."""
@@ -50,6 +52,6 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, blocks=None, off
     return model
 
 
-def _saved_on_host(forward, pin_memory: bool, *args, **kwargs):
+def _saved_on_host(forward: Callable, pin_memory: bool, *args: Any, **kwargs: Any):
     with torch.autograd.graph.save_on_cpu(pin_memory=pin_memory):
         return forward(*args, **kwargs)

@@ -20,6 +20,8 @@ which finishes each bucket before the next (see `one_bucket_at_a_time`).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -44,7 +46,8 @@ def check_compression(name: str, powersgd_rank: int = 2) -> None:
 
 
 def register_compression(ddp_model: nn.Module, name: str, powersgd_rank: int = 2,
-                         process_group=None, powersgd_start_step: int = POWERSGD_START_STEP):
+                         process_group: dist.ProcessGroup | None = None,
+                         powersgd_start_step: int = POWERSGD_START_STEP):
     """Register the hook for compression `name` on a DistributedDataParallel model.
 
     Returns the hook's state (the PowerSGDState for powersgd, else the process group or None),
@@ -80,7 +83,7 @@ def register_compression(ddp_model: nn.Module, name: str, powersgd_rank: int = 2
     return state
 
 
-def one_bucket_at_a_time(hook):
+def one_bucket_at_a_time(hook: Callable):
     """`hook`, finished before DDP hands it the next bucket.
 
     PowerSGD issues its second and third all-reduce (the P and Q factors) from future callbacks.
@@ -100,7 +103,7 @@ def one_bucket_at_a_time(hook):
     return serialized
 
 
-def _backend(process_group) -> str:
+def _backend(process_group: dist.ProcessGroup | None) -> str:
     return str(dist.get_backend(process_group)).lower()
 
 
@@ -116,7 +119,7 @@ def cast_hook(dtype: torch.dtype):
         # Divide before summing so the sum of N ranks stays in range.
         wire = gradients.to(dtype).div_(group.size())
 
-        def write_back(future):
+        def write_back(future: torch.futures.Future):
             gradients.copy_(future.value()[0])
             return gradients
 
@@ -126,7 +129,8 @@ def cast_hook(dtype: torch.dtype):
     return hook
 
 
-def all_reduce_then(tensor: torch.Tensor, group, callback) -> torch.futures.Future:
+def all_reduce_then(tensor: torch.Tensor, group: dist.ProcessGroup | None,
+                    callback: Callable[[], None]) -> torch.futures.Future:
     """`dist.all_reduce(tensor, async_op=True).get_future().then(callback)`, with the work kept
     until the process ends: on gloo the callback runs, and is released, on gloo's worker thread,
     which must not happen while the interpreter finalizes (see kept_works.keep_until_exit)."""

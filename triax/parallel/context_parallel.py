@@ -22,12 +22,18 @@ rank its slice of the ids and targets (`local_chunks`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 from triax.models.decoder import Packed
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.autograd.function import FunctionCtx
 
 
 def local_chunks(x: torch.Tensor, rank: int, degree: int, dim: int = 1) -> torch.Tensor:
@@ -45,14 +51,14 @@ class _AllGather(torch.autograd.Function):
     group and hands every rank its own part."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, x.contiguous(), group=group)
         return torch.stack(parts)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor):
         grad = grad.contiguous()
         rank = dist.get_rank(ctx.group)
         if dist.get_backend(ctx.group) == dist.Backend.GLOO:  # gloo has no reduce-scatter
@@ -63,7 +69,7 @@ class _AllGather(torch.autograd.Function):
         return mine, None
 
 
-def gather_sequence(local: torch.Tensor, group, degree: int) -> torch.Tensor:
+def gather_sequence(local: torch.Tensor, group: dist.ProcessGroup, degree: int) -> torch.Tensor:
     """(batch, heads, whole sequence, head size) from every rank's (batch, heads, its 2 chunks,
     head size), in sequence order."""
     stacked = _AllGather.apply(local, group)  # (cp, batch, heads, 2 chunks, head size)
@@ -146,7 +152,7 @@ class _GatheredChunkAttention(torch.autograd.Function):
     gradients over the group."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: "ContextSplit",
+    def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: "ContextSplit",
                 starts: tuple[int, ...]) -> torch.Tensor:
         keys, values = (gather_sequence(x, split.group, split.degree) for x in (k, v))
         out, lse = chunk_attention(q, keys, values, starts)
@@ -155,7 +161,7 @@ class _GatheredChunkAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         split = ctx.split
         keys, values = (gather_sequence(x, split.group, split.degree) for x in (k, v))
@@ -220,14 +226,14 @@ class ContextSlice:
 class ContextSplit:
     """What a model under context parallelism knows of its group: `slice(...)` for each forward."""
 
-    def __init__(self, group, degree: int, rank: int):
+    def __init__(self, group: dist.ProcessGroup, degree: int, rank: int):
         self.group, self.degree, self.rank = group, degree, rank
 
     def slice(self, local_seq: int, documents: torch.Tensor | None, device: torch.device) -> ContextSlice:
         return ContextSlice(self, local_seq, documents, device)
 
 
-def apply_context_parallel(model: nn.Module, cp_mesh) -> nn.Module:
+def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh) -> nn.Module:
     """Make `model` (a Decoder) take this rank's slice of each sequence over `cp_mesh`'s group."""
     model.context = ContextSplit(cp_mesh.get_group(), cp_mesh.size(), cp_mesh.get_local_rank())
     return model

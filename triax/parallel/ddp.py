@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
@@ -9,8 +11,11 @@ from torch.nn.parallel import DistributedDataParallel
 from triax.parallel.comm_hooks import check_compression, register_compression
 from triax.runtime.process_group import is_distributed
 
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
-def apply_ddp(model: nn.Module, device: torch.device, process_group=None,
+
+def apply_ddp(model: nn.Module, device: torch.device, process_group: dist.ProcessGroup | None = None,
               bucket_mb: float = 25.0, grad_compression: str = "none",
               powersgd_rank: int = 2, ddp_options: dict | None = None) -> nn.Module:
     """Wrap `model` in DDP when the job has more than one process; return it unchanged otherwise.

@@ -16,6 +16,8 @@ weights (FSDP2's own gradient divide factor would reduce with PREMUL_SUM, which 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -26,6 +28,9 @@ from torch.distributed.tensor import DTensor, Shard
 from triax.models.moe import GroupedExperts
 from triax.parallel.fsdp import mixed_precision_policy
 from triax.runtime.precision import Precision
+
+if TYPE_CHECKING:
+    from torch.autograd.function import FunctionCtx
 
 
 def build_expert_mesh(dp_shard: int, ep: int, device_type: str) -> DeviceMesh:
@@ -76,10 +81,10 @@ class _ScaleGradient(torch.autograd.Function):
     """The identity, whose gradient is scaled by `factor`."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, factor: float) -> torch.Tensor:
         ctx.factor = factor
         return tensor.view_as(tensor)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor):
         return grad * ctx.factor, None

@@ -14,11 +14,16 @@ units in use and the activations.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn as nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from triax.runtime.precision import Precision
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -31,7 +36,7 @@ def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def apply_fsdp(model: nn.Module, dp_mesh, precision: Precision, reshard_after_forward: bool = True,
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: Precision, reshard_after_forward: bool = True,
                cpu_offload: bool = False) -> nn.Module:
     """Shard `model` (a GPT or a pipeline stage of one) over `dp_mesh` in place.
 
@@ -69,7 +74,7 @@ def offload_policy(cpu_offload: bool, device_type: str, pin_memory: bool = True)
     return CPUOffloadPolicy(pin_memory=pin_memory and device_type == "cuda")
 
 
-def shard_units(model: nn.Module, mesh, units: list, *, mp_policy: MixedPrecisionPolicy,
+def shard_units(model: nn.Module, mesh: DeviceMesh, units: list, *, mp_policy: MixedPrecisionPolicy,
                 reshard_after_forward: bool, offload: OffloadPolicy, ignored_params: set | None = None,
                 last_units: list | None = None) -> nn.Module:
     """Shard `model` over `mesh` in place: each entry of `units` (a module, or a list of modules

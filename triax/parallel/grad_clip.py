@@ -10,6 +10,7 @@ the norm is taken per group of identically-placed parameters, made a plain numbe
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,8 @@ def _placement_key(grad: torch.Tensor):
 
 
 @torch.no_grad()
-def clip_grad_norm(parameters, max_norm: float, pp_group=None, norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup | None = None,
+                   norm_type: float = 2.0) -> torch.Tensor:
     """Clip gradients in place to global `norm_type`-norm `max_norm` (inf: measure only); returns
     the norm before clipping, equal on every rank."""
     from torch.distributed.tensor import DTensor

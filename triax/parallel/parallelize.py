@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import Any, Callable, TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -27,6 +28,10 @@ from triax.parallel.activation_checkpoint import apply_activation_checkpointing
 from triax.parallel.compile import apply_compile
 from triax.parallel.mesh import Layout, check_cpu_offload, pipeline_microbatches
 from triax.runtime.precision import Precision
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from triax.models.lora import LoRAConfig
 
 
 @dataclass
@@ -68,8 +73,9 @@ def _materialize(part: nn.Module, device: torch.device, seed: int) -> None:
     init_adapters(part, seed)  # LoRA's own initialisation (none without adapters)
 
 
-def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precision, parallel,
-                      device: torch.device, loss_parallel: bool, seed: int, lora=None) -> nn.Module:
+def _parallelize_part(part: nn.Module, layout: Layout, mesh: DeviceMesh, precision: Precision, parallel: Any,
+                      device: torch.device, loss_parallel: bool, seed: int,
+                      lora: LoRAConfig | None = None) -> nn.Module:
     from triax.parallel.ddp import apply_ddp
     from triax.parallel.fsdp import apply_fsdp, sharded_parameter_device
     from triax.parallel.tensor_parallel import apply_tensor_parallel
@@ -105,7 +111,7 @@ def _parallelize_part(part: nn.Module, layout: Layout, mesh, precision: Precisio
     return part
 
 
-def _sharding_mesh(mesh, layout: Layout, kind: str):
+def _sharding_mesh(mesh: DeviceMesh, layout: Layout, kind: str):
     """FSDP's mesh: dp_shard, with the context-parallel ranks folded in (one flattened dimension,
     so their gradients are reduced together), and dp_replicate before it for HSDP."""
     if layout.cp == 1:
@@ -118,8 +124,10 @@ def _sharding_mesh(mesh, layout: Layout, kind: str):
         return mesh["dp_replicate", "dp_shard_cp"]
 
 
-def parallelize(model_config: GPTConfig, layout: Layout, mesh, precision: Precision, parallel,
-                device: torch.device, *, seed: int, loss_fn=None, rank: int = 0, lora=None) -> ParallelModel:
+def parallelize(model_config: GPTConfig, layout: Layout, mesh: DeviceMesh, precision: Precision, parallel: Any,
+                device: torch.device, *, seed: int,
+                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, rank: int = 0,
+                lora: LoRAConfig | None = None) -> ParallelModel:
     """Build this rank's part of the model of `model_config` in `layout`: cut (pp), shard (tp, fsdp),
     wrap (ddp), with initial weights equal to the single-process `build_model(model_config, seed=seed)`.
 

@@ -14,6 +14,8 @@ and weight-gradient parts to fill the bubble).
 
 from __future__ import annotations
 
+from typing import Callable, TYPE_CHECKING
+
 import torch
 import torch.nn as nn
 from torch.distributed.pipelining import (
@@ -26,6 +28,9 @@ from torch.distributed.pipelining import (
 
 from triax.models import Decoder, GPTConfig, build_model
 from triax.parallel.mesh import num_stages
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 SCHEDULES = {
     "gpipe": ScheduleGPipe,
@@ -82,7 +87,8 @@ def build_stage_modules(config: GPTConfig | Decoder, pp_rank: int, pp: int, sche
 
 
 def build_schedule(stage_modules: list[tuple[int, nn.Module]], pp: int, schedule: str, microbatches: int,
-                   loss_fn, device: torch.device, pp_group):
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device,
+                   pp_group: dist.ProcessGroup):
     """The pipeline schedule over this rank's stages; `stage_modules` may already be wrapped
     (FSDP, DDP, compiled blocks) — PipelineStage knows to delay their gradient sync."""
     total = num_stages(pp, schedule)

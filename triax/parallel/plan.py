@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -89,7 +90,7 @@ class ModelShape:
     extra: tuple = ()  # the other GPTConfig fields of EXTRA_FIELDS as (name, value) pairs (hashable: lists as tuples)
 
     @classmethod
-    def from_config(cls, config, block_size: int | None = None) -> "ModelShape":
+    def from_config(cls, config: GPTConfig, block_size: int | None = None) -> "ModelShape":
         """The shape of a GPTConfig (vocabulary padding aside: the layout decides it here), for
         sequences of `block_size` (default: the model's context)."""
         return cls(config.n_layer, config.n_head, config.n_embd, config.vocab_size, block_size or config.block_size,
@@ -138,7 +139,7 @@ EXTRA_FIELDS = ("qk_norm", "num_experts", "experts_per_token", "moe_intermediate
                 "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size", "shared_expert_gate")
 
 
-def _hashable(value):
+def _hashable(value: object):
     return tuple(value) if isinstance(value, list) else value
 
 
@@ -297,7 +298,7 @@ def context_parallel_fits(shape: ModelShape, cp: int) -> bool:
 
 
 def plan(shape: ModelShape, world: int, memory_gb: float, global_batch: int, cps: list[int] | None = None,
-         **kwargs) -> list[Estimate]:
+         **kwargs: Any) -> list[Estimate]:
     """The layouts that fit in `memory_gb` per device (each with the least checkpointing that
     makes it fit), fastest first, for `global_batch` sequences per step whatever the layout."""
     fitting = []
@@ -320,7 +321,7 @@ def plan(shape: ModelShape, world: int, memory_gb: float, global_batch: int, cps
 
 
 def check_memory(shape: ModelShape, layout: Layout, memory_gb: float, where: str, *, batch_size: int,
-                 **kwargs) -> None:
+                 **kwargs: Any) -> None:
     """Refuse, before anything is allocated, a run whose per-device estimate (`estimate`, the
     formulas above, without the runtime) exceeds `memory_gb`, the memory `where`
     describes. One line naming the keys that decide the larger part."""

@@ -18,6 +18,8 @@ The plan (Megatron-LM's, expressed in PyTorch's parallel styles):
 
 from __future__ import annotations
 
+from typing import Any, TYPE_CHECKING
+
 import torch.nn as nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -28,6 +30,9 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def block_plan(block: nn.Module) -> dict:
@@ -54,7 +59,7 @@ def block_plan(block: nn.Module) -> dict:
     }
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool) -> nn.Module:
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> nn.Module:
     """Shard `model` (a GPT or Llama, or a pipeline stage of one) over `tp_mesh` in place.
 
     `loss_parallel`: leave the logits sharded over the vocabulary as a DTensor; the caller must then
@@ -92,19 +97,19 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool) -> nn.
     return model
 
 
-def _shard_sequence_hook(tp_mesh):
+def _shard_sequence_hook(tp_mesh: DeviceMesh):
     from torch.distributed.tensor import DTensor
 
-    def hook(module, args):
+    def hook(module: nn.Module, args: tuple):
         (hidden,) = args
         return (DTensor.from_local(hidden, tp_mesh, [Replicate()], run_check=False)
                 .redistribute(tp_mesh, [Shard(1)]).to_local(),)
     return hook
 
 
-def _gather_sequence_hook(tp_mesh):
+def _gather_sequence_hook(tp_mesh: DeviceMesh):
     from torch.distributed.tensor import DTensor
 
-    def hook(module, args, output):
+    def hook(module: nn.Module, args: tuple, output: Any):
         return DTensor.from_local(output, tp_mesh, [Shard(1)], run_check=False).full_tensor()
     return hook

@@ -3,18 +3,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from triax.bench.adapters import BETAS, GRAD_CLIP, LEARNING_RATE, WEIGHT_DECAY, StepSetup
 from triax.bench.models import loss_of
 from triax.launch.settings import accelerate_precision_name
 
+if TYPE_CHECKING:
+    from triax.accelerate.accelerator import Accelerator
+    from torch import nn
+
 
 def mixed_precision_name(setup: StepSetup) -> str:
     return accelerate_precision_name(setup.precision.name)
 
 
-def accelerate_step(accelerator, setup: StepSetup):
+def accelerate_step(accelerator: Accelerator, setup: StepSetup):
     model = setup.model.build()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=BETAS,
                                   weight_decay=WEIGHT_DECAY)
@@ -34,7 +40,7 @@ def accelerate_step(accelerator, setup: StepSetup):
     return step
 
 
-def ddp_kwargs_handlers(module, setup: StepSetup) -> list:
+def ddp_kwargs_handlers(module: nn.Module, setup: StepSetup) -> list:
     """Bucket size through DistributedDataParallelKwargs, where the module has it."""
     kwargs_class = getattr(module, "DistributedDataParallelKwargs", None)
     if kwargs_class is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -9,7 +11,7 @@ from triax.bench.adapters import BETAS, GRAD_CLIP, LEARNING_RATE, WEIGHT_DECAY, 
 from triax.bench.models import loss_of
 
 
-def make_step(setup: StepSetup, communication_hook=None):
+def make_step(setup: StepSetup, communication_hook: Callable | None = None):
     model = setup.model.build().to(setup.device)
     if setup.world_size > 1:
         model = DistributedDataParallel(
