@@ -21,6 +21,7 @@ import os
 import runpy
 import sys
 from dataclasses import dataclass
+from typing import Any, Callable, TYPE_CHECKING
 
 from torch.nn.parallel import DistributedDataParallel
 
@@ -28,6 +29,9 @@ import triax.runtime.process_group  # noqa: F401  (its exit handler lets gloo's 
 from triax.errors import ConfigError
 from triax.launch import settings as launch_settings
 from triax.parallel.comm_hooks import check_compression, register_compression
+
+if TYPE_CHECKING:
+    from torch import nn
 
 COMPRESSION_ENV = launch_settings.GRAD_COMPRESSION_ENV
 BUCKET_ENV = launch_settings.DDP_BUCKET_CAP_MB_ENV
@@ -46,7 +50,7 @@ _original_init = DistributedDataParallel.__init__
 _init_signature = inspect.signature(_original_init)
 
 
-def _number(name: str, text: str | None, convert, minimum):
+def _number(name: str, text: str | None, convert: Callable[[str], float], minimum: float):
     if text in (None, ""):
         return None
     try:
@@ -86,7 +90,7 @@ def uninstall() -> None:
     DistributedDataParallel.__init__ = _original_init
 
 
-def _boosted_init(self, *args, **kwargs):
+def _boosted_init(self, *args: Any, **kwargs: Any):
     settings = _settings
     if settings is not None and settings.bucket_cap_mb is not None:
         given = _init_signature.bind_partial(self, *args, **kwargs).arguments
@@ -96,7 +100,7 @@ def _boosted_init(self, *args, **kwargs):
     if settings is None or settings.compression == "none":
         return
 
-    def before_first_forward(module, inputs):
+    def before_first_forward(module: nn.Module, inputs: tuple):
         handle.remove()
         if not getattr(module, "_comm_hooks", None):  # the script chose its own hook: keep it
             register_compression(module, settings.compression, settings.powersgd_rank,

@@ -17,6 +17,7 @@ as every key of a configuration is a name. Every problem is one line naming the 
 from __future__ import annotations
 
 import os
+from typing import IO
 
 import yaml
 
@@ -39,12 +40,12 @@ class _BoundedLoader(yaml.SafeLoader):
     max_nodes = MAX_NODES
     max_depth = MAX_DEPTH
 
-    def __init__(self, stream):
+    def __init__(self, stream: str | bytes | IO):
         super().__init__(stream)
         self._depth = 0
         self._expanded: dict[int, tuple[int, int]] = {}  # id(node) -> (nodes, depth), once finished
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: yaml.Node | None, index: object):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             node = super().compose_node(parent, index)
@@ -74,7 +75,7 @@ class _BoundedLoader(yaml.SafeLoader):
         self._expanded[id(node)] = (nodes, depth)
         return node
 
-    def _check(self, nodes: int, depth: int, mark) -> None:
+    def _check(self, nodes: int, depth: int, mark: yaml.Mark | None) -> None:
         if nodes > self.max_nodes:
             raise yaml.composer.ComposerError(None, None, f"expands to more than {self.max_nodes} values "
                                               "(aliases counted each time they are used)", mark)
@@ -83,7 +84,7 @@ class _BoundedLoader(yaml.SafeLoader):
                                               "(aliases expanded)", mark)
 
 
-def _string_keys(value, where: str, source: str) -> None:
+def _string_keys(value: object, where: str, source: str) -> None:
     """Every mapping key under `value` is a string. The composer bounded the walk's size."""
     if isinstance(value, dict):
         for key, item in value.items():

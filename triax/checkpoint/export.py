@@ -137,7 +137,7 @@ class TensorSource:
     def __len__(self) -> int:
         return len(self._names)
 
-    def __contains__(self, name) -> bool:
+    def __contains__(self, name: object) -> bool:
         return name in self._names
 
     def __getitem__(self, name: str) -> torch.Tensor:

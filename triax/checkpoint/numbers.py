@@ -25,11 +25,11 @@ RANGES = {
 COUNTERS = ("step", "epoch", "sample_index", "last_epoch", "_step_count", "micro_step", "batch", "num_samples")
 
 
-def is_number(value) -> bool:
+def is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _in_range(value, low, high, low_open, high_open) -> bool:
+def _in_range(value: object, low: float, high: float, low_open: bool, high_open: bool) -> bool:
     return (is_number(value) and math.isfinite(value) and (value > low if low_open else value >= low)
             and (value < high if high_open else value <= high))
 
@@ -40,7 +40,7 @@ def _in_range(value, low, high, low_open, high_open) -> bool:
 CONFIG_KEYS = ("config",)
 
 
-def bad_number(value, path: str = "", ranges: bool = True) -> str | None:
+def bad_number(value: object, path: str = "", ranges: bool = True) -> str | None:
     """The first number in a JSON-like value that is not finite or out of its field's range, as
     'path=value'; None when all are fine."""
     if isinstance(value, dict):
@@ -76,11 +76,11 @@ def bad_number(value, path: str = "", ranges: bool = True) -> str | None:
     return None
 
 
-def _spelled_float(item) -> bool:
+def _spelled_float(item: object) -> bool:
     return isinstance(item, dict) and set(item) == {"__float__"} and item["__float__"] in ("inf", "-inf", "nan")
 
 
-def _plain(item):
+def _plain(item: object):
     """The Accelerator's JSON spellings of a tuple and of inf / nan (triax/accelerate/saving.py),
     as the values they stand for, so a range applies to them too."""
     if isinstance(item, dict) and set(item) == {"__tuple__"}:

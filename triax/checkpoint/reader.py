@@ -33,11 +33,11 @@ MAX_JSON_BYTES = 256 << 20  # any JSON file of a snapshot
 MAX_DIMS = 8
 
 
-def is_int(value) -> bool:
+def is_int(value: object) -> bool:
     return type(value) is int
 
 
-def is_count(value) -> bool:
+def is_count(value: object) -> bool:
     return type(value) is int and value >= 0
 
 
@@ -172,7 +172,7 @@ class SnapshotReader:
             _require(size == files[relative]["bytes"], where,
                      f"{relative} has {size} bytes, the manifest says {files[relative]['bytes']} (truncated?)")
 
-    def _check_tensor(self, key: str, entry) -> None:
+    def _check_tensor(self, key: str, entry: object) -> None:
         where = self.snapshot
         what = f"tensor {key[:80]!r} in {SHARDS_METADATA}"
         _require(isinstance(entry, dict) and entry.get("dtype") in DTYPES, where, f"{what} has no known dtype")

@@ -35,12 +35,12 @@ def restore_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
 
 
-def check_rng_state(state, snapshot: str) -> None:
+def check_rng_state(state: object, snapshot: str) -> None:
     """Raise SnapshotCorruptError unless `state` has the shape capture_rng_state gives, so that
     restoring it cannot fail half-way (it runs after every rank agreed the snapshot is good)."""
     from triax.checkpoint.errors import SnapshotCorruptError
 
-    def ints(value, count):
+    def ints(value: object, count: int):
         return isinstance(value, list) and len(value) == count and all(type(v) is int for v in value)
 
     try:
@@ -69,7 +69,7 @@ def _decode(encoded: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(encoded)), dtype=torch.uint8).clone()
 
 
-def _jsonable(value):
+def _jsonable(value: object):
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, (tuple, list)):

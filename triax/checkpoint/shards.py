@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Callable
+from typing import Any, Callable, TYPE_CHECKING
 
 import torch
 from torch.distributed.checkpoint.metadata import (
@@ -31,6 +31,13 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from triax.checkpoint.storage import Store
+
+if TYPE_CHECKING:
+    import os
+
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner
+
+    from triax.checkpoint.reader import SnapshotReader
 
 SHARDS_METADATA = "shards.json"
 DTYPES = {name: getattr(torch, name) for name in (
@@ -63,19 +70,19 @@ class ShardWriter(StorageWriter):
         self.store, self.directory, self.on_finish = store, directory, on_finish
         self.rank = 0
 
-    def reset(self, checkpoint_id=None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         pass
 
-    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.rank = kwargs.get("rank", 0) or 0
 
-    def prepare_local_plan(self, plan):
+    def prepare_local_plan(self, plan: SavePlan):
         return plan
 
-    def prepare_global_plan(self, plans):
+    def prepare_global_plan(self, plans: list[SavePlan]):
         return plans
 
-    def write_data(self, plan, planner) -> Future:
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         relative = shard_file(self.rank)
         results, offset, whole = [], 0, hashlib.sha256()
         items = [item for item in plan.items]
@@ -100,7 +107,7 @@ class ShardWriter(StorageWriter):
         future.set_result(results)
         return future
 
-    def finish(self, metadata: Metadata, results) -> None:
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         stored = {result.index: result.storage_data for per_rank in results for result in per_rank}
         tensors, files = {}, {}
         for key, entry in metadata.state_dict_metadata.items():
@@ -120,7 +127,7 @@ class ShardWriter(StorageWriter):
         return None
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike | None) -> bool:
         return False
 
 
@@ -129,15 +136,15 @@ class ShardReader(StorageReader):
     triax.checkpoint.reader.SnapshotReader) has already validated; every chunk read is checked
     against its sha256. Counts the bytes it reads."""
 
-    def __init__(self, snapshot_reader):
+    def __init__(self, snapshot_reader: SnapshotReader):
         super().__init__()
         self.snapshot = snapshot_reader
         self.bytes_read = 0
 
-    def reset(self, checkpoint_id=None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         pass
 
-    def read_metadata(self, *args, **kwargs) -> Metadata:
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         entries, storage = {}, {}
         for key, entry in self.snapshot.shards["tensors"].items():
             dtype = DTYPES[entry["dtype"]]
@@ -149,17 +156,17 @@ class ShardReader(StorageReader):
                                                  size=torch.Size(entry["size"]), chunks=chunks)
         return Metadata(state_dict_metadata=entries, storage_data=storage)
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args, **kwargs) -> None:
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         # Every rank maps chunks from its own validated copy, not from the coordinator's broadcast.
         self.storage = self.read_metadata().storage_data
 
-    def prepare_local_plan(self, plan):
+    def prepare_local_plan(self, plan: LoadPlan):
         return plan
 
-    def prepare_global_plan(self, plans):
+    def prepare_global_plan(self, plans: list[LoadPlan]):
         return plans
 
-    def read_data(self, plan, planner) -> Future:
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         for request in plan.items:
             if request.type == LoadItemType.BYTE_IO:
                 raise TypeError("a snapshot holds tensors only")
@@ -181,5 +188,5 @@ class ShardReader(StorageReader):
         return tensor_from_bytes(data, DTYPES[self.snapshot.shards["tensors"][key]["dtype"]], chunk["sizes"])
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike | None) -> bool:
         return False

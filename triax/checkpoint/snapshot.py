@@ -35,7 +35,7 @@ import sys
 import time
 import warnings
 from concurrent.futures import Future
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -125,7 +125,8 @@ def _identity(key: str) -> str:
     return key
 
 
-def _tensor_state(model: torch.nn.Module, optimizer, stored_name: Callable[[str], str], full: bool = False):
+def _tensor_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, stored_name: Callable[[str], str],
+                  full: bool = False):
     """(flat {stored key: tensor} for DCP, the model's own state dict, the optimizer's).
 
     Keys are this rank's parameter names mapped by `stored_name` (a pipeline stage strips its part
@@ -162,7 +163,7 @@ def _padded_keys(tensors: dict, real_rows: dict[str, int] | None) -> dict[str, i
     return padded
 
 
-def _optimizers(optimizer) -> tuple:
+def _optimizers(optimizer: torch.optim.Optimizer) -> tuple:
     """`optimizer` may be one optimizer or a tuple of optimizers over the model's parameters
     (torch.distributed.checkpoint.state_dict takes both; their groups are saved in order)."""
     return tuple(optimizer) if isinstance(optimizer, (list, tuple)) else (optimizer,)
@@ -450,7 +451,7 @@ def _fit_error(snapshot: str, error: BaseException) -> SnapshotError:
                          "trainer.run_dir")
 
 
-def _same_kind(saved, current) -> bool:
+def _same_kind(saved: Any, current: Any) -> bool:
     if isinstance(current, bool) or current is None or isinstance(current, str):
         return type(saved) is type(current)
     if isinstance(current, (int, float, torch.Tensor)):
@@ -460,7 +461,7 @@ def _same_kind(saved, current) -> bool:
     return False
 
 
-def _as_held(saved, current):
+def _as_held(saved: Any, current: Any):
     """JSON has no tuples: a saved list is given back as a tuple where the optimizer holds one
     (Adam's betas), so the restored state_dict equals the saved one."""
     return tuple(saved) if isinstance(current, tuple) and isinstance(saved, list) else saved

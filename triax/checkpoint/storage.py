@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import stat
+from typing import IO
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -134,7 +135,7 @@ class Store:
                 return handle.read(length)
         return self.fs.cat_file(path, start=offset, end=offset + length)
 
-    def flush_and_sync(self, handle) -> None:
+    def flush_and_sync(self, handle: IO[bytes]) -> None:
         """Make what was written to a stream from open_new durable (object stores: on close)."""
         if self.local:
             handle.flush()

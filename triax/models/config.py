@@ -16,7 +16,7 @@ config (and a run's model.json) always holds every value explicitly.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from triax.errors import ConfigError
 
@@ -369,7 +369,7 @@ class GPTConfig:
         return self.bias or self.arch == "qwen2"
 
     @classmethod
-    def from_preset(cls, name: str, **kwargs) -> "GPTConfig":
+    def from_preset(cls, name: str, **kwargs: Any) -> "GPTConfig":
         return cls(**{**preset_fields(name), **kwargs})
 
     @property
@@ -389,7 +389,7 @@ def architecture_fields(config: GPTConfig) -> dict:
     return {key: value for key, value in asdict(config).items() if key not in TRAINING_FIELDS}
 
 
-def _check_size(name: str, value, limit: int) -> None:
+def _check_size(name: str, value: object, limit: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"model.{name}={value!r} must be a positive integer")
     if value > limit:

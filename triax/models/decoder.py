@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -117,7 +117,7 @@ class SelfAttention(nn.Module):
     (q, k, positions before them) into rotated (q, k) (the llama family's rotary positions; GPT-2
     adds learned positions to the embeddings instead)."""
 
-    def __init__(self, config: GPTConfig, rotary=None):
+    def __init__(self, config: GPTConfig, rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None):
         super().__init__()
         self.head_dim = config.head_dim
         width = config.n_head * config.head_dim

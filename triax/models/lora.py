@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Callable, List, Optional, TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -33,6 +33,9 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 from triax.errors import ConfigError
 from triax.models.init import init_constant, init_normal, local_box
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 # model.lora.targets -> the linear layer inside a block (PEFT's module names are accepted too).
 TARGETS = {"q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj", "o": "attn.out_proj",
@@ -65,7 +68,7 @@ class LoRAConfig:
     """Start the adapters from a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."""
 
 
-def target_keys(targets) -> list[str]:
+def target_keys(targets: object) -> list[str]:
     """The short names (q, k, ...) of model.lora.targets, in TARGETS order; one line for a bad one."""
     if isinstance(targets, str):
         targets = [targets]
@@ -128,7 +131,7 @@ def adapters_disabled():
         _ADAPTERS.off = was
 
 
-def _add_adapter(module: nn.Linear, args, output):
+def _add_adapter(module: nn.Linear, args: tuple, output: torch.Tensor):
     if _ADAPTERS.off:
         return output
     x = args[0]
@@ -143,7 +146,7 @@ def _add_adapter(module: nn.Linear, args, output):
     return output + delta
 
 
-def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh=None) -> list[str]:
+def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh: DeviceMesh | None = None) -> list[str]:
     """Freeze every parameter of `model` (a Decoder or a pipeline stage of one, plain or after
     tensor parallelism) and add adapters to the target layers of each block, on the model's device
     (meta, before materialising). Returns the adapted layers' names."""
@@ -176,14 +179,14 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh=None) -> list[str]:
     return adapted
 
 
-def _split_like_layer(layer: nn.Linear, tp_mesh, row_parallel: bool) -> None:
+def _split_like_layer(layer: nn.Linear, tp_mesh: DeviceMesh | None, row_parallel: bool) -> None:
     a_placement, b_placement = (Shard(1), Replicate()) if row_parallel else (Replicate(), Shard(0))
     for factor, placement in ((layer.lora_A, a_placement), (layer.lora_B, b_placement)):
         factor.weight = nn.Parameter(distribute_tensor(factor.weight.data, tp_mesh, [placement]))
 
 
 @torch.no_grad()
-def init_adapters(model: nn.Module, seed: int, stored_name=lambda name: name) -> int:
+def init_adapters(model: nn.Module, seed: int, stored_name: Callable[[str], str] = lambda name: name) -> int:
     """PEFT's initialisation of every adapter of `model` (this rank's part): A uniform on
     +-1/sqrt(in) (kaiming_uniform_ with a=sqrt(5)), B zero. Returns how many adapters."""
     count = 0

@@ -10,6 +10,7 @@ impossible, never refuses a model that would run.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,8 +18,11 @@ from triax.errors import ConfigError
 from triax.runtime.host_memory import host_memory_bytes
 from triax.models import parameter_shapes
 
+if TYPE_CHECKING:
+    from triax.models.config import GPTConfig
 
-def check_whole_model_fits(config, device: torch.device, what: str, processes: int = 1) -> None:
+
+def check_whole_model_fits(config: GPTConfig, device: torch.device, what: str, processes: int = 1) -> None:
     """One line when the parameters of a model of `config` (in torch's default dtype) exceed the
     memory of `device` (the host's for a CPU, shared by `processes` processes)."""
     values = sum(math.prod(shape) for shape in parameter_shapes(config).values())
