@@ -36,8 +36,9 @@ from triax.data.errors import DataError
 from triax.errors import printable
 
 if TYPE_CHECKING:
-    from triax.data.chat_template import ChatTemplate
     from tokenizers import Tokenizer
+
+    from triax.data.chat_template import ChatTemplate
 
 TRUNCATION_MODES = ("keep_start", "keep_end")
 

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from triax.models.decoder import Packed
 
 if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.autograd.function import FunctionCtx
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def local_chunks(x: torch.Tensor, rank: int, degree: int, dim: int = 1) -> torch.Tensor:

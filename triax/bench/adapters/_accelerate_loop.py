@@ -12,8 +12,9 @@ from triax.bench.models import loss_of
 from triax.launch.settings import accelerate_precision_name
 
 if TYPE_CHECKING:
-    from triax.accelerate.accelerator import Accelerator
     from torch import nn
+
+    from triax.accelerate.accelerator import Accelerator
 
 
 def mixed_precision_name(setup: StepSetup) -> str:

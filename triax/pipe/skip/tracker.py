@@ -33,8 +33,8 @@ from triax.pipe.skip.portal import Portal
 
 if TYPE_CHECKING:
     from triax.pipe.microbatch import Batch
-    from triax.pipe.skip.namespace import Namespace
     from triax.pipe.skip.layout import SkipLayout
+    from triax.pipe.skip.namespace import Namespace
 
 # Reads of a portal's tensor, as counted in the module docstring.
 READS_PLAIN = 2
