@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
     encoder.check_learns_to_stop()
     block = args.block_size if args.block_size is not None else 2**62
 
-    def records(paths: Iterable[str]):
+    def records(paths):
         for path in paths:
             yield from read_records(path, "input")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable
 
 from triax import safe_files
 from triax.data.errors import DataError
@@ -47,7 +46,7 @@ def main(argv: list[str]) -> int:
                                      tokenizer.tokenizer)
     limit = args.max_length if args.max_length is not None else 2**62
 
-    def records(paths: Iterable[str]):
+    def records(paths):
         for path in paths:
             yield from read_records(path, "input")
 
