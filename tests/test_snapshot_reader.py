@@ -109,6 +109,19 @@ def test_mistyped_optimizer_settings_mean_corrupt(tmp_path, setting):
     assert number == 4 and "optimizer setting" in messages[0]
 
 
+@pytest.mark.parametrize("groups", [0, 2])
+def test_another_count_of_optimizer_groups_means_corrupt(tmp_path, groups):
+    """A state.json the manifest vouches for, with fewer or more optimizer groups than the
+    optimizer has: refused before the collective load (Hypothesis found the empty list)."""
+    save_steps(tmp_path)
+    newest = os.path.join(tmp_path, checkpoint.snapshot_name(6))
+    state = json.load(open(os.path.join(newest, "state.json")))
+    state["optimizer_groups"] = state["optimizer_groups"][:1] * groups
+    rewrite(newest, "state.json", json.dumps(state).encode())
+    number, _, messages = load_latest(tmp_path)
+    assert number == 4 and "optimizer parameter groups" in messages[0]
+
+
 @pytest.mark.parametrize("damage", ["truncate_shards", "grow_shards", "flip_shards", "truncate_state"])
 def test_damaged_files_fall_back(tmp_path, damage):
     save_steps(tmp_path)

@@ -469,7 +469,11 @@ def _as_held(saved: Any, current: Any):
 
 def _check_groups(saved: list, current: list, snapshot: str) -> None:
     """Saved optimizer hyper-parameters must be the ones this optimizer has, with the same types:
-    anything else would only fail later, inside a training step."""
+    anything else would only fail later, inside a training step (or, for a count that differs, in
+    the middle of the collective load)."""
+    if len(saved) != len(current):
+        raise SnapshotCorruptError(f"snapshot {snapshot}: {len(saved)} optimizer parameter groups in state.json, "
+                                   f"this optimizer has {len(current)}")
     for saved_group, group in zip(saved, current):
         for key, value in saved_group.items():
             if key == "params" or key not in group or not _same_kind(value, group[key]):
