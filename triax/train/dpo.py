@@ -124,11 +124,11 @@ class DPOObjective:
     def _pair_terms(self, trainer, model, x: torch.Tensor, y: torch.Tensor):
         with torch.no_grad(), self._reference():
             with trainer.precision.autocast(trainer.device):
-                reference = trainer._forward(self.reference if self.reference is not None else model, x)
+                reference = trainer.forward(self.reference if self.reference is not None else model, x)
             ref_logps = answer_logps(reference, y)
             del reference
         with trainer.precision.autocast(trainer.device):
-            logits = trainer._forward(model, x)
+            logits = trainer.forward(model, x)
         lengths = (y != IGNORE_INDEX).sum(dim=1)
         return pair_losses(self.config, answer_logps(logits, y), ref_logps, lengths)
 
@@ -169,8 +169,8 @@ class DPOObjective:
         for step in range(math.ceil(count / (batch * dp))):
             start = step * batch * dp + rank * batch
             indices = list(range(start, min(start + batch, count)))
-            x, y = trainer._batch(val, torch.tensor(indices or [0]))
-            with trainer._loss_context():
+            x, y = trainer.batch(val, torch.tensor(indices or [0]))
+            with trainer.loss_context():
                 losses, stats = self._pair_terms(trainer, trainer.raw_model, x, y)
             if indices:
                 sums += torch.cat([losses[:, None], stats], dim=1).double().sum(dim=0).cpu()

@@ -1,5 +1,6 @@
 """Checking a composed training config: every value's range, once, before any file or process
-group exists; and the checks of the data against the layout the config resolves to."""
+group exists; and the checks of the data against the layout the config resolves to (the
+process count decides it)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
 from triax.models.lora import check_lora
 from triax.parallel.comm_hooks import check_compression
-from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES
+from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES, Layout
 from triax.runtime.precision import POLICY_NAMES
 from triax.runtime.timeouts import collective_timeout
 from triax.tracking.trackers import check_trackers
 from triax.train.schema import (DataConfig, DebugConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig,
                                 TrainerConfig, gpt_config)
+from triax.train.dpo import check_preference_run
 from triax.train.dpo_config import check_dpo
 from triax.train.optim import DECAY_RULES, SCHEDULES
 
@@ -151,3 +153,27 @@ def _check_debug(debug: DebugConfig) -> None:
     _need(debug.preempt_at_step is None or debug.preempt_at_step >= 1, "debug.preempt_at_step",
           debug.preempt_at_step, "use a positive step (or null)")
     _need(debug.preempt_rank >= 0, "debug.preempt_rank", debug.preempt_rank, "use 0 or more")
+
+
+def check_data_layout(config: TrainConfig, layout: Layout) -> None:
+    """The data options the layout the config resolves to cannot run (one line each), before any
+    process group exists."""
+    data = config.data
+    if data.task == "chat" and data.packing and layout.pp > 1:
+        raise ConfigError("data.packing=true does not run under pipeline parallelism (parallel.pp="
+                          f"{layout.pp}): its stages take the token ids alone; use data.packing=false")
+    if data.task == "chat" and data.packing and layout.tp > 1 and config.model.arch == "gpt2":
+        # GPT-2's learned position table is split for positions of one sequence, not per-row positions.
+        raise ConfigError("data.packing=true with GPT-2 (learned positions) does not run under tensor "
+                          "parallelism; use data.packing=false or parallel.tp=1")
+    # Chat batches cut to their longest row: not under a pipeline (its stages are built for one row
+    # length) nor context parallelism (each row is cut into chunks of the block).
+    if data.task == "chat" and data.batch_padding and layout.cp > 1:
+        raise ConfigError("data.batch_padding=true does not run under context parallelism (parallel.cp="
+                          f"{layout.cp}): each row is cut into 2 x cp chunks of the block; use "
+                          "data.batch_padding=false")
+    if data.task == "chat" and data.batch_padding and layout.pp > 1:
+        raise ConfigError("data.batch_padding=true does not run under pipeline parallelism (parallel.pp="
+                          f"{layout.pp}): its stages are built for one row length; use "
+                          "data.batch_padding=false")
+    check_preference_run(config, layout)
