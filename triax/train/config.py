@@ -9,10 +9,11 @@ from triax.train.compose import (absolute_paths, compose_config, continuation_ov
                                  to_dict)
 from triax.train.schema import (DERIVED_MODEL_FIELDS, DataConfig, DebugConfig, ModelConfig, OptimConfig,
                                 ParallelConfig, TrainConfig, TrainerConfig, asynchronous_snapshots,
-                                changed_from_preset, field_docs, final_lr, gpt_config, snapshot_every, snapshot_root)
+                                changed_from_preset, field_docs, final_lr, gpt_config, snapshot_every, snapshot_root,
+                                total_steps)
 from triax.train.validate import validate
 
 __all__ = ["TrainConfig", "ModelConfig", "DataConfig", "OptimConfig", "TrainerConfig", "ParallelConfig",
            "DebugConfig", "DERIVED_MODEL_FIELDS", "field_docs", "gpt_config", "final_lr", "snapshot_every",
-           "asynchronous_snapshots", "snapshot_root", "changed_from_preset", "absolute_paths", "compose_config",
-           "continuation_overrides", "describe_keys", "from_dict", "to_dict", "validate"]
+           "asynchronous_snapshots", "snapshot_root", "total_steps", "changed_from_preset", "absolute_paths",
+           "compose_config", "continuation_overrides", "describe_keys", "from_dict", "to_dict", "validate"]

@@ -9,7 +9,8 @@ from typing import Callable
 from triax.runtime.shared_decisions import gather_floats
 from triax.runtime.stragglers import StragglerCheck
 from triax.runtime.watchdog import Watchdog
-from triax.tracking.throughput import Pace, duration, step_count
+from triax.runtime.threads import ThreadChoice
+from triax.tracking.throughput import MetricsLogger, Pace, duration, step_count
 from triax.train.schema import TrainConfig
 from triax.train.step import TrainingStep
 
@@ -27,6 +28,32 @@ class Console:
         self.stragglers = StragglerCheck()
         self.pace: Pace | None = None
         self._mfu_warned = False
+
+    def announce(self, logger: MetricsLogger, arch: str, num_params: int, trainable_params: int,
+                 threads: ThreadChoice | None, steps_per_epoch: int, changed_shape: dict, batch_note: str | None) -> None:
+        """The run's first lines: what trains, where, in which layout, for how long."""
+        config, steps = self.config, self.steps
+        # What was loaded, not the preset's name: model.init_from replaced the preset's shape; a
+        # preset whose shape keys were changed is named with the changes (model.arch=llama...).
+        changes = ", ".join(f"model.{key}={value}" for key, value in changed_shape.items())
+        loaded = (f"from {config.model.init_from}" if config.model.init_from else
+                  f"{config.model.name} with {changes}" if changes else config.model.name)
+        # The architecture too: a preset's shape can be built as any of them (model.arch).
+        described_threads = f" with {threads.describe()}" if threads is not None else ""
+        processes = f"{steps.world_size} process{'es' if steps.world_size != 1 else ''}"
+        logger.print(
+            f"training {loaded} ({arch}, {num_params / 1e6:.2f}M params) on {steps.device} x "
+            f"{processes} ({steps.layout.describe()}){described_threads}, precision {steps.precision.name}, "
+            f"{step_count(self.total_steps)} of {steps.samples_per_step} samples "
+            f"({step_count(steps_per_epoch)}/epoch), run dir {config.trainer.run_dir}")
+        if config.model.lora.rank:
+            lora = config.model.lora
+            logger.print(f"LoRA rank {lora.rank} on {', '.join(lora.targets)}: the base is frozen, "
+                         f"{trainable_params / 1e6:.3f}M adapter parameters train")
+        if steps.data.report:
+            logger.print(steps.data.report)
+        if batch_note:
+            logger.print(batch_note)
 
     def start(self, step: int) -> Pace:
         self.pace = Pace(self.steps.samples_per_step * self.block_size, self.total_steps, step)

@@ -17,6 +17,7 @@ class Evaluation:
     def __init__(self, steps: TrainingStep):
         self.steps = steps
         self.config = steps.config
+        self._said_why_no_sample = False
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -73,6 +74,20 @@ class Evaluation:
                                            use_cache=self.generation_cache())
         steps.raw_model.train()
         return vocab.decode(out[0].tolist())
+
+    def sample_line(self, step: int) -> str | None:
+        """What an evaluation prints besides its figures: a text sample, or (once a run) why this
+        layout gives none."""
+        sample = self.sample_text()
+        if sample is not None:
+            return f"--- sample at step {step} ---\n{sample}\n---"
+        if (not self.can_generate() and not self._said_why_no_sample and self.steps.data.vocab is not None
+                and self.config.trainer.sample_tokens > 0):
+            self._said_why_no_sample = True  # once a run: every evaluation would repeat it
+            return (f"no text sample during this run: generating token by token needs the whole model "
+                    f"and all its logits on one rank, which this layout ({self.steps.layout.describe()}) "
+                    f"splits; `triax generate {self.config.trainer.run_dir}` samples from it afterwards")
+        return None
 
     def can_generate(self) -> bool:
         """Token-by-token generation needs the whole model and full logits on one rank: not

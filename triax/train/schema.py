@@ -386,6 +386,16 @@ def final_lr(optim: OptimConfig) -> float:
     return optim.min_lr if optim.min_lr is not None else optim.lr / 10
 
 
+def total_steps(trainer: TrainerConfig, steps_per_epoch: int) -> int:
+    """The run's length in optimizer steps: trainer.max_steps or max_epochs, whichever ends first."""
+    limits = []
+    if trainer.max_steps is not None:
+        limits.append(trainer.max_steps)
+    if trainer.max_epochs is not None:
+        limits.append(trainer.max_epochs * steps_per_epoch)
+    return min(limits)
+
+
 def snapshot_every(trainer: TrainerConfig) -> int:
     """trainer.save_every, or what it follows when unset: trainer.eval_every."""
     return trainer.save_every if trainer.save_every is not None else trainer.eval_every

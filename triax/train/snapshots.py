@@ -9,12 +9,14 @@ from typing import Callable
 import torch
 
 from triax import checkpoint
+from triax.errors import ConfigError
 from triax.models import vocabulary_rows
 from triax.models.config import GPTConfig
+from triax.runtime.rendezvous import restart_count
 from triax.runtime.shared_decisions import any_rank
 from triax.tracking.throughput import MetricsLogger
 from triax.train.compose import to_dict
-from triax.train.schema import TrainConfig
+from triax.train.schema import TrainConfig, snapshot_root
 from triax.train.step import Optimization, Position
 
 
@@ -166,6 +168,27 @@ class Snapshots:
             raise checkpoint.SnapshotCorruptError(
                 f"snapshot step {state.get('step')}: state.json lacks or mistypes the trainer's keys "
                 "(epoch, sample_index, scheduler, scaler)")
+
+
+def check_saved_vocabulary(config: TrainConfig, vocab_size: int) -> None:
+    """A resume reads the first vocab_size rows of the snapshot's embedding and head, whatever
+    padding it was saved with: refuse, before any process group, a snapshot of another
+    vocabulary (its rows would name other tokens). Read from the newest snapshot's validated
+    state; a damaged one is left to the resume, which falls back from it and says why."""
+    if not (config.trainer.resume or restart_count() > 0):
+        return
+    snapshot = checkpoint.latest_snapshot(snapshot_root(config))
+    if snapshot is None:
+        return
+    try:
+        saved = checkpoint.read_state(snapshot).get("model")
+    except checkpoint.SnapshotError:
+        return
+    saved = saved.get("vocab_size") if isinstance(saved, dict) else None
+    if type(saved) is int and saved != vocab_size:
+        raise ConfigError(f"snapshot {snapshot} was trained on a vocabulary of {saved} tokens, this run's has "
+                          f"{vocab_size}; resume with the data (or model.init_from) it was trained on, or train "
+                          "this one in another trainer.run_dir")
 
 
 def _same_shape(saved: object, current: object) -> bool:

@@ -13,15 +13,14 @@ Each step takes the next global batch in the data order (see triax.data.sampler)
 
 from __future__ import annotations
 
-import os
+import operator
 import sys
 import time
-import weakref
 
 import torch
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-from triax import checkpoint, safe_files
+from triax import checkpoint
 from triax.checkpoint.rng import seed_everything
 from triax.data import GlobalSampler
 from triax.errors import ConfigError, printable
@@ -33,18 +32,14 @@ from triax.parallel.experts import check_layout as check_expert_layout
 from triax.parallel.mesh import (GPU_VOCAB_MULTIPLE, build_mesh, check_context_parallel, padded_vocab_size,
                                  resolve_layout, validate_layout)
 from triax.parallel.parallelize import parallelize
-from triax.parallel.plan import ModelShape, check_memory
 from triax.runtime.failure_agreement import raise_together
-from triax.runtime.host_memory import host_memory_bytes, return_freed_memory_to_os
+from triax.runtime.host_memory import return_freed_memory_to_os
 from triax.runtime.place import detect_place, pick_device
 from triax.runtime.precision import Precision
-from triax.runtime.process_group import init_distributed
 from triax.runtime.rendezvous import restart_count
 from triax.runtime.shared_decisions import any_rank, mean_across_ranks
 from triax.runtime.threads import apply_thread_choice
-from triax.runtime.timeouts import collective_timeout, slow_phase_timeout
-from triax.runtime.watchdog import Watchdog
-from triax.tracking.throughput import Pace, peak_memory_mb, stated_peak_flops, step_count
+from triax.tracking.throughput import Pace, peak_memory_mb, stated_peak_flops
 from triax.train import continuation, init_from, router_metrics
 from triax.train.batch_fit import fit_batch_size
 from triax.train.compose import absolute_paths, continuation_overrides
@@ -55,13 +50,22 @@ from triax.train.evaluation import Evaluation
 from triax.train.loss import loss_function
 from triax.train.optim import make_adamw, make_schedule, move_schedule
 from triax.train.preemption import StopRequest
-from triax.train.run_directory import RunDirectory, check_writable_directory, remove_if_empty
+from triax.train.run_directory import RunDirectory, check_writable_directory
 from triax.train.sample_log import SampleLog
 from triax.train.schema import (TrainConfig, asynchronous_snapshots, changed_from_preset, final_lr, gpt_config,
-                                snapshot_every, snapshot_root)
-from triax.train.snapshots import Snapshots
+                                snapshot_every, snapshot_root, total_steps)
+from triax.train.snapshots import Snapshots, check_saved_vocabulary
+from triax.train.startup import check_device_memory, check_snapshot_root, join_job
 from triax.train.step import Optimization, RankPlace, TrainingStep
 from triax.train.validate import check_data_layout
+
+
+def _held_by(component: str, name: str, doc: str) -> property:
+    """A Trainer attribute that one of its components holds (`component`: a dotted path from the
+    Trainer), readable and settable under its old name."""
+    holder = operator.attrgetter(component)
+    return property(lambda trainer: getattr(holder(trainer), name),
+                    lambda trainer, value: setattr(holder(trainer), name, value), doc=doc)
 
 
 class Trainer:
@@ -90,7 +94,6 @@ class Trainer:
         self._build_model(model_config)
         self._build_optimizer()
         self.stop_reason: str | None = None  # set when a signal stopped the run early
-        self._said_why_no_sample = False
         self.run_directory = RunDirectory(config, self.is_main)
         self.logger = self.run_directory.open(self, created_run_dir, self.model_config, self.data, self.init_source)
         self.console = Console(config, self.steps, self.total_steps, self.flops_per_token,
@@ -106,48 +109,16 @@ class Trainer:
         if config.trainer.continue_from and self.saved_step is None:
             self._continue_run()
 
-    # ---- where training stands (the components hold it) ---------------------------------------
+    # ---- where training stands: attributes its components hold -------------------------------
 
-    @property
-    def step(self) -> int:
-        """Optimizer steps taken."""
-        return self.steps.position.step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.steps.position.step = value
-
-    @property
-    def epoch(self) -> int:
-        return self.steps.position.epoch
-
-    @property
-    def sample_index(self) -> int:
-        """The global sample index within the epoch where the next step starts."""
-        return self.steps.position.sample_index
-
-    @property
-    def last_snapshot(self) -> str | None:
-        return self.snapshots.last_snapshot
-
-    @property
-    def saved_step(self) -> int | None:
-        """The step of the newest snapshot this process wrote or loaded."""
-        return self.snapshots.saved_step
-
-    @property
-    def resume_stats(self) -> dict:
-        """bytes_read: what this rank read of the snapshot it resumed from."""
-        return self.snapshots.resume_stats
-
-    @property
-    def async_save(self) -> bool:
-        """Whether snapshots are written in the background (trainer.async_save, or a GPU's default)."""
-        return self.snapshots.asynchronous
-
-    @async_save.setter
-    def async_save(self, value: bool) -> None:
-        self.snapshots.asynchronous = value
+    step = _held_by("steps.position", "step", "Optimizer steps taken.")
+    epoch = _held_by("steps.position", "epoch", "The epoch the next step draws from.")
+    sample_index = _held_by("steps.position", "sample_index",
+                            "The global sample index within the epoch where the next step starts.")
+    last_snapshot = _held_by("snapshots", "last_snapshot", "The newest snapshot this process wrote or loaded.")
+    saved_step = _held_by("snapshots", "saved_step", "The step of last_snapshot.")
+    resume_stats = _held_by("snapshots", "resume_stats", "bytes_read: what this rank read of the snapshot it resumed from.")
+    async_save = _held_by("snapshots", "asynchronous", "Whether snapshots are written in the background.")
 
     # ---- the checks of __init__, before any process group exists ---------------------------------
 
@@ -206,7 +177,7 @@ class Trainer:
         vocab_size, block_size = self.data.vocab_size, self.data.block_size
         if self.init_source is not None:
             vocab_size, block_size = (self.init_source.architecture[key] for key in ("vocab_size", "block_size"))
-        self._check_saved_vocabulary(vocab_size)
+        check_saved_vocabulary(self.config, vocab_size)
         # This layout's own padding: a snapshot saved with another loads by its real rows.
         padded_rows = padded_vocab_size(vocab_size, self.layout.tp,
                                         GPU_VOCAB_MULTIPLE if self.device.type == "cuda" else 1)
@@ -214,7 +185,8 @@ class Trainer:
                                   padded_rows if padded_rows != vocab_size else None)
         parallel = self.config.parallel
         check_expert_layout(model_config, self.layout, parallel.ep, parallel.cpu_offload)  # before any group forms
-        self._check_memory(model_config)
+        check_device_memory(self.config, model_config, self.layout, self.device, self.place,
+                            self.data.block_size)
         return model_config
 
     def _check_batch(self) -> None:
@@ -238,23 +210,11 @@ class Trainer:
         itself (created last); returns whether it was created here."""
         config, trainer = self.config, self.config.trainer
         self.snapshot_root = snapshot_root(config)
-        default_root = os.path.join(trainer.run_dir, "snapshots")
-        if trainer.snapshot_dir is None and os.path.lexists(default_root):
-            try:  # a planted link would send snapshot writes, prunes and overwrite's deletes elsewhere
-                safe_files.real_directory(default_root)
-            except safe_files.UnsafeFileError as error:
-                raise ConfigError(f"{error}; or name the place explicitly with trainer.snapshot_dir") from None
         # A restart by torchrun (--max-restarts) continues this job's own snapshots whatever
         # trainer.resume says: with resume=false the first attempt refused or cleared older ones.
         self.restarted = restart_count() > 0
         self.resume = trainer.resume or self.restarted
-        if not self.resume and not trainer.overwrite:
-            existing = checkpoint.latest_snapshot(self.snapshot_root)
-            if existing is not None:
-                raise ConfigError(
-                    f"trainer.resume=false but {self.snapshot_root!r} already holds a run (newest snapshot "
-                    f"{existing}); resume it (trainer.resume=true), choose another trainer.run_dir, or add "
-                    "trainer.overwrite=true to delete its snapshots and start over")
+        check_snapshot_root(config, self.snapshot_root, self.resume)
         if config.model.lora.rank and config.model.lora.init_from:
             check_adapter(model_config, config.model.lora)  # before the run directory is written
         # Created only once every check above passed: a refused start leaves no empty run directory.
@@ -265,54 +225,9 @@ class Trainer:
         self.snapshot_root = snapshot_root(config)
         return created_run_dir
 
-    def _check_memory(self, model_config) -> None:
-        """A model, batch and context this device cannot hold stop here, before anything is
-        allocated (triax plan's estimate, without the runtime), instead of swapping for hours."""
-        trainer, parallel = self.config.trainer, self.config.parallel
-        if self.device.type == "cuda":
-            properties = torch.cuda.get_device_properties(self.device)
-            memory, where = properties.total_memory, f"{self.device} ({properties.name})"
-        else:
-            memory = host_memory_bytes()
-            processes = self.place.local_world_size
-            where = "this host" if processes == 1 else f"each of this host's {processes} processes"
-            memory = memory // processes if memory else None
-        if memory is None:
-            return
-        shape = ModelShape.from_config(model_config, block_size=self.data.block_size)
-        check_memory(shape, self.layout, memory / 2**30, where, batch_size=trainer.batch_size,
-                     precision=trainer.precision, checkpointing=parallel.activation_checkpointing,
-                     pp_schedule=parallel.pp_schedule, microbatches=parallel.pp_microbatches)
-
     def _join_job(self, created_run_dir: bool) -> None:
-        """The watchdog and the process group."""
-        trainer = self.config.trainer
-        # The watchdog enforces trainer.collective_timeout on each step phase and names the rank a
-        # hang waits for; the process group's own timeout covers the slow phases (start-up, snapshots).
-        self.collective_timeout = collective_timeout(trainer.collective_timeout)
-        self.watchdog = None
-        try:
-            if self.place.world_size > 1:
-                self.watchdog = Watchdog(trainer.run_dir, self.collective_timeout, self.place.rank,
-                                         self.place.world_size)
-                if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-                    # torchrun's store exists before the process group: a rank that never arrives
-                    # is named here instead of waited for inside init_process_group.
-                    self.watchdog.start()
-            self.place = init_distributed(self.device, self.place,
-                                          timeout_s=slow_phase_timeout(self.collective_timeout))
-            if self.watchdog is not None and not self.watchdog.started:
-                self.watchdog.start()
-            if self.watchdog is not None:
-                # Stopped when this trainer goes away, even if the rest of __init__ fails and the
-                # caller goes on: a forgotten watchdog would end the process later.
-                weakref.finalize(self, self.watchdog.stop)
-        except Exception:
-            if self.watchdog is not None:
-                self.watchdog.stop()
-            if created_run_dir and self.place.is_main:
-                remove_if_empty(trainer.run_dir)
-            raise
+        """The watchdog and the process group (triax.train.startup), and this rank's coordinates."""
+        self.place, self.watchdog = join_job(self.config, self.place, self.device, self, created_run_dir)
         self.rank, self.world_size = self.place.rank, self.place.world_size
         self.is_main = self.rank == 0
         self.dp_rank = self.layout.dp_rank(self.rank)
@@ -382,7 +297,7 @@ class Trainer:
                                     optim.lr, optim.weight_decay, optim.betas, optimizer_device,
                                     decay=optim.decay, fused=optim.fused, eps=optim.eps)
         self.sampler = GlobalSampler(len(self.data.train), seed=config.trainer.seed, shuffle=config.data.shuffle)
-        self.total_steps = self._total_steps()
+        self.total_steps = total_steps(config.trainer, self.steps_per_epoch)
         self.scheduler = make_schedule(self.optimizer, optim.decay_steps or self.total_steps, optim.warmup_steps,
                                        final_lr(optim), optim.schedule)
         self.scaler = self.precision.make_scaler(self.device)
@@ -460,34 +375,6 @@ class Trainer:
                       "parallelism they are untied (the head starts as a copy) and train separately",
                       file=sys.stderr, flush=True)
 
-    def _check_saved_vocabulary(self, vocab_size: int) -> None:
-        """A resume reads the first vocab_size rows of the snapshot's embedding and head, whatever
-        padding it was saved with: refuse, before any process group, a snapshot of another
-        vocabulary (its rows would name other tokens). Read from the newest snapshot's validated
-        state; a damaged one is left to the resume, which falls back from it and says why."""
-        if not (self.config.trainer.resume or restart_count() > 0):
-            return
-        snapshot = checkpoint.latest_snapshot(snapshot_root(self.config))
-        if snapshot is None:
-            return
-        try:
-            saved = checkpoint.read_state(snapshot).get("model")
-        except checkpoint.SnapshotError:
-            return
-        saved = saved.get("vocab_size") if isinstance(saved, dict) else None
-        if type(saved) is int and saved != vocab_size:
-            raise ConfigError(f"snapshot {snapshot} was trained on a vocabulary of {saved} tokens, this run's has "
-                              f"{vocab_size}; resume with the data (or model.init_from) it was trained on, or train "
-                              "this one in another trainer.run_dir")
-
-    def _total_steps(self) -> int:
-        limits = []
-        if self.config.trainer.max_steps is not None:
-            limits.append(self.config.trainer.max_steps)
-        if self.config.trainer.max_epochs is not None:
-            limits.append(self.config.trainer.max_epochs * self.steps_per_epoch)
-        return min(limits)
-
     def _continue_run(self) -> None:
         """trainer.continue_from: the other tool's AdamW state, step and best val loss, on top of
         the weights init_from loaded; the schedule moves to that step (its settings came with the
@@ -541,7 +428,8 @@ class Trainer:
                 self.logger.close()
             return {}
         if self.is_main:
-            self._announce()
+            self.console.announce(self.logger, self.model_config.arch, self.num_params, self.trainable_params,
+                                  self.threads, self.steps_per_epoch, self.changed_shape, self.batch_note)
         self.model.train()
         self.logger.start_progress(self.total_steps, self.step)
         self.console.start(self.step)
@@ -566,31 +454,6 @@ class Trainer:
         with raise_together("closing the metrics files"):  # rank 0's files; the others wait at exit
             self.logger.close()
         return last
-
-    def _announce(self) -> None:
-        """The run's first lines: what trains, where, in which layout, for how long."""
-        trainer, params = self.config.trainer, self.num_params
-        # What was loaded, not the preset's name: model.init_from replaced the preset's shape; a
-        # preset whose shape keys were changed is named with the changes (model.arch=llama...).
-        changes = ", ".join(f"model.{key}={value}" for key, value in self.changed_shape.items())
-        loaded = (f"from {self.config.model.init_from}" if self.config.model.init_from else
-                  f"{self.config.model.name} with {changes}" if changes else self.config.model.name)
-        # The architecture too: a preset's shape can be built as any of them (model.arch).
-        threads = f" with {self.threads.describe()}" if self.threads is not None else ""
-        processes = f"{self.world_size} process{'es' if self.world_size != 1 else ''}"
-        self.logger.print(
-            f"training {loaded} ({self.model_config.arch}, {params / 1e6:.2f}M params) on {self.device} x "
-            f"{processes} ({self.layout.describe()}){threads}, precision {self.precision.name}, "
-            f"{step_count(self.total_steps)} of {self.samples_per_step} samples "
-            f"({step_count(self.steps_per_epoch)}/epoch), run dir {trainer.run_dir}")
-        if self.config.model.lora.rank:
-            lora = self.config.model.lora
-            self.logger.print(f"LoRA rank {lora.rank} on {', '.join(lora.targets)}: the base is frozen, "
-                              f"{self.trainable_params / 1e6:.3f}M adapter parameters train")
-        if self.data.report:
-            self.logger.print(self.data.report)
-        if self.batch_note:
-            self.logger.print(self.batch_note)
 
     def _close_run(self) -> None:
         """The job is over: the sample log and the watchdog stop, and the run directory is free
@@ -670,19 +533,13 @@ class Trainer:
         return record
 
     def _evaluate_and_sample(self) -> dict:
-        """The evaluation of this step (the best val loss so far kept), and a text sample, or once a
-        run the reason there is none."""
+        """The evaluation of this step (the best val loss so far kept), and a text sample (or, once a
+        run, why there is none)."""
         self.steps.phase("evaluation", self.step)
         record = self.evaluate()
         if self.best_val is None or record["val_loss"] < self.best_val[0]:
             self.best_val = (record["val_loss"], self.step)
-        sample = self.sample_text()
-        if sample is not None:
-            self.logger.print(f"--- sample at step {self.step} ---\n{sample}\n---")
-        elif (not self.evaluation.can_generate() and not self._said_why_no_sample and self.data.vocab is not None
-              and self.config.trainer.sample_tokens > 0):
-            self._said_why_no_sample = True  # once a run: every evaluation would repeat it
-            self.logger.print(f"no text sample during this run: generating token by token needs the whole model "
-                              f"and all its logits on one rank, which this layout ({self.layout.describe()}) "
-                              f"splits; `triax generate {self.config.trainer.run_dir}` samples from it afterwards")
+        line = self.evaluation.sample_line(self.step)
+        if line is not None:
+            self.logger.print(line)
         return record
