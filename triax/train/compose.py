@@ -179,7 +179,7 @@ def from_dict(values: dict) -> TrainConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), values))
 
 
-def _default(item) -> object:
+def _default(item: dataclasses.Field) -> object:
     if item.default is not dataclasses.MISSING:
         return item.default
     if item.default_factory is not dataclasses.MISSING:
@@ -187,7 +187,7 @@ def _default(item) -> object:
     return None
 
 
-def _format_value(value) -> str:
+def _format_value(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):

@@ -30,7 +30,8 @@ class Console:
         self._mfu_warned = False
 
     def announce(self, logger: MetricsLogger, arch: str, num_params: int, trainable_params: int,
-                 threads: ThreadChoice | None, steps_per_epoch: int, changed_shape: dict, batch_note: str | None) -> None:
+                 threads: ThreadChoice | None, steps_per_epoch: int, changed_shape: dict,
+                 batch_note: str | None) -> None:
         """The run's first lines: what trains, where, in which layout, for how long."""
         config, steps = self.config, self.steps
         # What was loaded, not the preset's name: model.init_from replaced the preset's shape; a

@@ -114,7 +114,7 @@ class TrainingStep:
     def counts_tokens(self) -> bool:
         return self.config.data.task in ("chat", "preference")
 
-    def batch(self, dataset, indices: torch.Tensor, scored: list | None = None,
+    def batch(self, dataset: object, indices: torch.Tensor, scored: list | None = None,
               first_scored: torch.Tensor | None = None):
         """(inputs, targets) on the device; packed chat rows' inputs are (ids, example numbers).
         `scored` (a list) gets the number of tokens the loss scores, counted on the host before the

@@ -25,6 +25,7 @@ from triax.checkpoint.rng import seed_everything
 from triax.data import GlobalSampler
 from triax.errors import ConfigError, printable
 from triax.models import build_model
+from triax.models.config import GPTConfig
 from triax.models.lora import apply_lora, trainable_summary
 from triax.models.peft_format import check_adapter, load_adapter
 from triax.parallel.ddp import unwrap
@@ -117,12 +118,13 @@ class Trainer:
                             "The global sample index within the epoch where the next step starts.")
     last_snapshot = _held_by("snapshots", "last_snapshot", "The newest snapshot this process wrote or loaded.")
     saved_step = _held_by("snapshots", "saved_step", "The step of last_snapshot.")
-    resume_stats = _held_by("snapshots", "resume_stats", "bytes_read: what this rank read of the snapshot it resumed from.")
+    resume_stats = _held_by("snapshots", "resume_stats",
+                            "bytes_read: what this rank read of the snapshot it resumed from.")
     async_save = _held_by("snapshots", "asynchronous", "Whether snapshots are written in the background.")
 
     # ---- the checks of __init__, before any process group exists ---------------------------------
 
-    def _check_inputs(self) -> tuple:
+    def _check_inputs(self) -> tuple[GPTConfig, bool]:
         """Everything about the input, before any process group exists; returns the model's config
         and whether the run directory was created here."""
         # Everything that can be wrong with the input is checked before the process group
@@ -164,7 +166,7 @@ class Trainer:
                         tie_embeddings=config.model.tie_embeddings, cpu_offload=parallel.cpu_offload,
                         n_kv_head=config.model.n_kv_head)
 
-    def _model_config(self):
+    def _model_config(self) -> GPTConfig:
         """The model this layout builds (its vocabulary padded for it), checked against the memory."""
         # Before the model exists: with FSDP, freed parameter and gradient buffers must go back to
         # the OS rather than stay in glibc's heap, or each rank's memory stays at its step-time high
@@ -205,7 +207,7 @@ class Trainer:
                 f"{self.layout.dp} data-parallel ranks x grad_accum {trainer.grad_accum}) but the training "
                 f"set has {len(self.data.train)}; lower trainer.batch_size or grad_accum")
 
-    def _check_run_dir(self, model_config) -> bool:
+    def _check_run_dir(self, model_config: GPTConfig) -> bool:
         """Where the snapshots go, whether older ones may be resumed or replaced, and trainer.run_dir
         itself (created last); returns whether it was created here."""
         config, trainer = self.config, self.config.trainer
@@ -233,7 +235,7 @@ class Trainer:
         self.dp_rank = self.layout.dp_rank(self.rank)
         self.cp_rank = self.layout.coordinates(self.rank)["cp"]  # which part of each sequence this rank holds
 
-    def _build_model(self, model_config) -> None:
+    def _build_model(self, model_config: GPTConfig) -> None:
         """This rank's part of the model, in its layout, from the seed (or model.init_from)."""
         trainer, parallel = self.config.trainer, self.config.parallel
         seed_everything(trainer.seed)
@@ -276,7 +278,7 @@ class Trainer:
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
 
-    def _frozen_reference(self, model_config):
+    def _frozen_reference(self, model_config: GPTConfig) -> torch.nn.Module:
         """DPO without LoRA: a second model from model.init_from, built and sharded as the policy
         (each rank holds its part alone), frozen, never in the optimizer or the snapshots."""
         # Without DDP's wrapper (nothing to synchronise: it has no gradients); FSDP and TP shard in place.

@@ -23,12 +23,12 @@ from triax.train.dpo_config import check_dpo
 from triax.train.optim import DECAY_RULES, SCHEDULES
 
 
-def _need(ok: bool, key: str, value, what: str) -> None:
+def _need(ok: bool, key: str, value: object, what: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r} is invalid; {what}")
 
 
-def _finite(value) -> bool:
+def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
