@@ -65,7 +65,7 @@ def precision_figures(steps: int, model: str) -> dict:
             for _ in range(3):
                 trainer.train_step()
             seconds = time_block(trainer.train_step, steps)
-            figures = trainer._throughput(1, seconds)
+            figures = trainer.console.throughput(1, seconds)
             from triax.tracking.throughput import measure_peak_flops
 
             # The trainer reports MFU against a stated peak only; this benchmark, run side by side on

@@ -60,7 +60,7 @@ FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 NEEDS = re.compile(r"(?:^|\s)#(?:[^#]*[\s;])?needs: ([^#]+?)\s*$")
 COMMAND_TIMEOUT = 300
 QUICKSTART = "triax train"
-COMPLETE = "is already complete"  # what a finished run started again says (triax.train.trainer)
+COMPLETE = "is already complete"  # what a finished run started again says (triax.train.console)
 # A command that trains (`triax train`, alone or under torchrun or a script: not --help) must show
 # a step run: the trainer's summary, or a stop after a step (a run meant to be resumed).
 TRAINS = re.compile(r"(?:^|[\s;&|(])(?:-m )?triax train(?=\s|$)|examples/slurm/train\.sbatch")

@@ -15,7 +15,8 @@ import os
 import sys
 import time
 
-from triax.train.trainer import Trainer
+from triax.train.snapshots import Snapshots
+from triax.train.step import TrainingStep
 
 faults = json.loads(sys.argv[1])
 rank = int(os.environ["RANK"])
@@ -26,46 +27,46 @@ def applies(name):
 
 
 if applies("hang"):
-    original_loss = Trainer._loss
+    original_loss = TrainingStep.loss
 
     def hanging_loss(self, model, x, y):
-        if self.step + 1 == faults["hang"]["step"] and model is self.model:
+        if self.position.step + 1 == faults["hang"]["step"] and model is self.model:
             with open(faults["hang"]["marker"], "w") as handle:  # when the hang began
                 handle.write(str(time.time()))
             time.sleep(600)
         return original_loss(self, model, x, y)
 
-    Trainer._loss = hanging_loss
+    TrainingStep.loss = hanging_loss
 
 if applies("slow_first_step"):
-    original_first = Trainer._loss
+    original_first = TrainingStep.loss
 
     def slow_first_loss(self, model, x, y):
         if self.first_step:
             time.sleep(faults["slow_first_step"]["seconds"])
         return original_first(self, model, x, y)
 
-    Trainer._loss = slow_first_loss
+    TrainingStep.loss = slow_first_loss
 
 if applies("slow_data"):
-    original_batch = Trainer._batch
+    original_batch = TrainingStep.batch
 
     def slow_batch(self, *args, **kwargs):
         time.sleep(faults["slow_data"]["seconds"])
         return original_batch(self, *args, **kwargs)
 
-    Trainer._batch = slow_batch
+    TrainingStep.batch = slow_batch
 
 if applies("slow_snapshot"):
-    original_save = Trainer.save
+    original_save = Snapshots.save
 
     def slow_save(self):
-        if self.saved_step != self.step:
-            self._phase("snapshot", self.step)
+        if self.saved_step != self.position.step:
+            self.phase("snapshot", self.position.step)
             time.sleep(faults["slow_snapshot"]["seconds"])
         return original_save(self)
 
-    Trainer.save = slow_save
+    Snapshots.save = slow_save
 
 if applies("pause_after_shard_write"):
     from triax.checkpoint.shards import ShardWriter

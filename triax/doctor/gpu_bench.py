@@ -255,7 +255,7 @@ def timed_steps(trainer: Trainer, steps: int) -> float:
     synchronize(trainer.device)
     started = time.perf_counter()
     for _ in range(steps):
-        loss, _ = trainer._train_step()
+        loss, _ = trainer.steps.run()
     float(loss)
     return (time.perf_counter() - started) / steps
 
@@ -268,7 +268,7 @@ def snapshot_figures(trainer: Trainer, steps: int = 3) -> dict:
     baseline = timed_steps(trainer, steps)
     for asynchronous in (False, True):
         trainer.async_save = asynchronous
-        trainer._train_step()
+        trainer.steps.run()
         synchronize(trainer.device)
         started = time.perf_counter()
         trainer.save()

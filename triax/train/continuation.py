@@ -2,7 +2,7 @@
 tool would take next. The checkpoint's kind picks the reader: nanoGPT's ckpt.pt
 (triax/checkpoint/nanogpt_run.py) or a transformers Trainer's checkpoint-N
 (triax/checkpoint/hf_trainer_run.py). Its settings reached the config when it was composed
-(train/config.py's continuation_overrides); its weights are loaded as model.init_from's.
+(train/compose.py's continuation_overrides); its weights are loaded as model.init_from's.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from triax.data.text import CharDataset, read_text
 from triax.data.tokenizer import BPETokenizer
 from triax.data.tokens import load_token_datasets
 from triax.errors import ConfigError
-from triax.train.config import DataConfig
+from triax.train.schema import DataConfig
 
 
 @dataclass
@@ -25,7 +25,7 @@ class TrainData:
     report: str | None = None  # what the run's log says about the data (chat: conversations cut, dropped)
 
 
-def build_data(config: DataConfig, codec=None, source=None) -> TrainData:
+def build_data(config: DataConfig, codec: object | None = None, source: object | None = None) -> TrainData:
     """`codec`: the text codec of model.init_from's checkpoint (a tokenizer or a character
     vocabulary); it then encodes data.task=char text instead of a vocabulary of its own.
     `source`: model.init_from's InitSource (data.task=chat reads its chat template)."""
@@ -53,7 +53,7 @@ def build_data(config: DataConfig, codec=None, source=None) -> TrainData:
     return TrainData(train, val, len(vocab), config.block_size, vocab)
 
 
-def _encoded_text(config: DataConfig, codec) -> TrainData:
+def _encoded_text(config: DataConfig, codec: object) -> TrainData:
     """The text of data.path cut as for task=char, but as ids of `codec`."""
 
 
@@ -68,7 +68,7 @@ def _encoded_text(config: DataConfig, codec) -> TrainData:
     return TrainData(train, val, len(codec), config.block_size, codec, getattr(codec, "source_path", None))
 
 
-def _chat_data(config: DataConfig, codec, source) -> TrainData:
+def _chat_data(config: DataConfig, codec: object, source: object | None) -> TrainData:
     """Conversations rendered with the checkpoint's chat template and encoded by its tokenizer."""
     from triax.data.chat import ChatEncoder, chat_template_for, load_chat_datasets
 
@@ -83,7 +83,7 @@ def _chat_data(config: DataConfig, codec, source) -> TrainData:
                      getattr(codec, "source_path", None), report=chat.report)
 
 
-def _preference_data(config: DataConfig, codec, source) -> TrainData:
+def _preference_data(config: DataConfig, codec: object, source: object | None) -> TrainData:
     """Preference pairs encoded as TRL's DPOTrainer encodes them (triax.data.preference)."""
     from triax.data.preference import load_preference_datasets, preference_encoder_for
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,11 +33,16 @@ from triax.errors import ConfigError
 from triax.models.lora import adapters_disabled, is_adapter
 from triax.train.dpo_config import DPOConfig
 
+if TYPE_CHECKING:  # names for the types only: the step (triax.train.step) imports this module
+    from triax.parallel.mesh import Layout
+    from triax.train.schema import TrainConfig
+    from triax.train.step import TrainingStep
+
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
            "logps/rejected")
 
 
-def check_preference_run(config, layout) -> None:
+def check_preference_run(config: TrainConfig, layout: Layout) -> None:
     """What a DPO run needs, before any process group forms (one line each)."""
     if config.data.task != "preference":
         return
@@ -121,27 +127,27 @@ class DPOObjective:
             for (parameter, _), value in zip(self.initial, current):
                 parameter.copy_(value)
 
-    def _pair_terms(self, trainer, model, x: torch.Tensor, y: torch.Tensor):
+    def _pair_terms(self, steps: TrainingStep, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
         with torch.no_grad(), self._reference():
-            with trainer.precision.autocast(trainer.device):
-                reference = trainer._forward(self.reference if self.reference is not None else model, x)
+            with steps.precision.autocast(steps.device):
+                reference = steps.forward(self.reference if self.reference is not None else model, x)
             ref_logps = answer_logps(reference, y)
             del reference
-        with trainer.precision.autocast(trainer.device):
-            logits = trainer._forward(model, x)
+        with steps.precision.autocast(steps.device):
+            logits = steps.forward(model, x)
         lengths = (y != IGNORE_INDEX).sum(dim=1)
         return pair_losses(self.config, answer_logps(logits, y), ref_logps, lengths)
 
     @torch.no_grad()
-    def pair_terms_plain(self, model, x: torch.Tensor, y: torch.Tensor):
+    def pair_terms_plain(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
         """Each pair's loss and metrics by a plain model on one process (`triax eval`)."""
         with self._reference():
             ref_logps = answer_logps((self.reference or model)(x), y)
         return pair_losses(self.config, answer_logps(model(x), y), ref_logps, (y != IGNORE_INDEX).sum(dim=1))
 
-    def loss(self, trainer, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(self, steps: TrainingStep, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The mean loss of this micro-batch's pairs; their metrics are kept for the log line."""
-        losses, stats = self._pair_terms(trainer, model, x, y)
+        losses, stats = self._pair_terms(steps, model, x, y)
         total = stats.sum(dim=0)
         self.sums = total if self.sums is None else self.sums + total
         self.pairs += stats.size(0)
@@ -156,30 +162,30 @@ class DPOObjective:
         return {name: round(value / max(totals[-1], 1.0), 6) for name, value in zip(METRICS, totals)}
 
     @torch.no_grad()
-    def evaluate(self, trainer) -> dict:
+    def evaluate(self, steps: TrainingStep) -> dict:
         """val_loss (the mean over the validation pairs) and val_ with each metric. Every
         data-parallel rank runs the same number of batches (an empty slot: a pair not counted)."""
-        val, batch = trainer.data.val, trainer.config.trainer.batch_size
-        dp, rank = trainer.layout.dp, trainer.dp_rank
+        val, batch = steps.data.val, steps.config.trainer.batch_size
+        dp, rank = steps.layout.dp, steps.dp_rank
         count = len(val)
-        if trainer.config.trainer.eval_batches:
-            count = min(count, trainer.config.trainer.eval_batches * batch * dp)
-        trainer.raw_model.eval()
+        if steps.config.trainer.eval_batches:
+            count = min(count, steps.config.trainer.eval_batches * batch * dp)
+        steps.raw_model.eval()
         sums, pairs, tokens = torch.zeros(len(METRICS) + 1, dtype=torch.float64), 0, 0
         for step in range(math.ceil(count / (batch * dp))):
             start = step * batch * dp + rank * batch
             indices = list(range(start, min(start + batch, count)))
-            x, y = trainer._batch(val, torch.tensor(indices or [0]))
-            with trainer._loss_context():
-                losses, stats = self._pair_terms(trainer, trainer.raw_model, x, y)
+            x, y = steps.batch(val, torch.tensor(indices or [0]))
+            with steps.loss_context():
+                losses, stats = self._pair_terms(steps, steps.raw_model, x, y)
             if indices:
                 sums += torch.cat([losses[:, None], stats], dim=1).double().sum(dim=0).cpu()
                 pairs += len(indices)
                 tokens += int((y != IGNORE_INDEX).sum())
-        trainer.raw_model.train()
+        steps.raw_model.train()
         totals = [sum(column) for column in zip(*gather_floats(sums.tolist() + [float(pairs), float(tokens)]))]
         means = [value / max(totals[-2], 1.0) for value in totals[:-2]]
         # Tensor-parallel peers hold the same pairs: the counts are the data-parallel ranks' alone.
         return {"val_loss": means[0], **{f"val_{name}": value for name, value in zip(METRICS, means[1:])},
-                "val_pairs": round(totals[-2] * dp / trainer.world_size),
-                "val_tokens": round(totals[-1] * dp / trainer.world_size)}
+                "val_pairs": round(totals[-2] * dp / steps.world_size),
+                "val_tokens": round(totals[-1] * dp / steps.world_size)}

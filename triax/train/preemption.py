@@ -67,7 +67,7 @@ class StopRequest:
             print(f"triax: rank {self.rank}: {why}: finishing the current step, then writing a snapshot",
                   file=sys.stderr, flush=True)
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
         if self.requested and signum == signal.SIGINT:
             self.reached()

@@ -16,7 +16,7 @@ from triax import safe_files
 from triax.checkpoint.reader import SnapshotReader
 from triax.checkpoint.snapshot import MODEL_KEY
 from triax.errors import ConfigError, TriaxError, UsageError
-from triax.models.config import MAX_SIZES
+from triax.models.config import MAX_SIZES, GPTConfig
 
 # Far beyond any model triax trains, small enough that arithmetic on them stays exact and cheap.
 SIZE_LIMITS = MAX_SIZES
@@ -36,7 +36,7 @@ def _read_small_json(path: str, what: str):
                          f"it is the run's {what}, written by `triax train`") from None
 
 
-def parameter_count(config) -> int:
+def parameter_count(config: GPTConfig) -> int:
     """Parameters of the model a checked GPTConfig describes, counted on the meta device (shapes
     only: no memory, whatever the sizes)."""
     import torch  # deferred: with build_model, only once model.json has passed the cheap checks
@@ -59,7 +59,7 @@ def snapshot_bytes(snapshot: str) -> int | None:
     return total
 
 
-def _refuse_lora_run(run_dir: str, snapshot) -> None:
+def _refuse_lora_run(run_dir: str, snapshot: SnapshotReader | str | None) -> None:
     """A LoRA run's snapshots hold its adapters alone: reading one as a whole model is not damage."""
     config = getattr(snapshot, "state", {}).get("config")
     lora = ((config or {}).get("model") or {}).get("lora") if isinstance(config, dict) else None
@@ -70,7 +70,7 @@ def _refuse_lora_run(run_dir: str, snapshot) -> None:
                          "(the adapters) and use the export")
 
 
-def read_model_config(run_dir: str, snapshot=None):
+def read_model_config(run_dir: str, snapshot: SnapshotReader | str | None = None) -> GPTConfig:
     """model.json as a GPTConfig, checked: known keys, types, sizes (and GPTConfig's own checks),
     and (with `snapshot`, a validated SnapshotReader or a local path) a model no larger than what
     the snapshot stores."""

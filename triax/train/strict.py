@@ -2,7 +2,7 @@
 
 Hydra's `+key=value` and `++key=value` add keys the schema does not have, and OmegaConf then drops
 them silently: `+trainer.max_step=5` would train the default 500 steps. So every key, from the
-command line or from a YAML file, must name a field of the dataclasses in triax/train/config.py.
+command line or from a YAML file, must name a field of the dataclasses in triax/train/schema.py.
 
 Interpolations (`${oc.env:HOME}`, `${now:...}`, `${trainer.seed}`) are refused in every value: a
 value that changes with the environment would be stored resolved in the snapshot and differ on a
@@ -33,7 +33,7 @@ OTHER_NAMES = {"learning_rate": "lr", "max_iters": "max_steps", "num_train_epoch
                "warmup_iters": "warmup_steps", "output_dir": "run_dir", "out_dir": "run_dir"}
 
 
-def schema_keys(schema) -> dict[str, object]:
+def schema_keys(schema: type) -> dict[str, object]:
     """Every dotted key of a dataclass schema -> its type hint (sections included)."""
     keys: dict[str, object] = {}
     for name, hint in typing.get_type_hints(schema).items():
@@ -90,7 +90,7 @@ def quote_text_values(overrides: list[str]) -> list[str]:
     return quoted
 
 
-def check_overrides(overrides: list[str], schema) -> None:
+def check_overrides(overrides: list[str], schema: type) -> None:
     """Refuse, one line each, an override whose key is not in the schema (with or without `+`),
     a deletion (`~key`), and Hydra settings other than hydra.searchpath."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -127,7 +127,7 @@ def check_overrides(overrides: list[str], schema) -> None:
             raise unknown_key_error(key, known)
 
 
-def check_composed(composed, schema) -> None:
+def check_composed(composed: object, schema: type) -> None:
     """Walk the composed config: every key must be in `schema`, no value may be an interpolation.
     Catches what YAML files (an experiment, a file on hydra.searchpath) bring in, too."""
     from omegaconf import OmegaConf
@@ -135,7 +135,7 @@ def check_composed(composed, schema) -> None:
     keys = schema_keys(schema)
     known = sorted(keys)
 
-    def walk(value, key: str) -> None:
+    def walk(value: object, key: str) -> None:
         if isinstance(value, dict):
             free_form = typing.get_origin(keys.get(key)) in (dict, typing.Dict)  # a Dict field: any keys
             for name, inner in value.items():

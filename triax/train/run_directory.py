@@ -1,0 +1,119 @@
+"""A training run's directory (trainer.run_dir): created only once every check passed, locked while
+the run lives (triax.train.run_lock), holding the files `triax generate`, `eval` and `export` read
+besides the weights (config.yaml, model.json, the tokenizer or vocab.json), and the trackers' files.
+A start that fails leaves nothing behind that it created."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import weakref
+
+import yaml
+
+from triax import safe_files
+from triax.errors import ConfigError
+from triax.models.config import GPTConfig
+from triax.runtime.failure_agreement import raise_together
+from triax.tracking.throughput import MetricsLogger
+from triax.train import init_from
+from triax.train.compose import to_dict
+from triax.train.data import TrainData
+from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
+from triax.train.schema import TrainConfig
+
+
+def check_writable_directory(path: str, key: str) -> bool:
+    """Create `path` if needed and prove we can write there. Returns whether we created it (so a
+    failed start can remove it again and leave nothing behind)."""
+    existed = os.path.isdir(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+        safe_files.real_directory(path)
+        probe = os.path.join(path, f".write_probe_{os.getpid()}")
+        safe_files.remove_file(probe)
+        with safe_files.create_new(probe) as handle:
+            handle.write(b"ok")
+        os.remove(probe)
+    except OSError as error:
+        raise ConfigError(f"{key} {path!r} is not writable ({error.strerror or error}); "
+                          "choose a directory you can write to") from None
+    return not existed
+
+
+class RunDirectory:
+    """One process's view of trainer.run_dir; rank 0 (`is_main`) alone writes and locks it."""
+
+    def __init__(self, config: TrainConfig, is_main: bool):
+        self.config, self.is_main = config, is_main
+        self.path = config.trainer.run_dir
+
+    def open(self, owner: object, created: bool, model_config: GPTConfig, data: TrainData,
+             init_source: object | None) -> MetricsLogger:
+        """The run lock, the trackers, and the files generate/export need (rank 0 writes them);
+        returns the metrics logger. The lock is released when `owner` (the Trainer) goes away
+        unfitted. A start that fails here (a full disk) removes what it created, and nothing else."""
+        trainer, logger = self.config.trainer, None
+        existing = set(os.listdir(self.path)) if self.is_main else set()
+        # Rank 0 alone writes these; the ranks agree before the next collective (the resume), so
+        # a failure there stops every rank at once instead of leaving the others waiting.
+        with raise_together(f"writing the run files in {self.path}"):
+            try:
+                if self.is_main:
+                    lock_run_dir(self.path)  # before anything in it is written or deleted
+                    weakref.finalize(owner, unlock_run_dir, self.path, True)  # a Trainer never fitted
+                logger = MetricsLogger(
+                    self.path, enabled=self.is_main, loggers=trainer.loggers,
+                    project=trainer.project, config=to_dict(self.config),
+                    run_name=trainer.run_name or os.path.basename(os.path.normpath(self.path)))
+                if self.is_main:
+                    self.write_files(model_config, data, init_source)
+            except OSError as error:
+                if self.is_main:
+                    if logger is not None:
+                        logger.close()
+                    _remove_new_entries(self.path, existing | {LOCK_NAME})
+                    unlock_run_dir(self.path, remove=True)
+                    if created:
+                        remove_if_empty(self.path)
+                raise ConfigError(f"cannot write {error.filename or 'the run files'} in trainer.run_dir "
+                                  f"({error.strerror or error}); fix it or choose another run directory") from None
+        return logger
+
+    def write_files(self, model_config: GPTConfig, data: TrainData, init_source: object | None) -> None:
+        """What `triax generate` and `triax export` need besides the weights."""
+        run_dir = self.path
+        # Atomic, never through a planted link: a link's target outside the run stays untouched.
+        safe_files.write_atomic(os.path.join(run_dir, "config.yaml"),
+                                yaml.safe_dump(to_dict(self.config), sort_keys=False))
+        safe_files.write_atomic(os.path.join(run_dir, "model.json"), json.dumps(model_config.__dict__, indent=1))
+        if data.tokenizer_path is not None:
+            # The run carries its tokenizer, so generate/export need nothing but the run dir.
+            safe_files.write_atomic(os.path.join(run_dir, "tokenizer.json"), data.vocab.json_text)
+        elif data.vocab is not None:
+            safe_files.write_atomic(os.path.join(run_dir, "vocab.json"), data.vocab.to_json())
+        # A transformers model.init_from's config and tokenizer files, for a drop-in `--format hf` export.
+        init_from.keep_description(init_source, run_dir)
+
+    def release(self) -> None:
+        """The run is over: no lock file stays behind."""
+        if self.is_main:
+            unlock_run_dir(self.path, remove=True)
+
+
+def _remove_new_entries(directory: str, existing: set[str]) -> None:
+    """Delete what appeared in `directory` besides `existing` (files, links unfollowed, directories)."""
+    for name in set(os.listdir(directory)) - existing:
+        path = os.path.join(directory, name)
+        if safe_files.is_directory(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            safe_files.remove_file(path)
+
+
+def remove_if_empty(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass

@@ -1,0 +1,312 @@
+"""One optimizer step of `triax train`, and where training stands.
+
+Each step takes the next global batch in the data order (see triax.data.sampler), runs
+`grad_accum` micro-batches with gradient sync only on the last (or one pipeline schedule over
+them), then clips, steps and schedules. The same batches, forward and loss serve evaluation
+(triax.train.evaluation) and DPO (triax.train.dpo).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor.parallel import loss_parallel
+
+from triax.data import GlobalSampler
+from triax.data.addition import IGNORE_INDEX
+from triax.eval.windows import mask_unscored
+from triax.parallel.context_parallel import local_chunks
+from triax.parallel.ddp import unwrap
+from triax.parallel.grad_clip import clip_grad_norm
+from triax.parallel.mesh import Layout
+from triax.parallel.no_sync import no_sync
+from triax.parallel.parallelize import ParallelModel
+from triax.runtime.precision import Precision
+from triax.runtime.shared_decisions import gather_floats
+from triax.runtime.watchdog import Watchdog
+from triax.train import router_metrics
+from triax.train.data import TrainData
+from triax.train.dpo import DPOObjective
+from triax.train.sample_log import SampleLog
+from triax.train.schema import TrainConfig
+
+
+@dataclass
+class Position:
+    """Where training is: optimizer steps taken, the epoch, and the global sample index within the
+    epoch where the next step starts."""
+
+    step: int = 0
+    epoch: int = 0
+    sample_index: int = 0
+
+
+@dataclass
+class Optimization:
+    """What a step updates besides the weights: AdamW, its schedule, the loss scaler, and the data
+    order the step draws from."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    sampler: GlobalSampler
+
+
+@dataclass
+class RankPlace:
+    """This rank's place in the layout, as the step needs it."""
+
+    layout: Layout
+    device: torch.device
+    world_size: int
+    dp_rank: int
+    cp_rank: int
+    pp_group: object | None  # the pipeline's process group (pp > 1)
+
+
+class TrainingStep:
+    """One rank's step: batches to the device, the forward and the loss (token loss or DPO's), the
+    backward with gradient sync on the last micro-batch, and the optimizer step. Keeps this rank's
+    seconds in the log interval (`timing`) and, for chat and preference rows, the tokens it read
+    (`counted`)."""
+
+    def __init__(self, config: TrainConfig, place: RankPlace, precision: Precision, data: TrainData,
+                 parallel_model: ParallelModel, optimization: Optimization, token_loss: Callable,
+                 dpo: DPOObjective | None, sample_log: SampleLog | None, watchdog: Watchdog | None):
+        self.config, self.place, self.precision, self.data = config, place, precision, data
+        self.layout, self.device, self.world_size = place.layout, place.device, place.world_size
+        self.dp_rank = place.dp_rank
+        self.parallel_model, self.model = parallel_model, parallel_model.model
+        # The plain GPT to call for evaluation and sampling (sharded in place by TP/FSDP); a
+        # pipeline rank holds only stages of it and evaluates through the schedule instead.
+        self.raw_model = None if parallel_model.pipelined else unwrap(parallel_model.model)
+        self.optimization, self.token_loss, self.dpo = optimization, token_loss, dpo
+        self.sample_log, self.watchdog = sample_log, watchdog
+        self.position = Position()
+        self.samples_per_step = config.trainer.batch_size * self.layout.dp * config.trainer.grad_accum
+        self.first_step = True  # compiles and sets up lazily: the watchdog gives it the slow allowance
+        self.timing = {"step": 0.0, "data": 0.0, "forward": 0.0}  # this rank's seconds in the log interval
+        self.router_term = None  # a mixture of experts' router losses of the last forward (router_metrics)
+        # Chat and preference rows vary: this rank's training tokens of the log interval, counted as
+        # read (the positions computed, padding included; the targets the loss sees).
+        self.counted = [0, 0]
+        self.pipeline_reduction = "mean"  # what pipeline_loss returns: "sum" while evaluating
+
+    # ---- batches --------------------------------------------------------------------------------
+
+    def phase(self, name: str, step: int, micro: int = 0) -> None:
+        if self.watchdog is not None:
+            self.watchdog.phase(name, step, micro, slow=self.first_step)
+
+    def timed_batch(self, step: int, micro: int, indices: torch.Tensor, scored: list | None = None):
+        self.phase("data", step, micro)
+        started = time.perf_counter()
+        batch = self.batch(self.data.train, indices, scored)
+        self.timing["data"] += time.perf_counter() - started
+        return batch
+
+    def counts_tokens(self) -> bool:
+        return self.config.data.task in ("chat", "preference")
+
+    def batch(self, dataset: object, indices: torch.Tensor, scored: list | None = None,
+              first_scored: torch.Tensor | None = None):
+        """(inputs, targets) on the device; packed chat rows' inputs are (ids, example numbers).
+        `scored` (a list) gets the number of tokens the loss scores, counted on the host before the
+        copy: counting on a GPU would wait there for the step in flight. `first_scored`: evaluation
+        windows' first scored position (triax.eval.windows). Under context parallelism the ids and
+        targets are this rank's part of each sequence (the example numbers stay whole: attention
+        looks them up for the keys of the whole sequence)."""
+        x, y = dataset.batch(indices)
+        if first_scored is not None:
+            y = mask_unscored(y, first_scored)
+        x, y = (local_chunks(t, self.place.cp_rank, self.layout.cp) for t in (x, y))
+        if scored is not None:
+            scored.append(int((y != IGNORE_INDEX).sum()))
+        if dataset is self.data.train and self.counts_tokens():
+            self.counted[0] += x.numel()
+            self.counted[1] += scored[-1] if scored else int((y != IGNORE_INDEX).sum())
+        if getattr(dataset, "packing", False):
+            return (self.to_device(x), self.to_device(dataset.document_ids(indices))), self.to_device(y)
+        return self.to_device(x), self.to_device(y)
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return tensor.to(self.device)
+        # From page-locked memory the copy is queued behind the step in flight instead of waiting for
+        # it, so the host goes on to launch the next step's kernels (nanoGPT's get_batch does the same).
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
+    # ---- forward and loss -----------------------------------------------------------------------
+
+    @staticmethod
+    def forward(model: torch.nn.Module, x: torch.Tensor | tuple) -> torch.Tensor:
+        if isinstance(x, tuple):  # packed rows: attention and positions confined to each example
+            ids, documents = x
+            return model(ids, documents=documents)
+        return model(x)
+
+    def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        if self.dpo is not None:  # preference pairs: the mean DPO loss of the batch's pairs
+            return self.dpo.loss(self, model, x, y)
+        with self.precision.autocast(self.device):
+            logits = self.forward(model, x)
+        return self.token_loss(logits, y, reduction)
+
+    def per_token_scale(self, scored: list[int] | None) -> float | None:
+        """Chat data scores a varying number of tokens per row (the answers): each step's loss is
+        then the mean over every scored token of the step, on all ranks and micro-batches together,
+        not a mean of per-batch means, so every layout and grad_accum computes the same gradient.
+        `scored`: the tokens each of this rank's micro-batches scores (counted on the host).
+        Returns the factor that turns this rank's summed token losses into its share of that mean
+        (data parallelism averages the ranks' gradients); None for data that scores every token,
+        and under a pipeline schedule (its loss is a mean per micro-batch, computed on the last stage)."""
+        if not self.scores_per_token():
+            return None
+        # Tensor and pipeline peers hold the same tokens: the world's sum counts each world/reducing times.
+        reducing = self.layout.reducing
+        total = sum(values[0] for values in gather_floats([float(sum(scored))])) * reducing / self.world_size
+        return reducing / max(total, 1.0)
+
+    def scores_per_token(self) -> bool:
+        """Context-parallel ranks hold different tokens of a row: their loss is always the mean over
+        every token of the step, so that it equals one process's mean however the targets fall."""
+        return (self.config.data.task == "chat" or self.layout.cp > 1) and not self.parallel_model.pipelined
+
+    def pipeline_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.pipeline_reduction == "sum":  # evaluation: no backward, no scaling
+            return self.token_loss(logits, y, reduction="sum")
+        # The schedule runs backward on what this returns: scale it here for fp16.
+        return self.optimization.scaler.scale(self.token_loss(logits, y))
+
+    def loss_context(self):
+        """Tensor parallelism leaves the logits vocabulary-sharded: the loss and its backward then
+        run under loss_parallel, which computes the softmax without gathering the vocabulary."""
+        if self.parallel_model.loss_parallel:
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def pipeline_forward(self, x: torch.Tensor, y: torch.Tensor, train: bool,
+                         reduction: str = "mean") -> torch.Tensor:
+        """Run the pipeline schedule on one batch (forward and, if `train`, backward); returns the
+        mean micro-batch loss (reduction="sum", evaluation only: the summed loss of every target),
+        on every rank (the last stage broadcasts it down the pipeline)."""
+        pm = self.parallel_model
+        losses: list[torch.Tensor] = []
+        inputs = (x,) if pm.is_first_stage else ()
+        target = y if pm.is_last_stage else None
+        self.pipeline_reduction = reduction
+        try:
+            with self.precision.autocast(self.device):
+                if train:
+                    pm.schedule.step(*inputs, target=target, losses=losses)
+                else:
+                    pm.schedule.eval(*inputs, target=target, losses=losses)
+        finally:
+            self.pipeline_reduction = "mean"
+        scaler = self.optimization.scaler
+        if pm.is_last_stage and reduction == "sum":
+            loss = torch.stack([item.detach().double() for item in losses]).sum()
+        elif pm.is_last_stage:
+            loss = torch.stack([item.detach().float() for item in losses]).mean()
+            if scaler.is_enabled():
+                loss = loss / scaler.get_scale()
+        else:
+            loss = torch.zeros((), device=self.device, dtype=torch.float64 if reduction == "sum" else torch.float32)
+        last_rank = dist.get_global_rank(self.place.pp_group, self.layout.pp - 1)
+        dist.broadcast(loss, src=last_rank, group=self.place.pp_group)
+        return loss
+
+    # ---- the step -------------------------------------------------------------------------------
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns this rank's mean micro-batch loss and the gradient norm as
+        tensors on the device, not yet read: reading them waits for the GPU, and the loop reads
+        them only on the steps it logs, so the host launches the next step while the GPU works."""
+        trainer, position = self.config.trainer, self.position
+        if not self.optimization.sampler.fits(position.sample_index, self.samples_per_step):
+            position.epoch += 1
+            position.sample_index = 0
+        consumed: list[int] = []
+        step = position.step + 1
+        loss_sum = self._pipeline_step(step, consumed) if self.parallel_model.pipelined else 0.0
+        batches, scored = self._micro_batches(step, consumed)
+        per_token = self.per_token_scale(scored)
+        for micro, (x, y) in enumerate(batches):
+            loss_sum = loss_sum + self._micro_step(step, micro, x, y, per_token)
+        if per_token is not None:  # loss_sum is already this rank's share of the step's token mean
+            loss_sum = loss_sum * trainer.grad_accum
+        grad_norm = self._optimizer_step(step)
+        position.step += 1
+        position.sample_index += self.samples_per_step
+        if self.sample_log is not None:
+            self.sample_log.record(position.step, position.epoch, consumed)
+        return loss_sum / trainer.grad_accum, grad_norm
+
+    def _rank_indices(self, start: int, consumed: list[int]) -> torch.Tensor:
+        indices = self.optimization.sampler.rank_slice(self.position.epoch, start, self.config.trainer.batch_size,
+                                                       self.dp_rank)
+        if self.sample_log is not None:
+            consumed += indices.tolist()
+        return indices
+
+    def _pipeline_step(self, step: int, consumed: list[int]) -> torch.Tensor:
+        """The whole step's forward and backward through the pipeline schedule (its micro-batches)."""
+        batch = self.timed_batch(step, 0, self._rank_indices(self.position.sample_index, consumed))
+        self.phase("pipeline schedule", step)
+        return self.pipeline_forward(*batch, train=True)
+
+    def _micro_batches(self, step: int, consumed: list[int]) -> tuple[list, list[int] | None]:
+        """This rank's micro-batches of the step (none under a pipeline), read before any forward,
+        and the tokens each scores when the loss is a mean per token."""
+        batches, scored = [], [] if self.scores_per_token() else None
+        global_micro_batch = self.config.trainer.batch_size * self.layout.dp
+        for micro in range(0 if self.parallel_model.pipelined else self.config.trainer.grad_accum):
+            start = self.position.sample_index + micro * global_micro_batch
+            batches.append(self.timed_batch(step, micro, self._rank_indices(start, consumed), scored))
+        return batches, scored
+
+    def _micro_step(self, step: int, micro: int, x: torch.Tensor, y: torch.Tensor,
+                    per_token: float | None) -> torch.Tensor:
+        """One micro-batch's forward and backward; returns its (detached) loss."""
+        grad_accum = self.config.trainer.grad_accum
+        last = micro == grad_accum - 1
+        # Gradients are synchronised only on the last micro-batch; the others accumulate locally.
+        with self._sync_context(last), self.loss_context():
+            self.phase("forward", step, micro)
+            started = time.perf_counter()
+            if per_token is None:
+                loss = self.loss(self.model, x, y)
+                scaled = loss / grad_accum
+            else:
+                loss = scaled = self.loss(self.model, x, y, reduction="sum") * per_token
+            # A mixture of experts' router losses, of this micro-batch's forward.
+            self.router_term = router_metrics.objective_term(self.model, self.config.model)
+            if self.router_term is not None:
+                scaled = scaled + self.router_term / grad_accum
+            self.timing["forward"] += time.perf_counter() - started
+            self.phase("backward", step, micro)
+            self.optimization.scaler.scale(scaled).backward()
+        return loss.detach()
+
+    def _optimizer_step(self, step: int) -> torch.Tensor:
+        """Unscale, clip, step, schedule; returns the gradient norm before clipping."""
+        optimization, trainer = self.optimization, self.config.trainer
+        self.phase("optimizer", step)
+        optimization.scaler.unscale_(optimization.optimizer)
+        max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
+        grad_norm = clip_grad_norm(list(self.model.parameters()), max_norm, self.place.pp_group)
+        optimization.scaler.step(optimization.optimizer)
+        router_metrics.after_step(self.model, self.config.model)  # DeepSeek-V3's bias update, if on
+        optimization.scaler.update()
+        optimization.optimizer.zero_grad(set_to_none=True)
+        optimization.scheduler.step()
+        return grad_norm
+
+    def _sync_context(self, last: bool):
+        return contextlib.nullcontext() if last else no_sync(self.model)

@@ -1,0 +1,179 @@
+"""Checking a composed training config: every value's range, once, before any file or process
+group exists; and the checks of the data against the layout the config resolves to (the
+process count decides it)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from triax.data.tokens import TOKEN_DTYPES
+from triax.errors import ConfigError
+from triax.models.lora import check_lora
+from triax.parallel.comm_hooks import check_compression
+from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES, Layout
+from triax.runtime.precision import POLICY_NAMES
+from triax.runtime.timeouts import collective_timeout
+from triax.tracking.trackers import check_trackers
+from triax.train.schema import (DataConfig, DebugConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig,
+                                TrainerConfig, gpt_config)
+from triax.train.dpo import check_preference_run
+from triax.train.dpo_config import check_dpo
+from triax.train.optim import DECAY_RULES, SCHEDULES
+
+
+def _need(ok: bool, key: str, value: object, what: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is invalid; {what}")
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+DEVICE_HELP = "use auto, cpu, cuda or cuda:N"
+
+
+def _check_device(requested: str) -> None:
+    """Syntax only (auto | cpu | cuda | cuda:N); whether CUDA exists is checked where it is used."""
+    if requested == "auto":
+        return
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    _need(device is not None and device.type in ("cpu", "cuda"), "trainer.device", requested, DEVICE_HELP)
+
+
+def validate(config: TrainConfig) -> None:
+    """Every value's range, checked here once, before any file or process group exists."""
+    _check_model(config.model)
+    _check_data(config.data)
+    _check_optim(config.optim)
+    _check_trainer(config.trainer)
+    _check_parallel(config.parallel)
+    _check_debug(config.debug)
+    check_dpo(config.dpo)
+
+
+def _check_model(model: ModelConfig) -> None:
+    # GPTConfig owns the shape's rules; the data's sizes are checked in _check_data.
+    gpt_config(model, vocab_size=1, block_size=1)
+    check_lora(model.lora)
+
+
+def _check_data(data: DataConfig) -> None:
+    _need(data.task in ("char", "tokens", "addition", "chat", "preference"), "data.task", data.task,
+          "use char, tokens, addition, chat or preference")
+    _need(data.truncation_mode in ("keep_start", "keep_end"), "data.truncation_mode", data.truncation_mode,
+          "use keep_start or keep_end")
+    _need(data.overlong in ("truncate", "drop"), "data.overlong", data.overlong, "use truncate or drop")
+    _need(data.vocab_size is None or data.vocab_size >= 1, "data.vocab_size", data.vocab_size,
+          "use 1 or more (or leave it unset to take meta.json's)")
+    _need(data.token_dtype is None or data.token_dtype in TOKEN_DTYPES, "data.token_dtype", data.token_dtype,
+          f"use one of {', '.join(TOKEN_DTYPES)}")
+    _need(data.path is None or data.path.strip() != "", "data.path", data.path,
+          "give a file (or leave it unset for the built-in corpus)")
+    _need(data.block_size >= 1, "data.block_size", data.block_size, "use 1 or more")
+    _need(_finite(data.train_split) and 0 < data.train_split < 1, "data.train_split", data.train_split,
+          "use a fraction between 0 and 1 (the tail is the validation set)")
+    _need(_finite(data.truncate) and 0 < data.truncate <= 1, "data.truncate", data.truncate, "use 0 < truncate <= 1")
+    _need(data.digits >= 1, "data.digits", data.digits, "use 1 or more")
+
+
+def _check_optim(optim: OptimConfig) -> None:
+    _need(_finite(optim.lr) and optim.lr > 0, "optim.lr", optim.lr, "use a positive learning rate such as 1e-3")
+    _need(optim.min_lr is None or (_finite(optim.min_lr) and 0 <= optim.min_lr <= optim.lr), "optim.min_lr",
+          optim.min_lr, f"use 0 <= min_lr <= optim.lr ({optim.lr}), or leave it unset for optim.lr / 10")
+    _need(optim.warmup_steps >= 0, "optim.warmup_steps", optim.warmup_steps, "use 0 or more")
+    _need(optim.decay in DECAY_RULES, "optim.decay", optim.decay, f"use one of {', '.join(DECAY_RULES)}")
+    _need(optim.schedule in SCHEDULES, "optim.schedule", optim.schedule, f"use one of {', '.join(SCHEDULES)}")
+    _need(optim.decay_steps is None or optim.decay_steps >= 1, "optim.decay_steps", optim.decay_steps,
+          "use 1 or more, or leave it unset for the run's length")
+    _need(_finite(optim.eps) and optim.eps > 0, "optim.eps", optim.eps, "use a number above 0, e.g. 1e-8")
+    _need(len(optim.betas) == 2, "optim.betas", optim.betas, "give two values, e.g. [0.9,0.95]")
+    _need(all(_finite(beta) and 0 <= beta < 1 for beta in optim.betas), "optim.betas", optim.betas,
+          "each beta must be in [0, 1)")
+    _need(_finite(optim.weight_decay) and optim.weight_decay >= 0, "optim.weight_decay", optim.weight_decay,
+          "use 0 or more")
+
+
+def _check_trainer(trainer: TrainerConfig) -> None:
+    if trainer.max_steps is None and trainer.max_epochs is None:
+        raise ConfigError("set trainer.max_steps or trainer.max_epochs (both are null)")
+    for name in ("max_steps", "max_epochs"):
+        value = getattr(trainer, name)
+        _need(value is None or value >= 1, f"trainer.{name}", value, "use 1 or more (or null)")
+    for name in ("batch_size", "grad_accum", "log_every", "max_save_failures"):
+        _need(getattr(trainer, name) >= 1, f"trainer.{name}", getattr(trainer, name), "use 1 or more")
+    _need(trainer.save_every is None or trainer.save_every >= 0, "trainer.save_every", trainer.save_every,
+          "use 0 or more (or leave it unset to snapshot at every evaluation)")
+    for name in ("eval_every", "eval_batches", "keep_last", "sample_tokens"):
+        _need(getattr(trainer, name) >= 0, f"trainer.{name}", getattr(trainer, name), "use 0 or more")
+    _need(_finite(trainer.grad_clip) and trainer.grad_clip >= 0, "trainer.grad_clip", trainer.grad_clip,
+          "use 0 (no clipping) or a positive norm")
+    _need(trainer.precision in POLICY_NAMES, "trainer.precision", trainer.precision,
+          f"use one of {', '.join(POLICY_NAMES)}")
+    _need(0 <= trainer.seed < 2**63, "trainer.seed", trainer.seed, "use 0 .. 2**63-1")
+    _need(trainer.peak_flops is None or (_finite(trainer.peak_flops) and trainer.peak_flops > 0), "trainer.peak_flops",
+          trainer.peak_flops, "use a positive FLOP/s figure such as 3.12e14, or leave it unset")
+    _need(_finite(trainer.stop_grace) and trainer.stop_grace > 0, "trainer.stop_grace", trainer.stop_grace,
+          "use a positive number of seconds")
+    _check_device(trainer.device)
+    _need(trainer.run_dir.strip() != "", "trainer.run_dir", trainer.run_dir, "give a directory")
+    _need(trainer.snapshot_dir is None or trainer.snapshot_dir.strip() != "", "trainer.snapshot_dir",
+          trainer.snapshot_dir, "give a directory or URL, or leave it unset for <run_dir>/snapshots")
+    if trainer.collective_timeout is not None:
+        collective_timeout(trainer.collective_timeout)  # raises with the key and value if not positive
+    check_trackers(trainer.loggers, "trainer.loggers")  # names known, packages installed
+    _need(trainer.project.strip() != "", "trainer.project", trainer.project, "give a project name")
+
+
+def _check_parallel(parallel: ParallelConfig) -> None:
+    for name in ("dp_replicate", "dp_shard"):
+        value = getattr(parallel, name)
+        _need(value == -1 or value >= 1, f"parallel.{name}", value, "use 1 or more, or -1 for the rest")
+    for name in ("tp", "pp"):
+        _need(getattr(parallel, name) >= 1, f"parallel.{name}", getattr(parallel, name), "use 1 or more")
+    _need(parallel.pp_schedule in PP_SCHEDULES, "parallel.pp_schedule", parallel.pp_schedule,
+          f"use one of {', '.join(PP_SCHEDULES)}")
+    _need(parallel.pp_microbatches >= 0, "parallel.pp_microbatches", parallel.pp_microbatches,
+          "use 0 (2 x pp) or more")
+    _need(all(layers >= 1 for layers in parallel.pp_balance), "parallel.pp_balance", parallel.pp_balance,
+          "every stage needs 1 or more layers")
+    _need(parallel.activation_checkpointing in ACTIVATION_CHECKPOINTING, "parallel.activation_checkpointing",
+          parallel.activation_checkpointing, f"use one of {', '.join(ACTIVATION_CHECKPOINTING)}")
+    _need(_finite(parallel.bucket_mb) and parallel.bucket_mb > 0, "parallel.bucket_mb", parallel.bucket_mb,
+          "use a positive size in MB")
+    check_compression(parallel.grad_compression, parallel.powersgd_rank)
+
+
+def _check_debug(debug: DebugConfig) -> None:
+    _need(debug.preempt_at_step is None or debug.preempt_at_step >= 1, "debug.preempt_at_step",
+          debug.preempt_at_step, "use a positive step (or null)")
+    _need(debug.preempt_rank >= 0, "debug.preempt_rank", debug.preempt_rank, "use 0 or more")
+
+
+def check_data_layout(config: TrainConfig, layout: Layout) -> None:
+    """The data options the layout the config resolves to cannot run (one line each), before any
+    process group exists."""
+    data = config.data
+    if data.task == "chat" and data.packing and layout.pp > 1:
+        raise ConfigError("data.packing=true does not run under pipeline parallelism (parallel.pp="
+                          f"{layout.pp}): its stages take the token ids alone; use data.packing=false")
+    if data.task == "chat" and data.packing and layout.tp > 1 and config.model.arch == "gpt2":
+        # GPT-2's learned position table is split for positions of one sequence, not per-row positions.
+        raise ConfigError("data.packing=true with GPT-2 (learned positions) does not run under tensor "
+                          "parallelism; use data.packing=false or parallel.tp=1")
+    # Chat batches cut to their longest row: not under a pipeline (its stages are built for one row
+    # length) nor context parallelism (each row is cut into chunks of the block).
+    if data.task == "chat" and data.batch_padding and layout.cp > 1:
+        raise ConfigError("data.batch_padding=true does not run under context parallelism (parallel.cp="
+                          f"{layout.cp}): each row is cut into 2 x cp chunks of the block; use "
+                          "data.batch_padding=false")
+    if data.task == "chat" and data.batch_padding and layout.pp > 1:
+        raise ConfigError("data.batch_padding=true does not run under pipeline parallelism (parallel.pp="
+                          f"{layout.pp}): its stages are built for one row length; use "
+                          "data.batch_padding=false")
+    check_preference_run(config, layout)
