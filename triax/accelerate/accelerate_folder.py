@@ -36,7 +36,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from triax import safe_files
+import triax.safe_files as safe_files
 from triax.accelerate import fsdp_folder
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate.saving import _agree, _check_dataloader_position, _check_scheduler

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 
-from triax import safe_files
+import triax.safe_files as safe_files
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate.operations import broadcast_object_list
 from triax.runtime.process_group import is_distributed

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from triax import safe_files
+import triax.safe_files as safe_files
 from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate.fsdp import FULL, state_dict_type
 from triax.accelerate.saving import _agree

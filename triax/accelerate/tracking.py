@@ -23,7 +23,7 @@ import warnings
 
 import yaml
 
-from triax import safe_files
+import triax.safe_files as safe_files
 from triax.tracking import trackers as core
 from triax.accelerate.dataclasses import LoggerType
 from triax.accelerate.errors import AcceleratorValueError
