@@ -18,35 +18,36 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
-from triax.accelerate import accelerate_folder, checkpoints, operations
+from triax.accelerate._internal import accelerate_folder, checkpoints
+from triax.accelerate._internal.errors import (
+    AcceleratorRuntimeError,
+    AcceleratorTypeError,
+    AcceleratorValueError,
+    UnsupportedFeatureError,
+)
+from triax.accelerate._internal.flags import check_accelerate_environment
+from triax.accelerate._internal.fsdp import FULL, shard_model, state_dict_type
+from triax.accelerate._internal.models import extract_model_from_parallel, offloaded_state_dict
+from triax.accelerate._internal.nested import convert_to_fp32
+from triax.accelerate._internal.options import refuse_unsupported, resolve, unsupported
+from triax.accelerate._internal.saving import load_state as _load_state
+from triax.accelerate._internal.wrappers import PreparedOptimizer, PreparedScheduler
 from triax.accelerate.data_loader import (
     DataLoaderDispatcher,
     DataLoaderShard,
     prepare_data_loader,
     skip_first_batches,
 )
-from triax.accelerate.dataclasses import DistributedType
-from triax.accelerate.errors import (
-    AcceleratorRuntimeError,
-    AcceleratorTypeError,
-    AcceleratorValueError,
-    UnsupportedFeatureError,
-)
-from triax.accelerate.flags import check_accelerate_environment
-from triax.accelerate.fsdp import FULL, shard_model, state_dict_type
-from triax.accelerate.models import extract_model_from_parallel, offloaded_state_dict
-from triax.accelerate.nested import convert_to_fp32
-from triax.accelerate.options import refuse_unsupported, resolve, unsupported
-from triax.accelerate.saving import load_state as _load_state
 from triax.accelerate.state import AcceleratorState, GradientState, share_with_accelerate
 from triax.accelerate.tracking import GeneralTracker, filter_trackers, start_trackers
-from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
-from triax.runtime.failure_agreement import raise_together
-from triax.runtime.shared_decisions import any_rank
+from triax.accelerate.utils import operations
+from triax.accelerate.utils.dataclasses import DistributedType
 from triax.parallel.ddp import apply_ddp, unwrap
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.no_sync import no_sync, sync_in_backward
+from triax.runtime.failure_agreement import raise_together
 from triax.runtime.precision import Precision
+from triax.runtime.shared_decisions import any_rank
 
 __all__ = ["Accelerator"]
 
@@ -673,7 +674,7 @@ class Accelerator:
                      keep_torch_compile: bool = True) -> torch.nn.Module:
         """The model as the script made it: without DDP (or DataParallel) around it; without the
         mixed-precision forward with keep_fp32_wrapper=False; and with keep_torch_compile=False
-        without its torch.compile wrapper either (triax.accelerate.models.extract_model_from_parallel)."""
+        without its torch.compile wrapper either (triax.accelerate._internal.models.extract_model_from_parallel)."""
         return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper,
                                            keep_torch_compile=keep_torch_compile)
 
@@ -755,10 +756,10 @@ class Accelerator:
         """Save everything needed to continue: models, optimizers, schedulers, scaler, dataloader
         positions, RNG states, registered objects. Collective: call on every process. Writes
         Accelerate's folder (model.safetensors, optimizer.bin, random_states_<rank>.pkl, ...: see
-        accelerate_folder.py) plus triax's manifest into output_dir, or with
+        _internal/accelerate_folder.py) plus triax's manifest into output_dir, or with
         automatic_checkpoint_naming into <project_dir>/checkpoints/checkpoint_<iteration> (keeping
         at most total_limit), or else <project_dir>/checkpoints; returns that folder. Under FSDP
-        the models and optimizers go in Accelerate's FSDP layout (fsdp_folder.py): sharded, each
+        the models and optimizers go in Accelerate's FSDP layout (_internal/fsdp_folder.py): sharded, each
         process writing its shards, or whole by process 0 (state_dict_type)."""
         root = self._checkpoint_root(output_dir, for_save=True)
         models = list(self._models)

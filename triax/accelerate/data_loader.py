@@ -2,7 +2,7 @@
 
 A prepared dataloader is a new torch DataLoader over the user's dataset that keeps their
 sampler, collate function, workers and generator, and hands this process its share of each step
-(sharding.py). It must give a script Accelerate's numbers bit for bit, and those depend on every
+(_internal/sharding.py). It must give a script Accelerate's numbers bit for bit, and those depend on every
 draw from torch's global generator, not only on the batches. So the rules below are Accelerate
 1.15's, draw for draw:
 
@@ -37,17 +37,17 @@ from contextlib import suppress
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
-from triax.accelerate.operations import broadcast, broadcast_object_list, is_mapping, map_tensors, send_to_device
-from triax.accelerate.random import SeedableRandomSampler, synchronize_rng_states
-from triax.accelerate.sharding import (
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
+from triax.accelerate._internal.sharding import (
     BatchSamplerShard,
     IterableDatasetShard,
     SeededOrderSampler,
     SkipBatchSampler,
 )
+from triax.accelerate._internal.surface import serve_absent
 from triax.accelerate.state import GradientState, PartialState
-from triax.accelerate.surface import serve_absent
+from triax.accelerate.utils.operations import broadcast, broadcast_object_list, is_mapping, map_tensors, send_to_device
+from triax.accelerate.utils.random import SeedableRandomSampler, synchronize_rng_states
 
 # The DataLoader arguments a prepared loader copies from the user's (with their defaults); the
 # sampling ones (batch_size, shuffle, sampler, batch_sampler, drop_last) are replaced instead.
@@ -669,7 +669,7 @@ def skip_first_batches(dataloader, num_batches: int = 0):
     return DataLoader(dataset, batch_sampler=skipping, **options)
 
 
-# accelerate.data_loader's counterpart (triax.accelerate.surface).
+# accelerate.data_loader's counterpart (triax.accelerate._internal.surface).
 __all__ = ["BatchSamplerShard", "DataLoaderAdapter", "DataLoaderDispatcher", "DataLoaderShard", "DataLoaderStateMixin",
            "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler", "SkipDataLoader", "get_sampler",
            "prepare_data_loader", "skip_first_batches"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError, UnsupportedFeatureError
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError, UnsupportedFeatureError
 from triax.accelerate.state import AcceleratorState, GradientState, PartialState
 from triax.launch import settings as launch_settings
 from triax.runtime.rendezvous import free_port

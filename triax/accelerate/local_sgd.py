@@ -18,9 +18,9 @@ import contextlib
 
 import torch
 
-from triax.accelerate.dataclasses import DistributedType
-from triax.accelerate.errors import UnsupportedFeatureError
+from triax.accelerate._internal.errors import UnsupportedFeatureError
 from triax.accelerate.state import MULTI_DEVICE_TYPES
+from triax.accelerate.utils.dataclasses import DistributedType
 
 __all__ = ["LocalSGD"]
 

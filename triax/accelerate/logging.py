@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 
-from triax.accelerate.errors import AcceleratorRuntimeError
+from triax.accelerate._internal.errors import AcceleratorRuntimeError
 from triax.accelerate.state import PartialState
 
 __all__ = ["MultiProcessAdapter", "get_logger"]

@@ -20,14 +20,14 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from triax.accelerate.dataclasses import DistributedType, DynamoBackend
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
-from triax.accelerate.flags import check_accelerate_environment, parse_flag_from_env
-from triax.accelerate.surface import serve_absent
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.accelerate._internal.flags import check_accelerate_environment, parse_flag_from_env
+from triax.accelerate._internal.surface import serve_absent
+from triax.accelerate.utils.dataclasses import DistributedType, DynamoBackend
 from triax.runtime.failure_agreement import raise_together
-from triax.runtime.shared_decisions import barrier
 from triax.runtime.place import detect_place, pick_device
 from triax.runtime.process_group import init_distributed, is_distributed, shutdown_distributed
+from triax.runtime.shared_decisions import barrier
 
 __all__ = ["AcceleratorState", "GradientState", "PartialState", "is_initialized"]
 
@@ -214,7 +214,7 @@ class PartialState:
     @contextlib.contextmanager
     def split_between_processes(self, inputs, apply_padding: bool = False):
         """This process's share of `inputs` (list, tuple, tensor, or dict of them)."""
-        from triax.accelerate.operations import slice_for_process
+        from triax.accelerate.utils.operations import slice_for_process
 
         yield slice_for_process(inputs, self.process_index, self.num_processes, apply_padding)
 

@@ -24,12 +24,12 @@ import warnings
 import yaml
 
 import triax.safe_files as safe_files
-from triax.tracking import trackers as core
-from triax.accelerate.dataclasses import LoggerType
-from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate._internal.errors import AcceleratorValueError
+from triax.accelerate._internal.surface import serve_absent
 from triax.accelerate.state import PartialState
-from triax.accelerate.surface import serve_absent
+from triax.accelerate.utils.dataclasses import LoggerType
 from triax.errors import TriaxError
+from triax.tracking import trackers as core
 
 __all__ = ["GeneralTracker", "JsonlTracker", "LOGGER_TYPE_TO_CLASS", "MLflowTracker", "TensorBoardTracker",
            "WandBTracker", "filter_trackers", "get_available_trackers", "on_main_process", "register_tracker_class"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from triax.accelerate.errors import UnsupportedFeatureError
+from triax.accelerate._internal.errors import UnsupportedFeatureError
 
 # The public modules of Accelerate that triax mirrors, as triax.accelerate.<same>. Not mirrored:
 # accelerate.commands (the CLI: `triax config / launch / env`), accelerate.test_utils (Accelerate's

@@ -12,7 +12,10 @@ import socket
 
 from packaging.version import Version
 
-from triax.accelerate.flags import parse_flag_from_env, str_to_bool  # noqa: F401 - Accelerate's names, here too
+from triax.accelerate._internal.flags import (  # noqa: F401 - Accelerate's names, here too
+    parse_flag_from_env,
+    str_to_bool,
+)
 from triax.accelerate.state import PartialState
 
 logger = logging.getLogger(__name__)

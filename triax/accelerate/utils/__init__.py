@@ -13,8 +13,35 @@ import operator
 import torch
 from packaging.version import Version, parse
 
-from triax.accelerate import constants, imports
-from triax.accelerate.constants import *  # noqa: F401,F403 (Accelerate's constants, listed in __all__)
+from triax.accelerate._internal.errors import AcceleratorValueError, DistributedOperationException
+from triax.accelerate._internal.fsdp_plugin import (
+    FullyShardedDataParallelPlugin,
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
+)
+from triax.accelerate._internal.models import (
+    extract_model_from_parallel,
+    has_compiled_regions,
+    is_compiled_module,
+    load,
+    save,
+)
+from triax.accelerate._internal.nested import (
+    concatenate,
+    convert_outputs_to_fp32,
+    convert_to_fp32,
+    find_batch_size,
+    find_device,
+    honor_type,
+    ignorant_find_batch_size,
+    is_namedtuple,
+    is_torch_tensor,
+    listify,
+    recursively_apply,
+    send_to_device,
+)
+from triax.accelerate._internal.sharding import BatchSamplerShard, IterableDatasetShard, SkipBatchSampler
+from triax.accelerate._internal.surface import serve_absent
 from triax.accelerate.data_loader import (
     DataLoaderAdapter,
     DataLoaderDispatcher,
@@ -25,7 +52,11 @@ from triax.accelerate.data_loader import (
     prepare_data_loader,
     skip_first_batches,
 )
-from triax.accelerate.dataclasses import (
+from triax.accelerate.launchers import notebook_launcher
+from triax.accelerate.state import PartialState
+from triax.accelerate.utils import constants, imports
+from triax.accelerate.utils.constants import *  # noqa: F401,F403 (Accelerate's constants, listed in __all__)
+from triax.accelerate.utils.dataclasses import (
     AutocastKwargs,
     ComputeEnvironment,
     DataLoaderConfiguration,
@@ -43,7 +74,7 @@ from triax.accelerate.dataclasses import (
     RNGType,
     SageMakerDistributedType,
 )
-from triax.accelerate.environment import (
+from triax.accelerate.utils.environment import (
     check_os_kernel,
     clear_environment,
     get_int_from_env,
@@ -53,36 +84,8 @@ from triax.accelerate.environment import (
     patch_environment,
     str_to_bool,
 )
-from triax.accelerate.errors import AcceleratorValueError, DistributedOperationException
-from triax.accelerate.fsdp_plugin import (
-    FullyShardedDataParallelPlugin,
-    disable_fsdp_ram_efficient_loading,
-    enable_fsdp_ram_efficient_loading,
-)
-from triax.accelerate.launchers import notebook_launcher
-from triax.accelerate.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
-from triax.accelerate.models import (
-    extract_model_from_parallel,
-    has_compiled_regions,
-    is_compiled_module,
-    load,
-    save,
-)
-from triax.accelerate.nested import (
-    concatenate,
-    convert_outputs_to_fp32,
-    convert_to_fp32,
-    find_batch_size,
-    find_device,
-    honor_type,
-    ignorant_find_batch_size,
-    is_namedtuple,
-    is_torch_tensor,
-    listify,
-    recursively_apply,
-    send_to_device,
-)
-from triax.accelerate.operations import (
+from triax.accelerate.utils.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
+from triax.accelerate.utils.operations import (
     CannotPadNestedTensorWarning,
     broadcast,
     broadcast_object_list,
@@ -91,14 +94,11 @@ from triax.accelerate.operations import (
     pad_across_processes,
     reduce,
 )
-from triax.accelerate.random import SeedableRandomSampler, synchronize_rng_state, synchronize_rng_states
-from triax.accelerate.sharding import BatchSamplerShard, IterableDatasetShard, SkipBatchSampler
-from triax.accelerate.state import PartialState
-from triax.accelerate.surface import serve_absent
+from triax.accelerate.utils.random import SeedableRandomSampler, synchronize_rng_state, synchronize_rng_states
 from triax.checkpoint.rng import seed_everything
 from triax.runtime.shared_decisions import barrier as wait_for_everyone
 
-# Accelerate's is_<thing>_available probes (triax.accelerate.imports).
+# Accelerate's is_<thing>_available probes (triax.accelerate.utils.imports).
 globals().update({name: getattr(imports, name) for name in imports.PROBES})
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from triax.accelerate.dataclasses import (
+from triax.accelerate._internal.errors import AcceleratorValueError, UnsupportedFeatureError
+from triax.accelerate._internal.fsdp import default_plugin, read_plugin
+from triax.accelerate._internal.fsdp_plugin import FullyShardedDataParallelPlugin
+from triax.accelerate.utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -22,9 +25,6 @@ from triax.accelerate.dataclasses import (
     changed_fields,
     split_kwargs_handlers,
 )
-from triax.accelerate.errors import AcceleratorValueError, UnsupportedFeatureError
-from triax.accelerate.fsdp import default_plugin, read_plugin
-from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
 from triax.launch import settings as launch_settings
 
 # What `triax launch` hands over (names, choices, environment variables) lives in one place.
@@ -72,7 +72,7 @@ class Options:
     scheduler_steps: str  # SCHEDULER_STEPS
     data_order: str  # DATA_ORDERS
     fsdp_plugin: object = None  # the FullyShardedDataParallelPlugin FSDP runs with (parallel='fsdp')
-    fsdp: object = None  # what it asks for (triax.accelerate.fsdp.FSDPSettings)
+    fsdp: object = None  # what it asks for (triax.accelerate._internal.fsdp.FSDPSettings)
     handlers: dict = dataclasses.field(default_factory=dict)  # kwargs_handlers: {class: the instance given}
 
 

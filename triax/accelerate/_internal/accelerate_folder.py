@@ -37,14 +37,14 @@ import safetensors.torch
 import torch
 
 import triax.safe_files as safe_files
-from triax.accelerate import fsdp_folder
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
-from triax.accelerate.saving import _agree, _check_dataloader_position, _check_scheduler
-from triax.runtime.failure_agreement import raise_together
+from triax.accelerate._internal import fsdp_folder
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.accelerate._internal.saving import _agree, _check_dataloader_position, _check_scheduler
 from triax.checkpoint.numbers import COUNTERS, RANGES, bad_number
 from triax.checkpoint.pickled import PickledFileError, pickled_bytes, read_pickled, read_whole
-from triax.runtime.shared_decisions import all_gather_bytes
+from triax.runtime.failure_agreement import raise_together
 from triax.runtime.process_group import is_distributed
+from triax.runtime.shared_decisions import all_gather_bytes
 
 MANIFEST = "triax_manifest.json"
 LOOSE = "triax_loose_parameters.safetensors"

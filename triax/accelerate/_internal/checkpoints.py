@@ -15,8 +15,8 @@ import re
 import shutil
 
 import triax.safe_files as safe_files
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
-from triax.accelerate.operations import broadcast_object_list
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.accelerate.utils.operations import broadcast_object_list
 from triax.runtime.process_group import is_distributed
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d{1,18})$")

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import RandomSampler
 
-from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate._internal.errors import AcceleratorValueError
 from triax.runtime.collectives_at_exit import wait_and_keep
 from triax.runtime.process_group import collective_device, is_distributed
 

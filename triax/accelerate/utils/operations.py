@@ -13,15 +13,17 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from triax.accelerate.errors import DistributedOperationException  # noqa: F401 - Accelerate's name in this module
-from triax.accelerate.errors import AcceleratorValueError, distributed_operation_error
-from triax.accelerate.nested import is_mapping, recursively_apply, send_to_device  # noqa: F401 (re-exported)
-from triax.runtime.shared_decisions import all_gather_bytes
+from triax.accelerate._internal.errors import (  # noqa: F401 - Accelerate's name in this module
+    DistributedOperationException,
+)
+from triax.accelerate._internal.errors import AcceleratorValueError, distributed_operation_error
+from triax.accelerate._internal.nested import is_mapping, recursively_apply, send_to_device  # noqa: F401 (re-exported)
 from triax.runtime.collectives_at_exit import wait_and_keep
 from triax.runtime.process_group import collective_device, is_distributed
+from triax.runtime.shared_decisions import all_gather_bytes
 
 
-# Every function here walks nested data the same way (triax.accelerate.nested).
+# Every function here walks nested data the same way (triax.accelerate._internal.nested).
 map_tensors = recursively_apply
 
 

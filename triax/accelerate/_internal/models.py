@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate._internal.errors import AcceleratorValueError
 from triax.accelerate.state import PartialState
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ A field left at None is read from the `FSDP_*` variable `accelerate launch --use
 and is normalised to the torch object Accelerate 1.15 stores (`StateDictType`, `OffloadPolicy`,
 `MixedPrecisionPolicy`, torch's wrap-policy functions ...). A script reading
 `accelerator.state.fsdp_plugin.state_dict_type` therefore sees what it would see under Accelerate,
-and triax.accelerate.fsdp reads this class and Accelerate's own one through the same normalised
+and triax.accelerate._internal.fsdp reads this class and Accelerate's own one through the same normalised
 fields. What triax does with each option (it always runs FSDP2, `fully_shard`) is decided there.
 
 Differences from Accelerate, both because the option can be honoured with FSDP2:
@@ -40,8 +40,8 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
-from triax.accelerate.errors import AcceleratorValueError
-from triax.accelerate.flags import check_accelerate_environment
+from triax.accelerate._internal.errors import AcceleratorValueError
+from triax.accelerate._internal.flags import check_accelerate_environment
 from triax.launch.variables import AUTO_WRAP_POLICIES, BACKWARD_PREFETCHES, SHARDING_STRATEGIES, check_value
 
 ENV_PREFIX = "FSDP_"

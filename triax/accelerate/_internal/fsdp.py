@@ -25,11 +25,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
-from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError, UnsupportedFeatureError
-from triax.accelerate.fsdp_plugin import PRECISION_DTYPES, FullyShardedDataParallelPlugin, find_layer_classes
-from triax.runtime.failure_agreement import raise_together
+from triax.accelerate._internal.errors import AcceleratorTypeError, AcceleratorValueError, UnsupportedFeatureError
+from triax.accelerate._internal.fsdp_plugin import PRECISION_DTYPES, FullyShardedDataParallelPlugin, find_layer_classes
 from triax.parallel.activation_checkpoint import apply_activation_checkpointing
 from triax.parallel.fsdp import each_block, offload_policy, shard_units, sharded_parameter_device
+from triax.runtime.failure_agreement import raise_together
 
 FULL, SHARDED = "FULL_STATE_DICT", "SHARDED_STATE_DICT"
 

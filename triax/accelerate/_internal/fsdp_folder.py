@@ -39,9 +39,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 import triax.safe_files as safe_files
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
-from triax.accelerate.fsdp import FULL, state_dict_type
-from triax.accelerate.saving import _agree
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.accelerate._internal.fsdp import FULL, state_dict_type
+from triax.accelerate._internal.saving import _agree
 from triax.checkpoint.pickled import PickledFileError, load_pickled_bytes, pickled_bytes
 from triax.checkpoint.torchtitan import METADATA_FILE, CheckedReader, read_metadata
 from triax.models.hf_files import CheckpointError

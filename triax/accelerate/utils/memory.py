@@ -8,7 +8,7 @@ import inspect
 
 import torch
 
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorTypeError
 
 # Parts of the messages of RuntimeErrors that mean "out of memory", on every device torch runs on
 # (older torch raised plain RuntimeErrors, and some devices still do): "<DEVICE> out of memory."

@@ -24,16 +24,16 @@ import os
 import numpy as np
 import torch
 
-from triax.accelerate.errors import (
+from triax.accelerate._internal.errors import (
     AcceleratorRuntimeError,
     AcceleratorTypeError,
     AcceleratorValueError,
     StateCorruptError,
 )
-from triax.runtime.failure_agreement import raise_together
 from triax.checkpoint import latest_snapshot, load_snapshot, read_state, save_snapshot
 from triax.checkpoint.numbers import bad_number, is_number
 from triax.errors import TriaxError
+from triax.runtime.failure_agreement import raise_together
 
 # Tensors a state dict may hold (optimizer steps, scaler scale, RNG-like buffers); anything else in
 # a file is corruption, never a name to look up on the torch module.

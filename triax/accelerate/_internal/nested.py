@@ -1,6 +1,6 @@
 """Nested data: tensors inside lists, tuples (named ones too) and mappings, as batches and model
 outputs come. Accelerate's helpers for them, under its names (re-exported by triax.accelerate.utils);
-every collective in triax.accelerate.operations walks data with recursively_apply.
+every collective in triax.accelerate.utils.operations walks data with recursively_apply.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError
+from triax.accelerate._internal.errors import AcceleratorTypeError, AcceleratorValueError
 
 
 def is_torch_tensor(data) -> bool:

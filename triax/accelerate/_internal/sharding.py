@@ -4,7 +4,7 @@ Accelerate's rule for map-style data is "deal the DataLoader's own batches": the
 batch sampler yields (batch size B) are dealt out in turn, batch k*N + r to process r of N. So N
 processes with batch B step through exactly the samples one process sees with batch N*B, in the
 same order, and the order itself is the user's sampler's (drawn alike on every process: see
-data_loader.py). With split_batches each batch is cut into N pieces instead. A stream (an
+triax/accelerate/data_loader.py). With split_batches each batch is cut into N pieces instead. A stream (an
 IterableDataset) is read by every process and cut the same way, sample by sample.
 
 The tail of a pass is where the rules differ: with even_batches (the default) the last, incomplete
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
 
-from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate._internal.errors import AcceleratorValueError
 from triax.data.sampler import GlobalSampler
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import datetime
 import enum
 
-from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError
+from triax.accelerate._internal.errors import AcceleratorTypeError, AcceleratorValueError
 
 
 class _StrEnum(str, enum.Enum):
@@ -295,7 +295,7 @@ def split_kwargs_handlers(handlers) -> dict:
     for handler in handlers or []:
         name = type(handler).__name__
         if name in UNSUPPORTED_HANDLERS:
-            from triax.accelerate.errors import UnsupportedFeatureError
+            from triax.accelerate._internal.errors import UnsupportedFeatureError
 
             raise UnsupportedFeatureError(f"kwargs_handlers got a {name}: triax does not support "
                                           f"{UNSUPPORTED_HANDLERS[name]}; see the README's Accelerate table")
