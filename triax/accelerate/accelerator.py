@@ -13,6 +13,7 @@ import functools
 import os
 import warnings
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import DataLoader
@@ -48,6 +49,15 @@ from triax.parallel.no_sync import no_sync, sync_in_backward
 from triax.runtime.failure_agreement import raise_together
 from triax.runtime.precision import Precision
 from triax.runtime.shared_decisions import any_rank
+
+if TYPE_CHECKING:
+    from triax.accelerate._internal.fsdp_plugin import FullyShardedDataParallelPlugin
+    from triax.accelerate._internal.options import Options
+    from triax.accelerate.utils.dataclasses import (
+        DataLoaderConfiguration,
+        GradientAccumulationPlugin,
+        ProjectConfiguration,
+    )
 
 __all__ = ["Accelerator"]
 
@@ -90,11 +100,15 @@ class Accelerator:
 
     def __init__(self, device_placement: bool = True, split_batches: bool | None = None,
                  mixed_precision: str | None = None, gradient_accumulation_steps: int | None = None,
-                 cpu: bool = False, dataloader_config=None, deepspeed_plugin=None, fsdp_plugin=None,
-                 torch_tp_plugin=None, megatron_lm_plugin=None, rng_types=None, log_with=None,
-                 project_dir: str | None = None, project_config=None, gradient_accumulation_plugin=None,
-                 step_scheduler_with_optimizer: bool = True, kwargs_handlers=None, dynamo_backend=None,
-                 dynamo_plugin=None, deepspeed_plugins=None, parallelism_config=None,
+                 cpu: bool = False, dataloader_config: DataLoaderConfiguration | None = None,
+                 deepspeed_plugin: object | None = None, fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+                 torch_tp_plugin: object | None = None, megatron_lm_plugin: object | None = None,
+                 rng_types: list[str] | None = None, log_with: str | list | GeneralTracker | None = None,
+                 project_dir: str | None = None, project_config: ProjectConfiguration | None = None,
+                 gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+                 step_scheduler_with_optimizer: bool = True, kwargs_handlers: list | None = None,
+                 dynamo_backend: object | None = None, dynamo_plugin: object | None = None,
+                 deepspeed_plugins: object | None = None, parallelism_config: object | None = None,
                  even_batches: bool | None = None, parallel: str | None = None,
                  logging_dir: str | None = None, seed: int | None = None, scheduler_steps: str = "per_process",
                  data_order: str = "loader"):
@@ -116,8 +130,26 @@ class Accelerator:
         self._ddp_options = options.ddp_options
         self._fsdp = options.fsdp
         self._grad_compression = options.grad_compression
+        self._join_process_state(options)
+        self._start_accumulation(options)
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.scheduler_steps = options.scheduler_steps
+        self.data_order = options.data_order
+        self.device_placement = device_placement
+        self.seed = seed if seed is not None else self.dataloader_config.data_seed
+        # As Accelerate: the shuffling generator of a prepared dataloader is synchronised.
+        self.rng_types = ["generator"] if rng_types is None else rng_types
+        self.log_with = filter_trackers(log_with, self.logging_dir)
+        self.trackers: list = []  # started by init_trackers, on the main process only
+        self._start_empty()
+        self._handlers = options.handlers
+        # Accelerate's micro-step counter: +1 per `accumulate` block, 0 again after a dataloader's
+        # last batch (sync_with_dataloader); scripts read it, the decision is GradientState's.
+        self.step = 0
 
-        # Joins the process group (or uses the one the script created) once per process.
+    def _join_process_state(self, options: Options) -> None:
+        """Join the process group (or use the one the script created) once per process, and settle
+        the precision on the device it gives."""
         self.state = AcceleratorState(mixed_precision={"fp32": "no"}.get(self._mixed_precision, self._mixed_precision),
                                       cpu=options.cpu, timeout=options.init_timeout, backend=options.init_backend)
         self.state.fsdp = self.parallel == "fsdp"
@@ -129,6 +161,8 @@ class Accelerator:
         self.precision.check_device(self.state.device)
         share_with_accelerate(self.state.mixed_precision, cpu=self.state.device.type == "cpu")
 
+    def _start_accumulation(self, options: Options) -> None:
+        """The GradientState of gradient accumulation, and the loss scaler."""
         plugin = options.accumulation
         # Accelerate's GradientState keeps the plugin's to_kwargs() (the fields changed from their
         # defaults) and reads adjust_scheduler from it with default False: the plugin's default True
@@ -143,15 +177,9 @@ class Accelerator:
         self._grad_scaler = self.precision.make_scaler(self.device)
         if self._grad_scaler.is_enabled() and options.scaler_options:
             self._grad_scaler = torch.amp.GradScaler(self.device.type, **options.scaler_options)
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.scheduler_steps = options.scheduler_steps
-        self.data_order = options.data_order
-        self.device_placement = device_placement
-        self.seed = seed if seed is not None else self.dataloader_config.data_seed
-        # As Accelerate: the shuffling generator of a prepared dataloader is synchronised.
-        self.rng_types = ["generator"] if rng_types is None else rng_types
-        self.log_with = filter_trackers(log_with, self.logging_dir)
-        self.trackers: list = []  # started by init_trackers, on the main process only
+
+    def _start_empty(self) -> None:
+        """What prepare, register_for_checkpointing and the state hooks fill in."""
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -162,10 +190,6 @@ class Accelerator:
         self._save_model_state_pre_hook: OrderedDict = OrderedDict()
         self._load_model_state_pre_hook: OrderedDict = OrderedDict()
         self._trigger = False
-        self._handlers = options.handlers
-        # Accelerate's micro-step counter: +1 per `accumulate` block, 0 again after a dataloader's
-        # last batch (sync_with_dataloader); scripts read it, the decision is GradientState's.
-        self.step = 0
 
     # ---- who am I (PartialState's answers) ------------------------------------------------------
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Callable
 from contextlib import suppress
 
 import torch
@@ -534,10 +535,10 @@ def _data_processes(state, num_processes: int, process_index: int, torch_device_
 
 def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = None, num_processes: int | None = None,
                         process_index: int | None = None, split_batches: bool = False, put_on_device: bool = False,
-                        rng_types=None, dispatch_batches: bool | None = None, even_batches: bool = True,
-                        slice_fn_for_dispatch=None, use_seedable_sampler: bool = False, data_seed: int | None = None,
-                        non_blocking: bool = False, use_stateful_dataloader: bool = False, torch_device_mesh=None,
-                        order_seed: int | None = None):
+                        rng_types: list | None = None, dispatch_batches: bool | None = None, even_batches: bool = True,
+                        slice_fn_for_dispatch: Callable | None = None, use_seedable_sampler: bool = False,
+                        data_seed: int | None = None, non_blocking: bool = False, use_stateful_dataloader: bool = False,
+                        torch_device_mesh: object | None = None, order_seed: int | None = None) -> DataLoader:
     """Accelerate's function of the same name: `dataloader` as this process's DataLoaderShard
     (or DataLoaderDispatcher). Process information comes from PartialState unless given.
     order_seed (triax's data_order="seeded") replaces a RandomSampler with SeededOrderSampler."""
@@ -555,40 +556,12 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
 
     dataset = dataloader.dataset
     batch_sampler = None if isinstance(dataset, IterableDataset) else dataloader.batch_sampler
-    sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
     synchronized_generator = None
-    sampler = get_sampler(dataloader)
-    replacement = None
-    if isinstance(sampler, RandomSampler) and use_seedable_sampler:
-        sampler = replacement = SeedableRandomSampler(
-            data_source=sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples,
-            generator=sampler.generator, data_seed=data_seed)
-    elif (isinstance(sampler, RandomSampler) and order_seed is not None and not sampler.replacement
-          and sampler._num_samples is None):
-        sampler = replacement = SeededOrderSampler(len(sampler.data_source), order_seed)
-
+    sampler, replacement = _replace_random_sampler(get_sampler(dataloader), use_seedable_sampler, data_seed,
+                                                   order_seed)
     if num_processes != 1 and not dispatch_batches:
-        hf_datasets = sys.modules.get("datasets")  # a Hugging Face IterableDataset has it imported
-        if (hf_datasets is not None and isinstance(dataset, getattr(hf_datasets, "IterableDataset", ()))
-                and not split_batches and dataset.n_shards >= num_processes):
-            dataset = dataset.shard(num_shards=num_processes, index=process_index)
-        elif isinstance(dataset, IterableDataset):
-            if getattr(dataloader.dataset, "generator", None) is not None:
-                synchronized_generator = dataloader.dataset.generator
-            dataset = IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
-                                           num_processes=num_processes, process_index=process_index,
-                                           split_batches=split_batches)
-        else:
-            if not use_seedable_sampler and hasattr(sampler, "generator"):
-                if sampler.generator is None:
-                    # One draw from torch's generator seeds the order's own; process 0's state
-                    # is handed to every process before each pass.
-                    sampler.generator = _default_generator()
-                    sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-                synchronized_generator = sampler.generator
-            batch_sampler = BatchSamplerShard(dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler,
-                                              num_processes=num_processes, process_index=process_index,
-                                              split_batches=split_batches, even_batches=even_batches)
+        dataset, batch_sampler, synchronized_generator = _share_among_processes(
+            dataloader, sampler, num_processes, process_index, split_batches, even_batches, use_seedable_sampler)
 
     if rng_types is not None and synchronized_generator is None and "generator" in rng_types:
         rng_types.remove("generator")
@@ -597,26 +570,80 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
         options["drop_last"] = dataloader.drop_last
         options["batch_size"] = (dataloader.batch_size // num_processes if split_batches and not dispatch_batches
                                  else dataloader.batch_size)
-    device = device if put_on_device else None
+    options.update(_drop_last=dataloader.drop_last, _non_blocking=non_blocking,
+                   use_stateful_dataloader=use_stateful_dataloader)
     if dispatch_batches:
         options.pop("generator")
         prepared = DataLoaderDispatcher(dataset, split_batches=split_batches, batch_sampler=batch_sampler,
-                                        _drop_last=dataloader.drop_last, _non_blocking=non_blocking,
-                                        slice_fn=slice_fn_for_dispatch, use_stateful_dataloader=use_stateful_dataloader,
-                                        torch_device_mesh=torch_device_mesh, **options)
-    elif sampler_is_batch_sampler:
-        prepared = DataLoaderShard(dataset, device=device, sampler=batch_sampler, batch_size=dataloader.batch_size,
-                                   rng_types=rng_types, _drop_last=dataloader.drop_last, _non_blocking=non_blocking,
-                                   synchronized_generator=synchronized_generator,
-                                   use_stateful_dataloader=use_stateful_dataloader, **options)
+                                        slice_fn=slice_fn_for_dispatch, torch_device_mesh=torch_device_mesh, **options)
     else:
-        prepared = DataLoaderShard(dataset, device=device, batch_sampler=batch_sampler, rng_types=rng_types,
-                                   synchronized_generator=synchronized_generator, _drop_last=dataloader.drop_last,
-                                   _non_blocking=non_blocking, use_stateful_dataloader=use_stateful_dataloader,
-                                   **options)
+        prepared = _shard_loader(dataloader, dataset, batch_sampler, device if put_on_device else None, rng_types,
+                                 synchronized_generator, options)
     if replacement is not None:
         prepared.set_sampler(replacement)
     return prepared
+
+
+def _replace_random_sampler(sampler: object, use_seedable_sampler: bool, data_seed: int | None,
+                            order_seed: int | None) -> tuple[object, object | None]:
+    """(the sampler the prepared loader draws from, the replacement to set on it or None): a
+    RandomSampler becomes a SeedableRandomSampler (use_seedable_sampler) or, with order_seed, a
+    SeededOrderSampler when it draws each sample once."""
+    if isinstance(sampler, RandomSampler) and use_seedable_sampler:
+        replacement = SeedableRandomSampler(
+            data_source=sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples,
+            generator=sampler.generator, data_seed=data_seed)
+        return replacement, replacement
+    if (isinstance(sampler, RandomSampler) and order_seed is not None and not sampler.replacement
+            and sampler._num_samples is None):
+        replacement = SeededOrderSampler(len(sampler.data_source), order_seed)
+        return replacement, replacement
+    return sampler, None
+
+
+def _share_among_processes(dataloader: DataLoader, sampler: object, num_processes: int, process_index: int,
+                           split_batches: bool, even_batches: bool,
+                           use_seedable_sampler: bool) -> tuple[object, BatchSampler | None, torch.Generator | None]:
+    """(dataset, batch sampler, generator every process must share) giving this process its share:
+    a Hugging Face IterableDataset by its own shards, another stream sample by sample, map-style
+    data by dealing the DataLoader's batches."""
+    dataset = dataloader.dataset
+    batch_sampler = None if isinstance(dataset, IterableDataset) else dataloader.batch_sampler
+    hf_datasets = sys.modules.get("datasets")  # a Hugging Face IterableDataset has it imported
+    if (hf_datasets is not None and isinstance(dataset, getattr(hf_datasets, "IterableDataset", ()))
+            and not split_batches and dataset.n_shards >= num_processes):
+        return dataset.shard(num_shards=num_processes, index=process_index), batch_sampler, None
+    if isinstance(dataset, IterableDataset):
+        synchronized_generator = getattr(dataloader.dataset, "generator", None)
+        dataset = IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
+                                       num_processes=num_processes, process_index=process_index,
+                                       split_batches=split_batches)
+        return dataset, batch_sampler, synchronized_generator
+    synchronized_generator = None
+    if not use_seedable_sampler and hasattr(sampler, "generator"):
+        if sampler.generator is None:
+            # One draw from torch's generator seeds the order's own; process 0's state
+            # is handed to every process before each pass.
+            sampler.generator = _default_generator()
+            sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        synchronized_generator = sampler.generator
+    sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
+    batch_sampler = BatchSamplerShard(dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler,
+                                      num_processes=num_processes, process_index=process_index,
+                                      split_batches=split_batches, even_batches=even_batches)
+    return dataset, batch_sampler, synchronized_generator
+
+
+def _shard_loader(dataloader: DataLoader, dataset: object, batch_sampler: BatchSampler | None,
+                  device: torch.device | None, rng_types: list | None, synchronized_generator: torch.Generator | None,
+                  options: dict) -> DataLoaderShard:
+    """The DataLoaderShard over this process's share; a DataLoader whose sampler is itself a
+    BatchSampler keeps it as its sampler, as Accelerate's does."""
+    if isinstance(dataloader.sampler, BatchSampler):
+        return DataLoaderShard(dataset, device=device, sampler=batch_sampler, batch_size=dataloader.batch_size,
+                               rng_types=rng_types, synchronized_generator=synchronized_generator, **options)
+    return DataLoaderShard(dataset, device=device, batch_sampler=batch_sampler, rng_types=rng_types,
+                           synchronized_generator=synchronized_generator, **options)
 
 
 def _check_split(dataloader, num_processes: int) -> None:

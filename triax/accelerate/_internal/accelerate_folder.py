@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
 import safetensors.torch
@@ -45,6 +46,9 @@ from triax.checkpoint.pickled import PickledFileError, pickled_bytes, read_pickl
 from triax.runtime.failure_agreement import raise_together
 from triax.runtime.process_group import is_distributed
 from triax.runtime.shared_decisions import all_gather_bytes
+
+if TYPE_CHECKING:
+    from triax.accelerate.accelerator import Accelerator
 
 MANIFEST = "triax_manifest.json"
 LOOSE = "triax_loose_parameters.safetensors"
@@ -281,7 +285,7 @@ def _check_custom_count(folder: _Folder, registered: int) -> None:
                                       "objects the checkpoint was saved with")
 
 
-def load_folder(accelerator, path: str, models: list, fsdp: bool = False) -> str:
+def load_folder(accelerator: Accelerator, path: str, models: list, fsdp: bool = False) -> str:
     """Restore what an Accelerate checkpoint folder holds into `models` (those no load hook took
     over) and the Accelerator's optimizers, schedulers, dataloaders, scaler, RNG and registered
     objects; with `fsdp`, the models and optimizers from Accelerate's FSDP layout. Everything is
@@ -289,42 +293,12 @@ def load_folder(accelerator, path: str, models: list, fsdp: bool = False) -> str
     error, staged = None, None
     try:
         folder = _Folder(path)
-        rng_name = f"random_states_{accelerator.process_index}.pkl"
         _check_custom_count(folder, len(accelerator._custom_objects))
         if fsdp != fsdp_folder.is_fsdp_folder(path):
             raise AcceleratorValueError(f"{path} was saved {'without' if fsdp else 'with'} FSDP; load it into what it "
                                         f"was saved from (this run {'shards' if fsdp else 'does not shard'} its model)")
-        staged = {
-            "models": [] if fsdp else [folder.weights(index) for index in range(len(models))],
-            "optimizers": [] if fsdp else [folder.pickled(numbered("optimizer.bin", i), f"optimizer {i}'s state")
-                                           for i in range(len(accelerator._optimizers))],
-            "schedulers": [folder.pickled(numbered("scheduler.bin", i), f"scheduler {i}'s state")
-                           for i in range(len(accelerator._schedulers))],
-            "dataloaders": [folder.pickled(numbered("dl_state_dict.bin", i), f"dataloader {i}'s position")
-                            if getattr(loader, "use_stateful_dataloader", False)
-                            and folder.exists(numbered("dl_state_dict.bin", i)) else None
-                            for i, loader in enumerate(accelerator._dataloaders)],
-            "scaler": folder.pickled("scaler.pt", "the loss scaler's state")
-            if accelerator.scaler is not None and folder.exists("scaler.pt") else None,
-            "custom": [folder.pickled(f"custom_checkpoint_{i}.pkl", f"registered object {i}'s state")
-                       for i in range(len(accelerator._custom_objects))],
-            # As Accelerate: a process without its RNG file (a run resumed on more processes)
-            # keeps its random states.
-            "rng": folder.pickled(rng_name, "random states", numpy_rng=True) if folder.exists(rng_name) else None,
-            "loose": folder.safetensors(LOOSE) if folder.exists(LOOSE) else {},
-        }
-        _check_loose(staged["loose"], accelerator, path)
-        for index, (saved, scheduler) in enumerate(zip(staged["schedulers"], accelerator._schedulers)):
-            _check_scheduler(saved, scheduler.state_dict(), path, os.path.join(path, numbered("scheduler.bin", index)))
-            _check_numbers(saved, f"{path} scheduler")
-        for saved in staged["optimizers"]:
-            if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
-                raise PickledFileError(f"{path}: an optimizer file does not hold an optimizer's state_dict")
-            _check_numbers({"param_groups": saved["param_groups"]}, f"{path} optimizer")
-        for saved, loader in zip(staged["dataloaders"], accelerator._dataloaders):
-            _check_dataloader_position(saved, loader, path)
-        if staged["rng"] is not None:
-            _check_rng(staged["rng"], path)
+        staged = _read_staged(accelerator, folder, len(models), fsdp)
+        _check_staged(accelerator, staged, path)
     except Exception as failure:  # agreed first, then raised on every process
         error = failure
     _agree(error, "reading an Accelerate checkpoint folder")
@@ -333,29 +307,82 @@ def load_folder(accelerator, path: str, models: list, fsdp: bool = False) -> str
     error = None
     try:
         fsdp_folder.apply(sharded)
-        for index, (model, saved) in enumerate(zip(models, staged["models"])):
-            _load_model(model, saved, f"{path} model {index}")
-        for optimizer, saved in zip(accelerator._optimizers, staged["optimizers"]):
-            optimizer.load_state_dict(saved)
-        for scheduler, saved in zip(accelerator._schedulers, staged["schedulers"]):
-            scheduler.load_state_dict(saved)
-        for loader, saved in zip(accelerator._dataloaders, staged["dataloaders"]):
-            if saved is not None:
-                loader.load_state_dict(saved)
-        if staged["scaler"] is not None:
-            accelerator.scaler.load_state_dict(staged["scaler"])
-        for obj, saved in zip(accelerator._custom_objects, staged["custom"]):
-            obj.load_state_dict(saved)
-        with torch.no_grad():
-            for name, parameter in _loose_parameters(accelerator):
-                if name in staged["loose"]:
-                    parameter.copy_(staged["loose"][name])
+        _apply_staged(accelerator, staged, models, path)
     except Exception as failure:
         error = failure
     _agree(error, "loading an Accelerate checkpoint folder")
     if staged["rng"] is not None:
         _restore_rng(accelerator, staged["rng"])
-    manifest = folder.manifest or {}
+    _restore_counters(accelerator, folder.manifest or {})
+    return path
+
+
+def _read_staged(accelerator: Accelerator, folder: _Folder, model_count: int, fsdp: bool) -> dict:
+    """Everything the folder holds for this Accelerator, read (and checked against the manifest)
+    but not yet applied; under FSDP the models and optimizers are read by fsdp_folder instead."""
+    rng_name = f"random_states_{accelerator.process_index}.pkl"
+    return {
+        "models": [] if fsdp else [folder.weights(index) for index in range(model_count)],
+        "optimizers": [] if fsdp else [folder.pickled(numbered("optimizer.bin", i), f"optimizer {i}'s state")
+                                       for i in range(len(accelerator._optimizers))],
+        "schedulers": [folder.pickled(numbered("scheduler.bin", i), f"scheduler {i}'s state")
+                       for i in range(len(accelerator._schedulers))],
+        "dataloaders": [folder.pickled(numbered("dl_state_dict.bin", i), f"dataloader {i}'s position")
+                        if getattr(loader, "use_stateful_dataloader", False)
+                        and folder.exists(numbered("dl_state_dict.bin", i)) else None
+                        for i, loader in enumerate(accelerator._dataloaders)],
+        "scaler": folder.pickled("scaler.pt", "the loss scaler's state")
+        if accelerator.scaler is not None and folder.exists("scaler.pt") else None,
+        "custom": [folder.pickled(f"custom_checkpoint_{i}.pkl", f"registered object {i}'s state")
+                   for i in range(len(accelerator._custom_objects))],
+        # As Accelerate: a process without its RNG file (a run resumed on more processes)
+        # keeps its random states.
+        "rng": folder.pickled(rng_name, "random states", numpy_rng=True) if folder.exists(rng_name) else None,
+        "loose": folder.safetensors(LOOSE) if folder.exists(LOOSE) else {},
+    }
+
+
+def _check_staged(accelerator: Accelerator, staged: dict, path: str) -> None:
+    """Every state read from the folder fits what it will be loaded into, before any is loaded."""
+    _check_loose(staged["loose"], accelerator, path)
+    for index, (saved, scheduler) in enumerate(zip(staged["schedulers"], accelerator._schedulers)):
+        _check_scheduler(saved, scheduler.state_dict(), path, os.path.join(path, numbered("scheduler.bin", index)))
+        _check_numbers(saved, f"{path} scheduler")
+    for saved in staged["optimizers"]:
+        if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
+            raise PickledFileError(f"{path}: an optimizer file does not hold an optimizer's state_dict")
+        _check_numbers({"param_groups": saved["param_groups"]}, f"{path} optimizer")
+    for saved, loader in zip(staged["dataloaders"], accelerator._dataloaders):
+        _check_dataloader_position(saved, loader, path)
+    if staged["rng"] is not None:
+        _check_rng(staged["rng"], path)
+
+
+def _apply_staged(accelerator: Accelerator, staged: dict, models: list, path: str) -> None:
+    """Load the checked states into the models, optimizers, schedulers, dataloaders, scaler,
+    registered objects and loose parameters (the RNG is restored after every process agrees)."""
+    for index, (model, saved) in enumerate(zip(models, staged["models"])):
+        _load_model(model, saved, f"{path} model {index}")
+    for optimizer, saved in zip(accelerator._optimizers, staged["optimizers"]):
+        optimizer.load_state_dict(saved)
+    for scheduler, saved in zip(accelerator._schedulers, staged["schedulers"]):
+        scheduler.load_state_dict(saved)
+    for loader, saved in zip(accelerator._dataloaders, staged["dataloaders"]):
+        if saved is not None:
+            loader.load_state_dict(saved)
+    if staged["scaler"] is not None:
+        accelerator.scaler.load_state_dict(staged["scaler"])
+    for obj, saved in zip(accelerator._custom_objects, staged["custom"]):
+        obj.load_state_dict(saved)
+    with torch.no_grad():
+        for name, parameter in _loose_parameters(accelerator):
+            if name in staged["loose"]:
+                parameter.copy_(staged["loose"][name])
+
+
+def _restore_counters(accelerator: Accelerator, manifest: dict) -> None:
+    """The counters Accelerate keeps nowhere (optimizer updates, micro-step), from triax's manifest
+    when it holds sane ones; a folder Accelerate wrote leaves them as they are."""
     steps = manifest.get("optimizer_steps")
     if isinstance(steps, list) and len(steps) == len(accelerator._optimizers) \
             and all(isinstance(n, int) and 0 <= n < 2**62 for n in steps):
@@ -363,7 +390,6 @@ def load_folder(accelerator, path: str, models: list, fsdp: bool = False) -> str
             optimizer.num_steps = count
     if isinstance(manifest.get("micro_step"), int) and 0 <= manifest["micro_step"] < 2**62:
         accelerator.gradient_state.micro_step = manifest["micro_step"]
-    return path
 
 
 def _check_loose(saved: dict, accelerator, path: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import math
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from triax.checkpoint import latest_snapshot, load_snapshot, read_state, save_sn
 from triax.checkpoint.numbers import bad_number, is_number
 from triax.errors import TriaxError
 from triax.runtime.failure_agreement import raise_together
+
+if TYPE_CHECKING:
+    from triax.accelerate.accelerator import Accelerator
 
 # Tensors a state dict may hold (optimizer steps, scaler scale, RNG-like buffers); anything else in
 # a file is corruption, never a name to look up on the torch module.
@@ -387,34 +391,41 @@ def _check_counts(accelerator, state: dict, snapshot: str, loaded: list[int], un
                                         "prepare (and register, and hook) the same objects before load_state")
 
 
-def load_state(accelerator, path: str, loaded: list[int]) -> str:
+def _read_checked_state(accelerator: Accelerator, snapshot: str, loaded: list[int]) -> tuple[dict, list, dict]:
+    """(the Accelerator's section of the snapshot's state.json, validated; the snapshot's units; the
+    JSON-encoded states decoded), after checking they fit what this run prepared. Reads only."""
+    try:
+        document = read_state(snapshot)
+    except RecursionError:
+        raise StateCorruptError(f"snapshot {snapshot}: state.json is nested too deeply to be a saved state") from None
+    section = document.get("accelerator") if isinstance(document, dict) else None
+    if section is None:
+        raise StateCorruptError(f"{snapshot!r} is a triax snapshot but not one written by "
+                                "Accelerator.save_state")
+    state = validate_state(section, snapshot)
+    units = snapshot_units(accelerator._models, accelerator._optimizers, loaded)
+    _check_counts(accelerator, state, snapshot, loaded, units)
+    wrong = bad_number(section)
+    if wrong is not None:
+        raise StateCorruptError(f"snapshot {snapshot}: state.json is corrupt: it holds {wrong[:120]}, "
+                                "outside what that field allows")
+    decoded = {key: [from_json(item, f"snapshot {snapshot}: state.json {key}") for item in state[key]]
+               for key in ("schedulers", "custom", "stateless_optimizers", "dataloaders")}
+    for saved, scheduler in zip(decoded["schedulers"], accelerator._schedulers):
+        _check_scheduler(saved, scheduler.state_dict(), snapshot)
+    for saved, loader in zip(decoded["dataloaders"], accelerator._dataloaders):
+        _check_dataloader_position(saved, loader, snapshot)
+    decoded["scaler"] = from_json(state["scaler"], f"snapshot {snapshot}: state.json scaler")
+    return state, units, decoded
+
+
+def load_state(accelerator: Accelerator, path: str, loaded: list[int]) -> str:
     # First everything that can fail locally (a missing or hostile file, a mismatch with what was
     # prepared), agreed on by every process before any collective or any change to the run.
     error, snapshot, state = None, None, None
     try:
         snapshot = resolve_snapshot(path)
-        try:
-            document = read_state(snapshot)
-        except RecursionError:
-            raise StateCorruptError(f"snapshot {snapshot}: state.json is nested too deeply to be a saved state") from None
-        section = document.get("accelerator") if isinstance(document, dict) else None
-        if section is None:
-            raise StateCorruptError(f"{snapshot!r} is a triax snapshot but not one written by "
-                                    "Accelerator.save_state")
-        state = validate_state(section, snapshot)
-        units = snapshot_units(accelerator._models, accelerator._optimizers, loaded)
-        _check_counts(accelerator, state, snapshot, loaded, units)
-        wrong = bad_number(section)
-        if wrong is not None:
-            raise StateCorruptError(f"snapshot {snapshot}: state.json is corrupt: it holds {wrong[:120]}, "
-                                    "outside what that field allows")
-        decoded = {key: [from_json(item, f"snapshot {snapshot}: state.json {key}") for item in state[key]]
-                   for key in ("schedulers", "custom", "stateless_optimizers", "dataloaders")}
-        for saved, scheduler in zip(decoded["schedulers"], accelerator._schedulers):
-            _check_scheduler(saved, scheduler.state_dict(), snapshot)
-        for saved, loader in zip(decoded["dataloaders"], accelerator._dataloaders):
-            _check_dataloader_position(saved, loader, snapshot)
-        decoded["scaler"] = from_json(state["scaler"], f"snapshot {snapshot}: state.json scaler")
+        state, units, decoded = _read_checked_state(accelerator, snapshot, loaded)
     except Exception as failure:  # agreed first, then raised as it is (or wrapped) on every process
         error = failure
     _agree(error, "reading the saved state")
