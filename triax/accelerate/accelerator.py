@@ -13,7 +13,8 @@ import functools
 import os
 import warnings
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -269,7 +270,8 @@ class Accelerator:
     pipeline_parallel_rank = context_parallel_rank
 
     @contextlib.contextmanager
-    def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+    def maybe_context_parallel(self, buffers: list | None = None, buffer_seq_dims: list | None = None,
+                               no_restore_buffers: object | None = None):
         """Context parallelism is off (no ParallelismConfig): the block runs as it is, as in Accelerate."""
         yield
 
@@ -277,15 +279,15 @@ class Accelerator:
         """True if a module of `model` was placed by a device map over more than one entry."""
         return any(len(getattr(module, "hf_device_map", None) or {}) > 1 for module in model.modules())
 
-    def profile(self, profile_handler=None):
+    def profile(self, profile_handler: object | None = None):
         raise UnsupportedFeatureError("Accelerator.profile is not supported (triax refuses ProfileKwargs); "
                                       "use torch.profiler.profile(...) around the steps")
 
-    def lomo_backward(self, loss, learning_rate: float) -> None:
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         raise UnsupportedFeatureError("LOMO optimizers are not supported; use accelerator.backward(loss) with "
                                       "a torch.optim optimizer")
 
-    def deepspeed_ulysses_dl_adapter(self, dl, model):
+    def deepspeed_ulysses_dl_adapter(self, dl: torch.utils.data.DataLoader, model: torch.nn.Module):
         """Sequence parallelism is off (no ParallelismConfig): the dataloader as it is, as in Accelerate."""
         return dl
 
@@ -351,27 +353,27 @@ class Accelerator:
     def local_main_process_first(self):
         return self.state.local_main_process_first()
 
-    def split_between_processes(self, inputs, apply_padding: bool = False):
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
         """This process's share of `inputs` (list, tuple, tensor, or dict of them)."""
         return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
     # The on_* decorators: run the function on some processes only (the others get None).
-    def on_main_process(self, function):
+    def on_main_process(self, function: Callable):
         return self.state.on_main_process(function)
 
-    def on_local_main_process(self, function):
+    def on_local_main_process(self, function: Callable):
         return self.state.on_local_main_process(function)
 
-    def on_last_process(self, function):
+    def on_last_process(self, function: Callable):
         return self.state.on_last_process(function)
 
-    def on_process(self, function=None, process_index: int | None = None):
+    def on_process(self, function: Callable | None = None, process_index: int | None = None):
         return self.state.on_process(function, process_index=process_index)
 
-    def on_local_process(self, function=None, local_process_index: int | None = None):
+    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None):
         return self.state.on_local_process(function, local_process_index=local_process_index)
 
-    def print(self, *args, **kwargs) -> None:
+    def print(self, *args: Any, **kwargs: Any) -> None:
         """print once per machine."""
         self.state.print(*args, **kwargs)
 
@@ -391,7 +393,7 @@ class Accelerator:
 
     # ---- prepare --------------------------------------------------------------------------------
 
-    def prepare(self, *objects, device_placement: list[bool] | None = None):
+    def prepare(self, *objects: Any, device_placement: list[bool] | None = None):
         """Models, optimizers, dataloaders and LR schedulers in any order; returned in that order.
         Models go first (optimizers and schedulers refer to their parameters), then optimizers,
         dataloaders, and schedulers last (they wrap prepared optimizers). Preparing an object a
@@ -411,7 +413,7 @@ class Accelerator:
         return results[0] if len(results) == 1 else tuple(results)
 
     @staticmethod
-    def _kind(obj) -> str | None:
+    def _kind(obj: Any) -> str | None:
         if isinstance(obj, torch.nn.Module):
             return "model"
         if isinstance(obj, torch.optim.Optimizer):
@@ -423,7 +425,7 @@ class Accelerator:
             return "scheduler"
         return None
 
-    def _already_prepared(self, obj, prepared: list, raw_attribute: str | None = None):
+    def _already_prepared(self, obj: Any, prepared: list, raw_attribute: str | None = None):
         """The prepared object for `obj` if it (or what it wraps) was prepared before, else None."""
         for item in prepared:
             if item is obj or (raw_attribute and getattr(item, raw_attribute, None) is obj):
@@ -483,7 +485,7 @@ class Accelerator:
         precision, device = self.precision, self.device
 
         @functools.wraps(original)
-        def forward(*args, **kwargs):
+        def forward(*args: Any, **kwargs: Any):
             with precision.autocast(device):
                 outputs = original(*args, **kwargs)
             return convert_to_fp32(outputs)
@@ -508,7 +510,7 @@ class Accelerator:
         self._optimizers.append(prepared)
         return prepared
 
-    def prepare_scheduler(self, scheduler, device_placement: bool | None = None):
+    def prepare_scheduler(self, scheduler: torch.optim.lr_scheduler.LRScheduler, device_placement: bool | None = None):
         already = self._already_prepared(scheduler, self._schedulers, "scheduler")
         if already is not None:
             return already
@@ -522,7 +524,7 @@ class Accelerator:
         return prepared
 
     def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None,
-                            slice_fn_for_dispatch=None):
+                            slice_fn_for_dispatch: Callable | None = None):
         """This process's share of `dataloader`: a DataLoaderShard (or DataLoaderDispatcher), drawing
         the same random numbers as Accelerate's (triax.accelerate.data_loader)."""
         if isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
@@ -552,20 +554,20 @@ class Accelerator:
 
     prepare_dataloader = prepare_data_loader
 
-    def skip_first_batches(self, dataloader, num_batches: int = 0):
+    def skip_first_batches(self, dataloader: torch.utils.data.DataLoader, num_batches: int = 0):
         """The same dataloader, whose next pass starts `num_batches` batches into the epoch."""
         return skip_first_batches(dataloader, num_batches)
 
     # ---- the step -------------------------------------------------------------------------------
 
-    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """loss.backward(), divided for accumulation and scaled for fp16."""
         if self.gradient_state.accumulation_steps > 1:
             loss = loss / self.gradient_state.accumulation_steps
         self._grad_scaler.scale(loss).backward(**kwargs)
 
     @contextlib.contextmanager
-    def accumulate(self, *models):
+    def accumulate(self, *models: torch.nn.Module):
         """One micro-step: gradients are synchronised (and the optimizer/scheduler step) only on
         every gradient_accumulation_steps-th micro-step and, with sync_with_dataloader (the
         default), on the last batch of a dataloader. sync_each_batch reduces gradients on every
@@ -579,18 +581,18 @@ class Accelerator:
                     stack.enter_context(no_sync(model))
             yield
 
-    def no_sync(self, model):
+    def no_sync(self, model: torch.nn.Module):
         """Skip the gradient all-reduce for backward passes in this block (DDP's no_sync; FSDP2
         skips its reduce-scatter)."""
         return no_sync(model)
 
     @staticmethod
-    def trigger_sync_in_backward(model):
+    def trigger_sync_in_backward(model: torch.nn.Module):
         """The backward inside this block reduces gradients even after forwards under no_sync."""
         return sync_in_backward(model)
 
     @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables, even_batches: bool | None = None):
+    def join_uneven_inputs(self, joinables: list, even_batches: bool | None = None):
         """Train or evaluate on data that gives processes different numbers of batches: processes
         that run out shadow the others' collectives (torch.distributed.algorithms.Join).
         even_batches overrides the prepared map-style dataloaders' setting inside the block (pass
@@ -630,11 +632,11 @@ class Accelerator:
             for loader, value in saved:
                 loader.batch_sampler.even_batches = value
 
-    def autocast(self, autocast_handler=None):
+    def autocast(self, autocast_handler: object | None = None):
         """Forward under the mixed-precision policy's autocast (no-op for fp32)."""
         return self.precision.autocast(self.device)
 
-    def unscale_gradients(self, optimizer=None) -> None:
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Divide fp16 gradients by the loss scale (once per step) before inspecting them."""
         if not self._grad_scaler.is_enabled() or not self.sync_gradients:
             return
@@ -645,13 +647,13 @@ class Accelerator:
                 self._grad_scaler.unscale_(target.optimizer)
                 target.gradients_unscaled = True
 
-    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2):
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2):
         """Clip to a global norm across processes and layouts (triax.parallel.grad_clip); returns
         the norm before clipping."""
         self.unscale_gradients()
         return clip_grad_norm(list(parameters), float(max_norm), norm_type=norm_type)
 
-    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
@@ -661,10 +663,10 @@ class Accelerator:
 
     # ---- collectives ----------------------------------------------------------------------------
 
-    def gather(self, tensor):
+    def gather(self, tensor: Any):
         return operations.gather(tensor)
 
-    def gather_for_metrics(self, input_data, use_gather_object: bool = False):
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False):
         """gather, then drop the samples repeated to even out the last batch, so each sample of
         the dataset is counted once."""
         tensors_only = []
@@ -683,13 +685,13 @@ class Accelerator:
             return operations.map_tensors(lambda t: t[:keep], data)
         return data
 
-    def pad_across_processes(self, tensor, dim: int = 0, pad_index=0, pad_first: bool = False):
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
         return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
-    def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0):
         return operations.reduce(tensor, reduction=reduction, scale=scale)
 
-    def broadcast(self, tensor, from_process: int = 0):
+    def broadcast(self, tensor: Any, from_process: int = 0):
         return operations.broadcast(tensor, from_process=from_process)
 
     # ---- models and state -----------------------------------------------------------------------
@@ -713,7 +715,7 @@ class Accelerator:
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def save_model(self, model: torch.nn.Module, save_directory: str, safe_serialization: bool = True,
-                   **unused) -> str | None:
+                   **unused: Any) -> str | None:
         """Write the model's full weights to save_directory/model.safetensors (main process).
         A collective: if the main process cannot write, every process raises."""
         state = self.get_state_dict(model)
@@ -729,12 +731,12 @@ class Accelerator:
                 raise error
         return path
 
-    def save(self, obj, path: str, safe_serialization: bool = False) -> None:
+    def save(self, obj: Any, path: str, safe_serialization: bool = False) -> None:
         """torch.save on the main process only."""
         if self.is_main_process:
             torch.save(obj, path)
 
-    def register_for_checkpointing(self, *objects) -> None:
+    def register_for_checkpointing(self, *objects: Any) -> None:
         """save_state / load_state also save and restore these objects (each has state_dict() and
         load_state_dict()). A ValueError, as Accelerate's, names every object that has not."""
         invalid = [f"Item at index {index} ({type(obj).__name__})" for index, obj in enumerate(objects)
@@ -745,7 +747,7 @@ class Accelerator:
                                         "that has both")
         self._custom_objects.extend(objects)
 
-    def register_save_state_pre_hook(self, hook):
+    def register_save_state_pre_hook(self, hook: Callable):
         """hook(models, weights, output_dir) runs in save_state before anything is written. A hook
         that saves a model its own way removes it from `models` (or its entry from `weights`);
         save_state then leaves that model out. Returns a handle whose remove() unregisters it."""
@@ -753,7 +755,7 @@ class Accelerator:
         self._save_model_state_pre_hook[handle.id] = hook
         return handle
 
-    def register_load_state_pre_hook(self, hook):
+    def register_load_state_pre_hook(self, hook: Callable):
         """hook(models, input_dir) runs in load_state before anything is read; a model the hook
         loads itself is removed from `models` (it must have been left out of save_state too)."""
         handle = RemovableHandle(self._load_model_state_pre_hook)
@@ -776,7 +778,7 @@ class Accelerator:
                                         "Accelerator(project_dir=...) or automatic_checkpoint_naming")
         return os.path.join(project.project_dir, "checkpoints")
 
-    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **unused) -> str:
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **unused: Any) -> str:
         """Save everything needed to continue: models, optimizers, schedulers, scaler, dataloader
         positions, RNG states, registered objects. Collective: call on every process. Writes
         Accelerate's folder (model.safetensors, optimizer.bin, random_states_<rank>.pkl, ...: see
@@ -804,7 +806,7 @@ class Accelerator:
         self.project_configuration.iteration += 1
         return path
 
-    def load_state(self, input_dir: str | None = None, **unused) -> str:
+    def load_state(self, input_dir: str | None = None, **unused: Any) -> str:
         """Restore what save_state wrote: an Accelerate checkpoint folder (written by Accelerate
         or triax), a triax snapshot step_* folder, or the latest snapshot under a root; with
         automatic_checkpoint_naming and no directory, the newest checkpoint_<n>. Prepare the same
@@ -860,7 +862,7 @@ class Accelerator:
             tracker.finish()
         self.state.destroy_process_group()
 
-    def free_memory(self, *objects):
+    def free_memory(self, *objects: Any):
         """Forget every prepared object (and empty the CUDA cache); returns `objects` as Nones."""
         self._models.clear()
         self._optimizers.clear()

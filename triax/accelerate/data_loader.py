@@ -34,6 +34,7 @@ import inspect
 import sys
 from collections.abc import Callable
 from contextlib import suppress
+from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
@@ -61,7 +62,7 @@ if "in_order" in inspect.signature(DataLoader.__init__).parameters:
     LOADER_OPTIONS["in_order"] = True
 
 
-def _loader_options(dataloader) -> dict:
+def _loader_options(dataloader: DataLoader) -> dict:
     return {name: getattr(dataloader, name, default) for name, default in LOADER_OPTIONS.items()}
 
 
@@ -100,19 +101,20 @@ class DataLoaderAdapter(DataLoader):
     In Accelerate the prepared loader wraps a second DataLoader, `base_dataloader`; here the
     prepared loader is that DataLoader itself, and `base_dataloader` names it."""
 
-    def __new__(cls, *args, use_stateful_dataloader: bool = False, **kwargs):
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any):
         if use_stateful_dataloader and not issubclass(cls, _StatefulPosition):
             cls = _stateful_variant(cls)
         return super().__new__(cls)
 
-    def __init__(self, dataset, use_stateful_dataloader: bool = False, batch_sampler=None, **kwargs):
+    def __init__(self, dataset: torch.utils.data.Dataset, use_stateful_dataloader: bool = False,
+                 batch_sampler: torch.utils.data.BatchSampler | None = None, **kwargs: Any):
         if use_stateful_dataloader and "in_order" in kwargs and not _stateful_takes("in_order"):
             kwargs.pop("in_order")  # torchdata before 0.11 does not know it
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.use_stateful_dataloader = use_stateful_dataloader
         self._record_initial_position()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str):
         # Only for instances: `DataLoaderShard.base_dataloader` is an AttributeError, as in Accelerate.
         if name == "base_dataloader":
             return self
@@ -131,7 +133,7 @@ class DataLoaderAdapter(DataLoader):
     def get_sampler(self):
         return get_sampler(self)
 
-    def set_sampler(self, sampler) -> None:
+    def set_sampler(self, sampler: torch.utils.data.Sampler) -> None:
         """Make `sampler` the one the (sharded) batch sampler draws indices from."""
         if isinstance(self.sampler, BatchSampler):
             self.sampler.sampler = sampler
@@ -195,9 +197,11 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
     pass, `skip_batches` left out at the start of each pass; `iteration` counts finished passes
     and is the epoch given to samplers and datasets that take one (set_epoch)."""
 
-    def __init__(self, dataset, device=None, rng_types=None, synchronized_generator=None, skip_batches: int = 0,
-                 use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
-                 torch_device_mesh=None, iteration: int = 0, **kwargs):
+    def __init__(self, dataset: torch.utils.data.Dataset, device: torch.device | str | int | None = None,
+                 rng_types: list[str] | None = None, synchronized_generator: torch.Generator | None = None,
+                 skip_batches: int = 0, use_stateful_dataloader: bool = False, _drop_last: bool = False,
+                 _non_blocking: bool = False, torch_device_mesh: object | None = None, iteration: int = 0,
+                 **kwargs: Any):
         self.gradient_state = GradientState()
         self._drop_last = _drop_last
         super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
@@ -276,9 +280,10 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
     split_batches), joins them, broadcasts the result, and every process keeps its slice. The
     last, short step is completed from the first one unless drop_last."""
 
-    def __init__(self, dataset, split_batches: bool = False, skip_batches: int = 0,
+    def __init__(self, dataset: torch.utils.data.Dataset, split_batches: bool = False, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
-                 slice_fn=None, torch_device_mesh=None, iteration: int = 0, **kwargs):
+                 slice_fn: Callable | None = None, torch_device_mesh: object | None = None, iteration: int = 0,
+                 **kwargs: Any):
         shuffle = _datapipe_shuffle(dataset)
         self.gradient_state = GradientState()
         self._drop_last = _drop_last
@@ -313,7 +318,7 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
         if isinstance(sampler_state, dict) and sampler_state.get("samples_yielded", 0) > 0:
             sampler_state["samples_yielded"] -= self.batch_size * ahead
 
-    def _read_step(self, batches):
+    def _read_step(self, batches: Any):
         """Process 0 reads the next step's data; every process learns its structure, or that the
         pass has ended. Returns (batch or None, [structure, finished])."""
         joined, group = None, []
@@ -419,7 +424,8 @@ class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
     """A DataLoader whose passes leave out their first `skip_batches` batches (Accelerate's
     class); skip_first_batches makes one for an unprepared loader over a stream."""
 
-    def __init__(self, dataset, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs):
+    def __init__(self, dataset: torch.utils.data.Dataset, skip_batches: int = 0, use_stateful_dataloader: bool = False,
+                 **kwargs: Any):
         super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
         self.skip_batches = skip_batches
         self.gradient_state = GradientState()
@@ -439,7 +445,7 @@ class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
 # ---- nested batches -------------------------------------------------------------------------------
 
 
-def slice_tensors(data, tensor_slice, process_index=None, num_processes=None):
+def slice_tensors(data: Any, tensor_slice: slice, process_index: int | None = None, num_processes: int | None = None):
     """Every tensor of a nested batch sliced along its first dimension (Accelerate's helper)."""
     return map_tensors(lambda tensor: tensor[tensor_slice], data)
 
@@ -467,7 +473,7 @@ def _join(batches: list):
                                "dispatch_batches=False so each process reads its own batches")
 
 
-def _structure(batch):
+def _structure(batch: Any):
     """The batch with each tensor replaced by (shape, dtype): what other processes need to receive it."""
     return map_tensors(lambda tensor: _TensorInformation((tuple(tensor.shape), tensor.dtype)), batch)
 
@@ -476,7 +482,7 @@ class _TensorInformation(tuple):
     """(shape, dtype) of a tensor to be received."""
 
 
-def _empty_like_structure(structure):
+def _empty_like_structure(structure: Any):
     if isinstance(structure, _TensorInformation):
         return torch.empty(*structure[0], dtype=structure[1])
     if isinstance(structure, tuple) and hasattr(structure, "_fields"):
@@ -488,7 +494,7 @@ def _empty_like_structure(structure):
     return structure
 
 
-def _batch_size(batch) -> int:
+def _batch_size(batch: Any) -> int:
     if (isinstance(batch, (tuple, list)) or is_mapping(batch)) and not len(batch):
         raise AcceleratorValueError(f"cannot find the batch size of an empty {type(batch).__name__}")
     if isinstance(batch, (tuple, list)):
@@ -501,7 +507,7 @@ def _batch_size(batch) -> int:
     return batch.shape[0]
 
 
-def _datapipe_shuffle(dataset) -> bool:
+def _datapipe_shuffle(dataset: torch.utils.data.Dataset) -> bool:
     try:  # deferred: torch's datapipes are deprecated; imported only for a dispatched loader
         from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
     except ImportError:  # datapipes were removed from torch: nothing to keep
@@ -512,21 +518,21 @@ def _datapipe_shuffle(dataset) -> bool:
 # ---- preparing and skipping ---------------------------------------------------------------------
 
 
-def get_sampler(dataloader):
+def get_sampler(dataloader: torch.utils.data.DataLoader):
     """The sampler of indices inside a dataloader's batch sampler (None for a custom one)."""
     if isinstance(dataloader.sampler, BatchSampler):
         return getattr(dataloader.sampler, "sampler", None)
     return getattr(dataloader.batch_sampler, "sampler", None)
 
 
-def _data_processes(state, num_processes: int, process_index: int, torch_device_mesh):
+def _data_processes(state: PartialState, num_processes: int, process_index: int, torch_device_mesh: object | None):
     """(number, index) of this process among those that get different data: processes that
     differ only in a tensor-parallel or context-parallel coordinate read the same batches."""
     if torch_device_mesh is None:
         return num_processes, process_index
     names = torch_device_mesh.mesh_dim_names or ()
 
-    def size(name):
+    def size(name: str):
         return torch_device_mesh[name].size() if name in names else 1
 
     same_data = size("tp") * size("cp")
@@ -646,7 +652,7 @@ def _shard_loader(dataloader: DataLoader, dataset: object, batch_sampler: BatchS
                            synchronized_generator=synchronized_generator, **options)
 
 
-def _check_split(dataloader, num_processes: int) -> None:
+def _check_split(dataloader: DataLoader, num_processes: int) -> None:
     size = dataloader.batch_size
     if size is None:
         size = getattr(dataloader.batch_sampler, "batch_size", None)
@@ -659,7 +665,7 @@ def _check_split(dataloader, num_processes: int) -> None:
                                     f"the number of processes ({num_processes})")
 
 
-def skip_first_batches(dataloader, num_batches: int = 0):
+def skip_first_batches(dataloader: torch.utils.data.DataLoader, num_batches: int = 0):
     """A new dataloader like `dataloader` whose passes begin `num_batches` batches in (Accelerate's
     function): a prepared loader stays prepared, keeping its generators and its epoch count."""
     dataset = dataloader.dataset

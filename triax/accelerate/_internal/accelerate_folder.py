@@ -31,7 +31,7 @@ import json
 import os
 import random
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import safetensors.torch
@@ -99,7 +99,8 @@ def _rng_state(step: int) -> dict:
     return state
 
 
-def _main_files(accelerator, weights: list[dict], safe_serialization: bool, fsdp: bool) -> dict[str, bytes]:
+def _main_files(accelerator: Accelerator, weights: list[dict], safe_serialization: bool,
+                fsdp: bool) -> dict[str, bytes]:
     """Process 0's files; under FSDP the models and optimizers are fsdp_folder's."""
     files = {}
     for index, state in enumerate(weights):
@@ -122,7 +123,7 @@ def _main_files(accelerator, weights: list[dict], safe_serialization: bool, fsdp
     return files
 
 
-def _loose_parameters(accelerator) -> list[tuple[str, torch.nn.Parameter]]:
+def _loose_parameters(accelerator: Accelerator) -> list[tuple[str, torch.nn.Parameter]]:
     """("optimizer_<i>.<j>", parameter) for each parameter an optimizer steps that no prepared model holds."""
     owned = {id(parameter) for model in accelerator._models for parameter in model.parameters()}
     found = []
@@ -136,7 +137,7 @@ def _digest(data: bytes) -> dict:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def save_folder(accelerator, output_dir: str, weights: list[dict], safe_serialization: bool,
+def save_folder(accelerator: Accelerator, output_dir: str, weights: list[dict], safe_serialization: bool,
                 fsdp_models: list[int] | None = None) -> str:
     """Write Accelerate's files for `weights` (the state dicts left after the save hooks) and the
     Accelerator's optimizers, schedulers, dataloaders, scaler, RNG and registered objects into
@@ -392,7 +393,7 @@ def _restore_counters(accelerator: Accelerator, manifest: dict) -> None:
         accelerator.gradient_state.micro_step = manifest["micro_step"]
 
 
-def _check_loose(saved: dict, accelerator, path: str) -> None:
+def _check_loose(saved: dict, accelerator: Accelerator, path: str) -> None:
     current = dict(_loose_parameters(accelerator))
     for name, tensor in saved.items():
         if name not in current or tuple(tensor.shape) != tuple(current[name].shape):
@@ -400,10 +401,10 @@ def _check_loose(saved: dict, accelerator, path: str) -> None:
                                    "run steps outside its models; prepare the same optimizers before load_state")
 
 
-def _check_numbers(state, where: str) -> None:
+def _check_numbers(state: Any, where: str) -> None:
     """Learning rates, betas, counters...: finite and in range (triax.checkpoint.numbers). Only
     the fields with a range are checked: a plateau scheduler's best may be inf on purpose."""
-    def ranged(value):
+    def ranged(value: Any):
         if isinstance(value, dict):
             return {key: ranged(item) if isinstance(item, (dict, list)) else item for key, item in value.items()
                     if key in RANGES or key in COUNTERS or isinstance(item, (dict, list))}
@@ -414,7 +415,7 @@ def _check_numbers(state, where: str) -> None:
         raise PickledFileError(f"{where} is corrupt: it holds {wrong[:120]}, outside what that field allows")
 
 
-def _check_rng(state, path: str) -> None:
+def _check_rng(state: Any, path: str) -> None:
     """An RNG file's fields have the types Accelerate writes (torch's state a uint8 tensor, numpy's
     a 5-tuple), so restoring cannot fail half-way."""
     good = isinstance(state, dict) and isinstance(state.get("torch_manual_seed"), torch.Tensor) \
@@ -426,7 +427,7 @@ def _check_rng(state, path: str) -> None:
                                "numpy_random_seed and torch_manual_seed; it is damaged")
 
 
-def _restore_rng(accelerator, state: dict) -> None:
+def _restore_rng(accelerator: Accelerator, state: dict) -> None:
     accelerator.step = state.get("step", accelerator.step)
     try:
         random.setstate(state["random_state"])

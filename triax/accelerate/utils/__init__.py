@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import operator
+from typing import Any
 
 import torch
 from packaging.version import Version, parse
@@ -114,7 +115,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
-def are_the_same_tensors(tensor) -> bool:
+def are_the_same_tensors(tensor: torch.Tensor) -> bool:
     """True on every process when `tensor` holds the same values on every process."""
     everyone = gather(tensor[None].clone().to(PartialState().device)).cpu()
     return all(torch.equal(row, everyone[0]) for row in everyone)
@@ -124,7 +125,7 @@ _COMPARISONS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": op
                 ">": operator.gt}
 
 
-def compare_versions(library_or_version, operation: str, requirement_version: str) -> bool:
+def compare_versions(library_or_version: str, operation: str, requirement_version: str) -> bool:
     """`<version> <operation> requirement_version`, where the version is given, or is that of the
     installed library named."""
     if operation not in _COMPARISONS:
@@ -139,7 +140,7 @@ def is_torch_version(operation: str, version: str) -> bool:
     return compare_versions(Version(torch.__version__.split("+")[0]), operation, version)
 
 
-def get_pretty_name(obj) -> str:
+def get_pretty_name(obj: Any) -> str:
     """A readable name for a function, class or instance (its class's)."""
     if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
         obj = getattr(obj, "__class__", obj)
@@ -156,7 +157,7 @@ def merge_dicts(source: dict, destination: dict) -> dict:
     return destination
 
 
-def recursive_getattr(obj, attr: str):
+def recursive_getattr(obj: Any, attr: str):
     """getattr along a dotted path: recursive_getattr(model, "encoder.layer")."""
     return functools.reduce(getattr, attr.split("."), obj)
 
@@ -170,7 +171,7 @@ def convert_bytes(size: float) -> str:
     return f"{round(size, 2)} PB"
 
 
-def tqdm(*args, main_process_only: bool = True, **kwargs):
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any):
     """tqdm.auto.tqdm, shown only on each machine's local main process unless main_process_only=False."""
     from tqdm.auto import tqdm as progress_bar  # deferred: tqdm is imported only by scripts that use it
 
