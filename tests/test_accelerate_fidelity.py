@@ -27,7 +27,7 @@ def test_structure_mismatch_error_is_accelerate_exception_and_value_error():
     """Where the script imported Accelerate (triax itself never does), the error raised is also
     Accelerate's class, so a script that kept Accelerate's `except` catches it."""
     operations = pytest.importorskip("accelerate.utils.operations")
-    from triax.accelerate.errors import distributed_operation_error
+    from triax.accelerate._internal.errors import distributed_operation_error
     from triax.accelerate.utils import DistributedOperationException
 
     error = distributed_operation_error("shapes differ")

@@ -1,4 +1,4 @@
-"""Accelerator.save_state / load_state in Accelerate's folder layout (triax/accelerate/accelerate_folder.py):
+"""Accelerator.save_state / load_state in Accelerate's folder layout (triax/accelerate/_internal/accelerate_folder.py):
 what is written, what is read back, and hostile or damaged folders refused in one line before
 anything changes. The runs crossing between Accelerate and triax bitwise are in
 test_accelerate_same_numbers.py."""

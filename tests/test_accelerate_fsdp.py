@@ -97,7 +97,7 @@ def test_plugin_normalises_its_arguments_as_accelerate_does(arguments):
 
 def test_accelerator_mixed_precision_gives_accelerates_fsdp_policy():
     accelerate = pytest.importorskip("accelerate.utils")
-    from triax.accelerate.fsdp import default_mixed_precision_policy
+    from triax.accelerate._internal.fsdp import default_mixed_precision_policy
 
     for name in ("bf16", "fp16"):
         plugin = accelerate.FullyShardedDataParallelPlugin(fsdp_version=2)
@@ -187,7 +187,7 @@ def test_wrap_policies_choose_accelerates_units():
     sys.path.insert(0, os.path.dirname(SCRIPT))
     from fsdp_transformer import tiny_llama
 
-    from triax.accelerate.fsdp import read_plugin, wrapped_modules
+    from triax.accelerate._internal.fsdp import read_plugin, wrapped_modules
     from triax.accelerate.utils import FullyShardedDataParallelPlugin
 
     model = tiny_llama()

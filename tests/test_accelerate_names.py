@@ -1,7 +1,7 @@
 """triax.accelerate's modules against the installed Accelerate's, name by name.
 
 Every public name of every mirrored Accelerate module must be provided by triax's counterpart
-(its `__all__`) or listed in triax.accelerate.surface.ABSENT with what to use instead: a name a
+(its `__all__`) or listed in triax.accelerate._internal.surface.ABSENT with what to use instead: a name a
 new Accelerate release adds fails here until it is one or the other. Absent names still import
 and raise one line (UnsupportedFeatureError) when used. docs/accelerate.md's table is rendered
 from the same tables.
@@ -15,8 +15,8 @@ import types
 
 import pytest
 
-from triax.accelerate import surface
-from triax.accelerate.errors import UnsupportedFeatureError
+from triax.accelerate._internal import surface
+from triax.accelerate._internal.errors import UnsupportedFeatureError
 from triax.errors import TriaxError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -267,7 +267,8 @@ def _scaler_tensor(state, value):
 def test_hostile_state_json_is_one_clear_error(tmp_path, edit):
     from torch.utils.data import DataLoader
 
-    from triax.accelerate import Accelerator, saving
+    from triax.accelerate import Accelerator
+    from triax.accelerate._internal import saving
     from triax.checkpoint import SnapshotCorruptError
 
     class Counter:

@@ -121,7 +121,7 @@ def test_a_triax_script_does_not_import_hugging_face_accelerate(tmp_path):
                                   "DDPCommunicationHookType"])
 def test_accelerate_enums_print_as_accelerates(name):
     accelerate_dataclasses = pytest.importorskip("accelerate.utils.dataclasses")
-    from triax.accelerate import dataclasses
+    from triax.accelerate.utils import dataclasses
 
     ours, theirs = getattr(dataclasses, name), getattr(accelerate_dataclasses, name)
     shown = [(str(member), f"{member}", repr(member)) for member in ours]

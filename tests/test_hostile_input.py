@@ -895,7 +895,7 @@ def test_control_characters_in_a_path_are_escaped(sandbox, run_copy):
 
 
 def test_accelerator_state_dataloader_entries_are_null_or_objects():
-    from triax.accelerate.saving import validate_state
+    from triax.accelerate._internal.saving import validate_state
     from triax.checkpoint import SnapshotError
 
     state = {"schedulers": [], "custom": [], "optimizer_steps": [], "stateless_optimizers": [],
@@ -911,7 +911,7 @@ def test_accelerator_state_keeps_an_infinity_it_wrote_but_not_in_a_learning_rate
     import json
     import math
 
-    from triax.accelerate.saving import from_json, to_json
+    from triax.accelerate._internal.saving import from_json, to_json
     from triax.checkpoint.numbers import bad_number, finite_float, reject_constant
 
     plateau = {"best": math.inf, "mode_worse": -math.inf, "last_epoch": 0}

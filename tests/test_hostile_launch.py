@@ -159,7 +159,7 @@ VARIABLE_CASES = {
 def test_bad_variables_are_refused_by_the_launcher_and_at_the_accelerators_start(variable, clean_environment,
                                                                                   capsys, monkeypatch, fresh_state):
     import triax
-    from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
+    from triax.accelerate._internal.fsdp_plugin import FullyShardedDataParallelPlugin
     from triax.accelerate.state import PartialState
 
     monkeypatch.setenv(variable, VARIABLE_CASES[variable])

@@ -6,8 +6,8 @@ import pytest
 import torch
 import yaml
 
-from triax.accelerate.operations import slice_for_process
-from triax.accelerate.saving import from_json, to_json
+from triax.accelerate._internal.saving import from_json, to_json
+from triax.accelerate.utils.operations import slice_for_process
 from triax.cli import main
 from triax.launch.config import LaunchConfig, load_config
 

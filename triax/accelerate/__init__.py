@@ -3,13 +3,17 @@
 Mirrors Accelerate's modules name by name: `from triax.accelerate import Accelerator, PartialState`,
 `from triax.accelerate.utils import set_seed, ...`, `from triax.accelerate.logging import get_logger`,
 and so on for state, data_loader, tracking, optimizer, scheduler, launchers, local_sgd, ...
-(triax.accelerate.surface lists them, with the names triax deliberately lacks: those import, and
+(triax.accelerate._internal.surface lists them, with the names triax deliberately lacks: those import, and
 raise one line naming the alternative when used).
 """
 
+from triax.accelerate._internal.fsdp_plugin import FullyShardedDataParallelPlugin
+from triax.accelerate._internal.surface import serve_absent
 from triax.accelerate.accelerator import Accelerator
 from triax.accelerate.data_loader import skip_first_batches
-from triax.accelerate.dataclasses import (
+from triax.accelerate.launchers import debug_launcher, notebook_launcher
+from triax.accelerate.state import AcceleratorState, GradientState, PartialState
+from triax.accelerate.utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DDPCommunicationHookType,
@@ -20,13 +24,9 @@ from triax.accelerate.dataclasses import (
     InitProcessGroupKwargs,
     ProjectConfiguration,
 )
-from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
-from triax.accelerate.imports import is_rich_available
-from triax.accelerate.launchers import debug_launcher, notebook_launcher
-from triax.accelerate.memory import find_executable_batch_size
-from triax.accelerate.random import synchronize_rng_states
-from triax.accelerate.state import AcceleratorState, GradientState, PartialState
-from triax.accelerate.surface import serve_absent
+from triax.accelerate.utils.imports import is_rich_available
+from triax.accelerate.utils.memory import find_executable_batch_size
+from triax.accelerate.utils.random import synchronize_rng_states
 
 __all__ = [
     "Accelerator", "AcceleratorState", "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",

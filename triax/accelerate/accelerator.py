@@ -13,40 +13,52 @@ import functools
 import os
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
-from triax.accelerate import accelerate_folder, checkpoints, operations
+from triax.accelerate._internal import accelerate_folder, checkpoints
+from triax.accelerate._internal.errors import (
+    AcceleratorRuntimeError,
+    AcceleratorTypeError,
+    AcceleratorValueError,
+    UnsupportedFeatureError,
+)
+from triax.accelerate._internal.flags import check_accelerate_environment
+from triax.accelerate._internal.fsdp import FULL, shard_model, state_dict_type
+from triax.accelerate._internal.models import extract_model_from_parallel, offloaded_state_dict
+from triax.accelerate._internal.nested import convert_to_fp32
+from triax.accelerate._internal.options import refuse_unsupported, resolve, unsupported
+from triax.accelerate._internal.saving import load_state as _load_state
+from triax.accelerate._internal.wrappers import PreparedOptimizer, PreparedScheduler
 from triax.accelerate.data_loader import (
     DataLoaderDispatcher,
     DataLoaderShard,
     prepare_data_loader,
     skip_first_batches,
 )
-from triax.accelerate.dataclasses import DistributedType
-from triax.accelerate.errors import (
-    AcceleratorRuntimeError,
-    AcceleratorTypeError,
-    AcceleratorValueError,
-    UnsupportedFeatureError,
-)
-from triax.accelerate.flags import check_accelerate_environment
-from triax.accelerate.fsdp import FULL, shard_model, state_dict_type
-from triax.accelerate.models import extract_model_from_parallel, offloaded_state_dict
-from triax.accelerate.nested import convert_to_fp32
-from triax.accelerate.options import refuse_unsupported, resolve, unsupported
-from triax.accelerate.saving import load_state as _load_state
 from triax.accelerate.state import AcceleratorState, GradientState, share_with_accelerate
 from triax.accelerate.tracking import GeneralTracker, filter_trackers, start_trackers
-from triax.accelerate.wrappers import PreparedOptimizer, PreparedScheduler
-from triax.runtime.failure_agreement import raise_together
-from triax.runtime.shared_decisions import any_rank
+from triax.accelerate.utils import operations
+from triax.accelerate.utils.dataclasses import DistributedType
 from triax.parallel.ddp import apply_ddp, unwrap
 from triax.parallel.grad_clip import clip_grad_norm
 from triax.parallel.no_sync import no_sync, sync_in_backward
+from triax.runtime.failure_agreement import raise_together
 from triax.runtime.precision import Precision
+from triax.runtime.shared_decisions import any_rank
+
+if TYPE_CHECKING:
+    from triax.accelerate._internal.fsdp_plugin import FullyShardedDataParallelPlugin
+    from triax.accelerate._internal.options import Options
+    from triax.accelerate.utils.dataclasses import (
+        DataLoaderConfiguration,
+        GradientAccumulationPlugin,
+        ProjectConfiguration,
+    )
 
 __all__ = ["Accelerator"]
 
@@ -89,11 +101,15 @@ class Accelerator:
 
     def __init__(self, device_placement: bool = True, split_batches: bool | None = None,
                  mixed_precision: str | None = None, gradient_accumulation_steps: int | None = None,
-                 cpu: bool = False, dataloader_config=None, deepspeed_plugin=None, fsdp_plugin=None,
-                 torch_tp_plugin=None, megatron_lm_plugin=None, rng_types=None, log_with=None,
-                 project_dir: str | None = None, project_config=None, gradient_accumulation_plugin=None,
-                 step_scheduler_with_optimizer: bool = True, kwargs_handlers=None, dynamo_backend=None,
-                 dynamo_plugin=None, deepspeed_plugins=None, parallelism_config=None,
+                 cpu: bool = False, dataloader_config: DataLoaderConfiguration | None = None,
+                 deepspeed_plugin: object | None = None, fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+                 torch_tp_plugin: object | None = None, megatron_lm_plugin: object | None = None,
+                 rng_types: list[str] | None = None, log_with: str | list | GeneralTracker | None = None,
+                 project_dir: str | None = None, project_config: ProjectConfiguration | None = None,
+                 gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+                 step_scheduler_with_optimizer: bool = True, kwargs_handlers: list | None = None,
+                 dynamo_backend: object | None = None, dynamo_plugin: object | None = None,
+                 deepspeed_plugins: object | None = None, parallelism_config: object | None = None,
                  even_batches: bool | None = None, parallel: str | None = None,
                  logging_dir: str | None = None, seed: int | None = None, scheduler_steps: str = "per_process",
                  data_order: str = "loader"):
@@ -115,8 +131,26 @@ class Accelerator:
         self._ddp_options = options.ddp_options
         self._fsdp = options.fsdp
         self._grad_compression = options.grad_compression
+        self._join_process_state(options)
+        self._start_accumulation(options)
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.scheduler_steps = options.scheduler_steps
+        self.data_order = options.data_order
+        self.device_placement = device_placement
+        self.seed = seed if seed is not None else self.dataloader_config.data_seed
+        # As Accelerate: the shuffling generator of a prepared dataloader is synchronised.
+        self.rng_types = ["generator"] if rng_types is None else rng_types
+        self.log_with = filter_trackers(log_with, self.logging_dir)
+        self.trackers: list = []  # started by init_trackers, on the main process only
+        self._start_empty()
+        self._handlers = options.handlers
+        # Accelerate's micro-step counter: +1 per `accumulate` block, 0 again after a dataloader's
+        # last batch (sync_with_dataloader); scripts read it, the decision is GradientState's.
+        self.step = 0
 
-        # Joins the process group (or uses the one the script created) once per process.
+    def _join_process_state(self, options: Options) -> None:
+        """Join the process group (or use the one the script created) once per process, and settle
+        the precision on the device it gives."""
         self.state = AcceleratorState(mixed_precision={"fp32": "no"}.get(self._mixed_precision, self._mixed_precision),
                                       cpu=options.cpu, timeout=options.init_timeout, backend=options.init_backend)
         self.state.fsdp = self.parallel == "fsdp"
@@ -128,6 +162,8 @@ class Accelerator:
         self.precision.check_device(self.state.device)
         share_with_accelerate(self.state.mixed_precision, cpu=self.state.device.type == "cpu")
 
+    def _start_accumulation(self, options: Options) -> None:
+        """The GradientState of gradient accumulation, and the loss scaler."""
         plugin = options.accumulation
         # Accelerate's GradientState keeps the plugin's to_kwargs() (the fields changed from their
         # defaults) and reads adjust_scheduler from it with default False: the plugin's default True
@@ -142,15 +178,9 @@ class Accelerator:
         self._grad_scaler = self.precision.make_scaler(self.device)
         if self._grad_scaler.is_enabled() and options.scaler_options:
             self._grad_scaler = torch.amp.GradScaler(self.device.type, **options.scaler_options)
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.scheduler_steps = options.scheduler_steps
-        self.data_order = options.data_order
-        self.device_placement = device_placement
-        self.seed = seed if seed is not None else self.dataloader_config.data_seed
-        # As Accelerate: the shuffling generator of a prepared dataloader is synchronised.
-        self.rng_types = ["generator"] if rng_types is None else rng_types
-        self.log_with = filter_trackers(log_with, self.logging_dir)
-        self.trackers: list = []  # started by init_trackers, on the main process only
+
+    def _start_empty(self) -> None:
+        """What prepare, register_for_checkpointing and the state hooks fill in."""
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -161,10 +191,6 @@ class Accelerator:
         self._save_model_state_pre_hook: OrderedDict = OrderedDict()
         self._load_model_state_pre_hook: OrderedDict = OrderedDict()
         self._trigger = False
-        self._handlers = options.handlers
-        # Accelerate's micro-step counter: +1 per `accumulate` block, 0 again after a dataloader's
-        # last batch (sync_with_dataloader); scripts read it, the decision is GradientState's.
-        self.step = 0
 
     # ---- who am I (PartialState's answers) ------------------------------------------------------
 
@@ -244,7 +270,8 @@ class Accelerator:
     pipeline_parallel_rank = context_parallel_rank
 
     @contextlib.contextmanager
-    def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+    def maybe_context_parallel(self, buffers: list | None = None, buffer_seq_dims: list | None = None,
+                               no_restore_buffers: object | None = None):
         """Context parallelism is off (no ParallelismConfig): the block runs as it is, as in Accelerate."""
         yield
 
@@ -252,15 +279,15 @@ class Accelerator:
         """True if a module of `model` was placed by a device map over more than one entry."""
         return any(len(getattr(module, "hf_device_map", None) or {}) > 1 for module in model.modules())
 
-    def profile(self, profile_handler=None):
+    def profile(self, profile_handler: object | None = None):
         raise UnsupportedFeatureError("Accelerator.profile is not supported (triax refuses ProfileKwargs); "
                                       "use torch.profiler.profile(...) around the steps")
 
-    def lomo_backward(self, loss, learning_rate: float) -> None:
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         raise UnsupportedFeatureError("LOMO optimizers are not supported; use accelerator.backward(loss) with "
                                       "a torch.optim optimizer")
 
-    def deepspeed_ulysses_dl_adapter(self, dl, model):
+    def deepspeed_ulysses_dl_adapter(self, dl: torch.utils.data.DataLoader, model: torch.nn.Module):
         """Sequence parallelism is off (no ParallelismConfig): the dataloader as it is, as in Accelerate."""
         return dl
 
@@ -326,27 +353,27 @@ class Accelerator:
     def local_main_process_first(self):
         return self.state.local_main_process_first()
 
-    def split_between_processes(self, inputs, apply_padding: bool = False):
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
         """This process's share of `inputs` (list, tuple, tensor, or dict of them)."""
         return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
     # The on_* decorators: run the function on some processes only (the others get None).
-    def on_main_process(self, function):
+    def on_main_process(self, function: Callable):
         return self.state.on_main_process(function)
 
-    def on_local_main_process(self, function):
+    def on_local_main_process(self, function: Callable):
         return self.state.on_local_main_process(function)
 
-    def on_last_process(self, function):
+    def on_last_process(self, function: Callable):
         return self.state.on_last_process(function)
 
-    def on_process(self, function=None, process_index: int | None = None):
+    def on_process(self, function: Callable | None = None, process_index: int | None = None):
         return self.state.on_process(function, process_index=process_index)
 
-    def on_local_process(self, function=None, local_process_index: int | None = None):
+    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None):
         return self.state.on_local_process(function, local_process_index=local_process_index)
 
-    def print(self, *args, **kwargs) -> None:
+    def print(self, *args: Any, **kwargs: Any) -> None:
         """print once per machine."""
         self.state.print(*args, **kwargs)
 
@@ -366,7 +393,7 @@ class Accelerator:
 
     # ---- prepare --------------------------------------------------------------------------------
 
-    def prepare(self, *objects, device_placement: list[bool] | None = None):
+    def prepare(self, *objects: Any, device_placement: list[bool] | None = None):
         """Models, optimizers, dataloaders and LR schedulers in any order; returned in that order.
         Models go first (optimizers and schedulers refer to their parameters), then optimizers,
         dataloaders, and schedulers last (they wrap prepared optimizers). Preparing an object a
@@ -386,7 +413,7 @@ class Accelerator:
         return results[0] if len(results) == 1 else tuple(results)
 
     @staticmethod
-    def _kind(obj) -> str | None:
+    def _kind(obj: Any) -> str | None:
         if isinstance(obj, torch.nn.Module):
             return "model"
         if isinstance(obj, torch.optim.Optimizer):
@@ -398,7 +425,7 @@ class Accelerator:
             return "scheduler"
         return None
 
-    def _already_prepared(self, obj, prepared: list, raw_attribute: str | None = None):
+    def _already_prepared(self, obj: Any, prepared: list, raw_attribute: str | None = None):
         """The prepared object for `obj` if it (or what it wraps) was prepared before, else None."""
         for item in prepared:
             if item is obj or (raw_attribute and getattr(item, raw_attribute, None) is obj):
@@ -458,7 +485,7 @@ class Accelerator:
         precision, device = self.precision, self.device
 
         @functools.wraps(original)
-        def forward(*args, **kwargs):
+        def forward(*args: Any, **kwargs: Any):
             with precision.autocast(device):
                 outputs = original(*args, **kwargs)
             return convert_to_fp32(outputs)
@@ -483,7 +510,7 @@ class Accelerator:
         self._optimizers.append(prepared)
         return prepared
 
-    def prepare_scheduler(self, scheduler, device_placement: bool | None = None):
+    def prepare_scheduler(self, scheduler: torch.optim.lr_scheduler.LRScheduler, device_placement: bool | None = None):
         already = self._already_prepared(scheduler, self._schedulers, "scheduler")
         if already is not None:
             return already
@@ -497,7 +524,7 @@ class Accelerator:
         return prepared
 
     def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None,
-                            slice_fn_for_dispatch=None):
+                            slice_fn_for_dispatch: Callable | None = None):
         """This process's share of `dataloader`: a DataLoaderShard (or DataLoaderDispatcher), drawing
         the same random numbers as Accelerate's (triax.accelerate.data_loader)."""
         if isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
@@ -527,20 +554,20 @@ class Accelerator:
 
     prepare_dataloader = prepare_data_loader
 
-    def skip_first_batches(self, dataloader, num_batches: int = 0):
+    def skip_first_batches(self, dataloader: torch.utils.data.DataLoader, num_batches: int = 0):
         """The same dataloader, whose next pass starts `num_batches` batches into the epoch."""
         return skip_first_batches(dataloader, num_batches)
 
     # ---- the step -------------------------------------------------------------------------------
 
-    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """loss.backward(), divided for accumulation and scaled for fp16."""
         if self.gradient_state.accumulation_steps > 1:
             loss = loss / self.gradient_state.accumulation_steps
         self._grad_scaler.scale(loss).backward(**kwargs)
 
     @contextlib.contextmanager
-    def accumulate(self, *models):
+    def accumulate(self, *models: torch.nn.Module):
         """One micro-step: gradients are synchronised (and the optimizer/scheduler step) only on
         every gradient_accumulation_steps-th micro-step and, with sync_with_dataloader (the
         default), on the last batch of a dataloader. sync_each_batch reduces gradients on every
@@ -554,18 +581,18 @@ class Accelerator:
                     stack.enter_context(no_sync(model))
             yield
 
-    def no_sync(self, model):
+    def no_sync(self, model: torch.nn.Module):
         """Skip the gradient all-reduce for backward passes in this block (DDP's no_sync; FSDP2
         skips its reduce-scatter)."""
         return no_sync(model)
 
     @staticmethod
-    def trigger_sync_in_backward(model):
+    def trigger_sync_in_backward(model: torch.nn.Module):
         """The backward inside this block reduces gradients even after forwards under no_sync."""
         return sync_in_backward(model)
 
     @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables, even_batches: bool | None = None):
+    def join_uneven_inputs(self, joinables: list, even_batches: bool | None = None):
         """Train or evaluate on data that gives processes different numbers of batches: processes
         that run out shadow the others' collectives (torch.distributed.algorithms.Join).
         even_batches overrides the prepared map-style dataloaders' setting inside the block (pass
@@ -605,11 +632,11 @@ class Accelerator:
             for loader, value in saved:
                 loader.batch_sampler.even_batches = value
 
-    def autocast(self, autocast_handler=None):
+    def autocast(self, autocast_handler: object | None = None):
         """Forward under the mixed-precision policy's autocast (no-op for fp32)."""
         return self.precision.autocast(self.device)
 
-    def unscale_gradients(self, optimizer=None) -> None:
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Divide fp16 gradients by the loss scale (once per step) before inspecting them."""
         if not self._grad_scaler.is_enabled() or not self.sync_gradients:
             return
@@ -620,13 +647,13 @@ class Accelerator:
                 self._grad_scaler.unscale_(target.optimizer)
                 target.gradients_unscaled = True
 
-    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2):
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2):
         """Clip to a global norm across processes and layouts (triax.parallel.grad_clip); returns
         the norm before clipping."""
         self.unscale_gradients()
         return clip_grad_norm(list(parameters), float(max_norm), norm_type=norm_type)
 
-    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
@@ -636,10 +663,10 @@ class Accelerator:
 
     # ---- collectives ----------------------------------------------------------------------------
 
-    def gather(self, tensor):
+    def gather(self, tensor: Any):
         return operations.gather(tensor)
 
-    def gather_for_metrics(self, input_data, use_gather_object: bool = False):
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False):
         """gather, then drop the samples repeated to even out the last batch, so each sample of
         the dataset is counted once."""
         tensors_only = []
@@ -658,13 +685,13 @@ class Accelerator:
             return operations.map_tensors(lambda t: t[:keep], data)
         return data
 
-    def pad_across_processes(self, tensor, dim: int = 0, pad_index=0, pad_first: bool = False):
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
         return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
-    def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0):
         return operations.reduce(tensor, reduction=reduction, scale=scale)
 
-    def broadcast(self, tensor, from_process: int = 0):
+    def broadcast(self, tensor: Any, from_process: int = 0):
         return operations.broadcast(tensor, from_process=from_process)
 
     # ---- models and state -----------------------------------------------------------------------
@@ -673,7 +700,7 @@ class Accelerator:
                      keep_torch_compile: bool = True) -> torch.nn.Module:
         """The model as the script made it: without DDP (or DataParallel) around it; without the
         mixed-precision forward with keep_fp32_wrapper=False; and with keep_torch_compile=False
-        without its torch.compile wrapper either (triax.accelerate.models.extract_model_from_parallel)."""
+        without its torch.compile wrapper either (triax.accelerate._internal.models.extract_model_from_parallel)."""
         return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper,
                                            keep_torch_compile=keep_torch_compile)
 
@@ -688,7 +715,7 @@ class Accelerator:
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def save_model(self, model: torch.nn.Module, save_directory: str, safe_serialization: bool = True,
-                   **unused) -> str | None:
+                   **unused: Any) -> str | None:
         """Write the model's full weights to save_directory/model.safetensors (main process).
         A collective: if the main process cannot write, every process raises."""
         state = self.get_state_dict(model)
@@ -704,12 +731,12 @@ class Accelerator:
                 raise error
         return path
 
-    def save(self, obj, path: str, safe_serialization: bool = False) -> None:
+    def save(self, obj: Any, path: str, safe_serialization: bool = False) -> None:
         """torch.save on the main process only."""
         if self.is_main_process:
             torch.save(obj, path)
 
-    def register_for_checkpointing(self, *objects) -> None:
+    def register_for_checkpointing(self, *objects: Any) -> None:
         """save_state / load_state also save and restore these objects (each has state_dict() and
         load_state_dict()). A ValueError, as Accelerate's, names every object that has not."""
         invalid = [f"Item at index {index} ({type(obj).__name__})" for index, obj in enumerate(objects)
@@ -720,7 +747,7 @@ class Accelerator:
                                         "that has both")
         self._custom_objects.extend(objects)
 
-    def register_save_state_pre_hook(self, hook):
+    def register_save_state_pre_hook(self, hook: Callable):
         """hook(models, weights, output_dir) runs in save_state before anything is written. A hook
         that saves a model its own way removes it from `models` (or its entry from `weights`);
         save_state then leaves that model out. Returns a handle whose remove() unregisters it."""
@@ -728,7 +755,7 @@ class Accelerator:
         self._save_model_state_pre_hook[handle.id] = hook
         return handle
 
-    def register_load_state_pre_hook(self, hook):
+    def register_load_state_pre_hook(self, hook: Callable):
         """hook(models, input_dir) runs in load_state before anything is read; a model the hook
         loads itself is removed from `models` (it must have been left out of save_state too)."""
         handle = RemovableHandle(self._load_model_state_pre_hook)
@@ -751,14 +778,14 @@ class Accelerator:
                                         "Accelerator(project_dir=...) or automatic_checkpoint_naming")
         return os.path.join(project.project_dir, "checkpoints")
 
-    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **unused) -> str:
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **unused: Any) -> str:
         """Save everything needed to continue: models, optimizers, schedulers, scaler, dataloader
         positions, RNG states, registered objects. Collective: call on every process. Writes
         Accelerate's folder (model.safetensors, optimizer.bin, random_states_<rank>.pkl, ...: see
-        accelerate_folder.py) plus triax's manifest into output_dir, or with
+        _internal/accelerate_folder.py) plus triax's manifest into output_dir, or with
         automatic_checkpoint_naming into <project_dir>/checkpoints/checkpoint_<iteration> (keeping
         at most total_limit), or else <project_dir>/checkpoints; returns that folder. Under FSDP
-        the models and optimizers go in Accelerate's FSDP layout (fsdp_folder.py): sharded, each
+        the models and optimizers go in Accelerate's FSDP layout (_internal/fsdp_folder.py): sharded, each
         process writing its shards, or whole by process 0 (state_dict_type)."""
         root = self._checkpoint_root(output_dir, for_save=True)
         models = list(self._models)
@@ -779,7 +806,7 @@ class Accelerator:
         self.project_configuration.iteration += 1
         return path
 
-    def load_state(self, input_dir: str | None = None, **unused) -> str:
+    def load_state(self, input_dir: str | None = None, **unused: Any) -> str:
         """Restore what save_state wrote: an Accelerate checkpoint folder (written by Accelerate
         or triax), a triax snapshot step_* folder, or the latest snapshot under a root; with
         automatic_checkpoint_naming and no directory, the newest checkpoint_<n>. Prepare the same
@@ -835,7 +862,7 @@ class Accelerator:
             tracker.finish()
         self.state.destroy_process_group()
 
-    def free_memory(self, *objects):
+    def free_memory(self, *objects: Any):
         """Forget every prepared object (and empty the CUDA cache); returns `objects` as Nones."""
         self._models.clear()
         self._optimizers.clear()

@@ -2,7 +2,7 @@
 dispatch hooks, empty-weight initialisation) is not part of triax: its names import, and using one
 raises a line naming the alternative (FSDP, triax.pipe.Pipe, or `with torch.device('meta'):`)."""
 
-from triax.accelerate.surface import serve_absent
+from triax.accelerate._internal.surface import serve_absent
 
 __all__: list[str] = []
 

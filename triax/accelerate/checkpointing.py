@@ -2,7 +2,7 @@
 triax: their names import, and using one raises a line naming Accelerator.save_state / load_state,
 which write and read triax snapshots (docs/snapshots.md)."""
 
-from triax.accelerate.surface import serve_absent
+from triax.accelerate._internal.surface import serve_absent
 
 __all__: list[str] = []
 

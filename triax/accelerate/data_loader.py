@@ -2,7 +2,7 @@
 
 A prepared dataloader is a new torch DataLoader over the user's dataset that keeps their
 sampler, collate function, workers and generator, and hands this process its share of each step
-(sharding.py). It must give a script Accelerate's numbers bit for bit, and those depend on every
+(_internal/sharding.py). It must give a script Accelerate's numbers bit for bit, and those depend on every
 draw from torch's global generator, not only on the batches. So the rules below are Accelerate
 1.15's, draw for draw:
 
@@ -32,22 +32,24 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Callable
 from contextlib import suppress
+from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
-from triax.accelerate.operations import broadcast, broadcast_object_list, is_mapping, map_tensors, send_to_device
-from triax.accelerate.random import SeedableRandomSampler, synchronize_rng_states
-from triax.accelerate.sharding import (
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
+from triax.accelerate._internal.sharding import (
     BatchSamplerShard,
     IterableDatasetShard,
     SeededOrderSampler,
     SkipBatchSampler,
 )
+from triax.accelerate._internal.surface import serve_absent
 from triax.accelerate.state import GradientState, PartialState
-from triax.accelerate.surface import serve_absent
+from triax.accelerate.utils.operations import broadcast, broadcast_object_list, is_mapping, map_tensors, send_to_device
+from triax.accelerate.utils.random import SeedableRandomSampler, synchronize_rng_states
 
 # The DataLoader arguments a prepared loader copies from the user's (with their defaults); the
 # sampling ones (batch_size, shuffle, sampler, batch_sampler, drop_last) are replaced instead.
@@ -60,7 +62,7 @@ if "in_order" in inspect.signature(DataLoader.__init__).parameters:
     LOADER_OPTIONS["in_order"] = True
 
 
-def _loader_options(dataloader) -> dict:
+def _loader_options(dataloader: DataLoader) -> dict:
     return {name: getattr(dataloader, name, default) for name, default in LOADER_OPTIONS.items()}
 
 
@@ -99,19 +101,20 @@ class DataLoaderAdapter(DataLoader):
     In Accelerate the prepared loader wraps a second DataLoader, `base_dataloader`; here the
     prepared loader is that DataLoader itself, and `base_dataloader` names it."""
 
-    def __new__(cls, *args, use_stateful_dataloader: bool = False, **kwargs):
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any):
         if use_stateful_dataloader and not issubclass(cls, _StatefulPosition):
             cls = _stateful_variant(cls)
         return super().__new__(cls)
 
-    def __init__(self, dataset, use_stateful_dataloader: bool = False, batch_sampler=None, **kwargs):
+    def __init__(self, dataset: torch.utils.data.Dataset, use_stateful_dataloader: bool = False,
+                 batch_sampler: torch.utils.data.BatchSampler | None = None, **kwargs: Any):
         if use_stateful_dataloader and "in_order" in kwargs and not _stateful_takes("in_order"):
             kwargs.pop("in_order")  # torchdata before 0.11 does not know it
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.use_stateful_dataloader = use_stateful_dataloader
         self._record_initial_position()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str):
         # Only for instances: `DataLoaderShard.base_dataloader` is an AttributeError, as in Accelerate.
         if name == "base_dataloader":
             return self
@@ -130,7 +133,7 @@ class DataLoaderAdapter(DataLoader):
     def get_sampler(self):
         return get_sampler(self)
 
-    def set_sampler(self, sampler) -> None:
+    def set_sampler(self, sampler: torch.utils.data.Sampler) -> None:
         """Make `sampler` the one the (sharded) batch sampler draws indices from."""
         if isinstance(self.sampler, BatchSampler):
             self.sampler.sampler = sampler
@@ -194,9 +197,11 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
     pass, `skip_batches` left out at the start of each pass; `iteration` counts finished passes
     and is the epoch given to samplers and datasets that take one (set_epoch)."""
 
-    def __init__(self, dataset, device=None, rng_types=None, synchronized_generator=None, skip_batches: int = 0,
-                 use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
-                 torch_device_mesh=None, iteration: int = 0, **kwargs):
+    def __init__(self, dataset: torch.utils.data.Dataset, device: torch.device | str | int | None = None,
+                 rng_types: list[str] | None = None, synchronized_generator: torch.Generator | None = None,
+                 skip_batches: int = 0, use_stateful_dataloader: bool = False, _drop_last: bool = False,
+                 _non_blocking: bool = False, torch_device_mesh: object | None = None, iteration: int = 0,
+                 **kwargs: Any):
         self.gradient_state = GradientState()
         self._drop_last = _drop_last
         super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
@@ -275,9 +280,10 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
     split_batches), joins them, broadcasts the result, and every process keeps its slice. The
     last, short step is completed from the first one unless drop_last."""
 
-    def __init__(self, dataset, split_batches: bool = False, skip_batches: int = 0,
+    def __init__(self, dataset: torch.utils.data.Dataset, split_batches: bool = False, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
-                 slice_fn=None, torch_device_mesh=None, iteration: int = 0, **kwargs):
+                 slice_fn: Callable | None = None, torch_device_mesh: object | None = None, iteration: int = 0,
+                 **kwargs: Any):
         shuffle = _datapipe_shuffle(dataset)
         self.gradient_state = GradientState()
         self._drop_last = _drop_last
@@ -312,7 +318,7 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
         if isinstance(sampler_state, dict) and sampler_state.get("samples_yielded", 0) > 0:
             sampler_state["samples_yielded"] -= self.batch_size * ahead
 
-    def _read_step(self, batches):
+    def _read_step(self, batches: Any):
         """Process 0 reads the next step's data; every process learns its structure, or that the
         pass has ended. Returns (batch or None, [structure, finished])."""
         joined, group = None, []
@@ -418,7 +424,8 @@ class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
     """A DataLoader whose passes leave out their first `skip_batches` batches (Accelerate's
     class); skip_first_batches makes one for an unprepared loader over a stream."""
 
-    def __init__(self, dataset, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs):
+    def __init__(self, dataset: torch.utils.data.Dataset, skip_batches: int = 0, use_stateful_dataloader: bool = False,
+                 **kwargs: Any):
         super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
         self.skip_batches = skip_batches
         self.gradient_state = GradientState()
@@ -438,7 +445,7 @@ class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
 # ---- nested batches -------------------------------------------------------------------------------
 
 
-def slice_tensors(data, tensor_slice, process_index=None, num_processes=None):
+def slice_tensors(data: Any, tensor_slice: slice, process_index: int | None = None, num_processes: int | None = None):
     """Every tensor of a nested batch sliced along its first dimension (Accelerate's helper)."""
     return map_tensors(lambda tensor: tensor[tensor_slice], data)
 
@@ -466,7 +473,7 @@ def _join(batches: list):
                                "dispatch_batches=False so each process reads its own batches")
 
 
-def _structure(batch):
+def _structure(batch: Any):
     """The batch with each tensor replaced by (shape, dtype): what other processes need to receive it."""
     return map_tensors(lambda tensor: _TensorInformation((tuple(tensor.shape), tensor.dtype)), batch)
 
@@ -475,7 +482,7 @@ class _TensorInformation(tuple):
     """(shape, dtype) of a tensor to be received."""
 
 
-def _empty_like_structure(structure):
+def _empty_like_structure(structure: Any):
     if isinstance(structure, _TensorInformation):
         return torch.empty(*structure[0], dtype=structure[1])
     if isinstance(structure, tuple) and hasattr(structure, "_fields"):
@@ -487,7 +494,7 @@ def _empty_like_structure(structure):
     return structure
 
 
-def _batch_size(batch) -> int:
+def _batch_size(batch: Any) -> int:
     if (isinstance(batch, (tuple, list)) or is_mapping(batch)) and not len(batch):
         raise AcceleratorValueError(f"cannot find the batch size of an empty {type(batch).__name__}")
     if isinstance(batch, (tuple, list)):
@@ -500,7 +507,7 @@ def _batch_size(batch) -> int:
     return batch.shape[0]
 
 
-def _datapipe_shuffle(dataset) -> bool:
+def _datapipe_shuffle(dataset: torch.utils.data.Dataset) -> bool:
     try:  # deferred: torch's datapipes are deprecated; imported only for a dispatched loader
         from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
     except ImportError:  # datapipes were removed from torch: nothing to keep
@@ -511,21 +518,21 @@ def _datapipe_shuffle(dataset) -> bool:
 # ---- preparing and skipping ---------------------------------------------------------------------
 
 
-def get_sampler(dataloader):
+def get_sampler(dataloader: torch.utils.data.DataLoader):
     """The sampler of indices inside a dataloader's batch sampler (None for a custom one)."""
     if isinstance(dataloader.sampler, BatchSampler):
         return getattr(dataloader.sampler, "sampler", None)
     return getattr(dataloader.batch_sampler, "sampler", None)
 
 
-def _data_processes(state, num_processes: int, process_index: int, torch_device_mesh):
+def _data_processes(state: PartialState, num_processes: int, process_index: int, torch_device_mesh: object | None):
     """(number, index) of this process among those that get different data: processes that
     differ only in a tensor-parallel or context-parallel coordinate read the same batches."""
     if torch_device_mesh is None:
         return num_processes, process_index
     names = torch_device_mesh.mesh_dim_names or ()
 
-    def size(name):
+    def size(name: str):
         return torch_device_mesh[name].size() if name in names else 1
 
     same_data = size("tp") * size("cp")
@@ -534,10 +541,10 @@ def _data_processes(state, num_processes: int, process_index: int, torch_device_
 
 def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = None, num_processes: int | None = None,
                         process_index: int | None = None, split_batches: bool = False, put_on_device: bool = False,
-                        rng_types=None, dispatch_batches: bool | None = None, even_batches: bool = True,
-                        slice_fn_for_dispatch=None, use_seedable_sampler: bool = False, data_seed: int | None = None,
-                        non_blocking: bool = False, use_stateful_dataloader: bool = False, torch_device_mesh=None,
-                        order_seed: int | None = None):
+                        rng_types: list | None = None, dispatch_batches: bool | None = None, even_batches: bool = True,
+                        slice_fn_for_dispatch: Callable | None = None, use_seedable_sampler: bool = False,
+                        data_seed: int | None = None, non_blocking: bool = False, use_stateful_dataloader: bool = False,
+                        torch_device_mesh: object | None = None, order_seed: int | None = None) -> DataLoader:
     """Accelerate's function of the same name: `dataloader` as this process's DataLoaderShard
     (or DataLoaderDispatcher). Process information comes from PartialState unless given.
     order_seed (triax's data_order="seeded") replaces a RandomSampler with SeededOrderSampler."""
@@ -555,40 +562,12 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
 
     dataset = dataloader.dataset
     batch_sampler = None if isinstance(dataset, IterableDataset) else dataloader.batch_sampler
-    sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
     synchronized_generator = None
-    sampler = get_sampler(dataloader)
-    replacement = None
-    if isinstance(sampler, RandomSampler) and use_seedable_sampler:
-        sampler = replacement = SeedableRandomSampler(
-            data_source=sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples,
-            generator=sampler.generator, data_seed=data_seed)
-    elif (isinstance(sampler, RandomSampler) and order_seed is not None and not sampler.replacement
-          and sampler._num_samples is None):
-        sampler = replacement = SeededOrderSampler(len(sampler.data_source), order_seed)
-
+    sampler, replacement = _replace_random_sampler(get_sampler(dataloader), use_seedable_sampler, data_seed,
+                                                   order_seed)
     if num_processes != 1 and not dispatch_batches:
-        hf_datasets = sys.modules.get("datasets")  # a Hugging Face IterableDataset has it imported
-        if (hf_datasets is not None and isinstance(dataset, getattr(hf_datasets, "IterableDataset", ()))
-                and not split_batches and dataset.n_shards >= num_processes):
-            dataset = dataset.shard(num_shards=num_processes, index=process_index)
-        elif isinstance(dataset, IterableDataset):
-            if getattr(dataloader.dataset, "generator", None) is not None:
-                synchronized_generator = dataloader.dataset.generator
-            dataset = IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
-                                           num_processes=num_processes, process_index=process_index,
-                                           split_batches=split_batches)
-        else:
-            if not use_seedable_sampler and hasattr(sampler, "generator"):
-                if sampler.generator is None:
-                    # One draw from torch's generator seeds the order's own; process 0's state
-                    # is handed to every process before each pass.
-                    sampler.generator = _default_generator()
-                    sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-                synchronized_generator = sampler.generator
-            batch_sampler = BatchSamplerShard(dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler,
-                                              num_processes=num_processes, process_index=process_index,
-                                              split_batches=split_batches, even_batches=even_batches)
+        dataset, batch_sampler, synchronized_generator = _share_among_processes(
+            dataloader, sampler, num_processes, process_index, split_batches, even_batches, use_seedable_sampler)
 
     if rng_types is not None and synchronized_generator is None and "generator" in rng_types:
         rng_types.remove("generator")
@@ -597,29 +576,83 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
         options["drop_last"] = dataloader.drop_last
         options["batch_size"] = (dataloader.batch_size // num_processes if split_batches and not dispatch_batches
                                  else dataloader.batch_size)
-    device = device if put_on_device else None
+    options.update(_drop_last=dataloader.drop_last, _non_blocking=non_blocking,
+                   use_stateful_dataloader=use_stateful_dataloader)
     if dispatch_batches:
         options.pop("generator")
         prepared = DataLoaderDispatcher(dataset, split_batches=split_batches, batch_sampler=batch_sampler,
-                                        _drop_last=dataloader.drop_last, _non_blocking=non_blocking,
-                                        slice_fn=slice_fn_for_dispatch, use_stateful_dataloader=use_stateful_dataloader,
-                                        torch_device_mesh=torch_device_mesh, **options)
-    elif sampler_is_batch_sampler:
-        prepared = DataLoaderShard(dataset, device=device, sampler=batch_sampler, batch_size=dataloader.batch_size,
-                                   rng_types=rng_types, _drop_last=dataloader.drop_last, _non_blocking=non_blocking,
-                                   synchronized_generator=synchronized_generator,
-                                   use_stateful_dataloader=use_stateful_dataloader, **options)
+                                        slice_fn=slice_fn_for_dispatch, torch_device_mesh=torch_device_mesh, **options)
     else:
-        prepared = DataLoaderShard(dataset, device=device, batch_sampler=batch_sampler, rng_types=rng_types,
-                                   synchronized_generator=synchronized_generator, _drop_last=dataloader.drop_last,
-                                   _non_blocking=non_blocking, use_stateful_dataloader=use_stateful_dataloader,
-                                   **options)
+        prepared = _shard_loader(dataloader, dataset, batch_sampler, device if put_on_device else None, rng_types,
+                                 synchronized_generator, options)
     if replacement is not None:
         prepared.set_sampler(replacement)
     return prepared
 
 
-def _check_split(dataloader, num_processes: int) -> None:
+def _replace_random_sampler(sampler: object, use_seedable_sampler: bool, data_seed: int | None,
+                            order_seed: int | None) -> tuple[object, object | None]:
+    """(the sampler the prepared loader draws from, the replacement to set on it or None): a
+    RandomSampler becomes a SeedableRandomSampler (use_seedable_sampler) or, with order_seed, a
+    SeededOrderSampler when it draws each sample once."""
+    if isinstance(sampler, RandomSampler) and use_seedable_sampler:
+        replacement = SeedableRandomSampler(
+            data_source=sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples,
+            generator=sampler.generator, data_seed=data_seed)
+        return replacement, replacement
+    if (isinstance(sampler, RandomSampler) and order_seed is not None and not sampler.replacement
+            and sampler._num_samples is None):
+        replacement = SeededOrderSampler(len(sampler.data_source), order_seed)
+        return replacement, replacement
+    return sampler, None
+
+
+def _share_among_processes(dataloader: DataLoader, sampler: object, num_processes: int, process_index: int,
+                           split_batches: bool, even_batches: bool,
+                           use_seedable_sampler: bool) -> tuple[object, BatchSampler | None, torch.Generator | None]:
+    """(dataset, batch sampler, generator every process must share) giving this process its share:
+    a Hugging Face IterableDataset by its own shards, another stream sample by sample, map-style
+    data by dealing the DataLoader's batches."""
+    dataset = dataloader.dataset
+    batch_sampler = None if isinstance(dataset, IterableDataset) else dataloader.batch_sampler
+    hf_datasets = sys.modules.get("datasets")  # a Hugging Face IterableDataset has it imported
+    if (hf_datasets is not None and isinstance(dataset, getattr(hf_datasets, "IterableDataset", ()))
+            and not split_batches and dataset.n_shards >= num_processes):
+        return dataset.shard(num_shards=num_processes, index=process_index), batch_sampler, None
+    if isinstance(dataset, IterableDataset):
+        synchronized_generator = getattr(dataloader.dataset, "generator", None)
+        dataset = IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
+                                       num_processes=num_processes, process_index=process_index,
+                                       split_batches=split_batches)
+        return dataset, batch_sampler, synchronized_generator
+    synchronized_generator = None
+    if not use_seedable_sampler and hasattr(sampler, "generator"):
+        if sampler.generator is None:
+            # One draw from torch's generator seeds the order's own; process 0's state
+            # is handed to every process before each pass.
+            sampler.generator = _default_generator()
+            sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        synchronized_generator = sampler.generator
+    sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
+    batch_sampler = BatchSamplerShard(dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler,
+                                      num_processes=num_processes, process_index=process_index,
+                                      split_batches=split_batches, even_batches=even_batches)
+    return dataset, batch_sampler, synchronized_generator
+
+
+def _shard_loader(dataloader: DataLoader, dataset: object, batch_sampler: BatchSampler | None,
+                  device: torch.device | None, rng_types: list | None, synchronized_generator: torch.Generator | None,
+                  options: dict) -> DataLoaderShard:
+    """The DataLoaderShard over this process's share; a DataLoader whose sampler is itself a
+    BatchSampler keeps it as its sampler, as Accelerate's does."""
+    if isinstance(dataloader.sampler, BatchSampler):
+        return DataLoaderShard(dataset, device=device, sampler=batch_sampler, batch_size=dataloader.batch_size,
+                               rng_types=rng_types, synchronized_generator=synchronized_generator, **options)
+    return DataLoaderShard(dataset, device=device, batch_sampler=batch_sampler, rng_types=rng_types,
+                           synchronized_generator=synchronized_generator, **options)
+
+
+def _check_split(dataloader: DataLoader, num_processes: int) -> None:
     size = dataloader.batch_size
     if size is None:
         size = getattr(dataloader.batch_sampler, "batch_size", None)
@@ -632,7 +665,7 @@ def _check_split(dataloader, num_processes: int) -> None:
                                     f"the number of processes ({num_processes})")
 
 
-def skip_first_batches(dataloader, num_batches: int = 0):
+def skip_first_batches(dataloader: torch.utils.data.DataLoader, num_batches: int = 0):
     """A new dataloader like `dataloader` whose passes begin `num_batches` batches in (Accelerate's
     function): a prepared loader stays prepared, keeping its generators and its epoch count."""
     dataset = dataloader.dataset
@@ -669,7 +702,7 @@ def skip_first_batches(dataloader, num_batches: int = 0):
     return DataLoader(dataset, batch_sampler=skipping, **options)
 
 
-# accelerate.data_loader's counterpart (triax.accelerate.surface).
+# accelerate.data_loader's counterpart (triax.accelerate._internal.surface).
 __all__ = ["BatchSamplerShard", "DataLoaderAdapter", "DataLoaderDispatcher", "DataLoaderShard", "DataLoaderStateMixin",
            "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler", "SkipDataLoader", "get_sampler",
            "prepare_data_loader", "skip_first_batches"]

@@ -2,7 +2,7 @@
 offload) are not part of triax: their names import, and using one raises a line naming the
 alternative (shard with FSDP, or split the model into stages with triax.pipe.Pipe)."""
 
-from triax.accelerate.surface import serve_absent
+from triax.accelerate._internal.surface import serve_absent
 
 __all__: list[str] = []
 

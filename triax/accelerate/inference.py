@@ -1,7 +1,7 @@
 """accelerate.inference's counterpart. PiPPy pipeline inference is not part of triax: its names
 import, and using one raises a line naming triax.pipe.Pipe, triax's pipeline."""
 
-from triax.accelerate.surface import serve_absent
+from triax.accelerate._internal.surface import serve_absent
 
 __all__: list[str] = []
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError, UnsupportedFeatureError
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError, UnsupportedFeatureError
 from triax.accelerate.state import AcceleratorState, GradientState, PartialState
 from triax.launch import settings as launch_settings
 from triax.runtime.rendezvous import free_port
@@ -16,7 +18,7 @@ from triax.runtime.rendezvous import free_port
 __all__ = ["debug_launcher", "notebook_launcher", "test_launch"]
 
 
-def _worker(local_rank: int, function, args: tuple, environment: dict) -> None:
+def _worker(local_rank: int, function: Callable, args: tuple, environment: dict) -> None:
     # Runs in the child: it is rank `local_rank` of this one-machine job. A forked child inherits
     # the parent's process state (a one-process PartialState, say); it is a new process of a new
     # job, so that state is forgotten and the function's Accelerator finds the job afresh.
@@ -28,9 +30,10 @@ def _worker(local_rank: int, function, args: tuple, environment: dict) -> None:
     function(*args)
 
 
-def notebook_launcher(function, args: tuple = (), num_processes: int | None = None, mixed_precision: str = "no",
-                      use_port: str | int | None = None, master_addr: str = "127.0.0.1", node_rank: int = 0,
-                      num_nodes: int = 1, start_method: str | None = None, **unsupported) -> None:
+def notebook_launcher(function: Callable, args: tuple = (), num_processes: int | None = None,
+                      mixed_precision: str = "no", use_port: str | int | None = None, master_addr: str = "127.0.0.1",
+                      node_rank: int = 0, num_nodes: int = 1, start_method: str | None = None,
+                      **unsupported: Any) -> None:
     """Call `function(*args)` in `num_processes` processes (torch.multiprocessing), each with its
     rank in the environment; with num_processes None or 1, call it here. Raises when a process
     fails. start_method: "fork" (default on Linux/macOS, so functions defined in a notebook work)
@@ -54,7 +57,7 @@ def notebook_launcher(function, args: tuple = (), num_processes: int | None = No
            {launch_settings.ENVIRONMENT["mixed_precision"]: mixed_precision})
 
 
-def debug_launcher(function, args: tuple = (), num_processes: int = 2) -> None:
+def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> None:
     """Call `function(*args)` in `num_processes` CPU processes on this machine (forked, even for
     one), for trying distributed code without a GPU; raises when a process fails."""
     if not isinstance(num_processes, int) or num_processes < 1:
@@ -71,8 +74,8 @@ def test_launch() -> None:
     PartialState()
 
 
-def _start(who: str, function, args: tuple, num_processes: int, master_addr: str, use_port, start_method: str | None,
-           settings: dict) -> None:
+def _start(who: str, function: Callable, args: tuple, num_processes: int, master_addr: str, use_port: bool,
+           start_method: str | None, settings: dict) -> None:
     """Run function(*args) in num_processes child processes of one job; wait for all of them."""
     import torch.distributed as dist
     import torch.multiprocessing as multiprocessing

@@ -15,12 +15,16 @@ sharded model (FSDP) has no whole parameters on a process to average.
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from triax.accelerate.dataclasses import DistributedType
-from triax.accelerate.errors import UnsupportedFeatureError
+from triax.accelerate._internal.errors import UnsupportedFeatureError
 from triax.accelerate.state import MULTI_DEVICE_TYPES
+from triax.accelerate.utils.dataclasses import DistributedType
+
+if TYPE_CHECKING:
+    from triax.accelerate.accelerator import Accelerator
 
 __all__ = ["LocalSGD"]
 
@@ -30,7 +34,7 @@ class LocalSGD:
     averages the parameters over processes every `local_sgd_steps` calls, and leaving the block
     averages them once more. enabled=False (or a single process) makes it do nothing."""
 
-    def __init__(self, accelerator, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True):
+    def __init__(self, accelerator: Accelerator, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True):
         kind = accelerator.distributed_type
         if kind != DistributedType.NO and kind not in MULTI_DEVICE_TYPES:
             raise UnsupportedFeatureError(f"LocalSGD needs plain data parallel processes (this is {kind}); "
@@ -47,7 +51,7 @@ class LocalSGD:
             self._no_sync.enter_context(self.accelerator.no_sync(self.model))
         return self
 
-    def __exit__(self, *exception):
+    def __exit__(self, *exception: Any):
         if self.enabled:
             self._average_parameters()
             self._no_sync.close()

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
-from triax.accelerate.errors import AcceleratorRuntimeError
+from triax.accelerate._internal.errors import AcceleratorRuntimeError
 from triax.accelerate.state import PartialState
 
 __all__ = ["MultiProcessAdapter", "get_logger"]
@@ -27,14 +28,14 @@ class MultiProcessAdapter(logging.LoggerAdapter):
     the main process only) and in_order (every process logs, one after the other; it wins over
     main_process_only and is a collective, so every process must make the call)."""
 
-    def process(self, msg, kwargs):
+    def process(self, msg: str, kwargs: Any):
         msg, kwargs = super().process(msg, kwargs)
         # The record's file and line are the caller's: 1 would name this module's log(); the
         # logging package's own frames (LoggerAdapter.info, ...) are skipped by logging itself.
         kwargs.setdefault("stacklevel", 2)
         return f"[RANK {PartialState().process_index}] {msg}", kwargs
 
-    def log(self, level, msg, *args, **kwargs):
+    def log(self, level: int, msg: str, *args: Any, **kwargs: Any):
         if not PartialState._shared_state.get("_initialized"):
             raise AcceleratorRuntimeError("get_logger's logger needs the process state: create the Accelerator "
                                           "(or call PartialState()) before logging through it")
@@ -52,7 +53,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         elif not main_process_only or state.is_main_process:
             self.logger.log(level, msg, *args, **kwargs)
 
-    def warning_once(self, *args, **kwargs):
+    def warning_once(self, *args: Any, **kwargs: Any):
         """logger.warning, but a message already warned (same arguments) is not warned again."""
         key = (args, tuple(sorted(kwargs.items())))
         seen = self.__dict__.setdefault("_warned", set())

@@ -1,8 +1,8 @@
 """accelerate.optimizer's counterpart: AcceleratedOptimizer is the optimizer Accelerator.prepare
-returns (triax.accelerate.wrappers.PreparedOptimizer), so isinstance checks in scripts hold."""
+returns (triax.accelerate._internal.wrappers.PreparedOptimizer), so isinstance checks in scripts hold."""
 
-from triax.accelerate.surface import serve_absent
-from triax.accelerate.wrappers import PreparedOptimizer as AcceleratedOptimizer
+from triax.accelerate._internal.surface import serve_absent
+from triax.accelerate._internal.wrappers import PreparedOptimizer as AcceleratedOptimizer
 
 __all__ = ["AcceleratedOptimizer"]
 

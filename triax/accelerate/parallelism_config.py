@@ -2,7 +2,7 @@
 parallel sizes for the Accelerator) is not part of triax: it imports, and using it raises a line
 naming `triax train`'s layouts, where triax composes those parallelisms."""
 
-from triax.accelerate.surface import serve_absent
+from triax.accelerate._internal.surface import serve_absent
 
 __all__: list[str] = []
 

@@ -1,6 +1,6 @@
 """accelerate.scheduler's counterpart: AcceleratedScheduler is the scheduler Accelerator.prepare
-returns (triax.accelerate.wrappers.PreparedScheduler), so isinstance checks in scripts hold."""
+returns (triax.accelerate._internal.wrappers.PreparedScheduler), so isinstance checks in scripts hold."""
 
-from triax.accelerate.wrappers import PreparedScheduler as AcceleratedScheduler
+from triax.accelerate._internal.wrappers import PreparedScheduler as AcceleratedScheduler
 
 __all__ = ["AcceleratedScheduler"]

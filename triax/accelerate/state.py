@@ -15,24 +15,26 @@ import os
 import sys
 import warnings
 import weakref
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from triax.accelerate.dataclasses import DistributedType, DynamoBackend
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
-from triax.accelerate.flags import check_accelerate_environment, parse_flag_from_env
-from triax.accelerate.surface import serve_absent
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.accelerate._internal.flags import check_accelerate_environment, parse_flag_from_env
+from triax.accelerate._internal.surface import serve_absent
+from triax.accelerate.utils.dataclasses import DistributedType, DynamoBackend
 from triax.runtime.failure_agreement import raise_together
-from triax.runtime.shared_decisions import barrier
 from triax.runtime.place import detect_place, pick_device
 from triax.runtime.process_group import init_distributed, is_distributed, shutdown_distributed
+from triax.runtime.shared_decisions import barrier
 
 __all__ = ["AcceleratorState", "GradientState", "PartialState", "is_initialized"]
 
 
-def _of_the_state(getter):
+def _of_the_state(getter: Callable):
     """A property read from the process state: after _reset_state() it raises AttributeError, so
     the class's __getattr__ says the state was reset (as Accelerate's do)."""
 
@@ -59,7 +61,7 @@ class PartialState:
     _shared_state: dict = {}
 
     def __init__(self, cpu: bool = False, timeout: datetime.timedelta | None = None, backend: str | None = None,
-                 **unused):
+                 **unused: Any):
         self.__dict__ = self._shared_state
         if self._shared_state.get("_initialized"):
             return  # the job's state exists already: this instance shares it
@@ -153,7 +155,7 @@ class PartialState:
     def wait_for_everyone(self) -> None:
         barrier()
 
-    def print(self, *args, **kwargs) -> None:
+    def print(self, *args: Any, **kwargs: Any) -> None:
         """print once per machine (on each machine's local main process), as Accelerate does."""
         if self.is_local_main_process:
             print(*args, **kwargs)
@@ -187,24 +189,24 @@ class PartialState:
 
     # ---- run on some processes only -------------------------------------------------------------
 
-    def on_main_process(self, function):
+    def on_main_process(self, function: Callable):
         """Decorator: run `function` on the main process only (the others get None)."""
         return _only_on(lambda: self.is_main_process, function)
 
-    def on_local_main_process(self, function):
+    def on_local_main_process(self, function: Callable):
         return _only_on(lambda: self.is_local_main_process, function)
 
-    def on_last_process(self, function):
+    def on_last_process(self, function: Callable):
         return _only_on(lambda: self.is_last_process, function)
 
-    def on_process(self, function=None, process_index: int | None = None):
+    def on_process(self, function: Callable | None = None, process_index: int | None = None):
         if process_index is None:
             raise AcceleratorValueError("on_process needs process_index=<int>")
         if function is None:
             return functools.partial(self.on_process, process_index=process_index)
         return _only_on(lambda: self.process_index == process_index, function)
 
-    def on_local_process(self, function=None, local_process_index: int | None = None):
+    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None):
         if local_process_index is None:
             raise AcceleratorValueError("on_local_process needs local_process_index=<int>")
         if function is None:
@@ -212,13 +214,13 @@ class PartialState:
         return _only_on(lambda: self.local_process_index == local_process_index, function)
 
     @contextlib.contextmanager
-    def split_between_processes(self, inputs, apply_padding: bool = False):
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
         """This process's share of `inputs` (list, tuple, tensor, or dict of them)."""
-        from triax.accelerate.operations import slice_for_process
+        from triax.accelerate.utils.operations import slice_for_process
 
         yield slice_for_process(inputs, self.process_index, self.num_processes, apply_padding)
 
-    def destroy_process_group(self, group=None) -> None:
+    def destroy_process_group(self, group: object | None = None) -> None:
         shutdown_distributed(group)
 
     def __repr__(self) -> str:
@@ -227,9 +229,9 @@ class PartialState:
                 f"Device: {self.device}\n")
 
 
-def _only_on(condition, function):
+def _only_on(condition: Callable, function: Callable):
     @functools.wraps(function)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any):
         return function(*args, **kwargs) if condition() else None
     return wrapper
 
@@ -251,7 +253,7 @@ class AcceleratorState(PartialState):
 
     _shared_state: dict = {}
 
-    def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs):
+    def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any):
         partial = PartialState(cpu=cpu, **kwargs)
         self.__dict__ = AcceleratorState._shared_state
         if not self._shared_state:
@@ -295,7 +297,7 @@ class AcceleratorState(PartialState):
     def wait_for_everyone(self) -> None:
         PartialState().wait_for_everyone()
 
-    def print(self, *args, **kwargs) -> None:
+    def print(self, *args: Any, **kwargs: Any) -> None:
         PartialState().print(*args, **kwargs)
 
     def main_process_first(self):
@@ -304,10 +306,10 @@ class AcceleratorState(PartialState):
     def local_main_process_first(self):
         return PartialState().local_main_process_first()
 
-    def split_between_processes(self, inputs, apply_padding: bool = False):
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
         return PartialState().split_between_processes(inputs, apply_padding=apply_padding)
 
-    def destroy_process_group(self, group=None) -> None:
+    def destroy_process_group(self, group: object | None = None) -> None:
         PartialState().destroy_process_group(group)
 
     @property
@@ -407,10 +409,10 @@ class GradientState:
         after a leading None, as Accelerate lists them."""
         return [None] + [reference() for reference in self._loader_references]
 
-    def _add_dataloader(self, dataloader) -> None:
+    def _add_dataloader(self, dataloader: torch.utils.data.DataLoader) -> None:
         self._loader_references = self._loader_references + [weakref.ref(dataloader)]
 
-    def _remove_dataloader(self, dataloader) -> None:
+    def _remove_dataloader(self, dataloader: torch.utils.data.DataLoader) -> None:
         self._loader_references = [reference for reference in self._loader_references
                                    if reference() is not dataloader]
 

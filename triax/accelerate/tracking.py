@@ -20,16 +20,18 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import yaml
 
-from triax import safe_files
-from triax.tracking import trackers as core
-from triax.accelerate.dataclasses import LoggerType
-from triax.accelerate.errors import AcceleratorValueError
+import triax.safe_files as safe_files
+from triax.accelerate._internal.errors import AcceleratorValueError
+from triax.accelerate._internal.surface import serve_absent
 from triax.accelerate.state import PartialState
-from triax.accelerate.surface import serve_absent
+from triax.accelerate.utils.dataclasses import LoggerType
 from triax.errors import TriaxError
+from triax.tracking import trackers as core
 
 __all__ = ["GeneralTracker", "JsonlTracker", "LOGGER_TYPE_TO_CLASS", "MLflowTracker", "TensorBoardTracker",
            "WandBTracker", "filter_trackers", "get_available_trackers", "on_main_process", "register_tracker_class"]
@@ -38,13 +40,13 @@ __all__ = ["GeneralTracker", "JsonlTracker", "LOGGER_TYPE_TO_CLASS", "MLflowTrac
 ACCELERATE_ONLY = ("aim", "comet_ml", "clearml", "dvclive", "swanlab", "trackio")
 
 
-def on_main_process(function):
+def on_main_process(function: Callable):
     """Decorator for a tracker's methods: when the tracker's `main_process_only` is true, only the
     main process runs the method (the others get None). Read at call time, so making a tracker
     does not need the process state."""
 
     @functools.wraps(function)
-    def run(self, *args, **kwargs):
+    def run(self, *args: Any, **kwargs: Any):
         if getattr(self, "main_process_only", False) and not PartialState().is_main_process:
             return None
         return function(self, *args, **kwargs)
@@ -75,7 +77,7 @@ class GeneralTracker:
     def store_init_configuration(self, values: dict):
         """Record `values` (a run's hyperparameters)."""
 
-    def log(self, values: dict, step: int | None = None, **kwargs):
+    def log(self, values: dict, step: int | None = None, **kwargs: Any):
         """Record `values` at `step`."""
 
     def finish(self):
@@ -91,7 +93,7 @@ class _CoreTracker(GeneralTracker):
     """A GeneralTracker over one of triax.tracking.trackers' destinations: the files `triax train` writes,
     written the same way. `start` opens it (on the main process)."""
 
-    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, **kwargs):
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, **kwargs: Any):
         super().__init__()
         self.run_name = run_name
         self.logging_dir = None if logging_dir is None else os.fspath(logging_dir)
@@ -107,7 +109,7 @@ class _CoreTracker(GeneralTracker):
         self.core.store_init_configuration(values)
 
     @on_main_process
-    def log(self, values: dict, step: int | None = None, **kwargs):
+    def log(self, values: dict, step: int | None = None, **kwargs: Any):
         self.core.log(values, step=step, **kwargs)
 
     @on_main_process
@@ -137,7 +139,7 @@ class TensorBoardTracker(_CoreTracker):
         safe_files.write_atomic(os.path.join(directory, "hparams.yml"), yaml.dump(values))
 
     @on_main_process
-    def log(self, values: dict, step: int | None = None, **kwargs):
+    def log(self, values: dict, step: int | None = None, **kwargs: Any):
         # A dict of numbers is one chart of several lines (SummaryWriter.add_scalars), as Accelerate's.
         self.core.log({key: value for key, value in values.items() if not isinstance(value, dict)}, step, **kwargs)
         for key, value in values.items():
@@ -175,7 +177,7 @@ class MLflowTracker(_CoreTracker):
     name = "mlflow"
     requires_logging_directory = False
 
-    def __init__(self, experiment_name: str | None = None, logging_dir=None, run_id: str | None = None,
+    def __init__(self, experiment_name: str | None = None, logging_dir: str | None = None, run_id: str | None = None,
                  tags: dict | None = None, nested_run: bool = False, run_name: str | None = None,
                  description: str | None = None):
         options = {key: value for key, value in (("run_id", run_id), ("tags", tags), ("description", description),
@@ -236,7 +238,7 @@ def _is_tracker_class(cls: type) -> bool:
     return issubclass(cls, bases)
 
 
-def _is_tracker_object(candidate) -> bool:
+def _is_tracker_object(candidate: Any) -> bool:
     return not isinstance(candidate, str) and callable(getattr(candidate, "log", None)) \
         and callable(getattr(candidate, "finish", None))
 
@@ -258,7 +260,7 @@ def get_available_trackers() -> list[str]:
     return core.available_trackers()
 
 
-def parse_log_with(log_with) -> list:
+def parse_log_with(log_with: Any) -> list:
     """log_with as a list of tracker names and tracker objects (the user's), repeats removed."""
     if log_with is None:
         return []
@@ -285,7 +287,7 @@ def parse_log_with(log_with) -> list:
     return objects + chosen
 
 
-def filter_trackers(log_with, logging_dir=None) -> list:
+def filter_trackers(log_with: Any, logging_dir: str | None = None) -> list:
     """parse_log_with, and a ValueError for a named tracker that writes files when there is no
     logging directory (checked when the Accelerator is made, before anything starts)."""
     chosen = parse_log_with(log_with)
@@ -296,7 +298,7 @@ def filter_trackers(log_with, logging_dir=None) -> list:
     return chosen
 
 
-def start_trackers(log_with: list, project_name: str, logging_dir, init_kwargs: dict) -> list:
+def start_trackers(log_with: list, project_name: str, logging_dir: str | None, init_kwargs: dict) -> list:
     """The trackers for log_with, made and started (init_trackers' work, on the main process)."""
     started = []
     for entry in log_with:

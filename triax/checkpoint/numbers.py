@@ -81,7 +81,7 @@ def _spelled_float(item: object) -> bool:
 
 
 def _plain(item: object):
-    """The Accelerator's JSON spellings of a tuple and of inf / nan (triax/accelerate/saving.py),
+    """The Accelerator's JSON spellings of a tuple and of inf / nan (triax/accelerate/_internal/saving.py),
     as the values they stand for, so a range applies to them too."""
     if isinstance(item, dict) and set(item) == {"__tuple__"}:
         return item["__tuple__"]

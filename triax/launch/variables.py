@@ -9,8 +9,9 @@ naming neither the option nor the variable). So it is checked:
 - when an Accelerator (its PartialState) or a FullyShardedDataParallelPlugin is made, for a
   variable set by hand or by another launcher.
 Each problem is one line naming the setting and its value, and what is accepted. What the values
-mean is decided where they are used (triax/accelerate/fsdp_plugin.py, options.py, state.py); this
-module only knows their spelling, and imports nothing heavy (the launcher checks before torch).
+mean is decided where they are used (triax/accelerate/_internal/fsdp_plugin.py and options.py,
+triax/accelerate/state.py); this module only knows their spelling, and imports nothing heavy (the
+launcher checks before torch).
 """
 
 from __future__ import annotations

@@ -9,12 +9,40 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import operator
+from typing import Any
 
 import torch
 from packaging.version import Version, parse
 
-from triax.accelerate import constants, imports
-from triax.accelerate.constants import *  # noqa: F401,F403 (Accelerate's constants, listed in __all__)
+from triax.accelerate._internal.errors import AcceleratorValueError, DistributedOperationException
+from triax.accelerate._internal.fsdp_plugin import (
+    FullyShardedDataParallelPlugin,
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
+)
+from triax.accelerate._internal.models import (
+    extract_model_from_parallel,
+    has_compiled_regions,
+    is_compiled_module,
+    load,
+    save,
+)
+from triax.accelerate._internal.nested import (
+    concatenate,
+    convert_outputs_to_fp32,
+    convert_to_fp32,
+    find_batch_size,
+    find_device,
+    honor_type,
+    ignorant_find_batch_size,
+    is_namedtuple,
+    is_torch_tensor,
+    listify,
+    recursively_apply,
+    send_to_device,
+)
+from triax.accelerate._internal.sharding import BatchSamplerShard, IterableDatasetShard, SkipBatchSampler
+from triax.accelerate._internal.surface import serve_absent
 from triax.accelerate.data_loader import (
     DataLoaderAdapter,
     DataLoaderDispatcher,
@@ -25,7 +53,11 @@ from triax.accelerate.data_loader import (
     prepare_data_loader,
     skip_first_batches,
 )
-from triax.accelerate.dataclasses import (
+from triax.accelerate.launchers import notebook_launcher
+from triax.accelerate.state import PartialState
+from triax.accelerate.utils import constants, imports
+from triax.accelerate.utils.constants import *  # noqa: F401,F403 (Accelerate's constants, listed in __all__)
+from triax.accelerate.utils.dataclasses import (
     AutocastKwargs,
     ComputeEnvironment,
     DataLoaderConfiguration,
@@ -43,7 +75,7 @@ from triax.accelerate.dataclasses import (
     RNGType,
     SageMakerDistributedType,
 )
-from triax.accelerate.environment import (
+from triax.accelerate.utils.environment import (
     check_os_kernel,
     clear_environment,
     get_int_from_env,
@@ -53,36 +85,8 @@ from triax.accelerate.environment import (
     patch_environment,
     str_to_bool,
 )
-from triax.accelerate.errors import AcceleratorValueError, DistributedOperationException
-from triax.accelerate.fsdp_plugin import (
-    FullyShardedDataParallelPlugin,
-    disable_fsdp_ram_efficient_loading,
-    enable_fsdp_ram_efficient_loading,
-)
-from triax.accelerate.launchers import notebook_launcher
-from triax.accelerate.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
-from triax.accelerate.models import (
-    extract_model_from_parallel,
-    has_compiled_regions,
-    is_compiled_module,
-    load,
-    save,
-)
-from triax.accelerate.nested import (
-    concatenate,
-    convert_outputs_to_fp32,
-    convert_to_fp32,
-    find_batch_size,
-    find_device,
-    honor_type,
-    ignorant_find_batch_size,
-    is_namedtuple,
-    is_torch_tensor,
-    listify,
-    recursively_apply,
-    send_to_device,
-)
-from triax.accelerate.operations import (
+from triax.accelerate.utils.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
+from triax.accelerate.utils.operations import (
     CannotPadNestedTensorWarning,
     broadcast,
     broadcast_object_list,
@@ -91,14 +95,11 @@ from triax.accelerate.operations import (
     pad_across_processes,
     reduce,
 )
-from triax.accelerate.random import SeedableRandomSampler, synchronize_rng_state, synchronize_rng_states
-from triax.accelerate.sharding import BatchSamplerShard, IterableDatasetShard, SkipBatchSampler
-from triax.accelerate.state import PartialState
-from triax.accelerate.surface import serve_absent
+from triax.accelerate.utils.random import SeedableRandomSampler, synchronize_rng_state, synchronize_rng_states
 from triax.checkpoint.rng import seed_everything
 from triax.runtime.shared_decisions import barrier as wait_for_everyone
 
-# Accelerate's is_<thing>_available probes (triax.accelerate.imports).
+# Accelerate's is_<thing>_available probes (triax.accelerate.utils.imports).
 globals().update({name: getattr(imports, name) for name in imports.PROBES})
 
 
@@ -114,7 +115,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
-def are_the_same_tensors(tensor) -> bool:
+def are_the_same_tensors(tensor: torch.Tensor) -> bool:
     """True on every process when `tensor` holds the same values on every process."""
     everyone = gather(tensor[None].clone().to(PartialState().device)).cpu()
     return all(torch.equal(row, everyone[0]) for row in everyone)
@@ -124,7 +125,7 @@ _COMPARISONS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": op
                 ">": operator.gt}
 
 
-def compare_versions(library_or_version, operation: str, requirement_version: str) -> bool:
+def compare_versions(library_or_version: str, operation: str, requirement_version: str) -> bool:
     """`<version> <operation> requirement_version`, where the version is given, or is that of the
     installed library named."""
     if operation not in _COMPARISONS:
@@ -139,7 +140,7 @@ def is_torch_version(operation: str, version: str) -> bool:
     return compare_versions(Version(torch.__version__.split("+")[0]), operation, version)
 
 
-def get_pretty_name(obj) -> str:
+def get_pretty_name(obj: Any) -> str:
     """A readable name for a function, class or instance (its class's)."""
     if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
         obj = getattr(obj, "__class__", obj)
@@ -156,7 +157,7 @@ def merge_dicts(source: dict, destination: dict) -> dict:
     return destination
 
 
-def recursive_getattr(obj, attr: str):
+def recursive_getattr(obj: Any, attr: str):
     """getattr along a dotted path: recursive_getattr(model, "encoder.layer")."""
     return functools.reduce(getattr, attr.split("."), obj)
 
@@ -170,7 +171,7 @@ def convert_bytes(size: float) -> str:
     return f"{round(size, 2)} PB"
 
 
-def tqdm(*args, main_process_only: bool = True, **kwargs):
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any):
     """tqdm.auto.tqdm, shown only on each machine's local main process unless main_process_only=False."""
     from tqdm.auto import tqdm as progress_bar  # deferred: tqdm is imported only by scripts that use it
 

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import re
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,11 +26,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
-from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError, UnsupportedFeatureError
-from triax.accelerate.fsdp_plugin import PRECISION_DTYPES, FullyShardedDataParallelPlugin, find_layer_classes
-from triax.runtime.failure_agreement import raise_together
+from triax.accelerate._internal.errors import AcceleratorTypeError, AcceleratorValueError, UnsupportedFeatureError
+from triax.accelerate._internal.fsdp_plugin import PRECISION_DTYPES, FullyShardedDataParallelPlugin, find_layer_classes
 from triax.parallel.activation_checkpoint import apply_activation_checkpointing
 from triax.parallel.fsdp import each_block, offload_policy, shard_units, sharded_parameter_device
+from triax.runtime.failure_agreement import raise_together
 
 FULL, SHARDED = "FULL_STATE_DICT", "SHARDED_STATE_DICT"
 
@@ -59,11 +60,11 @@ def default_plugin():
     return FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy=each_block)
 
 
-def _name(value) -> str:
+def _name(value: Any) -> str:
     return str(getattr(value, "name", value))
 
 
-def state_dict_type(plugin) -> str:
+def state_dict_type(plugin: Any) -> str:
     """FULL_STATE_DICT or SHARDED_STATE_DICT, read when saving (a script may change it before a
     final save with plugin.set_state_dict_type)."""
     kind = _name(plugin.state_dict_type).upper()
@@ -73,7 +74,7 @@ def state_dict_type(plugin) -> str:
     return kind
 
 
-def _reshard_after_forward(plugin) -> bool:
+def _reshard_after_forward(plugin: Any) -> bool:
     """FSDP2's bool, or FSDP1's sharding strategy mapped as `accelerate to-fsdp2` maps it."""
     value = plugin.reshard_after_forward
     if isinstance(value, bool):
@@ -89,7 +90,7 @@ def _reshard_after_forward(plugin) -> bool:
                                   "parallel.dp_replicate x parallel.dp_shard (HSDP), or FULL_SHARD")
 
 
-def _offload(plugin) -> tuple[bool, bool]:
+def _offload(plugin: Any) -> tuple[bool, bool]:
     """(offload to host memory, pin it): FSDP2's OffloadPolicy, or FSDP1's CPUOffload."""
     value = plugin.cpu_offload
     if isinstance(value, bool):
@@ -104,7 +105,7 @@ def _offload(plugin) -> tuple[bool, bool]:
                                "CPUOffloadPolicy or OffloadPolicy")
 
 
-def _mixed_precision(plugin):
+def _mixed_precision(plugin: Any):
     """FSDP2's MixedPrecisionPolicy as it is; FSDP1's MixedPrecision as its FSDP2 counterpart."""
     policy = plugin.mixed_precision_policy
     if policy is None or isinstance(policy, MixedPrecisionPolicy):
@@ -119,7 +120,7 @@ def _mixed_precision(plugin):
                                 cast_forward_inputs=policy.cast_forward_inputs)
 
 
-def _fsdp1_notes(plugin) -> list[str]:
+def _fsdp1_notes(plugin: Any) -> list[str]:
     """FSDP1 options FSDP2 has no counterpart for, where they are set to something FSDP2 does not do."""
     notes = []
     if plugin.backward_prefetch is not None and _name(plugin.backward_prefetch).upper() != "BACKWARD_PRE":
@@ -132,7 +133,7 @@ def _fsdp1_notes(plugin) -> list[str]:
     return notes
 
 
-def read_plugin(plugin) -> FSDPSettings:
+def read_plugin(plugin: Any) -> FSDPSettings:
     """Check a FullyShardedDataParallelPlugin and say what it asks for; refuses in one line what
     triax cannot do."""
     if type(plugin).__name__ != "FullyShardedDataParallelPlugin":
@@ -219,7 +220,7 @@ def _embedding_units(model: nn.Module, units: list[nn.Module]) -> tuple[list, li
     """A transformers model's input embedding as a unit of its own, and its final norm with the
     output embedding as one unit kept gathered to the end of forward (with the input embedding
     too when the two share their weight: a shared parameter belongs to one unit)."""
-    def lookup(method):
+    def lookup(method: Callable):
         try:
             return getattr(model, method, lambda: None)()
         except (NotImplementedError, AttributeError):
@@ -299,8 +300,8 @@ def default_mixed_precision_policy(mixed_precision: str):
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
 
 
-def shard_model(model: nn.Module, settings: FSDPSettings, mesh, device: torch.device, mixed_precision: str,
-                rank: int) -> nn.Module:
+def shard_model(model: nn.Module, settings: FSDPSettings, mesh: object | None, device: torch.device,
+                mixed_precision: str, rank: int) -> nn.Module:
     """Apply the plugin's FSDP2 to `model` in place (collective). `mixed_precision` is the
     Accelerator's effective one ("no", "bf16", "fp16")."""
     if settings.param_init_fn is not None:  # FSDP1's hook for modules built on the meta device

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
-from triax.accelerate.errors import UnsupportedFeatureError
+from triax.accelerate._internal.errors import UnsupportedFeatureError
 
 # The public modules of Accelerate that triax mirrors, as triax.accelerate.<same>. Not mirrored:
 # accelerate.commands (the CLI: `triax config / launch / env`), accelerate.test_utils (Accelerate's
@@ -255,7 +256,7 @@ def _stand_in(accelerate_module: str, name: str, why: str, home: str):
     raises one line when called."""
     message = f"{accelerate_module}.{name}: {why}"
 
-    def refuse(*args, **kwargs):
+    def refuse(*args: Any, **kwargs: Any):
         raise UnsupportedFeatureError(message)
 
     if name[:1].isupper() and not name.isupper():

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from triax.accelerate.errors import DistributedOperationException  # noqa: F401 - Accelerate's name in this module
-from triax.accelerate.errors import AcceleratorValueError, distributed_operation_error
-from triax.accelerate.nested import is_mapping, recursively_apply, send_to_device  # noqa: F401 (re-exported)
-from triax.runtime.shared_decisions import all_gather_bytes
+from triax.accelerate._internal.errors import (  # noqa: F401 - Accelerate's name in this module
+    DistributedOperationException,
+)
+from triax.accelerate._internal.errors import AcceleratorValueError, distributed_operation_error
+from triax.accelerate._internal.nested import is_mapping, recursively_apply, send_to_device  # noqa: F401 (re-exported)
 from triax.runtime.collectives_at_exit import wait_and_keep
 from triax.runtime.process_group import collective_device, is_distributed
+from triax.runtime.shared_decisions import all_gather_bytes
 
 
-# Every function here walks nested data the same way (triax.accelerate.nested).
+# Every function here walks nested data the same way (triax.accelerate._internal.nested).
 map_tensors = recursively_apply
 
 
@@ -29,13 +32,13 @@ class CannotPadNestedTensorWarning(UserWarning):
     """pad_across_processes met a nested tensor (sizes that vary inside it) and left it unpadded."""
 
 
-def signature(data, full_shape: bool) -> list[str]:
+def signature(data: Any, full_shape: bool) -> list[str]:
     """One line per node of a nested structure: container kinds with their keys or lengths, and
     each tensor's dtype and shape (the first dimension as * unless `full_shape`; with
     full_shape=None only the number of dimensions counts)."""
     lines: list[str] = []
 
-    def visit(value, path: str) -> None:
+    def visit(value: Any, path: str) -> None:
         if isinstance(value, torch.Tensor) and value.is_nested:
             lines.append(f"{path}: nested tensor of {value.size(0)}")
         elif isinstance(value, torch.Tensor):
@@ -58,7 +61,7 @@ def signature(data, full_shape: bool) -> list[str]:
     return lines
 
 
-def check_same_everywhere(data, what: str, full_shape: bool = False) -> None:
+def check_same_everywhere(data: Any, what: str, full_shape: bool = False) -> None:
     """Raise the same DistributedOperationException on every process if the structure, keys, dtypes or
     shapes of `data` differ between processes, before any data moves (a mismatched all_gather can
     abort the process inside the backend). Costs one all_gather of a 32-byte digest."""
@@ -100,7 +103,7 @@ def _sizes_along(tensor: torch.Tensor, dim: int) -> list[int]:
     return [int(item[0]) for item in everyone]
 
 
-def _pad_to(tensor: torch.Tensor, size: int, dim: int, pad_index=0, pad_first: bool = False) -> torch.Tensor:
+def _pad_to(tensor: torch.Tensor, size: int, dim: int, pad_index: int = 0, pad_first: bool = False) -> torch.Tensor:
     if tensor.shape[dim] == size:
         return tensor
     shape = list(tensor.shape)
@@ -123,7 +126,7 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat([piece[:size] for piece, size in zip(pieces, sizes)], dim=0)
 
 
-def gather(data):
+def gather(data: Any):
     """Concatenate every process's tensors along the first dimension, in process order.
     Scalars become 1-element tensors first."""
     if not is_distributed():
@@ -141,14 +144,14 @@ def gather_object(items: list) -> list:
     return [item for part in everyone for item in part]
 
 
-def pad_across_processes(data, dim: int = 0, pad_index=0, pad_first: bool = False):
+def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
     """Pad each tensor along `dim` to the largest size any process has, so they can be gathered.
     A tensor without dimension `dim` is left as it is; so is a nested tensor, with a
     CannotPadNestedTensorWarning (its sizes vary inside it)."""
     if is_distributed():
         check_same_everywhere(data, "pad_across_processes", full_shape=None)
 
-    def pad(tensor):
+    def pad(tensor: torch.Tensor):
         if tensor.is_nested:
             warnings.warn("pad_across_processes cannot pad a nested tensor (its sizes vary inside it); it is "
                           "returned as it is", CannotPadNestedTensorWarning, stacklevel=4)
@@ -164,7 +167,7 @@ def pad_across_processes(data, dim: int = 0, pad_index=0, pad_first: bool = Fals
 REDUCE_OPS = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
-def reduce(data, reduction: str = "mean", scale: float = 1.0):
+def reduce(data: Any, reduction: str = "mean", scale: float = 1.0):
     """Average ("mean", the default, as Accelerate's function), sum ("sum") or take the largest
     value ("max") of each tensor over processes, element-wise; "none" leaves it. Returns copies,
     multiplied by `scale`. (The Accelerator's method defaults to "sum", as Accelerate's does.)"""
@@ -173,7 +176,7 @@ def reduce(data, reduction: str = "mean", scale: float = 1.0):
     if reduction != "none":
         check_same_everywhere(data, "reduce", full_shape=True)
 
-    def one(tensor):
+    def one(tensor: torch.Tensor):
         result = tensor.clone()
         if is_distributed() and reduction != "none":
             wait_and_keep(dist.all_reduce(result, op=REDUCE_OPS[reduction], async_op=True))
@@ -184,13 +187,13 @@ def reduce(data, reduction: str = "mean", scale: float = 1.0):
     return map_tensors(one, data)
 
 
-def broadcast(data, from_process: int = 0):
+def broadcast(data: Any, from_process: int = 0):
     """Every process gets process `from_process`'s tensors (same shapes required), in place."""
     if not is_distributed():
         return data
     check_same_everywhere(data, "broadcast", full_shape=True)
 
-    def one(tensor):
+    def one(tensor: torch.Tensor):
         wait_and_keep(dist.broadcast(tensor, src=from_process, async_op=True))
         return tensor
 
@@ -203,7 +206,7 @@ def broadcast_object_list(objects: list, from_process: int = 0) -> list:
     return objects
 
 
-def slice_for_process(inputs, process_index: int, num_processes: int, apply_padding: bool = False):
+def slice_for_process(inputs: Any, process_index: int, num_processes: int, apply_padding: bool = False):
     """This process's contiguous share of a list, tuple, tensor, datasets.Dataset (anything with
     `select(indices)`), or dict of those (of one length): the first len % num_processes processes
     take one extra item. With apply_padding every share has the same length, the short ones
@@ -228,7 +231,7 @@ def slice_for_process(inputs, process_index: int, num_processes: int, apply_padd
     return _share(inputs, start, end, padding)
 
 
-def _share(inputs, start: int, end: int, padding: int):
+def _share(inputs: Any, start: int, end: int, padding: int):
     """inputs[start:end] followed by `padding` copies of inputs' last item."""
     if isinstance(inputs, dict):
         return {key: _share(value, start, end, padding) for key, value in inputs.items()}

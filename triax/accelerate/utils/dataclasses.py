@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+from typing import Any
 
-from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError
+from triax.accelerate._internal.errors import AcceleratorTypeError, AcceleratorValueError
 
 
 class _StrEnum(str, enum.Enum):
@@ -264,7 +265,7 @@ UNSUPPORTED_HANDLERS = {
 KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, AutocastKwargs)
 
 
-def as_config(value, cls, argument: str):
+def as_config(value: Any, cls: type, argument: str):
     """`value` as an instance of triax's `cls`: itself, a copy of a duck-typed object with the same
     fields (Accelerate's own class), or a dict of fields. None gives the defaults."""
     if value is None:
@@ -289,13 +290,13 @@ def as_config(value, cls, argument: str):
     return cls(**fields)
 
 
-def split_kwargs_handlers(handlers) -> dict:
+def split_kwargs_handlers(handlers: Any) -> dict:
     """Accelerator(kwargs_handlers=[...]) -> {class: instance}, each kind at most once."""
     found = {}
     for handler in handlers or []:
         name = type(handler).__name__
         if name in UNSUPPORTED_HANDLERS:
-            from triax.accelerate.errors import UnsupportedFeatureError
+            from triax.accelerate._internal.errors import UnsupportedFeatureError
 
             raise UnsupportedFeatureError(f"kwargs_handlers got a {name}: triax does not support "
                                           f"{UNSUPPORTED_HANDLERS[name]}; see the README's Accelerate table")
@@ -310,7 +311,7 @@ def split_kwargs_handlers(handlers) -> dict:
     return found
 
 
-def changed_fields(handler, cls) -> dict:
+def changed_fields(handler: Any, cls: type) -> dict:
     """The fields of a handler (triax's or Accelerate's) that differ from `cls`'s defaults."""
     if handler is None:
         return {}

@@ -1,41 +1,43 @@
 """Nested data: tensors inside lists, tuples (named ones too) and mappings, as batches and model
 outputs come. Accelerate's helpers for them, under its names (re-exported by triax.accelerate.utils);
-every collective in triax.accelerate.operations walks data with recursively_apply.
+every collective in triax.accelerate.utils.operations walks data with recursively_apply.
 """
 
 from __future__ import annotations
 
 import functools
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
-from triax.accelerate.errors import AcceleratorTypeError, AcceleratorValueError
+from triax.accelerate._internal.errors import AcceleratorTypeError, AcceleratorValueError
 
 
-def is_torch_tensor(data) -> bool:
+def is_torch_tensor(data: Any) -> bool:
     return isinstance(data, torch.Tensor)
 
 
-def is_namedtuple(data) -> bool:
+def is_namedtuple(data: Any) -> bool:
     """A namedtuple instance (a tuple with _fields and _asdict)."""
     return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(data, "_asdict")
 
 
-def is_mapping(data) -> bool:
+def is_mapping(data: Any) -> bool:
     # transformers' BatchEncoding is a Mapping; objects that only look like one (keys and .to) count too.
     return isinstance(data, Mapping) or (hasattr(data, "keys") and callable(getattr(data, "to", None)))
 
 
-def honor_type(original, items):
+def honor_type(original: Any, items: Any):
     """`items` (an iterable) as a container of `original`'s type: list, tuple or namedtuple."""
     if is_namedtuple(original):
         return type(original)(*list(items))
     return type(original)(items)
 
 
-def recursively_apply(function, data, *args, test_type=is_torch_tensor, error_on_other_type: bool = False, **kwargs):
+def recursively_apply(function: Callable, data: Any, *args: Any, test_type: type | tuple[type, ...] = is_torch_tensor,
+                      error_on_other_type: bool = False, **kwargs: Any):
     """`data` with function(leaf, *args, **kwargs) in place of every leaf for which test_type(leaf)
     is true, through lists, tuples and mappings (their types kept). Other leaves stay as they are,
     or raise TypeError with error_on_other_type."""
@@ -56,7 +58,8 @@ def recursively_apply(function, data, *args, test_type=is_torch_tensor, error_on
     return data
 
 
-def send_to_device(data, device, non_blocking: bool = False, skip_keys=None):
+def send_to_device(data: Any, device: torch.device | str | int, non_blocking: bool = False,
+                   skip_keys: str | list[str] | None = None):
     """`data` with every tensor (and every object with a .to method) moved to `device`; the values
     of a mapping's keys named in skip_keys (a key or a list) stay where they are."""
     if is_torch_tensor(data) or callable(getattr(data, "to", None)):
@@ -74,16 +77,16 @@ def send_to_device(data, device, non_blocking: bool = False, skip_keys=None):
     return data
 
 
-def listify(data):
+def listify(data: Any):
     """`data` with every tensor as (nested) Python lists of numbers (bf16 read as fp32)."""
-    def to_list(tensor):
+    def to_list(tensor: Any):
         tensor = tensor.detach().cpu()
         return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).tolist()
 
     return recursively_apply(to_list, data)
 
 
-def find_batch_size(data) -> int:
+def find_batch_size(data: Any) -> int:
     """The first dimension of the first tensor found (depth first)."""
     if isinstance(data, (list, tuple)) or is_mapping(data):
         if len(data) == 0:
@@ -94,7 +97,7 @@ def find_batch_size(data) -> int:
     return data.shape[0]
 
 
-def ignorant_find_batch_size(data):
+def ignorant_find_batch_size(data: Any):
     """find_batch_size, or None where it would raise."""
     try:
         return find_batch_size(data)
@@ -116,11 +119,11 @@ def concatenate(data: list, dim: int = 0):
     raise AcceleratorTypeError(f"Can only concatenate tensors but got {type(first)}")
 
 
-def _is_half(data) -> bool:
+def _is_half(data: Any) -> bool:
     return hasattr(data, "dtype") and data.dtype in (torch.float16, torch.bfloat16)
 
 
-def convert_to_fp32(data):
+def convert_to_fp32(data: Any):
     """`data` with every fp16 and bf16 tensor as fp32."""
     return recursively_apply(lambda tensor: tensor.float(), data, test_type=_is_half)
 
@@ -129,11 +132,11 @@ class _OutputsToFp32:
     """A forward whose outputs come back in fp32. Not picklable: a prepared model is pickled after
     unwrap_model / extract_model_from_parallel(keep_fp32_wrapper=False) removes it."""
 
-    def __init__(self, forward):
+    def __init__(self, forward: Callable):
         self.forward = forward
         functools.update_wrapper(self, forward)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any):
         return convert_to_fp32(self.forward(*args, **kwargs))
 
     def __getstate__(self):
@@ -141,18 +144,18 @@ class _OutputsToFp32:
                                    "pickled; unwrap it first (Accelerator.unwrap_model(model))")
 
 
-def convert_outputs_to_fp32(forward):
+def convert_outputs_to_fp32(forward: Callable):
     """`forward` with its fp16/bf16 outputs converted to fp32; `__wrapped__` leads back to it."""
     wrapped = _OutputsToFp32(forward)
 
-    def forward_in_fp32(*args, **kwargs):
+    def forward_in_fp32(*args: Any, **kwargs: Any):
         return wrapped(*args, **kwargs)
 
     forward_in_fp32.__wrapped__ = wrapped
     return forward_in_fp32
 
 
-def find_device(data):
+def find_device(data: Any):
     """The device of the first tensor found in `data`, or None if it holds none."""
     if is_torch_tensor(data):
         return data.device

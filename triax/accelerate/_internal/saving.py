@@ -20,20 +20,25 @@ from __future__ import annotations
 import base64
 import math
 import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from triax.accelerate.errors import (
+from triax.accelerate._internal.errors import (
     AcceleratorRuntimeError,
     AcceleratorTypeError,
     AcceleratorValueError,
     StateCorruptError,
 )
-from triax.runtime.failure_agreement import raise_together
 from triax.checkpoint import latest_snapshot, load_snapshot, read_state, save_snapshot
 from triax.checkpoint.numbers import bad_number, is_number
 from triax.errors import TriaxError
+from triax.runtime.failure_agreement import raise_together
+
+if TYPE_CHECKING:
+    from triax.accelerate._internal.wrappers import PreparedOptimizer
+    from triax.accelerate.accelerator import Accelerator
 
 # Tensors a state dict may hold (optimizer steps, scaler scale, RNG-like buffers); anything else in
 # a file is corruption, never a name to look up on the torch module.
@@ -45,7 +50,7 @@ MAX_DIMS = 16
 # ---- JSON for state dicts (tensors, tuples, non-string keys) without pickle ---------------------
 
 
-def to_json(value):
+def to_json(value: Any):
     if isinstance(value, torch.Tensor):
         array = value.detach().cpu().contiguous()
         raw = array.reshape(-1).view(torch.uint8)  # bytes of any dtype, bf16 included
@@ -73,7 +78,7 @@ def to_json(value):
                      "state_dict; keep state dicts to tensors, numbers, strings, lists and dicts")
 
 
-def from_json(value, where: str = "state"):
+def from_json(value: Any, where: str = "state"):
     """The inverse of to_json, for data read from a file: raises SnapshotCorruptError on anything
     to_json could not have written."""
     try:
@@ -82,7 +87,7 @@ def from_json(value, where: str = "state"):
         raise StateCorruptError(f"{where} is nested too deeply to be a saved state") from None
 
 
-def _from_json(value, where: str):
+def _from_json(value: Any, where: str):
     if isinstance(value, list):
         return [_from_json(item, where) for item in value]
     if not isinstance(value, dict):
@@ -136,12 +141,12 @@ def _expect(condition: bool, where: str, what: str) -> None:
         raise StateCorruptError(f"{where} is corrupt: it holds {what}")
 
 
-def _is_int(value, low: int = 0) -> bool:
+def _is_int(value: Any, low: int = 0) -> bool:
     # Counters, seeds and positions: 63 bits at most (torch's seeds and indices are int64).
     return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**62
 
 
-def validate_state(state, snapshot: str) -> dict:
+def validate_state(state: Any, snapshot: str) -> dict:
     """The Accelerator's part of state.json, checked for shape and types before anything uses it."""
     where = f"snapshot {snapshot}: state.json"
     _expect(isinstance(state, dict), where, "no 'accelerator' section of the right kind")
@@ -161,7 +166,7 @@ def validate_state(state, snapshot: str) -> dict:
     return state
 
 
-def _check_scheduler(saved, current, snapshot: str, where: str | None = None) -> None:
+def _check_scheduler(saved: Any, current: Any, snapshot: str, where: str | None = None) -> None:
     """A saved scheduler state has this scheduler's numeric fields as numbers (a last_epoch of
     "abc" would only fail later, inside the user's loop). `where`: the file it came from, when not
     the snapshot's state.json."""
@@ -266,14 +271,14 @@ def resolve_snapshot(path: str) -> str:
     return snapshot
 
 
-def _in_snapshot(optimizer) -> bool:
+def _in_snapshot(optimizer: PreparedOptimizer) -> bool:
     """Whether an optimizer's state goes into the snapshot's tensors. One without per-parameter
     state (plain SGD) cannot go through torch.distributed.checkpoint's loader, which needs a state
     tensor to find the device; its hyper-parameters travel in the JSON state instead."""
     return any(optimizer.optimizer.state.values())
 
 
-def _snapshot_optimizer(accelerator, unit: dict, in_snapshot: list[bool]):
+def _snapshot_optimizer(accelerator: Accelerator, unit: dict, in_snapshot: list[bool]):
     """The raw optimizer(s) of a unit whose state is in its snapshot: None, one, or a tuple."""
     raw = tuple(accelerator._optimizers[number].optimizer for number in unit["optimizers"] if in_snapshot[number])
     return None if not raw else raw[0] if len(raw) == 1 else raw
@@ -290,18 +295,20 @@ def _no_model() -> torch.nn.Module:
 # ---- the storage seam: the only two calls into the snapshot format -------------------------------
 
 
-def _write_snapshot(root: str, step: int, model, optimizer, state: dict, full: bool = False) -> str:
+def _write_snapshot(root: str, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | tuple | None,
+                    state: dict, full: bool = False) -> str:
     return save_snapshot(root, step, model, optimizer, state, full_state_dict=full)
 
 
-def _read_snapshot(snapshot: str, model, optimizer, restore_rng: bool) -> None:
+def _read_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | tuple | None,
+                   restore_rng: bool) -> None:
     load_snapshot(snapshot, model, optimizer, restore_rng=restore_rng)
 
 
 # ---- save and load --------------------------------------------------------------------------------
 
 
-def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
+def save_state(accelerator: Accelerator, root: str, step: int, saved: list[int]) -> str:
     """Write the models at indices `saved` of accelerator._models (those no save hook took over)
     with their optimizers, and everything else as JSON. Collective."""
     units = snapshot_units(accelerator._models, accelerator._optimizers, saved)
@@ -333,7 +340,7 @@ def save_state(accelerator, root: str, step: int, saved: list[int]) -> str:
     return path
 
 
-def _dataloader_state(loader):
+def _dataloader_state(loader: torch.utils.data.DataLoader):
     """What save_state keeps of a prepared dataloader, as Accelerate: the StatefulDataLoader state
     of one made with use_stateful_dataloader=True (process 0's: every process is at the same
     step), else nothing (load_state restores the random states; scripts skip seen batches)."""
@@ -344,7 +351,7 @@ def _dataloader_state(loader):
 POSITION_COUNTERS = ("_sampler_iter_yielded", "_num_yielded", "_snapshot_step", "_steps_since_snapshot")
 
 
-def _check_dataloader_position(saved, loader, snapshot: str) -> None:
+def _check_dataloader_position(saved: Any, loader: torch.utils.data.DataLoader, snapshot: str) -> None:
     """A saved position lies within the loader's epoch: the next pass skips that many batches, so
     a hostile count (2**40) would keep the run busy for ever."""
     if saved is None or not getattr(loader, "use_stateful_dataloader", False):
@@ -354,7 +361,7 @@ def _check_dataloader_position(saved, loader, snapshot: str) -> None:
     except TypeError:  # a stream without a length: its position is only bounded as a counter
         limit = None
 
-    def check(value):
+    def check(value: Any):
         if isinstance(value, dict):
             for key, item in value.items():
                 if key in POSITION_COUNTERS:
@@ -374,7 +381,7 @@ def _agree(error: Exception | None, doing: str) -> None:
             raise error
 
 
-def _check_counts(accelerator, state: dict, snapshot: str, loaded: list[int], units: list[dict]) -> None:
+def _check_counts(accelerator: Accelerator, state: dict, snapshot: str, loaded: list[int], units: list[dict]) -> None:
     checks = [("models", state["saved_models"], loaded),
               ("schedulers", len(state["schedulers"]), len(accelerator._schedulers)),
               ("registered objects", len(state["custom"]), len(accelerator._custom_objects)),
@@ -387,34 +394,41 @@ def _check_counts(accelerator, state: dict, snapshot: str, loaded: list[int], un
                                         "prepare (and register, and hook) the same objects before load_state")
 
 
-def load_state(accelerator, path: str, loaded: list[int]) -> str:
+def _read_checked_state(accelerator: Accelerator, snapshot: str, loaded: list[int]) -> tuple[dict, list, dict]:
+    """(the Accelerator's section of the snapshot's state.json, validated; the snapshot's units; the
+    JSON-encoded states decoded), after checking they fit what this run prepared. Reads only."""
+    try:
+        document = read_state(snapshot)
+    except RecursionError:
+        raise StateCorruptError(f"snapshot {snapshot}: state.json is nested too deeply to be a saved state") from None
+    section = document.get("accelerator") if isinstance(document, dict) else None
+    if section is None:
+        raise StateCorruptError(f"{snapshot!r} is a triax snapshot but not one written by "
+                                "Accelerator.save_state")
+    state = validate_state(section, snapshot)
+    units = snapshot_units(accelerator._models, accelerator._optimizers, loaded)
+    _check_counts(accelerator, state, snapshot, loaded, units)
+    wrong = bad_number(section)
+    if wrong is not None:
+        raise StateCorruptError(f"snapshot {snapshot}: state.json is corrupt: it holds {wrong[:120]}, "
+                                "outside what that field allows")
+    decoded = {key: [from_json(item, f"snapshot {snapshot}: state.json {key}") for item in state[key]]
+               for key in ("schedulers", "custom", "stateless_optimizers", "dataloaders")}
+    for saved, scheduler in zip(decoded["schedulers"], accelerator._schedulers):
+        _check_scheduler(saved, scheduler.state_dict(), snapshot)
+    for saved, loader in zip(decoded["dataloaders"], accelerator._dataloaders):
+        _check_dataloader_position(saved, loader, snapshot)
+    decoded["scaler"] = from_json(state["scaler"], f"snapshot {snapshot}: state.json scaler")
+    return state, units, decoded
+
+
+def load_state(accelerator: Accelerator, path: str, loaded: list[int]) -> str:
     # First everything that can fail locally (a missing or hostile file, a mismatch with what was
     # prepared), agreed on by every process before any collective or any change to the run.
     error, snapshot, state = None, None, None
     try:
         snapshot = resolve_snapshot(path)
-        try:
-            document = read_state(snapshot)
-        except RecursionError:
-            raise StateCorruptError(f"snapshot {snapshot}: state.json is nested too deeply to be a saved state") from None
-        section = document.get("accelerator") if isinstance(document, dict) else None
-        if section is None:
-            raise StateCorruptError(f"{snapshot!r} is a triax snapshot but not one written by "
-                                    "Accelerator.save_state")
-        state = validate_state(section, snapshot)
-        units = snapshot_units(accelerator._models, accelerator._optimizers, loaded)
-        _check_counts(accelerator, state, snapshot, loaded, units)
-        wrong = bad_number(section)
-        if wrong is not None:
-            raise StateCorruptError(f"snapshot {snapshot}: state.json is corrupt: it holds {wrong[:120]}, "
-                                    "outside what that field allows")
-        decoded = {key: [from_json(item, f"snapshot {snapshot}: state.json {key}") for item in state[key]]
-                   for key in ("schedulers", "custom", "stateless_optimizers", "dataloaders")}
-        for saved, scheduler in zip(decoded["schedulers"], accelerator._schedulers):
-            _check_scheduler(saved, scheduler.state_dict(), snapshot)
-        for saved, loader in zip(decoded["dataloaders"], accelerator._dataloaders):
-            _check_dataloader_position(saved, loader, snapshot)
-        decoded["scaler"] = from_json(state["scaler"], f"snapshot {snapshot}: state.json scaler")
+        state, units, decoded = _read_checked_state(accelerator, snapshot, loaded)
     except Exception as failure:  # agreed first, then raised as it is (or wrapped) on every process
         error = failure
     _agree(error, "reading the saved state")

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
-from triax.accelerate.dataclasses import (
+from triax.accelerate._internal.errors import AcceleratorValueError, UnsupportedFeatureError
+from triax.accelerate._internal.fsdp import default_plugin, read_plugin
+from triax.accelerate._internal.fsdp_plugin import FullyShardedDataParallelPlugin
+from triax.accelerate.utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -22,9 +26,6 @@ from triax.accelerate.dataclasses import (
     changed_fields,
     split_kwargs_handlers,
 )
-from triax.accelerate.errors import AcceleratorValueError, UnsupportedFeatureError
-from triax.accelerate.fsdp import default_plugin, read_plugin
-from triax.accelerate.fsdp_plugin import FullyShardedDataParallelPlugin
 from triax.launch import settings as launch_settings
 
 # What `triax launch` hands over (names, choices, environment variables) lives in one place.
@@ -72,12 +73,13 @@ class Options:
     scheduler_steps: str  # SCHEDULER_STEPS
     data_order: str  # DATA_ORDERS
     fsdp_plugin: object = None  # the FullyShardedDataParallelPlugin FSDP runs with (parallel='fsdp')
-    fsdp: object = None  # what it asks for (triax.accelerate.fsdp.FSDPSettings)
+    fsdp: object = None  # what it asks for (triax.accelerate._internal.fsdp.FSDPSettings)
     handlers: dict = dataclasses.field(default_factory=dict)  # kwargs_handlers: {class: the instance given}
 
 
-def refuse_unsupported(mixed_precision, deepspeed_plugin, megatron_lm_plugin, parallelism_config,
-                       dynamo_backend, dynamo_plugin, torch_tp_plugin, deepspeed_plugins) -> None:
+def refuse_unsupported(mixed_precision: str | None, deepspeed_plugin: object | None, megatron_lm_plugin: object | None,
+                       parallelism_config: object | None, dynamo_backend: object | None, dynamo_plugin: object | None,
+                       torch_tp_plugin: object | None, deepspeed_plugins: object | None) -> None:
     if deepspeed_plugin is not None or deepspeed_plugins is not None or _env_flag("ACCELERATE_USE_DEEPSPEED"):
         raise unsupported("DeepSpeed", "Accelerator(deepspeed_plugin=...)")
     if megatron_lm_plugin is not None or _env_flag("ACCELERATE_USE_MEGATRON_LM"):
@@ -109,15 +111,18 @@ DATA_ORDERS = {
 }
 
 
-def _choice(name: str, value, choices: dict) -> str:
+def _choice(name: str, value: Any, choices: dict) -> str:
     if value not in choices:
         raise AcceleratorValueError(f"{name}={value!r} is not known; use one of {', '.join(map(repr, choices))}")
     return value
 
 
-def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulation_plugin, cpu, parallel,
-            fsdp_plugin, dataloader_config, split_batches, even_batches, project_config, project_dir,
-            logging_dir, kwargs_handlers, scheduler_steps="per_process", data_order="loader") -> Options:
+def resolve(*, mixed_precision: str | None, gradient_accumulation_steps: int | None,
+            gradient_accumulation_plugin: GradientAccumulationPlugin | None, cpu: bool, parallel: str | None,
+            fsdp_plugin: FullyShardedDataParallelPlugin | None, dataloader_config: DataLoaderConfiguration | None,
+            split_batches: bool | None, even_batches: bool | None, project_config: ProjectConfiguration | None,
+            project_dir: str | None, logging_dir: str | None, kwargs_handlers: list | None,
+            scheduler_steps: str = "per_process", data_order: str = "loader") -> Options:
     mixed_precision = resolve_precision(mixed_precision)
     handlers = resolve_handlers(kwargs_handlers)
     parallel = resolve_parallel(parallel, fsdp_plugin)
@@ -133,7 +138,7 @@ def resolve(*, mixed_precision, gradient_accumulation_steps, gradient_accumulati
         data_order=_choice("data_order", data_order, DATA_ORDERS), **handlers)
 
 
-def resolve_precision(mixed_precision) -> str:
+def resolve_precision(mixed_precision: str | None) -> str:
     mixed_precision = (mixed_precision or launch_settings.from_environment("mixed_precision")
                        or os.environ.get("ACCELERATE_MIXED_PRECISION") or "no")
     mixed_precision = str(getattr(mixed_precision, "value", mixed_precision))
@@ -143,7 +148,8 @@ def resolve_precision(mixed_precision) -> str:
     return mixed_precision
 
 
-def resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin) -> GradientAccumulationPlugin:
+def resolve_accumulation(gradient_accumulation_steps: int | None,
+                         gradient_accumulation_plugin: GradientAccumulationPlugin | None) -> GradientAccumulationPlugin:
     accumulation = as_config(gradient_accumulation_plugin, GradientAccumulationPlugin, "gradient_accumulation_plugin")
     if gradient_accumulation_plugin is not None:
         if gradient_accumulation_steps not in (None, 1):
@@ -166,7 +172,7 @@ def resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plug
     return accumulation
 
 
-def resolve_parallel(parallel, fsdp_plugin) -> str:
+def resolve_parallel(parallel: str | None, fsdp_plugin: FullyShardedDataParallelPlugin | None) -> str:
     if fsdp_plugin is not None:
         if parallel not in (None, "fsdp"):
             raise AcceleratorValueError(f"fsdp_plugin was given with parallel={parallel!r}; drop one")
@@ -180,7 +186,7 @@ def resolve_parallel(parallel, fsdp_plugin) -> str:
     return parallel
 
 
-def resolve_fsdp_plugin(parallel: str, fsdp_plugin) -> tuple:
+def resolve_fsdp_plugin(parallel: str, fsdp_plugin: FullyShardedDataParallelPlugin | None) -> tuple:
     """(plugin, what it asks for) for parallel='fsdp', else (None, None). The plugin is the one
     given; else, under `accelerate launch --use_fsdp` (or `triax launch` with an Accelerate FSDP
     config), one read from its FSDP_* environment, as Accelerate does; else triax's default."""
@@ -198,7 +204,8 @@ def resolve_fsdp_plugin(parallel: str, fsdp_plugin) -> tuple:
     return fsdp_plugin, read_plugin(fsdp_plugin)
 
 
-def resolve_dataloader(dataloader_config, split_batches, even_batches) -> DataLoaderConfiguration:
+def resolve_dataloader(dataloader_config: DataLoaderConfiguration | None, split_batches: bool | None,
+                       even_batches: bool | None) -> DataLoaderConfiguration:
     dataloader = as_config(dataloader_config, DataLoaderConfiguration, "dataloader_config")
     if split_batches is not None:
         dataloader.split_batches = bool(split_batches)
@@ -207,7 +214,8 @@ def resolve_dataloader(dataloader_config, split_batches, even_batches) -> DataLo
     return dataloader
 
 
-def resolve_project(project_config, project_dir, logging_dir) -> ProjectConfiguration:
+def resolve_project(project_config: ProjectConfiguration | None, project_dir: str | None,
+                    logging_dir: str | None) -> ProjectConfiguration:
     project = as_config(project_config, ProjectConfiguration, "project_config")
     if project_dir is not None:
         project.set_directories(project_dir)
@@ -221,7 +229,7 @@ def resolve_project(project_config, project_dir, logging_dir) -> ProjectConfigur
     return project
 
 
-def resolve_handlers(kwargs_handlers) -> dict:
+def resolve_handlers(kwargs_handlers: list | None) -> dict:
     """kwargs_handlers -> the Options fields they set (DDP options and compression, scaler
     options, process-group timeout and backend); autocast options and init_method are refused."""
     handlers = split_kwargs_handlers(kwargs_handlers)

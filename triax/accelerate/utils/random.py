@@ -7,11 +7,13 @@ generator state, every process draws the same order, which is the order one proc
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch.utils.data import RandomSampler
 
-from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate._internal.errors import AcceleratorValueError
 from triax.runtime.collectives_at_exit import wait_and_keep
 from triax.runtime.process_group import collective_device, is_distributed
 
@@ -59,7 +61,7 @@ class SeedableRandomSampler(RandomSampler):
     reseeds the generator with initial_seed + epoch, then moves to the next epoch. initial_seed
     is data_seed, else torch's initial seed."""
 
-    def __init__(self, *args, data_seed: int | None = None, **kwargs):
+    def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.initial_seed = data_seed if data_seed is not None else torch.random.initial_seed()
         self.epoch = 0

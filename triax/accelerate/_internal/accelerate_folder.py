@@ -31,20 +31,24 @@ import json
 import os
 import random
 import re
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import safetensors.torch
 import torch
 
-from triax import safe_files
-from triax.accelerate import fsdp_folder
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
-from triax.accelerate.saving import _agree, _check_dataloader_position, _check_scheduler
-from triax.runtime.failure_agreement import raise_together
+import triax.safe_files as safe_files
+from triax.accelerate._internal import fsdp_folder
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.accelerate._internal.saving import _agree, _check_dataloader_position, _check_scheduler
 from triax.checkpoint.numbers import COUNTERS, RANGES, bad_number
 from triax.checkpoint.pickled import PickledFileError, pickled_bytes, read_pickled, read_whole
-from triax.runtime.shared_decisions import all_gather_bytes
+from triax.runtime.failure_agreement import raise_together
 from triax.runtime.process_group import is_distributed
+from triax.runtime.shared_decisions import all_gather_bytes
+
+if TYPE_CHECKING:
+    from triax.accelerate.accelerator import Accelerator
 
 MANIFEST = "triax_manifest.json"
 LOOSE = "triax_loose_parameters.safetensors"
@@ -95,7 +99,8 @@ def _rng_state(step: int) -> dict:
     return state
 
 
-def _main_files(accelerator, weights: list[dict], safe_serialization: bool, fsdp: bool) -> dict[str, bytes]:
+def _main_files(accelerator: Accelerator, weights: list[dict], safe_serialization: bool,
+                fsdp: bool) -> dict[str, bytes]:
     """Process 0's files; under FSDP the models and optimizers are fsdp_folder's."""
     files = {}
     for index, state in enumerate(weights):
@@ -118,7 +123,7 @@ def _main_files(accelerator, weights: list[dict], safe_serialization: bool, fsdp
     return files
 
 
-def _loose_parameters(accelerator) -> list[tuple[str, torch.nn.Parameter]]:
+def _loose_parameters(accelerator: Accelerator) -> list[tuple[str, torch.nn.Parameter]]:
     """("optimizer_<i>.<j>", parameter) for each parameter an optimizer steps that no prepared model holds."""
     owned = {id(parameter) for model in accelerator._models for parameter in model.parameters()}
     found = []
@@ -132,7 +137,7 @@ def _digest(data: bytes) -> dict:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def save_folder(accelerator, output_dir: str, weights: list[dict], safe_serialization: bool,
+def save_folder(accelerator: Accelerator, output_dir: str, weights: list[dict], safe_serialization: bool,
                 fsdp_models: list[int] | None = None) -> str:
     """Write Accelerate's files for `weights` (the state dicts left after the save hooks) and the
     Accelerator's optimizers, schedulers, dataloaders, scaler, RNG and registered objects into
@@ -281,7 +286,7 @@ def _check_custom_count(folder: _Folder, registered: int) -> None:
                                       "objects the checkpoint was saved with")
 
 
-def load_folder(accelerator, path: str, models: list, fsdp: bool = False) -> str:
+def load_folder(accelerator: Accelerator, path: str, models: list, fsdp: bool = False) -> str:
     """Restore what an Accelerate checkpoint folder holds into `models` (those no load hook took
     over) and the Accelerator's optimizers, schedulers, dataloaders, scaler, RNG and registered
     objects; with `fsdp`, the models and optimizers from Accelerate's FSDP layout. Everything is
@@ -289,42 +294,12 @@ def load_folder(accelerator, path: str, models: list, fsdp: bool = False) -> str
     error, staged = None, None
     try:
         folder = _Folder(path)
-        rng_name = f"random_states_{accelerator.process_index}.pkl"
         _check_custom_count(folder, len(accelerator._custom_objects))
         if fsdp != fsdp_folder.is_fsdp_folder(path):
             raise AcceleratorValueError(f"{path} was saved {'without' if fsdp else 'with'} FSDP; load it into what it "
                                         f"was saved from (this run {'shards' if fsdp else 'does not shard'} its model)")
-        staged = {
-            "models": [] if fsdp else [folder.weights(index) for index in range(len(models))],
-            "optimizers": [] if fsdp else [folder.pickled(numbered("optimizer.bin", i), f"optimizer {i}'s state")
-                                           for i in range(len(accelerator._optimizers))],
-            "schedulers": [folder.pickled(numbered("scheduler.bin", i), f"scheduler {i}'s state")
-                           for i in range(len(accelerator._schedulers))],
-            "dataloaders": [folder.pickled(numbered("dl_state_dict.bin", i), f"dataloader {i}'s position")
-                            if getattr(loader, "use_stateful_dataloader", False)
-                            and folder.exists(numbered("dl_state_dict.bin", i)) else None
-                            for i, loader in enumerate(accelerator._dataloaders)],
-            "scaler": folder.pickled("scaler.pt", "the loss scaler's state")
-            if accelerator.scaler is not None and folder.exists("scaler.pt") else None,
-            "custom": [folder.pickled(f"custom_checkpoint_{i}.pkl", f"registered object {i}'s state")
-                       for i in range(len(accelerator._custom_objects))],
-            # As Accelerate: a process without its RNG file (a run resumed on more processes)
-            # keeps its random states.
-            "rng": folder.pickled(rng_name, "random states", numpy_rng=True) if folder.exists(rng_name) else None,
-            "loose": folder.safetensors(LOOSE) if folder.exists(LOOSE) else {},
-        }
-        _check_loose(staged["loose"], accelerator, path)
-        for index, (saved, scheduler) in enumerate(zip(staged["schedulers"], accelerator._schedulers)):
-            _check_scheduler(saved, scheduler.state_dict(), path, os.path.join(path, numbered("scheduler.bin", index)))
-            _check_numbers(saved, f"{path} scheduler")
-        for saved in staged["optimizers"]:
-            if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
-                raise PickledFileError(f"{path}: an optimizer file does not hold an optimizer's state_dict")
-            _check_numbers({"param_groups": saved["param_groups"]}, f"{path} optimizer")
-        for saved, loader in zip(staged["dataloaders"], accelerator._dataloaders):
-            _check_dataloader_position(saved, loader, path)
-        if staged["rng"] is not None:
-            _check_rng(staged["rng"], path)
+        staged = _read_staged(accelerator, folder, len(models), fsdp)
+        _check_staged(accelerator, staged, path)
     except Exception as failure:  # agreed first, then raised on every process
         error = failure
     _agree(error, "reading an Accelerate checkpoint folder")
@@ -333,29 +308,82 @@ def load_folder(accelerator, path: str, models: list, fsdp: bool = False) -> str
     error = None
     try:
         fsdp_folder.apply(sharded)
-        for index, (model, saved) in enumerate(zip(models, staged["models"])):
-            _load_model(model, saved, f"{path} model {index}")
-        for optimizer, saved in zip(accelerator._optimizers, staged["optimizers"]):
-            optimizer.load_state_dict(saved)
-        for scheduler, saved in zip(accelerator._schedulers, staged["schedulers"]):
-            scheduler.load_state_dict(saved)
-        for loader, saved in zip(accelerator._dataloaders, staged["dataloaders"]):
-            if saved is not None:
-                loader.load_state_dict(saved)
-        if staged["scaler"] is not None:
-            accelerator.scaler.load_state_dict(staged["scaler"])
-        for obj, saved in zip(accelerator._custom_objects, staged["custom"]):
-            obj.load_state_dict(saved)
-        with torch.no_grad():
-            for name, parameter in _loose_parameters(accelerator):
-                if name in staged["loose"]:
-                    parameter.copy_(staged["loose"][name])
+        _apply_staged(accelerator, staged, models, path)
     except Exception as failure:
         error = failure
     _agree(error, "loading an Accelerate checkpoint folder")
     if staged["rng"] is not None:
         _restore_rng(accelerator, staged["rng"])
-    manifest = folder.manifest or {}
+    _restore_counters(accelerator, folder.manifest or {})
+    return path
+
+
+def _read_staged(accelerator: Accelerator, folder: _Folder, model_count: int, fsdp: bool) -> dict:
+    """Everything the folder holds for this Accelerator, read (and checked against the manifest)
+    but not yet applied; under FSDP the models and optimizers are read by fsdp_folder instead."""
+    rng_name = f"random_states_{accelerator.process_index}.pkl"
+    return {
+        "models": [] if fsdp else [folder.weights(index) for index in range(model_count)],
+        "optimizers": [] if fsdp else [folder.pickled(numbered("optimizer.bin", i), f"optimizer {i}'s state")
+                                       for i in range(len(accelerator._optimizers))],
+        "schedulers": [folder.pickled(numbered("scheduler.bin", i), f"scheduler {i}'s state")
+                       for i in range(len(accelerator._schedulers))],
+        "dataloaders": [folder.pickled(numbered("dl_state_dict.bin", i), f"dataloader {i}'s position")
+                        if getattr(loader, "use_stateful_dataloader", False)
+                        and folder.exists(numbered("dl_state_dict.bin", i)) else None
+                        for i, loader in enumerate(accelerator._dataloaders)],
+        "scaler": folder.pickled("scaler.pt", "the loss scaler's state")
+        if accelerator.scaler is not None and folder.exists("scaler.pt") else None,
+        "custom": [folder.pickled(f"custom_checkpoint_{i}.pkl", f"registered object {i}'s state")
+                   for i in range(len(accelerator._custom_objects))],
+        # As Accelerate: a process without its RNG file (a run resumed on more processes)
+        # keeps its random states.
+        "rng": folder.pickled(rng_name, "random states", numpy_rng=True) if folder.exists(rng_name) else None,
+        "loose": folder.safetensors(LOOSE) if folder.exists(LOOSE) else {},
+    }
+
+
+def _check_staged(accelerator: Accelerator, staged: dict, path: str) -> None:
+    """Every state read from the folder fits what it will be loaded into, before any is loaded."""
+    _check_loose(staged["loose"], accelerator, path)
+    for index, (saved, scheduler) in enumerate(zip(staged["schedulers"], accelerator._schedulers)):
+        _check_scheduler(saved, scheduler.state_dict(), path, os.path.join(path, numbered("scheduler.bin", index)))
+        _check_numbers(saved, f"{path} scheduler")
+    for saved in staged["optimizers"]:
+        if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
+            raise PickledFileError(f"{path}: an optimizer file does not hold an optimizer's state_dict")
+        _check_numbers({"param_groups": saved["param_groups"]}, f"{path} optimizer")
+    for saved, loader in zip(staged["dataloaders"], accelerator._dataloaders):
+        _check_dataloader_position(saved, loader, path)
+    if staged["rng"] is not None:
+        _check_rng(staged["rng"], path)
+
+
+def _apply_staged(accelerator: Accelerator, staged: dict, models: list, path: str) -> None:
+    """Load the checked states into the models, optimizers, schedulers, dataloaders, scaler,
+    registered objects and loose parameters (the RNG is restored after every process agrees)."""
+    for index, (model, saved) in enumerate(zip(models, staged["models"])):
+        _load_model(model, saved, f"{path} model {index}")
+    for optimizer, saved in zip(accelerator._optimizers, staged["optimizers"]):
+        optimizer.load_state_dict(saved)
+    for scheduler, saved in zip(accelerator._schedulers, staged["schedulers"]):
+        scheduler.load_state_dict(saved)
+    for loader, saved in zip(accelerator._dataloaders, staged["dataloaders"]):
+        if saved is not None:
+            loader.load_state_dict(saved)
+    if staged["scaler"] is not None:
+        accelerator.scaler.load_state_dict(staged["scaler"])
+    for obj, saved in zip(accelerator._custom_objects, staged["custom"]):
+        obj.load_state_dict(saved)
+    with torch.no_grad():
+        for name, parameter in _loose_parameters(accelerator):
+            if name in staged["loose"]:
+                parameter.copy_(staged["loose"][name])
+
+
+def _restore_counters(accelerator: Accelerator, manifest: dict) -> None:
+    """The counters Accelerate keeps nowhere (optimizer updates, micro-step), from triax's manifest
+    when it holds sane ones; a folder Accelerate wrote leaves them as they are."""
     steps = manifest.get("optimizer_steps")
     if isinstance(steps, list) and len(steps) == len(accelerator._optimizers) \
             and all(isinstance(n, int) and 0 <= n < 2**62 for n in steps):
@@ -363,10 +391,9 @@ def load_folder(accelerator, path: str, models: list, fsdp: bool = False) -> str
             optimizer.num_steps = count
     if isinstance(manifest.get("micro_step"), int) and 0 <= manifest["micro_step"] < 2**62:
         accelerator.gradient_state.micro_step = manifest["micro_step"]
-    return path
 
 
-def _check_loose(saved: dict, accelerator, path: str) -> None:
+def _check_loose(saved: dict, accelerator: Accelerator, path: str) -> None:
     current = dict(_loose_parameters(accelerator))
     for name, tensor in saved.items():
         if name not in current or tuple(tensor.shape) != tuple(current[name].shape):
@@ -374,10 +401,10 @@ def _check_loose(saved: dict, accelerator, path: str) -> None:
                                    "run steps outside its models; prepare the same optimizers before load_state")
 
 
-def _check_numbers(state, where: str) -> None:
+def _check_numbers(state: Any, where: str) -> None:
     """Learning rates, betas, counters...: finite and in range (triax.checkpoint.numbers). Only
     the fields with a range are checked: a plateau scheduler's best may be inf on purpose."""
-    def ranged(value):
+    def ranged(value: Any):
         if isinstance(value, dict):
             return {key: ranged(item) if isinstance(item, (dict, list)) else item for key, item in value.items()
                     if key in RANGES or key in COUNTERS or isinstance(item, (dict, list))}
@@ -388,7 +415,7 @@ def _check_numbers(state, where: str) -> None:
         raise PickledFileError(f"{where} is corrupt: it holds {wrong[:120]}, outside what that field allows")
 
 
-def _check_rng(state, path: str) -> None:
+def _check_rng(state: Any, path: str) -> None:
     """An RNG file's fields have the types Accelerate writes (torch's state a uint8 tensor, numpy's
     a 5-tuple), so restoring cannot fail half-way."""
     good = isinstance(state, dict) and isinstance(state.get("torch_manual_seed"), torch.Tensor) \
@@ -400,7 +427,7 @@ def _check_rng(state, path: str) -> None:
                                "numpy_random_seed and torch_manual_seed; it is damaged")
 
 
-def _restore_rng(accelerator, state: dict) -> None:
+def _restore_rng(accelerator: Accelerator, state: dict) -> None:
     accelerator.step = state.get("step", accelerator.step)
     try:
         random.setstate(state["random_state"])

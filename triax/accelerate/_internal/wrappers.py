@@ -12,6 +12,9 @@ per optimizer update whatever the layout, is the Accelerator's scheduler_steps="
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from triax.accelerate.state import GradientState
@@ -21,7 +24,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
     """Wraps a torch optimizer. It subclasses Optimizer only so LR schedulers accept it; all
     state lives in the wrapped optimizer (Optimizer.__init__ is deliberately not called)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state, scaler: torch.amp.GradScaler):
+    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState, scaler: torch.amp.GradScaler):
         self.optimizer = optimizer
         self.gradient_state = gradient_state
         self.scaler = scaler
@@ -56,7 +59,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         return self.optimizer.param_groups
 
     @param_groups.setter
-    def param_groups(self, value):
+    def param_groups(self, value: list[dict]):
         self.optimizer.param_groups = value
 
     @property
@@ -67,7 +70,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def defaults(self):
         return self.optimizer.defaults
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str):
         # Only reached for attributes this wrapper lacks (hooks, private fields of Optimizer).
         if "optimizer" not in self.__dict__:  # half-built (while unpickling): nothing to forward to
             raise AttributeError(name)
@@ -77,7 +80,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def step(self, closure=None):
+    def step(self, closure: Callable | None = None):
         if not self.gradient_state.sync_gradients:
             return None
         if self.scaler.is_enabled():
@@ -96,10 +99,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         return self.optimizer.state_dict()
 
-    def load_state_dict(self, state_dict) -> None:
+    def load_state_dict(self, state_dict: dict) -> None:
         self.optimizer.load_state_dict(state_dict)
 
-    def add_param_group(self, param_group) -> None:
+    def add_param_group(self, param_group: dict) -> None:
         self.optimizer.add_param_group(param_group)
 
     def __repr__(self) -> str:
@@ -110,8 +113,9 @@ class PreparedScheduler:
     """Steps the wrapped LR scheduler with real optimizer updates: `steps_per_update` times each
     (see the module's docstring)."""
 
-    def __init__(self, scheduler, optimizers: list[PreparedOptimizer], gradient_state,
-                 step_with_optimizer: bool = True, steps_per_update: int = 1, count_micro_steps: bool = False):
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LRScheduler, optimizers: list[PreparedOptimizer],
+                 gradient_state: GradientState, step_with_optimizer: bool = True, steps_per_update: int = 1,
+                 count_micro_steps: bool = False):
         self.scheduler = scheduler
         self.optimizers = optimizers
         self.gradient_state = gradient_state
@@ -119,7 +123,7 @@ class PreparedScheduler:
         self.steps_per_update = steps_per_update
         self.count_micro_steps = count_micro_steps
 
-    def step(self, *args, **kwargs) -> None:
+    def step(self, *args: Any, **kwargs: Any) -> None:
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
@@ -145,10 +149,10 @@ class PreparedScheduler:
     def state_dict(self):
         return self.scheduler.state_dict()
 
-    def load_state_dict(self, state_dict) -> None:
+    def load_state_dict(self, state_dict: dict) -> None:
         self.scheduler.load_state_dict(state_dict)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str):
         if "scheduler" not in self.__dict__:  # half-built (while unpickling): nothing to forward to
             raise AttributeError(name)
         return getattr(self.__dict__["scheduler"], name)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import functools
 import gc
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorTypeError
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorTypeError
 
 # Parts of the messages of RuntimeErrors that mean "out of memory", on every device torch runs on
 # (older torch raised plain RuntimeErrors, and some devices still do): "<DEVICE> out of memory."
@@ -25,7 +27,7 @@ def should_reduce_batch_size(error: BaseException) -> bool:
             and any(message in error.args[0] for message in OUT_OF_MEMORY_MESSAGES))
 
 
-def release_memory(*objects):
+def release_memory(*objects: Any):
     """Drop references and empty the allocator caches; returns Nones to assign back."""
     gc.collect()
     if torch.cuda.is_available():
@@ -33,7 +35,8 @@ def release_memory(*objects):
     return [None] * len(objects)
 
 
-def find_executable_batch_size(function=None, starting_batch_size: int = 128, reduce_batch_size_fn=None):
+def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128,
+                               reduce_batch_size_fn: Callable | None = None):
     """Decorator: call `function(batch_size, *args)` starting at `starting_batch_size`; on an
     out-of-memory error, free caches and retry with the batch size reduced (to 90% by default, or
     by `reduce_batch_size_fn()`), until it succeeds or reaches zero. The decorated function is
@@ -49,7 +52,7 @@ def find_executable_batch_size(function=None, starting_batch_size: int = 128, re
     reduce = reduce_batch_size_fn or reduce_by_tenth
 
     @functools.wraps(function)
-    def run(*args, **kwargs):
+    def run(*args: Any, **kwargs: Any):
         nonlocal batch_size
         parameters = list(inspect.signature(function).parameters)
         if len(parameters) < len(args) + 1:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -38,13 +40,16 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from triax import safe_files
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
-from triax.accelerate.fsdp import FULL, state_dict_type
-from triax.accelerate.saving import _agree
+import triax.safe_files as safe_files
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.accelerate._internal.fsdp import FULL, state_dict_type
+from triax.accelerate._internal.saving import _agree
 from triax.checkpoint.pickled import PickledFileError, load_pickled_bytes, pickled_bytes
 from triax.checkpoint.torchtitan import METADATA_FILE, CheckedReader, read_metadata
 from triax.models.hf_files import CheckpointError
+
+if TYPE_CHECKING:
+    from triax.accelerate.accelerator import Accelerator
 
 MODEL, OPTIMIZER = "pytorch_model_fsdp", "optimizer"
 FULL_OPTIONS = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -67,25 +72,25 @@ def is_fsdp_folder(path: str) -> bool:
     return any(os.path.lexists(os.path.join(path, name)) for name in (model_name(0, True), model_name(0, False)))
 
 
-def _full(accelerator) -> bool:
+def _full(accelerator: Accelerator) -> bool:
     return state_dict_type(accelerator.state.fsdp_plugin) == FULL
 
 
 # ---- writing ----------------------------------------------------------------------------------
 
 
-def save_parts(accelerator, output_dir: str, saved: list[int], digest) -> dict:
+def save_parts(accelerator: Accelerator, output_dir: str, saved: list[int], digest: Callable[[bytes], dict]) -> dict:
     """Write models `saved` and every optimizer in the layout the plugin's state_dict_type names;
     returns {file name within output_dir: digest(bytes)} of the files this process wrote. Collective."""
     full, rank, written = _full(accelerator), accelerator.process_index, {}
 
-    def put(name: str, state) -> None:  # a whole state dict, by process 0
+    def put(name: str, state: Any) -> None:  # a whole state dict, by process 0
         if rank == 0:
             data = pickled_bytes(state)
             safe_files.write_atomic(os.path.join(output_dir, name), data)
             written[name] = digest(data)
 
-    def put_sharded(name: str, key: str, state) -> None:
+    def put_sharded(name: str, key: str, state: Any) -> None:
         folder = os.path.join(output_dir, name)
         try:
             dcp.save({key: state}, storage_writer=dcp.FileSystemWriter(folder))
@@ -112,7 +117,7 @@ def save_parts(accelerator, output_dir: str, saved: list[int], digest) -> dict:
     return written
 
 
-def _model_of(accelerator, index: int):
+def _model_of(accelerator: Accelerator, index: int):
     if index >= len(accelerator._models):
         raise AcceleratorValueError(f"optimizer {index} has no model {index} to be saved with: under FSDP, "
                                     "Accelerate's checkpoint pairs optimizer i with model i; prepare one model per "
@@ -127,7 +132,7 @@ class _WeightsOnlyPlanner(DefaultLoadPlanner):
     """DCP's planner, but a folder's non-tensor entries (param_groups) are read through torch's
     weights-only loader, never unpickled as they come."""
 
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+    def load_bytes(self, read_item: Callable, value: io.BytesIO) -> None:
         loaded = load_pickled_bytes(value.read(), f"an entry ({read_item.dest_index.fqn}) of a DCP folder")
         super().load_bytes(read_item, io.BytesIO(pickled_bytes(loaded)))
 
@@ -135,11 +140,11 @@ class _WeightsOnlyPlanner(DefaultLoadPlanner):
 class Staged:
     """What load_parts read for one model or optimizer, applied once everything is read and checked."""
 
-    def __init__(self, apply):
+    def __init__(self, apply: Callable):
         self.apply = apply
 
 
-def _checked_folder(folder, name: str):
+def _checked_folder(folder: Any, name: str):
     """The checked metadata of DCP folder `name`, its files matched against the manifest's sizes
     and its metadata's digest."""
     path = os.path.join(folder.path, name)
@@ -162,7 +167,7 @@ def _checked_folder(folder, name: str):
     return metadata, path
 
 
-def _read_sharded(metadata, path: str, key: str, target: dict) -> dict:
+def _read_sharded(metadata: Any, path: str, key: str, target: dict) -> dict:
     """Read DCP folder `path`'s `key` into copies of `target`'s tensors (the live ones change only
     when applied). Collective."""
     copies = {key: _copy(target)}
@@ -178,7 +183,7 @@ def _read_sharded(metadata, path: str, key: str, target: dict) -> dict:
     return copies[key]
 
 
-def _copy(value):
+def _copy(value: Any):
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, dict):
@@ -188,7 +193,7 @@ def _copy(value):
     return value
 
 
-def load_parts(accelerator, folder, models: list) -> list[Staged]:
+def load_parts(accelerator: Accelerator, folder: Any, models: list) -> list[Staged]:
     """Read the models' and optimizers' saved state; returns what to apply. Collective: first
     every process checks what it will read (metadata, the whole files process 0 reads) and all
     agree, then DCP reads the shards (and agrees on its own failures)."""

@@ -9,10 +9,14 @@ import os
 import platform
 import re
 import socket
+from typing import Any
 
 from packaging.version import Version
 
-from triax.accelerate.flags import parse_flag_from_env, str_to_bool  # noqa: F401 - Accelerate's names, here too
+from triax.accelerate._internal.flags import (  # noqa: F401 - Accelerate's names, here too
+    parse_flag_from_env,
+    str_to_bool,
+)
 from triax.accelerate.state import PartialState
 
 logger = logging.getLogger(__name__)
@@ -25,7 +29,7 @@ def parse_choice_from_env(key: str, default: str = "no") -> str:
     return os.environ.get(key, str(default))
 
 
-def get_int_from_env(env_keys, default):
+def get_int_from_env(env_keys: str | list[str], default: Any):
     """The first of the variables `env_keys` that holds a non-negative integer, else `default`."""
     for key in env_keys:
         value = int(os.environ.get(key, -1))
@@ -35,7 +39,7 @@ def get_int_from_env(env_keys, default):
 
 
 @contextlib.contextmanager
-def patch_environment(**kwargs):
+def patch_environment(**kwargs: Any):
     """Set the variables (names upper-cased, values as strings) inside the block; on leaving, even
     by an exception, each is back to its earlier value or unset again."""
     patched = {key.upper(): str(value) for key, value in kwargs.items()}

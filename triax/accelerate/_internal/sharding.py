@@ -4,7 +4,7 @@ Accelerate's rule for map-style data is "deal the DataLoader's own batches": the
 batch sampler yields (batch size B) are dealt out in turn, batch k*N + r to process r of N. So N
 processes with batch B step through exactly the samples one process sees with batch N*B, in the
 same order, and the order itself is the user's sampler's (drawn alike on every process: see
-data_loader.py). With split_batches each batch is cut into N pieces instead. A stream (an
+triax/accelerate/data_loader.py). With split_batches each batch is cut into N pieces instead. A stream (an
 IterableDataset) is read by every process and cut the same way, sample by sample.
 
 The tail of a pass is where the rules differ: with even_batches (the default) the last, incomplete
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
 
-from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate._internal.errors import AcceleratorValueError
 from triax.data.sampler import GlobalSampler
 
 
@@ -27,8 +27,8 @@ class BatchSamplerShard(BatchSampler):
     name). `batch_size` and `drop_last` are read from the inner sampler; a sampler without a
     batch_size yields batches of any size (dealt out whole, never split)."""
 
-    def __init__(self, batch_sampler, num_processes: int = 1, process_index: int = 0, split_batches: bool = False,
-                 even_batches: bool = True):
+    def __init__(self, batch_sampler: torch.utils.data.BatchSampler, num_processes: int = 1, process_index: int = 0,
+                 split_batches: bool = False, even_batches: bool = True):
         # BatchSampler.__init__ is not called: its checks are for a sampler of indices.
         self.batch_sampler = batch_sampler
         self.num_processes = num_processes
@@ -132,8 +132,8 @@ class IterableDatasetShard(IterableDataset):
     split_batches) and each process takes its contiguous slice of each. Unless drop_last, the last
     global batch is filled with samples from the first one."""
 
-    def __init__(self, dataset, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1,
-                 process_index: int = 0, split_batches: bool = False):
+    def __init__(self, dataset: torch.utils.data.Dataset, batch_size: int = 1, drop_last: bool = False,
+                 num_processes: int = 1, process_index: int = 0, split_batches: bool = False):
         if split_batches and batch_size > 1 and batch_size % num_processes:
             raise AcceleratorValueError(f"split_batches needs the batch size ({batch_size}) to be a round multiple "
                                         f"of the number of processes ({num_processes})")
@@ -187,7 +187,7 @@ class IterableDatasetShard(IterableDataset):
 class SkipBatchSampler(BatchSampler):
     """The batches of `batch_sampler` after the first `skip_batches` (Accelerate's class)."""
 
-    def __init__(self, batch_sampler, skip_batches: int = 0):
+    def __init__(self, batch_sampler: torch.utils.data.BatchSampler, skip_batches: int = 0):
         self.batch_sampler = batch_sampler
         self.skip_batches = skip_batches
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from packaging.version import Version
 
-from triax.accelerate.environment import parse_flag_from_env
+from triax.accelerate.utils.environment import parse_flag_from_env
 
 # is_<key>_available: (import name, distribution names to look for, oldest version, first version that is too new).
 _PACKAGES = {

@@ -1,16 +1,14 @@
 """Yes/no flags from the environment, read as Accelerate reads them (str_to_bool's words).
 
 Their own module, below triax.accelerate.state, which reads Accelerate's flags when the process
-state is made (environment.py, which re-exports these, needs the state)."""
+state is made (utils/environment.py, which re-exports these, needs the state)."""
 
 from __future__ import annotations
 
 import os
 
-from triax.accelerate.errors import AcceleratorValueError
-from triax.launch.variables import FALSE_WORDS as _FALSE
-from triax.launch.variables import TRUE_WORDS as _TRUE
-from triax.launch.variables import check_environment
+from triax.accelerate._internal.errors import AcceleratorValueError
+from triax.launch.variables import FALSE_WORDS as _FALSE, TRUE_WORDS as _TRUE, check_environment
 
 
 def str_to_bool(value: str, to_bool: bool = False):

@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
+from typing import Any
 
-from triax import safe_files
-from triax.accelerate.errors import AcceleratorRuntimeError, AcceleratorValueError
-from triax.accelerate.operations import broadcast_object_list
+import triax.safe_files as safe_files
+from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
+from triax.accelerate.utils.operations import broadcast_object_list
 from triax.runtime.process_group import is_distributed
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d{1,18})$")
@@ -36,7 +38,7 @@ def _numbered(root: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def _on_main(is_main: bool, action):
+def _on_main(is_main: bool, action: Callable):
     """Run `action` on the main process; every process returns its result or raises its error."""
     outcome = [None, None]
     if is_main:
@@ -56,7 +58,7 @@ def _on_main(is_main: bool, action):
     return result
 
 
-def next_automatic_dir(project, is_main: bool) -> str:
+def next_automatic_dir(project: Any, is_main: bool) -> str:
     """`<project_dir>/checkpoints/checkpoint_<iteration>`, after deleting the oldest checkpoints so
     that at most `total_limit` remain once it is written."""
     root = os.path.join(project.project_dir, "checkpoints")
@@ -77,7 +79,7 @@ def next_automatic_dir(project, is_main: bool) -> str:
     return _on_main(is_main, prepare)
 
 
-def latest_automatic_dir(project) -> str:
+def latest_automatic_dir(project: Any) -> str:
     root = os.path.join(project.project_dir, "checkpoints")
     existing = _numbered(root)
     if not existing:

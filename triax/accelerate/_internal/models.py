@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import logging
 import types
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from triax.accelerate.errors import AcceleratorValueError
+from triax.accelerate._internal.errors import AcceleratorValueError
 from triax.accelerate.state import PartialState
 
 logger = logging.getLogger(__name__)
 
 
-def is_compiled_module(module) -> bool:
+def is_compiled_module(module: torch.nn.Module) -> bool:
     """Whether `module` is what torch.compile(model) returned."""
     return isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
 
@@ -46,7 +47,7 @@ def remove_precision_wrapper(model: torch.nn.Module) -> None:
         model.forward = original if isinstance(original, types.MethodType) else types.MethodType(original, model)
 
 
-def extract_model_from_parallel(model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
+def extract_model_from_parallel(model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
                                 recursive: bool = False):
     """The model inside DistributedDataParallel / DataParallel / FSDP (version 1) wrappers.
     keep_fp32_wrapper=False also removes the mixed-precision forward wrapper; keep_torch_compile
@@ -96,7 +97,7 @@ def _without_shared_storage(state: dict) -> dict:
     return kept
 
 
-def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
     """torch.save (or safetensors' save_file with safe_serialization, shared tensors written once)
     on the main process, or with save_on_each_node on each machine's local main process."""
     state = PartialState()
@@ -108,7 +109,7 @@ def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = Fal
         torch.save(obj, f)
 
 
-def load(f, map_location=None, **kwargs):
+def load(f: Any, map_location: Any = None, **kwargs: Any):
     """torch.load, reading tensors and plain containers only unless weights_only=False is passed."""
     kwargs.setdefault("weights_only", True)
     return torch.load(f, map_location=map_location, **kwargs)

@@ -5,7 +5,7 @@ A field left at None is read from the `FSDP_*` variable `accelerate launch --use
 and is normalised to the torch object Accelerate 1.15 stores (`StateDictType`, `OffloadPolicy`,
 `MixedPrecisionPolicy`, torch's wrap-policy functions ...). A script reading
 `accelerator.state.fsdp_plugin.state_dict_type` therefore sees what it would see under Accelerate,
-and triax.accelerate.fsdp reads this class and Accelerate's own one through the same normalised
+and triax.accelerate._internal.fsdp reads this class and Accelerate's own one through the same normalised
 fields. What triax does with each option (it always runs FSDP2, `fully_shard`) is decided there.
 
 Differences from Accelerate, both because the option can be honoured with FSDP2:
@@ -40,8 +40,8 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
-from triax.accelerate.errors import AcceleratorValueError
-from triax.accelerate.flags import check_accelerate_environment
+from triax.accelerate._internal.errors import AcceleratorValueError
+from triax.accelerate._internal.flags import check_accelerate_environment
 from triax.launch.variables import AUTO_WRAP_POLICIES, BACKWARD_PREFETCHES, SHARDING_STRATEGIES, check_value
 
 ENV_PREFIX = "FSDP_"
@@ -67,7 +67,7 @@ def _env_bool(name: str, default: str = "false") -> bool:
     return str_to_bool(_env(name, default), ENV_PREFIX + name)
 
 
-def _sharding_strategy(value):
+def _sharding_strategy(value: Any):
     """A name, a number (1 = FULL_SHARD ...) or torch's enum -> torch's ShardingStrategy."""
     if isinstance(value, ShardingStrategy):
         return value
@@ -79,7 +79,7 @@ def _sharding_strategy(value):
     raise AcceleratorValueError(f"sharding strategy {value!r} is not one of {', '.join(SHARDING_STRATEGIES)}")
 
 
-def find_layer_classes(model: torch.nn.Module, names) -> set:
+def find_layer_classes(model: torch.nn.Module, names: list[str]) -> set:
     """The classes named `names` among `model`'s modules (transformer_cls_names_to_wrap)."""
     found = {type(module).__name__: type(module) for module in model.modules()}
     missing = [name for name in names if name not in found]
@@ -249,7 +249,7 @@ class FullyShardedDataParallelPlugin:
 
     # ---- Accelerate's public methods ----------------------------------------------------------------
 
-    def set_state_dict_type(self, state_dict_type=None) -> None:
+    def set_state_dict_type(self, state_dict_type: Any = None) -> None:
         """Set (or change, e.g. to FULL_STATE_DICT before a final save) the state dict type."""
         if state_dict_type is not None:
             self.state_dict_type = state_dict_type
@@ -289,7 +289,7 @@ class FullyShardedDataParallelPlugin:
             self.auto_wrap_policy = (functools.partial(size_based_auto_wrap_policy, min_num_params=self.min_num_params)
                                      if self.min_num_params > 0 else None)
 
-    def set_mixed_precision(self, mixed_precision, buffer_autocast: bool = False, override: bool = False) -> None:
+    def set_mixed_precision(self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False) -> None:
         """A name ("bf16", "fp16", "fp32", "fp8") or dtype gives that dtype for parameters,
         gradient reduction and outputs; a dict gives them one by one. Without `override` an
         existing policy is kept (what the Accelerator's mixed_precision does)."""
