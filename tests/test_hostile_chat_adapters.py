@@ -322,7 +322,7 @@ def test_every_numeric_doctor_option_has_a_range(option, value, sandbox):  # noq
 @pytest.mark.parametrize("nodelist", ["n[\u0661-\u0662]", "n[1-\u0662]", "n\u0661", "n[\uff11-\uff12]"])
 def test_a_node_list_with_other_digits_is_refused(nodelist, sandbox, monkeypatch):  # noqa: F811
     from triax.errors import TriaxError
-    from triax.launch.slurm import expand_nodelist
+    from triax.runtime.slurm import expand_nodelist
 
     with pytest.raises(TriaxError) as caught:
         expand_nodelist(nodelist, "SLURM_JOB_NODELIST")
@@ -469,7 +469,7 @@ def test_gpu_suite_device_is_checked(device, sandbox):  # noqa: F811
 @pytest.mark.parametrize("port", ["\u0661\u0662\u0663\u0664", "99999", "0", "http"])
 def test_master_port_is_checked_like_an_option(port):
     from triax.errors import TriaxError
-    from triax.launch.slurm import launch_placement
+    from triax.runtime.slurm import launch_placement
 
     env = {"SLURM_STEP_ID": "0", "SLURM_NODEID": "0", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
            "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "MASTER_PORT": port}
@@ -479,7 +479,7 @@ def test_master_port_is_checked_like_an_option(port):
 
 def test_a_node_id_in_other_digits_is_not_a_node():
     from triax.errors import TriaxError
-    from triax.launch.slurm import launch_placement, local_world_size
+    from triax.runtime.slurm import launch_placement, local_world_size
 
     env = {"SLURM_STEP_ID": "0", "SLURM_NODEID": "\u0661", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
            "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}

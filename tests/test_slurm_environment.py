@@ -16,7 +16,7 @@ from triax.errors import TriaxError
 from triax.runtime.place import detect_place
 from triax.runtime.rendezvous import RendezvousError, set_rendezvous_defaults
 from triax.testing import quiet_env
-from triax.launch.slurm import (
+from triax.runtime.slurm import (
     MAX_HOSTS,
     SLURM_FIRST_PORT,
     SLURM_PORT_SPAN,
@@ -148,7 +148,7 @@ def test_a_taken_rendezvous_port_is_one_line(tmp_path):
 
 
 def test_triax_launch_takes_its_machines_from_the_step():
-    from triax.launch.slurm import launch_placement
+    from triax.runtime.slurm import launch_placement
 
     env = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_STEP_NODELIST": "gpu[07-08]",
            "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
@@ -177,7 +177,7 @@ def test_triax_launch_asked_for_more_machines_than_the_step_has_is_one_line(tmp_
 
 def test_horovodrun_hosts_come_from_the_allocation(monkeypatch):
     from triax.horovod.hosts import parse_hosts
-    from triax.launch.slurm import allocation_hosts
+    from triax.runtime.slurm import allocation_hosts
 
     env = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "node[1-3]", "SLURM_TASKS_PER_NODE": "2(x2),1"}
     assert allocation_hosts(env) == [("node1", 2), ("node2", 2), ("node3", 1)]

@@ -1,5 +1,5 @@
 """Hosts for `triax horovodrun`: `-H host:slots,...`, a hostfile, a discovery script's lines, the
-Slurm allocation it runs in when none of those is given (triax.launch.slurm.allocation_hosts), and
+Slurm allocation it runs in when none of those is given (triax.runtime.slurm.allocation_hosts), and
 whether a host is this machine.
 
 Host names are validated (letters, digits, '.', '-', '_', optional user@, or a bracketed IPv6
@@ -13,7 +13,7 @@ import re
 import socket
 
 from triax import safe_files
-from triax.launch import slurm
+from triax.runtime import slurm
 from triax.errors import TriaxError
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", socket.gethostname()}

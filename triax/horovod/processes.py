@@ -17,7 +17,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from triax.launch import slurm
+from triax.runtime import slurm
 from triax.horovod.hosts import address_of
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def remote_start(host: str, argv: list[str], args: argparse.Namespace,
                  extra_env: dict[str, str] | None = None) -> tuple[list[str], str]:
     """(ssh argv, script for its stdin). The script sets the environment and runs the command.
     `args`: ssh_option (list), ssh_port, ssh_identity_file. A node of the Slurm allocation this
-    runs in is reached by srun instead (a job step: triax.launch.slurm.step_command), with the same script."""
+    runs in is reached by srun instead (a job step: triax.runtime.slurm.step_command), with the same script."""
     exports = "".join(f"export {name}={shlex.quote(value)}\n"
                       for name, value in forwarded_environment(extra_env).items())
     script = f"cd {shlex.quote(os.getcwd())} || exit 1\n{exports}exec {shlex.join(argv)}\n"

@@ -19,7 +19,7 @@ import socket
 import sys
 from typing import Any
 
-from triax.launch import slurm
+from triax.runtime import slurm
 from triax.arguments import ArgumentParser, check_script
 from triax.errors import TriaxError, UsageError
 from triax.launch import settings, variables, workers

@@ -14,7 +14,7 @@ from typing import Mapping
 import torch
 
 from triax.errors import TriaxError
-from triax.launch.slurm import local_world_size
+from triax.runtime.slurm import local_world_size
 
 # Environment variables of each launcher, in the order they are trusted. torchrun comes first:
 # `triax launch` is torchrun, and a torchrun started inside an Slurm allocation must win over Slurm's.

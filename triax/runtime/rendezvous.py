@@ -10,7 +10,7 @@ from typing import Mapping
 
 import torch.distributed as dist
 
-from triax.launch import slurm
+from triax.runtime import slurm
 from triax.errors import TriaxError
 from triax.runtime.place import int_from_env
 
@@ -33,7 +33,7 @@ def set_rendezvous_defaults(launcher: str | None = None, env: Mapping[str, str] 
     """Fill MASTER_ADDR/MASTER_PORT where the launcher set none, and say where they came from.
 
     srun's tasks (`launcher == "slurm"`) meet on the step's first node at a port derived from the
-    job id, alike on every task (triax.launch.slurm); mpirun and a plain process meet on this machine at
+    job id, alike on every task (triax.runtime.slurm); mpirun and a plain process meet on this machine at
     torch's usual port. MASTER_ADDR/MASTER_PORT, when set, always win."""
     env = os.environ if env is None else env
     how = "MASTER_ADDR/MASTER_PORT"
