@@ -266,7 +266,7 @@ def main(argv: list[str]) -> int:
         _, first = error.get_first_failure()
         message = first.message.get("message") if isinstance(first.message, dict) else first.message
         if first.exitcode == 2 and isinstance(message, str) and message.startswith("triax: error:"):
-            # A triax command's one-line error (triax.cli.report_error): once, last, and its exit code.
+            # A triax command's one-line error (triax.commands.cli.report_error): once, last, and its exit code.
             print(message, file=sys.stderr)
             return 2
         failures = ", ".join(f"rank {global_rank} (exit code {failure.exitcode})"

@@ -26,7 +26,7 @@ from triax.runtime.shared_decisions import any_rank, gather_floats, mean_across_
 from triax.data import GlobalSampler
 from triax.data.addition import IGNORE_INDEX, addition_accuracy
 from triax.errors import ConfigError, printable
-from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
+from triax.data.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.runtime.host_memory import host_memory_bytes, return_freed_memory_to_os
 from triax.tracking.throughput import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops, step_count
 from triax.models import build_model, vocabulary_rows
@@ -97,7 +97,7 @@ class Trainer:
         self._join_job(created_run_dir)
         if config.trainer.preflight:
             # deferred: triax.doctor reads triax.train.config, whose package imports this module
-            from triax.doctor.command import preflight
+            from triax.doctor.readiness import preflight
 
             preflight(config, self.place, self.device)
         self._build_model(model_config)
@@ -651,7 +651,7 @@ class Trainer:
         """(inputs, targets) on the device; packed chat rows' inputs are (ids, example numbers).
         `scored` (a list) gets the number of tokens the loss scores, counted on the host before the
         copy: counting on a GPU would wait there for the step in flight. `first_scored`: evaluation
-        windows' first scored position (triax.eval.windows). Under context parallelism the ids and
+        windows' first scored position (triax.data.windows). Under context parallelism the ids and
         targets are this rank's part of each sequence (the example numbers stay whole: attention
         looks them up for the keys of the whole sequence)."""
         x, y = dataset.batch(indices)
@@ -828,7 +828,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Validation loss per target token over the windows `trainer.eval_batches` asks for
-        (triax.eval.windows: non-overlapping, spread over the whole split; 0 = all of it), each
+        (triax.data.windows: non-overlapping, spread over the whole split; 0 = all of it), each
         token counted once. Data-parallel ranks share the windows and their summed losses and
         token counts are added up exactly, so every layout and process count reports the same
         number. `val_tokens` is how many tokens were scored."""
