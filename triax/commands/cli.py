@@ -27,10 +27,10 @@ COMMANDS = {
     "tokenize": ("triax.commands.tokenize", "text files -> BPE token files for data.task=tokens"),
     "plan": ("triax.commands.plan", "list parallel layouts that fit a model on given devices"),
     "config": ("triax.commands.config", "write the default launch configuration"),
-    "launch": ("triax.launch.launcher", "start a script on several processes (torchrun front end)"),
+    "launch": ("triax.commands.launch", "start a script on several processes (torchrun front end)"),
     "env": ("triax.commands.env", "print versions, devices and config for bug reports"),
     "horovodrun": ("triax.horovod.horovodrun", "horovodrun-compatible launcher (torchrun; elastic driver)"),
-    "bench": ("triax.bench.cli", "measure throughput and scaling side by side"),
+    "bench": ("triax.commands.bench", "measure throughput and scaling side by side"),
     "doctor": ("triax.commands.doctor", "check this machine and cluster before a long run (table + JSON)"),
 }
 

@@ -9,9 +9,15 @@ import argparse
 import json
 import os
 
+from typing import TYPE_CHECKING
+
 from triax import safe_files
 from triax.arguments import ArgumentParser, check_output_directory, written_by_triax_pickle
 from triax.errors import UsageError, printable
+
+if TYPE_CHECKING:
+    from triax.checkpoint import SnapshotReader
+    from triax.models import GPTConfig
 
 FORMATS = ("safetensors", "hf", "nanogpt", "peft")
 
@@ -77,7 +83,7 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
                          "keeps them anew), or export with the plain safetensors format")
     kept = kept if safe_files.is_directory(kept) else None
 
-    def export(reader, model_config, vocab):
+    def export(reader: SnapshotReader, model_config: GPTConfig, vocab: object) -> tuple:
         true_config, shapes = true_shapes(model_config, vocab)
         # The converter reads one tensor at a time from the validated snapshot (padding rows cut).
         source = tensor_source(reader, shapes)
@@ -117,7 +123,7 @@ def export_safetensors_main(run_dir: str, output: str, force: bool) -> int:
     root = run_snapshot_root(run_dir)
     check_export_output(output, run_dir, force, root)
 
-    def export(reader, model_config, vocab):
+    def export(reader: SnapshotReader, model_config: GPTConfig, vocab: object) -> tuple:
         true_config, shapes = true_shapes(model_config, vocab)
         # Plain tensors with plain names, and the architecture and vocabulary as string metadata:
         # loadable with safetensors alone, no triax classes needed. Written tensor by tensor.

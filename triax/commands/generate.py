@@ -96,7 +96,7 @@ def sample(args: argparse.Namespace, device: object) -> str:
 
     from triax.train.runs import load_run_model, run_snapshot_root, with_fallback  # deferred: as torch
 
-    def load(*opened):
+    def load(*opened: object) -> tuple:
         vocab = opened[2]
         if vocab is None:
             raise TriaxError(f"{args.run_dir!r} has no vocab.json or tokenizer.json (trained on ids without a "

@@ -24,7 +24,7 @@ DEFAULTS = {"overlong": "truncate", "truncation_mode": "keep_start"}
 
 
 class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: object, **kwargs: object):
         kwargs.setdefault("allow_abbrev", False)  # whole option names only (`--val` is not `--val-fraction`)
         super().__init__(*args, **kwargs)
 

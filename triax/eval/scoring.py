@@ -9,7 +9,9 @@ with a whole copy of the model, and the summed losses and token counts are added
 
 from __future__ import annotations
 
+import argparse
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +32,10 @@ from triax.train.chat_generate import chat_encoder, load_chat_model
 from triax.train.runs import check_exists, configured_snapshot_root, load_run_model
 from triax.train.config import TrainConfig, from_dict
 from triax.train.data import build_data
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+    from tqdm import tqdm
 
 
 def load_model(path: str, device: torch.device):
@@ -61,7 +67,7 @@ def load_model(path: str, device: torch.device):
                      "directory (config.json); give one of them")
 
 
-def chat_encoder_of(path: str, run_config):
+def chat_encoder_of(path: str, run_config: TrainConfig | None) -> ChatEncoder:
     """The chat template and tokenizer a run trained with, or a transformers directory's own."""
     if run_config is not None:
         return chat_encoder(path, run_config)
@@ -72,7 +78,8 @@ def chat_encoder_of(path: str, run_config):
     return ChatEncoder(template, BPETokenizer.from_file(tokenizer).tokenizer)
 
 
-def datasets(args, model, vocab, run_config):
+def datasets(args: argparse.Namespace, model: torch.nn.Module, vocab: object,
+             run_config: TrainConfig | None) -> list[tuple[str, Dataset]]:
     """[(name, dataset)] to score: the given files, else the run's split."""
 
     block = args.block_size or model.config.block_size
@@ -132,7 +139,8 @@ def datasets(args, model, vocab, run_config):
 
 
 @torch.no_grad()
-def score(model, dataset, batch_size: int, rank: int, ranks: int, device, progress=None) -> tuple[float, int]:
+def score(model: torch.nn.Module, dataset: Dataset, batch_size: int, rank: int, ranks: int, device: torch.device,
+          progress: tqdm | None = None) -> tuple[float, int]:
     """(summed loss, scored targets) of this rank's share of `dataset`."""
     total, count = 0.0, 0
     for starts, first_scored in rank_batches(evaluation_windows(dataset), batch_size, rank, ranks):

@@ -6,12 +6,20 @@ model is its base (model.init_from) with the snapshot's adapters; any other run'
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from triax import safe_files
 from triax.errors import TriaxError
 
+if TYPE_CHECKING:
+    import tokenizers
+    import torch
 
-def run_config(run_dir: str):
+    from triax.data.chat import ChatEncoder
+    from triax.train.config import TrainConfig
+
+
+def run_config(run_dir: str) -> TrainConfig:
     import yaml  # deferred: `triax --help` stays fast
 
     from triax.train.config import from_dict  # deferred: `triax --help` and plain generate stay fast
@@ -24,7 +32,7 @@ def run_config(run_dir: str):
                          "of a finished `triax train`") from None
 
 
-def load_chat_model(run_dir: str, config, device):
+def load_chat_model(run_dir: str, config: TrainConfig, device: torch.device) -> torch.nn.Module:
     """The run's trained model (a LoRA run: its base with the adapters of the newest good snapshot)."""
     from triax.checkpoint.export import tensor_source  # deferred: imports torch; `triax --help` stays fast
     # deferred: `triax --help` and plain generate stay fast
@@ -49,7 +57,7 @@ def load_chat_model(run_dir: str, config, device):
     return model.eval()
 
 
-def chat_encoder(run_dir: str, config):
+def chat_encoder(run_dir: str, config: TrainConfig) -> ChatEncoder:
     from triax.data.chat import ChatEncoder, chat_template_for  # deferred: start-up time of `triax generate`
     from triax.data.tokenizer import BPETokenizer  # deferred: `triax --help` and plain generate stay fast
     from triax.train.run_files import kept_tokenizer  # deferred: `triax --help` and plain generate stay fast
@@ -59,7 +67,7 @@ def chat_encoder(run_dir: str, config):
     return ChatEncoder(template, BPETokenizer.from_file(tokenizer_path).tokenizer)
 
 
-def end_of_turn_ids(encoder) -> list[int]:
+def end_of_turn_ids(encoder: ChatEncoder) -> list[int]:
     """The ids that end the assistant's turn: the tokenizer's eos token (Llama 3's <|eot_id|>,
     Qwen2's <|im_end|>), and ChatML's end marker for the built-in template."""
     names = [encoder.template.special_tokens.get("eos_token"), "<|im_end|>" if "<|im_end|>" in encoder.template.source
@@ -68,7 +76,7 @@ def end_of_turn_ids(encoder) -> list[int]:
     return [token for token in ids if token is not None]
 
 
-def special_ids(tokenizer) -> list[int]:
+def special_ids(tokenizer: tokenizers.Tokenizer) -> list[int]:
     """Every special token of the tokenizer (headers, begin-of-text, end markers): an answer ends at
     the first one it samples (a sampled <|start_header_id|> would begin a turn of its own) and never
     prints it."""
@@ -76,7 +84,7 @@ def special_ids(tokenizer) -> list[int]:
 
 
 def generate_chat(run_dir: str, message: str, system: str | None, tokens: int, temperature: float,
-                  top_k: int | None, greedy: bool, seed: int, device) -> str:
+                  top_k: int | None, greedy: bool, seed: int, device: torch.device) -> str:
     import torch  # deferred: `triax --help` stays fast
 
     config = run_config(run_dir)
