@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from triax.bench import report  # noqa: E402
-from triax.bench.cli import worker_arguments  # noqa: E402
+from triax.bench.jobs import worker_arguments  # noqa: E402
 from triax.bench.netns import SimulatedNetwork, unavailable_reason  # noqa: E402
 from triax.bench.worker import add_step_arguments  # noqa: E402
 from triax.testing import quiet_env  # noqa: E402

@@ -34,7 +34,7 @@ def trainer_for(run_dir: str, precision: str = "fp32", extra: list[str] | None =
 def compare(rounds: int, steps: int, process_counts: str, out_dir: str) -> dict:
     """triax's step against the hand-written DDP loop, timed by `triax bench` (the same two loops:
     triax/bench/adapters/triax_trainer.py and plain_ddp.py), round-robin in one job per count."""
-    from triax.bench.cli import main as bench
+    from triax.commands.bench import main as bench
 
     bench(["--model", "gpt-micro", "--block-size", "64", "--batch-size", "32", "--impls", "ddp,triax",
            "--nproc", process_counts, "--repeats", str(rounds), "--steps", str(steps),

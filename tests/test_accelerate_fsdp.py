@@ -107,7 +107,7 @@ def test_accelerator_mixed_precision_gives_accelerates_fsdp_policy():
 
 def test_accelerator_without_a_plugin_builds_one_from_the_fsdp_environment(monkeypatch, capsys):
     from triax.accelerate import Accelerator
-    from triax.launch.launcher import main as launch
+    from triax.commands.launch import main as launch
 
     for name, value in {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "SIZE_BASED_WRAP",
                         "FSDP_MIN_NUM_PARAMS": "1000", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT"}.items():
@@ -264,7 +264,8 @@ def accelerate_launch_environment(argv):
 
 
 def triax_launch_environment(argv):
-    from triax.launch.launcher import build_parser, resolve_config
+    from triax.commands.launch import build_parser
+    from triax.launch.launcher import resolve_config
 
     config, environment = resolve_config(build_parser().parse_args([*argv, "x.py"]))
     return config, environment

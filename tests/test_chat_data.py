@@ -243,7 +243,7 @@ def test_packed_rows_give_each_example_the_loss_it_has_alone(style, tmp_path):
 def test_tokenize_chat_writes_transformers_ids_and_masks(style, tmp_path, capsys):
     """`triax tokenize --chat CHECKPOINT FILE --out DIR`: per conversation, the ids and the answer
     mask transformers' apply_chat_template gives, with where each begins; validation is the tail."""
-    from triax.cli import main
+    from triax.commands.cli import main
 
     name, directory, encoder, hf = style
     checkpoint = tmp_path / "checkpoint"

@@ -87,7 +87,7 @@ def test_peft_loads_the_export_with_triax_logits(single, base, tmp_path):
     """`--format peft` -> PeftModel.from_pretrained(base, OUT): the same logits as triax's model with
     the snapshot's adapters (|diff| <= 1e-5 in fp32); model.lora.init_from reads the export back
     into the same tensors."""
-    from triax.eval.command import load_hf_model
+    from triax.models.hf_model import load_hf_model
     from triax.models.lora import LoRAConfig, apply_lora
     from triax.models.peft_format import load_adapter
 
@@ -178,8 +178,8 @@ def test_packed_and_padded_runs_report_the_same_validation_loss(tmp_path, base, 
 def test_generate_chat_answers_with_the_template_and_stops_at_the_end_of_turn(single, base, capsys):
     """`triax generate RUN --chat`: the prompt is transformers' rendering with the generation prompt,
     the answer is the greedy continuation of triax's LoRA model, cut at <|eot_id|>."""
-    from triax.cli import main
-    from triax.eval.command import load_hf_model
+    from triax.commands.cli import main
+    from triax.models.hf_model import load_hf_model
     from triax.models.lora import LoRAConfig, apply_lora
     from tests.chat_files import hf_tokenizer, LLAMA3_TEMPLATE
 
@@ -210,7 +210,7 @@ def test_eval_scores_a_chat_file_on_its_answers_as_the_run_does(single, chat_fil
     """`triax eval RUN --split val` of a LoRA chat run reports the run's own final val_loss (the
     answers of the validation conversations); `--chat FILE` scores a file's answers, and the base
     model scores them worse."""
-    from triax.cli import main
+    from triax.commands.cli import main
 
     records = [json.loads(line) for line in open(single / "metrics.jsonl")]
     val_loss, val_tokens = [(r["val_loss"], r["val_tokens"]) for r in records if "val_loss" in r][-1]
@@ -276,7 +276,7 @@ def test_merged_export_is_loaded_by_transformers_with_triax_logits(single, base,
 def test_sampled_chat_answers_stop_at_any_special_token_and_print_none(single, capsys):
     """Sampled nearly uniformly, an answer soon draws a header or begin-of-text token (not only
     <|eot_id|>): it ends there, and no special token is printed."""
-    from triax.cli import main
+    from triax.commands.cli import main
 
     specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
     for seed in range(3):
@@ -292,7 +292,7 @@ def test_an_answer_ends_at_the_first_special_token_it_draws(single, monkeypatch,
     from tokenizers import Tokenizer
 
     import triax.train.chat_generate as chat_generate
-    from triax.cli import main
+    from triax.commands.cli import main
 
     tokenizer = Tokenizer.from_file(str(single / "tokenizer.json"))
     words, header = tokenizer.encode("four.").ids, tokenizer.token_to_id("<|start_header_id|>")
@@ -335,7 +335,7 @@ def test_the_merged_export_computes_with_the_thread_rules_count(single, tmp_path
     """`export --format hf --merge` multiplies the adapters into the base on this CPU: with the
     threads of triax.runtime.threads (here a machine whose sample finds 0.3 of 2 cores idle: one)."""
     import triax.runtime.threads as threads
-    from triax.cli import main
+    from triax.commands.cli import main
 
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

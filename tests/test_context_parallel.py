@@ -160,7 +160,7 @@ def test_plan_counts_cp():
     (["--cp", "3"], ["--cp 3 does not divide --world 8"]),
 ])
 def test_plan_refuses_a_cp_that_cannot_run(options, words, capsys):
-    from triax.cli import main as triax_main
+    from triax.commands.cli import main as triax_main
 
     code = triax_main(["plan", "--world", "8", "--memory-gb", "80", "--model", "llama3-8b", *options])
     err = capsys.readouterr().err.strip()

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from triax.doctor import command, network, report, storage
+from triax.commands import doctor as doctor_command
+from triax.doctor import network, report, storage
 from triax.doctor.needs import run_needs
 from triax.doctor.report import Check
 from triax.errors import ConfigError, UsageError
@@ -21,7 +22,7 @@ STATUSES = {"ok", "warning", "failed", "skipped"}
 
 def _doctor(tmp_path, *args, name="doctor.json"):
     path = tmp_path / name
-    code = command.main([*QUICK, "--json", str(path), f"trainer.run_dir={tmp_path / 'run'}", *args])
+    code = doctor_command.main([*QUICK, "--json", str(path), f"trainer.run_dir={tmp_path / 'run'}", *args])
     return code, json.loads(path.read_text())
 
 
@@ -161,25 +162,25 @@ def test_rates_are_in_bytes_and_bits():
 ])
 def test_bad_arguments_are_one_line(args, message):
     with pytest.raises(UsageError, match=message) as raised:
-        command.main(args)
+        doctor_command.main(args)
     assert "\n" not in str(raised.value)
 
 
 def test_unknown_config_keys_are_refused():
     with pytest.raises(ConfigError, match="trainer.bach_size"):
-        command.main(["trainer.bach_size=4"])
+        doctor_command.main(["trainer.bach_size=4"])
 
 
 def test_the_report_never_replaces_a_file_it_did_not_write(tmp_path):
     other = tmp_path / "notes.json"
     other.write_text('{"mine": 1}')
     with pytest.raises(UsageError, match="already exists and was not written by triax"):
-        command.main([*QUICK, "--json", str(other)])
+        doctor_command.main([*QUICK, "--json", str(other)])
     assert other.read_text() == '{"mine": 1}'
     with pytest.raises(UsageError, match="is a directory"):
-        command.main([*QUICK, "--json", str(tmp_path)])
+        doctor_command.main([*QUICK, "--json", str(tmp_path)])
     with pytest.raises(UsageError, match="does not exist"):
-        command.main([*QUICK, "--json", str(tmp_path / "missing" / "doctor.json")])
+        doctor_command.main([*QUICK, "--json", str(tmp_path / "missing" / "doctor.json")])
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
     assert not report.is_doctor_report(str(fifo))  # refused at once, never blocks
@@ -189,8 +190,8 @@ def test_the_report_never_replaces_a_file_it_did_not_write(tmp_path):
     link = tmp_path / "link.json"
     link.symlink_to(target)
     with pytest.raises(UsageError, match="already exists"):
-        command.main([*QUICK, "--json", str(link)])
-    code = command.main([*QUICK, "--skip", "system", "--skip", "storage", "--json", str(link), "--force",
+        doctor_command.main([*QUICK, "--json", str(link)])
+    code = doctor_command.main([*QUICK, "--skip", "system", "--skip", "storage", "--json", str(link), "--force",
                          f"trainer.run_dir={tmp_path / 'run'}"])
     assert code == 0 and not link.is_symlink() and target.read_text() == '{"triax_doctor": 1}'
 

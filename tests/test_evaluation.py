@@ -1,4 +1,4 @@
-"""Validation scores the split, each token once, the same in every layout (triax.eval.windows);
+"""Validation scores the split, each token once, the same in every layout (triax.data.windows);
 the trainer's val_loss equals an independent transformers evaluation of its export."""
 
 import json
@@ -11,7 +11,7 @@ from helpers import tiny_overrides, train
 from hf_scoring import char_validation_ids, hf_mean_loss
 from triax.data.addition import IGNORE_INDEX
 from triax.data.text import CharDataset, Vocabulary
-from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
+from triax.data.windows import evaluation_windows, mask_unscored, rank_batches
 
 
 def char_dataset(length, block_size):
@@ -67,7 +67,7 @@ def test_trainer_val_loss_equals_transformers_on_the_whole_split(tmp_path, tiny_
     run_dir = tmp_path / "run"
     train(tiny_overrides(run_dir, tiny_corpus, **{"trainer.eval_every": 6, "trainer.eval_batches": 0}))
     record = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "val_loss" in line][-1]
-    from triax.train.commands import export_main
+    from triax.commands.export import main as export_main
 
     export_main([str(run_dir), str(tmp_path / "hf"), "--format", "hf"])
     ids = char_validation_ids(run_dir, tiny_corpus)
@@ -82,7 +82,7 @@ def trained(tmp_path_factory, tiny_corpus):
     root = tmp_path_factory.mktemp("evaluated")
     run_dir = root / "run"
     train(tiny_overrides(run_dir, tiny_corpus, **{"trainer.eval_every": 6}))
-    from triax.train.commands import export_main
+    from triax.commands.export import main as export_main
 
     export_main([str(run_dir), str(root / "hf"), "--format", "hf"])
     ids = char_validation_ids(run_dir, tiny_corpus)
@@ -123,7 +123,7 @@ def test_eval_of_a_transformers_directory_on_token_files(trained, tmp_path):
 
 
 def test_eval_refuses_what_is_not_a_model(tmp_path):
-    from triax.cli import main
+    from triax.commands.cli import main
 
     assert main(["eval", str(tmp_path)]) == 2
 

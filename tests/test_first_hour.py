@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from triax.arguments import check_command
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 from triax.errors import ConfigError
 from triax.testing import quiet_env, run
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 from triax.testing import quiet_env
 from triax.runtime.torch_logs import DTENSOR_LOGGERS, quiet_torch_logs
 from triax.train.continuation import nanogpt_best

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 from triax.doctor import gpu_suite
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the suite's CPU behaviour")

@@ -10,7 +10,7 @@ import torch
 
 from helpers import tiny_overrides
 from llama_checkpoints import LLAMA3_ROPE, VOCAB, hf_model, train_tokenizer
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 from triax.models import GPT, GPTConfig
 from triax.train.hf_export import ExportError, export_hf, hf_tensors
 
@@ -87,7 +87,7 @@ def test_export_command_carries_the_tokenizer(tmp_path, capsys):
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     assert tokenizer.decode(tokenizer("the lazy dog")["input_ids"]) == "the lazy dog"
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(out)).eval()
-    from triax.train.commands import load_run_model
+    from triax.train.runs import load_run_model
 
     model, _, _ = load_run_model(str(run_dir))
     idx = torch.tensor([tokenizer("the quick brown fox jumps")["input_ids"]])

@@ -119,7 +119,7 @@ def test_the_first_step_triax_takes_is_the_trainers_next_step(tmp_path, started)
     after the one step triax takes (trainer.max_steps=3; the schedule's length stays the Trainer's 4)."""
     from safetensors.torch import load_file
 
-    from triax.train.commands import export_main
+    from triax.commands.export import main as export_main
 
     run_dir = tmp_path / "run"
     result = train(continue_overrides(run_dir, started, f"trainer.max_steps={STOP + 1}", *started["layout"]),

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from horovod_support import horovod  # noqa: F401  (fixture)
-from triax.cli import main as cli_main
+from triax.commands.cli import main as cli_main
 from triax.horovod.elastic import protocol
 from triax.horovod.elastic.discovery import DiscoveryError, DiscoveryScript, HostManager
 from triax.horovod.slots import SlotInfo, assign

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from triax.cli import main as cli_main
+from triax.commands.cli import main as cli_main
 from triax.errors import TriaxError
 from triax.horovod import horovodrun, processes
 from triax.horovod.hosts import parse_hosts

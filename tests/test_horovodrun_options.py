@@ -13,7 +13,7 @@ import pytest
 
 import triax.horovod as hvd
 from horovod_support import REPO, child_env
-from triax.cli import main as cli_main
+from triax.commands.cli import main as cli_main
 from triax.horovod import horovodrun, horovodrun_options, run_function
 from triax.horovod.output import JobOutput, StartWatch
 from triax.launch.horovod_worker import lines, prefix, started_line

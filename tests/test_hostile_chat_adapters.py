@@ -22,7 +22,7 @@ import torch
 from chat_files import (CONVERSATIONS, LLAMA3_SPECIAL, LLAMA3_TEMPLATE, arithmetic_conversations,
                         write_chat_checkpoint, write_chat_file, write_tokenizer)
 from test_hostile_input import sandbox  # noqa: F401  (the fixture)
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENS = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
@@ -134,7 +134,7 @@ def test_template_bombs_stay_within_bounded_memory(tmp_path, tokenizer_json):
                                                   "tojson indent bomb", "tojson of a doubling list")]
     script = textwrap.dedent(f"""
         import json, resource, sys
-        from triax.cli import main
+        from triax.commands.cli import main
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         for number, template in enumerate({bombs!r}):
             config = {{"chat_template": template, "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}}

@@ -19,7 +19,7 @@ import torch
 
 from llama_checkpoints import hf_model, save_checkpoint
 from test_hostile_input import sandbox  # noqa: F401  (the fixture)
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 
 from helpers import tiny_overrides
 
@@ -411,7 +411,7 @@ def test_links_inside_the_checkpoint_and_a_cache_snapshot_are_followed(tmp_path,
     assert source.architecture["arch"] == "llama"
     assert source.description["merges.txt"] == os.path.realpath(snapshot / "sub" / "merges.txt")
     assert source.description["tokenizer.json"].startswith(os.path.realpath(blobs))
-    from triax.eval.command import load_hf_model
+    from triax.models.hf_model import load_hf_model
 
     theirs, ours = hf_model("llama"), load_hf_model(str(snapshot), torch.device("cpu"))
     ids = torch.arange(20).view(1, -1)

@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 
 from helpers import tiny_overrides
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from triax.cli import main as cli_main
+from triax.commands.cli import main as cli_main
 from triax.errors import TriaxError
 
 # ---- helpers ---------------------------------------------------------------------------------------

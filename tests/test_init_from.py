@@ -34,7 +34,7 @@ def build_gpt2(directory, corpus, tie):
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_same_logits_at_step_zero(tmp_path, tiny_corpus, tie):
-    from triax.eval.command import load_hf_model
+    from triax.models.hf_model import load_hf_model
 
     reference = build_gpt2(tmp_path, tiny_corpus, tie)
     ours = load_hf_model(str(tmp_path), torch.device("cpu"))
@@ -74,7 +74,7 @@ def test_starts_from_the_checkpoint_and_exports_back(tmp_path, tiny_corpus, gpt2
     run_dir = tmp_path / "still"
     train(overrides(run_dir, tiny_corpus, gpt2_dir, 8, **{"trainer.max_steps": 1, "optim.lr": 1e-12,
                                                            "optim.min_lr": 0.0}))
-    from triax.train.commands import export_main
+    from triax.commands.export import main as export_main
 
     export_main([str(run_dir), str(tmp_path / "hf"), "--format", "hf"])
     exported, original = hf_tensors(tmp_path / "hf"), hf_tensors(gpt2_dir)
@@ -124,7 +124,7 @@ def test_starts_from_another_run(tmp_path, tiny_corpus, gpt2_dir, baseline):
 
 
 def test_a_pickled_checkpoint_is_refused(tmp_path, tiny_corpus):
-    from triax.cli import main
+    from triax.commands.cli import main
 
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps(

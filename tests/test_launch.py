@@ -8,7 +8,7 @@ import yaml
 
 from triax.accelerate._internal.saving import from_json, to_json
 from triax.accelerate.utils.operations import slice_for_process
-from triax.cli import main
+from triax.commands.cli import main
 from triax.launch.config import LaunchConfig, load_config
 
 

@@ -13,7 +13,7 @@ from forked import launch
 from hf_scoring import hf_mean_loss
 from llama_checkpoints import LLAMA3_ROPE, VOCAB, save_checkpoint
 from helpers import tiny_overrides, train
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 
 pytestmark = pytest.mark.multiprocess
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")

@@ -108,7 +108,7 @@ def test_triax_generate_writes_the_fine_tuned_model_s_greedy_text(fine_tuned, tm
     run's export writes."""
     from tokenizers import Tokenizer
 
-    from triax.cli import main as triax_main
+    from triax.commands.cli import main as triax_main
 
     directory, run_dir, _, _ = fine_tuned
     prompt = "the quick brown"

@@ -103,7 +103,7 @@ def test_a_nanogpt_checkpoint_computes_nanogpts_logits_in_triax(tmp_path, bias, 
 
 @pytest.mark.multiprocess
 def test_triax_train_starts_from_ckpt_pt_and_exports_a_ckpt_pt_nanogpt_loads(tmp_path):
-    from triax.train.commands import export_main
+    from triax.commands.export import main as export_main
 
     state = write_ckpt(tmp_path / "ckpt.pt")
     data = token_files(tmp_path / "data", ARGS["vocab_size"])

@@ -131,7 +131,7 @@ def continue_overrides(run_dir, started, *extra):
 def test_the_first_step_triax_takes_is_nanogpts_next_step(tmp_path, started, nproc, layout):
     """nanoGPT's next step on its batch of two samples; with FSDP, each of two processes takes one
     of them and holds half of every weight and moment."""
-    from triax.train.commands import export_main
+    from triax.commands.export import main as export_main
 
     run_dir = tmp_path / "run"
     result = train(continue_overrides(run_dir, started, f"trainer.max_steps={STOP + 1}", *layout), nproc=nproc)
@@ -258,7 +258,7 @@ def test_a_triax_run_exported_continues_on_nanogpt_and_back_on_triax(tmp_path, s
     """triax -> nanoGPT: `export --format nanogpt` writes the optimizer and settings nanoGPT's
     train.py resumes from (its AdamW loads the state), and nanoGPT's next step equals triax's own
     next step of the run; continuing the export on triax is that step too."""
-    from triax.train.commands import export_main
+    from triax.commands.export import main as export_main
 
     # A directory of its own: tmp_path/out holds nanoGPT's own ckpt.pt, which an export never replaces.
     run_dir = tmp_path / "triax-run"

@@ -117,7 +117,7 @@ def test_jsonl_json_and_parquet_give_the_same_pairs(checkpoint, tmp_path):
 def test_tokenize_preference_writes_trl_ids(checkpoint, tmp_path, capsys):
     """`triax tokenize --preference CHECKPOINT FILE --out DIR`: {train,val}.pairs.jsonl hold each
     pair's prompt_ids, chosen_ids and rejected_ids (TRL's names and values); val is the tail."""
-    from triax.cli import main
+    from triax.commands.cli import main
 
     records = preference_records(20, "conversational", seed=5)
     path = write_preference_file(tmp_path / "pairs.jsonl", records)

@@ -15,7 +15,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from helpers import tiny_overrides
 from triax import checkpoint
 from triax.checkpoint.shards import ShardWriter
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 from triax.errors import ConfigError
 from triax.train.config import compose_config
 from triax.train.trainer import Trainer
@@ -351,7 +351,7 @@ def test_snapshots_need_no_attribute_of_the_triax_package(tmp_path, tiny_corpus)
               "namespace = types.ModuleType('triax')\n"
               f"namespace.__path__ = [{package_dir!r}]\n"
               "sys.modules['triax'] = namespace\n"
-              "from triax.cli import main\n"
+              "from triax.commands.cli import main\n"
               "sys.exit(main(sys.argv[1:]))\n")
     run_dir = tmp_path / "run"
     result = subprocess.run([sys.executable, "-c", script, "train",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import triax.runtime.threads as threads
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 from triax.testing import quiet_env
 
 from helpers import tiny_overrides, train
@@ -109,7 +109,9 @@ def test_eval_generate_and_tokenize_compute_with_the_rules_threads(rule_says, tm
 
 
 def test_the_doctor_reports_and_uses_the_rules_threads(rule_says):
-    from triax.doctor.command import Doctor, compose_config, parse
+    from triax.commands.doctor import parse
+    from triax.train.config import compose_config
+    from triax.doctor.readiness import Doctor
     from triax.doctor.system import device_check
     from triax.runtime.place import detect_place
 

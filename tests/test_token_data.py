@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from triax import checkpoint
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 from triax.data.tokens import load_token_datasets
 from triax.train.config import compose_config
 from triax.train.trainer import Trainer

@@ -7,7 +7,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 from triax.data import tokenize_files
 
 from helpers import tiny_overrides

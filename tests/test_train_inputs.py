@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 from triax.testing import quiet_env
 
 from helpers import tiny_overrides
@@ -72,12 +72,12 @@ def test_real_command_exits_nonzero_without_traceback_and_debug_shows_it(tmp_pat
 
 def test_an_interrupt_says_what_the_trainer_said(monkeypatch, capsys):
     """The trainer's second Ctrl-C carries where a restart will begin; `triax` prints it."""
-    import triax.cli
+    import triax.commands.cli
 
     def interrupted(argv):
         raise KeyboardInterrupt("stopped in step 3 without a snapshot of it: a restart resumes from R (step 2)")
 
-    monkeypatch.setattr(triax.cli, "run_command", interrupted)
+    monkeypatch.setattr(triax.commands.cli, "run_command", interrupted)
     assert triax_main(["train"]) == 130
     assert capsys.readouterr().err == ("triax: interrupted; stopped in step 3 without a snapshot of it: a restart "
                                        "resumes from R (step 2)\n")

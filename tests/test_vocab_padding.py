@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from forked import launch
 from helpers import assert_adam_close, final_weights, run_config, tiny_overrides, train
 from triax import checkpoint
-from triax.cli import main as triax_main
+from triax.commands.cli import main as triax_main
 from triax.models import VOCABULARY_PARAMETERS, GPTConfig, build_model, vocabulary_rows
 from triax.testing import quiet_env
 

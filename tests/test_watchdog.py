@@ -57,7 +57,7 @@ def test_config_refuses_a_non_positive_timeout():
 
 
 def test_launch_exports_the_timeout_to_the_workers(capsys, tmp_path):
-    from triax.launch.launcher import main
+    from triax.commands.launch import main
 
     assert main(["--num-processes", "2", "--collective-timeout", "45", "--dry-run", "train.py"]) == 0
     assert f"{ENV_COLLECTIVE_TIMEOUT}=45 " in capsys.readouterr().out

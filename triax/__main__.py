@@ -1,5 +1,5 @@
 import sys
 
-from triax.cli import main
+from triax.commands.cli import main
 
 sys.exit(main())

@@ -83,6 +83,6 @@ if applies("pause_after_shard_write"):
 if applies("late_start"):
     time.sleep(faults["late_start"]["seconds"])
 
-from triax.train.train_command import train_main  # noqa: E402
+from triax.commands.train import main as train_main  # noqa: E402
 
 sys.exit(train_main(sys.argv[2:]))

@@ -1,4 +1,5 @@
-"""`triax tokenize`: text files -> a token directory (train.bin, val.bin, tokenizer.json, meta.json).
+"""`triax tokenize` (triax.commands.tokenize): text files -> a token directory (train.bin, val.bin,
+tokenizer.json, meta.json).
 
 Trains a byte-level BPE with Hugging Face `tokenizers` on the inputs (or uses a given
 tokenizer.json), then encodes them. Both passes stream: text is read in chunks cut at line ends and
@@ -9,7 +10,6 @@ char task validates on the tail of its text.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import posixpath
@@ -18,10 +18,8 @@ from typing import Any, TYPE_CHECKING
 import numpy as np
 
 from triax import safe_files
-from triax.arguments import plain_message
 from triax.data.errors import DataError
 from triax.errors import printable
-from triax.runtime.threads import apply_thread_choice
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -37,15 +35,6 @@ CHUNK_CHARACTERS = 1 << 20  # text handed to the tokenizer at once; bounds memor
 LONGEST_PIECE = 4096
 MIN_VOCAB_SIZE = 256  # byte-level BPE starts from the 256 byte symbols
 OUTPUT_FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
-
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args: Any, **kwargs: Any):
-        kwargs.setdefault("allow_abbrev", False)  # whole option names only (`--val` is not `--val-fraction`)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):  # one line, exit status 2 (through triax.cli), instead of usage + message
-        raise DataError(f"{self.prog}: {plain_message(message)} (see --help)")
 
 
 def expand_inputs(inputs: list[str]) -> list[tuple[object, str, int]]:
@@ -204,67 +193,40 @@ def encode_files(files: list[tuple[AbstractFileSystem, str, int]], tokenizer: To
     return counts["train"], counts["val"]
 
 
-def main(argv: list[str]) -> int:
-    if any(arg == "--chat" or arg.startswith("--chat=") for arg in argv):
-        from triax.data.tokenize_chat import main as chat_main  # deferred: only conversations need it
-
-        return chat_main(argv)
-    if any(arg == "--preference" or arg.startswith("--preference=") for arg in argv):
-        from triax.data.tokenize_preference import main as preference_main  # deferred: only pairs need it
-
-        return preference_main(argv)
-    parser = _Parser(prog="triax tokenize",
-                     description="train a byte-level BPE (or use a tokenizer.json) and write a token "
-                                 "directory for `triax train data.task=tokens`")
-    parser.add_argument("inputs", nargs="+", help="text files, globs or fsspec URLs (UTF-8)")
-    parser.add_argument("--out", required=True, help="directory to write train.bin, val.bin, tokenizer.json, meta.json")
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--vocab-size", type=int, default=None, help="train a BPE with this many tokens (default 4096)")
-    which.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="tail of the text kept for val.bin")
-    parser.add_argument("--overwrite", action="store_true", help="replace the token files of an existing --out")
-    parser.add_argument("--chat", metavar="CHECKPOINT", default=None,
-                        help="chat files: render with this checkpoint's chat template; write ids and answer masks "
-                             "(see `triax tokenize --chat CHECKPOINT --help`)")
-    parser.add_argument("--preference", metavar="CHECKPOINT", default=None,
-                        help="preference pairs: write the prompt/chosen/rejected ids TRL's DPOTrainer trains on "
-                             "(see `triax tokenize --preference CHECKPOINT --help`)")
-    args = parser.parse_args(argv)
-    apply_thread_choice(torch_threads=False)  # the tokenizer's pool: the cores idle now (triax.runtime.threads: why)
-    if not 0.0 < args.val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
-    if args.vocab_size is not None and args.vocab_size < MIN_VOCAB_SIZE:
-        raise DataError(f"--vocab-size must be at least {MIN_VOCAB_SIZE} (the byte alphabet), got {args.vocab_size}")
+def tokenize_text(inputs: list[str], out: str, *, vocab_size: int | None, tokenizer_file: str | None,
+                  val_fraction: float, overwrite: bool) -> int:
+    """Train a BPE (or use `tokenizer_file`) on the inputs and write `out`'s token directory
+    (the arguments checked by triax.commands.tokenize)."""
     from triax.data.tokenizer import BPETokenizer, require_tokenizers
 
     require_tokenizers()
     import fsspec
 
-    out_fs, out_dir = fsspec.core.url_to_fs(args.out)
+    out_fs, out_dir = fsspec.core.url_to_fs(out)
     if out_fs.isfile(out_dir):
-        raise DataError(f"--out {args.out!r} is a file; give a directory")
+        raise DataError(f"--out {out!r} is a file; give a directory")
     # lexists locally: a dangling link named meta.json is there too (and would be written through).
     exists = os.path.lexists if _is_local(out_fs) else out_fs.exists
     existing = [name for name in OUTPUT_FILES if exists(posixpath.join(out_dir, name))]
-    if existing and not args.overwrite:
-        raise DataError(f"--out {args.out!r} already holds {', '.join(existing)}; pass --overwrite or choose another directory")
-    files = expand_inputs(args.inputs)
-    if args.tokenizer:
-        tokenizer = BPETokenizer.from_file(args.tokenizer)
+    if existing and not overwrite:
+        raise DataError(f"--out {out!r} already holds {', '.join(existing)}; pass --overwrite or choose another directory")
+    files = expand_inputs(inputs)
+    if tokenizer_file:
+        tokenizer = BPETokenizer.from_file(tokenizer_file)
     else:
-        tokenizer = BPETokenizer(train_bpe(files, args.vocab_size or 4096))
+        tokenizer = BPETokenizer(train_bpe(files, vocab_size or 4096))
     vocab_size = len(tokenizer)
     dtype = "uint16" if vocab_size <= 1 << 16 else "uint32"
     if _is_local(out_fs):
         safe_files.make_directory(out_dir)  # not a symlink to somewhere else
     else:
         out_fs.makedirs(out_dir, exist_ok=True)
-    train_tokens, val_tokens = encode_files(files, tokenizer, out_fs, out_dir, dtype, args.val_fraction)
+    train_tokens, val_tokens = encode_files(files, tokenizer, out_fs, out_dir, dtype, val_fraction)
     if val_tokens == 0 or train_tokens == 0:
         for split in ("train", "val"):
             out_fs.rm(posixpath.join(out_dir, f"{split}.bin.tmp"))
         raise DataError(f"the inputs are too small to split: {train_tokens} train / {val_tokens} val tokens "
-                          f"with --val-fraction {args.val_fraction}; give more text or change --val-fraction")
+                          f"with --val-fraction {val_fraction}; give more text or change --val-fraction")
     for split in ("train", "val"):
         out_fs.mv(posixpath.join(out_dir, f"{split}.bin.tmp"), posixpath.join(out_dir, f"{split}.bin"))
     _write(out_fs, posixpath.join(out_dir, "tokenizer.json"), tokenizer.json_text.encode("utf-8"))
@@ -274,6 +236,6 @@ def main(argv: list[str]) -> int:
     _write(out_fs, posixpath.join(out_dir, "meta.json"), json.dumps(meta, indent=1).encode("utf-8"))
     total_bytes = sum(size for _, _, size in files)
     print(printable(f"wrote {train_tokens} train + {val_tokens} val tokens ({dtype}, vocabulary {vocab_size}) from "
-                    f"{len(files)} file(s), {total_bytes / 1e6:.2f} MB, to {args.out} "
+                    f"{len(files)} file(s), {total_bytes / 1e6:.2f} MB, to {out} "
                     f"({total_bytes / max(train_tokens + val_tokens, 1):.2f} bytes/token)"))
     return 0

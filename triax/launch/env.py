@@ -1,9 +1,9 @@
-"""`triax env`: what a bug report needs — versions, devices, CPU bf16 support, active config."""
+"""What a bug report needs (`triax env`: triax.commands.env) — versions, devices, CPU bf16 support,
+active config."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import sys
@@ -63,28 +63,3 @@ def collect() -> dict:
     info["environment"] = {key: value for key, value in sorted(os.environ.items())
                            if key.startswith(("TRIAX_", "OMP_", "MASTER_", "NCCL_", "GLOO_", "CUDA_VISIBLE"))}
     return info
-
-
-def main(argv: list[str]) -> int:
-    from triax.arguments import ArgumentParser
-
-    parser = ArgumentParser(prog="triax env", description="Print what a bug report needs.")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    args = parser.parse_args(argv)
-    info = collect()
-    if args.json:
-        print(json.dumps(info, indent=1, default=str))
-        return 0
-    print("Copy this into your bug report:\n")
-    for key, value in info.items():
-        if isinstance(value, dict):
-            print(f"- {key}:" + ("" if value else " (none)"))
-            for inner_key, inner_value in value.items():
-                print(f"    {inner_key}: {inner_value}")
-        elif isinstance(value, list):
-            print(f"- {key}:")
-            for item in value:
-                print(f"    {item}")
-        else:
-            print(f"- {key}: {value}")
-    return 0

@@ -27,7 +27,7 @@ ENVIRONMENT = {
 
 # Set by `triax launch` in its workers: it prints the first failing rank's one-line error itself, as
 # the last line of the job's output, so a triax command under it only leaves the line in torchrun's
-# error file (triax.cli.report_error).
+# error file (triax.commands.cli.report_error).
 ERRORS_REPORTED_BY_LAUNCHER_ENV = "TRIAX_LAUNCH_REPORTS_ERRORS"
 
 # What `triax launch --grad-compression/--bucket-cap-mb` hands to triax.ddp_boost in every worker.

@@ -1,17 +1,25 @@
-"""`triax generate RUN --chat MESSAGE`: the run's model answers one user message, rendered with the
-chat template it was trained with (data.chat_template, or the checkpoint's, kept in RUN/init_from/),
+"""The answer to one user message (`triax generate RUN --chat MESSAGE`): the run's model answers it,
+rendered with the chat template it was trained with (data.chat_template, or the checkpoint's, kept in RUN/init_from/),
 and stops at the model's end-of-turn token or any other special token, printing none. A LoRA run's
 model is its base (model.init_from) with the snapshot's adapters; any other run's is its snapshot."""
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from triax import safe_files
-from triax.errors import TriaxError, printable
+from triax.errors import TriaxError
+
+if TYPE_CHECKING:
+    import tokenizers
+    import torch
+
+    from triax.data.chat import ChatEncoder
+    from triax.train.config import TrainConfig
 
 
-def run_config(run_dir: str):
+def run_config(run_dir: str) -> TrainConfig:
     import yaml  # deferred: `triax --help` stays fast
 
     from triax.train.config import from_dict  # deferred: `triax --help` and plain generate stay fast
@@ -24,11 +32,11 @@ def run_config(run_dir: str):
                          "of a finished `triax train`") from None
 
 
-def load_chat_model(run_dir: str, config, device):
+def load_chat_model(run_dir: str, config: TrainConfig, device: torch.device) -> torch.nn.Module:
     """The run's trained model (a LoRA run: its base with the adapters of the newest good snapshot)."""
     from triax.checkpoint.export import tensor_source  # deferred: imports torch; `triax --help` stays fast
     # deferred: `triax --help` and plain generate stay fast
-    from triax.train.commands import load_run_model, newest_good_snapshot, run_snapshot_root
+    from triax.train.runs import load_run_model, newest_good_snapshot, run_snapshot_root
 
     if not config.model.lora.rank:
         return load_run_model(run_dir, device)[0]
@@ -49,7 +57,7 @@ def load_chat_model(run_dir: str, config, device):
     return model.eval()
 
 
-def chat_encoder(run_dir: str, config):
+def chat_encoder(run_dir: str, config: TrainConfig) -> ChatEncoder:
     from triax.data.chat import ChatEncoder, chat_template_for  # deferred: start-up time of `triax generate`
     from triax.data.tokenizer import BPETokenizer  # deferred: `triax --help` and plain generate stay fast
     from triax.train.run_files import kept_tokenizer  # deferred: `triax --help` and plain generate stay fast
@@ -59,7 +67,7 @@ def chat_encoder(run_dir: str, config):
     return ChatEncoder(template, BPETokenizer.from_file(tokenizer_path).tokenizer)
 
 
-def end_of_turn_ids(encoder) -> list[int]:
+def end_of_turn_ids(encoder: ChatEncoder) -> list[int]:
     """The ids that end the assistant's turn: the tokenizer's eos token (Llama 3's <|eot_id|>,
     Qwen2's <|im_end|>), and ChatML's end marker for the built-in template."""
     names = [encoder.template.special_tokens.get("eos_token"), "<|im_end|>" if "<|im_end|>" in encoder.template.source
@@ -68,7 +76,7 @@ def end_of_turn_ids(encoder) -> list[int]:
     return [token for token in ids if token is not None]
 
 
-def special_ids(tokenizer) -> list[int]:
+def special_ids(tokenizer: tokenizers.Tokenizer) -> list[int]:
     """Every special token of the tokenizer (headers, begin-of-text, end markers): an answer ends at
     the first one it samples (a sampled <|start_header_id|> would begin a turn of its own) and never
     prints it."""
@@ -76,7 +84,7 @@ def special_ids(tokenizer) -> list[int]:
 
 
 def generate_chat(run_dir: str, message: str, system: str | None, tokens: int, temperature: float,
-                  top_k: int | None, greedy: bool, seed: int, device) -> str:
+                  top_k: int | None, greedy: bool, seed: int, device: torch.device) -> str:
     import torch  # deferred: `triax --help` stays fast
 
     config = run_config(run_dir)
@@ -95,52 +103,3 @@ def generate_chat(run_dir: str, message: str, system: str | None, tokens: int, t
     answer = out[0, len(prompt):].tolist()
     ended = next((at for at, token in enumerate(answer) if token in stop), len(answer))
     return encoder.tokenizer.decode(answer[:ended], skip_special_tokens=True)
-
-
-def generate_main(argv: list[str]) -> int:
-    """`triax generate`: with --chat, answer one message; otherwise triax.train.commands' generate."""
-    from triax.train import commands  # deferred: torch and the checkpoint layer, after --help
-
-    if not any(arg == "--chat" or arg.startswith("--chat=") for arg in argv):
-        return commands.generate_main(argv)
-    import math  # deferred: `triax --help` and plain generate stay fast
-    import sys  # deferred: `triax --help` and plain generate stay fast
-
-    # deferred: `triax --help` and plain generate stay fast
-    from triax.arguments import ArgumentParser, at_least, check_device, need
-    from triax.runtime.place import pick_device  # deferred: `triax --help` and plain generate stay fast
-
-    parser = ArgumentParser(prog="triax generate --chat", description="answer one user message with a chat run")
-    parser.add_argument("run_dir")
-    parser.add_argument("--chat", required=True, metavar="MESSAGE", help="the user message to answer")
-    parser.add_argument("--system", default=None, help="a system message before it")
-    parser.add_argument("--tokens", type=int, default=300, help="at most this many tokens of answer")
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
-    need(args.chat.strip() != "", "--chat", args.chat, "give a message to answer")
-    at_least("--tokens", args.tokens, 1)
-    need(args.tokens <= commands.MAX_GENERATE_TOKENS, "--tokens", args.tokens,
-         f"use at most {commands.MAX_GENERATE_TOKENS}")
-    if not args.greedy:
-        need(math.isfinite(args.temperature)
-             and commands.MIN_TEMPERATURE <= args.temperature <= commands.MAX_TEMPERATURE, "--temperature",
-             args.temperature, f"use a number in [{commands.MIN_TEMPERATURE}, {commands.MAX_TEMPERATURE}], or --greedy")
-    if args.top_k is not None:
-        at_least("--top-k", args.top_k, 1)
-    need(0 <= args.seed < 2**63, "--seed", args.seed, "use 0 .. 2**63-1")
-    check_device("--device", args.device)
-    commands.run_snapshot_root(args.run_dir)  # one line if it is not a run directory
-    device = pick_device(args.device)
-    if device.type == "cpu":
-        from triax.runtime.threads import apply_thread_choice  # deferred: as the imports above
-
-        apply_thread_choice()  # the cores idle now (triax.runtime.threads: why)
-    answer = generate_chat(args.run_dir, args.chat, args.system, args.tokens, args.temperature, args.top_k,
-                           args.greedy, args.seed, device)
-    # Exactly the text into a file or a pipe; on a terminal, no escape sequence the data taught it.
-    print(printable(answer, keep="\n\t") if sys.stdout.isatty() else answer)
-    return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from triax.data.addition import IGNORE_INDEX, addition_accuracy
-from triax.eval.windows import evaluation_windows, rank_batches
+from triax.data.windows import evaluation_windows, rank_batches
 from triax.runtime.shared_decisions import gather_floats
 from triax.train.step import TrainingStep
 
@@ -22,7 +22,7 @@ class Evaluation:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Validation loss per target token over the windows `trainer.eval_batches` asks for
-        (triax.eval.windows: non-overlapping, spread over the whole split; 0 = all of it), each
+        (triax.data.windows: non-overlapping, spread over the whole split; 0 = all of it), each
         token counted once. Data-parallel ranks share the windows and their summed losses and
         token counts are added up exactly, so every layout and process count reports the same
         number. `val_tokens` is how many tokens were scored."""

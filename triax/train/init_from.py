@@ -27,7 +27,7 @@ from triax.models import hf, meta_llama
 from triax.models.config import GPTConfig, architecture_fields
 from triax.models.decoder import vocabulary_rows
 from triax.models.hf_files import copy_into
-from triax.train.commands import open_run
+from triax.train.runs import open_run
 from triax.train.run_files import KEPT_SOURCE_DIR
 
 

@@ -1,5 +1,5 @@
-"""`triax export RUN OUT --format peft`: a LoRA run's adapters (its newest good snapshot) as the
-directory PEFT's `PeftModel.from_pretrained(base, OUT)` loads (triax/models/peft_format.py)."""
+"""`triax export RUN OUT --format peft` (triax.commands.export): a LoRA run's adapters (its newest
+good snapshot) as the directory PEFT's `PeftModel.from_pretrained(base, OUT)` loads (triax/models/peft_format.py)."""
 
 from __future__ import annotations
 
@@ -26,42 +26,11 @@ def run_lora(state: dict, snapshot: str) -> tuple[LoRAConfig, str | None]:
     return config, model.get("init_from")
 
 
-def export_main(argv: list[str]) -> int:
-    """`triax export`: --format peft here; every other format is triax.train.commands' export."""
-    from triax.train import commands  # deferred: torch and the checkpoint layer, after --help
-
-    asked = "--format=peft" in argv or any(a == "--format" and b == "peft" for a, b in zip(argv, argv[1:]))
-    if "--merge" in argv:
-        # deferred: `triax --help` stays fast
-        from triax.arguments import ArgumentParser
-
-        parser = ArgumentParser(prog="triax export --format hf --merge",
-                                description="write a LoRA run's base with its adapters merged in, for transformers")
-        parser.add_argument("run_dir")
-        parser.add_argument("output", help="a new directory")
-        parser.add_argument("--format", choices=("hf",), required=True)
-        parser.add_argument("--merge", action="store_true", required=True)
-        args = parser.parse_args(argv)
-        return export_merged_main(args.run_dir, args.output)
-    if not asked:
-        return commands.export_main(argv)
-    from triax.arguments import ArgumentParser  # deferred: `triax --help` stays fast
-
-    parser = ArgumentParser(prog="triax export --format peft",
-                            description="write a LoRA run's adapters as PEFT's adapter directory")
-    parser.add_argument("run_dir")
-    parser.add_argument("output", help="a new directory: adapter_config.json and adapter_model.safetensors")
-    parser.add_argument("--format", choices=("peft",), required=True)
-    parser.add_argument("--force", action="store_true", help="replace adapter files in OUT_DIR that triax did not write")
-    args = parser.parse_args(argv)
-    return export_peft_main(args.run_dir, args.output, args.force)
-
-
 def export_peft_main(run_dir: str, out_dir: str, force: bool = False) -> int:
     from triax.checkpoint.export import tensor_source  # deferred: imports torch
     from triax.models.peft_format import write_adapter  # deferred: `triax --help` stays fast
     # deferred: `triax --help` stays fast
-    from triax.train.commands import check_not_in_run, newest_good_snapshot, run_snapshot_root
+    from triax.train.runs import check_not_in_run, newest_good_snapshot, run_snapshot_root
     from triax.train.run_files import read_model_config  # deferred: `triax --help` stays fast
 
     from triax.arguments import check_output_directory  # deferred: `triax --help` stays fast
@@ -103,7 +72,7 @@ def export_merged_main(run_dir: str, out_dir: str) -> int:
     # deferred: torch and the models, after --help
     from triax.train.chat_generate import load_chat_model, run_config
     # deferred: as above
-    from triax.train.commands import check_not_in_run, run_snapshot_root
+    from triax.train.runs import check_not_in_run, run_snapshot_root
     # deferred: as above
     from triax.train.hf_export import export_hf
     # deferred: as above

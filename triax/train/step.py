@@ -20,7 +20,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from triax.data import GlobalSampler
 from triax.data.addition import IGNORE_INDEX
-from triax.eval.windows import mask_unscored
+from triax.data.windows import mask_unscored
 from triax.parallel.context_parallel import local_chunks
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
@@ -119,7 +119,7 @@ class TrainingStep:
         """(inputs, targets) on the device; packed chat rows' inputs are (ids, example numbers).
         `scored` (a list) gets the number of tokens the loss scores, counted on the host before the
         copy: counting on a GPU would wait there for the step in flight. `first_scored`: evaluation
-        windows' first scored position (triax.eval.windows). Under context parallelism the ids and
+        windows' first scored position (triax.data.windows). Under context parallelism the ids and
         targets are this rank's part of each sequence (the example numbers stay whole: attention
         looks them up for the keys of the whole sequence)."""
         x, y = dataset.batch(indices)

@@ -89,7 +89,7 @@ class Trainer:
         self._join_job(created_run_dir)
         if config.trainer.preflight:
             # deferred: triax.doctor reads triax.train.config, whose package imports this module
-            from triax.doctor.command import preflight
+            from triax.doctor.readiness import preflight
 
             preflight(config, self.place, self.device)
         self._build_model(model_config)

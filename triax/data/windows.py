@@ -17,10 +17,14 @@ A dataset whose samples do not overlap (the addition task's problems) is scored 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from triax.data.addition import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
 
 
 @dataclass
@@ -32,7 +36,7 @@ class WindowPlan:
         return len(self.starts)
 
 
-def evaluation_windows(dataset, limit: int | None = None) -> WindowPlan:
+def evaluation_windows(dataset: Dataset, limit: int | None = None) -> WindowPlan:
     """The windows that score `dataset` once (at most `limit` of them, spread evenly; None = all)."""
     size = len(dataset)
     if not getattr(dataset, "sliding_windows", False):

@@ -1,7 +1,7 @@
 """The `triax` command: one entry point that hands each sub-command to its own module.
 
-Each sub-command lives in the module that owns the feature and exposes `main(argv) -> int`,
-so this file only routes; it never grows with features.
+Each sub-command's module exposes `main(argv) -> int` and owns its parser, so this file only
+routes; it never grows with features.
 """
 
 from __future__ import annotations
@@ -17,22 +17,21 @@ from triax.launch.settings import ERRORS_REPORTED_BY_LAUNCHER_ENV
 from triax.runtime.threads import check_thread_setting
 from triax.runtime.torch_logs import quiet_torch_logs
 
-# sub-command -> (module with main(argv), one-line help)
+# sub-command -> (its module, whose main(argv) runs it; one-line help)
 COMMANDS = {
-    "train": ("triax.train.train_command:train_main", "train a GPT or Llama-family model from a Hydra config"),
-    # generate --chat and export --format peft first: they hand every other use to triax.train.commands
-    "generate": ("triax.train.chat_generate:generate_main", "sample text from a trained run (--chat: answer a message)"),
-    "export": ("triax.train.peft_export:export_main",
+    "train": ("triax.commands.train", "train a GPT or Llama-family model from a Hydra config"),
+    "generate": ("triax.commands.generate", "sample text from a trained run (--chat: answer a message)"),
+    "export": ("triax.commands.export",
                "write a run's weights as one safetensors file (or --format hf, or a LoRA run's --format peft)"),
-    "eval": ("triax.eval.command:main", "loss and perplexity of a run or a transformers model on a split or files"),
-    "tokenize": ("triax.data.tokenize_files:main", "text files -> BPE token files for data.task=tokens"),
-    "plan": ("triax.parallel.plan:main", "list parallel layouts that fit a model on given devices"),
-    "config": ("triax.launch.config:main", "write the default launch configuration"),
-    "launch": ("triax.launch.launcher:main", "start a script on several processes (torchrun front end)"),
-    "env": ("triax.launch.env:main", "print versions, devices and config for bug reports"),
-    "horovodrun": ("triax.horovod.horovodrun:main", "horovodrun-compatible launcher (torchrun; elastic driver)"),
-    "bench": ("triax.bench.cli:main", "measure throughput and scaling side by side"),
-    "doctor": ("triax.doctor.entry:main", "check this machine and cluster before a long run (table + JSON)"),
+    "eval": ("triax.commands.eval", "loss and perplexity of a run or a transformers model on a split or files"),
+    "tokenize": ("triax.commands.tokenize", "text files -> BPE token files for data.task=tokens"),
+    "plan": ("triax.commands.plan", "list parallel layouts that fit a model on given devices"),
+    "config": ("triax.commands.config", "write the default launch configuration"),
+    "launch": ("triax.commands.launch", "start a script on several processes (torchrun front end)"),
+    "env": ("triax.commands.env", "print versions, devices and config for bug reports"),
+    "horovodrun": ("triax.horovod.horovodrun", "horovodrun-compatible launcher (torchrun; elastic driver)"),
+    "bench": ("triax.commands.bench", "measure throughput and scaling side by side"),
+    "doctor": ("triax.commands.doctor", "check this machine and cluster before a long run (table + JSON)"),
 }
 
 
@@ -72,18 +71,17 @@ def run_command(argv: list[str]) -> int:
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         raise TriaxError(f"unknown command {name!r}; commands are: {', '.join(COMMANDS)}")
-    target, _ = COMMANDS[name]
+    module_name, _ = COMMANDS[name]
     # Checked like an option, before the command imports torch (whose OpenMP runtime would warn
     # about a bad value and carry on with its own count): triax.runtime.threads.
     check_thread_setting()
-    module_name, func_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name and module_name.startswith(error.name):
             raise TriaxError(f"'triax {name}' is not available in this build ({module_name} missing)") from None
         raise
-    return int(getattr(module, func_name)(rest) or 0)
+    return int(module.main(rest) or 0)
 
 
 def report_error(line: str) -> None:

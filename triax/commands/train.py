@@ -31,7 +31,7 @@ keys (default, meaning):
 """
 
 
-def train_main(argv: list[str]) -> int:
+def main(argv: list[str]) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(TRAIN_HELP + describe_keys())
         return 0

@@ -13,15 +13,14 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import time
 
-from triax.bench import report
-from triax.bench.worker import add_step_arguments
 from triax.arguments import ArgumentParser, at_least, check_device, need, positive
+from triax.bench import report
+from triax.bench.jobs import run_job
+from triax.bench.worker import add_step_arguments
 from triax.errors import TriaxError, UsageError
-from triax.testing import quiet_env, torchrun_command
 
 
 def parse_process_counts(text: str) -> list[int]:
@@ -36,8 +35,8 @@ def parse_process_counts(text: str) -> list[int]:
 
 def check_choices(args: argparse.Namespace) -> None:
     """Mistakes found here cost nothing; found in the workers they cost a torchrun start each."""
-    from triax.bench.adapters import ADAPTERS
-    from triax.bench.models import model_names
+    from triax.bench.adapters import ADAPTERS  # deferred: the adapters import torch and the peers
+    from triax.bench.models import model_names  # deferred: as the adapters
 
     if args.model not in model_names():
         raise TriaxError(f"unknown --model {args.model!r}; choose one of {', '.join(model_names())}")
@@ -87,31 +86,6 @@ def check_out_directory(out: str, force: bool) -> None:
                          "another directory, or add --force to replace it")
 
 
-def worker_arguments(args: argparse.Namespace) -> list[str]:
-    """The step arguments, passed on to each worker as they were given."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    add_step_arguments(parser)
-    argv = []
-    for action in parser._actions:
-        value = getattr(args, action.dest, None)
-        if value is None or value is False:
-            continue
-        argv += [action.option_strings[0]] if value is True else [action.option_strings[0], str(value)]
-    return argv
-
-
-def run_job(nproc: int, args: argparse.Namespace, out_path: str) -> dict:
-    command = torchrun_command(nproc, ["-m", "triax.bench.worker", *worker_arguments(args), "--out", out_path])
-    env = quiet_env(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
-    if result.returncode != 0 or not os.path.exists(out_path):
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-        raise TriaxError(f"the {nproc}-process benchmark job failed (exit {result.returncode}); "
-                         f"its last output:\n{tail}")
-    with open(out_path) as handle:
-        return json.load(handle)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="triax bench", description=__doc__.split("\n\n")[0])
     add_step_arguments(parser)
@@ -135,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = report.summarize(records)
     print(report.format_table(rows))
 
+    write_results(args, argv, records, rows)
+    return 0
+
+
+def write_results(args: argparse.Namespace, argv: list[str] | None, records: list[dict], rows: list[dict]) -> None:
+    """bench.json (the table's rows and each job's raw record) and, unless --no-chart, bench.png."""
     summary = {
         "command": "triax bench " + " ".join(argv if argv is not None else sys.argv[2:]),
         "model": args.model, "precision": args.precision, "batch_size_per_process": args.batch_size,
@@ -153,4 +133,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {png_path}")
         else:
             print("no chart: matplotlib is not installed (pip install 'triax[bench]')")
-    return 0

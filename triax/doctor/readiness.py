@@ -1,4 +1,5 @@
-"""`triax doctor`: is this machine, and this job's cluster, ready for the run its config describes?
+"""Is this machine, and this job's cluster, ready for the run its config describes? The checks of
+`triax doctor` (triax.commands.doctor) and of a run's `trainer.preflight`.
 
 Runs as one process or as every rank of a job (torchrun, `triax launch`, srun, mpirun). The ranks
 first meet at the rendezvous store and form the process group (a rank that cannot is named, with
@@ -17,100 +18,23 @@ import time
 from dataclasses import asdict
 from typing import Callable, TYPE_CHECKING
 
-from triax.arguments import ArgumentParser, at_least, check_output_file, need, positive
 from triax.runtime.shared_decisions import all_gather_bytes, barrier, broadcast_int
 from triax.doctor import network, report, storage, system
-from triax.doctor.needs import RunNeeds, run_needs
+from triax.doctor.needs import run_needs
 from triax.doctor.report import FAILED, OK, SKIPPED, Check
 from triax.errors import ConfigError, TriaxError
-from triax.runtime.place import Place, detect_place, pick_device
+from triax.runtime.place import Place, pick_device
 from triax.runtime.precision import Precision
-from triax.runtime.process_group import is_distributed, shutdown_distributed
+from triax.runtime.process_group import is_distributed
 from triax.runtime.threads import apply_thread_choice
 from triax.runtime.timeouts import collective_timeout, slow_phase_timeout
-from triax.train.config import TrainConfig, compose_config, to_dict
+from triax.train.config import TrainConfig, to_dict
 
 if TYPE_CHECKING:
     import torch
 
-SECTIONS = ("system", "compile", "memory", "storage", "network")
-DEFAULT_REPORT = "triax-doctor.json"
-DEFAULT_SIZES_MIB = "1,16"
-MAX_SIZE_MIB = 4096  # a collective's buffer is allocated on every rank: beyond this, a typo
-# Each measurement repeats for --seconds (a dozen of them): a minute each is already a long doctor.
-MAX_SECONDS = 60.0
-MIN_SECONDS = 0.01  # below a timer's resolution on a loaded machine: a measurement of nothing
-# Reaching the rendezvous store: an hour covers a slow scheduler starting the nodes one by one.
-MAX_STORE_TIMEOUT_S = 3600.0
 # Versions that must match on every rank: a mismatch fails collectives in ways that look like bugs.
 SAME_EVERYWHERE = ("python", "torch", "triax", "cuda", "nccl")
-
-USAGE_EPILOG = """examples:
-  triax doctor
-  triax doctor model=gpt2 trainer.precision=bf16 trainer.snapshot_dir=/data/snapshots
-  torchrun --nnodes 4 --nproc-per-node 8 ... -m triax doctor parallel.dp_shard=8
-  triax doctor --gpu-suite        # the whole GPU acceptance run (about 3 minutes on one H200)
-
-KEY=VALUE overrides are `triax train`'s (triax train --help lists them)."""
-
-
-def parse(argv: list[str]):
-    parser = ArgumentParser(prog="triax doctor", epilog=USAGE_EPILOG,
-                            description="Is this machine, and this job's cluster, ready for the run its config describes?",
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="the run's config, as for triax train")
-    parser.add_argument("--json", default=DEFAULT_REPORT, metavar="PATH",
-                        help=f"where rank 0 writes the report (default {DEFAULT_REPORT})")
-    parser.add_argument("--force", action="store_true", help="replace a --json file the doctor did not write")
-    parser.add_argument("--skip", action="append", default=[], choices=SECTIONS,
-                        help="leave out a section (repeat for several); it is listed as skipped")
-    parser.add_argument("--store-timeout", type=float, default=60.0, metavar="S",
-                        help="seconds every rank has to reach the rendezvous store (default 60)")
-    parser.add_argument("--sizes", default=DEFAULT_SIZES_MIB, metavar="MIB,...",
-                        help=f"all-reduce/all-gather sizes over the whole job, MiB (default {DEFAULT_SIZES_MIB})")
-    parser.add_argument("--link-mib", type=float, default=4.0, help="all-reduce size between two nodes, MiB")
-    parser.add_argument("--seconds", type=float, default=0.5, metavar="S",
-                        help="time each measurement is repeated for (default 0.5)")
-    parser.add_argument("--gpu-suite", action="store_true", help="the GPU acceptance suite (its own options)")
-    args = parser.parse_args(argv)
-    for override in args.overrides:
-        need("=" in override, "KEY=VALUE", override, "give config overrides as key=value (triax train --help)")
-    positive("--store-timeout", args.store_timeout)
-    need(1 <= args.store_timeout <= MAX_STORE_TIMEOUT_S, "--store-timeout", args.store_timeout,
-         f"use from 1 to {MAX_STORE_TIMEOUT_S:g} seconds")
-    positive("--seconds", args.seconds)
-    need(MIN_SECONDS <= args.seconds <= MAX_SECONDS, "--seconds", args.seconds,
-         f"each measurement is repeated for {MIN_SECONDS} to {MAX_SECONDS:g} seconds; use a number in that range")
-    positive("--link-mib", args.link_mib)
-    need(1 / 1024 <= args.link_mib <= MAX_SIZE_MIB, "--link-mib", args.link_mib,
-         f"use from 1/1024 (1 KiB) to {MAX_SIZE_MIB}")
-    args.sizes = _sizes(args.sizes)
-    return args
-
-
-def _sizes(text: str) -> list[int]:
-    sizes = []
-    for item in text.split(","):
-        try:
-            value = float(item)
-        except ValueError:
-            value = float("nan")
-        need(value == value and 1 / 1024 <= value <= MAX_SIZE_MIB, "--sizes", text,
-             f"give sizes in MiB from 1/1024 (1 KiB) to {MAX_SIZE_MIB}, separated by commas (e.g. 1,16)")
-        sizes.append(int(value * 2**20))
-    return sizes
-
-
-def main(argv: list[str]) -> int:
-    args = parse(argv)
-    config = compose_config(args.overrides)
-    place = detect_place()
-    if place.is_main:
-        check_output_file("--json", args.json, args.force, report.is_doctor_report)
-    try:
-        return Doctor(config, args, place).run()
-    finally:
-        shutdown_distributed()
 
 
 def preflight(config: TrainConfig, place: Place, device: torch.device) -> None:
@@ -120,7 +44,9 @@ def preflight(config: TrainConfig, place: Place, device: torch.device) -> None:
     what takes long (a compile) or what the run measures itself (the matmul rate, as MFU).
     Every rank raises together when something the run needs failed."""
     path = os.path.join(config.trainer.run_dir, "doctor.json")
-    args = parse(["--skip", "system", "--skip", "compile", "--sizes", "1", "--seconds", "0.2", "--json", path])
+    # `triax doctor --skip system --skip compile --sizes 1 --seconds 0.2 --json PATH`'s options
+    args = argparse.Namespace(overrides=[], json=path, force=False, skip=["system", "compile"], store_timeout=60.0,
+                              sizes=[2**20], link_mib=4.0, seconds=0.2, gpu_suite=False)
     if Doctor(config, args, place, device).run():
         raise ConfigError(f"trainer.preflight: a check the run needs failed (the table above; the report is "
                           f"{path}); fix it, or set trainer.preflight=false to start anyway")

@@ -1,44 +1,41 @@
-"""`triax eval MODEL`: loss, perplexity (and bits per character for a character model) of a
-trained run's newest snapshot, or of a transformers directory (GPT-2, Llama, Qwen2, Mistral), over the whole of a split or
-of given token or text files.
+"""What `triax eval MODEL` (triax.commands.eval) scores: the model of a trained run's newest
+snapshot, or of a transformers directory (GPT-2, Llama, Qwen2, Mistral), and the summed loss and
+token count over the whole of a split or of given token or text files.
 
-Every token counts once (triax.eval.windows: non-overlapping windows of the block size, the
+Every token counts once (triax.data.windows: non-overlapping windows of the block size, the
 leftover end scored by one last window). Under torchrun each rank scores its share of the windows
 with a whole copy of the model, and the summed losses and token counts are added exactly.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import argparse
 import os
-import sys
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from fsspec.implementations.local import LocalFileSystem
-from tqdm import tqdm
 
-from triax.arguments import ArgumentParser, at_least, check_device
-from triax.runtime.shared_decisions import gather_floats
 from triax.data.addition import IGNORE_INDEX
 from triax.data.chat import (ChatDataset, ChatEncoder, chat_template_for, encode_records, load_chat_datasets,
                              read_records)
-from triax.data.text import CharDataset, Vocabulary
+from triax.data.text import CharDataset
 from triax.data.tokenizer import BPETokenizer
-from triax.data.tokens import TOKEN_DTYPES, TokenDataset, TokenFile
+from triax.data.tokens import TokenDataset, TokenFile
 from triax import safe_files, safe_yaml
-from triax.errors import TriaxError, printable
-from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
+from triax.errors import TriaxError
+from triax.data.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.models import hf
 from triax.models.hf_model import load_hf_model
-from triax.runtime.place import detect_place, pick_device
-from triax.runtime.process_group import init_distributed, shutdown_distributed
-from triax.runtime.threads import apply_thread_choice
 from triax.train.chat_generate import chat_encoder, load_chat_model
-from triax.train.commands import _snapshot_root, check_exists, load_run_model
+from triax.train.runs import check_exists, configured_snapshot_root, load_run_model
 from triax.train.config import TrainConfig, from_dict
 from triax.train.data import build_data
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+    from tqdm import tqdm
 
 
 def load_model(path: str, device: torch.device):
@@ -51,7 +48,7 @@ def load_model(path: str, device: torch.device):
         config = TrainConfig()
         if os.path.isfile(config_file):
 
-            _snapshot_root(path)  # reports a damaged config.yaml in one line
+            configured_snapshot_root(path)  # reports a damaged config.yaml in one line
             config = from_dict(safe_yaml.loads(safe_files.read_text(config_file), config_file) or {})
         if config.model.lora.rank:  # a LoRA run's snapshots hold the adapters: the base is model.init_from
             model = load_chat_model(path, config, device)
@@ -70,7 +67,7 @@ def load_model(path: str, device: torch.device):
                      "directory (config.json); give one of them")
 
 
-def chat_encoder_of(path: str, run_config):
+def chat_encoder_of(path: str, run_config: TrainConfig | None) -> ChatEncoder:
     """The chat template and tokenizer a run trained with, or a transformers directory's own."""
     if run_config is not None:
         return chat_encoder(path, run_config)
@@ -81,7 +78,8 @@ def chat_encoder_of(path: str, run_config):
     return ChatEncoder(template, BPETokenizer.from_file(tokenizer).tokenizer)
 
 
-def datasets(args, model, vocab, run_config):
+def datasets(args: argparse.Namespace, model: torch.nn.Module, vocab: object,
+             run_config: TrainConfig | None) -> list[tuple[str, Dataset]]:
     """[(name, dataset)] to score: the given files, else the run's split."""
 
     block = args.block_size or model.config.block_size
@@ -141,7 +139,8 @@ def datasets(args, model, vocab, run_config):
 
 
 @torch.no_grad()
-def score(model, dataset, batch_size: int, rank: int, ranks: int, device, progress=None) -> tuple[float, int]:
+def score(model: torch.nn.Module, dataset: Dataset, batch_size: int, rank: int, ranks: int, device: torch.device,
+          progress: tqdm | None = None) -> tuple[float, int]:
     """(summed loss, scored targets) of this rank's share of `dataset`."""
     total, count = 0.0, 0
     for starts, first_scored in rank_batches(evaluation_windows(dataset), batch_size, rank, ranks):
@@ -157,77 +156,3 @@ def score(model, dataset, batch_size: int, rank: int, ranks: int, device, progre
                                  refresh=False)
             progress.update(1)
     return total, count
-
-
-def main(argv: list[str]) -> int:
-
-    parser = ArgumentParser(prog="triax eval", description="loss and perplexity of a run or a transformers "
-                                                           "model over a whole split or given files")
-    parser.add_argument("model", help="a triax run directory, or a transformers directory (GPT-2, Llama, Qwen2, "
-                                      "Mistral)")
-    parser.add_argument("--split", choices=("val", "train"), default="val", help="the run's split to score")
-    parser.add_argument("--tokens", nargs="+", metavar="FILE", help="token files (flat arrays of ids) to score")
-    parser.add_argument("--token-dtype", choices=TOKEN_DTYPES, default="uint16")
-    parser.add_argument("--text", nargs="+", metavar="FILE", help="UTF-8 text files, encoded with the model's "
-                                                                  "vocabulary or tokenizer.json")
-    parser.add_argument("--chat", nargs="+", metavar="FILE", help="chat files (.jsonl/.json/.parquet): the loss on "
-                                                                  "the answers, rendered with the model's chat template")
-    parser.add_argument("--preference", nargs="+", metavar="FILE", help="preference pairs (.jsonl/.json/.parquet): "
-                        "a DPO run's loss and rewards against its reference (default: the run's split)")
-    parser.add_argument("--block-size", type=int, default=None, help="window length; default the model's")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
-    at_least("--batch-size", args.batch_size, 1)
-    if args.block_size is not None:
-        at_least("--block-size", args.block_size, 1)
-    check_device("--device", args.device)
-
-    place = detect_place()
-    device = pick_device(args.device, place.local_rank)
-    if device.type == "cpu":
-        apply_thread_choice(place.local_world_size)  # the cores idle now (triax.runtime.threads: why)
-    try:
-        if place.world_size > 1:
-            place = init_distributed(device, place)
-        model, vocab, run_config = load_model(args.model, device)
-        if run_config is not None and run_config.data.task == "preference" and not (args.tokens or args.text or
-                                                                                args.chat):
-            from triax.eval.preference_eval import evaluate_preference  # deferred: DPO runs only
-
-            return evaluate_preference(args, model, run_config, device) if place.rank == 0 else 0
-        if args.preference:
-            raise TriaxError("--preference scores a DPO run (data.task=preference): it needs the run's reference; "
-                             f"{args.model!r} is not one")
-        if args.block_size and args.block_size > model.config.block_size:
-            raise TriaxError(f"--block-size {args.block_size} is longer than the model's context "
-                             f"({model.config.block_size})")
-        progress = None
-        found = datasets(args, model, vocab, run_config)
-        if place.rank == 0 and sys.stderr.isatty() and not args.json:
-
-            batches = sum(-(-len(evaluation_windows(d)) // (args.batch_size * place.world_size)) for _, d in found)
-            progress = tqdm(total=batches, unit="batch", leave=False, file=sys.stderr)
-        sums = []
-        for _, dataset in found:
-            sums += list(score(model, dataset, args.batch_size, place.rank, place.world_size, device, progress))
-        if progress is not None:
-            progress.close()
-        totals = [sum(column) for column in zip(*gather_floats(sums))]
-    finally:
-        shutdown_distributed()
-    loss_sum, tokens = sum(totals[0::2]), int(sum(totals[1::2]))
-    loss = loss_sum / tokens
-    result = {"model": args.model, "data": [name for name, _ in found], "tokens": tokens, "loss": loss,
-              "perplexity": math.exp(loss)}
-    if isinstance(vocab, Vocabulary) and not args.tokens:
-        result["bits_per_character"] = loss / math.log(2)  # one token is one character
-    if place.rank == 0:
-        if args.json:
-            print(json.dumps(result))
-        else:
-            extra = f", {result['bits_per_character']:.4f} bits/char" if "bits_per_character" in result else ""
-            print(printable(f"{', '.join(result['data'])}: {tokens} tokens, loss {loss:.4f}, perplexity "
-                            f"{result['perplexity']:.3f}{extra}"))
-    return 0
