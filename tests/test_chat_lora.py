@@ -89,7 +89,7 @@ def test_peft_loads_the_export_with_triax_logits(single, base, tmp_path):
     into the same tensors."""
     from triax.eval.command import load_hf_model
     from triax.models.lora import LoRAConfig, apply_lora
-    from triax.models.peft_format import load_adapter
+    from triax.interop.peft.adapter import load_adapter
 
     out = tmp_path / "adapter"
     launch(1, ["-m", "triax", "export", str(single), str(out), "--format", "peft"])
@@ -247,7 +247,7 @@ def test_lora_init_from_continues_from_a_peft_adapter(single, base, chat_file, t
 ])
 def test_an_adapter_that_does_not_match_is_one_line(single, tmp_path, change, words):
     from triax.models.lora import LoRAConfig
-    from triax.models.peft_format import AdapterError, load_adapter
+    from triax.interop.peft.adapter import AdapterError, load_adapter
 
     adapter = tmp_path / "adapter"
     launch(1, ["-m", "triax", "export", str(single), str(adapter), "--format", "peft"])

@@ -31,7 +31,7 @@ OUTPUT_FILES = ("train.bin", "train.mask.bin", "train.starts.bin", "val.bin", "v
 def main(argv: list[str]) -> int:
     from triax.arguments import ArgumentParser  # deferred: with the models' imports below, after --help
     from triax.data.tokenizer import BPETokenizer  # deferred: with the models, after --help
-    from triax.models import hf  # deferred: with the models, after --help
+    from triax.interop.hf import directory as hf  # deferred: with the models, after --help
 
     parser = ArgumentParser(prog="triax tokenize --chat",
                      description="render chat files with a checkpoint's chat template and write the token ids and "
@@ -104,7 +104,7 @@ def add_split_arguments(parser, records: str, out_help: str) -> None:
 
 def check_split_arguments(args, option: str, checkpoint: str, output_files: tuple) -> None:
     """The shared options' checks (one line each): the split, the checkpoint, an --out kept."""
-    from triax.models import hf  # deferred: with the models, after --help
+    from triax.interop.hf import directory as hf  # deferred: with the models, after --help
 
     if not 0.0 < args.val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")

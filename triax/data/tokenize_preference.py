@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     from triax.arguments import ArgumentParser  # deferred: with the models' imports below, after --help
     from triax.data.chat import read_records, training_count
     from triax.data.tokenizer import BPETokenizer  # deferred: with the models, after --help
-    from triax.models import hf  # deferred: with the models, after --help
+    from triax.interop.hf import directory as hf  # deferred: with the models, after --help
 
     parser = ArgumentParser(prog="triax tokenize --preference",
                             description="encode preference pairs with a checkpoint's tokenizer and chat template "

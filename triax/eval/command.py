@@ -30,8 +30,8 @@ from triax.data.tokens import TOKEN_DTYPES, TokenDataset, TokenFile
 from triax import safe_files, safe_yaml
 from triax.errors import TriaxError, printable
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
-from triax.models import hf
-from triax.models.hf_model import load_hf_model
+from triax.interop.hf import directory as hf
+from triax.interop.hf.whole_model import load_hf_model
 from triax.runtime.place import detect_place, pick_device
 from triax.runtime.process_group import init_distributed, shutdown_distributed
 from triax.runtime.threads import apply_thread_choice

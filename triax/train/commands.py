@@ -267,7 +267,7 @@ def export_main(argv: list[str]) -> int:
     if args.format == "hf":
         return export_hf_main(args.run_dir, args.output)
     if args.format == "nanogpt":
-        from triax.train.nanogpt_export import export_nanogpt
+        from triax.interop.nanogpt.export import export_nanogpt
 
         from triax.arguments import check_output_directory, written_by_triax_pickle
 
@@ -299,7 +299,7 @@ def export_main(argv: list[str]) -> int:
 
 def export_hf_main(run_dir: str, out_dir: str) -> int:
     from triax.checkpoint.export import tensor_source
-    from triax.train.hf_export import export_hf
+    from triax.interop.hf.export import export_hf
     from triax.train.run_files import KEPT_SOURCE_DIR
 
     from triax.models import GPTConfig

@@ -27,7 +27,9 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from triax.checkpoint import hf_trainer_run, nanogpt, nanogpt_run
+from triax.interop.hf_trainer import run as hf_trainer_run
+from triax.interop.nanogpt import run as nanogpt_run
+from triax.interop.nanogpt import checkpoint as nanogpt
 from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
 from triax.models.config import PRESETS, GPTConfig, preset_fields

@@ -1,7 +1,7 @@
 """`trainer.continue_from`: a run another tool began, continued by the trainer from the step that
 tool would take next. The checkpoint's kind picks the reader: nanoGPT's ckpt.pt
-(triax/checkpoint/nanogpt_run.py) or a transformers Trainer's checkpoint-N
-(triax/checkpoint/hf_trainer_run.py). Its settings reached the config when it was composed
+(triax/interop/nanogpt/run.py) or a transformers Trainer's checkpoint-N
+(triax/interop/hf_trainer/run.py). Its settings reached the config when it was composed
 (train/config.py's continuation_overrides); its weights are loaded as model.init_from's.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 
 from triax import checkpoint
-from triax.checkpoint import hf_trainer_run, nanogpt_run
+from triax.interop.hf_trainer import run as hf_trainer_run
+from triax.interop.nanogpt import run as nanogpt_run
 from triax.errors import ConfigError
 from triax.train.optim import warmup_cosine
 from triax.train.config import TrainConfig, final_lr

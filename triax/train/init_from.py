@@ -2,9 +2,9 @@
 a transformers directory of model_type gpt2, llama, qwen2 or mistral (what `save_pretrained`
 writes, or a snapshot directory in the Hugging Face cache; nothing is downloaded), another triax
 run (its newest good snapshot), nanoGPT's ckpt.pt (or the out_dir holding it:
-triax/checkpoint/nanogpt.py), or a Llama in Meta's layout: Meta's folder (params.json,
-consolidated.00.pth: triax/checkpoint/meta_folder.py) or torchtitan's DCP checkpoint folder
-(triax/checkpoint/torchtitan.py), both read through triax/models/meta_llama.py.
+triax/interop/nanogpt/checkpoint.py), or a Llama in Meta's layout: Meta's folder (params.json,
+consolidated.00.pth: triax/interop/meta/folder.py) or torchtitan's DCP checkpoint folder
+(triax/interop/torchtitan/checkpoint.py), both read through triax/interop/meta/weights.py.
 
 The checkpoint fixes the architecture (every model.* key but dropout) and the text codec: the
 directory's tokenizer.json, a run's tokenizer.json or character vocabulary, which then encodes
@@ -20,13 +20,16 @@ import os
 from dataclasses import dataclass, field
 
 from triax import checkpoint, safe_files
-from triax.checkpoint import meta_folder, nanogpt, torchtitan
+from triax.interop.torchtitan import checkpoint as torchtitan
+from triax.interop.meta import folder as meta_folder
+from triax.interop.nanogpt import checkpoint as nanogpt
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import ConfigError
-from triax.models import hf, meta_llama
+from triax.interop.meta import weights as meta_llama
+from triax.interop.hf import directory as hf
 from triax.models.config import GPTConfig, architecture_fields
 from triax.models.decoder import vocabulary_rows
-from triax.models.hf_files import copy_into
+from triax.interop.hf.files import copy_into
 from triax.train.commands import open_run
 from triax.train.run_files import KEPT_SOURCE_DIR
 
@@ -106,7 +109,7 @@ def _meta_layout(path: str, kind: str, stored, fields: dict, described_by: str) 
     weights = meta_llama.MetaWeights(stored, config.head_dim)
     meta_llama.check_weights(weights, config, path, described_by)
     codec = None
-    tokenizer = hf.tokenizer_file(path)  # Meta's tokenizer.model is not read (triax/checkpoint/meta_folder.py)
+    tokenizer = hf.tokenizer_file(path)  # Meta's tokenizer.model is not read (triax/interop/meta/folder.py)
     if tokenizer is not None:
         codec = BPETokenizer.from_file(tokenizer)
         codec.source_path = tokenizer

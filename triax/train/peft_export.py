@@ -1,5 +1,5 @@
 """`triax export RUN OUT --format peft`: a LoRA run's adapters (its newest good snapshot) as the
-directory PEFT's `PeftModel.from_pretrained(base, OUT)` loads (triax/models/peft_format.py)."""
+directory PEFT's `PeftModel.from_pretrained(base, OUT)` loads (triax/interop/peft/adapter.py)."""
 
 from __future__ import annotations
 
@@ -59,13 +59,13 @@ def export_main(argv: list[str]) -> int:
 
 def export_peft_main(run_dir: str, out_dir: str, force: bool = False) -> int:
     from triax.checkpoint.export import tensor_source  # deferred: imports torch
-    from triax.models.peft_format import write_adapter  # deferred: `triax --help` stays fast
+    from triax.interop.peft.adapter import write_adapter  # deferred: `triax --help` stays fast
     # deferred: `triax --help` stays fast
     from triax.train.commands import check_not_in_run, newest_good_snapshot, run_snapshot_root
     from triax.train.run_files import read_model_config  # deferred: `triax --help` stays fast
 
     from triax.arguments import check_output_directory  # deferred: `triax --help` stays fast
-    from triax.models.peft_format import output_files  # deferred: as above
+    from triax.interop.peft.adapter import output_files  # deferred: as above
 
     root = run_snapshot_root(run_dir)
     check_not_in_run(out_dir, run_dir, root, "OUT_DIR")
@@ -105,7 +105,7 @@ def export_merged_main(run_dir: str, out_dir: str) -> int:
     # deferred: as above
     from triax.train.commands import check_not_in_run, run_snapshot_root
     # deferred: as above
-    from triax.train.hf_export import export_hf
+    from triax.interop.hf.export import export_hf
     # deferred: as above
     from triax.train.run_files import KEPT_SOURCE_DIR
 

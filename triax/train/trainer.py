@@ -31,7 +31,7 @@ from triax.runtime.host_memory import host_memory_bytes, return_freed_memory_to_
 from triax.tracking.throughput import MetricsLogger, Pace, duration, peak_memory_mb, stated_peak_flops, step_count
 from triax.models import build_model, vocabulary_rows
 from triax.models.lora import apply_lora, trainable_summary
-from triax.models.peft_format import check_adapter, load_adapter
+from triax.interop.peft.adapter import check_adapter, load_adapter
 from triax.train.optim import make_adamw, make_schedule, move_schedule
 from triax.parallel.ddp import unwrap
 from triax.parallel.experts import check_layout as check_expert_layout

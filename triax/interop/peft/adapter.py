@@ -20,7 +20,7 @@ from safetensors.torch import save
 from triax import safe_files
 from triax.arguments import written_by_triax_safetensors
 from triax.errors import ConfigError, printable
-from triax.models.hf_llama import hf_name
+from triax.interop.hf.llama import hf_name
 from triax.models.init import local_box
 from triax.models.lora import ADAPTER_MARK, PEFT_NAMES, TARGETS, LoRAConfig, target_keys
 

@@ -1,8 +1,8 @@
 """Reading a Hugging Face `transformers` checkpoint directory into a triax model, whatever its
 family (model_type gpt2, llama, qwen2, mistral): which family reads it, the architecture it fixes,
-and this rank's slices of its weights. The files themselves are read by hf_files.py; what differs
-per family (config fields, tensor names and layouts) lives in hf_gpt2.py and hf_llama.py.
-`triax export --format hf` is the inverse (triax/train/hf_export.py).
+and this rank's slices of its weights. The files themselves are read by files.py; what differs
+per family (config fields, tensor names and layouts) lives in gpt2.py, llama.py and moe.py.
+`triax export --format hf` is the inverse (triax/interop/hf/export.py).
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import re
 import torch
 
 from triax.errors import ConfigError
-from triax.models import hf_gpt2, hf_llama, hf_moe, parameter_shapes
+from triax.models import parameter_shapes
+from triax.interop.hf import moe as hf_moe
+from triax.interop.hf import llama as hf_llama
+from triax.interop.hf import gpt2 as hf_gpt2
 from triax.models.config import GPTConfig, architecture_fields
-from triax.models.hf_config_types import type_error
-from triax.models.hf_files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, check_source,
+from triax.interop.hf.config_types import type_error
+from triax.interop.hf.files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, check_source,
                                    copy_into, description_files, is_hf_directory, read_json, tokenizer_file)
 
 __all__ = ["DESCRIPTION_FILES", "MAX_DESCRIPTION_BYTES", "CheckpointError", "HFWeights", "architecture", "check_weights",
@@ -29,7 +32,7 @@ FAMILIES = {**dict.fromkeys(hf_gpt2.MODEL_TYPES, hf_gpt2), **dict.fromkeys(hf_ll
 
 def read_hf_config(directory: str, follow_links: bool = True) -> dict:
     """config.json, of a model_type triax builds, every field triax reads of the JSON type
-    transformers gives it (hf_config_types)."""
+    transformers gives it (config_types.py)."""
     path = os.path.join(directory, "config.json")
     config = read_json(directory, "config.json", "give a directory written by save_pretrained", follow_links)
     if not isinstance(config, dict):

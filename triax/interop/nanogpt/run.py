@@ -20,11 +20,11 @@ import math
 
 import torch
 
-from triax.checkpoint import adamw_state
-from triax.checkpoint.adamw_state import MOMENTS
-from triax.checkpoint.nanogpt import NanoGPTCheckpoint, NanoGPTWeights
-from triax.checkpoint.pickled import PickledFileError
-from triax.models.hf_files import copy_tensor
+from triax.interop.shared import adamw_state
+from triax.interop.shared.adamw_state import MOMENTS
+from triax.interop.nanogpt.checkpoint import NanoGPTCheckpoint, NanoGPTWeights
+from triax.interop.shared.pickled import PickledFileError
+from triax.interop.hf.files import copy_tensor
 
 # nanoGPT config key -> (triax key, int or float, the smallest value it may take: 0 or 1)
 SETTINGS = {

@@ -1,6 +1,6 @@
 """torchtitan's Llama checkpoints: a torch.distributed.checkpoint (DCP) folder (`.metadata` and
 `__<rank>_<n>.distcp` files), one per saved step in torchtitan's `checkpoint/step-N/`, its model's
-tensors in Meta's layout (triax/models/meta_llama.py: names, rotary order), flattened at the top
+tensors in Meta's layout (triax/interop/meta/weights.py: names, rotary order), flattened at the top
 or under `model.`, beside the optimizer's, the scheduler's and the data loader's state.
 
 The folder says the shapes, not the head counts (a width of 4096 is 32 heads of 128 or 64 of 64):
@@ -38,9 +38,9 @@ from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from triax import safe_files
-from triax.models import meta_llama
+from triax.interop.meta import weights as meta_llama
 from triax.models.config import MAX_SIZES
-from triax.models.hf_files import CheckpointError, checkpoint_file, read_json
+from triax.interop.hf.files import CheckpointError, checkpoint_file, read_json
 
 METADATA_FILE = ".metadata"
 STEP_FOLDER = re.compile(r"step-(\d+)")

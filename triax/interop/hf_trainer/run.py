@@ -1,7 +1,7 @@
 """Continuing a run transformers' Trainer began: `triax train trainer.continue_from=out/checkpoint-N`.
 
 A `checkpoint-N` folder holds the model as save_pretrained writes it (config.json,
-model.safetensors: read as any transformers directory, triax/models/hf.py), and beside it:
+model.safetensors: read as any transformers directory, triax/interop/hf/directory.py), and beside it:
 
 - trainer_state.json: `global_step` (the weights are those after it; the next step is numbered
   global_step), `max_steps`, `train_batch_size` (per process), `logging_steps`, `best_metric`
@@ -31,12 +31,12 @@ import os
 import torch
 
 from triax import safe_files
-from triax.checkpoint import adamw_state
-from triax.checkpoint.adamw_state import MOMENTS
-from triax.checkpoint.pickled import PickledFileError, read_pickled
+from triax.interop.shared import adamw_state
+from triax.interop.shared.adamw_state import MOMENTS
+from triax.interop.shared.pickled import PickledFileError, read_pickled
 from triax.errors import printable
-from triax.models import hf
-from triax.models.hf_files import CheckpointError, TensorDict, checkpoint_file, copy_tensor
+from triax.interop.hf import directory as hf
+from triax.interop.hf.files import CheckpointError, TensorDict, checkpoint_file, copy_tensor
 
 STATE_FILE = "trainer_state.json"
 # log_history keeps every logged step (~200 bytes each): a million-step run logged at every step

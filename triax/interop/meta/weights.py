@@ -1,5 +1,5 @@
 """Llama weights in Meta's layout, for triax's Llama: what Meta's `consolidated.00.pth` and
-torchtitan's DCP checkpoints hold (triax/checkpoint/meta_folder.py and torchtitan.py read the
+torchtitan's DCP checkpoints hold (triax/interop/meta/folder.py and torchtitan.py read the
 files; this is what they share): Meta's tensor names, its `params.json`, and the rotary row order.
 
 Names: `tok_embeddings`, `layers.N.attention.wq/wk/wv/wo`, `layers.N.feed_forward.w1/w2/w3` (w1 the
@@ -21,8 +21,8 @@ import torch
 
 from triax.models import parameter_shapes
 from triax.models.config import MAX_OPTIONAL_SIZES, MAX_SIZES, GPTConfig
-from triax.models.hf_files import CheckpointError, Source, check_source
-from triax.models.safetensors_header import TORCH_DTYPE_NAMES, TensorEntry
+from triax.interop.hf.files import CheckpointError, Source, check_source
+from triax.interop.hf.safetensors_header import TORCH_DTYPE_NAMES, TensorEntry
 
 # triax module name -> Meta's, inside a layer.
 LAYER_NAMES = {"ln_1": "attention_norm", "ln_2": "ffn_norm", "attn.q_proj": "attention.wq",

@@ -1,7 +1,7 @@
 """A transformers Llama, Qwen2 or Mistral checkpoint, for triax's Llama: its config fields and
-where each parameter is stored (the inverse of triax/train/hf_export.py's llama writer). The
+where each parameter is stored (the inverse of triax/interop/hf/export.py's llama writer). The
 tensors are stored as triax holds them (nn.Linear weights, rotary pairs in transformers' rotate-half
-order), so every parameter is a plain slice of one stored tensor. Reading is triax/models/hf.py's.
+order), so every parameter is a plain slice of one stored tensor. Reading is triax/interop/hf/directory.py's.
 
 A config field that changes what the model computes and that triax does not implement is refused
 in one line naming it, never ignored: another activation, partial rotary embeddings, a rope
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from triax.models import build_model
-from triax.models.hf_files import CheckpointError, HFWeights, Source
+from triax.interop.hf.files import CheckpointError, HFWeights, Source
 
 MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
 

@@ -16,10 +16,10 @@ import os
 from triax import safe_files
 from triax.checkpoint import snapshot_step
 from triax.checkpoint.export import optimizer_source, tensor_source
-from triax.checkpoint.nanogpt import to_nanogpt_state
-from triax.checkpoint.adamw_state import MOMENTS
-from triax.checkpoint.nanogpt_run import exported_config, optimizer_state
-from triax.checkpoint.pickled import pickled_bytes
+from triax.interop.nanogpt.checkpoint import to_nanogpt_state
+from triax.interop.shared.adamw_state import MOMENTS
+from triax.interop.nanogpt.run import exported_config, optimizer_state
+from triax.interop.shared.pickled import pickled_bytes
 from triax.errors import UsageError, printable
 
 # model.* key -> the value nanoGPT's GPT has (None: derived, below).

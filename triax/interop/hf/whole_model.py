@@ -7,7 +7,8 @@ import os
 
 import torch
 
-from triax.models import GPTConfig, build_model, hf
+from triax.models import GPTConfig, build_model
+from triax.interop.hf import directory as hf
 from triax.models.memory import check_whole_model_fits
 from triax.runtime.place import detect_place
 
