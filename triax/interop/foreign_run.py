@@ -24,6 +24,9 @@ import torch
 # The name a stored tensor has in the checkpoint for a parameter name of the model being loaded
 # (the model may be wrapped: FSDP's or activation checkpointing's prefixes are taken off).
 StoredName = Callable[[str], str]
+# The text codec of a tokenizer.json file (the training room's BPETokenizer, given by the caller:
+# the wing reads other tools' files and builds no part of a run).
+CodecOf = Callable[[str], object]
 
 
 def same_name(name: str) -> str:

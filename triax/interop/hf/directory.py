@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Callable
 
 import torch
 
@@ -18,6 +19,7 @@ from triax.interop.hf import moe as hf_moe
 from triax.interop.hf import llama as hf_llama
 from triax.interop.hf import gpt2 as hf_gpt2
 from triax.models.config import GPTConfig, architecture_fields
+from triax.interop.foreign_run import CodecOf, ForeignRun, StoredName, same_name
 from triax.interop.hf.config_types import type_error
 from triax.interop.hf.files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, check_source,
                                    copy_into, description_files, is_hf_directory, read_json, tokenizer_file)
@@ -54,12 +56,12 @@ def family_of(config: dict):
     return FAMILIES[config["model_type"]]
 
 
-def architecture(directory: str) -> dict:
+def architecture(directory: str, config: dict | None = None) -> dict:
     """Every GPTConfig field a checkpoint directory fixes (all but dropout, the fine-tuning run's own
     choice, and the layout's vocabulary padding); one line naming any config field triax cannot
-    honour or any value out of range."""
+    honour or any value out of range. `config`: its config.json, when already read."""
     path = os.path.join(directory, "config.json")
-    config = read_hf_config(directory)
+    config = read_hf_config(directory) if config is None else config
     try:
         return architecture_fields(GPTConfig(**family_of(config).architecture(config)))
     except CheckpointError as error:
@@ -74,36 +76,67 @@ def architecture(directory: str) -> dict:
         raise CheckpointError(f"{path}: {what}; not a config transformers wrote") from None
 
 
-def window_of(directory: str) -> int | None:
+def window_of(directory: str, config: dict | None = None) -> int | None:
     """The sliding attention window of a llama-family checkpoint's layers, if any."""
-    config = read_hf_config(directory)
+    config = read_hf_config(directory) if config is None else config
     if config["model_type"] in hf_moe.MODEL_TYPES:  # Mixtral keeps Mistral's window, Qwen3-MoE Qwen2's switch
         config = {**config, "model_type": "mistral" if config["model_type"] == "mixtral" else "qwen2"}
     return hf_llama.sliding_window(config) if config["model_type"] in hf_llama.MODEL_TYPES else None
 
 
-def check_weights(directory: str, model_config) -> None:
+def check_weights(directory: str, model_config: GPTConfig, config: dict | None = None) -> HFWeights:
     """Every tensor a model of `model_config` reads from `directory` is there, with the shape the
     config gives it and a floating dtype: checked from the safetensors headers alone, before the
     model is allocated, so a config.json describing a model its weights do not hold (a billion
     parameters over kilobytes) is one line, not gigabytes allocated first."""
-    weights = _weights(read_hf_config(directory), directory, model_config)
-    source_of = family_of(read_hf_config(directory)).sources(weights, model_config)
+    config = read_hf_config(directory) if config is None else config
+    weights = _weights(config, directory, model_config)
+    source_of = family_of(config).sources(weights, model_config)
     for name, shape in parameter_shapes(model_config).items():
         source, transposed, shift, fused = source_of(name)
         check_source(weights, source, name, shape, transposed, shift, fused, model_config.vocab_size)
+    return getattr(weights, "weights", weights)  # the files, under a family's wrapper
 
 
-def load_into(model: torch.nn.Module, directory: str, model_config, stored_name=lambda n: n) -> int:
+def load_into(model: torch.nn.Module, directory: str, model_config: GPTConfig,
+              stored_name: Callable[[str], str] = lambda n: n, config: dict | None = None) -> int:
     """copy_into with the family's name mapping: this rank's part of `model` from `directory`."""
-    config = read_hf_config(directory)
+    config = read_hf_config(directory) if config is None else config
     weights = _weights(config, directory, model_config)
     source_of = family_of(config).sources(weights, model_config)
     return copy_into(model, weights, source_of, model_config.vocab_size, stored_name)
 
 
-def _weights(config: dict, directory: str, model_config):
-    """The directory's tensors as the family reads them (a mixture of experts' stacked per expert)."""
-    weights = HFWeights(directory)
+def _weights(config: dict, directory: str, model_config: GPTConfig, weights: HFWeights | None = None):
+    """The directory's tensors as the family reads them (a mixture of experts' stacked per expert);
+    `weights`: the directory's safetensors, when already opened."""
+    weights = HFWeights(directory) if weights is None else weights
     wrap = getattr(family_of(config), "wrap_weights", None)
     return wrap(weights, model_config) if wrap is not None else weights
+
+
+class HFDirectory(ForeignRun):
+    """A transformers checkpoint directory as a run starts from it: its config.json read once, its
+    weights checked against it from the safetensors headers alone (before any process group, and
+    before the model, of the config's size, is allocated), then read by this rank's slices."""
+
+    kind = "transformers"
+
+    def __init__(self, path: str, codec_of: CodecOf):
+        self.config = read_hf_config(path)
+        fields = architecture(path, self.config)
+        # Missing or damaged weights, or weights that are not the config's model, fail here.
+        self.weights = check_weights(path, GPTConfig(**fields), self.config)
+        tokenizer = tokenizer_file(path)
+        codec = codec_of(tokenizer) if tokenizer is not None else None
+        reason = ""
+        if fields["arch"] != "gpt2" and window_of(path, self.config) is not None:
+            reason = (" (its sliding_window: triax attends to the whole context, which equals sliding-window "
+                      "attention only within the window)")
+        super().__init__(path, fields, codec, context_reason=reason, description=description_files(path))
+
+    def load_weights(self, model: torch.nn.Module, model_config: GPTConfig,
+                     stored_name: StoredName = same_name) -> None:
+        weights = _weights(self.config, self.path, model_config, self.weights)
+        source_of = family_of(self.config).sources(weights, model_config)
+        copy_into(model, weights, source_of, model_config.vocab_size, stored_name)
