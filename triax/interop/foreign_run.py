@@ -17,9 +17,11 @@ torchtune every format behind one checkpointer, the rooms of triax/interop/ keep
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
+
+from triax.models.config import GPTConfig
 
 # The name a stored tensor has in the checkpoint for a parameter name of the model being loaded
 # (the model may be wrapped: FSDP's or activation checkpointing's prefixes are taken off).
@@ -27,6 +29,17 @@ StoredName = Callable[[str], str]
 # The text codec of a tokenizer.json file (the training room's BPETokenizer, given by the caller:
 # the wing reads other tools' files and builds no part of a run).
 CodecOf = Callable[[str], object]
+
+
+
+class ScheduleSettings(Protocol):
+    """The run's optim.* settings a continuation is checked against (the training config's optim)."""
+
+    schedule: str
+    lr: float
+    warmup_steps: int
+    decay_steps: int
+    min_lr: float
 
 
 def same_name(name: str) -> str:
@@ -52,7 +65,7 @@ class ForeignRun:
         # generation config, tokenizer files), which the run keeps a copy of (init_from.keep_description)
         self.description = description or {}
 
-    def load_weights(self, model: torch.nn.Module, model_config, stored_name: StoredName = same_name) -> None:
+    def load_weights(self, model: torch.nn.Module, model_config: GPTConfig, stored_name: StoredName = same_name) -> None:
         """Overwrite this rank's part of the freshly built `model` with the checkpoint's values."""
         raise NotImplementedError
 
@@ -68,12 +81,12 @@ class ForeignRun:
         count), checked against the model's shapes; None where the format holds no optimizer state."""
         return None
 
-    def check_continuation(self, optim, rate_at: Callable[[int], float]) -> None:
+    def check_continuation(self, optim: ScheduleSettings, rate_at: Callable[[int], float]) -> None:
         """The saved state (and schedule) can be continued under the run's `optim` settings, whose
         learning rate at a step is `rate_at(step)`; raises SnapshotError if not."""
         raise NotImplementedError(f"{self.path}: a {self.kind} checkpoint cannot be continued")
 
-    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_config,
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_config: GPTConfig,
                              stored_name: StoredName = same_name) -> int:
         """Put the saved AdamW moments and step count into this rank's `optimizer` over `model` (its
         state must exist); returns the number of values read."""

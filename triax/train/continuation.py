@@ -8,9 +8,12 @@ model.init_from's.
 
 from __future__ import annotations
 
+import torch
+
 from triax import checkpoint
 from triax.errors import ConfigError
 from triax.interop.foreign_run import ForeignRun, StoredName
+from triax.models.config import GPTConfig
 from triax.train.config import TrainConfig, final_lr
 from triax.train.optim import warmup_cosine
 
@@ -30,7 +33,8 @@ def check(source: ForeignRun, config: TrainConfig) -> None:
         raise ConfigError(f"trainer.continue_from: {error}") from None
 
 
-def load(source: ForeignRun, model, optimizer, model_config, stored_name: StoredName) -> tuple[int, tuple[float, int] | None]:
+def load(source: ForeignRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_config: GPTConfig,
+         stored_name: StoredName) -> tuple[int, tuple[float, int] | None]:
     """Put the saved AdamW state into this rank's `optimizer` (its state must exist); returns (the
     step to continue from, the best validation (loss, step) so far, or None)."""
     source.load_optimizer_state(model, optimizer, model_config, stored_name)

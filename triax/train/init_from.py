@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from triax import checkpoint, safe_files
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import ConfigError
 from triax.interop.foreign_run import ForeignRun, StoredName, same_name
 from triax.interop.formats import open_foreign
 from triax.interop.hf.files import DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, description_files
-from triax.models.config import architecture_fields
+from triax.models.config import GPTConfig, architecture_fields
 from triax.models.decoder import vocabulary_rows
 from triax.train.commands import open_run
 from triax.train.run_files import KEPT_SOURCE_DIR
@@ -49,7 +51,8 @@ class TriaxRun(ForeignRun):
         super().__init__(path, architecture_fields(model_config), vocab, description=description)
         self.snapshot = reader.snapshot
 
-    def load_weights(self, model, model_config, stored_name: StoredName = same_name) -> None:
+    def load_weights(self, model: torch.nn.Module, model_config: GPTConfig,
+                     stored_name: StoredName = same_name) -> None:
         # By the real rows of the embedding and head: the run may have padded its vocabulary otherwise.
         checkpoint.load_snapshot(self.snapshot, model, None, restore_rng=False, stored_name=stored_name,
                                  real_rows=vocabulary_rows(model_config))
@@ -62,7 +65,7 @@ def tokenizer_codec(path: str) -> BPETokenizer:
     return codec
 
 
-def resolve(path: str, model=None) -> ForeignRun:
+def resolve(path: str, model: object = None) -> ForeignRun:
     """The checked checkpoint at `path`, whichever tool saved it (triax/interop/formats.py), or a
     triax run. `model`: the run's model.* keys, for what a folder in Meta's layout does not record
     (torchtitan's head counts, rotary settings and norm epsilon; the rope scaling factor of a
@@ -115,6 +118,7 @@ def check_fits(source: ForeignRun, data_vocab_size: int, block_size: int) -> Non
                           f"{arch['block_size']}")
 
 
-def load_weights(source: ForeignRun, model, model_config, stored_name: StoredName) -> None:
+def load_weights(source: ForeignRun, model: torch.nn.Module, model_config: GPTConfig,
+                 stored_name: StoredName) -> None:
     """Overwrite this rank's part of the freshly built model with the checkpoint's values."""
     source.load_weights(model, model_config, stored_name)

@@ -82,7 +82,7 @@ def hf_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor]) -> Iterato
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
 
 
-def write_safetensors_streaming(path: str, entries, dtype: torch.dtype) -> int:
+def write_safetensors_streaming(path: str, entries: list, dtype: torch.dtype) -> int:
     """Write a .safetensors file one tensor at a time: the header (names, shapes, offsets) is known
     from the shapes alone, so no more than one tensor is ever held. Returns the number of values."""
     if dtype not in _SAFETENSORS_DTYPES:
@@ -114,7 +114,7 @@ def write_safetensors_streaming(path: str, entries, dtype: torch.dtype) -> int:
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
-def drop_in_files(config, ours: dict, kept_dir: str) -> tuple[dict, dict[str, bytes]]:
+def drop_in_files(config: GPTConfig, ours: dict, kept_dir: str) -> tuple[dict, dict[str, bytes]]:
     """(config.json, {name: contents} of the other files) for an export that replaces the
     transformers checkpoint the run started from, whose files the run kept in `kept_dir`.
 

@@ -252,7 +252,7 @@ class Source(NamedTuple):
 
 @torch.no_grad()
 def copy_into(model: torch.nn.Module, weights: HFWeights, source_of: Callable[[str], Source], vocab_size: int,
-              stored_name=lambda n: n) -> int:
+              stored_name: Callable[[str], str] = lambda n: n) -> int:
     """Overwrite every parameter of `model` (plain, DDP-unwrapped, FSDP/TP DTensor shards, a
     pipeline stage) with the checkpoint's values, reading only the slice each holds; `source_of`
     maps a triax parameter name to where its values are stored. Vocabulary padding rows (beyond

@@ -40,7 +40,7 @@ def architecture(config: dict) -> dict:
             "gelu": GELU_FORMS[config.get("activation_function", "gelu_new")]}
 
 
-def sources(weights: HFWeights, model_config):
+def sources(weights: HFWeights, model_config: GPTConfig):
     """triax parameter name -> (checkpoint tensor name, transposed?, offset along its output dimension)."""
     # Checkpoints saved from GPT2Model or by older transformers lack the "transformer." prefix.
     p = weights.prefix("wte.weight", ("transformer.", ""))

@@ -36,8 +36,9 @@ from triax.interop.shared import adamw_state
 from triax.interop.shared.adamw_state import MOMENTS
 from triax.interop.shared.pickled import PickledFileError, read_pickled
 from triax.errors import printable
-from triax.interop.foreign_run import ForeignRun, StoredName, same_name
+from triax.interop.foreign_run import ForeignRun, ScheduleSettings, StoredName, same_name
 from triax.interop.hf import directory as hf
+from triax.models.config import GPTConfig
 from triax.interop.hf.files import CheckpointError, TensorDict, checkpoint_file, copy_tensor
 
 STATE_FILE = "trainer_state.json"
@@ -54,11 +55,11 @@ def is_trainer_checkpoint(path: str) -> bool:
     return os.path.isdir(path) and os.path.lexists(os.path.join(path, STATE_FILE))
 
 
-def _integer(value, least: int) -> bool:
+def _integer(value: object, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and least <= value < 2**53
 
 
-def _number(value) -> bool:
+def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -89,7 +90,7 @@ class TrainerCheckpoint:
         if not isinstance(state, dict):
             raise CheckpointError(f"{where} holds a JSON {type(state).__name__}, not an object; not the Trainer's")
 
-        def field(key, check, wanted, default=None):
+        def field(key: str, check: Callable[[object], bool], wanted: str, default: object = None):
             value = state.get(key, default)
             if not check(value):
                 raise CheckpointError(f"{where}: {key}={printable(repr(value))[:40]} is not {wanted}; the file is "
@@ -276,7 +277,7 @@ def _dropout(config: dict) -> float | None:
     return float(rate) if _number(rate) and 0 <= rate < 1 else None
 
 
-def _check_next_rate(checkpoint: TrainerCheckpoint, rate: float, optim) -> None:
+def _check_next_rate(checkpoint: TrainerCheckpoint, rate: float, optim: ScheduleSettings) -> None:
     """`rate`, the continued run's learning rate for its next step (under `optim`, its settings),
     must be the one scheduler.pt holds for that step: the Trainer's lr_scheduler_type and warmup
     are only in training_args.bin, so this is how a schedule given wrongly (or left at the assumed
@@ -303,7 +304,7 @@ def _saved_state(checkpoint: TrainerCheckpoint) -> tuple[dict[str, dict], float]
 
 @torch.no_grad()
 def _load_optimizer_state(checkpoint: TrainerCheckpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                          model_config, stored_name: StoredName) -> int:
+                          model_config: GPTConfig, stored_name: StoredName) -> int:
     """Put the Trainer's AdamW moments and step count into `optimizer` over triax's `model` (this
     rank's part of it: FSDP and TP shards, GPT-2's fused c_attn cut into q, k, v, its Conv1D
     moments transposed); returns the number of values read. The optimizer's state must exist
@@ -353,7 +354,7 @@ class TrainerRun(ForeignRun):
             self._checkpoint = open_checkpoint(self.path)
         return self._checkpoint
 
-    def load_weights(self, model: torch.nn.Module, model_config, stored_name: StoredName = same_name) -> None:
+    def load_weights(self, model: torch.nn.Module, model_config: GPTConfig, stored_name: StoredName = same_name) -> None:
         self.directory.load_weights(model, model_config, stored_name)
 
     def overrides(self, data_parallel: int) -> tuple[list[str], list[str]]:
@@ -363,12 +364,12 @@ class TrainerRun(ForeignRun):
     def saved_state(self) -> tuple[dict[str, dict], float]:
         return _saved_state(self.checkpoint)
 
-    def check_continuation(self, optim, rate_at: Callable[[int], float]) -> None:
+    def check_continuation(self, optim: ScheduleSettings, rate_at: Callable[[int], float]) -> None:
         checkpoint = self.checkpoint
         _saved_state(checkpoint)
         _check_next_rate(checkpoint, rate_at(checkpoint.global_step), optim)
 
-    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_config,
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_config: GPTConfig,
                              stored_name: StoredName = same_name) -> int:
         checkpoint = self.checkpoint
         read = _load_optimizer_state(checkpoint, model, optimizer, model_config, stored_name)

@@ -15,6 +15,7 @@ The file is a pickle: it is read through torch's weights-only loader only
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
 import torch
 
@@ -159,7 +160,7 @@ def checkpoint_file(path: str) -> str:
     return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
 
 
-def to_nanogpt_state(tensors) -> dict[str, torch.Tensor]:
+def to_nanogpt_state(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """triax GPT tensors by name (a mapping) -> nanoGPT's model state dict (c_attn fused again;
     the tied head stored under both names, as nanoGPT's state_dict() holds it)."""
     state, fused = {}, {}

@@ -25,7 +25,8 @@ from triax.interop.shared import adamw_state
 from triax.interop.shared.adamw_state import MOMENTS
 from triax.interop.nanogpt.checkpoint import NanoGPTCheckpoint, NanoGPTWeights
 from triax.interop.shared.pickled import PickledFileError
-from triax.interop.foreign_run import ForeignRun, StoredName, same_name
+from triax.interop.foreign_run import ForeignRun, ScheduleSettings, StoredName, same_name
+from triax.models.config import GPTConfig
 from triax.interop.hf.files import copy_into, copy_tensor
 
 # nanoGPT config key -> (triax key, int or float, the smallest value it may take: 0 or 1)
@@ -48,7 +49,7 @@ SETTINGS = {
 }
 
 
-def _acceptable(key: str, value) -> bool:
+def _acceptable(key: str, value: object) -> bool:
     """Whether nanoGPT's train.py could have run with `value` for config key `key`."""
     kind, least = SETTINGS[key][1], SETTINGS[key][2]
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -203,7 +204,7 @@ class NanoGPTRun(ForeignRun):
         super().__init__(path, checkpoint.architecture(), None)
         self.checkpoint = checkpoint
 
-    def load_weights(self, model: torch.nn.Module, model_config, stored_name: StoredName = same_name) -> None:
+    def load_weights(self, model: torch.nn.Module, model_config: GPTConfig, stored_name: StoredName = same_name) -> None:
         weights = NanoGPTWeights(self.checkpoint)
         copy_into(model, weights, weights.source_of, model_config.vocab_size, stored_name)
 
@@ -213,11 +214,11 @@ class NanoGPTRun(ForeignRun):
     def saved_state(self) -> tuple[dict[str, dict], float]:
         return _saved_state(self.checkpoint)
 
-    def check_continuation(self, optim, rate_at: Callable[[int], float]) -> None:
+    def check_continuation(self, optim: ScheduleSettings, rate_at: Callable[[int], float]) -> None:
         """nanoGPT's schedule is computed from its own settings (overrides): only its state is checked."""
         _saved_state(self.checkpoint)
 
-    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_config,
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_config: GPTConfig,
                              stored_name: StoredName = same_name) -> int:
         return _load_optimizer_state(self.checkpoint, model, optimizer, model_config.vocab_size, stored_name)
 
@@ -237,7 +238,7 @@ def exported_config(config: dict, data_parallel: int) -> dict:
     what `trainer.continue_from` reads back, and a record for whoever resumes it on nanoGPT (whose
     train.py takes its settings from its own command line). Values nanoGPT could not run with
     (eval_every=0, say) are left out."""
-    def section(name):
+    def section(name: str) -> dict:
         value = config.get(name)
         return value if isinstance(value, dict) else {}
 

@@ -114,7 +114,7 @@ def read_metadata(folder: str) -> dcp_metadata.Metadata:
     return metadata
 
 
-def _check_metadata(metadata, folder: str, path: str) -> None:
+def _check_metadata(metadata: dcp_metadata.Metadata, folder: str, path: str) -> None:
     bad = lambda what: CheckpointError(f"{path}: {what}; the file is damaged or not DCP's")  # noqa: E731
     if not isinstance(metadata, dcp_metadata.Metadata) or not isinstance(metadata.state_dict_metadata, dict) \
             or not isinstance(metadata.storage_data, dict):
@@ -157,7 +157,7 @@ def _check_metadata(metadata, folder: str, path: str) -> None:
                       f"({sizes[name]} bytes)")
 
 
-def _is_size(value) -> bool:
+def _is_size(value: object) -> bool:
     return isinstance(value, torch.Size) and len(value) <= MAX_DIMENSIONS and all(
         isinstance(n, int) and 0 <= n < 2**40 for n in value)
 
@@ -165,7 +165,7 @@ def _is_size(value) -> bool:
 class CheckedReader(FileSystemReader):
     """DCP's file reader, given the checked metadata instead of unpickling the file again."""
 
-    def __init__(self, folder: str, metadata):
+    def __init__(self, folder: str, metadata: dcp_metadata.Metadata):
         super().__init__(folder)
         self._checked = metadata
 
@@ -189,7 +189,7 @@ class _BoxLoadPlanner(DefaultLoadPlanner):
                                   f"{list(target.shape)}; the checkpoint is damaged")
         return LoadPlan(items)
 
-    def lookup_tensor(self, index):
+    def lookup_tensor(self, index: object):
         # The target is the box itself (DCP's own lookup expects a box at offset 0 of a plain tensor).
         return self.state_dict[index.fqn]
 
