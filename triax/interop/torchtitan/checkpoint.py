@@ -169,7 +169,7 @@ class CheckedReader(FileSystemReader):
         super().__init__(folder)
         self._checked = metadata
 
-    def read_metadata(self, *args, **kwargs):
+    def read_metadata(self, *args: object, **kwargs: object):
         return self._checked
 
 
