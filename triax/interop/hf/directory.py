@@ -84,18 +84,19 @@ def window_of(directory: str, config: dict | None = None) -> int | None:
     return hf_llama.sliding_window(config) if config["model_type"] in hf_llama.MODEL_TYPES else None
 
 
-def check_weights(directory: str, model_config: GPTConfig, config: dict | None = None) -> HFWeights:
+def check_weights(directory: str, model_config: GPTConfig, config: dict | None = None,
+                  weights: HFWeights | None = None) -> None:
     """Every tensor a model of `model_config` reads from `directory` is there, with the shape the
     config gives it and a floating dtype: checked from the safetensors headers alone, before the
     model is allocated, so a config.json describing a model its weights do not hold (a billion
-    parameters over kilobytes) is one line, not gigabytes allocated first."""
+    parameters over kilobytes) is one line, not gigabytes allocated first. `config` and `weights`: its
+    config.json and safetensors, when already read."""
     config = read_hf_config(directory) if config is None else config
-    weights = _weights(config, directory, model_config)
+    weights = _weights(config, directory, model_config, weights)
     source_of = family_of(config).sources(weights, model_config)
     for name, shape in parameter_shapes(model_config).items():
         source, transposed, shift, fused = source_of(name)
         check_source(weights, source, name, shape, transposed, shift, fused, model_config.vocab_size)
-    return getattr(weights, "weights", weights)  # the files, under a family's wrapper
 
 
 def load_into(model: torch.nn.Module, directory: str, model_config: GPTConfig,
@@ -126,7 +127,8 @@ class HFDirectory(ForeignRun):
         self.config = read_hf_config(path)
         fields = architecture(path, self.config)
         # Missing or damaged weights, or weights that are not the config's model, fail here.
-        self.weights = check_weights(path, GPTConfig(**fields), self.config)
+        self.weights = HFWeights(path)
+        check_weights(path, GPTConfig(**fields), self.config, self.weights)
         tokenizer = tokenizer_file(path)
         codec = codec_of(tokenizer) if tokenizer is not None else None
         reason = ""
