@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from triax.interop.foreign_run import CodecOf, ForeignRun
-from triax.interop.hf.directory import HFDirectory, is_hf_directory
+from triax.interop.hf.directory import HFDirectory
 from triax.interop.hf_trainer.run import TrainerRun, is_trainer_checkpoint
 from triax.interop.meta.folder import is_meta_folder
 from triax.interop.meta.run import open_meta_folder, open_torchtitan
@@ -34,7 +34,7 @@ def open_foreign(path: str, model: object, codec_of: CodecOf) -> ForeignRun | No
         return open_meta_folder(path, model, codec_of)
     if foreign and is_dcp_folder(path):
         return open_torchtitan(path, model, codec_of)
-    if not os.path.isdir(path) or _has(path, "model.json") or not is_hf_directory(path):
+    if not os.path.isdir(path) or _has(path, "model.json") or not _has(path, "config.json"):
         return None
     if is_trainer_checkpoint(path):
         return TrainerRun(path, HFDirectory(path, codec_of))

@@ -2,7 +2,9 @@
 family (model_type gpt2, llama, qwen2, mistral): which family reads it, the architecture it fixes,
 and this rank's slices of its weights. The files themselves are read by files.py; what differs
 per family (config fields, tensor names and layouts) lives in gpt2.py, llama.py and moe.py.
-`triax export --format hf` is the inverse (triax/interop/hf/export.py).
+`triax export --format hf` is the inverse (triax/interop/hf/export.py). HFDirectory (below) is the
+directory as a run starts from it (triax/interop/foreign_run.py's interface): config.json read once,
+the safetensors opened once for the check and the load.
 """
 
 from __future__ import annotations
