@@ -36,7 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from safetensors import safe_open  # noqa: E402
 
 from triax.errors import ConfigError  # noqa: E402
-from triax.models import GPTConfig, hf  # noqa: E402
+from triax.models import GPTConfig
+from triax.interop.hf import directory as hf  # noqa: E402
 from triax.models.memory import check_whole_model_fits  # noqa: E402
 from triax.train import init_from  # noqa: E402
 

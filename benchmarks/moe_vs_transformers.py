@@ -50,7 +50,7 @@ def build(side: str, directory: str):
         model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
         logits_of = lambda ids: model(ids).logits  # noqa: E731
     else:
-        from triax.models.hf_model import load_hf_model
+        from triax.interop.hf.whole_model import load_hf_model
 
         model = load_hf_model(directory, torch.device("cpu"))
         logits_of = model

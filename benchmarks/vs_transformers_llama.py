@@ -76,7 +76,8 @@ def run_transformers(steps: int, fused_adamw: bool) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from triax.data import GlobalSampler
-    from triax.models import build_model, hf_llama
+    from triax.models import build_model
+    from triax.interop.hf import llama as hf_llama
     from triax.train.optim import split_decay_parameters, warmup_cosine
     from triax.train.config import compose_config, gpt_config
     from triax.train.data import build_data

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from triax.accelerate import Accelerator
 from triax.checkpoint import SnapshotCorruptError
-from triax.checkpoint.pickled import pickled_bytes
+from triax.interop.shared.pickled import pickled_bytes
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
 

@@ -87,9 +87,9 @@ def test_peft_loads_the_export_with_triax_logits(single, base, tmp_path):
     """`--format peft` -> PeftModel.from_pretrained(base, OUT): the same logits as triax's model with
     the snapshot's adapters (|diff| <= 1e-5 in fp32); model.lora.init_from reads the export back
     into the same tensors."""
-    from triax.models.hf_model import load_hf_model
+    from triax.interop.hf.whole_model import load_hf_model
     from triax.models.lora import LoRAConfig, apply_lora
-    from triax.models.peft_format import load_adapter
+    from triax.interop.peft.adapter import load_adapter
 
     out = tmp_path / "adapter"
     launch(1, ["-m", "triax", "export", str(single), str(out), "--format", "peft"])
@@ -179,7 +179,7 @@ def test_generate_chat_answers_with_the_template_and_stops_at_the_end_of_turn(si
     """`triax generate RUN --chat`: the prompt is transformers' rendering with the generation prompt,
     the answer is the greedy continuation of triax's LoRA model, cut at <|eot_id|>."""
     from triax.commands.cli import main
-    from triax.models.hf_model import load_hf_model
+    from triax.interop.hf.whole_model import load_hf_model
     from triax.models.lora import LoRAConfig, apply_lora
     from tests.chat_files import hf_tokenizer, LLAMA3_TEMPLATE
 
@@ -247,7 +247,7 @@ def test_lora_init_from_continues_from_a_peft_adapter(single, base, chat_file, t
 ])
 def test_an_adapter_that_does_not_match_is_one_line(single, tmp_path, change, words):
     from triax.models.lora import LoRAConfig
-    from triax.models.peft_format import AdapterError, load_adapter
+    from triax.interop.peft.adapter import AdapterError, load_adapter
 
     adapter = tmp_path / "adapter"
     launch(1, ["-m", "triax", "export", str(single), str(adapter), "--format", "peft"])

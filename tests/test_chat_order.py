@@ -90,7 +90,7 @@ def test_batch_padding_keeps_the_losses_and_loss_tokens_count_the_answers(setup,
     to the epoch's answer tokens, and loss_tokens_per_s is loss_tokens over the interval's time."""
     from triax.data.chat import ChatEncoder, chat_template_for, encode_records, read_records
     from triax.data.tokenizer import BPETokenizer
-    from triax.models.hf_files import description_files
+    from triax.interop.hf.files import description_files
 
     root, base, _, chat, val = setup
     runs = {}

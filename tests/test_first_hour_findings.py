@@ -11,7 +11,7 @@ import torch
 from triax.commands.cli import main as triax_main
 from triax.testing import quiet_env
 from triax.runtime.torch_logs import DTENSOR_LOGGERS, quiet_torch_logs
-from triax.train.continuation import nanogpt_best
+from triax.interop.nanogpt.run import nanogpt_best
 
 from helpers import tiny_overrides, train
 

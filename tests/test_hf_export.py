@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from triax.commands.cli import main as triax_main
 from triax.models import GPT, GPTConfig
-from triax.train.hf_export import ExportError, export_hf, hf_tensors
+from triax.interop.hf.export import ExportError, export_hf, hf_tensors
 
 from helpers import tiny_overrides
 

@@ -1,5 +1,5 @@
 """A run transformers' Trainer began (a real Trainer, tiny GPT-2 and Llama models on the CPU),
-continued by `triax train trainer.continue_from=out/checkpoint-N` (triax/checkpoint/hf_trainer_run.py):
+continued by `triax train trainer.continue_from=out/checkpoint-N` (triax/interop/hf_trainer/run.py):
 the first step triax takes equals the step the Trainer's own resume_from_checkpoint takes, from the
 same weights, AdamW state, step count and learning rate; damaged or hostile files are refused in
 one line.
@@ -17,7 +17,7 @@ import torch
 
 from helpers import adam_tolerance, train
 from test_nanogpt_checkpoint import Payload
-from triax.checkpoint.pickled import pickled_bytes
+from triax.interop.shared.pickled import pickled_bytes
 
 transformers = pytest.importorskip("transformers")
 
@@ -168,7 +168,7 @@ def test_the_run_takes_the_trainers_settings_and_the_command_line_wins(gpt2_run)
 
 
 def test_the_best_metric_carries_over_when_it_is_a_logged_eval_loss(gpt2_run):
-    from triax.checkpoint.hf_trainer_run import TrainerCheckpoint
+    from triax.interop.hf_trainer.run import TrainerCheckpoint
 
     def evaluated(state):
         state["log_history"].append({"eval_loss": 3.25, "step": 2})
@@ -185,7 +185,7 @@ def test_the_best_metric_carries_over_when_it_is_a_logged_eval_loss(gpt2_run):
 def test_the_parameter_order_and_decay_groups_are_the_trainers(kind, tie, bias):
     """named_parameters() of the real transformers model, and Trainer.get_decay_parameter_names'
     rule (it reads nothing of the Trainer but the model)."""
-    from triax.checkpoint.hf_trainer_run import decayed, parameter_names
+    from triax.interop.hf_trainer.run import decayed, parameter_names
 
     model = hf_model(kind, tie=tie, bias=bias)
     names = [name for name, _ in model.named_parameters()]
@@ -332,7 +332,7 @@ def test_a_pickled_file_that_is_a_link_or_a_fifo_is_refused(tmp_path, gpt2_run, 
 
 
 def test_a_state_file_past_its_size_is_refused_before_it_is_read(gpt2_run, monkeypatch):
-    from triax.checkpoint import hf_trainer_run
+    from triax.interop.hf_trainer import run as hf_trainer_run
     from triax.errors import ConfigError
     from triax.train.config import compose_config
 

@@ -411,7 +411,7 @@ def test_links_inside_the_checkpoint_and_a_cache_snapshot_are_followed(tmp_path,
     assert source.architecture["arch"] == "llama"
     assert source.description["merges.txt"] == os.path.realpath(snapshot / "sub" / "merges.txt")
     assert source.description["tokenizer.json"].startswith(os.path.realpath(blobs))
-    from triax.models.hf_model import load_hf_model
+    from triax.interop.hf.whole_model import load_hf_model
 
     theirs, ours = hf_model("llama"), load_hf_model(str(snapshot), torch.device("cpu"))
     ids = torch.arange(20).view(1, -1)

@@ -516,7 +516,7 @@ def test_a_huge_sparse_model_json_is_not_read(sandbox, run_copy):
 
 
 def test_failed_hf_export_leaves_nothing_and_the_retry_works(sandbox, run_copy, monkeypatch, capsys):
-    from triax.train import hf_export
+    from triax.interop.hf import export as hf_export
 
     out = sandbox.work / "hf"
     real = hf_export.hf_config

@@ -34,7 +34,7 @@ def build_gpt2(directory, corpus, tie):
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_same_logits_at_step_zero(tmp_path, tiny_corpus, tie):
-    from triax.models.hf_model import load_hf_model
+    from triax.interop.hf.whole_model import load_hf_model
 
     reference = build_gpt2(tmp_path, tiny_corpus, tie)
     ours = load_hf_model(str(tmp_path), torch.device("cpu"))

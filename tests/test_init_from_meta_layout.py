@@ -1,6 +1,6 @@
-"""Llama checkpoints in Meta's layout (triax/models/meta_llama.py): Meta's own folder (params.json +
-consolidated.00.pth, triax/checkpoint/meta_folder.py) and torchtitan's DCP folders
-(triax/checkpoint/torchtitan.py), read by `model.init_from`.
+"""Llama checkpoints in Meta's layout (triax/interop/meta/weights.py): Meta's own folder (params.json +
+consolidated.00.pth, triax/interop/meta/folder.py) and torchtitan's DCP folders
+(triax/interop/torchtitan/checkpoint.py), read by `model.init_from`.
 
 The folders are made here from a real transformers LlamaForCausalLM: its weights renamed to Meta's
 names, wq and wk rows put back in Meta's rotary order. `meta_logits` is Meta's reference forward
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from helpers import final_weights, tiny_overrides, token_files, train
 from llama_checkpoints import hf_model
-from triax.checkpoint.meta_folder import CUT_DIMENSIONS, MetaFolder
-from triax.checkpoint.pickled import pickled_bytes
+from triax.interop.meta.folder import CUT_DIMENSIONS, MetaFolder
+from triax.interop.shared.pickled import pickled_bytes
 from triax.errors import TriaxError
 
 HEADS, KV_HEADS, DIM, LAYERS, VOCAB = 4, 2, 32, 2, 301
@@ -148,7 +148,7 @@ def reference():
 
 
 def test_meta_mlp_width_is_metas_rounding():
-    from triax.models.meta_llama import mlp_width
+    from triax.interop.meta.weights import mlp_width
 
     # Published shapes: Llama 2 7B (multiple_of 256) and Llama 3 8B (multiple_of 1024, multiplier 1.3).
     assert mlp_width(4096, 256, None) == 11008
@@ -157,7 +157,7 @@ def test_meta_mlp_width_is_metas_rounding():
 
 
 def test_llama_3_1_params_json_is_transformers_llama3_rope_scaling():
-    from triax.models.meta_llama import architecture_from_params
+    from triax.interop.meta.weights import architecture_from_params
 
     # Llama 3.1 8B's params.json, as Meta publishes it.
     params = {"dim": 4096, "ffn_dim_multiplier": 1.3, "multiple_of": 1024, "n_heads": 32, "n_kv_heads": 8,
@@ -177,7 +177,7 @@ def test_llama_3_1_params_json_is_transformers_llama3_rope_scaling():
 def test_any_box_of_rows_is_served_in_triaxs_rotary_order(reference):
     """A rank's rows may start and end inside a head (FSDP cuts rows evenly, whatever the heads):
     each box is the same rows of the whole tensor in triax's order."""
-    from triax.models.meta_llama import MetaWeights
+    from triax.interop.meta.weights import MetaWeights
 
     state, _ = reference
     stored = Tensors(state)

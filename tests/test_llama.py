@@ -10,10 +10,11 @@ import torch
 
 from llama_checkpoints import LLAMA3_ROPE, VOCAB, hf_model, save_checkpoint
 from triax.errors import ConfigError
-from triax.models.hf_model import load_hf_model
-from triax.models import GPTConfig, KVCache, Llama, build_model, hf
+from triax.interop.hf.whole_model import load_hf_model
+from triax.models import GPTConfig, KVCache, Llama, build_model
+from triax.interop.hf import directory as hf
 from triax.parallel.mesh import Layout, validate_layout
-from triax.train.hf_export import export_hf
+from triax.interop.hf.export import export_hf
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
 

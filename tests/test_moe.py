@@ -40,7 +40,7 @@ def windows():
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_lm_loss_equals_transformers(model_type, checkpoints):
-    from triax.models.hf_model import load_hf_model
+    from triax.interop.hf.whole_model import load_hf_model
 
     directory, reference = checkpoints(model_type)
     ours = load_hf_model(str(directory), torch.device("cpu"))
@@ -101,8 +101,8 @@ HOSTILE = {
 
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_a_hostile_mixtral_checkpoint_is_one_line(case, tmp_path, checkpoints):
-    from triax.models.hf_files import CheckpointError
-    from triax.models.hf_model import load_hf_model
+    from triax.interop.hf.files import CheckpointError
+    from triax.interop.hf.whole_model import load_hf_model
 
     directory, _ = checkpoints("mixtral")
     change, words = HOSTILE[case]
@@ -181,7 +181,7 @@ def test_router_losses_equal_transformers(model_type, checkpoints):
     output_router_logits=True; a coefficient of 0 turns it off; the z-loss is logsumexp^2's mean."""
     import importlib
 
-    from triax.models.hf_model import load_hf_model
+    from triax.interop.hf.whole_model import load_hf_model
     from triax.models.router_loss import expert_shares, load_balancing_loss, moe_blocks, router_loss
 
     directory, reference = checkpoints(model_type)
@@ -327,7 +327,7 @@ def test_lora_on_attention_exports_to_peft(model_type, tmp_path, tiny_corpus, ch
     peft.PeftModel over transformers' model with triax's logits (fp32, 1e-5)."""
     peft = pytest.importorskip("peft")
     from helpers import final_weights
-    from triax.models.hf_model import load_hf_model
+    from triax.interop.hf.whole_model import load_hf_model
     from triax.models.lora import LoRAConfig, apply_lora
 
     directory, _ = checkpoints(model_type)
@@ -417,7 +417,7 @@ def test_expert_parallelism_is_validated(ep, layout, fields, words):
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_greedy_generation_equals_transformers(model_type, checkpoints):
     """generate (with its key/value cache) writes transformers' greedy continuation."""
-    from triax.models.hf_model import load_hf_model
+    from triax.interop.hf.whole_model import load_hf_model
 
     directory, reference = checkpoints(model_type)
     ours = load_hf_model(str(directory), torch.device("cpu"))
@@ -466,7 +466,7 @@ def test_a_shared_expert_block_equals_transformers_qwen2_moe(normalise):
 
 def test_a_shared_expert_trains_and_is_not_exported_as_transformers_mixtral(tmp_path):
     from triax.models import GPTConfig, build_model
-    from triax.train.hf_export import ExportError, check_mappable
+    from triax.interop.hf.export import ExportError, check_mappable
 
     config = GPTConfig.from_preset("mixtral-debug", vocab_size=64, block_size=16, shared_expert_intermediate_size=64)
     model = build_model(config, seed=0)

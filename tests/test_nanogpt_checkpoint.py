@@ -1,4 +1,4 @@
-"""nanoGPT's ckpt.pt (triax/checkpoint/nanogpt.py): `triax train model.init_from=ckpt.pt` starts
+"""nanoGPT's ckpt.pt (triax/interop/nanogpt/checkpoint.py): `triax train model.init_from=ckpt.pt` starts
 from its weights and computes nanoGPT's logits; `triax export --format nanogpt` writes a ckpt.pt
 that loads with torch's weights-only loader (as nanoGPT's sample.py loads it) and computes the
 same logits; hostile or malformed files are refused in one line.
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from helpers import tiny_overrides, token_files, train
 from triax.checkpoint import SnapshotCorruptError
-from triax.checkpoint.pickled import pickled_bytes
+from triax.interop.shared.pickled import pickled_bytes
 
 ARGS = {"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 16, "vocab_size": 67, "bias": True, "dropout": 0.0}
 
@@ -129,7 +129,7 @@ def test_triax_train_starts_from_ckpt_pt_and_exports_a_ckpt_pt_nanogpt_loads(tmp
 
 def test_export_refuses_a_model_nanogpt_cannot_compute():
     from triax.errors import UsageError
-    from triax.train.nanogpt_export import check_expressible
+    from triax.interop.nanogpt.export import check_expressible
 
     check_expressible({"arch": "gpt2", "gelu": "exact", "tie_embeddings": True, "norm_eps": 1e-5, "n_embd": 8,
                        "intermediate_size": None})

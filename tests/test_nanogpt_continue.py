@@ -1,5 +1,5 @@
 """A run nanoGPT began, continued by `triax train trainer.continue_from=ckpt.pt`
-(triax/checkpoint/nanogpt_run.py): the first step triax takes is the step nanoGPT would have taken
+(triax/interop/nanogpt/run.py): the first step triax takes is the step nanoGPT would have taken
 next, from the same weights, AdamW state, step count and learning rate; the run's config takes
 nanoGPT's settings (the command line winning); damaged or hostile optimizer state is refused in one
 line.
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from helpers import train
 from test_nanogpt_checkpoint import ARGS, Payload, nanogpt_state
-from triax.checkpoint.pickled import pickled_bytes
+from triax.interop.shared.pickled import pickled_bytes
 
 CONFIG = {"learning_rate": 1e-2, "min_lr": 1e-3, "warmup_iters": 2, "lr_decay_iters": 8, "decay_lr": True,
           "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "max_iters": 9, "batch_size": 2,

@@ -34,7 +34,7 @@ def checkpoint(tmp_path_factory):
 
 
 def encoder_of(directory):
-    from triax.models.hf_files import description_files
+    from triax.interop.hf.files import description_files
 
     tokenizer = BPETokenizer.from_file(str(directory / "tokenizer.json")).tokenizer
     return preference_encoder_for(None, description_files(str(directory)), str(directory), tokenizer)
@@ -168,7 +168,7 @@ def test_a_bad_record_is_one_line_naming_file_line_and_field(checkpoint, tmp_pat
 
 
 def test_hostile_files_and_templates_are_refused_in_one_line(checkpoint, tmp_path):
-    from triax.models.hf_files import description_files
+    from triax.interop.hf.files import description_files
 
     encoder = encoder_of(checkpoint)
     good = write_preference_file(tmp_path / "good.jsonl", [GOOD])

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def test_a_trainer_checkpoint_folder_starts_a_triax_model_with_its_weights(tmp_path, tiny_corpus):
-    from triax.models.hf_model import load_hf_model
+    from triax.interop.hf.whole_model import load_hf_model
     from triax.train import init_from
 
     model = build_gpt2(tmp_path / "base", tiny_corpus, tie=True).train()

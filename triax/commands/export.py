@@ -65,7 +65,7 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
     # deferred: torch and the models, after --help
     from triax.checkpoint.export import tensor_source
     from triax.models import GPTConfig  # deferred: torch and the checkpoint layer, after --help
-    from triax.train.hf_export import export_hf  # deferred: torch and the checkpoint layer, after --help
+    from triax.interop.hf.export import export_hf  # deferred: torch and the checkpoint layer, after --help
     from triax.train.run_files import KEPT_SOURCE_DIR  # deferred: torch and the checkpoint layer, after --help
     # deferred: torch and the checkpoint layer, after --help
     from triax.train.runs import check_not_in_run, run_snapshot_root, true_shapes, with_fallback
@@ -102,7 +102,7 @@ def export_hf_main(run_dir: str, out_dir: str) -> int:
 
 def export_nanogpt_main(run_dir: str, output: str, force: bool) -> int:
     # deferred: torch, after --help
-    from triax.train.nanogpt_export import export_nanogpt
+    from triax.interop.nanogpt.export import export_nanogpt
     # deferred: torch and the checkpoint layer, after --help
     from triax.train.runs import check_not_in_run, run_snapshot_root, true_shapes, with_fallback
 

@@ -126,7 +126,7 @@ def tokenize_preference(args: argparse.Namespace) -> int:
 def check_records_arguments(args: argparse.Namespace, option: str, checkpoint: str, output_files: tuple) -> None:
     """The options --chat and --preference share, checked (one line each): the split, the
     checkpoint, an --out kept."""
-    from triax.models import hf  # deferred: with the models, after --help
+    from triax.interop.hf import directory as hf  # deferred: with the models, after --help
 
     if not 0.0 < args.val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")

@@ -37,7 +37,7 @@ def tokenize_chat(checkpoint: str, inputs: list[str], out: str, *, val_file: str
     """Render the conversations with `checkpoint`'s chat template and write their ids, answer masks
     and starts to `out` (the arguments checked by triax.commands.tokenize)."""
     from triax.data.tokenizer import BPETokenizer  # deferred: with the models, after --help
-    from triax.models import hf  # deferred: with the models, after --help
+    from triax.interop.hf import directory as hf  # deferred: with the models, after --help
 
     tokenizer_path = hf.tokenizer_file(checkpoint)
     tokenizer = BPETokenizer.from_file(tokenizer_path)

@@ -28,7 +28,7 @@ def tokenize_preference(checkpoint: str, inputs: list[str], out: str, *, val_fil
     # deferred: the chat records' reader, with the models after --help
     from triax.data.chat import read_records, training_count
     from triax.data.tokenizer import BPETokenizer  # deferred: with the models, after --help
-    from triax.models import hf  # deferred: with the models, after --help
+    from triax.interop.hf import directory as hf  # deferred: with the models, after --help
 
     tokenizer = BPETokenizer.from_file(hf.tokenizer_file(checkpoint))
     encoder = preference_encoder_for(chat_template, hf.description_files(checkpoint), checkpoint,

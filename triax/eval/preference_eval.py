@@ -12,9 +12,9 @@ from triax.data.chat import read_records
 from triax.data.preference import PreferenceDataset, encode_pairs, load_preference_datasets, preference_encoder_for
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import TriaxError, printable
-from triax.models.hf_model import load_hf_model
+from triax.interop.hf.whole_model import load_hf_model
 from triax.models.lora import is_adapter
-from triax.models.peft_format import load_adapter
+from triax.interop.peft.adapter import load_adapter
 from triax.train.dpo import METRICS, DPOObjective
 from triax.train.run_files import kept_tokenizer
 

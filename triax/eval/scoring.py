@@ -26,8 +26,8 @@ from triax.data.tokens import TokenDataset, TokenFile
 from triax import safe_files, safe_yaml
 from triax.errors import TriaxError
 from triax.data.windows import evaluation_windows, mask_unscored, rank_batches
-from triax.models import hf
-from triax.models.hf_model import load_hf_model
+from triax.interop.hf import directory as hf
+from triax.interop.hf.whole_model import load_hf_model
 from triax.train.chat_generate import chat_encoder, load_chat_model
 from triax.train.runs import check_exists, configured_snapshot_root, load_run_model
 from triax.train.config import TrainConfig, from_dict

@@ -5,7 +5,7 @@ triax/models/decoder.py (shared with GPT-2).
 Rotary embeddings follow transformers' convention (rotate_half: the two halves of each head are
 the pairs that rotate together), so transformers' weights are used as they are. Meta's and
 torchtitan's checkpoints pair neighbouring values instead; their rows of q and k are permuted
-when read (triax/models/meta_llama.py). The frequencies and their cos/sin are computed in fp32 whatever the
+when read (triax/interop/meta/weights.py). The frequencies and their cos/sin are computed in fp32 whatever the
 compute dtype, as in the original; the rotation runs in fp32 too and returns the input's dtype.
 """
 

@@ -40,7 +40,7 @@ def load_chat_model(run_dir: str, config: TrainConfig, device: torch.device) -> 
 
     if not config.model.lora.rank:
         return load_run_model(run_dir, device)[0]
-    from triax.models.hf_model import load_hf_model  # deferred: imports torch
+    from triax.interop.hf.whole_model import load_hf_model  # deferred: imports torch
     from triax.models.lora import apply_lora, is_adapter  # deferred: `triax --help` and plain generate stay fast
 
     base = config.model.init_from

@@ -20,7 +20,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from triax.checkpoint import hf_trainer_run, nanogpt, nanogpt_run
+from triax.interop.formats import open_continuation
 from triax.errors import ConfigError
 from triax.models.config import PRESETS, preset_fields
 from triax.runtime.place import detect_place
@@ -65,9 +65,8 @@ def continuation_overrides(config: TrainConfig) -> tuple[list[str], list[str]]:
     if config.model.init_from:
         raise ConfigError(f"trainer.continue_from={path!r} and model.init_from={config.model.init_from!r} both name "
                           "a checkpoint to start from; give one (continue_from also carries the optimizer and step)")
-    if hf_trainer_run.is_trainer_checkpoint(path):
-        return hf_trainer_run.overrides(hf_trainer_run.open_checkpoint(path))
-    if not nanogpt.is_nanogpt_checkpoint(path):
+    run = open_continuation(path)
+    if run is None:
         raise ConfigError(f"trainer.continue_from={path!r} is not nanoGPT's ckpt.pt (or an out_dir holding one) "
                           "nor a transformers Trainer's checkpoint-N folder (with trainer_state.json); a triax run "
                           "continues by itself (same trainer.run_dir), and other checkpoints start a run with "
@@ -75,7 +74,7 @@ def continuation_overrides(config: TrainConfig) -> tuple[list[str], list[str]]:
     parallel = config.parallel
     # Whichever launcher started this process (torchrun, srun, mpirun) says how many there are.
     data_parallel = max(1, detect_place().world_size // max(1, parallel.tp * parallel.pp))
-    return nanogpt_run.overrides(nanogpt.open_checkpoint(path), data_parallel)
+    return run.overrides(data_parallel)
 
 
 def _compose(overrides: list[str]) -> TrainConfig:

@@ -28,7 +28,7 @@ class TrainData:
 def build_data(config: DataConfig, codec: object | None = None, source: object | None = None) -> TrainData:
     """`codec`: the text codec of model.init_from's checkpoint (a tokenizer or a character
     vocabulary); it then encodes data.task=char text instead of a vocabulary of its own.
-    `source`: model.init_from's InitSource (data.task=chat reads its chat template)."""
+    `source`: model.init_from's ForeignRun (data.task=chat reads its chat template)."""
     if config.task == "chat":
         return _chat_data(config, codec, source)
     if config.task == "preference":

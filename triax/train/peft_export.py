@@ -1,5 +1,6 @@
 """`triax export RUN OUT --format peft` (triax.commands.export): a LoRA run's adapters (its newest
-good snapshot) as the directory PEFT's `PeftModel.from_pretrained(base, OUT)` loads (triax/models/peft_format.py)."""
+good snapshot) as the directory PEFT's `PeftModel.from_pretrained(base, OUT)` loads (written by
+triax/interop/peft/export.py)."""
 
 from __future__ import annotations
 
@@ -7,65 +8,29 @@ import os
 
 import torch
 
-from triax.errors import TriaxError, UsageError, printable
-from triax.models.lora import LoRAConfig, is_adapter
-
-
-def run_lora(state: dict, snapshot: str) -> tuple[LoRAConfig, str | None]:
-    """The model.lora and model.init_from a snapshot's run was trained with."""
-    model = (state.get("config") or {}).get("model") or {}
-    lora = model.get("lora") or {}
-    if not isinstance(lora, dict) or not lora.get("rank"):
-        raise UsageError(f"snapshot {snapshot} is not of a LoRA run (model.lora.rank was not set); export it "
-                         "with --format hf or safetensors")
-    try:
-        config = LoRAConfig(rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"],
-                            targets=list(lora["targets"]))
-    except (KeyError, TypeError) as error:
-        raise TriaxError(f"snapshot {snapshot}: its config's model.lora is incomplete ({error})") from None
-    return config, model.get("init_from")
+from triax.errors import UsageError, printable
 
 
 def export_peft_main(run_dir: str, out_dir: str, force: bool = False) -> int:
-    from triax.checkpoint.export import tensor_source  # deferred: imports torch
-    from triax.models.peft_format import write_adapter  # deferred: `triax --help` stays fast
+    from triax.interop.peft.export import write_run_adapters  # deferred: imports torch
     # deferred: `triax --help` stays fast
     from triax.train.runs import check_not_in_run, newest_good_snapshot, run_snapshot_root
     from triax.train.run_files import read_model_config  # deferred: `triax --help` stays fast
 
     from triax.arguments import check_output_directory  # deferred: `triax --help` stays fast
-    from triax.models.peft_format import output_files  # deferred: as above
+    from triax.interop.peft.adapter import output_files  # deferred: as above
 
     root = run_snapshot_root(run_dir)
     check_not_in_run(out_dir, run_dir, root, "OUT_DIR")
     check_output_directory("OUT_DIR", out_dir, output_files(), force)
 
-    def export(reader, model_config, vocab):
-        if model_config.arch not in ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen3_moe"):
-            raise UsageError(f"--format peft writes llama-family adapters; this run's model is {model_config.arch}")
-        lora, base = run_lora(reader.state, reader.snapshot)
-        source = tensor_source(reader)
-        tensors = {name: source[name] for name in source.keys() if is_adapter(name)}
-        if not tensors:
-            raise TriaxError(f"snapshot {reader.snapshot} holds no LoRA adapter tensors")
-        return reader.snapshot, write_adapter(tensors, lora, base, out_dir), lora
-
     # Not open_run: its check that model.json fits the snapshot's tensors counts the base, which a
     # LoRA snapshot does not hold; the adapters' own shapes are what is written.
     reader = newest_good_snapshot(root, run_dir, 0)
-    snapshot, count, lora = export(reader, read_model_config(run_dir), None)
+    snapshot, count, lora = write_run_adapters(reader, read_model_config(run_dir), out_dir)
     print(printable(f"wrote a PEFT LoRA adapter (rank {lora.rank}, {count} tensors) from {snapshot} to {out_dir}: "
                     "load it with peft.PeftModel.from_pretrained(base_model, OUT_DIR)"))
     return 0
-
-
-@torch.no_grad()
-def merge_adapters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The plain model's tensors with every adapter merged into its layer: W + (alpha / r) B A."""
-    for module in model.modules():
-        if hasattr(module, "lora_A"):
-            module.weight += module.lora_scaling * (module.lora_B.weight @ module.lora_A.weight)
-    return {name: tensor for name, tensor in model.state_dict().items() if not is_adapter(name)}
 
 
 def export_merged_main(run_dir: str, out_dir: str) -> int:
@@ -74,7 +39,8 @@ def export_merged_main(run_dir: str, out_dir: str) -> int:
     # deferred: as above
     from triax.train.runs import check_not_in_run, run_snapshot_root
     # deferred: as above
-    from triax.train.hf_export import export_hf
+    from triax.interop.hf.export import export_hf
+    from triax.interop.peft.export import merge_adapters  # deferred: as above
     # deferred: as above
     from triax.train.run_files import KEPT_SOURCE_DIR
 

@@ -158,7 +158,7 @@ def read_vocabulary(run_dir: str, vocab_size: int | None = None):
 def kept_tokenizer(run_dir: str, needed_for: str) -> tuple[str, dict]:
     """(tokenizer.json's path, the kept checkpoint's description files) of a run trained from a
     transformers checkpoint with its tokenizer; `needed_for` ends the refusal where it has none."""
-    from triax.models import hf  # deferred: `triax --help` and plain generate stay fast
+    from triax.interop.hf import directory as hf  # deferred: `triax --help` and plain generate stay fast
 
     tokenizer_path = os.path.join(run_dir, "tokenizer.json")
     if not safe_files.is_regular(tokenizer_path):

@@ -27,7 +27,7 @@ from triax.errors import ConfigError, printable
 from triax.models import build_model
 from triax.models.config import GPTConfig
 from triax.models.lora import apply_lora, trainable_summary
-from triax.models.peft_format import check_adapter, load_adapter
+from triax.interop.peft.adapter import check_adapter, load_adapter
 from triax.parallel.ddp import unwrap
 from triax.parallel.experts import check_layout as check_expert_layout
 from triax.parallel.mesh import (GPU_VOCAB_MULTIPLE, build_mesh, check_context_parallel, padded_vocab_size,
@@ -346,7 +346,7 @@ class Trainer:
                          f"the {family} model's own tokenizer.json (its tokenizer's save_pretrained writes it)")
             raise ConfigError(f"model.init_from={path!r} has no tokenizer.json, so text cannot be encoded for it; "
                               f"put {tokenizer} there, or train on token files (data.task=tokens)")
-        if source.kind == "run" and self.config.model.lora.rank:
+        if source.is_triax_run and self.config.model.lora.rank:
             # A LoRA run's snapshots hold only trainable tensors: a triax run's base would not load.
             raise ConfigError(f"model.lora with model.init_from={path!r} (a triax run) is not supported; export the "
                               "run with `triax export RUN OUT --format hf` and start from OUT")
@@ -391,7 +391,7 @@ class Trainer:
                                                            self._stored_name())
         move_schedule(self.scheduler, self.step)
         best = f", best val loss {self.continued_best[0]:.4f}" if self.continued_best is not None else ""
-        self.logger.print(f"continuing {continuation.TOOLS[source.kind]} run {source.path} at step {self.step}/"
+        self.logger.print(f"continuing {source.tool_name} run {source.path} at step {self.step}/"
                           f"{self.total_steps}{best}: its AdamW state and schedule "
                           f"(lr {self.scheduler.get_last_lr()[0]:.3e} next)" + "".join(f"; {note}" for note in notes))
 

@@ -18,7 +18,7 @@ Accelerate also writes sampler.bin, a pickled SeedableRandomSampler object, for 
 dataset it shards itself; reading it would mean unpickling a class, so triax neither writes nor
 reads it (docs/switching.md).
 
-Reading goes through torch's weights-only loader only (triax.checkpoint.pickled); a folder with
+Reading goes through torch's weights-only loader only (triax.interop.shared.pickled); a folder with
 a manifest has every file checked against it, one without (Accelerate wrote it) is read as it is.
 Every process agrees on the outcome of a save or a load, so a failure on one never leaves the
 others waiting.
@@ -42,8 +42,9 @@ from triax.accelerate._internal import fsdp_folder
 from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate._internal.saving import _agree, _check_dataloader_position, _check_scheduler
 from triax.checkpoint.numbers import COUNTERS, RANGES, bad_number
-from triax.checkpoint.pickled import PickledFileError, pickled_bytes, read_pickled, read_whole
+from triax.interop.shared.pickled import PickledFileError, pickled_bytes, read_pickled, read_whole
 from triax.runtime.failure_agreement import raise_together
+from triax.runtime.shared_decisions import all_gather_bytes
 from triax.runtime.process_group import is_distributed
 from triax.runtime.shared_decisions import all_gather_bytes
 

@@ -15,7 +15,7 @@ triax's manifest: accelerate_folder.py). Accelerate pairs optimizer i with model
 
 A DCP folder's `.metadata` is a pickle, and DCP's planner unpickles its non-tensor entries (the
 optimizer's param_groups) with no restriction: triax reads the metadata through its checked reader
-(triax/checkpoint/torchtitan.py) and those entries through torch's weights-only loader, so a folder
+(triax/interop/torchtitan/checkpoint.py) and those entries through torch's weights-only loader, so a folder
 that needs more is refused in one line. The manifest records each DCP file's size and sha256; a
 resume checks the sizes and the metadata's digest (hashing every shard would read the whole
 checkpoint once more).
@@ -44,9 +44,9 @@ import triax.safe_files as safe_files
 from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate._internal.fsdp import FULL, state_dict_type
 from triax.accelerate._internal.saving import _agree
-from triax.checkpoint.pickled import PickledFileError, load_pickled_bytes, pickled_bytes
-from triax.checkpoint.torchtitan import METADATA_FILE, CheckedReader, read_metadata
-from triax.models.hf_files import CheckpointError
+from triax.interop.shared.pickled import PickledFileError, load_pickled_bytes, pickled_bytes
+from triax.interop.torchtitan.checkpoint import METADATA_FILE, CheckedReader, read_metadata
+from triax.interop.hf.files import CheckpointError
 
 if TYPE_CHECKING:
     from triax.accelerate.accelerator import Accelerator

@@ -105,7 +105,7 @@ def _entries(header: dict, data_bytes: int) -> dict[str, TensorEntry]:
     return entries
 
 
-def _count(value) -> bool:
+def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

@@ -1,6 +1,6 @@
 """Meta's Llama checkpoint folder, as Meta's download gives it: `params.json` (the shapes),
-`consolidated.00.pth` (the weights, torch.save of a dict in Meta's layout: triax/models/
-meta_llama.py) and `tokenizer.model`.
+`consolidated.00.pth` (the weights, torch.save of a dict in Meta's layout:
+triax/interop/meta/weights.py) and `tokenizer.model`.
 
 A model saved for N-way model parallelism (Llama 2 and 3 70B: 8 files) is `consolidated.00.pth`
 to `.NN.pth`, file k holding part k of every tensor, as Meta's fairscale layers cut them: the
@@ -23,9 +23,9 @@ import re
 
 import torch
 
-from triax.checkpoint.pickled import PickledFileError, load_pickled_mapped
-from triax.models import meta_llama
-from triax.models.hf_files import CheckpointError, checkpoint_file, read_json
+from triax.interop.shared.pickled import PickledFileError, load_pickled_mapped
+from triax.interop.meta import weights as meta_llama
+from triax.interop.hf.files import CheckpointError, checkpoint_file, read_json
 
 PARAMS_FILE = "params.json"
 SHARD_FILE = re.compile(r"consolidated\.(\d+)\.pth")

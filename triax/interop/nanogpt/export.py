@@ -12,14 +12,15 @@ nanoGPT ckpt.pt has all of these); anything else is refused in one line naming t
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from triax import safe_files
 from triax.checkpoint import snapshot_step
 from triax.checkpoint.export import optimizer_source, tensor_source
-from triax.checkpoint.nanogpt import to_nanogpt_state
-from triax.checkpoint.adamw_state import MOMENTS
-from triax.checkpoint.nanogpt_run import exported_config, optimizer_state
-from triax.checkpoint.pickled import pickled_bytes
+from triax.interop.nanogpt.checkpoint import to_nanogpt_state
+from triax.interop.shared.adamw_state import MOMENTS
+from triax.interop.nanogpt.run import exported_config, optimizer_state
+from triax.interop.shared.pickled import pickled_bytes
 from triax.errors import UsageError, printable
 
 # model.* key -> the value nanoGPT's GPT has (None: derived, below).
@@ -46,8 +47,11 @@ def _data_parallel(state: dict, config: dict) -> int:
     return max(1, world // (tp * pp))
 
 
-def export_nanogpt(run_dir: str, output: str, opened, true_shapes) -> tuple[str, int]:
-    """Write OUTPUT/ckpt.pt from the run's newest good snapshot; (its path, values written)."""
+def export_nanogpt(run_dir: str, output: str, opened: tuple, true_shapes: Callable[..., tuple[dict, dict]]
+                   ) -> tuple[str, int]:
+    """Write OUTPUT/ckpt.pt from the run's newest good snapshot; (its path, values written).
+    `opened`: (the snapshot's reader, the run's model config, its vocabulary); `true_shapes`: the
+    run's architecture and every tensor's shape without the layout's vocabulary padding."""
     reader, model_config, vocab = opened
     true_config, shapes = true_shapes(model_config, vocab)
     check_expressible(true_config)

@@ -87,7 +87,7 @@ def _first_bad(values: dict, kinds: dict, prefix: str) -> str | None:
     return None
 
 
-def _json_type(value) -> str:
+def _json_type(value: object) -> str:
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, (int, float)):

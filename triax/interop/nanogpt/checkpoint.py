@@ -9,17 +9,18 @@ key and value rows in that order (triax keeps q_proj, k_proj, v_proj), `mlp.c_fc
 transposed. A model saved after torch.compile carries `_orig_mod.` before every name.
 
 The file is a pickle: it is read through torch's weights-only loader only
-(triax.checkpoint.pickled), and everything in it is checked before it is used.
+(triax.interop.shared.pickled), and everything in it is checked before it is used.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
 import torch
 
-from triax.checkpoint.pickled import PickledFileError, read_pickled
-from triax.models.hf_files import Source, TensorDict
+from triax.interop.shared.pickled import PickledFileError, read_pickled
+from triax.interop.hf.files import Source, TensorDict
 
 # model_args keys nanoGPT's GPTConfig has, and what each must be.
 MODEL_ARGS = {"n_layer": int, "n_head": int, "n_embd": int, "block_size": int, "vocab_size": int, "bias": bool}
@@ -159,7 +160,7 @@ def checkpoint_file(path: str) -> str:
     return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
 
 
-def to_nanogpt_state(tensors) -> dict[str, torch.Tensor]:
+def to_nanogpt_state(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """triax GPT tensors by name (a mapping) -> nanoGPT's model state dict (c_attn fused again;
     the tied head stored under both names, as nanoGPT's state_dict() holds it)."""
     state, fused = {}, {}

@@ -6,9 +6,9 @@ best validation loss and its whole `config` (learning_rate, warmup_iters, lr_dec
 Continuing means the next step is the step nanoGPT would have taken: its learning rate from
 nanoGPT's get_lr, its AdamW moments and step count, its weight-decay groups.
 
-- `overrides` turns the saved config into triax config keys, placed before the command line's
+- `NanoGPTRun.overrides` turns the saved config into triax config keys, placed before the command line's
   (which win), so the run's config.yaml says what it trains with.
-- `load_optimizer_state` maps AdamW's state, kept by parameter index in the order nanoGPT's
+- `NanoGPTRun.load_optimizer_state` maps AdamW's state, kept by parameter index in the order nanoGPT's
   configure_optimizers listed them (the parameters of two or more dimensions, then the rest, each
   in named_parameters() order), onto triax's parameters by name, each rank copying only the slice
   of each moment it holds (FSDP and TP shards included).
@@ -17,14 +17,17 @@ nanoGPT's get_lr, its AdamW moments and step count, its weight-decay groups.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
-from triax.checkpoint import adamw_state
-from triax.checkpoint.adamw_state import MOMENTS
-from triax.checkpoint.nanogpt import NanoGPTCheckpoint, NanoGPTWeights
-from triax.checkpoint.pickled import PickledFileError
-from triax.models.hf_files import copy_tensor
+from triax.interop.shared import adamw_state
+from triax.interop.shared.adamw_state import MOMENTS
+from triax.interop.nanogpt.checkpoint import NanoGPTCheckpoint, NanoGPTWeights
+from triax.interop.shared.pickled import PickledFileError
+from triax.interop.foreign_run import ForeignRun, ScheduleSettings, StoredName, same_name
+from triax.models.config import GPTConfig
+from triax.interop.hf.files import copy_into, copy_tensor
 
 # nanoGPT config key -> (triax key, int or float, the smallest value it may take: 0 or 1)
 SETTINGS = {
@@ -46,7 +49,7 @@ SETTINGS = {
 }
 
 
-def _acceptable(key: str, value) -> bool:
+def _acceptable(key: str, value: object) -> bool:
     """Whether nanoGPT's train.py could have run with `value` for config key `key`."""
     kind, least = SETTINGS[key][1], SETTINGS[key][2]
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -66,7 +69,7 @@ def _setting(checkpoint: NanoGPTCheckpoint, key: str):
     return value
 
 
-def overrides(checkpoint: NanoGPTCheckpoint, data_parallel: int) -> tuple[list[str], list[str]]:
+def _overrides(checkpoint: NanoGPTCheckpoint, data_parallel: int) -> tuple[list[str], list[str]]:
     """(triax `key=value` overrides that continue the run as nanoGPT would, notes on what could not
     be carried over). `data_parallel`: the new run's data-parallel processes, which share nanoGPT's
     gradient_accumulation_steps (its total over all processes) as its train.py does."""
@@ -127,7 +130,7 @@ def optimizer_order(model_args: dict) -> list[str]:
     return matrices + [name for name in names if name not in matrices]
 
 
-def saved_state(checkpoint: NanoGPTCheckpoint) -> tuple[dict[str, dict], float]:
+def _saved_state(checkpoint: NanoGPTCheckpoint) -> tuple[dict[str, dict], float]:
     """({nanoGPT parameter name: {"exp_avg": tensor, "exp_avg_sq": tensor}}, AdamW's step count),
     checked against the model's shapes: every index in place, two groups of nanoGPT's sizes."""
     path, saved = checkpoint.path, checkpoint.optimizer
@@ -146,18 +149,18 @@ def saved_state(checkpoint: NanoGPTCheckpoint) -> tuple[dict[str, dict], float]:
                                "this model; the optimizer is not nanoGPT's AdamW")
     if any(group.get("amsgrad") for group in groups):
         raise PickledFileError(f"{path}: its optimizer uses amsgrad, which nanoGPT's AdamW does not")
-    def shape_of(name):
+    def shape_of(name: str) -> tuple[int, ...] | None:
         return tuple(checkpoint.tensors[name].shape) if name in checkpoint.tensors else None
 
     return adamw_state.moments(saved["state"], order, shape_of, path)
 
 
-def load_optimizer_state(checkpoint: NanoGPTCheckpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                         vocab_size: int, stored_name=lambda name: name) -> int:
+def _load_optimizer_state(checkpoint: NanoGPTCheckpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                          vocab_size: int, stored_name: StoredName) -> int:
     """Put nanoGPT's AdamW moments and step count into `optimizer` over triax's `model` (this
     rank's part of it); returns the number of values read. The optimizer's state must exist
     (torch.distributed.checkpoint's get_optimizer_state_dict creates it)."""
-    moments, step = saved_state(checkpoint)
+    moments, step = _saved_state(checkpoint)
     by_key = {key: NanoGPTWeights(checkpoint, {name: values[key] for name, values in moments.items()})
               for key in MOMENTS}
     read = 0
@@ -175,6 +178,59 @@ def load_optimizer_state(checkpoint: NanoGPTCheckpoint, model: torch.nn.Module, 
     return read
 
 
+# nanoGPT's train.py starts best_val_loss at 1e9 and keeps it until its first evaluation (so does
+# triax's export, which carries no evaluation over): not a loss to report or to beat.
+NANOGPT_UNSET_LOSS = 1e9
+
+
+def nanogpt_best(loss: object, iter_num: int) -> tuple[float, int] | None:
+    """A nanoGPT checkpoint's best validation (loss, step), or None where it has none yet."""
+    if loss is None or not math.isfinite(float(loss)) or float(loss) >= NANOGPT_UNSET_LOSS:
+        return None
+    return float(loss), iter_num
+
+
+class NanoGPTRun(ForeignRun):
+    """nanoGPT's ckpt.pt as a run starts from it (its weights) or continues it (its AdamW state,
+    step and settings too). Read whole when opened (a pickle cannot be read by slices), checked
+    before any process group."""
+
+    kind = "nanogpt"
+    tool_name = "nanoGPT's"
+    can_continue = True
+
+    def __init__(self, path: str, checkpoint: NanoGPTCheckpoint):
+        """`path`: as given (the ckpt.pt file or the out_dir holding it)."""
+        super().__init__(path, checkpoint.architecture(), None)
+        self.checkpoint = checkpoint
+
+    def load_weights(self, model: torch.nn.Module, model_config: GPTConfig, stored_name: StoredName = same_name) -> None:
+        weights = NanoGPTWeights(self.checkpoint)
+        copy_into(model, weights, weights.source_of, model_config.vocab_size, stored_name)
+
+    def overrides(self, data_parallel: int) -> tuple[list[str], list[str]]:
+        return _overrides(self.checkpoint, data_parallel)
+
+    def saved_state(self) -> tuple[dict[str, dict], float]:
+        return _saved_state(self.checkpoint)
+
+    def check_continuation(self, optim: ScheduleSettings, rate_at: Callable[[int], float]) -> None:
+        """nanoGPT's schedule is computed from its own settings (overrides): only its state is checked."""
+        _saved_state(self.checkpoint)
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_config: GPTConfig,
+                             stored_name: StoredName = same_name) -> int:
+        return _load_optimizer_state(self.checkpoint, model, optimizer, model_config.vocab_size, stored_name)
+
+    @property
+    def step(self) -> int:
+        return self.checkpoint.iter_num
+
+    @property
+    def best(self) -> tuple[float, int] | None:
+        return nanogpt_best(self.checkpoint.best_val_loss, self.checkpoint.iter_num)
+
+
 # ---- the other way: a triax run's state as nanoGPT's train.py saves it (triax export --format nanogpt)
 
 def exported_config(config: dict, data_parallel: int) -> dict:
@@ -182,7 +238,7 @@ def exported_config(config: dict, data_parallel: int) -> dict:
     what `trainer.continue_from` reads back, and a record for whoever resumes it on nanoGPT (whose
     train.py takes its settings from its own command line). Values nanoGPT could not run with
     (eval_every=0, say) are left out."""
-    def section(name):
+    def section(name: str) -> dict:
         value = config.get(name)
         return value if isinstance(value, dict) else {}
 

@@ -1,7 +1,8 @@
 """`triax export RUN_DIR OUT_DIR --format hf`: a directory Hugging Face transformers loads with
 `AutoModelForCausalLM.from_pretrained(OUT_DIR)`, computing the same logits as the run's model:
-GPT2LMHeadModel for model.arch=gpt2 (below), LlamaForCausalLM / Qwen2ForCausalLM /
-MistralForCausalLM for the llama family (triax/models/hf_llama.py: the same tensors renamed).
+GPT2LMHeadModel for model.arch=gpt2 (triax/interop/hf/gpt2.py), LlamaForCausalLM / Qwen2ForCausalLM /
+MistralForCausalLM for the llama family (triax/interop/hf/llama.py: the same tensors renamed), Mixtral and
+Qwen3-MoE (triax/interop/hf/moe.py).
 
 For GPT-2 the mapping is exact because triax's GPT is GPT-2's architecture: pre-LayerNorm blocks (eps 1e-5),
 GELU with the tanh approximation (transformers' "gelu_new"), attention scaled by 1/sqrt(head size),
@@ -32,8 +33,11 @@ import torch
 
 from triax import safe_files
 from triax.errors import ConfigError, TriaxError
-from triax.models import hf, hf_llama, hf_moe
-from triax.models.config import architecture_fields
+from triax.interop.hf import directory as hf
+from triax.interop.hf import gpt2 as hf_gpt2
+from triax.interop.hf import llama as hf_llama
+from triax.interop.hf import moe as hf_moe
+from triax.models.config import GPTConfig, architecture_fields
 
 # GPTConfig fields the transformers config can express (the rotary ones and gelu each family's
 # GPTConfig checks hold at their defaults where they do not apply). A field added to GPTConfig later
@@ -44,15 +48,16 @@ MAPPED_FIELDS = {"arch", "vocab_size", "block_size", "n_layer", "n_head", "n_emb
                  "rope_original_context", "qk_norm", "num_experts", "experts_per_token", "moe_intermediate_size",
                  "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
                  "router_z_loss_coef"}
-# model.gelu -> transformers' activation_function
-HF_ACTIVATIONS = {"tanh": "gelu_new", "exact": "gelu"}
+
+# model family (GPTConfig.family) -> the module writing its transformers config and tensors
+WRITERS = {"gpt": hf_gpt2, "llama": hf_llama, "moe": hf_moe}
 
 
 class ExportError(TriaxError, ValueError):
     """The run cannot be written in the requested format (an option without an equivalent, a bad target)."""
 
 
-def check_mappable(config) -> None:
+def check_mappable(config: GPTConfig) -> None:
     if config.qk_norm and config.arch not in ("qwen3", "qwen3_moe"):
         raise ExportError(f"model option qk_norm=true has no equivalent in transformers' {config.arch}; export this "
                           "run with the plain safetensors format instead (or train model.arch=qwen3)")
@@ -62,77 +67,22 @@ def check_mappable(config) -> None:
                               f"transformers' {config.arch}; export this run with the plain safetensors format instead")
 
 
-def hf_config(config) -> dict:
+def hf_config(config: GPTConfig) -> dict:
     """config.json for the transformers class of the run's architecture."""
-    if config.family == "llama":
-        return hf_llama.hf_config(config)
-    if config.family == "moe":
-        return hf_moe.hf_config(config)
-    return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": config.vocab_size, "n_positions": config.block_size, "n_ctx": config.block_size,
-        "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head,
-        "n_inner": config.intermediate_size,
-        "activation_function": HF_ACTIVATIONS[config.gelu], "layer_norm_epsilon": config.norm_eps,
-        "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
-        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-        "tie_word_embeddings": bool(config.tie_embeddings),
-        "bos_token_id": None, "eos_token_id": None, "torch_dtype": "float32",
-    }
+    return WRITERS[config.family].hf_config(config)
 
 
-def hf_tensors(config, source: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, Callable[[], torch.Tensor], tuple]]:
+def hf_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, Callable[[], torch.Tensor], tuple]]:
     """(transformers name, a function that builds that tensor from `source`, its shape), in order.
 
     Each builder reads only the one to three source tensors it needs, when called."""
-    if config.family == "llama":
-        return hf_llama.hf_tensors(config, source)
-    if config.family == "moe":
-        return hf_moe.hf_tensors(config, source)
-    return _gpt2_tensors(config, source)
-
-
-def _gpt2_tensors(config, source):
-    e, v, inner = config.n_embd, config.vocab_size, config.intermediate_size
-
-    def copy(name):
-        return lambda: source[name]
-
-    def conv1d(name):  # Linear (out, in) -> Conv1D (in, out)
-        return lambda: source[name].t()
-
-    def bias_or_zeros(name, size, like):
-        # bias=false: GPT-2 always has biases; zeros compute the same function.
-        return lambda: source[name] if config.bias else torch.zeros(size, dtype=source[like].dtype)
-
-    yield "transformer.wte.weight", copy("tok_emb.weight"), (v, e)
-    yield "transformer.wpe.weight", copy("pos_emb.weight"), (config.block_size, e)
-    for i in range(config.n_layer):
-        ours, theirs = f"layers.{i}.", f"transformer.h.{i}."
-        attention = [f"{ours}attn.{p}_proj" for p in "qkv"]
-        for norm in ("ln_1", "ln_2"):
-            yield f"{theirs}{norm}.weight", copy(f"{ours}{norm}.weight"), (e,)
-            yield f"{theirs}{norm}.bias", bias_or_zeros(f"{ours}{norm}.bias", e, f"{ours}{norm}.weight"), (e,)
-        yield (f"{theirs}attn.c_attn.weight",
-               lambda names=attention: torch.cat([source[f"{n}.weight"] for n in names], dim=0).t(), (e, 3 * e))
-        yield (f"{theirs}attn.c_attn.bias",
-               (lambda names=attention: torch.cat([source[f"{n}.bias"] for n in names]))
-               if config.bias else (lambda name=f"{ours}ln_1.weight": torch.zeros(3 * e, dtype=source[name].dtype)),
-               (3 * e,))
-        for mine, hf, shape in (("attn.out_proj", "attn.c_proj", (e, e)), ("mlp.up_proj", "mlp.c_fc", (e, inner)),
-                                ("mlp.down_proj", "mlp.c_proj", (inner, e))):
-            yield f"{theirs}{hf}.weight", conv1d(f"{ours}{mine}.weight"), shape
-            yield f"{theirs}{hf}.bias", bias_or_zeros(f"{ours}{mine}.bias", shape[1], f"{ours}{mine}.weight"), (shape[1],)
-    yield "transformer.ln_f.weight", copy("ln_f.weight"), (e,)
-    yield "transformer.ln_f.bias", bias_or_zeros("ln_f.bias", e, "ln_f.weight"), (e,)
-    if not config.tie_embeddings:  # tied: transformers ties lm_head to wte itself
-        yield "lm_head.weight", copy("lm_head.weight"), (v, e)
+    return WRITERS[config.family].hf_tensors(config, source)
 
 
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
 
 
-def write_safetensors_streaming(path: str, entries, dtype: torch.dtype) -> int:
+def write_safetensors_streaming(path: str, entries: list, dtype: torch.dtype) -> int:
     """Write a .safetensors file one tensor at a time: the header (names, shapes, offsets) is known
     from the shapes alone, so no more than one tensor is ever held. Returns the number of values."""
     if dtype not in _SAFETENSORS_DTYPES:
@@ -164,7 +114,7 @@ def write_safetensors_streaming(path: str, entries, dtype: torch.dtype) -> int:
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
-def drop_in_files(config, ours: dict, kept_dir: str) -> tuple[dict, dict[str, bytes]]:
+def drop_in_files(config: GPTConfig, ours: dict, kept_dir: str) -> tuple[dict, dict[str, bytes]]:
     """(config.json, {name: contents} of the other files) for an export that replaces the
     transformers checkpoint the run started from, whose files the run kept in `kept_dir`.
 
@@ -197,7 +147,7 @@ def drop_in_files(config, ours: dict, kept_dir: str) -> tuple[dict, dict[str, by
     return merged, files
 
 
-def export_hf(config, source: Mapping[str, torch.Tensor], out_dir: str, tokenizer_file: str | None = None,
+def export_hf(config: GPTConfig, source: Mapping[str, torch.Tensor], out_dir: str, tokenizer_file: str | None = None,
               kept_dir: str | None = None) -> int:
     """Write config.json, model.safetensors and (if given) the tokenizer into `out_dir`; with
     `kept_dir` (a fine-tuned transformers checkpoint's kept files) as a drop-in replacement of it."""

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from triax.checkpoint.pickled import PickledFileError
+from triax.interop.shared.pickled import PickledFileError
 from triax.errors import printable
 
 MOMENTS = ("exp_avg", "exp_avg_sq")

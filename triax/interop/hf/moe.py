@@ -1,7 +1,7 @@
 """A transformers Mixtral or Qwen3-MoE checkpoint, for triax's Mixture (triax/models/moe.py): its
 config fields and where each parameter is stored; and the inverse, for `triax export --format hf`.
 
-Everything but the MLPs is the Llama family's (hf_llama.py). transformers saves each expert as
+Everything but the MLPs is the Llama family's (llama.py). transformers saves each expert as
 its own three Linear weights (`...experts.<e>.w1.weight` for Mixtral, `...experts.<e>.gate_proj.weight`
 for Qwen3-MoE); triax holds each layer's experts as one batched tensor [experts, out, in]. The
 reader serves such a tensor from the per-expert ones (`ExpertStack`): its shape is checked over every
@@ -14,10 +14,11 @@ from typing import Mapping
 
 import torch
 
-from triax.models import hf_llama, parameter_shapes
+from triax.models import parameter_shapes
+from triax.interop.hf import llama as hf_llama
 from triax.models.config import GPTConfig
-from triax.models.hf_files import CheckpointError, HFWeights, Source
-from triax.models.safetensors_header import TensorEntry
+from triax.interop.hf.files import CheckpointError, HFWeights, Source
+from triax.interop.hf.safetensors_header import TensorEntry
 
 MODEL_TYPES = ("mixtral", "qwen3_moe")
 CLASSES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}

@@ -1,6 +1,6 @@
 """torchtitan's Llama checkpoints: a torch.distributed.checkpoint (DCP) folder (`.metadata` and
 `__<rank>_<n>.distcp` files), one per saved step in torchtitan's `checkpoint/step-N/`, its model's
-tensors in Meta's layout (triax/models/meta_llama.py: names, rotary order), flattened at the top
+tensors in Meta's layout (triax/interop/meta/weights.py: names, rotary order), flattened at the top
 or under `model.`, beside the optimizer's, the scheduler's and the data loader's state.
 
 The folder says the shapes, not the head counts (a width of 4096 is 32 heads of 128 or 64 of 64):
@@ -38,9 +38,9 @@ from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from triax import safe_files
-from triax.models import meta_llama
+from triax.interop.meta import weights as meta_llama
 from triax.models.config import MAX_SIZES
-from triax.models.hf_files import CheckpointError, checkpoint_file, read_json
+from triax.interop.hf.files import CheckpointError, checkpoint_file, read_json
 
 METADATA_FILE = ".metadata"
 STEP_FOLDER = re.compile(r"step-(\d+)")
@@ -114,7 +114,7 @@ def read_metadata(folder: str) -> dcp_metadata.Metadata:
     return metadata
 
 
-def _check_metadata(metadata, folder: str, path: str) -> None:
+def _check_metadata(metadata: dcp_metadata.Metadata, folder: str, path: str) -> None:
     bad = lambda what: CheckpointError(f"{path}: {what}; the file is damaged or not DCP's")  # noqa: E731
     if not isinstance(metadata, dcp_metadata.Metadata) or not isinstance(metadata.state_dict_metadata, dict) \
             or not isinstance(metadata.storage_data, dict):
@@ -157,7 +157,7 @@ def _check_metadata(metadata, folder: str, path: str) -> None:
                       f"({sizes[name]} bytes)")
 
 
-def _is_size(value) -> bool:
+def _is_size(value: object) -> bool:
     return isinstance(value, torch.Size) and len(value) <= MAX_DIMENSIONS and all(
         isinstance(n, int) and 0 <= n < 2**40 for n in value)
 
@@ -165,11 +165,11 @@ def _is_size(value) -> bool:
 class CheckedReader(FileSystemReader):
     """DCP's file reader, given the checked metadata instead of unpickling the file again."""
 
-    def __init__(self, folder: str, metadata):
+    def __init__(self, folder: str, metadata: dcp_metadata.Metadata):
         super().__init__(folder)
         self._checked = metadata
 
-    def read_metadata(self, *args, **kwargs):
+    def read_metadata(self, *args: object, **kwargs: object):
         return self._checked
 
 
@@ -189,7 +189,7 @@ class _BoxLoadPlanner(DefaultLoadPlanner):
                                   f"{list(target.shape)}; the checkpoint is damaged")
         return LoadPlan(items)
 
-    def lookup_tensor(self, index):
+    def lookup_tensor(self, index: object):
         # The target is the box itself (DCP's own lookup expects a box at offset 0 of a plain tensor).
         return self.state_dict[index.fqn]
 

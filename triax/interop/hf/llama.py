@@ -1,7 +1,7 @@
 """A transformers Llama, Qwen2 or Mistral checkpoint, for triax's Llama: its config fields and
-where each parameter is stored (the inverse of triax/train/hf_export.py's llama writer). The
+where each parameter is stored (the inverse of triax/interop/hf/export.py's llama writer). The
 tensors are stored as triax holds them (nn.Linear weights, rotary pairs in transformers' rotate-half
-order), so every parameter is a plain slice of one stored tensor. Reading is triax/models/hf.py's.
+order), so every parameter is a plain slice of one stored tensor. Reading is triax/interop/hf/directory.py's.
 
 A config field that changes what the model computes and that triax does not implement is refused
 in one line naming it, never ignored: another activation, partial rotary embeddings, a rope
@@ -12,10 +12,13 @@ sliding-window and full causal attention are the same.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
 from triax.models import build_model
-from triax.models.hf_files import CheckpointError, HFWeights, Source
+from triax.interop.hf.files import CheckpointError, HFWeights, Source
+from triax.models.config import GPTConfig
 
 MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
 
@@ -116,7 +119,7 @@ def hf_name(name: str, prefix: str = "model.") -> str:
     return prefix + ".".join(RENAMED.get(part, part) for part in name.split("."))
 
 
-def sources(weights: HFWeights, model_config):
+def sources(weights: HFWeights, model_config: GPTConfig):
     """triax parameter name -> (checkpoint tensor name, transposed?, offset): every tensor whole, as stored."""
     # Checkpoints saved from LlamaModel (no head) lack the "model." prefix.
     prefix = weights.prefix("embed_tokens.weight", ("model.", ""))
@@ -135,7 +138,7 @@ CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": 
            "qwen3": "Qwen3ForCausalLM"}
 
 
-def hf_config(config) -> dict:
+def hf_config(config: GPTConfig) -> dict:
     """config.json for transformers' <arch>ForCausalLM computing what triax's Llama computes. The
     rotary settings are written both as transformers 5 reads them (rope_parameters) and as older
     versions do (rope_theta, rope_scaling)."""
@@ -168,7 +171,7 @@ def hf_config(config) -> dict:
     return values
 
 
-def hf_tensors(config, source):
+def hf_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor]):
     """(transformers name, a function that returns that tensor from `source`, its shape), in order:
     every tensor is one of triax's under another name (the head left out when tied)."""
     with torch.device("meta"):  # the names and shapes, without memory

@@ -1,7 +1,7 @@
 """Continuing a run transformers' Trainer began: `triax train trainer.continue_from=out/checkpoint-N`.
 
 A `checkpoint-N` folder holds the model as save_pretrained writes it (config.json,
-model.safetensors: read as any transformers directory, triax/models/hf.py), and beside it:
+model.safetensors: read as any transformers directory, triax/interop/hf/directory.py), and beside it:
 
 - trainer_state.json: `global_step` (the weights are those after it; the next step is numbered
   global_step), `max_steps`, `train_batch_size` (per process), `logging_steps`, `best_metric`
@@ -19,7 +19,7 @@ model.safetensors: read as any transformers directory, triax/models/hf.py), and 
 
 So the settings only training_args.bin holds are TrainingArguments' defaults unless the command
 line says otherwise (lr_scheduler_type linear, warmup 0, max_grad_norm 1.0, no gradient
-accumulation), and `check_next_rate` verifies them where the checkpoint allows: the continued run's
+accumulation), and `TrainerRun.check_continuation` verifies them where the checkpoint allows: the continued run's
 next learning rate must be scheduler.pt's.
 """
 
@@ -27,16 +27,19 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Callable
 
 import torch
 
 from triax import safe_files
-from triax.checkpoint import adamw_state
-from triax.checkpoint.adamw_state import MOMENTS
-from triax.checkpoint.pickled import PickledFileError, read_pickled
+from triax.interop.shared import adamw_state
+from triax.interop.shared.adamw_state import MOMENTS
+from triax.interop.shared.pickled import PickledFileError, read_pickled
 from triax.errors import printable
-from triax.models import hf
-from triax.models.hf_files import CheckpointError, TensorDict, checkpoint_file, copy_tensor
+from triax.interop.foreign_run import ForeignRun, ScheduleSettings, StoredName, same_name
+from triax.interop.hf import directory as hf
+from triax.models.config import GPTConfig
+from triax.interop.hf.files import CheckpointError, TensorDict, checkpoint_file, copy_tensor
 
 STATE_FILE = "trainer_state.json"
 # log_history keeps every logged step (~200 bytes each): a million-step run logged at every step
@@ -52,11 +55,11 @@ def is_trainer_checkpoint(path: str) -> bool:
     return os.path.isdir(path) and os.path.lexists(os.path.join(path, STATE_FILE))
 
 
-def _integer(value, least: int) -> bool:
+def _integer(value: object, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and least <= value < 2**53
 
 
-def _number(value) -> bool:
+def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -87,7 +90,7 @@ class TrainerCheckpoint:
         if not isinstance(state, dict):
             raise CheckpointError(f"{where} holds a JSON {type(state).__name__}, not an object; not the Trainer's")
 
-        def field(key, check, wanted, default=None):
+        def field(key: str, check: Callable[[object], bool], wanted: str, default: object = None):
             value = state.get(key, default)
             if not check(value):
                 raise CheckpointError(f"{where}: {key}={printable(repr(value))[:40]} is not {wanted}; the file is "
@@ -235,7 +238,7 @@ def _groups(checkpoint: TrainerCheckpoint) -> list[dict]:
     return groups
 
 
-def overrides(checkpoint: TrainerCheckpoint) -> tuple[list[str], list[str]]:
+def _overrides(checkpoint: TrainerCheckpoint) -> tuple[list[str], list[str]]:
     """(triax `key=value` overrides that continue the run as the Trainer would, notes on what
     could not be carried over): the optimizer's settings from optimizer.pt, the length from
     trainer_state.json, and TrainingArguments' defaults for what only training_args.bin says."""
@@ -274,7 +277,7 @@ def _dropout(config: dict) -> float | None:
     return float(rate) if _number(rate) and 0 <= rate < 1 else None
 
 
-def check_next_rate(checkpoint: TrainerCheckpoint, rate: float, optim) -> None:
+def _check_next_rate(checkpoint: TrainerCheckpoint, rate: float, optim: ScheduleSettings) -> None:
     """`rate`, the continued run's learning rate for its next step (under `optim`, its settings),
     must be the one scheduler.pt holds for that step: the Trainer's lr_scheduler_type and warmup
     are only in training_args.bin, so this is how a schedule given wrongly (or left at the assumed
@@ -288,7 +291,7 @@ def check_next_rate(checkpoint: TrainerCheckpoint, rate: float, optim) -> None:
             "(training_args.bin, which triax does not read)")
 
 
-def saved_state(checkpoint: TrainerCheckpoint) -> tuple[dict[str, dict], float]:
+def _saved_state(checkpoint: TrainerCheckpoint) -> tuple[dict[str, dict], float]:
     """({transformers parameter name: {"exp_avg": tensor, "exp_avg_sq": tensor}}, AdamW's step
     count), every index checked against the shapes model.safetensors holds."""
     path = os.path.join(checkpoint.path, "optimizer.pt")
@@ -300,13 +303,13 @@ def saved_state(checkpoint: TrainerCheckpoint) -> tuple[dict[str, dict], float]:
 
 
 @torch.no_grad()
-def load_optimizer_state(checkpoint: TrainerCheckpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                         model_config, stored_name=lambda name: name) -> int:
+def _load_optimizer_state(checkpoint: TrainerCheckpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                          model_config: GPTConfig, stored_name: StoredName) -> int:
     """Put the Trainer's AdamW moments and step count into `optimizer` over triax's `model` (this
     rank's part of it: FSDP and TP shards, GPT-2's fused c_attn cut into q, k, v, its Conv1D
     moments transposed); returns the number of values read. The optimizer's state must exist
     (torch.distributed.checkpoint's get_optimizer_state_dict creates it)."""
-    moments, step = saved_state(checkpoint)
+    moments, step = _saved_state(checkpoint)
     family = hf.family_of(checkpoint.config)
     by_key = {key: TensorDict({name: values[key] for name, values in moments.items()}) for key in MOMENTS}
     source_of = family.sources(by_key[MOMENTS[0]], model_config)
@@ -323,3 +326,63 @@ def load_optimizer_state(checkpoint: TrainerCheckpoint, model: torch.nn.Module, 
             read += copy_tensor(state[key], name, by_key[key], source, model_config.vocab_size)
         state["step"].fill_(step)
     return read
+
+
+class TrainerRun(ForeignRun):
+    """A Trainer's checkpoint-N as a run starts from it (its weights, read as any transformers
+    directory's: `directory`) or continues it (the Trainer's state, scheduler and optimizer beside
+    them, read on first use: once per process, then let go once loaded). Without `directory`, its
+    settings only (`overrides`), as the config is composed before the weights are opened."""
+
+    kind = "transformers"
+    tool_name = "transformers Trainer's"
+    can_continue = True
+
+    def __init__(self, path: str, directory: hf.HFDirectory | None = None):
+        if directory is None:
+            super().__init__(path, {}, None)
+        else:
+            super().__init__(path, directory.architecture, directory.codec, directory.context_reason,
+                             directory.description)
+        self.directory = directory
+        self._checkpoint = None
+        self._continued = None  # (step, best) once the optimizer state is loaded and let go
+
+    @property
+    def checkpoint(self) -> TrainerCheckpoint:
+        if self._checkpoint is None:
+            self._checkpoint = open_checkpoint(self.path)
+        return self._checkpoint
+
+    def load_weights(self, model: torch.nn.Module, model_config: GPTConfig, stored_name: StoredName = same_name) -> None:
+        self.directory.load_weights(model, model_config, stored_name)
+
+    def overrides(self, data_parallel: int) -> tuple[list[str], list[str]]:
+        """The Trainer's settings (`data_parallel` does not enter: train_batch_size is per process)."""
+        return _overrides(self.checkpoint)
+
+    def saved_state(self) -> tuple[dict[str, dict], float]:
+        return _saved_state(self.checkpoint)
+
+    def check_continuation(self, optim: ScheduleSettings, rate_at: Callable[[int], float]) -> None:
+        checkpoint = self.checkpoint
+        _saved_state(checkpoint)
+        _check_next_rate(checkpoint, rate_at(checkpoint.global_step), optim)
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_config: GPTConfig,
+                             stored_name: StoredName = same_name) -> int:
+        checkpoint = self.checkpoint
+        read = _load_optimizer_state(checkpoint, model, optimizer, model_config, stored_name)
+        # This process keeps only its slices of the moments, now in its optimizer: the rest goes.
+        self._continued = checkpoint.global_step, checkpoint.best_loss
+        self._checkpoint = None
+        release()
+        return read
+
+    @property
+    def step(self) -> int:
+        return self._continued[0] if self._continued is not None else self.checkpoint.global_step
+
+    @property
+    def best(self) -> tuple[float, int] | None:
+        return self._continued[1] if self._continued is not None else self.checkpoint.best_loss

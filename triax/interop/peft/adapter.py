@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 
+from typing import Callable
+
 import torch
 from safetensors import safe_open
 from safetensors.torch import save
@@ -20,7 +22,8 @@ from safetensors.torch import save
 from triax import safe_files
 from triax.arguments import written_by_triax_safetensors
 from triax.errors import ConfigError, printable
-from triax.models.hf_llama import hf_name
+from triax.interop.hf.llama import hf_name
+from triax.models.config import GPTConfig
 from triax.models.init import local_box
 from triax.models.lora import ADAPTER_MARK, PEFT_NAMES, TARGETS, LoRAConfig, target_keys
 
@@ -153,7 +156,7 @@ def _check_names(names: set[str], expected: set[str], path: str) -> None:
                            f"{printable(unused[0])[:120]!r}; give an adapter saved for this model")
 
 
-def check_adapter(model_config, lora: LoRAConfig) -> None:
+def check_adapter(model_config: GPTConfig, lora: LoRAConfig) -> None:
     """Check model.lora.init_from against the whole model before anything of the run is written:
     its config, and every tensor's name, shape, dtype and values, on a model of shapes alone."""
     from triax.models import build_model  # deferred: the model classes, when there is an adapter only
@@ -166,7 +169,8 @@ def check_adapter(model_config, lora: LoRAConfig) -> None:
 
 
 @torch.no_grad()
-def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig, stored_name=lambda name: name,
+def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig,
+                 stored_name: Callable[[str], str] = lambda name: name,
                  n_layer: int | None = None, copy: bool = True) -> int:
     """Copy the adapter directory's tensors into this rank's part of `model`'s adapters; every tensor
     of the file checked against the model first (its name, shape, dtype and finite values).
@@ -194,7 +198,7 @@ def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig, store
     return read
 
 
-def _load_one(stored, names: set[str], name: str, parameter: torch.Tensor, path: str, copy: bool = True) -> int:
+def _load_one(stored: object, names: set[str], name: str, parameter: torch.Tensor, path: str, copy: bool = True) -> int:
     source = peft_name(name)
     if source not in names:  # PEFT keeps the adapter name in memory; some tools save it too
         source = source.replace(".weight", ".default.weight")

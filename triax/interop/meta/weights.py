@@ -1,5 +1,5 @@
 """Llama weights in Meta's layout, for triax's Llama: what Meta's `consolidated.00.pth` and
-torchtitan's DCP checkpoints hold (triax/checkpoint/meta_folder.py and torchtitan.py read the
+torchtitan's DCP checkpoints hold (triax/interop/meta/folder.py and torchtitan.py read the
 files; this is what they share): Meta's tensor names, its `params.json`, and the rotary row order.
 
 Names: `tok_embeddings`, `layers.N.attention.wq/wk/wv/wo`, `layers.N.feed_forward.w1/w2/w3` (w1 the
@@ -21,8 +21,8 @@ import torch
 
 from triax.models import parameter_shapes
 from triax.models.config import MAX_OPTIONAL_SIZES, MAX_SIZES, GPTConfig
-from triax.models.hf_files import CheckpointError, Source, check_source
-from triax.models.safetensors_header import TORCH_DTYPE_NAMES, TensorEntry
+from triax.interop.hf.files import CheckpointError, Source, check_source
+from triax.interop.hf.safetensors_header import TORCH_DTYPE_NAMES, TensorEntry
 
 # triax module name -> Meta's, inside a layer.
 LAYER_NAMES = {"ln_1": "attention_norm", "ln_2": "ffn_norm", "attn.q_proj": "attention.wq",
@@ -63,7 +63,7 @@ def meta_name(name: str) -> str:
     return f"layers.{parts[1]}.{LAYER_NAMES[module]}.{kind}"
 
 
-def mlp_width(dim: int, multiple_of: int, ffn_dim_multiplier) -> int:
+def mlp_width(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
     """The SwiGLU hidden width Meta's FeedForward computes from params.json: 2/3 of 4 x dim, times
     ffn_dim_multiplier when given, rounded up to a multiple of multiple_of."""
     hidden = int(2 * (4 * dim) / 3)
@@ -72,7 +72,7 @@ def mlp_width(dim: int, multiple_of: int, ffn_dim_multiplier) -> int:
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
-def architecture_from_params(params, where: str, vocab_rows: int | None, rope_factor: float = 8.0) -> dict:
+def architecture_from_params(params: object, where: str, vocab_rows: int | None, rope_factor: float = 8.0) -> dict:
     """triax's GPTConfig fields for the model params.json describes; `vocab_rows` (the stored
     embedding's rows) stands for a vocab_size of -1 (Llama 2's: the tokenizer decided it);
     `rope_factor` (the run's) for a use_scaled_rope without rope_scaling_factor."""
@@ -140,7 +140,7 @@ class MetaWeights:
     triax's names and in triax's rotary order. `stored` reads them: `entries()` gives {Meta name:
     (dtype, shape)}, `read(name, box)` the values of a box, a tuple of (start, stop) per dimension."""
 
-    def __init__(self, stored, head_dim: int):
+    def __init__(self, stored: object, head_dim: int):
         self.stored = stored
         self.head_dim = head_dim
         self.entries = stored.entries()

@@ -1,22 +1,29 @@
 """Reading a Hugging Face `transformers` checkpoint directory into a triax model, whatever its
 family (model_type gpt2, llama, qwen2, mistral): which family reads it, the architecture it fixes,
-and this rank's slices of its weights. The files themselves are read by hf_files.py; what differs
-per family (config fields, tensor names and layouts) lives in hf_gpt2.py and hf_llama.py.
-`triax export --format hf` is the inverse (triax/train/hf_export.py).
+and this rank's slices of its weights. The files themselves are read by files.py; what differs
+per family (config fields, tensor names and layouts) lives in gpt2.py, llama.py and moe.py.
+`triax export --format hf` is the inverse (triax/interop/hf/export.py). HFDirectory (below) is the
+directory as a run starts from it (triax/interop/foreign_run.py's interface): config.json read once,
+the safetensors opened once for the check and the load.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from typing import Callable
 
 import torch
 
 from triax.errors import ConfigError
-from triax.models import hf_gpt2, hf_llama, hf_moe, parameter_shapes
+from triax.models import parameter_shapes
+from triax.interop.hf import moe as hf_moe
+from triax.interop.hf import llama as hf_llama
+from triax.interop.hf import gpt2 as hf_gpt2
 from triax.models.config import GPTConfig, architecture_fields
-from triax.models.hf_config_types import type_error
-from triax.models.hf_files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, check_source,
+from triax.interop.foreign_run import CodecOf, ForeignRun, StoredName, same_name
+from triax.interop.hf.config_types import type_error
+from triax.interop.hf.files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, check_source,
                                    copy_into, description_files, is_hf_directory, read_json, tokenizer_file)
 
 __all__ = ["DESCRIPTION_FILES", "MAX_DESCRIPTION_BYTES", "CheckpointError", "HFWeights", "architecture", "check_weights",
@@ -29,7 +36,7 @@ FAMILIES = {**dict.fromkeys(hf_gpt2.MODEL_TYPES, hf_gpt2), **dict.fromkeys(hf_ll
 
 def read_hf_config(directory: str, follow_links: bool = True) -> dict:
     """config.json, of a model_type triax builds, every field triax reads of the JSON type
-    transformers gives it (hf_config_types)."""
+    transformers gives it (config_types.py)."""
     path = os.path.join(directory, "config.json")
     config = read_json(directory, "config.json", "give a directory written by save_pretrained", follow_links)
     if not isinstance(config, dict):
@@ -51,12 +58,12 @@ def family_of(config: dict):
     return FAMILIES[config["model_type"]]
 
 
-def architecture(directory: str) -> dict:
+def architecture(directory: str, config: dict | None = None) -> dict:
     """Every GPTConfig field a checkpoint directory fixes (all but dropout, the fine-tuning run's own
     choice, and the layout's vocabulary padding); one line naming any config field triax cannot
-    honour or any value out of range."""
+    honour or any value out of range. `config`: its config.json, when already read."""
     path = os.path.join(directory, "config.json")
-    config = read_hf_config(directory)
+    config = read_hf_config(directory) if config is None else config
     try:
         return architecture_fields(GPTConfig(**family_of(config).architecture(config)))
     except CheckpointError as error:
@@ -71,36 +78,69 @@ def architecture(directory: str) -> dict:
         raise CheckpointError(f"{path}: {what}; not a config transformers wrote") from None
 
 
-def window_of(directory: str) -> int | None:
+def window_of(directory: str, config: dict | None = None) -> int | None:
     """The sliding attention window of a llama-family checkpoint's layers, if any."""
-    config = read_hf_config(directory)
+    config = read_hf_config(directory) if config is None else config
     if config["model_type"] in hf_moe.MODEL_TYPES:  # Mixtral keeps Mistral's window, Qwen3-MoE Qwen2's switch
         config = {**config, "model_type": "mistral" if config["model_type"] == "mixtral" else "qwen2"}
     return hf_llama.sliding_window(config) if config["model_type"] in hf_llama.MODEL_TYPES else None
 
 
-def check_weights(directory: str, model_config) -> None:
+def check_weights(directory: str, model_config: GPTConfig, config: dict | None = None,
+                  weights: HFWeights | None = None) -> None:
     """Every tensor a model of `model_config` reads from `directory` is there, with the shape the
     config gives it and a floating dtype: checked from the safetensors headers alone, before the
     model is allocated, so a config.json describing a model its weights do not hold (a billion
-    parameters over kilobytes) is one line, not gigabytes allocated first."""
-    weights = _weights(read_hf_config(directory), directory, model_config)
-    source_of = family_of(read_hf_config(directory)).sources(weights, model_config)
+    parameters over kilobytes) is one line, not gigabytes allocated first. `config` and `weights`: its
+    config.json and safetensors, when already read."""
+    config = read_hf_config(directory) if config is None else config
+    weights = _weights(config, directory, model_config, weights)
+    source_of = family_of(config).sources(weights, model_config)
     for name, shape in parameter_shapes(model_config).items():
         source, transposed, shift, fused = source_of(name)
         check_source(weights, source, name, shape, transposed, shift, fused, model_config.vocab_size)
 
 
-def load_into(model: torch.nn.Module, directory: str, model_config, stored_name=lambda n: n) -> int:
+def load_into(model: torch.nn.Module, directory: str, model_config: GPTConfig,
+              stored_name: Callable[[str], str] = lambda n: n, config: dict | None = None) -> int:
     """copy_into with the family's name mapping: this rank's part of `model` from `directory`."""
-    config = read_hf_config(directory)
+    config = read_hf_config(directory) if config is None else config
     weights = _weights(config, directory, model_config)
     source_of = family_of(config).sources(weights, model_config)
     return copy_into(model, weights, source_of, model_config.vocab_size, stored_name)
 
 
-def _weights(config: dict, directory: str, model_config):
-    """The directory's tensors as the family reads them (a mixture of experts' stacked per expert)."""
-    weights = HFWeights(directory)
+def _weights(config: dict, directory: str, model_config: GPTConfig, weights: HFWeights | None = None):
+    """The directory's tensors as the family reads them (a mixture of experts' stacked per expert);
+    `weights`: the directory's safetensors, when already opened."""
+    weights = HFWeights(directory) if weights is None else weights
     wrap = getattr(family_of(config), "wrap_weights", None)
     return wrap(weights, model_config) if wrap is not None else weights
+
+
+class HFDirectory(ForeignRun):
+    """A transformers checkpoint directory as a run starts from it: its config.json read once, its
+    weights checked against it from the safetensors headers alone (before any process group, and
+    before the model, of the config's size, is allocated), then read by this rank's slices."""
+
+    kind = "transformers"
+
+    def __init__(self, path: str, codec_of: CodecOf):
+        self.config = read_hf_config(path)
+        fields = architecture(path, self.config)
+        # Missing or damaged weights, or weights that are not the config's model, fail here.
+        self.weights = HFWeights(path)
+        check_weights(path, GPTConfig(**fields), self.config, self.weights)
+        tokenizer = tokenizer_file(path)
+        codec = codec_of(tokenizer) if tokenizer is not None else None
+        reason = ""
+        if fields["arch"] != "gpt2" and window_of(path, self.config) is not None:
+            reason = (" (its sliding_window: triax attends to the whole context, which equals sliding-window "
+                      "attention only within the window)")
+        super().__init__(path, fields, codec, context_reason=reason, description=description_files(path))
+
+    def load_weights(self, model: torch.nn.Module, model_config: GPTConfig,
+                     stored_name: StoredName = same_name) -> None:
+        weights = _weights(self.config, self.path, model_config, self.weights)
+        source_of = family_of(self.config).sources(weights, model_config)
+        copy_into(model, weights, source_of, model_config.vocab_size, stored_name)

@@ -1,7 +1,7 @@
 """The files of a Hugging Face `transformers` checkpoint directory, whatever its family: the
 config, the weights (one safetensors file or a sharded index), the tokenizer, and the copy of
-stored tensors into a triax model's (sharded) parameters. triax/models/hf.py is the front door;
-what differs per family lives in hf_gpt2.py and hf_llama.py.
+stored tensors into a triax model's (sharded) parameters. triax/interop/hf/directory.py is the front door;
+what differs per family lives in gpt2.py, llama.py and moe.py.
 
 A checkpoint is a local directory: what `save_pretrained` writes, or a snapshot directory of the
 Hugging Face cache (nothing is ever downloaded). Weights are read from safetensors files only
@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from triax import safe_files
 from triax.errors import ConfigError, printable
-from triax.models import safetensors_header
+from triax.interop.hf import safetensors_header
 from triax.models.init import local_box
 from triax.models.lora import ADAPTER_MARK
 
@@ -99,7 +99,7 @@ def read_json(directory: str, name: str, what: str, follow_links: bool = True):
 # The files of a checkpoint directory that describe it besides its weights: the config, the
 # generation defaults, and every file transformers' tokenizers read. A run started from the
 # checkpoint keeps copies of them, so that its `--format hf` export is a drop-in replacement of
-# the directory (triax/train/init_from.py keeps them, triax/train/hf_export.py writes them back).
+# the directory (triax/train/init_from.py keeps them, triax/interop/hf/export.py writes them back).
 DESCRIPTION_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                      "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
                      "chat_template.jinja", "chat_template.json")
@@ -252,7 +252,7 @@ class Source(NamedTuple):
 
 @torch.no_grad()
 def copy_into(model: torch.nn.Module, weights: HFWeights, source_of: Callable[[str], Source], vocab_size: int,
-              stored_name=lambda n: n) -> int:
+              stored_name: Callable[[str], str] = lambda n: n) -> int:
     """Overwrite every parameter of `model` (plain, DDP-unwrapped, FSDP/TP DTensor shards, a
     pipeline stage) with the checkpoint's values, reading only the slice each holds; `source_of`
     maps a triax parameter name to where its values are stored. Vocabulary padding rows (beyond

@@ -15,6 +15,7 @@ import io
 import pickle
 import pickletools
 import re
+from typing import Callable
 
 import numpy as np
 import torch
@@ -121,7 +122,7 @@ def _first_foreign(data: bytes, offset: int) -> tuple[str | None, int]:
     return None
 
 
-def _weights_only(load, where: str, numpy_rng: bool = False):
+def _weights_only(load: Callable[[], object], where: str, numpy_rng: bool = False):
     allowed = NUMPY_RNG_GLOBALS if numpy_rng else []
     try:
         with torch.serialization.safe_globals(allowed):
@@ -142,7 +143,7 @@ def _weights_only(load, where: str, numpy_rng: bool = False):
                                "another kind") from None
 
 
-def pickled_bytes(value) -> bytes:
+def pickled_bytes(value: object) -> bytes:
     """torch.save of `value`, as bytes (to be hashed and written atomically)."""
     buffer = io.BytesIO()
     torch.save(value, buffer)

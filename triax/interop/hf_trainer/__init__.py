@@ -1,0 +1,1 @@
+"""transformers Trainer's checkpoint-N folders, continued by the trainer (run.py)."""

@@ -1,0 +1,1 @@
+"""PEFT's LoRA adapter directories: read into a triax model and written from a run."""

@@ -1,0 +1,1 @@
+"""torchtitan's DCP checkpoint steps, read box by box through torch.distributed.checkpoint."""
