@@ -12,8 +12,9 @@ import yaml
 
 from triax.train.config import TrainConfig
 from triax.train.strict import schema_keys
+from support import REPO_DIR
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO_DIR)
 DOCS = ROOT / "docs"
 
 

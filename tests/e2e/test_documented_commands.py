@@ -14,7 +14,7 @@ The convention, for whoever writes a page:
   block, a first line `# needs: <what>`. Such commands are not run, and NOT_RUN below lists each
   one with its reason: a new one is added there on purpose, never silently.
 
-How a command runs here (tests/command_shims.py has the details):
+How a command runs here (tests/support/command_shims.py has the details):
 
 - `triax` and `torchrun` on PATH are the harness's own: they fork the command from a server that
   imported triax once (seconds saved per command), torchrun's ranks with torchrun's environment.
@@ -50,10 +50,11 @@ from pathlib import Path
 
 import pytest
 
-import command_shims
+from support import command_shims
 from triax.testing import quiet_env
+from support import REPO_DIR, SUPPORT_DIR
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO_DIR)
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGUAGES = ("bash", "shell", "sh")
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -111,7 +112,7 @@ NOT_RUN = {
     ('docs/performance.md', 'triax doctor --gpu-suite --json gpu-suite.json --budget 300'): 'a GPU',
     ('docs/doctor.md', 'triax doctor --gpu-suite --json gpu-suite.json'): 'a GPU',
     ('docs/performance.md', 'python benchmarks/slurm_timings.py --repeats 3'): 'root and slurm-wlm on a quiet machine',
-    ('docs/performance.md', 'python -m pytest tests/test_watchdog.py -k cut_link -s'): 'root',
+    ('docs/performance.md', 'python -m pytest tests/unit/runtime/test_watchdog.py -k cut_link -s'): 'root',
     ('docs/performance.md', 'python benchmarks/accelerator_vs_hf.py --rounds 3 --steps 30'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/bpe_vs_char.py path/to/tinyshakespeare.txt --steps 200 --vocab-size 1024'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/allocator_cost.py --model gpt-mini --nproc 2 --steps 20 --set parallel.dp_replicate=1 parallel.dp_shard=2'): 'a quiet machine',
@@ -297,7 +298,7 @@ def command_server(tmp_path_factory):
     command_shims.write_shims(str(shims))
     socket_path = str(scratch / "server.sock")
     env = quiet_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env["PYTHONPATH"]])
+    env["PYTHONPATH"] = os.pathsep.join([SUPPORT_DIR, env["PYTHONPATH"]])
     server = subprocess.Popen([sys.executable, "-c", f"import command_shims; command_shims.serve({socket_path!r})"],
                               env=env, stdin=subprocess.PIPE)
     env = quiet_env()

@@ -11,10 +11,10 @@ import warnings
 import pytest
 import torch
 
-from chat_files import write_chat_checkpoint
-from forked import launch
-from helpers import assert_adam_close, final_weights, train
-from preference_files import preference_records, write_preference_file
+from support.chat_files import write_chat_checkpoint
+from support.forked import launch
+from support.helpers import assert_adam_close, final_weights, train
+from support.preference_files import preference_records, write_preference_file
 
 pytestmark = pytest.mark.multiprocess
 transformers = pytest.importorskip("transformers")
@@ -184,7 +184,7 @@ def test_fresh_adapters_resume_after_sigkill_bitwise_and_export_as_peft(setup, t
     import sys
     import time
 
-    from helpers import assert_bitwise_equal
+    from support.helpers import assert_bitwise_equal
     from triax.testing import quiet_env
 
     root, base, _, pairs, val = setup

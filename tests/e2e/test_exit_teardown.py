@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from triax.testing import quiet_env, run_torchrun
+from support import ACCELERATE_SCRIPTS_DIR, REPO_DIR, WORKERS_DIR
 
 pytestmark = pytest.mark.multiprocess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(REPO_DIR)
 RUNS = 3  # about 10 s each on a quiet 2-core machine; a loaded one takes several times that
 LOAD = 2  # busy processes beside the job's two ranks: more runnable threads than cores
 
@@ -52,9 +53,9 @@ def test_the_readme_demo_under_triax_launch_never_aborts_at_exit_on_a_loaded_mac
 
 @pytest.mark.parametrize("ending", ["normal", "raise"])
 def test_the_accelerators_process_group_is_torn_down_before_the_interpreter_finalizes(ending):
-    from forked import launch
+    from support.forked import launch
 
-    result = launch(2, [str(ROOT / "tests" / "accelerate_scripts" / "exit_paths.py"), ending], timeout=300,
+    result = launch(2, [str(Path(ACCELERATE_SCRIPTS_DIR) / "exit_paths.py"), ending], timeout=300,
                     env=quiet_env(), check=False)
     clean = result.stdout.count("group alive at exit: False; gloo threads runnable: 0")
     # A rank that fails has the other stopped (as torchrun does), possibly before its own report.
@@ -70,7 +71,7 @@ def test_a_script_that_makes_and_destroys_its_own_group_ends_cleanly_under_triax
     the works. A release delayed past the script's end (a thread waiting for a CPU on a loaded
     machine) aborted the finished job; triax's exit handler lets gloo's threads finish whoever made
     the group. The same script without triax aborts: the test can fail."""
-    script = str(ROOT / "tests" / "workers" / "exit_callback.py")
+    script = str(Path(WORKERS_DIR) / "exit_callback.py")
     env = quiet_env(PYTHONPATH=str(ROOT))
     plain = run_torchrun(2, [script, "busy-plain"], timeout=120, env=env, check=False)
     assert plain.returncode != 0 and "exitcode  : -6" in plain.stderr, (

@@ -15,11 +15,12 @@ import time
 
 import pytest
 
-from helpers import assert_bitwise_equal, assert_same_training, final_weights, tiny_overrides, train
+from support.helpers import assert_bitwise_equal, assert_same_training, final_weights, tiny_overrides, train
 from triax import checkpoint
 from triax.testing import quiet_env, run_torchrun, torchrun_command
 from triax.train.config import compose_config
 from triax.train.trainer import Trainer
+from support import WORKERS_DIR
 
 # Every test here starts processes (torchrun, launchers, scripts).
 pytestmark = pytest.mark.multiprocess
@@ -30,7 +31,7 @@ CHAOS = {"model.dropout": 0.1, "trainer.batch_size": 4, "trainer.max_steps": STE
          "trainer.save_every": 3, "trainer.keep_last": 2, "trainer.log_every": 4}
 # `triax train` with every rank pausing 0.3 s after writing its shard file (patched from outside
 # by the worker), so a kill or a SIGTERM can land inside a snapshot write.
-FAULT_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "fault_worker.py")
+FAULT_WORKER = os.path.join(WORKERS_DIR, "fault_worker.py")
 PAUSED_SHARD_WRITES = json.dumps({"pause_after_shard_write": {"seconds": 0.3}})
 
 

@@ -16,10 +16,11 @@ from triax.cli import main as triax_main
 from triax.errors import ConfigError
 from triax.testing import quiet_env, run
 
-from forked import launch
-from helpers import tiny_overrides, train
+from support.forked import launch
+from support.helpers import tiny_overrides, train
+from support import REPO_DIR
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO_DIR)
 
 
 @pytest.mark.multiprocess
@@ -141,7 +142,7 @@ def test_the_accelerators_type_and_device_print_as_accelerates_on_several_cpu_pr
 
 
 def test_a_llama_checkpoint_without_its_tokenizer_is_told_to_bring_its_own(tmp_path, tiny_corpus):
-    from llama_checkpoints import save_checkpoint
+    from support.llama_checkpoints import save_checkpoint
 
     from triax.train.config import compose_config
     from triax.train.trainer import Trainer
@@ -156,7 +157,7 @@ def test_a_llama_checkpoint_without_its_tokenizer_is_told_to_bring_its_own(tmp_p
 
 @pytest.mark.multiprocess
 def test_shape_keys_beside_init_from_are_named_as_ignored(tmp_path, tiny_corpus):
-    from llama_checkpoints import save_checkpoint
+    from support.llama_checkpoints import save_checkpoint
 
     save_checkpoint(tmp_path / "llama", "llama", corpus=tiny_corpus)  # 2 layers, 32 wide
     result = train(tiny_overrides(tmp_path / "run", tiny_corpus, **{

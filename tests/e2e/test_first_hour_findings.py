@@ -13,7 +13,7 @@ from triax.testing import quiet_env
 from triax.runtime.torch_logs import DTENSOR_LOGGERS, quiet_torch_logs
 from triax.train.continuation import nanogpt_best
 
-from helpers import tiny_overrides, train
+from support.helpers import tiny_overrides, train
 
 
 @pytest.mark.multiprocess

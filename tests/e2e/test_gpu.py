@@ -13,12 +13,13 @@ import textwrap
 import pytest
 import torch
 
-from helpers import tiny_overrides
+from support.helpers import tiny_overrides
 from triax.train.config import compose_config
 from triax.train.trainer import Trainer
+from support import REPO_DIR
 
 pytestmark = pytest.mark.gpu
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_DIR
 # The checkout first, then whatever the caller's path held (packages installed beside it).
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 

@@ -8,8 +8,8 @@ checkpoints and their tokenizer are made here (nothing downloaded)."""
 import pytest
 import torch
 
-from helpers import tiny_overrides
-from llama_checkpoints import LLAMA3_ROPE, VOCAB, hf_model, train_tokenizer
+from support.helpers import tiny_overrides
+from support.llama_checkpoints import LLAMA3_ROPE, VOCAB, hf_model, train_tokenizer
 from triax.cli import main as triax_main
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")

@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from forked import launch
-from hf_scoring import hf_mean_loss
-from llama_checkpoints import LLAMA3_ROPE, VOCAB, save_checkpoint
-from helpers import tiny_overrides, train
+from support.forked import launch
+from support.hf_scoring import hf_mean_loss
+from support.llama_checkpoints import LLAMA3_ROPE, VOCAB, save_checkpoint
+from support.helpers import tiny_overrides, train
 from triax.cli import main as triax_main
 
 pytestmark = pytest.mark.multiprocess

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from forked import launch
-from helpers import tiny_overrides, train
-from hf_scoring import model_mean_loss
-from moe_checkpoints import save_checkpoint
+from support.forked import launch
+from support.helpers import tiny_overrides, train
+from support.hf_scoring import model_mean_loss
+from support.moe_checkpoints import save_checkpoint
 
 pytestmark = pytest.mark.multiprocess
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")

@@ -14,12 +14,13 @@ import sys
 
 import pytest
 
-from helpers import assert_bitwise_equal, final_weights, tiny_overrides, train
+from support.helpers import assert_bitwise_equal, final_weights, tiny_overrides, train
 from triax.bench.slurm_cluster import SlurmCluster, unavailable_reason
+from support import REPO_DIR
 
 pytestmark = pytest.mark.multiprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_DIR
 EXAMPLES = os.path.join(REPO, "examples", "slurm")
 REASON = unavailable_reason()
 JOB_TIMEOUT = 240
@@ -131,7 +132,7 @@ def test_scancel_stops_cleanly_with_a_snapshot(cluster, tmp_path, tiny_corpus):
     """scancel sends SIGTERM to the step: every rank stops after the same step, the snapshot is
     written and verified, and the output says where a restart begins."""
     from triax import checkpoint
-    from helpers import run_snapshot_root
+    from support.helpers import run_snapshot_root
 
     overrides = _long_run(tmp_path / "slurm", tiny_corpus)
     job = cluster.sbatch([os.path.join(EXAMPLES, "train.sbatch"), *overrides], cwd=str(tmp_path))

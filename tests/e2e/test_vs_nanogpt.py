@@ -7,13 +7,14 @@ import pickle
 
 import numpy as np
 import pytest
+from support import REPO_DIR
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module")
 def bench():
-    path = os.path.join(HERE, "..", "benchmarks", "vs_nanogpt.py")
+    path = os.path.join(REPO_DIR, "benchmarks", "vs_nanogpt.py")
     spec = importlib.util.spec_from_file_location("vs_nanogpt", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

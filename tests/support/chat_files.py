@@ -64,7 +64,7 @@ CORPUS = (" ".join(json.dumps(record) for record in CONVERSATIONS) + " You are a
 
 def write_tokenizer(directory, special_tokens):
     """tokenizer.json trained on the conversations, with the template's special tokens."""
-    from tests.llama_checkpoints import train_tokenizer
+    from support.llama_checkpoints import train_tokenizer
 
     corpus = directory / "corpus.txt"
     corpus.write_text(CORPUS)
@@ -104,8 +104,8 @@ def arithmetic_conversations(count, seed=0):
 def write_chat_checkpoint(directory, model_type="llama", **options):
     """A tiny random transformers checkpoint whose tokenizer knows the Llama 3 style special tokens,
     with the Llama 3 style chat template in its tokenizer_config.json."""
-    from tests.llama_checkpoints import save_checkpoint
-    from tests.moe_checkpoints import MODEL_TYPES, save_checkpoint as save_new_family  # qwen3, mixtral, qwen3_moe
+    from support.llama_checkpoints import save_checkpoint
+    from support.moe_checkpoints import MODEL_TYPES, save_checkpoint as save_new_family  # qwen3, mixtral, qwen3_moe
 
     directory.mkdir(parents=True, exist_ok=True)
     save = save_new_family if model_type in MODEL_TYPES else save_checkpoint
@@ -113,7 +113,7 @@ def write_chat_checkpoint(directory, model_type="llama", **options):
     records = arithmetic_conversations(50)
     corpus = directory / "corpus.txt"
     corpus.write_text(CORPUS + " ".join(json.dumps(record) for record in records) * 3)
-    from tests.llama_checkpoints import train_tokenizer
+    from support.llama_checkpoints import train_tokenizer
 
     train_tokenizer(str(corpus), directory / "tokenizer.json", LLAMA3_SPECIAL)
     corpus.unlink()

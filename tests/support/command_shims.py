@@ -1,9 +1,9 @@
-"""The `triax` and `torchrun` that tests/test_documented_commands.py puts first on PATH.
+"""The `triax` and `torchrun` that tests/e2e/test_documented_commands.py puts first on PATH.
 
 A documented command runs as written, through bash; these two names resolve to small scripts that
 run this file as a client. The client hands its command line, environment, directory and its
 standard streams (the file descriptors themselves) to a server that imported triax and torch once
-and forks the command from there, as tests/forked.py does for the trainer tests: a command starts
+and forks the command from there, as tests/support/forked.py does for the trainer tests: a command starts
 in a fraction of a second instead of spending ~4 s of CPU importing torch, which on a 2-core
 machine was most of the time of ~60 documented commands. The exit code comes back to the client,
 so bash sees what `triax` itself returned.

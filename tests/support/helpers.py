@@ -14,7 +14,7 @@ import yaml
 
 from triax import checkpoint
 from triax.train.config import compose_config, snapshot_root
-from forked import launch
+from support.forked import launch
 
 # Relative precision below which two computations of one gradient element are indistinguishable,
 # per dtype. Summing the same terms in another order (another process count, another reduction

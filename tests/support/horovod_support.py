@@ -10,9 +10,10 @@ import pytest
 
 import triax.horovod as hvd
 from triax.testing import quiet_env
+from support import HOROVOD_WORKERS_DIR, REPO_DIR
 
-REPO = Path(__file__).resolve().parents[1]
-WORKERS = REPO / "tests" / "horovod_workers"
+REPO = Path(REPO_DIR)
+WORKERS = Path(HOROVOD_WORKERS_DIR)
 
 
 def child_env(**extra: str) -> dict[str, str]:

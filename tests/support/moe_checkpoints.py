@@ -3,7 +3,7 @@ downloaded), with a byte-level BPE tokenizer trained on the test corpus beside e
 
 import torch
 
-from llama_checkpoints import SHAPE, train_tokenizer
+from support.llama_checkpoints import SHAPE, train_tokenizer
 
 # Three layers, so Qwen3-MoE's dense layer (mlp_only_layers) sits between two routed ones; 4
 # experts, 2 per token; heads of 8 values (transformers' Qwen3 would default to 128).

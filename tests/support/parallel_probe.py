@@ -7,7 +7,7 @@ import os
 import sys
 
 # Run by path, so put this checkout (not an installed triax) first on the path.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import torch  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402

@@ -6,7 +6,7 @@ import os
 import sys
 
 # Run by path, so put this checkout (not an installed triax) first on the path.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from triax.runtime.shared_decisions import barrier  # noqa: E402
 

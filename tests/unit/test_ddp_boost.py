@@ -3,7 +3,6 @@ trains exactly as the same script with PyTorch's fp16 hook registered by hand.""
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,9 +10,10 @@ from safetensors import safe_open
 
 from triax.errors import TriaxError
 from triax.testing import quiet_env, run
+from support import REPO_DIR, WORKERS_DIR
 
-SCRIPT = str(Path(__file__).parent / "workers" / "plain_ddp.py")
-REPO = str(Path(__file__).resolve().parents[1])
+SCRIPT = os.path.join(WORKERS_DIR, "plain_ddp.py")
+REPO = REPO_DIR
 
 
 def trained(path):

@@ -7,67 +7,14 @@ run dir's parent and the default config location at once.
 """
 
 import os
-import tempfile
 
 import pytest
 
 from triax.cli import main as triax_main
 
-from helpers import tiny_overrides
-
-
-def tree_listing(root):
-    """Every path under root with its size and modification time (files) or a marker (dirs)."""
-    listing = {}
-    for directory, dirs, files in os.walk(root):
-        # torch's own compile cache in $TMPDIR (made on first use of inductor), not a triax file
-        dirs[:] = [name for name in dirs if not name.startswith("torchinductor_")]
-        for name in dirs:
-            listing[os.path.relpath(os.path.join(directory, name), root)] = "dir"
-        for name in files:
-            path = os.path.join(directory, name)
-            stat = os.lstat(path)
-            listing[os.path.relpath(path, root)] = (stat.st_size, stat.st_mtime_ns)
-    return listing
-
-
-class Sandbox:
-    def __init__(self, root, capsys):
-        self.root, self.capsys = root, capsys
-        self.tmp = root / "tmp"
-        self.work = root / "work"
-        for path in (self.tmp, self.work, root / "home"):
-            path.mkdir()
-
-    def refused(self, argv, *words):
-        """Run `triax argv`; assert the refusal and return the one line."""
-        self.capsys.readouterr()
-        before = tree_listing(self.root)
-        code = triax_main(list(argv))
-        captured = self.capsys.readouterr()
-        err = captured.err.strip()
-        assert code == 2, (code, err)
-        assert "Traceback" not in err, err
-        assert len(err.splitlines()) == 1, err
-        assert err.startswith("triax: error:"), err
-        for word in words:
-            assert word in err, f"{word!r} missing from: {err}"
-        assert tree_listing(self.root) == before, "a refused command changed files"
-        return err
-
-
-@pytest.fixture
-def sandbox(tmp_path, capsys, monkeypatch):
-    (tmp_path / "sandbox").mkdir()
-    box = Sandbox(tmp_path / "sandbox", capsys)
-    monkeypatch.setenv("TMPDIR", str(box.tmp))
-    monkeypatch.setattr(tempfile, "tempdir", str(box.tmp))
-    monkeypatch.setenv("HOME", str(box.root / "home"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(box.root / "home" / ".cache"))
-    monkeypatch.delenv("TRIAX_CONFIG_FILE", raising=False)
-    monkeypatch.delenv("TRIAX_DEBUG", raising=False)
-    monkeypatch.chdir(box.work)
-    return box
+from support.helpers import tiny_overrides
+from support.sandbox import sandbox  # noqa: F401  (the fixture)
+from support import WORKERS_DIR
 
 
 # ---- triax train: config strictness and value ranges ------------------------------------------------
@@ -383,7 +330,7 @@ def start_ranks(command, tmp_path, world=2, **env):
     return results
 
 
-AGREEMENT_WORKER = os.path.join(os.path.dirname(__file__), "workers", "agreement_worker.py")
+AGREEMENT_WORKER = os.path.join(WORKERS_DIR, "agreement_worker.py")
 
 
 @pytest.mark.multiprocess
@@ -646,7 +593,7 @@ def test_a_resigned_state_with_numbers_out_of_range_falls_back(name, tmp_path):
 
 
 # The Accelerator's checkpoint folders: numbers out of range, hostile pickles, links and FIFOs are
-# refused in tests/test_accelerate_folder.py.
+# refused in tests/unit/accelerate/test_accelerate_folder.py.
 
 
 # ---- bounds before allocation ----------------------------------------------------------------------

@@ -19,8 +19,9 @@ from __future__ import annotations
 import ast
 import os
 from collections import Counter
+from support import REPO_DIR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_DIR
 PACKAGE = os.path.join(ROOT, "triax")
 REASON = "deferred:"
 

@@ -1,4 +1,4 @@
-"""A plain torch model prepared with FSDP options that leave a trace, for tests/test_accelerate_fsdp.py.
+"""A plain torch model prepared with FSDP options that leave a trace, for tests/unit/accelerate/test_accelerate_fsdp.py.
 
 python fsdp_options.py --out DIR --plugin JSON
 Each process builds the model from its own seed (so only process 0's weights can survive

@@ -1,5 +1,5 @@
 """A tiny transformers Llama (tied embeddings, built from a local config: nothing downloaded) trained
-with FSDP through an Accelerator, for tests/test_accelerate_fsdp.py.
+with FSDP through an Accelerator, for tests/unit/accelerate/test_accelerate_fsdp.py.
 
 python fsdp_transformer.py --out DIR [--plugin JSON] [--door triax|accelerate] [--mixed-precision no]
                            [--save-at N --save DIR] [--resume DIR]

@@ -1,5 +1,5 @@
 """Accelerate's everyday surface, exercised the same way on triax.accelerate and on Hugging Face
-Accelerate, for the 2-process equivalence tests (tests/test_accelerate_surface.py).
+Accelerate, for the 2-process equivalence tests (tests/unit/accelerate/test_accelerate_surface.py).
 
 python surface.py --impl triax|accelerate --out DIR [--hostile]
 Writes DIR/rank_<r>.json: what each behaviour produced on that process, and DIR/weights_<impl>.json.

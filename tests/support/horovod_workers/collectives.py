@@ -1,4 +1,4 @@
-"""Started by tests/test_horovod_collectives.py under torchrun (2 or 3 processes).
+"""Started by tests/unit/horovod/test_horovod_collectives.py under torchrun (2 or 3 processes).
 
 Checks every collective against its definition, computed locally from what each rank is known to
 contribute. Packed into one script so the suite pays process start-up once per world size.

@@ -1,5 +1,5 @@
 """An elastic Horovod training script for `triax horovodrun --host-discovery-script`, started by
-tests/test_horovod_elastic_driver.py, which changes the hosts and kills a worker while it runs.
+tests/unit/horovod/test_horovod_elastic_driver.py, which changes the hosts and kills a worker while it runs.
 
 It trains a small model with an ElasticSampler in a TorchState, committing after every step, until
 the file --stop-file exists (checked at the end of each epoch). Every rank keeps, in the state,

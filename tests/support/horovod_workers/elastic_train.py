@@ -1,5 +1,5 @@
 """hvd.elastic under torchrun: rank 1 dies once mid-training; torchrun restarts both processes,
-which resume from the last commit. Started by tests/test_horovod_elastic.py.
+which resume from the last commit. Started by tests/unit/horovod/test_horovod_elastic.py.
 
 --crash-marker: a file; if it does not exist yet, rank 1 creates it and exits at epoch 2 (after
 that epoch's commit), so the first attempt fails exactly once. Rank 0 saves the final model and

@@ -1,4 +1,4 @@
-"""A Horovod user's test suite, run by every rank (started by tests/test_horovod_suite.py).
+"""A Horovod user's test suite, run by every rank (started by tests/unit/horovod/test_horovod_suite.py).
 
 Each test does its collectives first and its assertions after, so a failed assertion on one rank
 cannot leave another waiting inside a collective. After each test every rank shares its outcome

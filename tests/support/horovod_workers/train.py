@@ -1,6 +1,6 @@
 """The classic Horovod PyTorch training script, with `import triax.horovod as hvd`.
 
-Started by tests/test_horovod_training.py with 1 process (the reference) or 2 (under
+Started by tests/unit/horovod/test_horovod_training.py with 1 process (the reference) or 2 (under
 `triax horovodrun` or `mpirun`). Each rank starts from a different random model on purpose:
 broadcast_parameters must make them equal. Several variants (plain, gradient accumulation with
 backward_passes_per_step=2, fp16 compression) train one after another in the same processes, so

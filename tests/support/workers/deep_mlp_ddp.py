@@ -1,6 +1,6 @@
 """A plain DDP script with several gradient buckets in flight per step (no triax in it): argv =
 steps, width, layers. Every rank prints a checksum of its parameters at the end; DDP keeps the
-replicas equal, so the checksums must agree. Started by tests/test_netns.py under
+replicas equal, so the checksums must agree. Started by tests/unit/bench/test_netns.py under
 `python -m triax.ddp_boost` on a simulated slow network."""
 
 import sys

@@ -10,7 +10,7 @@ gloo's worker thread releasing that callback late. argv[1]:
   (triax imported) or without triax; the release is a busy wait of BUSY_SECONDS, a thread that
   waits for a CPU on a loaded machine.
 
-tests/test_comm_hooks.py and tests/test_exit_teardown.py expect the triax modes to exit 0 and the
+tests/unit/train/test_comm_hooks.py and tests/e2e/test_exit_teardown.py expect the triax modes to exit 0 and the
 plain ones to abort.
 """
 

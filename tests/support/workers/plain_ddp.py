@@ -1,5 +1,5 @@
 """A plain PyTorch DDP script, as a user writes it (no triax in it). Started under torchrun by
-tests/test_ddp_boost.py; rank 0 writes the trained parameters to argv[1] (safetensors).
+tests/unit/test_ddp_boost.py; rank 0 writes the trained parameters to argv[1] (safetensors).
 With a second argument 'by-hand', it registers PyTorch's fp16 compression hook itself."""
 
 import os

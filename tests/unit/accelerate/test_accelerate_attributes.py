@@ -1,6 +1,6 @@
 """The objects a script holds answer every attribute Accelerate's do, with Accelerate's answers.
 
-tests/test_accelerate_names.py holds the modules' names against the installed Accelerate; this
+tests/unit/accelerate/test_accelerate_names.py holds the modules' names against the installed Accelerate; this
 holds the attributes of the four objects scripts read (`Accelerator`, `AcceleratorState`,
 `GradientState`, `PartialState`), so `accelerator.state.deepspeed_plugin is None`, a common check
 in training scripts, works as it does on Accelerate. One process, the default Accelerator on CPU.

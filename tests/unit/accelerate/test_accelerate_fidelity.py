@@ -10,10 +10,11 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from forked import launch
+from support.forked import launch
 from triax.testing import quiet_env
+from support import ACCELERATE_SCRIPTS_DIR, REPO_DIR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_DIR
 
 
 def test_distributed_type_has_every_member_of_accelerate():
@@ -137,8 +138,8 @@ def test_batch_sampler_and_iterable_dataset_are_prepared(fresh_state):
 def test_two_processes_follow_accelerate(tmp_path):
     """2 processes: the shuffled order is the one-process order, batch samplers and streams are
     shared out batch by batch, reduce takes the max, RNG states are synchronised, and a shape
-    mismatch is Accelerate's exception (tests/accelerate_scripts/fidelity.py)."""
-    script = os.path.join(ROOT, "tests", "accelerate_scripts", "fidelity.py")
+    mismatch is Accelerate's exception (tests/support/accelerate_scripts/fidelity.py)."""
+    script = os.path.join(ACCELERATE_SCRIPTS_DIR, "fidelity.py")
     launch(2, [script, str(tmp_path)], env=quiet_env(PYTHONPATH=ROOT), timeout=300)
     for rank in (0, 1):
         assert (tmp_path / f"ok_{rank}").read_text() == "ok"

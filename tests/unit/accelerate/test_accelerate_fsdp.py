@@ -3,7 +3,7 @@ file under `triax launch --config_file`, and the FSDP_* environment, mapped onto
 
 Without processes: the plugin reads the environment as Accelerate's does, a config file gives the
 environment `accelerate launch` would, every option triax cannot honour is refused in one line.
-With processes (a tiny transformers Llama, tests/accelerate_scripts/fsdp_transformer.py): 2 FSDP
+With processes (a tiny transformers Llama, tests/support/accelerate_scripts/fsdp_transformer.py): 2 FSDP
 processes equal 1 plain process, Accelerate's own FSDP2 gives the same bits, a run launched from
 an Accelerate config file resumes bitwise, and save_state's FULL and SHARDED snapshots hold the
 same tensors.
@@ -17,10 +17,11 @@ import sys
 import pytest
 import torch
 
-from helpers import assert_adam_close, assert_bitwise_equal
+from support.helpers import assert_adam_close, assert_bitwise_equal
+from support import ACCELERATE_SCRIPTS_DIR, REPO_DIR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "accelerate_scripts", "fsdp_transformer.py")
+ROOT = REPO_DIR
+SCRIPT = os.path.join(ACCELERATE_SCRIPTS_DIR, "fsdp_transformer.py")
 STEPS, LR = 6, 3e-3  # the script's defaults
 WRAP = {"fsdp_version": 2, "auto_wrap_policy": "transformer_based_wrap",
         "transformer_cls_names_to_wrap": ["LlamaDecoderLayer"]}
@@ -352,7 +353,7 @@ def _env(tmp_path):
 
 
 def _forked(tmp_path, nproc, *args):
-    import forked
+    from support import forked
 
     forked.launch(nproc, [SCRIPT, *args], env=_env(tmp_path), timeout=300)
 
@@ -398,7 +399,7 @@ def test_ignored_modules_sync_module_states_and_forward_prefetch_are_honoured(tm
 
     options = {"fsdp_version": 2, "auto_wrap_policy": "size_based_wrap", "min_num_params": 200,
                "ignored_modules": "4", "sync_module_states": True, "forward_prefetch": True}
-    import forked
+    from support import forked
 
     forked.launch(2, [os.path.join(os.path.dirname(SCRIPT), "fsdp_options.py"), "--out", str(tmp_path / "out"),
                       "--plugin", json.dumps(options)], env=_env(tmp_path), timeout=300)
@@ -526,7 +527,7 @@ def test_a_dcp_folder_that_runs_code_or_is_damaged_is_refused_in_one_line(runs, 
     its checked reader; a file changed after the save fails the manifest."""
     import shutil
 
-    import forked
+    from support import forked
 
     marker = tmp_path / "ran"
     for case in ("pickle", "resized"):

@@ -13,8 +13,9 @@ import torch
 import torch.utils.data
 
 from triax.testing import quiet_env
+from support import REPO_DIR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_DIR
 
 
 def test_logging_before_the_state_exists_is_a_runtime_error(fresh_state):
@@ -174,7 +175,7 @@ def test_two_processes_main_process_only_in_order_local_sgd_and_splitting(tmp_pa
     script = tmp_path / "job.py"
     script.write_text(f"""
 import sys
-sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 from test_accelerate_logging import _fails, _two_process_job
 from triax.accelerate import debug_launcher
 debug_launcher(_two_process_job, ({str(tmp_path)!r},), num_processes=2)

@@ -18,8 +18,9 @@ import pytest
 from triax.accelerate import surface
 from triax.accelerate.errors import UnsupportedFeatureError
 from triax.errors import TriaxError
+from support import REPO_DIR
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(REPO_DIR)
 
 
 def accelerate_public_names(module_name: str) -> set[str]:

@@ -4,7 +4,7 @@ numbers bit for bit, in one process and in two. Every random draw a prepared dat
 collate function's draws one batch ahead) must come from the same generator at the same moment,
 or dropout masks, orders and losses drift apart.
 
-Each case runs the same script twice, once per library (tests/accelerate_scripts/), and compares
+Each case runs the same script twice, once per library (tests/support/accelerate_scripts/), and compares
 what it wrote: batches, digests of torch's generator state, losses, evaluations, final weights.
 """
 
@@ -13,14 +13,15 @@ import os
 
 import pytest
 
-from forked import launch
+from support.forked import launch
 from triax.testing import quiet_env
+from support import ACCELERATE_SCRIPTS_DIR, REPO_DIR
 
 pytest.importorskip("accelerate")
 pytestmark = pytest.mark.multiprocess
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(ROOT, "tests", "accelerate_scripts")
+ROOT = REPO_DIR
+SCRIPTS = ACCELERATE_SCRIPTS_DIR
 LIBRARIES = ("triax", "accelerate")
 
 

@@ -1,7 +1,7 @@
 """triax.accelerate against Hugging Face Accelerate's documented behaviour: imports, configuration
 objects, sharding, accumulation, no_sync, join, triggers, ordering, checkpoint naming, hooks, and
 failures that every process must raise together. The 2-process checks run in one launch per
-implementation (tests/accelerate_scripts/surface.py); where Accelerate is installed the same
+implementation (tests/support/accelerate_scripts/surface.py); where Accelerate is installed the same
 script also runs on it and the records must match."""
 
 import base64
@@ -14,11 +14,12 @@ import sys
 import pytest
 import torch
 
-from forked import launch
+from support.forked import launch
 from triax.testing import quiet_env
+from support import ACCELERATE_SCRIPTS_DIR, REPO_DIR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SURFACE = os.path.join(ROOT, "tests", "accelerate_scripts", "surface.py")
+ROOT = REPO_DIR
+SURFACE = os.path.join(ACCELERATE_SCRIPTS_DIR, "surface.py")
 
 
 def run_surface(out, impl, *extra):

@@ -8,15 +8,16 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-import forked
-from helpers import assert_adam_close, assert_bitwise_equal
+from support import forked
+from support.helpers import assert_adam_close, assert_bitwise_equal
 from triax.testing import quiet_env, run, run_torchrun
+from support import ACCELERATE_SCRIPTS_DIR, REPO_DIR
 
 # Every test here starts processes (torchrun, launchers, scripts).
 pytestmark = pytest.mark.multiprocess
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOOP = os.path.join(ROOT, "tests", "accelerate_scripts", "loop.py")
+ROOT = REPO_DIR
+LOOP = os.path.join(ACCELERATE_SCRIPTS_DIR, "loop.py")
 
 
 def env(tmp_path):

@@ -1,17 +1,17 @@
 """`triax bench` end to end on a tiny model with 1 and 2 processes: table, JSON and PNG."""
 
 import json
-import os
 import sys
 
 import pytest
 
 from triax.testing import quiet_env, run
+from support import REPO_DIR
 
 # Every test here starts processes (torchrun, launchers, scripts).
 pytestmark = pytest.mark.multiprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_DIR
 
 
 def test_bench_runs_one_and_two_processes_and_writes_json_and_png(tmp_path):

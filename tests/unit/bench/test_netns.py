@@ -6,14 +6,15 @@ import subprocess
 
 import pytest
 
-from helpers import assert_same_training, final_weights, tiny_overrides, train
+from support.helpers import assert_same_training, final_weights, tiny_overrides, train
 from triax.bench.netns import SimulatedNetwork, unavailable_reason
 from triax.testing import quiet_env
+from support import REPO_DIR, WORKERS_DIR
 
 # Every test here starts processes (torchrun, launchers, scripts).
 pytestmark = pytest.mark.multiprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_DIR
 REASON = unavailable_reason()
 
 
@@ -58,7 +59,7 @@ def test_powersgd_with_several_buckets_in_flight_on_a_slow_link(tmp_path):
     # ("Received data size doesn't match expected size"). 0.25 MB buckets: one per 256 x 256 layer;
     # 14 steps: PowerSGD compresses from step 10 on.
     env = quiet_env(PYTHONPATH=REPO, TRIAX_GRAD_COMPRESSION="powersgd", TRIAX_DDP_BUCKET_CAP_MB="0.25")
-    script = os.path.join(REPO, "tests", "workers", "deep_mlp_ddp.py")
+    script = os.path.join(WORKERS_DIR, "deep_mlp_ddp.py")
     with SimulatedNetwork(nodes=2, rate="100mbit") as network:
         results = network.torchrun(["--module", "triax.ddp_boost", script, "14", "256", "6"], timeout=120, env=env)
     checksums = [line.split()[-1] for result in results for line in result.stdout.splitlines()

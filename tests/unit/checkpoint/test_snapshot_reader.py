@@ -264,7 +264,7 @@ def test_fuzzed_snapshots_load_verified_or_are_corrupt(pristine, tmp_path_factor
 def test_trainer_falls_back_from_mistyped_state_in_its_snapshot_dir(tmp_path, tiny_corpus, capsys):
     """state.json of the newest snapshot is consistent with its manifest but its trainer keys have
     the wrong types: one warning line, then the previous snapshot (in trainer.snapshot_dir)."""
-    from helpers import run_snapshot_root, tiny_overrides
+    from support.helpers import run_snapshot_root, tiny_overrides
     from triax.train.config import compose_config
     from triax.train.trainer import Trainer
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from fsspec.implementations.memory import MemoryFileSystem
 
-from helpers import tiny_overrides
+from support.helpers import tiny_overrides
 from triax import checkpoint
 from triax.checkpoint.shards import ShardWriter
 from triax.cli import main as triax_main

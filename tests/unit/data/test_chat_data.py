@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.chat_files import (CONVERSATIONS, LLAMA3_SPECIAL, LLAMA3_TEMPLATE, QWEN2_PLAIN, QWEN2_SPECIAL,
-                              QWEN2_TEMPLATE, hf_tokenizer, write_chat_file, write_tokenizer)
+from support.chat_files import (CONVERSATIONS, LLAMA3_SPECIAL, LLAMA3_TEMPLATE, QWEN2_PLAIN, QWEN2_SPECIAL,
+                                QWEN2_TEMPLATE, hf_tokenizer, write_chat_file, write_tokenizer)
 from triax.data.addition import IGNORE_INDEX
 from triax.data.chat import (ChatDataset, ChatEncoder, RecordError, encode_records, read_records, record_messages,
                              shifted)

@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
-from chat_files import arithmetic_conversations, write_chat_checkpoint, write_chat_file
-from helpers import train
+from support.chat_files import arithmetic_conversations, write_chat_checkpoint, write_chat_file
+from support.helpers import train
 
 pytestmark = pytest.mark.multiprocess
 transformers = pytest.importorskip("transformers")

@@ -4,7 +4,7 @@ and reports that never replace a file triax did not write, numeric options with 
 adapters checked tensor by tensor against the model, Slurm's node list in ASCII digits, and
 messages that name the option, file or variable the user gave.
 
-Every case: one line, exit code 2, nothing written anywhere (the sandbox of test_hostile_input.py
+Every case: one line, exit code 2, nothing written anywhere (the sandbox of support/sandbox.py
 lists the whole tree before and after), within seconds.
 """
 
@@ -19,12 +19,13 @@ import time
 import pytest
 import torch
 
-from chat_files import (CONVERSATIONS, LLAMA3_SPECIAL, LLAMA3_TEMPLATE, arithmetic_conversations,
-                        write_chat_checkpoint, write_chat_file, write_tokenizer)
-from test_hostile_input import sandbox  # noqa: F401  (the fixture)
+from support.chat_files import (CONVERSATIONS, LLAMA3_SPECIAL, LLAMA3_TEMPLATE, arithmetic_conversations,
+                                write_chat_checkpoint, write_chat_file, write_tokenizer)
+from support.sandbox import sandbox  # noqa: F401  (the fixture)
 from triax.cli import main as triax_main
+from support import REPO_DIR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_DIR
 TOKENS = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
 
 
@@ -270,7 +271,7 @@ def test_peft_export_never_replaces_a_foreign_adapter(sandbox, lora_copy, capsys
 @pytest.fixture(scope="module")
 def nanogpt_run(tmp_path_factory):
     """A tiny run nanoGPT's GPT can hold (exact GELU)."""
-    from helpers import tiny_overrides
+    from support.helpers import tiny_overrides
 
     root = tmp_path_factory.mktemp("nanogpt-run")
     corpus = root / "corpus.txt"

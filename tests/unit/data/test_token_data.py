@@ -16,7 +16,7 @@ from triax.data.tokens import load_token_datasets
 from triax.train.config import compose_config
 from triax.train.trainer import Trainer
 
-from helpers import assert_same_training, final_weights, tiny_overrides, train
+from support.helpers import assert_same_training, final_weights, tiny_overrides, train
 
 VOCAB = 61
 

@@ -10,7 +10,7 @@ import pytest
 from triax.cli import main as triax_main
 from triax.data import tokenize_files
 
-from helpers import tiny_overrides
+from support.helpers import tiny_overrides
 
 pytest.importorskip("tokenizers", reason="tokenizers is not installed (pip install 'triax[tokenize]')")
 from triax.data.tokenizer import BPETokenizer  # noqa: E402

@@ -1,6 +1,6 @@
 """`triax doctor` on one process: its table, its JSON report's schema, a full snapshot disk and a
 model that does not fit failing with their figures, and every bad argument refused in one line.
-The multi-node checks are tests/test_doctor_network.py's."""
+The multi-node checks are tests/unit/doctor/test_doctor_network.py's."""
 
 import json
 import os
@@ -205,7 +205,7 @@ def test_a_bad_master_port_is_a_failed_store_line(monkeypatch, port):
 # ---- trainer.preflight=true ---------------------------------------------------------------------
 
 def test_preflight_stops_a_run_whose_snapshot_disk_is_full(tmp_path, small_disk, tiny_corpus, capsys):
-    from helpers import tiny_overrides
+    from support.helpers import tiny_overrides
     from triax.train import Trainer
 
     overrides = tiny_overrides(tmp_path / "run", tiny_corpus, **{"trainer.preflight": "true",
@@ -221,7 +221,7 @@ def test_preflight_stops_a_run_whose_snapshot_disk_is_full(tmp_path, small_disk,
 
 @pytest.mark.multiprocess
 def test_preflight_runs_on_the_runs_own_processes(tmp_path, tiny_corpus):
-    from helpers import tiny_overrides, train
+    from support.helpers import tiny_overrides, train
 
     result = train(tiny_overrides(tmp_path / "run", tiny_corpus, **{"trainer.preflight": "true",
                                                                      "trainer.max_steps": 2}), nproc=2)

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.multiprocess,
               pytest.mark.skipif(unavailable_reason() is not None,
                                  reason=f"simulated network unavailable: {unavailable_reason()}")]
 
-# The network section alone, quickly: the machine's own checks are tests/test_doctor.py's.
+# The network section alone, quickly: the machine's own checks are tests/unit/doctor/test_doctor.py's.
 FAST = ["--skip", "system", "--skip", "compile", "--skip", "memory", "--sizes", "1", "--seconds", "0.3",
         "--store-timeout", "40"]
 # Bandwidth through tc's token bucket, carrying TCP/IP headers (about 3% of a 1500-byte frame)

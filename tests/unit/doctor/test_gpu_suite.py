@@ -8,13 +8,14 @@ import os
 import pytest
 import torch
 
+from support import TESTS_DIR
 from triax.cli import main as triax_main
 from triax.doctor import gpu_suite
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the suite's CPU behaviour")
 # The suite runs the gpu tests in a pytest of their own.
 multiprocess = pytest.mark.multiprocess
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = TESTS_DIR
 CHECK_KEYS = {"name", "status", "figure", "advice", "seconds", "needs_gpu", "detail"}
 
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from helpers import tiny_overrides, train
-from hf_scoring import char_validation_ids, hf_mean_loss
+from support.helpers import tiny_overrides, train
+from support.hf_scoring import char_validation_ids, hf_mean_loss
 from triax.data.addition import IGNORE_INDEX
 from triax.data.text import CharDataset, Vocabulary
 from triax.eval.windows import evaluation_windows, mask_unscored, rank_batches
@@ -96,7 +96,7 @@ def eval_json(args, nproc=1):
 
 
 def train_output(argv, nproc):
-    from forked import launch
+    from support.forked import launch
 
     return launch(nproc, argv, timeout=240).stdout
 

@@ -15,7 +15,7 @@ from triax.errors import TriaxError
 from triax.horovod import horovodrun
 from triax.testing import run_torchrun
 
-from horovod_support import horovod  # noqa: F401  (fixture: one process joined as a Horovod job)
+from support.horovod_support import horovod  # noqa: F401  (fixture: one process joined as a Horovod job)
 
 
 def model_and_optimizer():
@@ -130,8 +130,8 @@ def test_horovodrun_maps_hosts_onto_torchrun(capsys):
 def test_the_job_is_left_at_exit_without_hvd_shutdown():
     # As Horovod's init registers shutdown: a gloo group still alive while the interpreter
     # finalizes can abort the process after a successful run (see docs/horovod.md).
-    from forked import launch
-    from horovod_support import WORKERS, child_env
+    from support.forked import launch
+    from support.horovod_support import WORKERS, child_env
 
     result = launch(2, [str(WORKERS / "exit_without_shutdown.py")], timeout=180, env=child_env())
     assert result.stdout.count("process group alive at exit: False") == 2, result.stdout[-2000:]
@@ -142,9 +142,9 @@ def test_no_gloo_thread_or_connection_outlives_shutdown_a_rejoin_or_the_end():
     # Before, hvd.shutdown() left gloo's connection thread and sockets open (a kept collective held
     # them; in a fresh process, torch.distributed.nn.functional's default arguments held the first
     # group too), so after an elastic reset the survivors' peers never saw this rank leave and
-    # waited for the gloo timeout. Fresh processes (torchrun), not tests/forked.py's: a forked rank
+    # waited for the gloo timeout. Fresh processes (torchrun), not tests/support/forked.py's: a forked rank
     # inherits modules imported before any group existed, which hid the second cause.
-    from horovod_support import WORKERS, child_env
+    from support.horovod_support import WORKERS, child_env
 
     result = run_torchrun(2, [str(WORKERS / "shutdown_frees_group.py")], timeout=300, env=child_env())
     looks = {}

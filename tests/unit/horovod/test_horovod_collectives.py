@@ -7,8 +7,8 @@ errors, hvd.join and init after shutdown).
 
 import pytest
 
-from horovod_support import WORKERS, child_env
-from forked import launch
+from support.horovod_support import WORKERS, child_env
+from support.forked import launch
 
 # Every test here starts processes (torchrun, launchers, scripts).
 pytestmark = pytest.mark.multiprocess

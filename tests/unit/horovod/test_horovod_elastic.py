@@ -7,7 +7,7 @@ import pytest
 
 import torch
 
-from horovod_support import WORKERS, child_env
+from support.horovod_support import WORKERS, child_env
 from triax.testing import run, run_torchrun
 
 # Every test here starts processes (torchrun, launchers, scripts).

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from horovod_support import WORKERS, child_env
+from support.horovod_support import WORKERS, child_env
 from triax.bench.netns import SimulatedNetwork, unavailable_reason
 
 pytestmark = pytest.mark.multiprocess

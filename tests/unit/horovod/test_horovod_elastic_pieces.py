@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from horovod_support import horovod  # noqa: F401  (fixture)
+from support.horovod_support import horovod  # noqa: F401  (fixture)
 from triax.cli import main as cli_main
 from triax.horovod.elastic import protocol
 from triax.horovod.elastic.discovery import DiscoveryError, DiscoveryScript, HostManager

@@ -2,7 +2,7 @@
 HOROVOD_* variables, in-flight names, the sparse allreduce's function, Horovod's optimizer
 attributes and warning, the zero-gradient step of broadcast_optimizer_state, and modules that
 import each other in one direction only. The two-rank behaviours (both ranks raise; join) are in
-tests/horovod_workers/collectives.py."""
+tests/support/horovod_workers/collectives.py."""
 
 import ast
 import os
@@ -18,7 +18,7 @@ import triax.horovod as hvd
 from triax.launch import horovod_worker
 from triax.horovod import horovodrun
 
-from horovod_support import REPO, child_env, horovod  # noqa: F401  (horovod: a fixture)
+from support.horovod_support import REPO, child_env, horovod  # noqa: F401  (horovod: a fixture)
 
 
 def torchrun_env(rank, local_rank, node, world=6, local_world=4):

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 import triax.horovod as hvd
-from horovod_support import child_env
+from support.horovod_support import child_env
 from triax.errors import TriaxError
 from triax.horovod import run_function
 

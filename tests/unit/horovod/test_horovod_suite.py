@@ -1,12 +1,12 @@
-"""Runs tests/horovod_workers/suite.py, a Horovod user's suite in which every rank runs every test,
+"""Runs tests/support/horovod_workers/suite.py, a Horovod user's suite in which every rank runs every test,
 on 2 and 3 processes, and reports each test as pytest sees it."""
 
 import re
 
 import pytest
 
-from horovod_support import WORKERS, child_env
-from forked import launch
+from support.horovod_support import WORKERS, child_env
+from support.forked import launch
 
 
 @pytest.mark.multiprocess

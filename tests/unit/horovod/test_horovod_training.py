@@ -13,8 +13,8 @@ import sys
 import pytest
 import torch
 
-from helpers import assert_adam_close
-from horovod_support import WORKERS, child_env
+from support.helpers import assert_adam_close
+from support.horovod_support import WORKERS, child_env
 from triax.runtime.rendezvous import free_port
 from triax.testing import run
 

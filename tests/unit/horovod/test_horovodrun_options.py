@@ -12,7 +12,7 @@ import types
 import pytest
 
 import triax.horovod as hvd
-from horovod_support import REPO, child_env
+from support.horovod_support import REPO, child_env
 from triax.cli import main as cli_main
 from triax.horovod import horovodrun, horovodrun_options, run_function
 from triax.horovod.output import JobOutput, StartWatch

@@ -14,7 +14,7 @@ from triax.cli import main as triax_main
 from triax.models import GPT, GPTConfig
 from triax.train.hf_export import ExportError, export_hf, hf_tensors
 
-from helpers import tiny_overrides
+from support.helpers import tiny_overrides
 
 
 def random_model(**options):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import adam_tolerance, train
+from support.helpers import adam_tolerance, train
 from test_nanogpt_checkpoint import Payload
 from triax.checkpoint.pickled import pickled_bytes
 

@@ -1,11 +1,11 @@
 """Hostile and careless transformers checkpoints, on every command that reads one:
 `triax train model.init_from=DIR`, `triax eval DIR` and `triax export RUN --format hf`.
 
-Each damaged checkpoint is a copy of a real one (saved by transformers, tests/llama_checkpoints.py)
+Each damaged checkpoint is a copy of a real one (saved by transformers, tests/support/llama_checkpoints.py)
 with one thing wrong: a safetensors file the safetensors library cannot read, a config.json whose
 fields have the wrong JSON type or describe another model, a shard index that lies, a link out of
 the directory, a FIFO, a tokenizer that makes the Rust library panic. The only allowed outcome is
-one line and exit code 2, nothing written anywhere (the sandbox of test_hostile_input.py lists the
+one line and exit code 2, nothing written anywhere (the sandbox of support/sandbox.py lists the
 whole tree before and after), no hang, and nothing allocated before the sizes are checked.
 """
 
@@ -17,11 +17,11 @@ import signal
 import pytest
 import torch
 
-from llama_checkpoints import hf_model, save_checkpoint
-from test_hostile_input import sandbox  # noqa: F401  (the fixture)
+from support.llama_checkpoints import hf_model, save_checkpoint
+from support.sandbox import sandbox  # noqa: F401  (the fixture)
 from triax.cli import main as triax_main
 
-from helpers import tiny_overrides
+from support.helpers import tiny_overrides
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from helpers import assert_adam_close, final_weights, run_config, tiny_overrides, train
+from support.helpers import assert_adam_close, final_weights, run_config, tiny_overrides, train
 
 VOCAB = 301  # odd: tensor parallelism pads it to 302
 

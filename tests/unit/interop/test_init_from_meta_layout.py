@@ -19,8 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import final_weights, tiny_overrides, token_files, train
-from llama_checkpoints import hf_model
+from support.helpers import final_weights, tiny_overrides, token_files, train
+from support.llama_checkpoints import hf_model
 from triax.checkpoint.meta_folder import CUT_DIMENSIONS, MetaFolder
 from triax.checkpoint.pickled import pickled_bytes
 from triax.errors import TriaxError

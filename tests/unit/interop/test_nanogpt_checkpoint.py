@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import tiny_overrides, token_files, train
+from support.helpers import tiny_overrides, token_files, train
 from triax.checkpoint import SnapshotCorruptError
 from triax.checkpoint.pickled import pickled_bytes
 

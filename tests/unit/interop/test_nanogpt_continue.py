@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import train
+from support.helpers import train
 from test_nanogpt_checkpoint import ARGS, Payload, nanogpt_state
 from triax.checkpoint.pickled import pickled_bytes
 

@@ -3,7 +3,6 @@ SIGTERM (scancel, a requeue) and SIGUSR1 (Slurm's warning before the time limit,
 agent does not pass on) stop the workers with a snapshot, and launch itself exits 0 because every
 worker did; torchrun alone exits 1 there."""
 
-import os
 import re
 import signal
 import subprocess
@@ -12,14 +11,15 @@ import time
 
 import pytest
 
-from helpers import tiny_overrides
+from support.helpers import tiny_overrides
 from triax import checkpoint
 from triax.runtime.rendezvous import free_port
 from triax.testing import quiet_env
+from support import REPO_DIR
 
 pytestmark = pytest.mark.multiprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_DIR
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import tiny_overrides, train
+from support.helpers import tiny_overrides, train
 from triax.errors import TriaxError
 from triax.runtime.place import detect_place
 from triax.runtime.rendezvous import RendezvousError, set_rendezvous_defaults
@@ -25,8 +25,9 @@ from triax.launch.slurm import (
     rendezvous_address,
     tasks_per_node,
 )
+from support import REPO_DIR
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_DIR
 
 
 @pytest.mark.parametrize("nodelist, hosts", [
@@ -195,7 +196,7 @@ def test_the_clusters_page_shows_the_example_scripts_as_they_are():
         page = handle.read()
     directory = os.path.join(REPO, "examples", "slurm")
     scripts = sorted(name for name in os.listdir(directory) if name.endswith(".sbatch"))
-    with open(os.path.join(REPO, "tests", "test_slurm_cluster.py")) as handle:
+    with open(os.path.join(REPO, "tests", "e2e", "test_slurm_cluster.py")) as handle:
         cluster_tests = handle.read()
     assert scripts == ["horovodrun.sbatch", "launch.sbatch", "srun.sbatch", "train.sbatch"]
     for name in scripts:

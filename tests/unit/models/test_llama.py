@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from llama_checkpoints import LLAMA3_ROPE, VOCAB, hf_model, save_checkpoint
+from support.llama_checkpoints import LLAMA3_ROPE, VOCAB, hf_model, save_checkpoint
 from triax.errors import ConfigError
 from triax.eval.command import load_hf_model
 from triax.models import GPTConfig, KVCache, Llama, build_model, hf

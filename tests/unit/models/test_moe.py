@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from forked import launch
-from helpers import tiny_overrides, train
-from hf_scoring import hf_mean_loss
-from llama_checkpoints import VOCAB
-from moe_checkpoints import MODEL_TYPES, save_checkpoint
+from support.forked import launch
+from support.helpers import tiny_overrides, train
+from support.hf_scoring import hf_mean_loss
+from support.llama_checkpoints import VOCAB
+from support.moe_checkpoints import MODEL_TYPES, save_checkpoint
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
 
@@ -249,7 +249,7 @@ def test_dense_qwen3_under_tp_or_fsdp_equals_one_process(layout, tmp_path, tiny_
     """3 steps from the Qwen3 checkpoint: under TP x 2 each rank's per-head q/k norms see half the
     heads, and their gains' gradients are summed over the ranks; under FSDP x 2 each rank takes half
     the batch. Both equal one process (the FSDP one taking the halves as accumulated micro-batches)."""
-    from helpers import assert_adam_close, final_weights, run_config
+    from support.helpers import assert_adam_close, final_weights, run_config
 
     directory, _ = checkpoints("qwen3")
 
@@ -280,7 +280,7 @@ def test_fine_tuning_under_fsdp_or_ep_equals_one_process(layout, tmp_path, tiny_
     half the experts, tokens exchanged all-to-all) equals one process taking the
     two halves as accumulated micro-batches (the router loss is a per-micro-batch figure in both,
     as in transformers' own data-parallel training)."""
-    from helpers import assert_adam_close, final_weights, run_config
+    from support.helpers import assert_adam_close, final_weights, run_config
 
     directory, _ = checkpoints("mixtral")
 
@@ -326,7 +326,7 @@ def test_lora_on_attention_exports_to_peft(model_type, tmp_path, tiny_corpus, ch
     """LoRA on q/k/v/o of a mixture of experts (the experts frozen): `--format peft` loads in
     peft.PeftModel over transformers' model with triax's logits (fp32, 1e-5)."""
     peft = pytest.importorskip("peft")
-    from helpers import final_weights
+    from support.helpers import final_weights
     from triax.models.hf_model import load_hf_model
     from triax.models.lora import LoRAConfig, apply_lora
 
@@ -371,7 +371,7 @@ def test_snapshots_are_layout_free_under_ep(tmp_path, tiny_corpus, checkpoints):
     resumes under EP x 2: both land on the uninterrupted single process's step 3."""
     import shutil
 
-    from helpers import assert_adam_close, final_weights, run_config
+    from support.helpers import assert_adam_close, final_weights, run_config
 
     directory, _ = checkpoints("mixtral")
     single = {"trainer.grad_accum": 2}
@@ -506,7 +506,7 @@ def test_the_bias_moves_toward_an_even_load():
 def test_aux_free_balancing_under_fsdp_equals_one_process(tmp_path, tiny_corpus):
     """DeepSeek-V3's sigmoid scores and per-expert bias, from scratch: the biases (summed loads over
     ranks) and weights of FSDP x 2 equal one process's with accumulated micro-batches, and moved."""
-    from helpers import assert_adam_close, final_weights, run_config
+    from support.helpers import assert_adam_close, final_weights, run_config
 
     def run(run_dir, nproc, **settings):
         train(["model=qwen3-moe-debug", *tiny_overrides(run_dir, tiny_corpus, **{
@@ -529,7 +529,7 @@ def test_aux_free_balancing_under_fsdp_equals_one_process(tmp_path, tiny_corpus)
 def test_a_30_step_fine_tune_under_ep_ends_where_one_process_does(tmp_path, tiny_corpus, checkpoints):
     """30 steps from the Mixtral checkpoint, load-balancing loss on: EP x 2 ends with one process's
     weights (grad_accum 2: the same micro-batches), and the validation loss falls."""
-    from helpers import assert_adam_close, final_weights, run_config
+    from support.helpers import assert_adam_close, final_weights, run_config
 
     directory, _ = checkpoints("mixtral")
 
@@ -554,7 +554,7 @@ def test_a_30_step_fine_tune_under_ep_ends_where_one_process_does(tmp_path, tiny
 def test_chat_data_with_lora_on_the_attention_learns_the_answers(model_type, tmp_path):
     """Chat data as for the Llama family: a checkpoint of the family with a chat template, LoRA on
     the attention, the answer-only loss; after training the validation loss is below the base's."""
-    from chat_files import arithmetic_conversations, write_chat_checkpoint, write_chat_file
+    from support.chat_files import arithmetic_conversations, write_chat_checkpoint, write_chat_file
 
     base = tmp_path / "base"
     write_chat_checkpoint(base, model_type)

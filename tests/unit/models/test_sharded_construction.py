@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from helpers import assert_adam_close, assert_same_training, final_weights, run_config, train
+from support.helpers import assert_adam_close, assert_same_training, final_weights, run_config, train
 from triax.errors import ConfigError
 from triax.models import GPT, GPTConfig
 from triax.models import init as weight_init
 from triax.parallel.mesh import Layout, validate_layout
-from forked import launch
+from support.forked import launch
+from support import SUPPORT_DIR
 
 STEPS = 3
 VOCAB = 29  # characters in the test corpus
@@ -150,7 +151,7 @@ def test_no_rank_builds_the_whole_model(tmp_path, corpus):
                                                "parallel.pp_microbatches": 2})
     report_dir = tmp_path / "reports"
     report_dir.mkdir()
-    launch(4, [os.path.join(os.path.dirname(__file__), "construction_probe.py"), str(report_dir), *args],
+    launch(4, [os.path.join(SUPPORT_DIR, "construction_probe.py"), str(report_dir), *args],
            timeout=300)
     reports = [json.loads(path.read_text()) for path in report_dir.iterdir()]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]

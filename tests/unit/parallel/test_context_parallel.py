@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chat_files import arithmetic_conversations, write_chat_checkpoint, write_chat_file
-from forked import launch
-from helpers import assert_same_training, train
+from support.chat_files import arithmetic_conversations, write_chat_checkpoint, write_chat_file
+from support.forked import launch
+from support.helpers import assert_same_training, train
 from triax.errors import ConfigError
 from triax.models.decoder import Packed
 from triax.parallel.context_parallel import ContextSplit, chunk_attention, chunk_attention_backward, local_chunks

@@ -18,10 +18,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from forked import launch
-from helpers import assert_bitwise_equal, assert_same_training, final_weights, train
+from support.forked import launch
+from support.helpers import assert_bitwise_equal, assert_same_training, final_weights, train
 from triax import checkpoint
 from triax.testing import quiet_env
+from support import SUPPORT_DIR
 
 # Every test here starts processes (torchrun, launchers, scripts).
 pytestmark = pytest.mark.multiprocess
@@ -168,7 +169,7 @@ def test_snapshot_resumes_in_another_layout(tmp_path, tiny_corpus, baseline):
         args = [*overrides(resumed, tiny_corpus, batch, **settings), f"debug.sample_log={tmp_path / f'{name}_samples'}"]
         env = quiet_env()
         if name == "fsdp4":
-            result = launch(4, [os.path.join(os.path.dirname(__file__), "snapshot_probe.py"), *args], env=env,
+            result = launch(4, [os.path.join(SUPPORT_DIR, "snapshot_probe.py"), *args], env=env,
                             timeout=300)
             # Ranks print concurrently: lines may interleave, so pick each report out by its braces.
             reports = [json.loads(found) for found in re.findall(r"PROBE (\{[^{}]*\})", result.stdout)]
@@ -186,7 +187,7 @@ def test_snapshot_resumes_in_another_layout(tmp_path, tiny_corpus, baseline):
 
 def test_fsdp_shards_parameters_and_optimizer_state_as_planned(tmp_path, tiny_corpus):
     args = overrides(tmp_path, tiny_corpus, 4, **{"parallel.dp_shard": 2, "trainer.save_every": 0})
-    result = launch(2, [os.path.join(os.path.dirname(__file__), "parallel_probe.py"), *args], timeout=240)
+    result = launch(2, [os.path.join(SUPPORT_DIR, "parallel_probe.py"), *args], timeout=240)
     reports = [json.loads(line.split("PROBE ", 1)[1]) for line in result.stdout.splitlines() if "PROBE " in line]
     assert sorted(r["rank"] for r in reports) == [0, 1]
     total = reports[0]["total_params"]

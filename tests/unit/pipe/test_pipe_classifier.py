@@ -12,8 +12,9 @@ import torch
 
 from triax.pipe import Pipe
 from triax.testing import quiet_env, run
+from support import REPO_DIR
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(REPO_DIR)
 EXAMPLE = ROOT / "examples" / "pipe_classifier.py"
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from triax.errors import TriaxError
 from triax.pipe import Pipe, is_checkpointing, is_recomputing
 from triax.pipe.skip import Namespace, pop, skippable, stash, verify_skippables
+from support import REPO_DIR
 
 # Micro-batches run in other threads with their own intra-op thread counts and smaller matrices,
 # so sums may be rounded in another order than in the plain model: float32 rounding, nothing more.
@@ -273,7 +274,7 @@ def test_a_skip_crossing_devices_lands_on_the_pop_partitions_device():
 
 
 def test_the_example_unet_matches_its_plain_model_and_learns(capsys):
-    path = Path(__file__).resolve().parents[1] / "examples" / "pipe_skip_unet.py"
+    path = Path(REPO_DIR) / "examples" / "pipe_skip_unet.py"
     spec = importlib.util.spec_from_file_location("pipe_skip_unet", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)

@@ -11,7 +11,7 @@ import triax.runtime.threads as threads
 from triax.cli import main as triax_main
 from triax.testing import quiet_env
 
-from helpers import tiny_overrides, train
+from support.helpers import tiny_overrides, train
 
 
 def stat_text(busy: list[int], idle: list[int]) -> str:

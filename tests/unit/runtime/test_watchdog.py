@@ -2,7 +2,7 @@
 timeout and every rank exits; slow snapshots and a slow first step are not mistaken for hangs; a
 rank that never arrives is named at start-up; stragglers are reported with their cause.
 
-Faults are injected by tests/workers/fault_worker.py, which patches the trainer from outside."""
+Faults are injected by tests/support/workers/fault_worker.py, which patches the trainer from outside."""
 
 import json
 import os
@@ -12,13 +12,14 @@ import time
 
 import pytest
 
-from helpers import tiny_overrides
+from support.helpers import tiny_overrides
 from triax.runtime.stragglers import StragglerCheck
 from triax.testing import run, torchrun_command
 from triax.runtime.timeouts import ENV_COLLECTIVE_TIMEOUT, TimeoutValueError, collective_timeout
 from triax.runtime.watchdog import HANG_EXIT_CODE, Watchdog, heartbeat_interval
+from support import REPO_DIR, WORKERS_DIR
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "fault_worker.py")
+WORKER = os.path.join(WORKERS_DIR, "fault_worker.py")
 
 
 def run_faulty(tmp_path, corpus, faults, timeout_s, check=False, **overrides):
@@ -255,7 +256,7 @@ def test_a_cut_link_is_named_and_the_job_shrinks_to_one_node(tmp_path, tiny_corp
         "trainer.collective_timeout": timeout_s, "trainer.log_every": 1, "trainer.max_steps": 50,
         "trainer.save_every": 5, "trainer.batch_size": 4})
     args = [WORKER, json.dumps({"slow_data": {"seconds": 0.1}}), *overrides]
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = REPO_DIR
     env = SimulatedNetwork.environment(quiet_env(PYTHONPATH=repo))
     with SimulatedNetwork(nodes=2, rate="1gbit") as network:
         run_id = uuid.uuid4().hex[:8]

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from helpers import tiny_overrides
+from support.helpers import tiny_overrides
 from triax.tracking.throughput import gpu_peak_flops, stated_peak_flops
 from triax.train.config import compose_config
 from triax.train.trainer import Trainer

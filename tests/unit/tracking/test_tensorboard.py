@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from helpers import tiny_overrides, train
+from support.helpers import tiny_overrides, train
 from triax.tracking.trackers import TensorBoardTracker
 
 pytest.importorskip("tensorboard")

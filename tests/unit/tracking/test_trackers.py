@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from helpers import tiny_overrides, train
+from support.helpers import tiny_overrides, train
 from triax.testing import quiet_env
 
 wandb = pytest.importorskip("wandb")

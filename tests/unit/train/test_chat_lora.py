@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 
-from chat_files import arithmetic_conversations, write_chat_checkpoint, write_chat_file
-from forked import launch
-from helpers import assert_adam_close, assert_bitwise_equal, final_weights, train
-from llama_checkpoints import VOCAB
+from support.chat_files import arithmetic_conversations, write_chat_checkpoint, write_chat_file
+from support.forked import launch
+from support.helpers import assert_adam_close, assert_bitwise_equal, final_weights, train
+from support.llama_checkpoints import VOCAB
 from triax.testing import quiet_env
 
 pytestmark = pytest.mark.multiprocess
@@ -181,7 +181,7 @@ def test_generate_chat_answers_with_the_template_and_stops_at_the_end_of_turn(si
     from triax.cli import main
     from triax.eval.command import load_hf_model
     from triax.models.lora import LoRAConfig, apply_lora
-    from tests.chat_files import hf_tokenizer, LLAMA3_TEMPLATE
+    from support.chat_files import hf_tokenizer, LLAMA3_TEMPLATE
 
     assert main(["generate", str(single), "--chat", "two plus two?", "--greedy", "--tokens", "20"]) == 0
     answer = capsys.readouterr().out.rstrip("\n")

@@ -6,13 +6,14 @@ import os
 import pytest
 import torch
 
-from forked import launch
-from helpers import assert_same_training, final_weights, tiny_overrides, train
+from support.forked import launch
+from support.helpers import assert_same_training, final_weights, tiny_overrides, train
 from triax.errors import ConfigError
 from triax.testing import quiet_env, run_torchrun
+from support import REPO_DIR, WORKERS_DIR
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(REPO, "tests", "workers", "compression_worker.py")
+REPO = REPO_DIR
+WORKER = os.path.join(WORKERS_DIR, "compression_worker.py")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_unknown_compression_is_a_config_error():
         compose_config(["parallel.grad_compression=powersgd", "parallel.powersgd_rank=0"])
 
 
-EXIT_WORKER = os.path.join(REPO, "tests", "workers", "exit_callback.py")
+EXIT_WORKER = os.path.join(WORKERS_DIR, "exit_callback.py")
 
 
 @pytest.mark.multiprocess

@@ -14,7 +14,7 @@ import termios
 
 import pytest
 
-from helpers import tiny_overrides, train
+from support.helpers import tiny_overrides, train
 from triax.testing import quiet_env
 
 

@@ -12,7 +12,7 @@ from triax.data import builtin_corpus
 from triax.models import GPT, GPTConfig
 from triax.models.gpt import KVCache
 
-from helpers import final_weights, tiny_overrides, train
+from support.helpers import final_weights, tiny_overrides, train
 
 
 def losses(run_dir):

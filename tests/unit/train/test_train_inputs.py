@@ -9,7 +9,7 @@ import pytest
 from triax.cli import main as triax_main
 from triax.testing import quiet_env
 
-from helpers import tiny_overrides
+from support.helpers import tiny_overrides
 
 
 def run_cli(capsys, args):
@@ -86,7 +86,7 @@ def test_an_interrupt_says_what_the_trainer_said(monkeypatch, capsys):
 def test_a_context_no_host_could_hold_stops_before_anything_is_allocated(tmp_path):
     """data.block_size=100000 on the built-in corpus once ran for ten minutes, growing to 8.8 GB,
     before anything was printed: now one line naming the key and this host's memory."""
-    from forked import launch
+    from support.forked import launch
 
     result = launch(1, ["-m", "triax", "train", "data.block_size=100000", f"trainer.run_dir={tmp_path / 'run'}"],
                     timeout=120, check=False)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import ZERO_GRADIENT_SUFFIXES, assert_same_training, final_weights, tiny_overrides, train
+from support.helpers import ZERO_GRADIENT_SUFFIXES, assert_same_training, final_weights, tiny_overrides, train
 from triax.models.gpt import GPT, GPTConfig
 
 

@@ -20,12 +20,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from forked import launch
-from helpers import assert_adam_close, final_weights, run_config, tiny_overrides, train
+from support.forked import launch
+from support.helpers import assert_adam_close, final_weights, run_config, tiny_overrides, train
 from triax import checkpoint
 from triax.cli import main as triax_main
 from triax.models import VOCABULARY_PARAMETERS, GPTConfig, build_model, vocabulary_rows
 from triax.testing import quiet_env
+from support import SUPPORT_DIR
 
 VOCAB = 29  # distinct characters of the corpus below: odd, so tp=2 and tp=4 pad it differently
 STEPS = 3
@@ -115,7 +116,7 @@ def test_a_tp2_snapshot_continues_in_another_padding(tp, rows, baseline, tp2_run
     if tp == 1:
         train(args)
     else:  # each rank reports the snapshot bytes it read to resume
-        probe = os.path.join(os.path.dirname(__file__), "snapshot_probe.py")
+        probe = os.path.join(SUPPORT_DIR, "snapshot_probe.py")
         result = launch(tp, [probe, *args], env=quiet_env(), timeout=300)
         reports = [json.loads(found) for found in re.findall(r"PROBE (\{[^{}]*\})", result.stdout)]
         assert sorted(r["rank"] for r in reports) == list(range(tp)) and all(r["step"] == 2 for r in reports)
