@@ -3,6 +3,9 @@ import random
 
 import pytest
 
+# The hostile-input fixtures (a sandbox per test, one trained run shared by the whole session).
+pytest_plugins = ["support.sandbox"]
+
 # Tests run many processes on 2 cores: one thread each keeps them from fighting.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # cuBLAS keeps to one workspace layout, so a GPU test that compares two runs bit for bit compares

@@ -1,13 +1,16 @@
 """The sandbox every hostile-input test runs a command in: its own temp dir ($TMPDIR and
 tempfile's), home and cache dir, and working directory, all under one root. The whole root is
 listed before and after, so "nothing outside the run directory changed" covers the temp dir, the
-run dir's parent and the default config location at once."""
+run dir's parent and the default config location at once.
+
+Its fixtures (sandbox, trained_run, run_copy) are registered for every test by tests/conftest.py."""
 
 import os
 import tempfile
 
 import pytest
 
+from support.helpers import tiny_overrides
 from triax.cli import main as triax_main
 
 
@@ -63,3 +66,26 @@ def sandbox(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("TRIAX_DEBUG", raising=False)
     monkeypatch.chdir(box.work)
     return box
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """One tiny finished run, trained in-process once for the whole session (every test that damages
+    one works on its own copy: run_copy)."""
+    import random
+
+    root = tmp_path_factory.mktemp("trained")
+    rng = random.Random(0)
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(["ab", "cd", "ef"]) for _ in range(10)) for _ in range(200)))
+    run_dir = root / "run"
+    assert triax_main(["train", *tiny_overrides(run_dir, corpus, **{"trainer.max_steps": 2})]) == 0
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(trained_run, sandbox):
+    """A copy of the trained run inside the sandbox, free to damage."""
+    import shutil
+
+    return shutil.copytree(trained_run, sandbox.work / "run")
