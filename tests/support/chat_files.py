@@ -5,6 +5,8 @@ multi-turn chat file."""
 
 import json
 
+import pytest
+
 LLAMA3_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 QWEN2_SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 
@@ -121,3 +123,29 @@ def write_chat_checkpoint(directory, model_type="llama", **options):
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
         "chat_template": LLAMA3_TEMPLATE}))
     return model
+
+
+# ---- the chat styles the data tests run in, each with its transformers tokenizer ---------------
+
+STYLES = {"llama3": (LLAMA3_TEMPLATE, LLAMA3_SPECIAL, {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
+          "qwen2": (QWEN2_TEMPLATE, QWEN2_SPECIAL, {"eos_token": "<|im_end|>"})}
+
+
+@pytest.fixture(scope="module", params=sorted(STYLES))
+def style(request, tmp_path_factory):
+    from triax.data.chat import ChatEncoder
+    from triax.data.chat_template import ChatTemplate
+    from triax.data.tokenizer import BPETokenizer
+
+    template, special, tokens = STYLES[request.param]
+    directory = tmp_path_factory.mktemp(request.param)
+    write_tokenizer(directory, special)
+    tokenizer = BPETokenizer.from_file(str(directory / "tokenizer.json")).tokenizer
+    encoder = ChatEncoder(ChatTemplate(template, request.param, tokens), tokenizer)
+    return request.param, directory, encoder, hf_tokenizer(directory, template, **tokens)
+
+
+def transformers_ids_and_mask(hf, messages):
+    """transformers' ids and answer mask of one conversation (apply_chat_template)."""
+    out = hf.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    return list(out["input_ids"]), list(out["assistant_masks"])

@@ -1,6 +1,7 @@
 """The Accelerator's saved state is checked as it is read: dataloader entries are null or objects, and
-an infinity it wrote itself is kept, but never in a learning rate or betas. (The Accelerator's checkpoint folders: numbers out of range,
-hostile pickles, links and FIFOs are refused in test_accelerate_folder.py.)"""
+an infinity it wrote itself is kept, but never in a learning rate or betas. (The Accelerator's
+checkpoint folders: numbers out of range, hostile pickles, links and FIFOs are refused in
+test_accelerate_folder.py.)"""
 
 import pytest
 

@@ -8,37 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from support.chat_files import (CONVERSATIONS, LLAMA3_SPECIAL, LLAMA3_TEMPLATE, QWEN2_PLAIN, QWEN2_SPECIAL,
-                                QWEN2_TEMPLATE, hf_tokenizer, write_chat_file, write_tokenizer)
+from support.chat_files import (CONVERSATIONS, LLAMA3_TEMPLATE, QWEN2_PLAIN, style,  # noqa: F401  (style: a fixture)
+                                transformers_ids_and_mask, write_chat_file)
 from triax.data.addition import IGNORE_INDEX
 from triax.data.chat import (ChatDataset, ChatEncoder, RecordError, encode_records, read_records, record_messages,
                              shifted)
 from triax.data.chat_template import ChatTemplate, TemplateError
 from triax.data.errors import DataError
-from triax.data.tokenizer import BPETokenizer
 
 pytest.importorskip("transformers")
 
-STYLES = {"llama3": (LLAMA3_TEMPLATE, LLAMA3_SPECIAL, {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
-          "qwen2": (QWEN2_TEMPLATE, QWEN2_SPECIAL, {"eos_token": "<|im_end|>"})}
 # The templates as their checkpoints ship them, without generation tags.
 PLAIN = {"llama3": LLAMA3_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", ""),
          "qwen2": QWEN2_PLAIN}
-
-
-@pytest.fixture(scope="module", params=sorted(STYLES))
-def style(request, tmp_path_factory):
-    template, special, tokens = STYLES[request.param]
-    directory = tmp_path_factory.mktemp(request.param)
-    write_tokenizer(directory, special)
-    tokenizer = BPETokenizer.from_file(str(directory / "tokenizer.json")).tokenizer
-    encoder = ChatEncoder(ChatTemplate(template, request.param, tokens), tokenizer)
-    return request.param, directory, encoder, hf_tokenizer(directory, template, **tokens)
-
-
-def _transformers(hf, messages):
-    out = hf.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-    return list(out["input_ids"]), list(out["assistant_masks"])
 
 
 def test_tokens_and_masks_equal_transformers(style, tmp_path):
@@ -47,7 +29,7 @@ def test_tokens_and_masks_equal_transformers(style, tmp_path):
     for where, record in read_records(str(path)):
         messages = record_messages(record, where)
         example = encoder.encode(messages, where)
-        ids, mask = _transformers(hf, messages)
+        ids, mask = transformers_ids_and_mask(hf, messages)
         assert example.ids == ids, where
         assert example.mask == mask, where
         assert sum(mask) > 0 and 0 in mask  # the test means something: answers and prompts both present
@@ -88,7 +70,7 @@ def test_rows_hold_transformers_tokens_and_masks(style, tmp_path, packing):
         assert (y[row][documents[row] == -1] == IGNORE_INDEX).all()
     expected = []
     for where, record in read_records(str(path)):
-        ids, mask = _transformers(hf, record_messages(record, where))
+        ids, mask = transformers_ids_and_mask(hf, record_messages(record, where))
         expected.append((ids[:-1], [i if m else IGNORE_INDEX for i, m in zip(ids[1:], mask[1:])]))
     assert found == expected
 
@@ -238,33 +220,3 @@ def test_packed_rows_give_each_example_the_loss_it_has_alone(style, tmp_path):
     with torch.no_grad():
         leaky = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
     assert (leaky[y.reshape(-1) != IGNORE_INDEX] - alone).abs().max() > 1e-3
-
-
-def test_tokenize_chat_writes_transformers_ids_and_masks(style, tmp_path, capsys):
-    """`triax tokenize --chat CHECKPOINT FILE --out DIR`: per conversation, the ids and the answer
-    mask transformers' apply_chat_template gives, with where each begins; validation is the tail."""
-    from triax.cli import main
-
-    name, directory, encoder, hf = style
-    checkpoint = tmp_path / "checkpoint"
-    checkpoint.mkdir()
-    (checkpoint / "tokenizer.json").write_bytes((directory / "tokenizer.json").read_bytes())
-    (checkpoint / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": STYLES[name][0], **STYLES[name][2]}))
-    path = write_chat_file(tmp_path / "chat.jsonl", repeat=2)
-    out = tmp_path / "tokens"
-    assert main(["tokenize", "--chat", str(checkpoint), str(path), "--out", str(out), "--val-fraction", "0.2"]) == 0
-    meta = json.loads((out / "meta.json").read_text())
-    expected = [_transformers(hf, record_messages(record, where)) for where, record in read_records(str(path))]
-    found = []
-    for split in ("train", "val"):
-        ids = np.fromfile(out / f"{split}.bin", dtype=meta["dtype"])
-        mask = np.fromfile(out / f"{split}.mask.bin", dtype=np.uint8)
-        starts = list(np.fromfile(out / f"{split}.starts.bin", dtype=np.int64)) + [len(ids)]
-        found += [(ids[a:b].tolist(), mask[a:b].tolist()) for a, b in zip(starts, starts[1:])]
-    assert meta["val_conversations"] == 2 and found == expected
-    # A second run refuses to overwrite, in one line.
-    capsys.readouterr()
-    assert main(["tokenize", "--chat", str(checkpoint), str(path), "--out", str(out)]) != 0
-    error = capsys.readouterr().err.strip()
-    assert "\n" not in error and "already holds" in error
