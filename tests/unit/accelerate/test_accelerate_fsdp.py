@@ -6,36 +6,21 @@ environment `accelerate launch` would, every option triax cannot honour is refus
 With processes (a tiny transformers Llama, tests/support/accelerate_scripts/fsdp_transformer.py): 2 FSDP
 processes equal 1 plain process, Accelerate's own FSDP2 gives the same bits, a run launched from
 an Accelerate config file resumes bitwise, and save_state's FULL and SHARDED snapshots hold the
-same tensors.
+same tensors. (Checkpoint folders moving between Accelerate and triax: test_fsdp_folder.py.)
 """
 
 import json
 import os
-import pickle
 import sys
 
 import pytest
 import torch
 
+from support.fsdp_runs import LR, PLUGIN, SCRIPT, STEPS, fsdp_env, rank_records, run_fsdp_script, saved_weights
 from support.helpers import assert_adam_close, assert_bitwise_equal
-from support import ACCELERATE_SCRIPTS_DIR, REPO_DIR
 
-ROOT = REPO_DIR
-SCRIPT = os.path.join(ACCELERATE_SCRIPTS_DIR, "fsdp_transformer.py")
-STEPS, LR = 6, 3e-3  # the script's defaults
-WRAP = {"fsdp_version": 2, "auto_wrap_policy": "transformer_based_wrap",
-        "transformer_cls_names_to_wrap": ["LlamaDecoderLayer"]}
-
-
-@pytest.fixture(autouse=True)
-def no_fsdp_environment(monkeypatch):
-    """Each test starts without FSDP_* / ACCELERATE_USE_FSDP, and whatever it (or an Accelerator
-    given a plugin, as Accelerate's does) sets is undone afterwards."""
-    for name in [n for n in os.environ if n.startswith("FSDP_")]:
-        monkeypatch.delenv(name)
-    for name in ("FSDP_CPU_RAM_EFFICIENT_LOADING", "ACCELERATE_USE_FSDP"):
-        monkeypatch.setenv(name, "")  # so that monkeypatch remembers to remove them again
-        monkeypatch.delenv(name)
+# Each test starts without FSDP_* / ACCELERATE_USE_FSDP (support/fsdp_runs.py).
+pytestmark = pytest.mark.usefixtures("no_fsdp_environment")
 
 
 # ---- the plugin, against Accelerate's -----------------------------------------------------------
@@ -346,28 +331,6 @@ def test_accelerate_config_keys_triax_cannot_honour_are_refused_in_one_line(fiel
 
 # ---- with processes ----------------------------------------------------------------------------
 
-def _env(tmp_path):
-    from triax.testing import quiet_env
-
-    return quiet_env(PYTHONPATH=ROOT, TRIAX_CONFIG_FILE=str(tmp_path / "no-config.yaml"))
-
-
-def _forked(tmp_path, nproc, *args):
-    from support import forked
-
-    forked.launch(nproc, [SCRIPT, *args], env=_env(tmp_path), timeout=300)
-
-
-def _weights(out):
-    from safetensors.torch import load_file
-
-    return load_file(os.path.join(out, "model", "model.safetensors"))
-
-
-def _records(out):
-    return [json.load(open(os.path.join(out, f"rank_{rank}.json"))) for rank in (0, 1)]
-
-
 def _saved_tensors(folder):
     """An Accelerate FSDP checkpoint's model and optimizer tensors, whole, by name, whichever of
     its layouts it has: the two torch.save files (FULL_STATE_DICT) or the two DCP folders
@@ -402,7 +365,7 @@ def test_ignored_modules_sync_module_states_and_forward_prefetch_are_honoured(tm
     from support import forked
 
     forked.launch(2, [os.path.join(os.path.dirname(SCRIPT), "fsdp_options.py"), "--out", str(tmp_path / "out"),
-                      "--plugin", json.dumps(options)], env=_env(tmp_path), timeout=300)
+                      "--plugin", json.dumps(options)], env=fsdp_env(tmp_path), timeout=300)
     reference = {name: tensor.tolist() for name, tensor in model_for(seed=0).state_dict().items()}
     for rank in (0, 1):
         record = json.load(open(tmp_path / "out" / f"rank_{rank}.json"))
@@ -413,23 +376,6 @@ def test_ignored_modules_sync_module_states_and_forward_prefetch_are_honoured(tm
         assert record["weights"] == reference
 
 
-PLUGIN = dict(WRAP, state_dict_type="SHARDED_STATE_DICT", activation_checkpointing=True,
-              cpu_ram_efficient_loading=True)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One plain process (the reference), and 2 FSDP processes through the plugin, saving its
-    state (SHARDED_STATE_DICT) after 3 of the 6 steps. Process 1 builds its model on the meta
-    device (no weights): with cpu_ram_efficient_loading every shard gets process 0's weights."""
-    pytest.importorskip("transformers")
-    tmp = tmp_path_factory.mktemp("fsdp")
-    _forked(tmp, 1, "--out", str(tmp / "one"))
-    _forked(tmp, 2, "--out", str(tmp / "fsdp"), "--plugin", json.dumps(PLUGIN), "--save-at", "3",
-            "--save", str(tmp / "sharded"), "--others-on-meta")
-    return tmp
-
-
 @pytest.mark.multiprocess
 def test_two_fsdp_processes_equal_one_process_and_save_model_writes_the_whole_model(runs):
     from transformers import LlamaForCausalLM
@@ -437,14 +383,14 @@ def test_two_fsdp_processes_equal_one_process_and_save_model_writes_the_whole_mo
     sys.path.insert(0, os.path.dirname(SCRIPT))
     from fsdp_transformer import tiny_llama
 
-    one, fsdp = _weights(runs / "one"), _weights(runs / "fsdp")
+    one, fsdp = saved_weights(runs / "one"), saved_weights(runs / "fsdp")
     assert_adam_close(fsdp, one, [LR] * STEPS)
-    for record in _records(runs / "fsdp"):
+    for record in rank_records(runs / "fsdp"):
         # Each decoder layer, the input embedding, the final norm with the (tied) head, and the root.
         assert record["units"] == ["", "model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm",
                                    "lm_head"]
         assert record["local_elements"] < record["elements"] and record["steps"] == STEPS
-    assert sum(r["local_elements"] for r in _records(runs / "fsdp")) == _records(runs / "fsdp")[0]["elements"]
+    assert sum(r["local_elements"] for r in rank_records(runs / "fsdp")) == rank_records(runs / "fsdp")[0]["elements"]
     # save_model's file loads into a fresh unsharded model, strictly.
     model = tiny_llama()
     assert isinstance(model, LlamaForCausalLM)
@@ -455,8 +401,8 @@ def test_two_fsdp_processes_equal_one_process_and_save_model_writes_the_whole_mo
 @pytest.mark.multiprocess
 def test_accelerates_own_fsdp2_gives_the_same_bits(runs):
     pytest.importorskip("accelerate")
-    _forked(runs, 2, "--out", str(runs / "accelerate"), "--plugin", json.dumps(PLUGIN), "--door", "accelerate")
-    assert_bitwise_equal(_weights(runs / "accelerate"), _weights(runs / "fsdp"))
+    run_fsdp_script(runs, 2, "--out", str(runs / "accelerate"), "--plugin", json.dumps(PLUGIN), "--door", "accelerate")
+    assert_bitwise_equal(saved_weights(runs / "accelerate"), saved_weights(runs / "fsdp"))
 
 
 @pytest.mark.multiprocess
@@ -467,7 +413,7 @@ def test_triax_launch_runs_an_accelerate_fsdp_config_and_resumes_bitwise(runs, t
     path = write_accelerate_config(tmp_path / "fsdp.yaml", FSDP_CONFIGS[0], main_process_port=0)
     launch = [sys.executable, "-m", "triax", "launch", "--config_file", path, SCRIPT, "--others-on-meta"]
     run(launch + ["--out", str(tmp_path / "full"), "--save-at", "3", "--save", str(tmp_path / "ckpt")],
-        env=_env(tmp_path), timeout=300)
+        env=fsdp_env(tmp_path), timeout=300)
     # The file's FULL_STATE_DICT: process 0 gathered everything and wrote it alone (Accelerate's
     # pytorch_model_fsdp.bin and optimizer.bin), the same tensors (optimizer state included) the
     # sharded save of the same step holds.
@@ -475,79 +421,11 @@ def test_triax_launch_runs_an_accelerate_fsdp_config_and_resumes_bitwise(runs, t
                                                     "random_states_0.pkl", "random_states_1.pkl", "triax_manifest.json"]
     assert_bitwise_equal(_saved_tensors(tmp_path / "ckpt"), _saved_tensors(runs / "sharded"))
     # Offload, no resharding after forward, activation checkpointing: the same arithmetic.
-    assert_bitwise_equal(_weights(tmp_path / "full"), _weights(runs / "fsdp"))
-    run(launch + ["--out", str(tmp_path / "resumed"), "--resume", str(tmp_path / "ckpt")], env=_env(tmp_path),
+    assert_bitwise_equal(saved_weights(tmp_path / "full"), saved_weights(runs / "fsdp"))
+    run(launch + ["--out", str(tmp_path / "resumed"), "--resume", str(tmp_path / "ckpt")], env=fsdp_env(tmp_path),
         timeout=300)
-    assert_bitwise_equal(_weights(tmp_path / "resumed"), _weights(tmp_path / "full"))
-    full, resumed = _records(tmp_path / "full"), _records(tmp_path / "resumed")
+    assert_bitwise_equal(saved_weights(tmp_path / "resumed"), saved_weights(tmp_path / "full"))
+    full, resumed = rank_records(tmp_path / "full"), rank_records(tmp_path / "resumed")
     for before, after in zip(full, resumed):
         assert after["losses"] == before["losses"][3:] and after["steps"] == STEPS
         assert after["units"] == before["units"] and "model.layers.0" in after["units"]
-
-
-def _listing(folder):
-    return sorted(os.path.relpath(os.path.join(where, name), folder)
-                  for where, _, names in os.walk(folder) for name in names if name != "triax_manifest.json")
-
-
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("kind", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
-def test_an_fsdp_checkpoint_moves_between_accelerate_and_triax_both_ways(runs, tmp_path, kind):
-    """Accelerate's own FSDP2 saves at step 3 in its layout (DCP folders, or whole files by process
-    0); triax resumes from its folder and Accelerate from triax's, and both end bitwise equal to
-    Accelerate resuming from its own folder (here also equal to the run never stopped: the loader
-    is not shuffled, so Accelerate's resume replays its order)."""
-    pytest.importorskip("accelerate")
-    plugin = json.dumps(dict(PLUGIN, state_dict_type=kind))
-    accelerate, triax = ["--plugin", plugin, "--door", "accelerate"], ["--plugin", plugin]
-    _forked(tmp_path, 2, "--out", str(tmp_path / "accelerate"), *accelerate, "--save-at", "3",
-            "--save", str(tmp_path / "accelerate_ckpt"))
-    if kind == "SHARDED_STATE_DICT":
-        triax_ckpt = runs / "sharded"  # the fixture's triax run saved at step 3 with this plugin
-    else:
-        triax_ckpt = tmp_path / "triax_ckpt"
-        _forked(tmp_path, 2, "--out", str(tmp_path / "triax"), *triax, "--save-at", "3", "--save", str(triax_ckpt))
-    assert _listing(triax_ckpt) == _listing(tmp_path / "accelerate_ckpt")
-    _forked(tmp_path, 2, "--out", str(tmp_path / "accelerate_resumed"), *accelerate, "--resume",
-            str(tmp_path / "accelerate_ckpt"))
-    _forked(tmp_path, 2, "--out", str(tmp_path / "triax_from_accelerate"), *triax, "--resume",
-            str(tmp_path / "accelerate_ckpt"))
-    _forked(tmp_path, 2, "--out", str(tmp_path / "accelerate_from_triax"), *accelerate, "--resume", str(triax_ckpt))
-    reference = _weights(tmp_path / "accelerate_resumed")
-    assert_bitwise_equal(_weights(tmp_path / "triax_from_accelerate"), reference)
-    assert_bitwise_equal(_weights(tmp_path / "accelerate_from_triax"), reference)
-    assert_bitwise_equal(reference, _weights(runs / "fsdp"))
-    for name in ("triax_from_accelerate", "accelerate_from_triax"):
-        assert [r["losses"] for r in _records(tmp_path / name)] == [r["losses"] for r in _records(tmp_path / "accelerate_resumed")]
-
-
-@pytest.mark.multiprocess
-def test_a_dcp_folder_that_runs_code_or_is_damaged_is_refused_in_one_line(runs, tmp_path):
-    """The sharded folder's .metadata is a pickle DCP would unpickle as it is: triax reads it with
-    its checked reader; a file changed after the save fails the manifest."""
-    import shutil
-
-    from support import forked
-
-    marker = tmp_path / "ran"
-    for case in ("pickle", "resized"):
-        folder = tmp_path / case
-        shutil.copytree(runs / "sharded", folder)
-        if case == "pickle":
-            (folder / "pytorch_model_fsdp_0" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
-        else:
-            with open(folder / "optimizer_0" / "__1_0.distcp", "ab") as handle:
-                handle.write(b"x")
-        result = forked.launch(2, [SCRIPT, "--out", str(tmp_path / f"out_{case}"), "--plugin", json.dumps(PLUGIN),
-                                   "--resume", str(folder)], env=_env(tmp_path), timeout=300, check=False)
-        assert result.returncode != 0 and not marker.exists()
-        expected = "needs posix.system" if case == "pickle" else "the manifest says"
-        assert expected in result.stderr, result.stderr[-2000:]
-
-
-class _Payload:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
