@@ -8,24 +8,13 @@ import os
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
+from support.accelerator_checkpoints import Counter, prepared
 from triax.accelerate import Accelerator
 from triax.checkpoint import SnapshotCorruptError
 from triax.checkpoint.pickled import pickled_bytes
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
-
-
-class Counter:
-    def __init__(self):
-        self.count = 0
-
-    def state_dict(self):
-        return {"count": self.count}
-
-    def load_state_dict(self, state):
-        self.count = state["count"]
 
 
 class Tied(torch.nn.Module):
@@ -39,20 +28,6 @@ class Tied(torch.nn.Module):
 
     def forward(self, tokens):
         return self.head(self.embedding(tokens))
-
-
-def prepared(model=None, stateful=False):
-    from triax.accelerate import DataLoaderConfiguration
-
-    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful))
-    model = model or torch.nn.Linear(3, 2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
-    counter = Counter()
-    accelerator.register_for_checkpointing(counter)
-    loader = DataLoader(list(range(8)), batch_size=2)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    return accelerator, model, optimizer, scheduler, counter, loader
 
 
 def train_step(model, optimizer, scheduler, accelerator):

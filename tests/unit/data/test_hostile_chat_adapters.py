@@ -514,7 +514,7 @@ def test_a_meta_plain_pickle_names_the_global_and_never_runs(sandbox):  # noqa: 
 
 
 def test_a_bad_scheduler_bin_is_named_as_such(tmp_path):
-    from test_accelerate_folder import prepared
+    from support.accelerator_checkpoints import prepared
     from triax.checkpoint import SnapshotCorruptError
     from triax.checkpoint.pickled import pickled_bytes
 

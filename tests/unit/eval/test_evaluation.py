@@ -132,7 +132,7 @@ def test_eval_of_a_fine_tuned_text_run_uses_its_tokenizer(tmp_path, tiny_corpus)
     """A run started from GPT-2 weights (model.init_from) on text trains on the checkpoint's BPE
     tokens: `triax eval` scores the same tokens, not the characters, so it reports the trainer's
     own last evaluation (same windows, fp32: equal but for the order of the sums)."""
-    from test_init_from import build_gpt2
+    from support.gpt2_checkpoints import build_gpt2
 
     build_gpt2(tmp_path / "gpt2", tiny_corpus, tie=False)
     run_dir = tmp_path / "run"

@@ -20,7 +20,7 @@ from triax.testing import quiet_env
 
 @pytest.mark.multiprocess
 def test_first_line_names_the_checkpoint_a_run_started_from(tmp_path, tiny_corpus):
-    from test_init_from import build_gpt2
+    from support.gpt2_checkpoints import build_gpt2
 
     build_gpt2(tmp_path / "gpt2", tiny_corpus, tie=False)
     output = train(tiny_overrides(tmp_path / "run", tiny_corpus, **{"model.init_from": tmp_path / "gpt2",

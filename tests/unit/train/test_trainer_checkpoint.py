@@ -4,7 +4,7 @@ GPT-2) is a `model.init_from` source as it is: triax computes the trained model'
 import pytest
 import torch
 
-from test_init_from import VOCAB, build_gpt2
+from support.gpt2_checkpoints import VOCAB, build_gpt2
 
 transformers = pytest.importorskip("transformers")
 
