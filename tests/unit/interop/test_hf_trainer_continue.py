@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from support.helpers import adam_tolerance, train
-from test_nanogpt_checkpoint import Payload
+from support.nanogpt_checkpoints import Payload
 from triax.checkpoint.pickled import pickled_bytes
 
 transformers = pytest.importorskip("transformers")

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from support.helpers import train
-from test_nanogpt_checkpoint import ARGS, Payload, nanogpt_state
+from support.nanogpt_checkpoints import ARGS, Payload, nanogpt_state
 from triax.checkpoint.pickled import pickled_bytes
 
 CONFIG = {"learning_rate": 1e-2, "min_lr": 1e-3, "warmup_iters": 2, "lr_decay_iters": 8, "decay_lr": True,
