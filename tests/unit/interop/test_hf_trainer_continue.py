@@ -10,6 +10,7 @@ which only reorders the loss's sum).
 """
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -102,9 +103,19 @@ def started(request, tmp_path):
             "after": tmp_path / "resumed" / f"checkpoint-{STOP + 1}"}
 
 
+@pytest.fixture(scope="module")
+def gpt2_trained(tmp_path_factory):
+    """One GPT-2 Trainer run for the module: the tests that damage it each work on a copy (gpt2_run)."""
+    return trainer_run("gpt2", tmp_path_factory.mktemp("gpt2_run"))
+
+
 @pytest.fixture
-def gpt2_run(tmp_path):
-    return trainer_run("gpt2", tmp_path)
+def gpt2_run(gpt2_trained, tmp_path):
+    """The GPT-2 Trainer run's checkpoint and token files, copied into the test's own directory."""
+    source = gpt2_trained["data"].parent
+    for name in ("out", "data"):
+        shutil.copytree(source / name, tmp_path / name)
+    return dict(gpt2_trained, folder=tmp_path / "out" / f"checkpoint-{STOP}", data=tmp_path / "data")
 
 
 def continue_overrides(run_dir, started, *extra):
