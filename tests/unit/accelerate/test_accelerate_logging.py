@@ -13,7 +13,7 @@ import torch
 import torch.utils.data
 
 from triax.testing import quiet_env
-from support import REPO_DIR
+from support import REPO_DIR, TESTS_DIR
 
 ROOT = REPO_DIR
 
@@ -175,7 +175,7 @@ def test_two_processes_main_process_only_in_order_local_sgd_and_splitting(tmp_pa
     script = tmp_path / "job.py"
     script.write_text(f"""
 import sys
-sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+sys.path[:0] = [{os.path.dirname(os.path.abspath(__file__))!r}, {TESTS_DIR!r}]  # this file, and the support package
 from test_accelerate_logging import _fails, _two_process_job
 from triax.accelerate import debug_launcher
 debug_launcher(_two_process_job, ({str(tmp_path)!r},), num_processes=2)
