@@ -9,7 +9,7 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if HERE in pathlib.Path(str(item.fspath)).resolve().parents:
+        if HERE in item.path.resolve().parents:
             item.add_marker(pytest.mark.e2e)
