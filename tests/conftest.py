@@ -3,6 +3,10 @@ import random
 
 import pytest
 
+# Fixtures several test files share: the hostile-input sandbox and one trained run; the FSDP runs of
+# the Accelerator's FSDP tests (each run once for the whole session, when a test asks for it).
+pytest_plugins = ["support.sandbox", "support.fsdp_runs"]
+
 # Tests run many processes on 2 cores: one thread each keeps them from fighting.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # cuBLAS keeps to one workspace layout, so a GPU test that compares two runs bit for bit compares

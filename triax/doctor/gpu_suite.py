@@ -14,7 +14,7 @@ prepared command, each part within its share of a time budget (8 minutes by defa
 
 Without a GPU it runs to its end all the same: the tests skip, and the measurements run on a tiny
 shape (so the code paths and the report are exercised); each such check says it needs a GPU.
-The report's schema is `SCHEMA` below; tests/test_gpu_suite.py holds it.
+The report's schema is `SCHEMA` below; tests/unit/doctor/test_gpu_suite.py holds it.
 """
 
 from __future__ import annotations
@@ -151,15 +151,17 @@ def gpu_tests(suite: Suite, deadline: float) -> None:
 
 
 def gpu_test_files(tests_dir: str) -> list[str]:
-    """The test files that mark a test `gpu`."""
+    """The test files that mark a test `gpu`, in every folder under `tests_dir` (unit/<package>/, e2e/)."""
     found = []
-    for name in sorted(os.listdir(tests_dir)):
-        path = os.path.join(tests_dir, name)
-        if name.startswith("test_") and name.endswith(".py"):
-            with open(path, encoding="utf-8") as handle:
-                if "mark.gpu" in handle.read():
-                    found.append(path)
-    return found
+    for directory, folders, names in os.walk(tests_dir):
+        folders.sort()
+        for name in sorted(names):
+            path = os.path.join(directory, name)
+            if name.startswith("test_") and name.endswith(".py"):
+                with open(path, encoding="utf-8") as handle:
+                    if "mark.gpu" in handle.read():
+                        found.append(path)
+    return sorted(found)
 
 
 def read_junit(path: str) -> tuple[dict, list[dict]]:

@@ -114,7 +114,7 @@ def summary(checks: list[Check], seconds: float) -> str:
 
 def document(checks: list[Check], *, world_size: int, nodes: list[dict], links: list[dict],
              seconds: float, config: dict | None) -> dict:
-    """The JSON file's content (its schema is tested: tests/test_doctor.py)."""
+    """The JSON file's content (its schema is tested: tests/unit/doctor/test_doctor.py)."""
     from triax.version import __version__  # deferred: only the written report needs it
 
     return {"triax_doctor": SCHEMA_VERSION, "triax": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -8,7 +8,7 @@ raises UnsupportedFeatureError (a NotImplementedError), one line naming the alte
 says how a provided name behaves otherwise than Accelerate's; ELSEWHERE lists names a counterpart
 provides although Accelerate keeps them in another module.
 
-tests/test_accelerate_names.py holds these tables against the installed Accelerate (a name a new
+tests/unit/accelerate/test_accelerate_names.py holds these tables against the installed Accelerate (a name a new
 release adds fails it until it is provided or listed here), and the table in docs/accelerate.md is
 rendered from them when the site is built (scripts/accelerate_names.py).
 """

@@ -1,0 +1,150 @@
+"""The house rules of issue 52, measured from the code: few loose modules under triax/, no two rooms
+(top-level folders or loose modules of triax/) that import each other, short functions and classes,
+typed arguments, and a test tree that mirrors the package (unit tests by package, helpers in
+tests/support/, no test file over 600 lines). Circles between modules: test_import_graph.py.
+
+A rule the code does not meet yet is written here all the same and skipped with the reason, so it
+is switched on (its `pending` mark removed) the day the code meets it."""
+
+import ast
+import os
+from collections import defaultdict
+
+import pytest
+
+from support import REPO_DIR, TESTS_DIR
+
+PACKAGE_DIR = os.path.join(REPO_DIR, "triax")
+MAX_LOOSE_MODULES = 8  # torchtitan keeps 3, torchtune 3; issue 52 allows 8
+MAX_FUNCTION_LINES = 60
+MAX_CLASS_LINES = 500
+MIN_TYPED_ARGUMENTS = 0.85
+MAX_TEST_FILE_LINES = 600
+# Folders of tests/unit/ that name no package of triax/ (and what they hold instead).
+UNIT_FOLDERS_WITHOUT_A_PACKAGE: dict[str, str] = {}
+
+
+def pending(reason: str) -> pytest.MarkDecorator:
+    """A rule the code does not meet yet (issue 52's redesign lands in parts): skipped, with why."""
+    return pytest.mark.skip(reason=f"house rule not met yet: {reason}")
+
+
+def python_files(root: str) -> list[str]:
+    return sorted(os.path.join(where, name) for where, _, names in os.walk(root)
+                  for name in names if name.endswith(".py"))
+
+
+def module_name(path: str) -> str:
+    """triax.x.y of a file under triax/ (a package by its folder's name)."""
+    parts = os.path.relpath(path, REPO_DIR)[:-len(".py")].split(os.sep)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def room(module: str) -> str:
+    """The room a module lives in: triax.<folder or loose module>, or triax itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def imported_modules(path: str, module: str) -> set[str]:
+    """The triax modules a file imports, absolute or relative."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "triax"}
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            found.add(".".join(base + ([node.module] if node.module else [])))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "triax":
+            found.add(node.module)
+    return found
+
+
+def functions_and_classes(root: str) -> tuple[list[ast.AST], list[tuple[str, ast.AST]]]:
+    """Every function (with its file) and class definition under root."""
+    functions, classes = [], []
+    for path in python_files(root):
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions.append((path, node))
+            elif isinstance(node, ast.ClassDef):
+                classes.append((path, node))
+    return functions, classes
+
+
+def lines_of(node: ast.AST) -> int:
+    return node.end_lineno - node.lineno + 1
+
+
+def test_at_most_eight_loose_modules_under_triax():
+    loose = sorted(name for name in os.listdir(PACKAGE_DIR)
+                   if name.endswith(".py") and name not in ("__init__.py", "__main__.py"))
+    assert len(loose) <= MAX_LOOSE_MODULES, f"{len(loose)} loose modules under triax/: {loose}"
+
+
+@pending("triax and accelerate, doctor and train, eval and train, launch and runtime import each other")
+def test_no_two_rooms_import_each_other():
+    imports = defaultdict(set)
+    for path in python_files(PACKAGE_DIR):
+        module = module_name(path)
+        imports[room(module)] |= {room(target) for target in imported_modules(path, module)}
+    pairs = sorted({tuple(sorted((a, b))) for a, targets in imports.items() for b in targets
+                    if a != b and a in imports.get(b, ())})
+    assert not pairs, f"rooms that import each other: {pairs}"
+
+
+def test_no_function_over_60_lines():
+    functions, _ = functions_and_classes(PACKAGE_DIR)
+    long = sorted((lines_of(node), f"{os.path.relpath(path, REPO_DIR)}:{node.lineno} {node.name}")
+                  for path, node in functions if lines_of(node) > MAX_FUNCTION_LINES)
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+@pending("the Trainer and the Accelerator classes are over 500 lines until the trainer and accelerate parts merge")
+def test_no_class_over_500_lines():
+    _, classes = functions_and_classes(PACKAGE_DIR)
+    large = sorted((lines_of(node), f"{os.path.relpath(path, REPO_DIR)}:{node.lineno} {node.name}")
+                   for path, node in classes if lines_of(node) > MAX_CLASS_LINES)
+    assert not large, f"classes over {MAX_CLASS_LINES} lines: {large}"
+
+
+def test_at_least_85_percent_of_arguments_are_typed():
+    functions, _ = functions_and_classes(PACKAGE_DIR)
+    total = typed = 0
+    for _, node in functions:
+        arguments = node.args
+        every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+                 *([arguments.vararg] if arguments.vararg else []), *([arguments.kwarg] if arguments.kwarg else [])]
+        for index, argument in enumerate(every):
+            if index == 0 and argument.arg in ("self", "cls"):
+                continue
+            total += 1
+            typed += argument.annotation is not None
+    assert typed >= MIN_TYPED_ARGUMENTS * total, f"{typed} of {total} arguments typed ({typed / total:.1%})"
+
+
+def test_no_test_file_over_600_lines():
+    long = sorted((sum(1 for _ in open(path, encoding="utf-8")), os.path.relpath(path, REPO_DIR))
+                  for path in python_files(TESTS_DIR) if os.path.basename(path).startswith("test_"))
+    long = [entry for entry in long if entry[0] > MAX_TEST_FILE_LINES]
+    assert not long, f"test files over {MAX_TEST_FILE_LINES} lines (split them by what they test): {long}"
+
+
+def test_tests_hold_only_tests_and_the_support_package():
+    """Helpers live in tests/support/; every other Python file under tests/ is a test file or a conftest."""
+    support = os.path.join(TESTS_DIR, "support")
+    stray = [os.path.relpath(path, REPO_DIR) for path in python_files(TESTS_DIR)
+             if not path.startswith(support + os.sep)
+             and not os.path.basename(path).startswith("test_") and os.path.basename(path) != "conftest.py"]
+    assert not stray, f"helpers outside tests/support/: {stray}"
+
+
+def test_each_unit_test_folder_names_a_package():
+    """tests/unit/<name>/ mirrors triax/<name>/: a newcomer finds a package's tests by its name."""
+    unit = os.path.join(TESTS_DIR, "unit")
+    folders = sorted(name for name in os.listdir(unit)
+                     if os.path.isdir(os.path.join(unit, name)) and not name.startswith(("_", ".")))
+    orphans = [name for name in folders if name not in UNIT_FOLDERS_WITHOUT_A_PACKAGE
+               and not os.path.isfile(os.path.join(PACKAGE_DIR, name, "__init__.py"))]
+    assert not orphans, f"tests/unit/ folders with no triax package of that name: {orphans}"
