@@ -47,7 +47,7 @@ def worker(overrides: list[str]) -> None:
     """One step of the trainer; each rank reports its peak during it and the plan's estimate."""
     from triax.parallel.plan import ModelShape, estimate
     from triax.runtime.process_group import shutdown_distributed
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.trainer import Trainer
 
     memory = PeakMemory()

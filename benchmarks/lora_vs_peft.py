@@ -85,7 +85,7 @@ def optimizer_bytes(optimizer) -> int:
 
 
 def run_triax(checkpoint: str, steps: int, lora: bool) -> dict:
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as run_dir:
@@ -106,7 +106,7 @@ def run_peft(checkpoint: str, steps: int) -> dict:
     from triax.data import GlobalSampler
     from triax.data.addition import IGNORE_INDEX
     from triax.train import init_from
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.data import build_data
 
     with tempfile.TemporaryDirectory() as run_dir:

@@ -118,7 +118,7 @@ def worker_train(overrides: list[str], phases: list[str], resume: bool) -> None:
     import torch.distributed as dist
 
     from triax.runtime.process_group import shutdown_distributed
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.trainer import Trainer
 
     memory = PeakMemory()

@@ -48,7 +48,7 @@ LAYOUTS = {"one": (1, []), "fsdp2": (2, ["parallel.dp_shard=2"]),
 def worker(overrides: list[str], steps: int) -> None:
     """One rank: build, train `steps` steps, report the bytes held and the peak RSS of the steps."""
     from triax.runtime.process_group import shutdown_distributed
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.trainer import Trainer
 
     memory = PeakMemory()

@@ -85,7 +85,7 @@ def bench_snapshot(preset: str, repeats: int, root: str) -> None:
 
 
 def bench_training(steps: int, rounds: int, batch_size: int, root: str) -> None:
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.trainer import Trainer
 
     def run(save_every: int) -> float:
@@ -118,7 +118,7 @@ def sharded_worker(args) -> None:
 
     from triax.runtime.shared_decisions import barrier
     from triax.runtime.process_group import shutdown_distributed
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.trainer import Trainer
 
     run_dir = os.path.join(args.dir, f"ranks_{os.environ['WORLD_SIZE']}")

@@ -21,7 +21,7 @@ import torch
 
 
 def trainer_for(run_dir: str, precision: str = "fp32", extra: list[str] | None = None):
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.trainer import Trainer
 
     config = compose_config([f"trainer.run_dir={run_dir}", f"trainer.precision={precision}",

@@ -57,7 +57,7 @@ def timed_steps(step, steps: int) -> tuple[dict, float]:
 
 
 def run_triax(steps: int) -> dict:
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as run_dir:
@@ -79,7 +79,7 @@ def run_transformers(steps: int, fused_adamw: bool) -> dict:
     from triax.models import build_model
     from triax.interop.hf import llama as hf_llama
     from triax.train.optim import split_decay_parameters, warmup_cosine
-    from triax.train.config import compose_config, gpt_config
+    from triax.config import compose_config, gpt_config
     from triax.train.data import build_data
 
     with tempfile.TemporaryDirectory() as run_dir:

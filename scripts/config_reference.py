@@ -1,5 +1,5 @@
 """MkDocs hook: fills docs/configuration.md with every `triax train` key, its default and its
-docstring, read from the config dataclasses (triax/train/schema.py) at build time, so the page
+docstring, read from the config dataclasses (triax/config/schema.py) at build time, so the page
 cannot drift from the schema. `triax train --help` prints the same keys from the same source."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ def _cell(text: str) -> str:
 
 def config_reference() -> str:
     """One section per config group (model, data, ...), one table row per key."""
-    from triax.train.compose import _default
-    from triax.train.config import TrainConfig
+    from triax.config.compose import _default
+    from triax.config import TrainConfig
 
     parts = []
     for section in dataclasses.fields(TrainConfig):
@@ -32,8 +32,8 @@ def config_reference() -> str:
 
 def _rows(prefix: str, schema) -> list[str]:
     """A row per key of `schema`; a group of keys nested in it (model.lora) gives a row per key of its own."""
-    from triax.train.compose import _default, _format_value
-    from triax.train.config import field_docs
+    from triax.config.compose import _default, _format_value
+    from triax.config import field_docs
 
     rows, docs = [], field_docs(schema)
     for item in dataclasses.fields(schema):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from triax.train.config import TrainConfig
-from triax.train.strict import schema_keys
+from triax.config import TrainConfig
+from triax.config.strict import schema_keys
 from support import REPO_DIR
 
 ROOT = Path(REPO_DIR)

@@ -18,7 +18,7 @@ import pytest
 from support.helpers import assert_bitwise_equal, assert_same_training, final_weights, tiny_overrides, train
 from triax import checkpoint
 from triax.testing import quiet_env, run_torchrun, torchrun_command
-from triax.train.config import compose_config
+from triax.config import compose_config
 from triax.train.trainer import Trainer
 from support import WORKERS_DIR
 

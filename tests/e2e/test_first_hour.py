@@ -144,7 +144,7 @@ def test_the_accelerators_type_and_device_print_as_accelerates_on_several_cpu_pr
 def test_a_llama_checkpoint_without_its_tokenizer_is_told_to_bring_its_own(tmp_path, tiny_corpus):
     from support.llama_checkpoints import save_checkpoint
 
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.trainer import Trainer
 
     save_checkpoint(tmp_path / "llama", "llama")  # no corpus: no tokenizer.json

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from support.helpers import tiny_overrides
-from triax.train.config import compose_config
+from triax.config import compose_config
 from triax.train.trainer import Trainer
 from support import REPO_DIR
 

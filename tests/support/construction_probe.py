@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 
 from triax.models import decoder  # noqa: E402
 from triax.runtime.process_group import shutdown_distributed  # noqa: E402
-from triax.train.config import compose_config  # noqa: E402
+from triax.config import compose_config  # noqa: E402
 from triax.train.trainer import Trainer  # noqa: E402
 
 built = []

@@ -13,7 +13,7 @@ import numpy as np
 import yaml
 
 from triax import checkpoint
-from triax.train.config import compose_config, snapshot_root
+from triax.config import compose_config, snapshot_root
 from support.forked import launch
 
 # Relative precision below which two computations of one gradient element are indistinguishable,

@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from triax.runtime.shared_decisions import barrier  # noqa: E402
 
 from triax.runtime.process_group import shutdown_distributed  # noqa: E402
-from triax.train.config import compose_config  # noqa: E402
+from triax.config import compose_config  # noqa: E402
 from triax.train.trainer import Trainer  # noqa: E402
 
 

@@ -15,7 +15,7 @@ from triax.doctor import report
 from triax.doctor.readiness import Doctor
 from triax.runtime.place import detect_place
 from triax.runtime.process_group import shutdown_distributed
-from triax.train.config import compose_config
+from triax.config import compose_config
 
 SECTIONS = ("system", "compile", "memory", "storage", "network")
 DEFAULT_REPORT = "triax-doctor.json"

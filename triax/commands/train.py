@@ -6,7 +6,7 @@ from triax.runtime.shared_decisions import barrier
 from triax.errors import TriaxError
 from triax.runtime.lost_peers import PeerLostError, lost_peer_message
 from triax.runtime.process_group import shutdown_distributed
-from triax.train.config import compose_config, describe_keys
+from triax.config import compose_config, describe_keys
 from triax.train.trainer import Trainer
 
 TRAIN_HELP = """usage: triax train [key=value ...] [model=PRESET] [+experiment=NAME]

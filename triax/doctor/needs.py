@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from triax.errors import TriaxError
 from triax.parallel.mesh import Layout, padded_vocab_size, resolve_layout
 from triax.parallel.plan import Estimate, ModelShape, estimate
-from triax.train.config import TrainConfig, gpt_config, snapshot_root
+from triax.config import TrainConfig, gpt_config, snapshot_root
 
 
 @dataclass

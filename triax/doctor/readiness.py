@@ -28,7 +28,7 @@ from triax.runtime.precision import Precision
 from triax.runtime.process_group import is_distributed
 from triax.runtime.threads import apply_thread_choice
 from triax.runtime.timeouts import collective_timeout, slow_phase_timeout
-from triax.train.config import TrainConfig, to_dict
+from triax.config import TrainConfig, to_dict
 
 if TYPE_CHECKING:
     import torch

@@ -20,11 +20,11 @@ from triax.launch.env import cpu_flags
 from triax.tracking.throughput import gpu_peak_flops, measure_peak_flops, precision_name
 from triax.runtime.precision import Precision
 from triax.runtime.threads import ThreadChoice
-from triax.train.config import asynchronous_snapshots
+from triax.config import asynchronous_snapshots
 from triax.version import __version__
 
 if TYPE_CHECKING:
-    from triax.train.config import TrainerConfig
+    from triax.config import TrainerConfig
 
 SECTION = "system"
 OPTIONAL_PACKAGES = ("transformers", "accelerate", "tokenizers", "safetensors", "hydra-core", "fsspec",

@@ -30,7 +30,7 @@ from triax.interop.hf import directory as hf
 from triax.interop.hf.whole_model import load_hf_model
 from triax.train.chat_generate import chat_encoder, load_chat_model
 from triax.train.runs import check_exists, configured_snapshot_root, load_run_model
-from triax.train.config import TrainConfig, from_dict
+from triax.config import TrainConfig, from_dict
 from triax.train.data import build_data
 
 if TYPE_CHECKING:

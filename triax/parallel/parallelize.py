@@ -131,7 +131,7 @@ def parallelize(model_config: GPTConfig, layout: Layout, mesh: DeviceMesh, preci
     """Build this rank's part of the model of `model_config` in `layout`: cut (pp), shard (tp, fsdp),
     wrap (ddp), with initial weights equal to the single-process `build_model(model_config, seed=seed)`.
 
-    `parallel` is a triax.train.config.ParallelConfig; `loss_fn(logits, targets)` is needed for pp > 1;
+    `parallel` is a triax.config.ParallelConfig; `loss_fn(logits, targets)` is needed for pp > 1;
     `lora`: a triax.models.lora.LoRAConfig (rank > 0: the base frozen, adapters added).
     """
     check_cpu_offload(layout, parallel.cpu_offload)

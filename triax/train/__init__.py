@@ -1,4 +1,4 @@
-from triax.train.config import TrainConfig, compose_config
+from triax.config import TrainConfig, compose_config
 from triax.train.trainer import Trainer
 
 __all__ = ["TrainConfig", "Trainer", "compose_config"]

@@ -16,13 +16,13 @@ if TYPE_CHECKING:
     import torch
 
     from triax.data.chat import ChatEncoder
-    from triax.train.config import TrainConfig
+    from triax.config import TrainConfig
 
 
 def run_config(run_dir: str) -> TrainConfig:
     import yaml  # deferred: `triax --help` stays fast
 
-    from triax.train.config import from_dict  # deferred: `triax --help` and plain generate stay fast
+    from triax.config import from_dict  # deferred: `triax --help` and plain generate stay fast
 
     path = os.path.join(run_dir, "config.yaml")
     try:

@@ -11,7 +11,7 @@ from triax.runtime.stragglers import StragglerCheck
 from triax.runtime.watchdog import Watchdog
 from triax.runtime.threads import ThreadChoice
 from triax.tracking.throughput import MetricsLogger, Pace, duration, step_count
-from triax.train.schema import TrainConfig
+from triax.config.schema import TrainConfig
 from triax.train.step import TrainingStep
 
 

@@ -14,7 +14,7 @@ from triax import checkpoint
 from triax.errors import ConfigError
 from triax.interop.foreign_run import ForeignRun, StoredName
 from triax.models.config import GPTConfig
-from triax.train.config import TrainConfig, final_lr
+from triax.config import TrainConfig, final_lr
 from triax.train.optim import warmup_cosine
 
 

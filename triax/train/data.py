@@ -11,7 +11,7 @@ from triax.data.text import CharDataset, read_text
 from triax.data.tokenizer import BPETokenizer
 from triax.data.tokens import load_token_datasets
 from triax.errors import ConfigError
-from triax.train.schema import DataConfig
+from triax.config.schema import DataConfig
 
 
 @dataclass

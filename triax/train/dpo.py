@@ -29,34 +29,14 @@ import torch.nn.functional as F
 
 from triax.runtime.shared_decisions import gather_floats
 from triax.data.addition import IGNORE_INDEX
-from triax.errors import ConfigError
 from triax.models.lora import adapters_disabled, is_adapter
-from triax.train.dpo_config import DPOConfig
+from triax.config.dpo import DPOConfig
 
 if TYPE_CHECKING:  # names for the types only: the step (triax.train.step) imports this module
-    from triax.parallel.mesh import Layout
-    from triax.train.schema import TrainConfig
     from triax.train.step import TrainingStep
 
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
            "logps/rejected")
-
-
-def check_preference_run(config: TrainConfig, layout: Layout) -> None:
-    """What a DPO run needs, before any process group forms (one line each)."""
-    if config.data.task != "preference":
-        return
-    if not config.model.lora.rank and not config.model.init_from:
-        raise ConfigError("data.task=preference needs model.init_from: the reference is the model it starts from")
-    if layout.pp > 1:
-        raise ConfigError(f"data.task=preference does not run under pipeline parallelism (parallel.pp={layout.pp}): "
-                          "a pair's two answers and both forwards must stay on one stage; use dp_shard or tp")
-    if layout.cp > 1:
-        raise ConfigError(f"data.task=preference does not run under context parallelism (parallel.cp={layout.cp}): "
-                          "each answer's log-probability is summed over its whole sequence; use parallel.cp=1")
-    if config.data.packing:
-        raise ConfigError("data.packing=true does not apply to data.task=preference: each batch is padded to its "
-                          "longest sequence; use data.packing=false")
 
 
 def answer_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

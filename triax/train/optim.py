@@ -9,10 +9,9 @@ import math
 import torch
 import torch.nn as nn
 
+from triax.config.schema import DECAY_RULES
 
-# What weight decay applies to (optim.decay): triax's rule, nanoGPT's (and transformers Trainer's
-# for these models: biases and norm gains are the only parameters under two dimensions), torchtitan's.
-DECAY_RULES = ("linear", "matrices", "all")
+
 
 
 def split_decay_parameters(model: nn.Module, rule: str = "linear"):
@@ -60,9 +59,6 @@ def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.9
     if fused is None:
         fused = device is not None and device.type in FUSED_DEVICES
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused or None)
-
-
-SCHEDULES = ("cosine", "nanogpt", "linear", "cosine_hf", "constant")
 
 
 def warmup_cosine(step: int, max_steps: int, warmup_steps: int, lr: float, min_lr: float,

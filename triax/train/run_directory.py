@@ -18,10 +18,10 @@ from triax.models.config import GPTConfig
 from triax.runtime.failure_agreement import raise_together
 from triax.tracking.throughput import MetricsLogger
 from triax.train import init_from
-from triax.train.compose import to_dict
+from triax.config.compose import to_dict
 from triax.train.data import TrainData
 from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
-from triax.train.schema import TrainConfig
+from triax.config.schema import TrainConfig
 
 
 def check_writable_directory(path: str, key: str) -> bool:

@@ -21,7 +21,7 @@ from triax.errors import TriaxError, UsageError, printable
 from triax.models import VOCABULARY_PARAMETERS, GPTConfig, build_model
 from triax.models.memory import check_whole_model_fits
 from triax.runtime.place import detect_place
-from triax.train.config import TrainConfig, from_dict, snapshot_root
+from triax.config import TrainConfig, from_dict, snapshot_root
 from triax.train.run_files import KEPT_SOURCE_DIR, read_model_config, read_vocabulary
 
 # Where a run's config.yaml may keep its snapshots (the object stores triax documents).
@@ -30,7 +30,7 @@ SNAPSHOT_SCHEMES = ("file", "memory", "s3", "gs", "gcs", "az", "abfs")
 
 def configured_snapshot_root(run_dir: str) -> str:
     """Where the run keeps its snapshots: its config.yaml's trainer.snapshot_dir, else
-    <run_dir>/snapshots (the trainer's own rule, triax.train.config.snapshot_root)."""
+    <run_dir>/snapshots (the trainer's own rule, triax.config.snapshot_root)."""
     config = TrainConfig()
     config_file = os.path.join(run_dir, "config.yaml")
     if os.path.lexists(config_file):

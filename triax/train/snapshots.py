@@ -15,8 +15,8 @@ from triax.models.config import GPTConfig
 from triax.runtime.rendezvous import restart_count
 from triax.runtime.shared_decisions import any_rank
 from triax.tracking.throughput import MetricsLogger
-from triax.train.compose import to_dict
-from triax.train.schema import TrainConfig, snapshot_root
+from triax.config.compose import to_dict
+from triax.config.schema import TrainConfig, snapshot_root
 from triax.train.step import Optimization, Position
 
 

@@ -20,7 +20,7 @@ from triax.runtime.process_group import init_distributed
 from triax.runtime.timeouts import collective_timeout, slow_phase_timeout
 from triax.runtime.watchdog import Watchdog
 from triax.train.run_directory import remove_if_empty
-from triax.train.schema import TrainConfig
+from triax.config.schema import TrainConfig
 
 
 def check_device_memory(config: TrainConfig, model_config: GPTConfig, layout: Layout, device: torch.device,

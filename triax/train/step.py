@@ -34,7 +34,7 @@ from triax.train import router_metrics
 from triax.train.data import TrainData
 from triax.train.dpo import DPOObjective
 from triax.train.sample_log import SampleLog
-from triax.train.schema import TrainConfig
+from triax.config.schema import TrainConfig
 
 
 @dataclass

@@ -43,7 +43,7 @@ from triax.runtime.threads import apply_thread_choice
 from triax.tracking.throughput import Pace, peak_memory_mb, stated_peak_flops
 from triax.train import continuation, init_from, router_metrics
 from triax.train.batch_fit import fit_batch_size
-from triax.train.compose import absolute_paths, continuation_overrides
+from triax.config.compose import absolute_paths, continuation_overrides
 from triax.train.console import Console
 from triax.train.data import build_data
 from triax.train.dpo import DPOObjective
@@ -53,12 +53,12 @@ from triax.train.optim import make_adamw, make_schedule, move_schedule
 from triax.train.preemption import StopRequest
 from triax.train.run_directory import RunDirectory, check_writable_directory
 from triax.train.sample_log import SampleLog
-from triax.train.schema import (TrainConfig, asynchronous_snapshots, changed_from_preset, final_lr, gpt_config,
-                                snapshot_every, snapshot_root, total_steps)
+from triax.config.schema import (TrainConfig, asynchronous_snapshots, changed_from_preset, final_lr, gpt_config,
+                                 snapshot_every, snapshot_root, total_steps)
 from triax.train.snapshots import Snapshots, check_saved_vocabulary
 from triax.train.startup import check_device_memory, check_snapshot_root, join_job
 from triax.train.step import Optimization, RankPlace, TrainingStep
-from triax.train.validate import check_data_layout
+from triax.config.validate import check_data_layout
 
 
 def _held_by(component: str, name: str, doc: str) -> property:
@@ -88,7 +88,7 @@ class Trainer:
         model_config, created_run_dir = self._check_inputs()
         self._join_job(created_run_dir)
         if config.trainer.preflight:
-            # deferred: triax.doctor reads triax.train.config, whose package imports this module
+            # deferred: triax.doctor reads triax.config, whose package imports this module
             from triax.doctor.readiness import preflight
 
             preflight(config, self.place, self.device)

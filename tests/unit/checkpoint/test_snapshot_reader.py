@@ -278,7 +278,7 @@ def test_trainer_falls_back_from_mistyped_state_in_its_snapshot_dir(tmp_path, ti
     """state.json of the newest snapshot is consistent with its manifest but its trainer keys have
     the wrong types: one warning line, then the previous snapshot (in trainer.snapshot_dir)."""
     from support.helpers import run_snapshot_root, tiny_overrides
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.trainer import Trainer
 
     extra = {"trainer.save_every": 2, "trainer.max_steps": 4, "trainer.snapshot_dir": str(tmp_path / "elsewhere")}

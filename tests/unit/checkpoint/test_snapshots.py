@@ -17,7 +17,7 @@ from triax import checkpoint
 from triax.checkpoint.shards import ShardWriter
 from triax.commands.cli import main as triax_main
 from triax.errors import ConfigError
-from triax.train.config import compose_config
+from triax.config import compose_config
 from triax.train.trainer import Trainer
 
 

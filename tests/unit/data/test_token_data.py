@@ -13,7 +13,7 @@ import torch
 from triax import checkpoint
 from triax.commands.cli import main as triax_main
 from triax.data.tokens import load_token_datasets
-from triax.train.config import compose_config
+from triax.config import compose_config
 from triax.train.trainer import Trainer
 
 from support.helpers import assert_same_training, final_weights, tiny_overrides, train

@@ -14,7 +14,7 @@ from triax.doctor.needs import run_needs
 from triax.doctor.report import Check
 from triax.errors import ConfigError, UsageError
 from triax.runtime.place import detect_place
-from triax.train.config import compose_config
+from triax.config import compose_config
 
 QUICK = ["--skip", "compile", "--seconds", "0.05"]
 STATUSES = {"ok", "warning", "failed", "skipped"}

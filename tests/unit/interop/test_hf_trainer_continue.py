@@ -165,7 +165,7 @@ def test_the_first_step_triax_takes_is_the_trainers_next_step(tmp_path, started)
 
 
 def test_the_run_takes_the_trainers_settings_and_the_command_line_wins(gpt2_run):
-    from triax.train.config import compose_config
+    from triax.config import compose_config
 
     config = compose_config([f"trainer.continue_from={gpt2_run['folder']}", "trainer.log_every=7",
                              "optim.warmup_steps=1"])
@@ -299,7 +299,7 @@ def test_unsafe_files_are_refused(tmp_path, gpt2_run):
     import os
 
     from triax.errors import ConfigError
-    from triax.train.config import compose_config
+    from triax.config import compose_config
 
     folder = gpt2_run["folder"]
     state = folder / "trainer_state.json"
@@ -327,7 +327,7 @@ def test_unsafe_files_are_refused(tmp_path, gpt2_run):
 def test_a_pickled_file_that_is_a_link_or_a_fifo_is_refused(tmp_path, gpt2_run, name):
     import os
 
-    from triax.train.config import compose_config
+    from triax.config import compose_config
 
     path = gpt2_run["folder"] / name
     elsewhere = tmp_path / "elsewhere.pt"
@@ -345,7 +345,7 @@ def test_a_pickled_file_that_is_a_link_or_a_fifo_is_refused(tmp_path, gpt2_run, 
 def test_a_state_file_past_its_size_is_refused_before_it_is_read(gpt2_run, monkeypatch):
     from triax.interop.hf_trainer import run as hf_trainer_run
     from triax.errors import ConfigError
-    from triax.train.config import compose_config
+    from triax.config import compose_config
 
     monkeypatch.setattr(hf_trainer_run, "MAX_STATE_BYTES", 64)  # the real bound is 256 MiB
     with pytest.raises(ConfigError, match="bytes, more than the 64"):

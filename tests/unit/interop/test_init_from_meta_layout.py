@@ -124,7 +124,7 @@ def write_torchtitan_folder(directory, state, prefixed=True):
 def triax_model_from(path, **model_keys):
     from triax.models import GPTConfig, build_model
     from triax.train import init_from
-    from triax.train.config import ModelConfig
+    from triax.config import ModelConfig
 
     source = init_from.resolve(str(path), ModelConfig(**model_keys))
     config = GPTConfig(**source.architecture)
@@ -362,7 +362,7 @@ META_DAMAGE = {
 @pytest.mark.parametrize("damage", list(META_DAMAGE))
 def test_a_hostile_or_damaged_meta_folder_is_refused_in_one_line(tmp_path, reference, damage):
     from triax.train import init_from
-    from triax.train.config import ModelConfig
+    from triax.config import ModelConfig
 
     folder = write_meta_folder(tmp_path / "Llama", reference[0])
     marker = tmp_path / "ran"
@@ -413,7 +413,7 @@ TORCHTITAN_DAMAGE = {
 @pytest.mark.parametrize("damage", list(TORCHTITAN_DAMAGE))
 def test_a_hostile_or_damaged_torchtitan_folder_is_refused_in_one_line(tmp_path, reference, damage):
     from triax.train import init_from
-    from triax.train.config import ModelConfig
+    from triax.config import ModelConfig
 
     root = write_torchtitan_folder(tmp_path / "checkpoint", reference[0])
     marker = tmp_path / "ran"
@@ -432,7 +432,7 @@ def test_a_hostile_or_damaged_torchtitan_folder_is_refused_in_one_line(tmp_path,
 def test_torchtitan_bytes_damaged_after_the_check_are_one_line_when_read(tmp_path, reference):
     from triax.models import GPTConfig, build_model
     from triax.train import init_from
-    from triax.train.config import ModelConfig
+    from triax.config import ModelConfig
 
     root = write_torchtitan_folder(tmp_path / "checkpoint", reference[0])
     source = init_from.resolve(str(root), ModelConfig(arch="llama", n_kv_head=KV_HEADS))

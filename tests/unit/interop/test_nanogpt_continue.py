@@ -165,7 +165,7 @@ def test_the_first_step_triax_takes_is_nanogpts_next_step(tmp_path, started, npr
 
 
 def test_the_run_takes_nanogpts_settings_and_the_command_line_wins(started):
-    from triax.train.config import compose_config
+    from triax.config import compose_config
 
     config = compose_config([f"trainer.continue_from={started['out']}", "trainer.eval_every=7"])
     assert (config.optim.lr, config.optim.min_lr, config.optim.warmup_steps, config.optim.decay_steps) == (1e-2, 1e-3, 2, 8)
@@ -232,7 +232,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, started, change, 
 
 
 def test_a_pickle_that_runs_code_is_refused(tmp_path, started):
-    from triax.train.config import compose_config
+    from triax.config import compose_config
 
     marker = tmp_path / "ran"
     damaged(started, lambda c: c.update(optimizer=Payload(marker)))
@@ -243,7 +243,7 @@ def test_a_pickle_that_runs_code_is_refused(tmp_path, started):
 
 def test_continue_from_names_nanogpts_checkpoint_alone(tmp_path, started):
     from triax.errors import ConfigError
-    from triax.train.config import compose_config
+    from triax.config import compose_config
 
     with pytest.raises(ConfigError, match="both name a checkpoint"):
         compose_config([f"trainer.continue_from={started['out']}", f"model.init_from={started['out']}"])

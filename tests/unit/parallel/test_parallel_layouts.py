@@ -145,7 +145,7 @@ def test_snapshot_resumes_in_another_layout(tmp_path, tiny_corpus, baseline):
     uninterrupted single process did, takes exactly the next global batch, and no FSDP x 4 rank
     reads the whole snapshot to resume."""
     from triax.data import GlobalSampler
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.data import build_data
 
     first = tmp_path / "fsdp_tp"

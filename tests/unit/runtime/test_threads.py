@@ -110,7 +110,7 @@ def test_eval_generate_and_tokenize_compute_with_the_rules_threads(rule_says, tm
 
 def test_the_doctor_reports_and_uses_the_rules_threads(rule_says):
     from triax.commands.doctor import parse
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.doctor.readiness import Doctor
     from triax.doctor.system import device_check
     from triax.runtime.place import detect_place

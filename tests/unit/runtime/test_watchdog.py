@@ -50,7 +50,7 @@ def test_collective_timeout_comes_from_config_then_environment(monkeypatch):
 
 
 def test_config_refuses_a_non_positive_timeout():
-    from triax.train.config import compose_config
+    from triax.config import compose_config
 
     with pytest.raises(ValueError, match="trainer.collective_timeout=-5.0 must be a positive"):
         compose_config(["trainer.collective_timeout=-5"])

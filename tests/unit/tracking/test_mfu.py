@@ -8,7 +8,7 @@ import torch
 
 from support.helpers import tiny_overrides
 from triax.tracking.throughput import gpu_peak_flops, stated_peak_flops
-from triax.train.config import compose_config
+from triax.config import compose_config
 from triax.train.trainer import Trainer
 
 

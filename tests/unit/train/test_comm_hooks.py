@@ -66,7 +66,7 @@ def test_trainer_passes_compression_to_ddp(tmp_path, tiny_corpus):
 
 
 def test_unknown_compression_is_a_config_error():
-    from triax.train.config import compose_config
+    from triax.config import compose_config
 
     with pytest.raises(ConfigError, match="grad_compression.*'zip'"):
         compose_config(["parallel.grad_compression=zip"])

@@ -10,7 +10,7 @@ from triax.launch import settings
 from triax.launch.config import LaunchConfig
 from triax.models.config import PRESETS
 from triax.runtime.rendezvous import restart_count
-from triax.train.config import TrainConfig, compose_config, describe_keys, field_docs
+from triax.config import TrainConfig, compose_config, describe_keys, field_docs
 
 
 def sections():
@@ -90,7 +90,7 @@ def test_launch_settings_reach_the_accelerator(monkeypatch):
 def test_min_lr_follows_lr_unless_set():
     """A fine-tuning rate below the old fixed floor (1e-4) must not trip it: unset, optim.min_lr is
     optim.lr / 10 (nanoGPT's rule); set, it is checked against optim.lr."""
-    from triax.train.config import final_lr
+    from triax.config import final_lr
 
     assert final_lr(compose_config(["optim.lr=3e-5"]).optim) == pytest.approx(3e-6)
     assert final_lr(compose_config([]).optim) == pytest.approx(1e-4)  # the default run is unchanged

@@ -64,7 +64,7 @@ def test_experiment_file_from_searchpath_is_checked_too(sandbox, tiny_corpus):
 
 
 def test_searchpath_experiment_is_used(sandbox):
-    from triax.train.config import compose_config
+    from triax.config import compose_config
 
     experiments = sandbox.root / "home" / "conf" / "experiment"
     experiments.mkdir(parents=True)

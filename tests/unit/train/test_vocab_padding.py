@@ -237,7 +237,7 @@ def test_resuming_on_another_vocabulary_is_refused_before_loading(tmp_path, odd_
     """The rows are matched by token id: a run continued on data of another vocabulary (28
     characters against the snapshot's 29) would read rows that name other tokens."""
     from triax.errors import ConfigError
-    from triax.train.config import compose_config
+    from triax.config import compose_config
     from triax.train.trainer import Trainer
 
     assert triax_main(["train", *tiny_overrides(tmp_path, odd_corpus, **{"trainer.max_steps": 1})]) == 0

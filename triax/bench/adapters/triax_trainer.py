@@ -19,7 +19,7 @@ def make_step(setup: StepSetup):
 
 
 def _trainer_step(setup: StepSetup):
-    from triax.train.config import from_dict
+    from triax.config import from_dict
     from triax.train.trainer import Trainer
 
     gpt = setup.model.gpt_config

@@ -1,5 +1,5 @@
 """Composing a training config: Hydra joins the bundled YAML, the model preset and the command
-line's `key=value` overrides into a TrainConfig (triax.train.schema); errors become one
+line's `key=value` overrides into a TrainConfig (triax.config.schema); errors become one
 line naming the key. Also the config's dictionary form (config.yaml of a run) and `--help`'s keys.
 """
 
@@ -24,9 +24,9 @@ from triax.interop.formats import open_continuation
 from triax.errors import ConfigError
 from triax.models.config import PRESETS, preset_fields
 from triax.runtime.place import detect_place
-from triax.train.schema import TrainConfig, field_docs
-from triax.train.strict import check_composed, check_overrides, quote_text_values, schema_keys, unknown_key_error
-from triax.train.validate import validate
+from triax.config.schema import TrainConfig, field_docs
+from triax.config.strict import check_composed, check_overrides, quote_text_values, schema_keys, unknown_key_error
+from triax.config.validate import validate
 
 
 _registered = False

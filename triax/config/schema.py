@@ -1,8 +1,8 @@
 """The training configuration's schema: typed dataclasses, a docstring under every field.
 
 `triax train model=gpt2 trainer.max_steps=100` composes triax/conf/config.yaml, the chosen model
-preset (triax.models.config.PRESETS), and the command-line overrides (triax.train.compose), then
-checks the result against these dataclasses and each value's range (triax.train.validate): an
+preset (triax.models.config.PRESETS), and the command-line overrides (triax.config.compose), then
+checks the result against these dataclasses and each value's range (triax.config.validate): an
 unknown key or a value of the wrong type fails with a message naming it.
 """
 
@@ -21,7 +21,7 @@ import torch
 
 from triax.models.config import PRESETS, GPTConfig, preset_fields
 from triax.models.lora import LoRAConfig
-from triax.train.dpo_config import DPOConfig
+from triax.config.dpo import DPOConfig
 
 
 def field_docs(schema: type) -> dict[str, str]:
@@ -136,6 +136,13 @@ class DataConfig:
     token_dtype: Optional[str] = None
     """task=tokens: uint16 | uint32 | int32 | ... of train.bin/val.bin; unset = meta.json's, else
     uint16."""
+
+
+# What weight decay applies to (optim.decay): triax's rule, nanoGPT's (and transformers Trainer's
+# for these models: biases and norm gains are the only parameters under two dimensions), torchtitan's.
+DECAY_RULES = ("linear", "matrices", "all")
+# The learning-rate schedules (optim.schedule): triax's own cosine, nanoGPT's, transformers'.
+SCHEDULES = ("cosine", "nanogpt", "linear", "cosine_hf", "constant")
 
 
 @dataclass

@@ -16,11 +16,9 @@ from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES, Layout
 from triax.runtime.precision import POLICY_NAMES
 from triax.runtime.timeouts import collective_timeout
 from triax.tracking.trackers import check_trackers
-from triax.train.schema import (DataConfig, DebugConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig,
-                                TrainerConfig, gpt_config)
-from triax.train.dpo import check_preference_run
-from triax.train.dpo_config import check_dpo
-from triax.train.optim import DECAY_RULES, SCHEDULES
+from triax.config.schema import (DECAY_RULES, SCHEDULES, DataConfig, DebugConfig, ModelConfig, OptimConfig,
+                                 ParallelConfig, TrainConfig, TrainerConfig, gpt_config)
+from triax.config.dpo import check_dpo, check_preference_run
 
 
 def _need(ok: bool, key: str, value: object, what: str) -> None:

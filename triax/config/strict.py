@@ -2,7 +2,7 @@
 
 Hydra's `+key=value` and `++key=value` add keys the schema does not have, and OmegaConf then drops
 them silently: `+trainer.max_step=5` would train the default 500 steps. So every key, from the
-command line or from a YAML file, must name a field of the dataclasses in triax/train/schema.py.
+command line or from a YAML file, must name a field of the dataclasses in triax/config/schema.py.
 
 Interpolations (`${oc.env:HOME}`, `${now:...}`, `${trainer.seed}`) are refused in every value: a
 value that changes with the environment would be stored resolved in the snapshot and differ on a
