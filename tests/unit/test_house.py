@@ -83,7 +83,6 @@ def test_at_most_eight_loose_modules_under_triax():
     assert len(loose) <= MAX_LOOSE_MODULES, f"{len(loose)} loose modules under triax/: {loose}"
 
 
-@pending("triax and accelerate, doctor and train, eval and train, launch and runtime import each other")
 def test_no_two_rooms_import_each_other():
     imports = defaultdict(set)
     for path in python_files(PACKAGE_DIR):

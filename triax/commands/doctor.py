@@ -1,6 +1,6 @@
 """`triax doctor`: is this machine, and this job's cluster, ready for the run its config describes?
 (the checks: triax.doctor.readiness). `--gpu-suite` runs the GPU acceptance instead
-(triax.doctor.gpu_suite, with its own options and report).
+(triax.bench.gpu_suite, with its own options and report).
 
 Runs as one process or as every rank of a job (torchrun, `triax launch`, srun, mpirun). Exit code 1
 when something a run needs failed, 0 otherwise (warnings included), 2 for a bad command line.
@@ -15,6 +15,7 @@ from triax.doctor import report
 from triax.doctor.readiness import Doctor
 from triax.runtime.place import detect_place
 from triax.runtime.process_group import shutdown_distributed
+from triax.train.needs import run_needs
 from triax.config import compose_config
 
 SECTIONS = ("system", "compile", "memory", "storage", "network")
@@ -85,7 +86,7 @@ def _sizes(text: str) -> list[int]:
 
 def main(argv: list[str]) -> int:
     if "--gpu-suite" in argv:
-        from triax.doctor import gpu_suite  # deferred: torch.profiler and the trainer, only for the suite
+        from triax.bench import gpu_suite  # deferred: torch.profiler and the trainer, only for the suite
 
         return int(gpu_suite.main([arg for arg in argv if arg != "--gpu-suite"]) or 0)
     args = parse(argv)
@@ -94,6 +95,6 @@ def main(argv: list[str]) -> int:
     if place.is_main:
         check_output_file("--json", args.json, args.force, report.is_doctor_report)
     try:
-        return Doctor(config, args, place).run()
+        return Doctor(config, args, place, run_needs).run()
     finally:
         shutdown_distributed()

@@ -4,5 +4,5 @@ machine and a job's cluster before a long run (readiness.py).
 needs.py: what the configured run needs (triax plan's estimates); system.py: versions, device,
 kernels, matmul rate, memory; storage.py: the snapshot directory; network.py: store, process
 group, collective and per-link bandwidth, stragglers; report.py: the table and the JSON file.
-gpu_suite.py: `triax doctor --gpu-suite`, the GPU acceptance (with gpu_bench.py).
+`triax doctor --gpu-suite`, the GPU acceptance, is triax.bench.gpu_suite: it times the trainer.
 """

@@ -20,7 +20,7 @@ from typing import Callable, TYPE_CHECKING
 
 from triax.runtime.shared_decisions import all_gather_bytes, barrier, broadcast_int
 from triax.doctor import network, report, storage, system
-from triax.doctor.needs import run_needs
+from triax.doctor.needs import RunNeeds
 from triax.doctor.report import FAILED, OK, SKIPPED, Check
 from triax.errors import ConfigError, TriaxError
 from triax.runtime.place import Place, pick_device
@@ -37,7 +37,12 @@ if TYPE_CHECKING:
 SAME_EVERYWHERE = ("python", "torch", "triax", "cuda", "nccl")
 
 
-def preflight(config: TrainConfig, place: Place, device: torch.device) -> None:
+# What a run needs (RunNeeds) from its config and process count: the trainer's pieces find the model's
+# sizes (triax.train.needs.run_needs), so the caller hands that function in.
+NeedsOf = Callable[[TrainConfig, int], RunNeeds]
+
+
+def preflight(config: TrainConfig, place: Place, device: torch.device, run_needs: NeedsOf) -> None:
     """trainer.preflight=true: the fast part of the doctor at the start of a run, on the run's own
     process group: memory, the snapshot directory (room, write rate, shared by every node) and the
     network (a 1 MiB all-reduce and all-gather, each link between nodes, stragglers). Leaves out
@@ -47,14 +52,15 @@ def preflight(config: TrainConfig, place: Place, device: torch.device) -> None:
     # `triax doctor --skip system --skip compile --sizes 1 --seconds 0.2 --json PATH`'s options
     args = argparse.Namespace(overrides=[], json=path, force=False, skip=["system", "compile"], store_timeout=60.0,
                               sizes=[2**20], link_mib=4.0, seconds=0.2, gpu_suite=False)
-    if Doctor(config, args, place, device).run():
+    if Doctor(config, args, place, run_needs, device).run():
         raise ConfigError(f"trainer.preflight: a check the run needs failed (the table above; the report is "
                           f"{path}); fix it, or set trainer.preflight=false to start anyway")
 
 
 class Doctor:
-    def __init__(self, config: TrainConfig, args: argparse.Namespace, place: Place, device: torch.device | None = None):
-        self.config, self.args, self.place = config, args, place
+    def __init__(self, config: TrainConfig, args: argparse.Namespace, place: Place, run_needs: NeedsOf,
+                 device: torch.device | None = None):
+        self.config, self.args, self.place, self.run_needs = config, args, place, run_needs
         self.skip = set(args.skip)
         self.device = device if device is not None else pick_device(config.trainer.device, place.local_rank)
         # `triax doctor` computes (matmuls, a compile) with the threads a run here would take
@@ -109,7 +115,7 @@ class Doctor:
         trainer = config.trainer
         needs = None
         try:
-            needs = run_needs(config, self.place.world_size)
+            needs = self.run_needs(config, self.place.world_size)
             checks.append(Check("run", OK, f"{needs.shape.num_params() / 1e6:.1f}M parameters "
                                 f"({config.model.name}), {needs.layout.describe()}, {trainer.precision}, "
                                 f"batch {trainer.batch_size} x {needs.shape.block_size}", section="config"))

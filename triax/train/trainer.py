@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 from triax import checkpoint
 from triax.checkpoint.rng import seed_everything
 from triax.data import GlobalSampler
+from triax.doctor.readiness import preflight
 from triax.errors import ConfigError, printable
 from triax.models import build_model
 from triax.models.config import GPTConfig
@@ -49,6 +50,7 @@ from triax.train.data import build_data
 from triax.train.dpo import DPOObjective
 from triax.train.evaluation import Evaluation
 from triax.train.loss import loss_function
+from triax.train.needs import run_needs
 from triax.train.optim import make_adamw, make_schedule, move_schedule
 from triax.train.preemption import StopRequest
 from triax.train.run_directory import RunDirectory, check_writable_directory
@@ -88,10 +90,7 @@ class Trainer:
         model_config, created_run_dir = self._check_inputs()
         self._join_job(created_run_dir)
         if config.trainer.preflight:
-            # deferred: triax.doctor reads triax.config, whose package imports this module
-            from triax.doctor.readiness import preflight
-
-            preflight(config, self.place, self.device)
+            preflight(config, self.place, self.device, run_needs)
         self._build_model(model_config)
         self._build_optimizer()
         self.stop_reason: str | None = None  # set when a signal stopped the run early

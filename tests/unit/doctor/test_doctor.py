@@ -10,7 +10,7 @@ import pytest
 
 from triax.commands import doctor as doctor_command
 from triax.doctor import network, report, storage
-from triax.doctor.needs import run_needs
+from triax.train.needs import run_needs
 from triax.doctor.report import Check
 from triax.errors import ConfigError, UsageError
 from triax.runtime.place import detect_place

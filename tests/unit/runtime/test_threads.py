@@ -114,9 +114,10 @@ def test_the_doctor_reports_and_uses_the_rules_threads(rule_says):
     from triax.doctor.readiness import Doctor
     from triax.doctor.system import device_check
     from triax.runtime.place import detect_place
+    from triax.train.needs import run_needs
 
     rule_says(0.2)
-    doctor = Doctor(compose_config([]), parse([]), detect_place())
+    doctor = Doctor(compose_config([]), parse([]), detect_place(), run_needs)
     assert torch.get_num_threads() == 1
     figure = device_check(doctor.device, doctor.threads).figure
     assert "1 thread each (2 cores, 0.2 idle; OMP_NUM_THREADS to choose), as `triax train` would" in figure, figure

@@ -14,7 +14,7 @@ prepared command, each part within its share of a time budget (8 minutes by defa
 
 Without a GPU it runs to its end all the same: the tests skip, and the measurements run on a tiny
 shape (so the code paths and the report are exercised); each such check says it needs a GPU.
-The report's schema is `SCHEMA` below; tests/unit/doctor/test_gpu_suite.py holds it.
+The report's schema is `SCHEMA` below; tests/unit/bench/test_gpu_suite.py holds it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from triax import safe_files
 from triax.arguments import ArgumentParser, check_device, check_output_file
-from triax.doctor import gpu_bench
+from triax.bench import gpu_bench
 from triax.version import __version__
 
 SCHEMA = "triax.gpu-suite/1"

@@ -10,7 +10,7 @@ import torch
 
 from support import TESTS_DIR
 from triax.commands.cli import main as triax_main
-from triax.doctor import gpu_suite
+from triax.bench import gpu_suite
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the suite's CPU behaviour")
 # The suite runs the gpu tests in a pytest of their own.
