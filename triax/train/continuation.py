@@ -2,7 +2,7 @@
 tool would take next. The checkpoint's own reader (triax/interop/foreign_run.py's interface:
 nanoGPT's ckpt.pt in triax/interop/nanogpt/run.py, a transformers Trainer's checkpoint-N in
 triax/interop/hf_trainer/run.py) checks and loads its state. Its settings reached the config when
-it was composed (train/compose.py's continuation_overrides); its weights are loaded as
+it was composed (config/compose.py's continuation_overrides); its weights are loaded as
 model.init_from's.
 """
 
