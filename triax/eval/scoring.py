@@ -23,48 +23,25 @@ from triax.data.chat import (ChatDataset, ChatEncoder, chat_template_for, encode
 from triax.data.text import CharDataset
 from triax.data.tokenizer import BPETokenizer
 from triax.data.tokens import TokenDataset, TokenFile
-from triax import safe_files, safe_yaml
 from triax.errors import TriaxError
 from triax.data.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.interop.hf import directory as hf
-from triax.interop.hf.whole_model import load_hf_model
-from triax.train.chat_generate import chat_encoder, load_chat_model
-from triax.train.runs import check_exists, configured_snapshot_root, load_run_model
-from triax.config import TrainConfig, from_dict
+from triax.train.chat_generate import chat_encoder
+from triax.config import TrainConfig
 from triax.train.data import build_data
+from triax.train.run_model import open_model
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
     from tqdm import tqdm
 
 
-def load_model(path: str, device: torch.device):
+def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, object, TrainConfig | None]:
     """(plain model in eval mode, its text codec or None, the run's config or None) of a run
-    directory or a transformers directory."""
-
-    check_exists(path, "a triax run directory or a transformers directory")
-    if os.path.isfile(os.path.join(path, "model.json")):
-        config_file = os.path.join(path, "config.yaml")
-        config = TrainConfig()
-        if os.path.isfile(config_file):
-
-            configured_snapshot_root(path)  # reports a damaged config.yaml in one line
-            config = from_dict(safe_yaml.loads(safe_files.read_text(config_file), config_file) or {})
-        if config.model.lora.rank:  # a LoRA run's snapshots hold the adapters: the base is model.init_from
-            model = load_chat_model(path, config, device)
-            return model, BPETokenizer.from_file(os.path.join(path, "tokenizer.json")), config
-        model, vocab, _ = load_run_model(path, str(device))
-        return model, vocab, config
-    if os.path.isdir(path) and hf.is_hf_directory(path):
-        model = load_hf_model(path, device)
-        tokenizer = hf.tokenizer_file(path)
-        vocab = None
-        if tokenizer is not None:
-
-            vocab = BPETokenizer.from_file(tokenizer)
-        return model, vocab, None
-    raise TriaxError(f"{path!r} is neither a triax run directory (model.json) nor a transformers "
-                     "directory (config.json); give one of them")
+    directory or a transformers directory, recognised once (triax/train/run_model.py)."""
+    source = open_model(path, device)
+    model = source.whole_model(device)
+    return model, source.codec, source.run_config if source.is_triax_run else None
 
 
 def chat_encoder_of(path: str, run_config: TrainConfig | None) -> ChatEncoder:

@@ -6,6 +6,8 @@ and export ask the source, never a `kind` string, what it holds.
 - `codec`: the text codec it carries (a BPETokenizer or a character Vocabulary), or None;
 - `load_weights`: this rank's part of a freshly built model, read by triax name and slice (each
   format's reader copies only what this process holds: never the whole model in one process);
+- `whole_model`: the whole plain model on one device, for the commands that score or answer with
+  it (`triax eval`, `triax generate --chat`; a triax run and a transformers directory give one);
 - for the formats a run can be continued from (`can_continue`: nanoGPT's ckpt.pt, a transformers
   Trainer's checkpoint-N): `overrides` (the schedule and optimizer settings as triax keys),
   `saved_state` (AdamW's moments by the tool's parameter names and its step count; None where the
@@ -68,6 +70,10 @@ class ForeignRun:
     def load_weights(self, model: torch.nn.Module, model_config: GPTConfig, stored_name: StoredName = same_name) -> None:
         """Overwrite this rank's part of the freshly built `model` with the checkpoint's values."""
         raise NotImplementedError
+
+    def whole_model(self, device: torch.device) -> torch.nn.Module:
+        """The whole plain model, in eval mode, on `device` (checked to fit there before it is read)."""
+        raise NotImplementedError(f"{self.path}: a {self.kind} checkpoint is not read as a whole model")
 
     # ---- continuing the run (trainer.continue_from) ---------------------------------------------
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import os
 
 from triax.interop.foreign_run import CodecOf, ForeignRun
+import torch
+
 from triax.interop.hf.directory import HFDirectory
+from triax.interop.hf.files import is_hf_directory
 from triax.interop.hf_trainer.run import TrainerRun, is_trainer_checkpoint
 from triax.interop.meta.folder import is_meta_folder
 from triax.interop.meta.run import open_meta_folder, open_torchtitan
@@ -48,4 +51,14 @@ def open_continuation(path: str) -> ForeignRun | None:
         return TrainerRun(path)
     if is_nanogpt_checkpoint(path):
         return NanoGPTRun(path, open_checkpoint(path))
+    return None
+
+
+def open_whole_model(path: str, codec_of: CodecOf, device: torch.device) -> ForeignRun | None:
+    """The checkpoint at `path` a command scores or answers with as a whole model on `device`
+    (`triax eval`): a transformers directory (a Trainer's checkpoint-N is one), checked to fit
+    `device` before its weights are opened; None for anything else (a triax run: the training
+    room opens it, triax/train/run_model.py)."""
+    if os.path.isdir(path) and is_hf_directory(path):
+        return HFDirectory(path, codec_of, whole_on=device)
     return None

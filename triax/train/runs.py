@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from triax import checkpoint, safe_files, safe_yaml
-from triax.arguments import check_output_file, written_by_triax_safetensors
 from triax.checkpoint.export import load_module_streaming
 from triax.data import Vocabulary
 from triax.errors import TriaxError, UsageError, printable
@@ -141,13 +140,6 @@ def load_run_model(run_dir: str, device: str | object = "cpu", opened: tuple | N
     model = build_model(config)
     load_module_streaming(reader, model)
     return model.to(device).eval(), vocab, reader.snapshot
-
-
-def check_export_output(output: str, run_dir: str, force: bool, snapshot_root: str) -> None:
-    """Refuse, before any work, an output that is a directory, lies in a missing directory, is one
-    of the run's own files or inside its snapshots, or is a file triax did not write (without --force)."""
-    check_not_in_run(output, run_dir, snapshot_root)
-    check_output_file("output", output, force, written_by_triax_safetensors)
 
 
 def check_not_in_run(output: str, run_dir: str, snapshot_root: str, option: str = "output") -> None:

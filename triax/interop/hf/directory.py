@@ -16,7 +16,9 @@ from typing import Callable
 import torch
 
 from triax.errors import ConfigError
-from triax.models import parameter_shapes
+from triax.models import build_model, parameter_shapes
+from triax.models.memory import check_whole_model_fits
+from triax.runtime.place import detect_place
 from triax.interop.hf import moe as hf_moe
 from triax.interop.hf import llama as hf_llama
 from triax.interop.hf import gpt2 as hf_gpt2
@@ -119,25 +121,47 @@ def _weights(config: dict, directory: str, model_config: GPTConfig, weights: HFW
 
 
 class HFDirectory(ForeignRun):
-    """A transformers checkpoint directory as a run starts from it: its config.json read once, its
-    weights checked against it from the safetensors headers alone (before any process group, and
-    before the model, of the config's size, is allocated), then read by this rank's slices."""
+    """A transformers checkpoint directory as a run starts from it (or as a whole model a command
+    scores or answers with: `whole_on`): its config.json read once, its weights checked against it
+    from the safetensors headers alone (before any process group, and before the model, of the
+    config's size, is allocated), then read by this rank's slices."""
 
     kind = "transformers"
 
-    def __init__(self, path: str, codec_of: CodecOf):
+    def __init__(self, path: str, codec_of: CodecOf | None, whole_on: torch.device | None = None):
+        """`codec_of`: the text codec of its tokenizer.json (None: none is read); `whole_on`: the
+        device a whole copy is built on (whole_model: `triax eval`, `triax generate --chat`'s base),
+        where it is checked to fit before the weights are opened; such a copy keeps no description."""
         self.config = read_hf_config(path)
         fields = architecture(path, self.config)
+        if whole_on is not None:
+            # From the config and the safetensors headers alone, before anything is allocated; every
+            # process of this host (torchrun's LOCAL_WORLD_SIZE) loads a whole copy.
+            check_whole_model_fits(GPTConfig(**fields), whole_on, os.path.join(path, "config.json"),
+                                   detect_place().local_world_size)
         # Missing or damaged weights, or weights that are not the config's model, fail here.
         self.weights = HFWeights(path)
         check_weights(path, GPTConfig(**fields), self.config, self.weights)
-        tokenizer = tokenizer_file(path)
+        tokenizer = tokenizer_file(path) if codec_of is not None else None
         codec = codec_of(tokenizer) if tokenizer is not None else None
+        if whole_on is not None:  # scored or answered with as it is: no run starts from it
+            super().__init__(path, fields, codec)
+            return
         reason = ""
         if fields["arch"] != "gpt2" and window_of(path, self.config) is not None:
             reason = (" (its sliding_window: triax attends to the whole context, which equals sliding-window "
                       "attention only within the window)")
         super().__init__(path, fields, codec, context_reason=reason, description=description_files(path))
+
+    def whole_model(self, device: torch.device, dropout: float = 0.0) -> torch.nn.Module:
+        config = GPTConfig(**self.architecture, dropout=dropout)
+        with torch.device("meta"):
+            model = build_model(config)
+        model.to_empty(device=device)
+        if config.tie_embeddings:
+            model.lm_head.weight = model.tok_emb.weight
+        self.load_weights(model, config)
+        return model.eval()
 
     def load_weights(self, model: torch.nn.Module, model_config: GPTConfig,
                      stored_name: StoredName = same_name) -> None:

@@ -27,17 +27,21 @@ import json
 import os
 import shutil
 from dataclasses import fields
-from typing import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import torch
 
 from triax import safe_files
-from triax.errors import ConfigError, TriaxError
+from triax.checkpoint.export import tensor_source
+from triax.errors import ConfigError, TriaxError, UsageError, printable
 from triax.interop.hf import directory as hf
 from triax.interop.hf import gpt2 as hf_gpt2
 from triax.interop.hf import llama as hf_llama
 from triax.interop.hf import moe as hf_moe
 from triax.models.config import GPTConfig, architecture_fields
+
+if TYPE_CHECKING:
+    from triax.interop.exporters import ExportedRun, ExportOptions
 
 # GPTConfig fields the transformers config can express (the rotary ones and gelu each family's
 # GPTConfig checks hold at their defaults where they do not apply). A field added to GPTConfig later
@@ -184,3 +188,35 @@ def export_hf(config: GPTConfig, source: Mapping[str, torch.Tensor], out_dir: st
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
     return values
+
+
+def write_hf(run: ExportedRun, out_dir: str, options: ExportOptions) -> None:
+    """`triax export RUN OUT_DIR --format hf` (triax/interop/exporters.py): the run's newest good
+    snapshot as a transformers directory, with the run's tokenizer and the kept files of the
+    checkpoint it was started from."""
+    run.check_not_in_run(out_dir, "OUT_DIR")
+    tokenizer = os.path.join(run.run_dir, "tokenizer.json")
+    tokenizer = tokenizer if safe_files.is_regular(tokenizer) else None
+    # A run started from a transformers checkpoint kept its config and tokenizer files there.
+    kept = run.kept_dir
+    if os.path.lexists(kept) and not safe_files.is_directory(kept):
+        # Left out silently, the export would lack the checkpoint's generation config and token ids.
+        raise UsageError(f"{kept} is a link or not a directory; it should hold the copies triax made of the files "
+                         "of the run's model.init_from checkpoint: remove it and start the run again (triax train "
+                         "keeps them anew), or export with the plain safetensors format")
+    kept = kept if safe_files.is_directory(kept) else None
+
+    def export(reader: Any, model_config: GPTConfig, vocab: object) -> tuple:
+        true_config, shapes = run.true_shapes(model_config, vocab)
+        # The converter reads one tensor at a time from the validated snapshot (padding rows cut).
+        source = tensor_source(reader, shapes)
+        return reader.snapshot, (export_hf(GPTConfig(**true_config), source, out_dir, tokenizer, kept),
+                                 model_config.arch)
+
+    snapshot, (values, arch) = run.with_fallback(export)
+    note = " with its tokenizer" if tokenizer else (" (character vocabulary: no Hugging Face tokenizer written)"
+                                                    if os.path.exists(os.path.join(run.run_dir, "vocab.json")) else "")
+    if kept is not None:
+        note += ", and the config, generation and tokenizer files of the checkpoint it was started from"
+    print(printable(f"wrote a transformers {arch} model ({values / 1e6:.2f}M values) from {snapshot} to "
+                    f"{out_dir}{note}"))

@@ -12,9 +12,10 @@ nanoGPT ckpt.pt has all of these); anything else is refused in one line naming t
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from triax import safe_files
+from triax.arguments import check_output_directory, written_by_triax_pickle
 from triax.checkpoint import snapshot_step
 from triax.checkpoint.export import optimizer_source, tensor_source
 from triax.interop.nanogpt.checkpoint import to_nanogpt_state
@@ -22,6 +23,9 @@ from triax.interop.shared.adamw_state import MOMENTS
 from triax.interop.nanogpt.run import exported_config, optimizer_state
 from triax.interop.shared.pickled import pickled_bytes
 from triax.errors import UsageError, printable
+
+if TYPE_CHECKING:
+    from triax.interop.exporters import ExportedRun, ExportOptions
 
 # model.* key -> the value nanoGPT's GPT has (None: derived, below).
 REQUIRED = {"arch": "gpt2", "gelu": "exact", "tie_embeddings": True, "norm_eps": 1e-5, "intermediate_size": None}
@@ -84,3 +88,11 @@ def export_nanogpt(run_dir: str, output: str, opened: tuple, true_shapes: Callab
     print(printable(f"wrote nanoGPT's ckpt.pt ({values / 1e6:.2f}M values, iter_num {checkpoint['iter_num']}) "
                     f"from {reader.snapshot} to {path}"))
     return path, values
+
+
+def write_nanogpt(run: ExportedRun, output: str, options: ExportOptions) -> None:
+    """`triax export RUN OUTPUT --format nanogpt` (triax/interop/exporters.py): OUTPUT/ckpt.pt from
+    the run's newest good snapshot, OUTPUT checked before any snapshot is read."""
+    run.check_not_in_run(output, "OUTPUT")
+    check_output_directory("OUTPUT", output, {"ckpt.pt": written_by_triax_pickle}, options.force)
+    run.with_fallback(lambda *opened: export_nanogpt(run.run_dir, output, opened, run.true_shapes))

@@ -1,17 +1,26 @@
-"""`triax export RUN OUT --format peft`'s writing half: a LoRA run's adapters (a snapshot's) as the
-directory PEFT's `PeftModel.from_pretrained(base, OUT)` loads (adapter.py writes it), and the merge
-of the adapters into their layers for `--format hf --merge`. The command itself (its parser, the
-run directory's checks) is triax/train/peft_export.py's."""
+"""`triax export RUN OUT --format peft`: a LoRA run's adapters (its newest good snapshot) as the
+directory PEFT's `PeftModel.from_pretrained(base, OUT)` loads (adapter.py writes it), and
+`--format hf --merge`: the run's base with the adapters merged into their layers, as a transformers
+directory. Both writers are looked up by the command in triax/interop/exporters.py."""
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
 import torch
 
+from triax.arguments import check_output_directory
 from triax.checkpoint.export import tensor_source
-from triax.errors import TriaxError, UsageError
-from triax.interop.peft.adapter import write_adapter
+from triax.errors import TriaxError, UsageError, printable
+from triax.interop.hf.export import export_hf
+from triax.interop.peft.adapter import output_files, write_adapter
 from triax.models.config import GPTConfig
 from triax.models.lora import LoRAConfig, is_adapter
+from triax.runtime.threads import apply_thread_choice
+
+if TYPE_CHECKING:
+    from triax.interop.exporters import ExportedRun, ExportOptions
 
 # model.arch values whose adapters PEFT's llama-family layout names
 PEFT_ARCHES = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen3_moe")
@@ -52,3 +61,32 @@ def merge_adapters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if hasattr(module, "lora_A"):
             module.weight += module.lora_scaling * (module.lora_B.weight @ module.lora_A.weight)
     return {name: tensor for name, tensor in model.state_dict().items() if not is_adapter(name)}
+
+
+def write_peft(run: ExportedRun, out_dir: str, options: ExportOptions) -> None:
+    """--format peft: the adapters of the run's newest good snapshot, OUT_DIR checked first."""
+    run.check_not_in_run(out_dir, "OUT_DIR")
+    check_output_directory("OUT_DIR", out_dir, output_files(), options.force)
+
+    # Not the run's whole-model reader: its check that model.json fits the snapshot's tensors counts
+    # the base, which a LoRA snapshot does not hold; the adapters' own shapes are what is written.
+    reader = run.newest_snapshot()
+    snapshot, count, lora = write_run_adapters(reader, run.model_config(), out_dir)
+    print(printable(f"wrote a PEFT LoRA adapter (rank {lora.rank}, {count} tensors) from {snapshot} to {out_dir}: "
+                    "load it with peft.PeftModel.from_pretrained(base_model, OUT_DIR)"))
+
+
+def write_merged(run: ExportedRun, out_dir: str, options: ExportOptions) -> None:
+    """--format hf --merge: a LoRA run's base with its adapters merged in, as a transformers directory."""
+    run.check_not_in_run(out_dir, "OUT_DIR")
+    config = run.config()
+    if not config.model.lora.rank:
+        raise UsageError(f"{run.run_dir!r} is not a LoRA run (model.lora.rank was not set); export it with --format hf")
+    apply_thread_choice()  # the merge computes on this CPU: the cores idle now (triax.runtime.threads: why)
+    model = run.whole_model(config, torch.device("cpu"))
+    tokenizer = os.path.join(run.run_dir, "tokenizer.json")
+    kept = run.kept_dir
+    values = export_hf(model.config, merge_adapters(model), out_dir, tokenizer if os.path.isfile(tokenizer) else None,
+                       kept if os.path.isdir(kept) else None)
+    print(printable(f"wrote a transformers {model.config.arch} model ({values / 1e6:.2f}M values) with the LoRA "
+                    f"adapters of {run.run_dir} merged into its base, to {out_dir}"))
