@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from triax.arguments import ArgumentParser, check_device, check_output_file, need, positive
+from triax.arguments import ArgumentParser, FormOption, check_device, check_output_file, need, positive
 from triax.doctor import report
 from triax.doctor.readiness import Doctor
 from triax.runtime.place import detect_place
@@ -47,19 +47,6 @@ USAGE_EPILOG = """examples:
 KEY=VALUE overrides are `triax train`'s (triax train --help lists them)."""
 
 
-class _GpuSuite(argparse.Action):
-    """--gpu-suite: the suite's form from here on; errors name it (`triax doctor --gpu-suite: ...`),
-    as the suite's own parser did."""
-
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: object):
-        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, True)
-        parser.prog = GPU_SUITE_PROG
-
-
 def parser() -> ArgumentParser:
     parser = ArgumentParser(prog="triax doctor", epilog=USAGE_EPILOG,
                             description="Is this machine, and this job's cluster, ready for the run its config "
@@ -78,7 +65,9 @@ def parser() -> ArgumentParser:
     parser.add_argument("--link-mib", type=float, default=None, help="all-reduce size between two nodes, MiB")
     parser.add_argument("--seconds", type=float, default=None, metavar="S",
                         help="time each measurement is repeated for (default 0.5)")
-    parser.add_argument("--gpu-suite", action=_GpuSuite, help="the GPU acceptance suite (its own options, below)")
+    # Once read, errors name `triax doctor --gpu-suite`, as the suite's own parser did.
+    parser.add_argument("--gpu-suite", action=FormOption, switch=True, form=GPU_SUITE_PROG,
+                        help="the GPU acceptance suite (its own options, below)")
     suite = parser.add_argument_group("--gpu-suite options")
     suite.add_argument("--budget", type=float, default=None, help=f"seconds for the whole suite; each part gets "
                        f"its share (default: {SUITE_DEFAULTS['budget']})")
@@ -95,9 +84,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = command.parse_args(argv)
     foreign = DOCTOR_ONLY if args.gpu_suite else SUITE_ONLY
     given = {option for dest, option in foreign.items() if getattr(args, dest) is not None}
-    for word in argv:
+    for word in argv:  # the first in the order given, as the form's own parser named it
         if word.split("=", 1)[0] in given:
-            command.error(f"unrecognized arguments: {word.split('=', 1)[0]}")
+            command.error(f"unrecognized arguments: {word}")
     if args.gpu_suite:
         if args.overrides:
             command.error(f"unrecognized arguments: {' '.join(args.overrides)}")
