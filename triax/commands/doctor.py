@@ -1,6 +1,6 @@
 """`triax doctor`: is this machine, and this job's cluster, ready for the run its config describes?
 (the checks: triax.doctor.readiness). `--gpu-suite` runs the GPU acceptance instead
-(triax.doctor.gpu_suite, with its own options and report).
+(triax.doctor.gpu_suite, with its own options, parsed and checked here, and its own report).
 
 One parser for both forms: an option of the other form is refused by name, one line, as the
 two forms' own parsers did. Runs as one process or as every rank of a job (torchrun, `triax
@@ -68,7 +68,9 @@ def parser() -> ArgumentParser:
     # Once read, errors name `triax doctor --gpu-suite`, as the suite's own parser did.
     parser.add_argument("--gpu-suite", action=FormOption, switch=True, form=GPU_SUITE_PROG,
                         help="the GPU acceptance suite (its own options, below)")
-    suite = parser.add_argument_group("--gpu-suite options")
+    suite = parser.add_argument_group("--gpu-suite options", "the GPU acceptance in one command: gpu tests, "
+                                      "matmul rate,\nthroughput and MFU against a hand-written loop, largest "
+                                      "batch, snapshot cost;\none JSON report")
     suite.add_argument("--budget", type=float, default=None, help=f"seconds for the whole suite; each part gets "
                        f"its share (default: {SUITE_DEFAULTS['budget']})")
     suite.add_argument("--device", default=None, help="cuda:N to use (default: cuda if visible, else cpu)")
