@@ -33,6 +33,28 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {plain_message(message)} (see {self.prog} --help)")
 
 
+class FormOption(argparse.Action):
+    """An option that chooses a form of its command (`triax generate --chat`, `triax doctor
+    --gpu-suite`): once it is read, the parser's errors name that form (`triax generate --chat:
+    ... (see triax generate --chat --help)`), as each form's own parser did before one parser took
+    them all. `when`: only this value chooses the form (`--format peft`); `rank`: a form of a
+    higher rank is kept when a lower one follows (`--chat` over `--preference`), as the forms
+    were told apart before. A switch (`switch=True`) takes no value and stores True."""
+
+    def __init__(self, option_strings: list[str], dest: str, form: str, when: object = None, rank: int = 1,
+                 switch: bool = False, **kwargs: object):
+        if switch:
+            kwargs.update(nargs=0, default=False)
+        super().__init__(option_strings, dest, **kwargs)
+        self.form, self.when, self.rank, self.switch = form, when, rank, switch
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, True if self.switch else values)
+        if (self.when is None or values == self.when) and self.rank >= getattr(parser, "form_rank", 0):
+            parser.prog, parser.form_rank = self.form, self.rank
+
+
 def plain_message(message: str) -> str:
     """argparse's message, but an option it does not know is called that (it says 'unrecognized
     arguments' for `--val FILE`, an abbreviation it no longer expands)."""

@@ -37,7 +37,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from triax import safe_files
-from triax.arguments import ArgumentParser, check_device, check_output_file
 from triax.bench import gpu_bench
 from triax.version import __version__
 
@@ -320,40 +319,6 @@ def source_tests_dir() -> str | None:
     return candidate if os.path.isfile(os.path.join(candidate, "conftest.py")) else None
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = ArgumentParser(prog="triax doctor --gpu-suite",
-                                     description="The GPU acceptance in one command: gpu tests, matmul rate, "
-                                                 "throughput and MFU against a hand-written loop, largest batch, "
-                                                 "snapshot cost; one JSON report.")
-    parser.add_argument("--json", default="gpu-suite.json", help="where the JSON report goes (default: %(default)s)")
-    parser.add_argument("--budget", type=float, default=480.0,
-                        help="seconds for the whole suite; each part gets its share (default: %(default)s)")
-    parser.add_argument("--device", default=None, help="cuda:N to use (default: cuda if visible, else cpu)")
-    parser.add_argument("--batch-cap", type=int, default=64, help="the largest micro-batch tried (default: %(default)s)")
-    parser.add_argument("--no-compile", action="store_true",
-                        help="time the models uncompiled (torch.compile's first compilation takes minutes on a CPU)")
-    parser.add_argument("--skip", default="", help="comma-separated parts to leave out: " + ", ".join(SHARES))
-    parser.add_argument("--force", action="store_true", help="replace a --json file the suite did not write")
-    args = parser.parse_args(argv)
-    if not (0 < args.budget <= 7200):
-        parser.error(f"--budget {args.budget:g}: give seconds between 1 and 7200")
-    if args.batch_cap < 1 or args.batch_cap > 4096:
-        parser.error(f"--batch-cap {args.batch_cap}: give a number from 1 to 4096")
-    unknown = sorted(set(filter(None, args.skip.split(","))) - set(SHARES))
-    if unknown:
-        parser.error(f"--skip {args.skip!r}: unknown part(s) {', '.join(unknown)}; parts are {', '.join(SHARES)}")
-    if args.device is not None:
-        check_device("--device", args.device, allow_auto=False)
-        if args.device.startswith("cuda") and not torch.cuda.is_available():
-            parser.error(f"--device {args.device}: CUDA is not available on this machine; leave --device out")
-        index = torch.device(args.device).index
-        if index is not None and index >= torch.cuda.device_count():
-            parser.error(f"--device {args.device}: this machine has {torch.cuda.device_count()} CUDA devices")
-    # The one output rule of triax's reports: a new file, or one this suite wrote; never a link's target.
-    check_output_file("--json", args.json, args.force, is_suite_report)
-    return args
-
-
 def is_suite_report(path: str) -> bool:
     """Whether `path` is a regular file (not a link) holding a report this suite wrote."""
     try:
@@ -363,8 +328,9 @@ def is_suite_report(path: str) -> bool:
     return isinstance(value, dict) and value.get("schema") == SCHEMA
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse(list(sys.argv[1:] if argv is None else argv))
+def run(args: argparse.Namespace) -> int:
+    """The suite, for `triax doctor --gpu-suite`'s checked options (triax.commands.doctor); exit code
+    1 when a check failed."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
@@ -412,6 +378,3 @@ def make_report(suite: Suite, args: argparse.Namespace) -> dict:
             "checks": suite.checks, "failed": counts["failed"] > 0,
             "summary": ", ".join(f"{counts[status]} {status}" for status in STATUSES)}
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,7 +29,7 @@ COMMANDS = {
     "config": ("triax.commands.config", "write the default launch configuration"),
     "launch": ("triax.commands.launch", "start a script on several processes (torchrun front end)"),
     "env": ("triax.commands.env", "print versions, devices and config for bug reports"),
-    "horovodrun": ("triax.horovod.horovodrun", "horovodrun-compatible launcher (torchrun; elastic driver)"),
+    "horovodrun": ("triax.commands.horovodrun", "horovodrun-compatible launcher (torchrun; elastic driver)"),
     "bench": ("triax.commands.bench", "measure throughput and scaling side by side"),
     "doctor": ("triax.commands.doctor", "check this machine and cluster before a long run (table + JSON)"),
 }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from triax.arguments import ArgumentParser
+from triax.arguments import ArgumentParser, FormOption
 from triax.errors import UsageError
 
 # The writers' names in triax/interop/exporters.py's EXPORTERS (named here so --help imports no torch).
@@ -21,10 +21,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("run_dir")
     parser.add_argument("output", help="path of the .safetensors file to write (--format hf, nanogpt, peft: a new "
                                        "directory)")
-    parser.add_argument("--format", choices=FORMATS, default="safetensors",
+    # Once read, `--format peft` and `--merge` (which wins) name their form in errors, as their own parsers did.
+    parser.add_argument("--format", action=FormOption, form="triax export --format peft", when="peft",
+                        choices=FORMATS, default="safetensors",
                         help="nanogpt: OUTPUT is a directory for nanoGPT's ckpt.pt (its sample.py's out_dir); "
                              "peft: a LoRA run's adapters, adapter_config.json and adapter_model.safetensors")
-    parser.add_argument("--merge", action="store_true",
+    parser.add_argument("--merge", action=FormOption, switch=True, form="triax export --format hf --merge", rank=2,
                         help="with --format hf: a LoRA run's base with its adapters merged in, for transformers")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing output file that triax did not write")

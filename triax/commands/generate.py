@@ -7,7 +7,7 @@ import argparse
 import math
 import sys
 
-from triax.arguments import ArgumentParser, at_least, check_device, need
+from triax.arguments import ArgumentParser, FormOption, at_least, check_device, need
 from triax.errors import TriaxError, UsageError, printable
 
 # Below this the logits divided by the temperature overflow float32 (probabilities of NaN); above
@@ -22,7 +22,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                                         "with a chat run")
     parser.add_argument("run_dir")
     parser.add_argument("--prompt", default=None, help="text to continue (default a newline; not with --chat)")
-    parser.add_argument("--chat", default=None, metavar="MESSAGE", help="the user message to answer")
+    # Once read, errors name `triax generate --chat`, as the chat form's own parser did.
+    parser.add_argument("--chat", action=FormOption, form="triax generate --chat", default=None, metavar="MESSAGE",
+                        help="the user message to answer")
     parser.add_argument("--system", default=None, help="with --chat: a system message before it")
     parser.add_argument("--tokens", type=int, default=300,
                         help="tokens (characters for a char run) to generate; with --chat, at most this many "

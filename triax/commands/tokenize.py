@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import os
 
-from triax.arguments import plain_message
+from triax.arguments import ArgumentParser, FormOption, plain_message
 from triax.data.chat import OVERLONG_RULES
 from triax.data.errors import DataError
 from triax.data.tokenize_files import MIN_VOCAB_SIZE
 from triax.runtime.threads import apply_thread_choice
 
+PROG = "triax tokenize"
 # The options only one form takes (by destination), and each form's defaults for them.
 TEXT_ONLY = {"vocab_size": "--vocab-size", "tokenizer": "--tokenizer"}
 RECORDS_ONLY = {"val": "--val", "chat_template": "--chat-template"}
@@ -23,19 +24,22 @@ PREFERENCE_ONLY = {"max_length": "--max-length", "truncation_mode": "--truncatio
 DEFAULTS = {"overlong": "truncate", "truncation_mode": "keep_start"}
 
 
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args: object, **kwargs: object):
-        kwargs.setdefault("allow_abbrev", False)  # whole option names only (`--val` is not `--val-fraction`)
-        super().__init__(*args, **kwargs)
+class _Parser(ArgumentParser):
+    """Whole option names only (`--val` is not `--val-fraction`); a bad argument is one line, exit
+    status 2 (through triax.commands.cli), as each form's own parser said it: plain tokenize's a
+    DataError `triax tokenize: ... (see --help)`, --chat's and --preference's (once read) a
+    UsageError `triax tokenize --chat: ... (see triax tokenize --chat --help)`."""
 
-    def error(self, message: str):  # one line, exit status 2 (through triax.commands.cli), instead of usage + message
+    def error(self, message: str):
+        if self.prog != PROG:
+            super().error(message)
         raise DataError(f"{self.prog}: {plain_message(message)} (see --help)")
 
 
 def parser() -> _Parser:
     from triax.data.preference import TRUNCATION_MODES  # deferred: the chat template's sandbox, after --help
 
-    parser = _Parser(prog="triax tokenize",
+    parser = _Parser(prog=PROG,
                      description="train a byte-level BPE (or use a tokenizer.json) and write a token "
                                  "directory for `triax train data.task=tokens`; with --chat or --preference, "
                                  "encode conversations or preference pairs with a checkpoint's tokenizer")
@@ -47,10 +51,13 @@ def parser() -> _Parser:
     which.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="tail of the inputs kept for validation")
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing --out")
-    parser.add_argument("--chat", metavar="CHECKPOINT", default=None,
+    # Once read, errors name the form, as its own parser did; --chat's wins over --preference's.
+    parser.add_argument("--chat", action=FormOption, form=f"{PROG} --chat", rank=2, metavar="CHECKPOINT",
+                        default=None,
                         help="chat files: render with this checkpoint's chat template (a transformers checkpoint "
                              "directory with tokenizer.json); write ids and answer masks")
-    parser.add_argument("--preference", metavar="CHECKPOINT", default=None,
+    parser.add_argument("--preference", action=FormOption, form=f"{PROG} --preference", metavar="CHECKPOINT",
+                        default=None,
                         help="preference pairs (prompt/chosen/rejected): write the prompt/chosen/rejected ids "
                              "TRL's DPOTrainer trains on")
     parser.add_argument("--val", default=None, help="--chat, --preference: a file of validation records (else "
@@ -77,9 +84,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     else:
         foreign = {**RECORDS_ONLY, **CHAT_ONLY, **PREFERENCE_ONLY}
     given = {option for dest, option in foreign.items() if getattr(args, dest) is not None}
-    for word in argv:
+    for word in argv:  # the first in the order given, as the form's own parser named it
         if word.split("=", 1)[0] in given:
-            command.error(f"unrecognized arguments: {word.split('=', 1)[0]}")
+            command.error(f"unrecognized arguments: {word}")
     for dest, default in DEFAULTS.items():
         setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
     return args

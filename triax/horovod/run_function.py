@@ -33,7 +33,7 @@ from typing import Callable
 import torch.distributed as dist
 
 from triax.errors import TriaxError
-from triax.horovod import horovodrun
+from triax.horovod import horovodrun_options, launcher
 from triax.horovod.errors import HorovodRunError, HorovodValueError
 from triax.horovod.hosts import address_toward, is_local, parse_hosts
 from triax.runtime.rendezvous import loopback_store
@@ -171,7 +171,7 @@ def run(func: Callable, args: tuple = (), kwargs: dict | None = None, num_proc: 
 def _launch(argv: list[str], extra_env: dict[str, str]) -> None:
     """Run the job as `triax horovodrun` would; its errors as Horovod's."""
     try:
-        code = horovodrun.main(argv, extra_env=extra_env)
+        code = launcher.launch(horovodrun_options.parse(argv), extra_env=extra_env)
     except TriaxError as error:
         raise HorovodValueError(str(error)) from None
     if code != 0:

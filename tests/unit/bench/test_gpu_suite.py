@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from support import TESTS_DIR
+from triax.commands import doctor as doctor_command
 from triax.commands.cli import main as triax_main
 from triax.bench import gpu_suite
 
@@ -21,7 +22,7 @@ CHECK_KEYS = {"name", "status", "figure", "advice", "seconds", "needs_gpu", "det
 
 def run_suite(tmp_path, *args):
     report = tmp_path / "report.json"
-    code = gpu_suite.main(["--json", str(report), *args])
+    code = doctor_command.main(["--gpu-suite", "--json", str(report), *args])
     return code, json.loads(report.read_text())
 
 

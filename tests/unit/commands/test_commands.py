@@ -22,6 +22,11 @@ def test_every_command_is_routed_to_a_module_with_main():
         assert callable(getattr(module, "main", None)), (name, module_name)
 
 
+def test_every_command_is_a_module_of_triax_commands():
+    assert [name for name, (module_name, _) in cli.COMMANDS.items()
+            if not module_name.startswith("triax.commands.")] == []
+
+
 def test_no_library_module_imports_a_command():
     importers = []
     for directory, _, names in os.walk(PACKAGE):
@@ -63,3 +68,34 @@ def test_options_of_another_form_are_refused_in_one_line(argv, words, tmp_path, 
     assert triax_main(argv) == 2
     error = capsys.readouterr().err
     assert all(word in error for word in words) and error.count("\n") == 1, error
+
+
+@pytest.mark.parametrize("argv, error_class, start", [
+    (["tokenize", "in.txt", "--out", "tokens", "--block-size", "8"], "DataError",
+     "triax tokenize: unknown option '--block-size' (options are taken only by their whole names) (see --help)"),
+    (["tokenize", "in.txt", "--out", "tokens", "--chat", "ckpt", "--vocab-size=300"], "UsageError",
+     "triax tokenize --chat: unknown option '--vocab-size=300' (options are taken only by their whole names) "
+     "(see triax tokenize --chat --help)"),
+    (["tokenize", "in.txt", "--out", "tokens", "--preference", "ckpt", "--chat", "ckpt"], "UsageError",
+     "triax tokenize --chat: unknown option '--preference'"),
+    (["tokenize", "in.txt", "--out", "tokens", "--preference", "ckpt", "--overlong", "drop"], "UsageError",
+     "triax tokenize --preference: unknown option '--overlong'"),
+    (["generate", "runs/gpt", "--chat", "hi", "--tokens", "x"], "UsageError",
+     "triax generate --chat: argument --tokens: invalid int value: 'x' (see triax generate --chat --help)"),
+    (["export", "runs/gpt", "out", "--format", "peft", "--bogus"], "UsageError",
+     "triax export --format peft: unknown option '--bogus'"),
+    (["export", "runs/gpt", "out", "--format", "hf", "--merge", "--bogus"], "UsageError",
+     "triax export --format hf --merge: unknown option '--bogus'"),
+    (["doctor", "--gpu-suite", "--store-timeout", "5"], "UsageError",
+     "triax doctor --gpu-suite: unknown option '--store-timeout' (options are taken only by their whole names) "
+     "(see triax doctor --gpu-suite --help)"),
+    (["doctor", "--budget=5"], "UsageError", "triax doctor: unknown option '--budget=5'"),
+])
+def test_an_error_names_the_form_of_the_command_as_its_own_parser_did(argv, error_class, start, tmp_path,
+                                                                       monkeypatch):
+    """One parser per command, but each form's errors read as that form's parser wrote them, with
+    the class a caller caught: tokenize's plain form a DataError, its other forms a UsageError."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Exception) as raised:
+        cli.run_command(argv)
+    assert type(raised.value).__name__ == error_class and str(raised.value).startswith(start), raised.value

@@ -12,7 +12,7 @@ import torch
 
 import triax.horovod as hvd
 from triax.errors import TriaxError
-from triax.horovod import horovodrun
+from triax.commands import horovodrun
 from triax.testing import run_torchrun
 
 from support.horovod_support import horovod  # noqa: F401  (fixture: one process joined as a Horovod job)

@@ -16,7 +16,7 @@ import torch
 
 import triax.horovod as hvd
 from triax.launch import horovod_worker
-from triax.horovod import horovodrun
+from triax.horovod import launcher
 
 from support.horovod_support import REPO, child_env, horovod  # noqa: F401  (horovod: a fixture)
 
@@ -28,7 +28,7 @@ def torchrun_env(rank, local_rank, node, world=6, local_world=4):
 
 def test_horovodrun_gives_horovods_variables_for_uneven_hosts():
     # 4 processes on node1, 2 on node2: local rank 1 exists on both hosts, local rank 3 on one only.
-    commands = dict(horovodrun.torchrun_commands([("node1", 4), ("node2", 2)], ["python", "train.py"], 1234, 0))
+    commands = dict(launcher.torchrun_commands([("node1", 4), ("node2", 2)], ["python", "train.py"], 1234, 0))
     cross = {host: next(word for word in argv if word.startswith("--cross=")) for host, argv in commands.items()}
     assert cross == {"node1": "--cross=0:2,0:2,0:1,0:1", "node2": "--cross=1:2,1:2"}
     on_node2 = horovod_worker.horovod_variables(torchrun_env(5, 1, 1, local_world=2), [(1, 2), (1, 2)], "node2")

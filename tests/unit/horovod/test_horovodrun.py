@@ -10,7 +10,7 @@ import pytest
 
 from triax.commands.cli import main as cli_main
 from triax.errors import TriaxError
-from triax.horovod import horovodrun, processes
+from triax.horovod import launcher, processes
 from triax.horovod.hosts import parse_hosts
 
 
@@ -79,7 +79,7 @@ def test_one_failing_host_stops_the_others(capsys):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     failing = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"], start_new_session=True)
     began = time.monotonic()
-    assert horovodrun.supervise(["node1", "node2"], [sleeper, failing]) == 3
+    assert launcher.supervise(["node1", "node2"], [sleeper, failing]) == 3
     assert time.monotonic() - began < 60 and sleeper.poll() is not None
     err = capsys.readouterr().err
     assert "host node2 (node 1) exited with code 3; stopping node1" in err

@@ -14,7 +14,8 @@ import pytest
 import triax.horovod as hvd
 from support.horovod_support import REPO, child_env
 from triax.commands.cli import main as cli_main
-from triax.horovod import horovodrun, horovodrun_options, run_function
+from triax.commands import horovodrun
+from triax.horovod import horovodrun_options, run_function
 from triax.horovod.output import JobOutput, StartWatch
 from triax.launch.horovod_worker import lines, prefix, started_line
 from triax.errors import TriaxError
@@ -194,18 +195,23 @@ def test_the_start_watch_names_the_workers_that_did_not_start(monkeypatch):
 
 
 class Launched(Exception):
-    """Raised by the stand-in for horovodrun.main once it has checked the command line."""
+    """Raised by the stand-in for the launcher once the command line has been checked."""
 
 
 def test_hvd_run_hands_every_argument_to_horovodrun(monkeypatch):
     given = []
 
-    def horovodrun_main(argv, extra_env=None):
+    parse = horovodrun_options.parse
+
+    def parse_given(argv):
         given.append(argv)
-        horovodrun_options.parse(argv)  # refused arguments are refused as on the command line
+        return parse(argv)  # refused arguments are refused as on the command line
+
+    def launch(args, extra_env=None):
         raise Launched
 
-    monkeypatch.setattr(run_function.horovodrun, "main", horovodrun_main)
+    monkeypatch.setattr(run_function.horovodrun_options, "parse", parse_given)
+    monkeypatch.setattr(run_function.launcher, "launch", launch)
     with pytest.raises(Launched):
         hvd.run(print, num_proc=2, disable_cache=True, output_filename="logs", start_timeout=7, use_gloo=True,
                 network_interfaces=["lo", "eth0"])

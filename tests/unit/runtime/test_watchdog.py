@@ -69,7 +69,7 @@ def test_launch_exports_the_timeout_to_the_workers(capsys, tmp_path):
 def test_horovod_reads_its_gloo_timeout(monkeypatch, capsys):
     from triax.runtime import timeouts
     from triax.horovod.lifecycle import gloo_timeout as _gloo_timeout
-    from triax.horovod.horovodrun import main as horovodrun
+    from triax.commands.horovodrun import main as horovodrun
 
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "")  # unset (and restored after the test)
     monkeypatch.delenv(ENV_COLLECTIVE_TIMEOUT, raising=False)

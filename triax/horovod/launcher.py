@@ -1,8 +1,4 @@
-"""`triax horovodrun`: Horovod's launcher command line.
-
-    triax horovodrun -np 4 python train.py
-    triax horovodrun -np 8 -H node1:4,node2:4 python train.py
-    triax horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script ./hosts.sh python train.py
+"""The job `triax horovodrun` and `hvd.run` start: Horovod's launcher, carried out by torchrun.
 
 A fixed job is carried out by torchrun: one torchrun with --nproc-per-node on one host; on several
 hosts one torchrun per host, started over ssh as horovodrun does (processes.py; inside a Slurm
@@ -10,7 +6,9 @@ allocation, as a job step with srun, and with the allocation's nodes as hosts wh
 with the first host as the rendezvous address. If one host's processes fail, the others are stopped and the failing
 host is named. An elastic job (`--host-discovery-script` or `--min-np`, as Horovod decides) is run
 by triax's elastic driver (elastic/driver.py). `--dry-run` prints the commands instead of running them.
-Every option is checked before anything starts; a bad one is one line and exit code 2.
+Every option is checked before anything starts; a bad one is one line and exit code 2. The command
+line is parsed by horovodrun_options.py (hvd.run takes the same options); the command's entry is
+triax/commands/horovodrun.py.
 """
 
 from __future__ import annotations
@@ -183,13 +181,9 @@ def _check_local_command(args: argparse.Namespace, command: list[str]) -> None:
         check_command(command, "triax horovodrun -np 2 python train.py")
 
 
-def main(argv: list[str] | None = None, extra_env: dict[str, str] | None = None) -> int:
-    """The command line; `extra_env`: variables for every process of the job, beside ours
-    (hvd.run passes its store's address and key this way)."""
-    args = horovodrun_options.parse(argv)
-    if args.check_build:
-        print(horovodrun_options.check_build(), flush=True)
-        return 0
+def launch(args: argparse.Namespace, extra_env: dict[str, str] | None = None) -> int:
+    """Run the job the parsed command line describes; `extra_env`: variables for every process of
+    the job, beside ours (hvd.run passes its store's address and key this way)."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise TriaxError("no training command given; e.g. triax horovodrun -np 2 python train.py")
