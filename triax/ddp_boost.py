@@ -109,6 +109,15 @@ def _boosted_init(self, *args: Any, **kwargs: Any):
     handle = self.register_forward_pre_hook(before_first_forward)
 
 
+# The script's globals, kept until the interpreter ends, as `python script.py` keeps its module's.
+# runpy hands back a copy that the caller would drop at once: the script's DDP model and with it
+# the last reference to its process group would go then, while PowerSGD's callback closures may
+# still hold the group on gloo's thread; the group then dies on that thread, which joins itself
+# ("Resource deadlock avoided", exit -6, after a run that succeeded). Kept, they go only after the
+# exit handler of triax.runtime.process_group has let gloo's threads finish.
+_script_globals: dict[str, Any] = {}
+
+
 def _run(argv: list[str]) -> None:
     """`python -m triax.ddp_boost (script.py | -m module) [args...]` with the boost installed."""
     if not argv or argv[0] in ("-h", "--help"):
@@ -119,12 +128,12 @@ def _run(argv: list[str]) -> None:
         if len(argv) < 2:
             raise SystemExit("triax.ddp_boost: -m needs a module name")
         sys.argv = argv[1:]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        _script_globals.update(runpy.run_module(argv[1], run_name="__main__", alter_sys=True))
     else:
         script = argv[0]
         sys.argv = argv
         sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` would
-        runpy.run_path(script, run_name="__main__")
+        _script_globals.update(runpy.run_path(script, run_name="__main__"))
 
 
 if __name__ == "__main__":

@@ -56,3 +56,19 @@ def test_install_refuses_unknown_settings(monkeypatch):
             boost.install()
     finally:
         boost.uninstall()
+
+
+def test_the_scripts_globals_live_until_the_interpreter_ends(tmp_path):
+    """`python -m triax.ddp_boost script.py` keeps the script's objects (its DDP model, and through
+    it the process group) alive after the script's last line, as `python script.py` does: dropped
+    there, the group's last reference could go on gloo's thread (exit -6 after a good run)."""
+    script = tmp_path / "script.py"
+    # No function in the script: a function's globals would keep its objects alive on their own.
+    script.write_text("import builtins, weakref\n"
+                      "class Witness:\n    pass\n"
+                      "witness = Witness()\n"
+                      "builtins._triax_probe = weakref.ref(witness)\n")
+    result = run([sys.executable, "-c", "import builtins, gc, sys, triax.ddp_boost as boost; boost._run([sys.argv[1]]); "
+                  "gc.collect(); print('kept' if builtins._triax_probe() is not None else 'dropped')", str(script)],
+                 env=quiet_env(PYTHONPATH=REPO), timeout=120)
+    assert result.stdout.strip().splitlines()[-1] == "kept", result.stdout + result.stderr
