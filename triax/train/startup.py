@@ -48,10 +48,10 @@ def check_snapshot_root(config: TrainConfig, root: str, resume: bool) -> None:
     """The place of the snapshots: never a planted link, and a start that neither resumes nor
     overwrites refuses a place that already holds a run."""
     trainer = config.trainer
-    default_root = os.path.join(trainer.run_dir, "snapshots")
-    if trainer.snapshot_dir is None and os.path.lexists(default_root):
+    # `root` is triax.config.snapshot_root's: <run_dir>/snapshots when trainer.snapshot_dir is unset.
+    if trainer.snapshot_dir is None and os.path.lexists(root):
         try:  # a planted link would send snapshot writes, prunes and overwrite's deletes elsewhere
-            safe_files.real_directory(default_root)
+            safe_files.real_directory(root)
         except safe_files.UnsafeFileError as error:
             raise ConfigError(f"{error}; or name the place explicitly with trainer.snapshot_dir") from None
     if not resume and not trainer.overwrite:
