@@ -169,6 +169,21 @@ def test_no_rank_builds_the_whole_model(tmp_path, corpus):
 
 
 @pytest.mark.multiprocess
+def test_plan_counts_what_each_rank_holds_under_expert_parallelism(tmp_path, corpus):
+    """A mixture of experts under EP x 2 (inside FSDP x 2): each rank holds half of every layer's
+    experts and half of the rest, exactly what triax plan counts for it."""
+    args = overrides(tmp_path, corpus, 4, **{"model.arch": "mixtral", "model.num_experts": 4,
+                                               "model.experts_per_token": 2, "model.intermediate_size": 48,
+                                               "parallel.dp_shard": 2, "parallel.ep": 2})
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir()
+    launch(2, [os.path.join(SUPPORT_DIR, "construction_probe.py"), str(report_dir), *args], timeout=300)
+    reports = [json.loads(path.read_text()) for path in report_dir.iterdir()]
+    assert len(reports) == 2 and all(r["all_materialized"] for r in reports)
+    assert max(r["local_values"] for r in reports) == reports[0]["planned_values"]
+
+
+@pytest.mark.multiprocess
 def test_tensor_parallel_with_a_padded_vocabulary_equals_one_process(tmp_path, corpus, baseline):
     train(overrides(tmp_path, corpus, 8, **{"parallel.tp": 2}), nproc=2)
     assert final_weights(tmp_path)["tok_emb.weight"].shape[0] == VOCAB + 1  # padded to a multiple of tp
