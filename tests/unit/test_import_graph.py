@@ -35,7 +35,7 @@ UNEXPLAINED_BEFORE_THE_RULE: dict[str, int] = {
     "triax/bench/adapters/hf_accelerate.py": 1, "triax/bench/adapters/plain_ddp.py": 1,
     "triax/bench/adapters/triax_accelerator.py": 2, "triax/bench/adapters/triax_horovod.py": 1,
     "triax/bench/adapters/triax_trainer.py": 4, "triax/bench/models.py": 2,
-    "triax/bench/report.py": 2, "triax/checkpoint/reader.py": 1, "triax/checkpoint/rng.py": 1,
+    "triax/bench/report.py": 2, "triax/checkpoint/rng.py": 1,
     "triax/checkpoint/snapshot.py": 3, "triax/commands/cli.py": 1, "triax/data/text.py": 1,
     "triax/data/tokenize_files.py": 8, "triax/data/tokenizer.py": 2, "triax/data/tokens.py": 2,
     "triax/horovod/basics.py": 3, "triax/horovod/elastic/commits.py": 3, "triax/horovod/handles.py": 1,
