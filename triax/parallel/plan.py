@@ -68,9 +68,9 @@ import torch
 from triax.errors import ConfigError
 from triax.models import build_model
 from triax.models.config import GPTConfig
+from triax.parallel.mesh import (MULTI_STAGE_SCHEDULES, Layout, check_context_parallel, num_stages,
+                                 check_expert_parallel, padded_vocab_size)
 from triax.parallel.experts import check_layout as check_expert_layout
-from triax.parallel.mesh import (MULTI_STAGE_SCHEDULES, Layout, check_context_parallel, check_expert_parallel,
-                                 num_stages, padded_vocab_size)
 
 MAX_WORLD = 2**16  # the layout search grows with world x its divisors: beyond this it takes minutes
 EXPERTS = ".mlp.experts."  # in the name of every routed expert's tensor (triax.models.moe.GroupedExperts)
