@@ -32,10 +32,12 @@ Per-device memory, by formula (B = bytes per value of the parameter dtype: 4 fp3
   blocks below count dp_shard x cp. Time: the keys and values all-gathered in forward and reduced
   in backward, 4·L·s·b·k·A·(cp-1)/cp per device per micro-batch at --bandwidth, not overlapped.
 - expert parallelism (ep > 1, mixtures of experts): each rank holds num_experts / ep of every
-  layer's experts, which FSDP shards again over efsdp = dp_shard / ep (ceil(num_experts/ep/efsdp)
-  rows on the most loaded device: as many as FSDP over dp_shard alone keeps, so the states above do
-  not shrink); what shrinks is what FSDP gathers: a block's experts in flight are its num_experts /
-  ep, and their all-gather and reduce-scatter run over efsdp. Time: every routed layer sends each
+  layer's experts, which FSDP shards again over efsdp = dp_shard / ep: along the expert dimension
+  (ceil(num_experts/ep/efsdp) experts on the most loaded device, as FSDP over dp_shard alone keeps)
+  or, when a rank holds fewer experts than efsdp, along their width (1/efsdp of each: 1/dp_shard
+  of the experts where FSDP alone leaves whole experts on some ranks and none on others). A
+  block's experts in flight are its num_experts / ep, and their all-gather and reduce-scatter
+  run over efsdp. Time: every routed layer sends each
   token's experts_per_token copies of its h values to the ranks holding their experts and back,
   in forward and in backward (4 all-to-alls; 6 with recomputation, selective or full, whose
   forward exchanges again), (ep-1)/ep of them leaving the rank, at --bandwidth, not overlapped
@@ -209,6 +211,9 @@ def local_numel(name: str, full: tuple[int, ...], tp: int, dp_shard: int, ep: in
     if ep > 1 and EXPERTS in name:
         local[0] //= ep
         dp_shard //= ep
+        if local[0] < dp_shard:  # fewer experts than ranks: FSDP shards their width (expert_shard_placement)
+            local[1] = -(-local[1] // dp_shard)
+            return math.prod(local)
     if dp_shard > 1:
         local[0] = -(-local[0] // dp_shard)
     return math.prod(local)
