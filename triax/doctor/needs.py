@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from triax.config import ModelConfig, TrainConfig, gpt_config, snapshot_root
-from triax.parallel.mesh import Layout, layout_of, padded_vocab_size
+from triax.parallel.mesh import Layout, padded_vocab_size, resolve_layout
 from triax.parallel.plan import Estimate, ModelShape, estimate
 
 
@@ -45,7 +45,8 @@ class RunNeeds:
 def needs_of(config: TrainConfig, world_size: int, sizes: ModelSizes) -> RunNeeds:
     """The run's needs, from its config and the model's sizes."""
     trainer, parallel = config.trainer, config.parallel
-    layout = layout_of(parallel, world_size)
+    layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp, world_size, parallel.cp,
+                            parallel.ep)
     padded = padded_vocab_size(sizes.vocab_size, layout.tp)
     model_config = gpt_config(sizes.model, sizes.vocab_size, sizes.block_size,
                               padded if padded != sizes.vocab_size else None)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from triax.errors import ConfigError
 
@@ -79,12 +78,6 @@ class Layout:
     def describe(self) -> str:
         parts = [f"{name}={size}" for name, size in self.degrees().items() if size > 1]
         return ", ".join(parts) or "single process"
-
-
-def layout_of(parallel: Any, world_size: int) -> Layout:
-    """The checked layout of a triax.config.ParallelConfig on `world_size` processes."""
-    return resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp, world_size,
-                          parallel.cp, parallel.ep)
 
 
 def resolve_layout(dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int, cp: int = 1,

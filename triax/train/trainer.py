@@ -32,7 +32,7 @@ from triax.interop.peft.adapter import check_adapter, load_adapter
 from triax.parallel.ddp import unwrap
 from triax.parallel.experts import check_layout as check_expert_layout
 from triax.parallel.mesh import (GPU_VOCAB_MULTIPLE, build_mesh, check_context_parallel, padded_vocab_size,
-                                 layout_of, validate_layout)
+                                 resolve_layout, validate_layout)
 from triax.parallel.parallelize import parallelize
 from triax.runtime.failure_agreement import raise_together
 from triax.runtime.host_memory import return_freed_memory_to_os
@@ -146,7 +146,8 @@ class Trainer:
         self.init_source = self._init_source()
         self.changed_shape = changed_from_preset(config.model)  # before model.init_from replaces the shape
         self.data = build_data(config.data, self.init_source.codec if self.init_source else None, self.init_source)
-        self.layout = layout_of(parallel, self.place.world_size)
+        self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
+                                     self.place.world_size, parallel.cp, parallel.ep)
         check_context_parallel(self.layout, self.data.block_size, parallel.compile)
         if self.init_source is not None:
             self._take_architecture()
