@@ -32,7 +32,7 @@ from triax.accelerate._internal.experiment_tracking import ExperimentTracking
 from triax.accelerate._internal.flags import check_accelerate_environment
 from triax.accelerate._internal.fsdp import FULL, state_dict_type
 from triax.accelerate._internal.gradient_sync import GradientSync, start_accumulation
-from triax.accelerate._internal.models import extract_model_from_parallel
+from triax.accelerate._internal.prepared_models import extract_model_from_parallel
 from triax.accelerate._internal.options import refuse_unsupported, resolve
 from triax.accelerate._internal.preparation import Preparation, named_parameters, remap_optimizer_parameters
 from triax.accelerate._internal.process_setup import join_process_state
@@ -475,7 +475,7 @@ class Accelerator:
                      keep_torch_compile: bool = True) -> torch.nn.Module:
         """The model as the script made it: without DDP (or DataParallel) around it; without the
         mixed-precision forward with keep_fp32_wrapper=False; and with keep_torch_compile=False
-        without its torch.compile wrapper either (triax.accelerate._internal.models.extract_model_from_parallel)."""
+        without its torch.compile wrapper either (triax.accelerate._internal.prepared_models.extract_model_from_parallel)."""
         return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper,
                                            keep_torch_compile=keep_torch_compile)
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from triax import safe_files
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.data.chat_template import (BUILTIN_TEMPLATES, ChatTemplate, TemplateBoundError, TemplateError, special_tokens_of,
                                       template_of_config)
 from triax.data.errors import DataError, MissingDependency

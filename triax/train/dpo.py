@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from triax.runtime.shared_decisions import gather_floats
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.models.lora import adapters_disabled, is_adapter
 from triax.config.dpo import DPOConfig
 

@@ -20,7 +20,7 @@ from triax.accelerate._internal.fsdp_plugin import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
 )
-from triax.accelerate._internal.models import (
+from triax.accelerate._internal.prepared_models import (
     extract_model_from_parallel,
     has_compiled_regions,
     is_compiled_module,

@@ -20,7 +20,7 @@ from triax.models.lora import LoRAConfig, is_adapter
 from triax.runtime.threads import apply_thread_choice
 
 if TYPE_CHECKING:
-    from triax.interop.exporters import ExportedRun, ExportOptions
+    from triax.interop.export_types import ExportedRun, ExportOptions
 
 # model.arch values whose adapters PEFT's llama-family layout names
 PEFT_ARCHES = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen3_moe")
