@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 
 from triax.accelerate._internal.errors import AcceleratorValueError, UnsupportedFeatureError
-from triax.accelerate._internal.models import is_compiled_module
+from triax.accelerate._internal.prepared_models import is_compiled_module
 from triax.accelerate.utils.dataclasses import DynamoBackend
 from triax.accelerate._internal.flags import str_to_bool
 

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from triax.accelerate._internal.errors import AcceleratorValueError
 from triax.accelerate._internal.dynamo import compile_model
 from triax.accelerate._internal.fsdp import shard_model
-from triax.accelerate._internal.models import extract_model_from_parallel
+from triax.accelerate._internal.prepared_models import extract_model_from_parallel
 from triax.accelerate._internal.nested import convert_to_fp32
 from triax.accelerate._internal.options import unsupported
 from triax.accelerate._internal.wrappers import PreparedOptimizer, PreparedScheduler
