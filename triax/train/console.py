@@ -4,12 +4,13 @@ stragglers, the console line of a logged step, and the line a run ends with."""
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Iterable
 
 from triax.runtime.shared_decisions import gather_floats
 from triax.runtime.stragglers import StragglerCheck
 from triax.runtime.watchdog import Watchdog
 from triax.runtime.threads import ThreadChoice
+from triax.tracking.line_fields import LineField, shown_fields
 from triax.tracking.throughput import MetricsLogger, Pace, duration, step_count
 from triax.config.schema import TrainConfig
 from triax.train.step import TrainingStep
@@ -28,6 +29,12 @@ class Console:
         self.stragglers = StragglerCheck()
         self.pace: Pace | None = None
         self._mfu_warned = False
+        self.fields: list[LineField] = []  # what the objectives add to the line and the bar (show)
+        self.bar_figures: dict[str, str] = {}  # those fields as the last logged step wrote them
+
+    def show(self, fields: Iterable[LineField]) -> None:
+        """Add an objective's figures to every step line (and the bar) whose record holds them."""
+        self.fields += [field for field in fields if field not in self.fields]
 
     def announce(self, logger: MetricsLogger, arch: str, num_params: int, trainable_params: int,
                  threads: ThreadChoice | None, steps_per_epoch: int, changed_shape: dict,
@@ -104,7 +111,10 @@ class Console:
         step = self.steps.position.step
         parts = [f"step {step}/{self.total_steps}"]
         if "loss" in record:
-            parts += [f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}", f"gnorm {record['grad_norm']:.3f}",
+            shown = shown_fields(self.fields, record)
+            self.bar_figures = shown
+            parts += [f"loss {record['loss']:.4f}", *(f"{name} {value}" for name, value in shown.items()),
+                      f"lr {record['lr']:.2e}", f"gnorm {record['grad_norm']:.3f}",
                       Pace.rate(self.pace.tokens_per_s)]  # the figure the bar shows (record's, unrounded)
             if "mfu" in record:
                 parts.append(f"mfu {100 * record['mfu']:.2f}%")
