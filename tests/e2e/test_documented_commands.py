@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -65,6 +66,11 @@ COMPLETE = "is already complete"  # what a finished run started again says (tria
 # A command that trains (`triax train`, alone or under torchrun or a script: not --help) must show
 # a step run: the trainer's summary, or a stop after a step (a run meant to be resumed).
 TRAINS = re.compile(r"(?:^|[\s;&|(])(?:-m )?triax train(?=\s|$)|examples/slurm/train\.sbatch")
+# A multi-process `triax train` and the one-process ones it is compared with; SAME_RUN: the keys
+# that make two commands the same run (the model and the data).
+MULTI_PROCESS_TRAIN = re.compile(r"^(?:torchrun|triax launch)\b.*\s-m triax train(?=\s|$)")
+ONE_PROCESS_TRAIN = re.compile(r"^triax train(?=\s|$)")
+SAME_RUN = ("model", "model.init_from", "data.task", "data.path")
 STEPS_RUN = re.compile(r"done: [1-9]\d* steps? in|stopped by .* after step [1-9]")
 
 # Every command not run here, by page, and why (the `needs:` on its line or block).
@@ -150,6 +156,7 @@ class Command:
     text: str  # as bash gets it (continuations joined)
     needs: str | None  # why it is not run here, from its `needs:` mark
     expected: str | None = None  # a console block's output
+    block: int = 0  # which fenced block of the page holds it
 
     @property
     def bare(self) -> str:
@@ -175,7 +182,7 @@ def _joined(lines: list[str]) -> list[str]:
 def page_commands(page: Path) -> list[Command]:
     name = str(page.relative_to(ROOT))
     found = []
-    for language, body in FENCE.findall(page.read_text()):
+    for block, (language, body) in enumerate(FENCE.findall(page.read_text())):
         lines = _joined(body.splitlines())
         if language in SHELL_LANGUAGES:
             block_needs = None
@@ -190,14 +197,14 @@ def page_commands(page: Path) -> list[Command]:
                         block_needs = mark.group(1).strip()
                     continue
                 mark = NEEDS.search(stripped)
-                found.append(Command(name, stripped, mark.group(1).strip() if mark else block_needs))
+                found.append(Command(name, stripped, mark.group(1).strip() if mark else block_needs, block=block))
         elif language == "console":
             starts = [number for number, line in enumerate(lines) if line.startswith("$ ")]
             for start, end in zip(starts, [*starts[1:], len(lines)]):
                 text = lines[start][2:].strip()
                 mark = NEEDS.search(text)
                 found.append(Command(name, text, mark.group(1).strip() if mark else None,
-                                     "\n".join(lines[start + 1:end]).strip()))
+                                     "\n".join(lines[start + 1:end]).strip(), block))
     return found
 
 
@@ -220,6 +227,35 @@ def test_commands_not_run_here_are_the_listed_ones():
                                f"{Path(__file__).name} to:\n" + "\n".join(
                                    f"    ({page!r}, {text!r}): {needs!r}," for (page, text), needs in
                                    sorted(marked.items())))
+
+
+def _settings(text: str) -> dict[str, str]:
+    """The key=value overrides of a command."""
+    return dict(word.split("=", 1) for word in shlex.split(text, comments=True)
+                if "=" in word and not word.startswith("-"))
+
+
+def test_multi_process_commands_train_as_long_as_their_one_process_sibling():
+    """A page that shows a run and then "the same on two processes" shows a run as long: as written,
+    a multi-process command without the sibling's trainer.max_steps trains the default 500 steps.
+    Its sibling: a one-process `triax train` of the same block with the same model and data. A
+    command that means to differ says so in a trailing comment naming the steps."""
+    surprises = []
+    for page in PAGES:
+        commands = page_commands(page)
+        for command in commands:
+            if not MULTI_PROCESS_TRAIN.match(command.bare) or re.search(r"#.*\bsteps?\b", command.text):
+                continue
+            settings = _settings(command.bare.split(" -m triax train", 1)[1])
+            siblings = [_settings(other.bare) for other in commands if other.block == command.block
+                        and ONE_PROCESS_TRAIN.match(other.bare)]
+            siblings = [other for other in siblings if all(other.get(key) == settings.get(key) for key in SAME_RUN)]
+            steps = {other.get("trainer.max_steps") for other in siblings}
+            if siblings and settings.get("trainer.max_steps") not in steps:
+                surprises.append(f"{command.page}: {command.bare} (trainer.max_steps="
+                                 f"{settings.get('trainer.max_steps', 'the default')}, its sibling's {steps})")
+    assert not surprises, ("multi-process commands that train longer or shorter than their one-process "
+                           "sibling; give them its trainer.max_steps, or say why in a comment:\n" + "\n".join(surprises))
 
 
 # ---- the prepared directory -----------------------------------------------------------------------
