@@ -25,7 +25,9 @@ How a command runs here (tests/support/command_shims.py has the details):
 - The directory holds what the pages refer to: `input.txt`, `other.txt`, `more/*.txt`, a tiny
   transformers GPT-2 with its tokenizer in `path/to/gpt2/`, nanoGPT-layout token files in
   `nanogpt/data/openwebtext/`, a tiny Llama in Meta's layout as Meta's folder (`path/to/Llama-debug/`) and as
-  torchtitan's checkpoints (`outputs/checkpoint/step-10/`) with token files for it in `llama_tokens/`, `val.bin`, the README's Accelerate example as `demo.py` (and as the
+  torchtitan's checkpoints (`outputs/checkpoint/step-10/`) with token files for it in `llama_tokens/` (all
+  four made by the stand-in scripts docs/switching.md ships, STAND_INS: a page that runs one starts
+  without what it makes), `val.bin`, the README's Accelerate example as `demo.py` (and as the
   module `my_package.train`), its Horovod example as `train.py`, the repository's `examples/`, and
   `runs/gpt/`, made by the quickstart's own `triax train`. HOME is that directory too (`~` and `~/.cache` stay inside it).
   A page that runs the quickstart itself (a bare `triax train`: the README, Getting started) starts
@@ -72,6 +74,14 @@ MULTI_PROCESS_TRAIN = re.compile(r"^(?:torchrun|triax launch)\b.*\s-m triax trai
 ONE_PROCESS_TRAIN = re.compile(r"^triax train(?=\s|$)")
 SAME_RUN = ("model", "model.init_from", "data.task", "data.path")
 STEPS_RUN = re.compile(r"done: [1-9]\d* steps? in|stopped by .* after step [1-9]")
+
+# The repository's stand-ins for another tool's files (docs/switching.md), with their arguments here,
+# and what each makes in the prepared directory.
+STAND_INS = {
+    "nanogpt_data.py nanogpt/data/openwebtext": ("nanogpt",),
+    "meta_llama_folder.py path/to/Llama-debug --tokens llama_tokens": ("path/to/Llama-debug", "llama_tokens"),
+    "torchtitan_checkpoint.py outputs/checkpoint": ("outputs",),
+}
 
 # Every command not run here, by page, and why (the `needs:` on its line or block).
 NOT_RUN = {
@@ -146,7 +156,7 @@ NOT_RUN = {
     ('docs/performance.md', 'triax bench --model gpt-mini --nproc 1,2 --batch-size 8 --block-size 128 --repeats 5 --out bench-results'): 'a quiet machine',
     ('docs/performance.md', 'triax bench --model gpt-mini --nproc 1,2 --batch-size 8 --block-size 128 --warmup 3 --steps 4 --repeats 5'): 'a quiet machine',
     ('docs/performance.md', 'triax bench --model mlp --nproc 1,2,4 --precision bf16'): 'a quiet machine',
-    ('docs/tracking.md', 'triax train trainer.loggers=[jsonl,wandb] trainer.project=shakespeare trainer.run_name=baseline'): 'a W&B account',
+    ('docs/tracking.md', 'triax train trainer.loggers=[jsonl,wandb] trainer.project=python-source trainer.run_name=baseline'): 'a W&B account',
 }
 
 
@@ -292,32 +302,6 @@ def _tiny_gpt2(directory: Path, corpus: Path) -> None:
     tokenizer.save(str(directory / "tokenizer.json"))
 
 
-def _tiny_meta_llama(meta: Path, torchtitan: Path) -> None:
-    """One random Llama (2 layers, 32 wide, 4 query heads over 2 key/value heads, 512 tokens) in
-    Meta's layout, twice: Meta's folder (params.json, consolidated.00.pth) and torchtitan's DCP
-    checkpoint folder (step-10 of outputs/checkpoint)."""
-    import json
-
-    import torch
-    import torch.distributed.checkpoint as dcp
-
-    generator = torch.Generator().manual_seed(0)
-    shapes = {"tok_embeddings.weight": (512, 32), "norm.weight": (32,), "output.weight": (512, 32)}
-    for layer in range(2):
-        shapes.update({f"layers.{layer}.{name}": shape for name, shape in (
-            ("attention_norm.weight", (32,)), ("ffn_norm.weight", (32,)), ("attention.wq.weight", (32, 32)),
-            ("attention.wk.weight", (16, 32)), ("attention.wv.weight", (16, 32)), ("attention.wo.weight", (32, 32)),
-            ("feed_forward.w1.weight", (96, 32)), ("feed_forward.w2.weight", (32, 96)),
-            ("feed_forward.w3.weight", (96, 32)))})
-    state = {name: 0.1 * torch.randn(shape, generator=generator) for name, shape in shapes.items()}
-    meta.mkdir(parents=True)
-    (meta / "params.json").write_text(json.dumps({"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
-                                                  "vocab_size": 512, "multiple_of": 32, "norm_eps": 1e-5,
-                                                  "rope_theta": 500000.0}))
-    torch.save(state, meta / "consolidated.00.pth")
-    dcp.save({"model": state}, checkpoint_id=str(torchtitan / "step-10"), no_dist=True)
-
-
 def _token_file(path: Path, count: int, vocab: int, seed: int) -> None:
     import numpy as np
 
@@ -379,11 +363,9 @@ def prepared(command_server, tmp_path_factory):
     (base / "path" / "to" / "gpt2").mkdir(parents=True)
     _tiny_gpt2(base / "path" / "to" / "gpt2", base / "input.txt")
     _token_file(base / "val.bin", 2000, 300, seed=0)
-    for split, count in (("train", 20000), ("val", 4000)):
-        _token_file(base / "nanogpt" / "data" / "openwebtext" / f"{split}.bin", count, 50257, seed=len(split))
-    _tiny_meta_llama(base / "path" / "to" / "Llama-debug", base / "outputs" / "checkpoint")
-    for split, count in (("train", 8000), ("val", 2000)):
-        _token_file(base / "llama_tokens" / f"{split}.bin", count, 512, seed=len(split))
+    for script in STAND_INS:  # the stand-ins docs/switching.md ships, for the pages that only name their files
+        result = run_line(f"python {ROOT / 'examples' / script}", base, command_server)
+        assert result.returncode == 0, result.stderr[-4000:]
     (base / "demo.py").write_text(_readme_example("from triax import Accelerator"))
     (base / "my_package").mkdir()
     (base / "my_package" / "__init__.py").write_text("")
@@ -405,6 +387,10 @@ def test_documented_commands_run(page, prepared, command_server, tmp_path):
     shutil.copytree(prepared, directory, symlinks=True)
     if any(command.bare == QUICKSTART for command in commands):  # the page makes runs/gpt itself
         shutil.rmtree(directory / "runs")
+    for script, made in STAND_INS.items():  # a page that runs a stand-in starts without what it makes
+        if any(f"examples/{script.split()[0]}" in command.bare for command in commands):
+            for path in made:
+                shutil.rmtree(directory / path, ignore_errors=True)
     for command in commands:
         started = time.perf_counter()
         result = run_line(command.text, directory, command_server)
