@@ -115,6 +115,7 @@ def test_dpo_equals_trl_dpo_trainer_step_by_step(runs):
 def test_the_step_line_shows_reward_accuracy_and_margin(runs):
     _, ours, _, _, output = runs
     record = [record for record in ours if "loss" in record][-1]
+    assert f" of {BATCH} pairs (" in output.splitlines()[0]  # the start line counts a step in pairs
     line = next(line for line in output.splitlines() if line.startswith(f"step {STEPS}/{STEPS}"))
     assert (f"rewards/accuracies {record['rewards/accuracies']:.3f} | rewards/margins "
             f"{record['rewards/margins']:.4f}") in line, line

@@ -15,9 +15,9 @@ RECORD = {"loss": 2.5, "lr": 1e-3, "grad_norm": 0.5, "peak_mem_mb": 10.0, "route
           "rewards/margins": 0.125}
 
 
-def console(step: int = 3, total: int = 10) -> Console:
+def console(step: int = 3, total: int = 10, task: str = "char") -> Console:
     steps = SimpleNamespace(data=SimpleNamespace(block_size=8), position=SimpleNamespace(step=step))
-    shown = Console(SimpleNamespace(), steps, total, 1.0, None, None, print)
+    shown = Console(SimpleNamespace(data=SimpleNamespace(task=task)), steps, total, 1.0, None, None, print)
     shown.pace = Pace(16, total, 0)
     return shown
 
@@ -46,3 +46,13 @@ def test_without_fields_the_line_is_as_before_and_absent_figures_are_left_out():
 def test_only_numbers_are_shown():
     fields = [LineField("a"), LineField("b"), LineField("c"), LineField("d", ".1%")]
     assert shown_fields(fields, {"a": [1.0], "b": True, "c": "x", "d": 0.25}) == {"d": "25.0%"}
+
+
+def test_evaluation_counts_name_what_they_count():
+    """Chat and preference runs score answer tokens; DPO's evaluation counts its pairs too."""
+    evaluated = {"val_loss": 1.5, "val_tokens": 120}
+    assert "val_loss 1.5000 (120 tokens)" in console().line(evaluated)
+    assert "val_loss 1.5000 (120 answer tokens)" in console(task="chat").line(evaluated)
+    assert "val_loss 1.5000 (16 pairs, 120 answer tokens)" in console(task="preference").line(
+        {**evaluated, "val_pairs": 16})
+    assert console(task="preference")._samples() == "pairs" and console(task="chat")._samples() == "samples"
