@@ -33,6 +33,9 @@ How a command runs here (tests/support/command_shims.py has the details):
   A page that runs the quickstart itself (a bare `triax train`: the README, Getting started) starts
   without `runs/`, so its commands run in order as a new user runs them.
   Questions a command asks are answered with Enter (each default).
+- A multi-process `triax train` (torchrun, `triax launch`) beside a one-process one of the same
+  model and data in its block trains as many steps (the same `trainer.max_steps`), or says why in
+  a trailing comment that names the steps: as written, a user runs both.
 - No command may resume a finished run by accident (`... is already complete`): a page's
   `triax train` that is not the quickstart names a trainer.run_dir of its own (or is part of a
   sequence meant to resume), and every command that trains must show a step run (TRAINS).
