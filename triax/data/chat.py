@@ -350,6 +350,7 @@ class ChatDataset(torch.utils.data.Dataset):
     belongs to (padding: -1), so the model confines attention and positions to it."""
 
     sliding_windows = False  # each row is scored whole by evaluation
+    answers_only = True  # the targets are the answers' tokens: what a count of scored tokens counts
 
     def __init__(self, examples: list[Example], block_size: int, packing: bool, pad_id: int = 0,
                  batch_padding: bool = False):

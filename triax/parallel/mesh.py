@@ -245,15 +245,17 @@ def check_cpu_offload(layout: Layout, cpu_offload: bool) -> None:
 
 
 def check_context_parallel(layout: Layout, block_size: int, compile: bool = False,
-                           length_key: str = "data.block_size") -> None:
+                           length_key: str = "data.block_size", degree_key: str = "parallel.cp") -> None:
     """Context parallelism cuts each sequence into 2 x cp chunks (a rank holds one early and one
-    late chunk, so the causal mask gives every rank the same work). `length_key`: what the user
-    set the sequence length with."""
+    late chunk, so the causal mask gives every rank the same work). `length_key`, `degree_key`:
+    what the user set the sequence length and cp with (a config key, or a command's --option)."""
     if layout.cp == 1:
         return
     if block_size % (2 * layout.cp) != 0:
-        raise ConfigError(f"parallel.cp={layout.cp} needs the sequence length ({length_key}={block_size}) to be "
-                          f"a multiple of 2 x cp = {2 * layout.cp}; change {length_key} or parallel.cp")
+        given = [f"{key} {value}" if key.startswith("--") else f"{key}={value}"
+                 for key, value in ((degree_key, layout.cp), (length_key, block_size))]
+        raise ConfigError(f"{given[0]} needs the sequence length ({given[1]}) to be a multiple of 2 x cp = "
+                          f"{2 * layout.cp}; change {length_key} or {degree_key}")
     if layout.pp > 1:
         raise ConfigError(f"parallel.cp={layout.cp} does not run with parallel.pp={layout.pp}: pipeline stages pass "
                           "hidden states without the sequence's positions; use parallel.pp=1 (or parallel.cp=1)")

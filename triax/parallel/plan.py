@@ -70,6 +70,7 @@ import torch
 from triax.errors import ConfigError
 from triax.models import build_model
 from triax.models.config import GPTConfig
+from triax.parallel.stage_split import split_layers
 from triax.parallel.mesh import (MULTI_STAGE_SCHEDULES, Layout, check_context_parallel, num_stages,
                                  check_expert_parallel, padded_vocab_size)
 from triax.parallel.experts import check_layout as check_expert_layout
@@ -178,8 +179,6 @@ def _parameter_shapes(shape: ModelShape, tp: int) -> tuple[tuple[str, tuple[int,
 
 def stage_parameter_names(shape: ModelShape, layout: Layout, pp_schedule: str, stage: int = 0,
                           balance: list[int] | None = None) -> list[str]:
-    from triax.parallel.pipeline_parallel import split_layers
-
     names = list(shape.parameter_shapes(layout.tp))
     if layout.pp == 1:
         return names

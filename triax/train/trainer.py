@@ -99,6 +99,10 @@ class Trainer:
         self.console = Console(config, self.steps, self.total_steps, self.flops_per_token,
                                stated_peak_flops(self.device, self.precision.compute_dtype, config.trainer.peak_flops),
                                self.watchdog, self._warn)
+        if self.model_config.num_experts:
+            self.console.show(router_metrics.LINE_FIELDS)
+        if self.dpo is not None:
+            self.console.show(self.dpo.line_fields)
         self.continued_best: tuple[float, int] | None = None  # the best val loss of the run continued
         if self.resume:
             self.snapshots.resume(self.logger, self.total_steps, self.world_size, self.restarted)
@@ -484,7 +488,7 @@ class Trainer:
             pace.update(self.step)
             # The bar shows the figures the log line shows (one Pace): tokens/s of this log
             # interval so far, and the time left at this session's pace.
-            bar = {"loss": bar_loss, "speed": Pace.rate(pace.tokens_per_s)}
+            bar = {"loss": bar_loss, **self.console.bar_figures, "speed": Pace.rate(pace.tokens_per_s)}
             if self.step < self.total_steps:
                 bar["left"] = pace.time_left
             self.logger.advance(1, **bar)

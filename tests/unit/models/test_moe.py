@@ -154,7 +154,7 @@ def test_a_run_from_the_checkpoint_exports_back(model_type, tmp_path, tiny_corpu
     original does under transformers."""
     directory, _ = checkpoints(model_type)
     run_dir = tmp_path / "run"
-    train(tiny_overrides(run_dir, tiny_corpus, **{
+    output = train(tiny_overrides(run_dir, tiny_corpus, **{
         "model.init_from": str(directory), "data.block_size": BLOCK, "trainer.max_steps": 1,
         "trainer.batch_size": 4, "optim.lr": 1e-12, "optim.min_lr": 0.0, "trainer.eval_every": 1,
         "trainer.eval_batches": 0, "parallel.dp_replicate": 1, "trainer.log_every": 1,
@@ -163,6 +163,11 @@ def test_a_run_from_the_checkpoint_exports_back(model_type, tmp_path, tiny_corpu
     if model_type != "qwen3":  # the router's figures are logged beside the LM loss
         record = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][-1]
         assert "router_loss" in record and len(record["expert_share"]) == 4
+        assert record["expert_share_min"] == round(min(record["expert_share"]), 4)
+        # and on the step line, under the same names
+        line = next(line for line in output.stdout.splitlines() if line.startswith("step 1/1"))
+        assert (f"router_loss {record['router_loss']:.4f} | expert_share_min {record['expert_share_min']:.3f}"
+                in line), line
     launch(1, ["-m", "triax", "export", str(run_dir), str(tmp_path / "hf"), "--format", "hf"])
     assert json.load(open(tmp_path / "hf" / "config.json"))["model_type"] == model_type
     from tokenizers import Tokenizer
