@@ -85,7 +85,8 @@ class DataConfig:
 
     path: Optional[str] = None
     """task=char: fsspec URL of a UTF-8 text file (unset = the built-in corpus); task=tokens: a
-    directory (or URL) with train.bin, val.bin and meta.json."""
+    directory (or URL) with train.bin, val.bin and meta.json (nanoGPT), the prefix of a Megatron
+    dataset (PREFIX.bin + PREFIX.idx) or a glob of llm.c / modded-nanogpt shards (docs/data.md)."""
 
     task: str = "char"
     """What to learn: char (next-character prediction) | tokens (token files, nanoGPT layout) |
@@ -98,10 +99,11 @@ class DataConfig:
 
     train_split: float = 0.9
     """task=char: leading fraction of the text for training; the tail validates (task=chat: of the
-    conversations, when data.val_path is unset)."""
+    conversations; task=tokens: of a Megatron dataset's or shards' tokens; when data.val_path is unset)."""
 
     val_path: Optional[str] = None
-    """task=chat: a second file of conversations to validate on (unset = the tail of data.path)."""
+    """task=chat: a second file of conversations to validate on; task=tokens: a Megatron prefix or
+    a glob of shards to validate on (unset = the tail of data.path)."""
 
     chat_template: Optional[str] = None
     """task=chat: a built-in template (chatml) for a checkpoint without one; unset = the checkpoint's."""

@@ -9,7 +9,7 @@ import torch
 from triax.data import AdditionDataset, load_char_datasets
 from triax.data.text import CharDataset, read_text
 from triax.data.tokenizer import BPETokenizer
-from triax.data.tokens import load_token_datasets
+from triax.data.sources import open_source
 from triax.errors import ConfigError
 from triax.config.schema import DataConfig
 
@@ -41,13 +41,13 @@ def build_data(config: DataConfig, codec: object | None = None, source: object |
         return TrainData(train, test, train.vocab_size, train.block_size, None)
     if config.task == "tokens":
 
-        train, val, vocab_size, tokenizer_path = load_token_datasets(config.path, config.block_size,
-                                                                     config.vocab_size, config.token_dtype)
+        source = open_source(config.path, config.val_path, config.block_size, config.vocab_size,
+                             config.token_dtype, config.train_split)
         tokenizer = None
-        if tokenizer_path is not None:
-
-            tokenizer = BPETokenizer.from_file(tokenizer_path)
-        return TrainData(train, val, vocab_size, config.block_size, tokenizer, tokenizer_path)
+        if source.tokenizer_path is not None:
+            tokenizer = BPETokenizer.from_file(source.tokenizer_path)
+        return TrainData(source.train, source.val, source.vocab_size, config.block_size, tokenizer,
+                         source.tokenizer_path)
     train, val, vocab = load_char_datasets(config.path, config.block_size, config.train_split,
                                            config.truncate)
     return TrainData(train, val, len(vocab), config.block_size, vocab)
