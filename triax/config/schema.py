@@ -80,6 +80,25 @@ def gpt_config(model: ModelConfig, vocab_size: int, block_size: int,
 
 
 @dataclass
+class SourceConfig:
+    """One source of a weighted mixture (data.sources)."""
+
+    path: str = ""
+    """A token directory (nanoGPT), a Megatron dataset's prefix or a glob of llm.c shards."""
+
+    weight: float = 1.0
+    """Its share of the training samples (the weights are divided by their sum), held at every
+    point of the run (Megatron's blending)."""
+
+    val_path: Optional[str] = None
+    """A Megatron prefix or a glob of shards to validate this source on (unset = the tail of path;
+    a token directory has its val.bin)."""
+
+    name: Optional[str] = None
+    """Its name in the log (val_loss/NAME); unset = the last part of path."""
+
+
+@dataclass
 class DataConfig:
     """What the model learns from and how it is cut into samples."""
 
@@ -138,6 +157,11 @@ class DataConfig:
     token_dtype: Optional[str] = None
     """task=tokens: uint16 | uint32 | int32 | ... of train.bin/val.bin; unset = meta.json's, else
     uint16."""
+
+    sources: List[SourceConfig] = field(default_factory=list)
+    """task=tokens: a weighted mixture instead of data.path, e.g.
+    data.sources=[{path:web,weight:0.7},{path:code,weight:0.3}] (docs/data.md); each source is
+    validated on its own (val_loss/NAME in the log; val_loss is their weighted mean)."""
 
 
 # What weight decay applies to (optim.decay): triax's rule, nanoGPT's (and transformers Trainer's
