@@ -128,7 +128,19 @@ class DataConfig:
     """task=chat: a built-in template (chatml) for a checkpoint without one; unset = the checkpoint's."""
 
     packing: bool = False
-    """task=chat: several conversations per row (each attends only to itself) instead of one, padded."""
+    """task=chat: several conversations per row (each attends only to itself) instead of one, padded.
+    task=tokens: documents never see each other: within a window, attention stops at document
+    boundaries and positions restart at each document (a Megatron dataset's index says where
+    documents begin; other formats need data.eot_token)."""
+
+    eot_token: Optional[int] = None
+    """task=tokens with data.packing: the end-of-text token id that begins each document in files
+    without a document index (50256 for GPT-2's tokens, as llm.c and modded-nanogpt write them)."""
+
+    score_document_starts: bool = True
+    """task=tokens with data.packing: score the target that begins the next document (predicted
+    from the end of the one before); false: only each document's own tokens are targets, exactly
+    as if each document were alone."""
 
     batch_padding: bool = False
     """task=chat: pad each batch to its longest row, not to block_size (less compute on short

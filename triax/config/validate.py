@@ -81,6 +81,8 @@ def _check_data(data: DataConfig) -> None:
     _need(data.digits >= 1, "data.digits", data.digits, "use 1 or more")
     if data.sources:
         _check_sources(data)
+    _need(data.eot_token is None or data.eot_token >= 0, "data.eot_token", data.eot_token,
+          "use a token id (0 or more), e.g. 50256 for GPT-2's <|endoftext|>")
 
 
 def _check_sources(data: DataConfig) -> None:
@@ -181,10 +183,10 @@ def check_data_layout(config: TrainConfig, layout: Layout) -> None:
     """The data options the layout the config resolves to cannot run (one line each), before any
     process group exists."""
     data = config.data
-    if data.task == "chat" and data.packing and layout.pp > 1:
+    if data.task in ("chat", "tokens") and data.packing and layout.pp > 1:
         raise ConfigError("data.packing=true does not run under pipeline parallelism (parallel.pp="
                           f"{layout.pp}): its stages take the token ids alone; use data.packing=false")
-    if data.task == "chat" and data.packing and layout.tp > 1 and config.model.arch == "gpt2":
+    if data.task in ("chat", "tokens") and data.packing and layout.tp > 1 and config.model.arch == "gpt2":
         # GPT-2's learned position table is split for positions of one sequence, not per-row positions.
         raise ConfigError("data.packing=true with GPT-2 (learned positions) does not run under tensor "
                           "parallelism; use data.packing=false or parallel.tp=1")

@@ -99,19 +99,31 @@ class Mixture:
         lengths = np.array([len(source) for source in sources], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(lengths)])
         self.epoch_samples = int(min(length / weight for length, weight in zip(lengths, self.weights)))
+        self.packing = False  # data.packing: the sources' windows carry document numbers
+
+    def _by_source(self, indices: torch.Tensor):
+        """(source number, rows of `indices`, the source's own ids) for each source they touch."""
+        ids = np.asarray(indices, dtype=np.int64).reshape(-1)
+        owner = np.searchsorted(self.offsets, ids, side="right") - 1
+        for source in np.unique(owner):
+            here = np.flatnonzero(owner == source)
+            yield source, here, torch.from_numpy(ids[here] - self.offsets[source])
 
     def __len__(self) -> int:
         return self.epoch_samples
 
     def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = np.asarray(indices, dtype=np.int64).reshape(-1)
-        owner = np.searchsorted(self.offsets, ids, side="right") - 1
-        x = torch.empty((len(ids), self.block_size), dtype=torch.int64)
+        x = torch.empty((len(indices), self.block_size), dtype=torch.int64)
         y = torch.empty_like(x)
-        for source in np.unique(owner):
-            here = np.flatnonzero(owner == source)
-            x[here], y[here] = self.sources[source].batch(torch.from_numpy(ids[here] - self.offsets[source]))
+        for source, rows, ids in self._by_source(indices):
+            x[rows], y[rows] = self.sources[source].batch(ids)
         return x, y
+
+    def document_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        documents = torch.empty((len(indices), self.block_size), dtype=torch.int64)
+        for source, rows, ids in self._by_source(indices):
+            documents[rows] = self.sources[source].document_ids(ids)
+        return documents
 
     def __getitem__(self, index: int):
         x, y = self.batch(torch.tensor([index]))

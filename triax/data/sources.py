@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from triax.data.documents import EndOfText, IndexedStarts
 from triax.data.errors import DataError
 from triax.data.megatron import IndexedDataset
 from triax.data.shards import GLOB_CHARACTERS, is_shard, open_shards
@@ -64,20 +65,21 @@ def source_format(path: str) -> str:
                     "prefix of a Megatron dataset (PREFIX.bin + PREFIX.idx) or a glob of llm.c shards")
 
 
-def _stream(path: str, kind: str) -> tuple[TokenStream, np.ndarray | None]:
-    """A Megatron dataset's or a set of shards' tokens, and the first token of each document
-    when the format records them (Megatron's index)."""
+def _stream(path: str, kind: str, eot_token: int | None) -> tuple[TokenStream, object | None]:
+    """A Megatron dataset's or a set of shards' tokens, and where its documents begin
+    (triax.data.documents): Megatron's index, else at each data.eot_token if set."""
     if kind == "megatron":
         dataset = IndexedDataset(megatron_prefix(path))
-        return dataset.stream, dataset.document_starts()
-    return open_shards(path), None
+        return dataset.stream, IndexedStarts(dataset.document_starts())
+    return open_shards(path), (EndOfText(eot_token) if eot_token is not None else None)
 
 
-def _windows(stream: TokenStream, block_size: int, vocab_size: int, what: str) -> TokenDataset:
+def _windows(stream: TokenStream, block_size: int, vocab_size: int, what: str,
+             documents: object | None = None) -> TokenDataset:
     if stream.num_tokens <= block_size:
         raise DataError(f"{what} {stream.path!r} holds {stream.num_tokens} tokens, too few for one window of "
                         f"data.block_size + 1 = {block_size + 1}; use a smaller block_size or more data")
-    dataset = TokenDataset(stream, block_size, vocab_size)
+    dataset = TokenDataset(stream, block_size, vocab_size, documents)
     dataset.check_sample()
     return dataset
 
@@ -89,7 +91,7 @@ def _check_dtype(stream: TokenStream, token_dtype: str | None) -> None:
 
 
 def open_source(path: str | None, val_path: str | None, block_size: int, vocab_size: int | None,
-                token_dtype: str | None, train_split: float) -> TokenSource:
+                token_dtype: str | None, train_split: float, eot_token: int | None = None) -> TokenSource:
     """The windows of one source in any format (see the module's docstring)."""
     if not path:
         raise DataError("data.task=tokens needs data.path: a token directory (`triax tokenize` writes one), "
@@ -100,25 +102,32 @@ def open_source(path: str | None, val_path: str | None, block_size: int, vocab_s
             raise DataError(f"val_path={val_path!r} is for Megatron datasets and shards; the token directory "
                             f"{path!r} has its own val.bin")
         train, val, vocab_size, tokenizer = load_token_datasets(path, block_size, vocab_size, token_dtype)
+        if eot_token is not None:
+            train.documents = val.documents = EndOfText(eot_token)
         return TokenSource(train, val, vocab_size, tokenizer, kind)
     if vocab_size is None:
         raise DataError(f"{path!r} ({kind}) does not record its vocabulary size; set data.vocab_size "
                         "(e.g. 50304 for GPT-2's tokens)")
-    stream, documents = _stream(path, kind)
+    stream, documents = _stream(path, kind, eot_token)
     _check_dtype(stream, token_dtype)
     if val_path:
         val_kind = source_format(val_path)
         if val_kind != kind:
             raise DataError(f"val_path {val_path!r} is {val_kind}, but data.path {path!r} is {kind}; "
                             "give validation data in the same format")
-        val_stream = _stream(val_path, kind)[0]
+        val_stream, val_documents = _stream(val_path, kind, eot_token)
         _check_dtype(val_stream, token_dtype)
     else:
         cut = int(stream.num_tokens * train_split)
-        if documents is not None and len(documents):  # the first document that starts at or after the cut
-            later = documents[documents >= cut]
+        if isinstance(documents, IndexedStarts) and len(documents.starts):  # cut where a document starts
+            later = documents.starts[documents.starts >= cut]
             cut = int(later[0]) if len(later) else stream.num_tokens
-        stream, val_stream = stream.part(0, cut), stream.part(cut, stream.num_tokens)
-    train = _windows(stream, block_size, vocab_size, "the training split of")
-    val = _windows(val_stream, block_size, vocab_size, "the validation split of")
+        end = stream.num_tokens
+        stream, val_stream = stream.part(0, cut), stream.part(cut, end)
+        if documents is not None:
+            documents, val_documents = documents.part(0, cut), documents.part(cut, end)
+        else:
+            val_documents = None
+    train = _windows(stream, block_size, vocab_size, "the training split of", documents)
+    val = _windows(val_stream, block_size, vocab_size, "the validation split of", val_documents)
     return TokenSource(train, val, vocab_size, None, kind)

@@ -49,7 +49,8 @@ def build_data(config: DataConfig, codec: object | None = None, source: object |
     if config.task == "tokens":
 
         source = open_source(config.path, config.val_path, config.block_size, config.vocab_size,
-                             config.token_dtype, config.train_split)
+                             config.token_dtype, config.train_split, config.eot_token)
+        _pack_documents(config, [(config.path, source)])
         tokenizer = None
         if source.tokenizer_path is not None:
             tokenizer = BPETokenizer.from_file(source.tokenizer_path)
@@ -64,8 +65,10 @@ def _mixture(config: DataConfig) -> TrainData:
     """data.sources: each source opened in its own format, blended by weight (triax.data.mixture)."""
     names = source_names(config)
     opened = [open_source(source.path, source.val_path, config.block_size, config.vocab_size,
-                          config.token_dtype, config.train_split) for source in config.sources]
+                          config.token_dtype, config.train_split, config.eot_token) for source in config.sources]
+    _pack_documents(config, [(source.path, opened_source) for source, opened_source in zip(config.sources, opened)])
     mixture = Mixture([source.train for source in opened], [source.weight for source in config.sources], names)
+    mixture.packing = config.packing
     # One vocabulary for all: the largest any source records (a source checks its own ids against its own).
     vocab_size = max(source.vocab_size for source in opened)
     tokenizer_path = next((source.tokenizer_path for source in opened if source.tokenizer_path), None)
@@ -73,6 +76,19 @@ def _mixture(config: DataConfig) -> TrainData:
     val_sources = {name: source.val for name, source in zip(names, opened)}
     return TrainData(mixture, opened[0].val, vocab_size, config.block_size, tokenizer, tokenizer_path,
                      val_sources=val_sources, val_weights=dict(zip(names, mixture.weights.tolist())))
+
+
+def _pack_documents(config: DataConfig, sources: list) -> None:
+    """data.packing for token sources: every split's windows get their document numbers."""
+    if not config.packing:
+        return
+    for path, source in sources:
+        if source.train.documents is None:
+            raise ConfigError(f"data.packing=true needs to know where the documents of {path!r} begin: it is "
+                              f"{source.format} tokens with no document index; set data.eot_token (50256 for "
+                              "GPT-2's tokens) or use a Megatron dataset")
+        for split in (source.train, source.val):
+            split.packing, split.score_document_starts = True, config.score_document_starts
 
 
 def _encoded_text(config: DataConfig, codec: object) -> TrainData:
