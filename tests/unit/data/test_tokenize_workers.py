@@ -1,0 +1,80 @@
+"""`triax tokenize --workers N --format megatron`: N processes write the very bytes one does, and the
+output directory is a Megatron dataset (its .idx read by triax, and by megatron-core when installed)
+with a document per input file, as well as nanoGPT's layout."""
+
+import json
+
+import numpy as np
+import pytest
+
+from triax.commands.cli import main as triax_main
+from triax.data.megatron import IndexedDataset
+
+pytest.importorskip("tokenizers", reason="tokenizers is not installed (pip install 'triax[tokenize]')")
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "naïve", "日本語", "zeta"]
+OUTPUTS = ("train.bin", "val.bin", "train.idx", "val.idx", "tokenizer.json", "meta.json")
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    """8 text files of different lengths, one without a final newline."""
+    rng = np.random.default_rng(0)
+    directory = tmp_path / "text"
+    directory.mkdir()
+    for number in range(8):
+        lines = [" ".join(rng.choice(WORDS, 9)) for _ in range(40 + 30 * number)]
+        (directory / f"part_{number}.txt").write_text("\n".join(lines) + ("\n" if number % 3 else ""))
+    return directory
+
+
+def tokenize(capsys, *args):
+    code = triax_main(["tokenize", *map(str, args)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return captured.out
+
+
+@pytest.mark.multiprocess
+def test_two_workers_write_the_bytes_one_worker_writes(tmp_path, inputs, capsys, monkeypatch):
+    from triax.data import tokenize_files
+
+    monkeypatch.setattr(tokenize_files, "CHUNK_CHARACTERS", 2000)  # many chunks per file: real interleaving
+    tokenize(capsys, inputs / "*.txt", "--out", tmp_path / "one", "--vocab-size", 300, "--format", "megatron")
+    tokenizer = tmp_path / "one" / "tokenizer.json"
+    tokenize(capsys, inputs / "*.txt", "--out", tmp_path / "one_again", "--tokenizer", tokenizer,
+             "--format", "megatron")
+    tokenize(capsys, inputs / "*.txt", "--out", tmp_path / "two", "--tokenizer", tokenizer, "--workers", 2,
+             "--format", "megatron")
+    for name in OUTPUTS:
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one_again" / name).read_bytes(), name
+    assert (tmp_path / "two" / "train.bin").read_bytes() == (tmp_path / "one" / "train.bin").read_bytes()
+
+
+def test_the_output_is_a_megatron_dataset_with_a_document_per_file(tmp_path, inputs, capsys):
+    out = tmp_path / "out"
+    tokenize(capsys, inputs / "*.txt", "--out", out, "--vocab-size", 300, "--format", "megatron",
+             "--val-fraction", 0.1)
+    train, val = IndexedDataset(str(out / "train")), IndexedDataset(str(out / "val"))
+    # The validation tail begins inside the last file: it is cut into a train and a val document.
+    assert (train.document_count, val.document_count) == (8, 1)
+    meta = json.loads((out / "meta.json").read_text())
+    assert (train.num_tokens, val.num_tokens) == (meta["train_tokens"], meta["val_tokens"])
+    from triax.data.tokenizer import BPETokenizer
+
+    tokenizer = BPETokenizer.from_file(str(out / "tokenizer.json"))
+    flat = np.fromfile(out / "train.bin", dtype=np.uint16)
+    starts = list(train.document_starts()) + [len(flat)]
+    texts = [path.read_text() for path in sorted(inputs.glob("*.txt"))]
+    assert [tokenizer.decode(flat[a:b]) for a, b in zip(starts[:7], starts[1:8])] == texts[:7]
+    indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    theirs = indexed.IndexedDataset(str(out / "train"))
+    assert len(theirs.document_indices) - 1 == 8
+    assert np.array_equal(np.concatenate([theirs[i] for i in range(len(theirs))]), flat)
+
+
+def test_bad_worker_counts_are_one_line(tmp_path, inputs, capsys):
+    for workers in ("0", "-2", "1000"):
+        code = triax_main(["tokenize", str(inputs / "*.txt"), "--out", str(tmp_path / "out"), "--workers", workers])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "--workers must be 1 .. 256" in err, err
