@@ -112,6 +112,10 @@ def datasets(args: argparse.Namespace, model: torch.nn.Module, vocab: object,
         started = " (relative to the directory the run was started in: run this command from there)" if relative else ""
         raise type(error)(f"the run's data, data.path {data_config.path!r:.300} in {where}{started}, cannot be read: "
                           f"{error}; or score files with --text or --tokens") from None
+    if data.val_sources:  # a mixture (data.sources): each source's split on its own line
+        mixture = data.train.sources
+        return [(f"{args.split} split of {name}", data.val_sources[name] if args.split == "val" else mixture[number])
+                for number, name in enumerate(data.val_sources)]
     return [(f"{args.split} split", data.val if args.split == "val" else data.train)]
 
 

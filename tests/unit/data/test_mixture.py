@@ -95,13 +95,17 @@ def test_the_order_depends_on_the_position_alone(corpora):
     assert torch.equal(x[:, 1:], y[:, :-1])
 
 
-def test_val_loss_is_each_source_and_their_weighted_mean(tmp_path, corpora):
+def test_val_loss_is_each_source_and_their_weighted_mean(tmp_path, corpora, capsys):
     Trainer(compose_config(mixture_overrides(tmp_path / "run", corpora, **{
         "trainer.max_steps": 2, "trainer.eval_every": 2, "trainer.eval_batches": 0}))).fit()
     record = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")][-1]
     assert math.isclose(record["val_loss"], 0.7 * record["val_loss/web"] + 0.3 * record["val_loss/code"],
                         rel_tol=1e-12)
     assert record["val_tokens"] == (200 - 1) + (150 - 1)  # every target of both validation splits
+    # `triax eval RUN` scores every source's validation split, summed (as it sums several files).
+    assert triax_main(["eval", str(tmp_path / "run"), "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scored["data"] == ["val split of web", "val split of code"] and scored["tokens"] == record["val_tokens"]
 
 
 def last_step(log):
