@@ -27,9 +27,8 @@ import struct
 
 import numpy as np
 
-from triax import safe_files
 from triax.data.errors import DataError
-from triax.data.token_stream import TokenStream, file_size, map_tokens
+from triax.data.token_stream import TokenStream, file_size, map_tokens, open_data_file
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -59,7 +58,7 @@ class IndexedDataset:
         return DataError(f"{self.index_path!r} is not a Megatron index megatron-core could have written: {what}")
 
     def _read_index(self) -> None:
-        with safe_files.open_read(self.index_path) as handle:  # no link, FIFO or directory
+        with open_data_file(self.index_path) as handle:  # no link, FIFO or directory
             size = handle.seek(0, 2)
             if size < HEADER.size:
                 raise self._refuse(f"{size} bytes, shorter than its {HEADER.size}-byte header")

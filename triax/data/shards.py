@@ -17,7 +17,7 @@ import numpy as np
 
 from triax import safe_files
 from triax.data.errors import DataError
-from triax.data.token_stream import TokenStream, map_tokens
+from triax.data.token_stream import TokenStream, map_tokens, open_data_file
 
 MAGIC = 20240520
 HEADER_INTS = 256
@@ -47,7 +47,7 @@ def shard_paths(pattern: str) -> list[str]:
 
 def read_shard(path: str) -> np.ndarray:
     """One checked shard's tokens, memory-mapped."""
-    with safe_files.open_read(path) as handle:  # no link, FIFO or directory
+    with open_data_file(path) as handle:  # no link, FIFO or directory
         size = handle.seek(0, 2)
         handle.seek(0)
         header = np.frombuffer(handle.read(HEADER_BYTES), dtype="<i4")

@@ -15,18 +15,28 @@ from triax import safe_files
 from triax.data.errors import DataError
 
 
+def open_data_file(path: str):
+    """`path` opened for reading: a regular file, not through a link (triax.safe_files), or one line."""
+    try:
+        return safe_files.open_read(path)
+    except safe_files.UnsafeFileError:
+        raise
+    except OSError as error:
+        raise DataError(f"{path!r} cannot be read: {error.strerror or error}") from None
+
+
 def map_tokens(path: str, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
     """`count` tokens of `dtype` at byte `offset` of the regular file `path`, memory-mapped.
     Opened without following a link (triax.safe_files); the caller has checked the size."""
     if count == 0:
         return np.zeros(0, dtype=dtype)  # np.memmap refuses an empty map
-    with safe_files.open_read(path) as handle:
+    with open_data_file(path) as handle:
         return np.memmap(handle, dtype=dtype, mode="r", offset=offset, shape=(count,))
 
 
 def file_size(path: str) -> int:
     """The size of the regular file `path` (no link, FIFO or directory: one line otherwise)."""
-    with safe_files.open_read(path) as handle:
+    with open_data_file(path) as handle:
         return handle.seek(0, 2)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from triax import safe_files
 from triax.data.errors import DataError
-from triax.data.tokenize_parallel import encoded, index_bytes
+from triax.data.tokenize_parallel import encoded, index_bytes, pieces
 from triax.errors import printable
 
 if TYPE_CHECKING:
@@ -30,11 +30,6 @@ if TYPE_CHECKING:
 
 # Progress bars (tqdm, disable=None) show only when stderr is a terminal: logs and pipes get one line.
 CHUNK_CHARACTERS = 1 << 20  # text handed to the tokenizer at once; bounds memory whatever the input size
-# Byte-level BPE works word by word, and its cost grows faster than a word's length: a file with
-# no line break or space (minified JSON, a base64 blob) is one word of megabytes and took minutes.
-# Longer lines are cut into pieces of at most this many characters, at the last space when there
-# is one. Ordinary text never has a line this long, so its ids are those of the whole text.
-LONGEST_PIECE = 4096
 MIN_VOCAB_SIZE = 256  # byte-level BPE starts from the 256 byte symbols
 OUTPUT_FILES = ("train.bin", "val.bin", "train.idx", "val.idx", "tokenizer.json", "meta.json")
 
@@ -93,18 +88,6 @@ def read_chunks(files: list[tuple[AbstractFileSystem, str, int]], progress: tqdm
                     yield chunk
             if carry:
                 yield carry
-
-
-def pieces(text: str) -> list[str]:
-    """The lines of `text` (ends kept), each line longer than LONGEST_PIECE cut into pieces."""
-    result = []
-    for line in text.splitlines(keepends=True):
-        while len(line) > LONGEST_PIECE:
-            cut = line.rfind(" ", LONGEST_PIECE // 2, LONGEST_PIECE) + 1 or LONGEST_PIECE
-            result.append(line[:cut])
-            line = line[cut:]
-        result.append(line)
-    return result
 
 
 def train_bpe(files: list[tuple[AbstractFileSystem, str, int]], vocab_size: int):

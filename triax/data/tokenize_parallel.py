@@ -29,13 +29,32 @@ from triax.data.megatron import HEADER, MAGIC, VERSION
 # megatron-core's dtype codes of the two token types `triax tokenize` writes for this format
 # (Megatron has no uint32: a vocabulary above 65,536 tokens is stored as int32).
 MEGATRON_DTYPES = {"uint16": 8, "int32": 4}
-_worker_tokenizer = None
+# Byte-level BPE works word by word, and its cost grows faster than a word's length: a file with
+# no line break or space (minified JSON, a base64 blob) is one word of megabytes and took minutes.
+# Longer lines are cut into pieces of at most this many characters, at the last space when there
+# is one. Ordinary text never has a line this long, so its ids are those of the whole text.
+LONGEST_PIECE = 4096
+
+
+def pieces(text: str) -> list[str]:
+    """The lines of `text` (ends kept), each line longer than LONGEST_PIECE cut into pieces."""
+    result = []
+    for line in text.splitlines(keepends=True):
+        while len(line) > LONGEST_PIECE:
+            cut = line.rfind(" ", LONGEST_PIECE // 2, LONGEST_PIECE) + 1 or LONGEST_PIECE
+            result.append(line[:cut])
+            line = line[cut:]
+        result.append(line)
+    return result
+
+
+_worker_tokenizer = None  # a worker process's tokenizer, built once by _start_worker
 
 
 def _start_worker(tokenizer_json: str) -> None:
     global _worker_tokenizer
     os.environ["RAYON_NUM_THREADS"] = "1"  # one core per worker: N workers, N cores
-    from triax.data.tokenizer import BPETokenizer
+    from triax.data.tokenizer import BPETokenizer  # deferred: after the thread setting its library reads
 
     _worker_tokenizer = BPETokenizer(tokenizer_json)
 
@@ -43,8 +62,6 @@ def _start_worker(tokenizer_json: str) -> None:
 def encode_text(tokenizer: object, text: str, dtype: str) -> np.ndarray:
     """The ids of `text`, line by line in one call (lines end where GPT-2's pre-tokenizer splits
     anyway, so the ids are those of the whole text)."""
-    from triax.data.tokenize_files import pieces  # deferred: tokenize_files imports this module
-
     lines = tokenizer.encode_batch(pieces(text))
     return np.fromiter((i for line in lines for i in line), dtype=dtype)
 

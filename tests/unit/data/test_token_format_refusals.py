@@ -63,6 +63,12 @@ def test_a_bin_of_another_size_than_its_index_says_is_refused(prefix):
         opened(prefix)
 
 
+def test_a_missing_bin_is_refused(prefix):
+    os.unlink(f"{prefix}.bin")
+    with pytest.raises(DataError, match=r"corpus.bin' cannot be read: No such file"):
+        opened(prefix)
+
+
 def test_a_short_index_is_refused(prefix):
     with open(f"{prefix}.idx", "wb") as handle:
         handle.write(b"MMIDIDX")
