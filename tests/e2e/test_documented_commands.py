@@ -115,6 +115,8 @@ NOT_RUN = {
     ('docs/llama.md', 'OMP_NUM_THREADS=1 python benchmarks/vs_transformers_llama.py --rounds 3 --steps 200'): 'a quiet machine',
     ('docs/moe.md', 'OMP_NUM_THREADS=1 python benchmarks/moe_vs_transformers.py --rounds 3 --steps 20'): 'a quiet machine',
     ('docs/moe.md', 'python benchmarks/moe_memory.py --steps 3'): 'a quiet machine',
+    ('docs/data.md', 'OMP_NUM_THREADS=1 python benchmarks/document_masking.py'): 'a quiet machine',
+    ('docs/data.md', 'OMP_NUM_THREADS=1 python benchmarks/document_masking.py --block 1024 --batch 2 --rounds 3'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/moe_memory.py --steps 3'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/allocator_cost.py'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/context_memory.py'): 'a quiet machine',
