@@ -51,6 +51,9 @@ def megatron_prefix(path: str) -> str | None:
 def source_format(path: str) -> str:
     """nanogpt, megatron or shards: what `path` names (one line when it is none of them)."""
     if "://" in path:
+        if any(character in path for character in GLOB_CHARACTERS) or path.endswith((".bin", ".idx")):
+            raise DataError(f"data.path {path!r}: Megatron datasets and llm.c shards are read from local files "
+                            "(memory-mapped); copy them to a local disk (a token directory may be a URL)")
         return "nanogpt"  # remote token directories are read by range (triax.data.tokens)
     if any(character in path for character in GLOB_CHARACTERS):
         return "shards"

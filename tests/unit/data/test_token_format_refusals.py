@@ -128,6 +128,8 @@ def test_settings_that_disagree_with_the_files_are_refused(tmp_path, prefix):
     write_shard(tmp_path / "val_1.bin", TOKENS)
     with pytest.raises(DataError, match="val_path .* is shards, but data.path .* is megatron"):
         open_source(str(prefix), str(tmp_path / "val_1.bin"), 16, VOCAB, None, 0.9)
+    with pytest.raises(DataError, match="read from local files"):
+        opened("s3://bucket/fineweb_train_*.bin")
     (tmp_path / "plain.txt").write_text("not tokens")
     with pytest.raises(DataError, match="is a file of no known token format"):
         opened(tmp_path / "plain.txt")
