@@ -60,7 +60,8 @@ class TokenFile:
 
 
 class TokenDataset(Dataset):
-    """Every window of `block_size + 1` tokens of one token file: x is the window less its last
+    """Every window of `block_size + 1` tokens of one token file (or of a TokenStream, which
+    reads the same way: triax.data.token_stream): x is the window less its last
     token, y the window less its first. With `documents` (triax.data.documents) and `packing`,
     each position also has a document number (document_ids) that confines its attention; unless
     `score_document_starts`, a target that begins another document than its position's is not
