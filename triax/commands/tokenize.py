@@ -18,11 +18,13 @@ from triax.runtime.threads import apply_thread_choice
 PROG = "triax tokenize"
 MAX_WORKERS = 256  # processes; more is a typo, not a machine
 # The options only one form takes (by destination), and each form's defaults for them.
-TEXT_ONLY = {"vocab_size": "--vocab-size", "tokenizer": "--tokenizer", "workers": "--workers", "format": "--format"}
+TEXT_ONLY = {"vocab_size": "--vocab-size", "tokenizer": "--tokenizer", "workers": "--workers", "format": "--format",
+             "text_field": "--text-field"}
 RECORDS_ONLY = {"val": "--val", "chat_template": "--chat-template"}
 CHAT_ONLY = {"block_size": "--block-size", "overlong": "--overlong"}
 PREFERENCE_ONLY = {"max_length": "--max-length", "truncation_mode": "--truncation-mode"}
-DEFAULTS = {"overlong": "truncate", "truncation_mode": "keep_start", "workers": 1, "format": "nanogpt"}
+DEFAULTS = {"overlong": "truncate", "truncation_mode": "keep_start", "workers": 1, "format": "nanogpt",
+            "text_field": "text"}
 
 
 class _Parser(ArgumentParser):
@@ -54,6 +56,8 @@ def parser() -> _Parser:
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing --out")
     parser.add_argument("--workers", type=int, default=None,
                         help="encode with this many processes (default 1); the same tokens whatever the number")
+    parser.add_argument("--text-field", default=None,
+                        help="the field of each .jsonl record that holds its text (default text); a record is a document")
     parser.add_argument("--format", choices=("nanogpt", "megatron"), default=None,
                         help="megatron: also write train.idx and val.idx, Megatron-LM's document index (an input "
                              "file is a document), so --out is a Megatron dataset too (default nanogpt)")
@@ -115,7 +119,7 @@ def main(argv: list[str]) -> int:
 
     return tokenize_text(args.inputs, args.out, vocab_size=args.vocab_size, tokenizer_file=args.tokenizer,
                          val_fraction=args.val_fraction, overwrite=args.overwrite, workers=args.workers,
-                         megatron=args.format == "megatron")
+                         megatron=args.format == "megatron", text_field=args.text_field)
 
 
 def tokenize_chat(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ import numpy as np
 
 from triax import safe_files
 from triax.data.errors import DataError
+from triax.data.text_records import is_records, record_texts
 from triax.data.tokenize_parallel import encoded, index_bytes, pieces
 from triax.errors import printable
 
@@ -90,7 +91,22 @@ def read_chunks(files: list[tuple[AbstractFileSystem, str, int]], progress: tqdm
                 yield carry
 
 
-def train_bpe(files: list[tuple[AbstractFileSystem, str, int]], vocab_size: int):
+def file_texts(file: tuple[AbstractFileSystem, str, int], progress: tqdm | None,
+               text_field: str) -> Iterator[tuple[str, bool, int]]:
+    """(text, whether it ends a document, the bytes it takes in the file) of one input: a text file
+    is one document, read in chunks ("" ends it); a JSON Lines file's records are a document each
+    (triax.data.text_records)."""
+    fs, path, _ = file
+    if is_records(path):
+        for text, size in record_texts(fs, path, text_field, progress):
+            yield text, True, size
+        return
+    for chunk in read_chunks([file], progress):
+        yield chunk, False, len(chunk.encode("utf-8"))
+    yield "", True, 0
+
+
+def train_bpe(files: list[tuple[AbstractFileSystem, str, int]], vocab_size: int, text_field: str = "text"):
     from triax.data.tokenizer import require_tokenizers
 
     tokenizers = require_tokenizers()
@@ -106,8 +122,8 @@ def train_bpe(files: list[tuple[AbstractFileSystem, str, int]], vocab_size: int)
                                   show_progress=False)
     total = sum(size for _, _, size in files)
     with tqdm(total=total, unit="B", unit_scale=True, desc="train BPE", leave=False, disable=None) as progress:
-        tokenizer.train_from_iterator((piece for chunk in read_chunks(files, progress) for piece in pieces(chunk)),
-                                      trainer=trainer)
+        texts = (text for file in files for text, _, _ in file_texts(file, progress, text_field))
+        tokenizer.train_from_iterator((piece for text in texts for piece in pieces(text)), trainer=trainer)
     return tokenizer.to_str()
 
 
@@ -141,28 +157,28 @@ def _write(fs: AbstractFileSystem, path: str, data: bytes) -> None:
             handle.write(data)
 
 
-def _pieces_in_order(files: list[tuple[AbstractFileSystem, str, int]], progress: tqdm,
-                     train_bytes: float) -> Iterator[tuple[str, str, bool]]:
-    """(split, text, whether it ends a document) of all inputs in reading order. An input file is
-    a document; the last train text ends one too, where the validation tail begins."""
+def _pieces_in_order(files: list[tuple[AbstractFileSystem, str, int]], progress: tqdm, train_bytes: float,
+                     text_field: str) -> Iterator[tuple[str, str, bool]]:
+    """(split, text, whether it ends a document) of all inputs in reading order. The last train text
+    ends a document too, where the validation tail begins (a JSON Lines record is never cut)."""
     seen = 0
     for file in files:
-        for chunk in read_chunks([file], progress):
-            data = chunk.encode("utf-8")
-            if seen + len(data) <= train_bytes:
-                yield "train", chunk, False
+        for text, ends, size in file_texts(file, progress, text_field):
+            if seen + size <= train_bytes or (ends and seen < train_bytes):
+                yield "train", text, ends
             elif seen >= train_bytes:
-                yield "val", chunk, False
+                yield "val", text, ends
             else:  # the chunk crosses the boundary: cut it at the next line end (else a character boundary)
+                data = text.encode("utf-8")
                 cut = split_point(data, int(train_bytes - seen))
                 yield "train", data[:cut].decode("utf-8"), True
                 yield "val", data[cut:].decode("utf-8"), False
-            seen += len(data)
-        yield ("train" if seen <= train_bytes else "val"), "", True
+            seen += size
 
 
 def encode_files(files: list[tuple[AbstractFileSystem, str, int]], tokenizer: Tokenizer, out_fs: AbstractFileSystem,
-                 out_dir: str, dtype: str, val_fraction: float, workers: int = 1) -> dict[str, list[int]]:
+                 out_dir: str, dtype: str, val_fraction: float, workers: int = 1,
+                 text_field: str = "text") -> dict[str, list[int]]:
     """Encode all text into train.bin then val.bin (the tail), by `workers` processes
     (triax.data.tokenize_parallel); returns each split's document lengths in tokens."""
     from tqdm import tqdm
@@ -174,7 +190,7 @@ def encode_files(files: list[tuple[AbstractFileSystem, str, int]], tokenizer: To
     pending: collections.deque = collections.deque()  # (split, ends a document) of each text sent, in order
 
     def texts(progress: tqdm) -> Iterator[str]:
-        for split, text, ends in _pieces_in_order(files, progress, total * (1.0 - val_fraction)):
+        for split, text, ends in _pieces_in_order(files, progress, total * (1.0 - val_fraction), text_field):
             pending.append((split, ends))
             yield text
 
@@ -194,7 +210,8 @@ def encode_files(files: list[tuple[AbstractFileSystem, str, int]], tokenizer: To
 
 
 def tokenize_text(inputs: list[str], out: str, *, vocab_size: int | None, tokenizer_file: str | None,
-                  val_fraction: float, overwrite: bool, workers: int = 1, megatron: bool = False) -> int:
+                  val_fraction: float, overwrite: bool, workers: int = 1, megatron: bool = False,
+                  text_field: str = "text") -> int:
     """Train a BPE (or use `tokenizer_file`) on the inputs and write `out`'s token directory
     (the arguments checked by triax.commands.tokenize)."""
     from triax.data.tokenizer import BPETokenizer, require_tokenizers
@@ -214,7 +231,7 @@ def tokenize_text(inputs: list[str], out: str, *, vocab_size: int | None, tokeni
     if tokenizer_file:
         tokenizer = BPETokenizer.from_file(tokenizer_file)
     else:
-        tokenizer = BPETokenizer(train_bpe(files, vocab_size or 4096))
+        tokenizer = BPETokenizer(train_bpe(files, vocab_size or 4096, text_field))
     vocab_size = len(tokenizer)
     # Megatron's index has no uint32 code: its large vocabularies are int32.
     dtype = "uint16" if vocab_size <= 1 << 16 else ("int32" if megatron else "uint32")
@@ -222,7 +239,7 @@ def tokenize_text(inputs: list[str], out: str, *, vocab_size: int | None, tokeni
         safe_files.make_directory(out_dir)  # not a symlink to somewhere else
     else:
         out_fs.makedirs(out_dir, exist_ok=True)
-    documents = encode_files(files, tokenizer, out_fs, out_dir, dtype, val_fraction, workers)
+    documents = encode_files(files, tokenizer, out_fs, out_dir, dtype, val_fraction, workers, text_field)
     train_tokens, val_tokens = (sum(documents[split]) for split in ("train", "val"))
     if val_tokens == 0 or train_tokens == 0:
         for split in ("train", "val"):

@@ -82,7 +82,7 @@ def encoded(tokenizer: object, texts: Iterator[str], dtype: str, workers: int) -
     context = multiprocessing.get_context("spawn")
     with context.Pool(workers, initializer=_start_worker, initargs=(json_text,)) as pool:
         # A few chunks in flight per worker: memory stays bounded whatever the input size.
-        yield from pool.imap(_encode_in_worker, ((text, dtype) for text in texts), chunksize=1)
+        yield from pool.imap(_encode_in_worker, ((text, dtype) for text in texts), chunksize=8)
 
 
 def index_bytes(dtype: str, document_lengths: list[int]) -> bytes:

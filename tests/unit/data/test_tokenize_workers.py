@@ -78,3 +78,52 @@ def test_bad_worker_counts_are_one_line(tmp_path, inputs, capsys):
         code = triax_main(["tokenize", str(inputs / "*.txt"), "--out", str(tmp_path / "out"), "--workers", workers])
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1 and "--workers must be 1 .. 256" in err, err
+
+
+@pytest.fixture
+def records(tmp_path):
+    """Two JSON Lines files, a record a document (one with a blank line and unicode)."""
+    rng = np.random.default_rng(1)
+    texts = [" ".join(rng.choice(WORDS, int(rng.integers(3, 60)))) + ("\n" if number % 4 else "") for number in range(60)]
+    for name, part in (("a.jsonl", texts[:35]), ("b.jsonl", texts[35:])):
+        lines = [json.dumps({"id": number, "content": text}) for number, text in enumerate(part)]
+        (tmp_path / name).write_text("\n".join(lines[:5] + [""] + lines[5:]) + "\n")
+    return tmp_path, texts
+
+
+@pytest.mark.multiprocess
+def test_json_lines_records_are_documents_and_two_workers_agree(tmp_path, records, capsys):
+    directory, texts = records
+    common = ["--text-field", "content", "--format", "megatron", "--val-fraction", 0.2]
+    tokenize(capsys, directory / "*.jsonl", "--out", tmp_path / "one", "--vocab-size", 300, *common)
+    tokenize(capsys, directory / "*.jsonl", "--out", tmp_path / "two", "--vocab-size", 300, "--workers", 2, *common)
+    for name in OUTPUTS:
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+    from triax.data.tokenizer import BPETokenizer
+
+    tokenizer = BPETokenizer.from_file(str(tmp_path / "one" / "tokenizer.json"))
+    decoded = []
+    for split in ("train", "val"):
+        dataset = IndexedDataset(str(tmp_path / "one" / split))
+        flat = np.fromfile(tmp_path / "one" / f"{split}.bin", dtype=np.uint16)
+        starts = list(dataset.document_starts()) + [len(flat)]
+        decoded += [tokenizer.decode(flat[a:b]) for a, b in zip(starts, starts[1:])]
+    assert decoded == texts  # every record whole, in order, one document each, none cut by the split
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"content": "fine"', "line 2 is not JSON"),
+    ('["a list"]', "line 2 is a JSON list, not an object"),
+    ('{"text": "no content"}', "line 2 has no 'content' field (it has 'text'); name the text with --text-field"),
+    ('{"content": 7}', "line 2: 'content' is a int, not text"),
+    ('{"content": "' + "x" * 200 + '"}', "line 2 is longer than 100 characters"),
+])
+def test_a_bad_record_is_one_line_naming_the_file_and_line(tmp_path, capsys, monkeypatch, line, says):
+    from triax.data import text_records
+
+    monkeypatch.setattr(text_records, "MAX_LINE_CHARACTERS", 100)
+    (tmp_path / "bad.jsonl").write_text('{"content": "a good first record"}\n' + line + "\n")
+    code = triax_main(["tokenize", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "out"), "--text-field",
+                       "content"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "bad.jsonl" in err and says in err, err
