@@ -135,3 +135,20 @@ def test_context_parallel_packed_documents_train_as_one_process(tmp_path):
         **values, "data.packing": "false"}))).fit()
     unmasked = json.loads(open(tmp_path / "unmasked" / "metrics.jsonl").readline())
     assert unmasked["loss"] != pytest.approx(theirs[0]["loss"], rel=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_two_data_parallel_processes_equal_one_when_document_starts_are_not_scored(tmp_path):
+    """Without the documents' first targets each row scores its own number of tokens: the step's
+    loss is then the mean over every scored token of the step, on all ranks together (as chat's),
+    so 2 processes of 4 windows compute the gradient of 1 process of 8."""
+    from support.helpers import assert_same_training, train
+
+    rng = np.random.default_rng(2)
+    write_megatron(tmp_path / "docs", [rng.integers(0, VOCAB, int(length)) for length in rng.integers(3, 30, 80)])
+    values = {"data.task": "tokens", "data.vocab_size": VOCAB, "data.packing": "true",
+              "data.score_document_starts": "false", "model.dropout": 0.0, "model.bias": "false",
+              "trainer.max_steps": 4}
+    train(tiny_overrides(tmp_path / "two", str(tmp_path / "docs"), **values, **{"trainer.batch_size": 4}), nproc=2)
+    train(tiny_overrides(tmp_path / "one", str(tmp_path / "docs"), **values, **{"trainer.batch_size": 8}))
+    assert_same_training(tmp_path / "two", tmp_path / "one")
