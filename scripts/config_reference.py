@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 
 MARKER = "<!-- config-reference -->"
 
@@ -35,11 +36,18 @@ def _rows(prefix: str, schema) -> list[str]:
     from triax.config.compose import _default, _format_value
     from triax.config import field_docs
 
-    rows, docs = [], field_docs(schema)
+    rows, docs, hints = [], field_docs(schema), typing.get_type_hints(schema)
     for item in dataclasses.fields(schema):
         default = _default(item)
         if dataclasses.is_dataclass(default):
             rows += _rows(f"{prefix}.{item.name}", type(default))
+            continue
+        listed = typing.get_args(hints[item.name])[0] if typing.get_origin(hints[item.name]) is list else None
+        if dataclasses.is_dataclass(listed):  # a list of sections (data.sources): a row per key of an item
+            item_rows = _rows(f"{prefix}.{item.name}", listed)
+            item_rows[0] = item_rows[0][:-2] + f" Each item of `{prefix}.{item.name}` (default `[]`): " \
+                f"{_cell(docs.get(item.name, ''))} |"
+            rows += item_rows
             continue
         rows.append(f"| `{prefix}.{item.name}` | `{_cell(_format_value(default))}` | {_cell(docs.get(item.name, ''))} |")
     return rows

@@ -9,4 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q "${TRIAX_TORCH_SPEC:-torch==2.13.0}"
 python3 -m pip install -q -c tests/constraints.txt -e ".[test]"
+# megatron-core writes the Megatron datasets the data tests read (tests/unit/data/test_token_formats.py;
+# skipped without it). Only its indexed_dataset module is used, which needs numpy and torch alone:
+# --no-deps keeps its GPU-only dependencies (nvidia-modelopt, ...) off a CPU test machine.
+python3 -m pip install -q --no-deps "megatron-core==0.12.0"
 python3 -m pytest -q "$@"

@@ -27,7 +27,8 @@ How a command runs here (tests/support/command_shims.py has the details):
   `nanogpt/data/openwebtext/`, a tiny Llama in Meta's layout as Meta's folder (`path/to/Llama-debug/`) and as
   torchtitan's checkpoints (`outputs/checkpoint/step-10/`) with token files for it in `llama_tokens/` (all
   four made by the stand-in scripts docs/switching.md ships, STAND_INS: a page that runs one starts
-  without what it makes), `val.bin`, the README's Accelerate example as `demo.py` (and as the
+  without what it makes), llm.c shards in `fineweb10B/` and a Megatron dataset `megatron/code_text_document`,
+  `val.bin`, the README's Accelerate example as `demo.py` (and as the
   module `my_package.train`), its Horovod example as `train.py`, the repository's `examples/`, and
   `runs/gpt/`, made by the quickstart's own `triax train`. HOME is that directory too (`~` and `~/.cache` stay inside it).
   A page that runs the quickstart itself (a bare `triax train`: the README, Getting started) starts
@@ -114,6 +115,8 @@ NOT_RUN = {
     ('docs/llama.md', 'OMP_NUM_THREADS=1 python benchmarks/vs_transformers_llama.py --rounds 3 --steps 200'): 'a quiet machine',
     ('docs/moe.md', 'OMP_NUM_THREADS=1 python benchmarks/moe_vs_transformers.py --rounds 3 --steps 20'): 'a quiet machine',
     ('docs/moe.md', 'python benchmarks/moe_memory.py --steps 3'): 'a quiet machine',
+    ('docs/data.md', 'OMP_NUM_THREADS=1 python benchmarks/document_masking.py'): 'a quiet machine',
+    ('docs/data.md', 'OMP_NUM_THREADS=1 python benchmarks/document_masking.py --block 1024 --batch 2 --rounds 3'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/moe_memory.py --steps 3'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/allocator_cost.py'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/context_memory.py'): 'a quiet machine',
@@ -312,6 +315,20 @@ def _token_file(path: Path, count: int, vocab: int, seed: int) -> None:
     np.random.default_rng(seed).integers(0, vocab, count, dtype=np.uint16).tofile(path)
 
 
+def _other_token_formats(base: Path) -> None:
+    """docs/data.md's sources: llm.c shards of GPT-2 tokens in fineweb10B/ and a Megatron dataset in megatron/."""
+    import numpy as np
+    from support.token_formats import split_documents, write_megatron, write_shard
+
+    (base / "fineweb10B").mkdir()
+    (base / "megatron").mkdir()
+    rng = np.random.default_rng(5)
+    for name, count in (("fineweb_train_000001", 12000), ("fineweb_train_000002", 8000), ("fineweb_val_000000", 4000)):
+        write_shard(base / "fineweb10B" / f"{name}.bin", rng.integers(0, 50257, count))
+    write_megatron(base / "megatron" / "code_text_document", split_documents(rng.integers(0, 50257, 20000), 6,
+                                                                             shortest=50, longest=800))
+
+
 @pytest.fixture(scope="session")
 def command_server(tmp_path_factory):
     """(the environment every command runs in but for HOME, the shim directory)."""
@@ -369,6 +386,7 @@ def prepared(command_server, tmp_path_factory):
     for script in STAND_INS:  # the stand-ins docs/switching.md ships, for the pages that only name their files
         result = run_line(f"python {ROOT / 'examples' / script}", base, command_server)
         assert result.returncode == 0, result.stderr[-4000:]
+    _other_token_formats(base)
     (base / "demo.py").write_text(_readme_example("from triax import Accelerator"))
     (base / "my_package").mkdir()
     (base / "my_package" / "__init__.py").write_text("")

@@ -16,12 +16,15 @@ from triax.data.tokenize_files import MIN_VOCAB_SIZE
 from triax.runtime.threads import apply_thread_choice
 
 PROG = "triax tokenize"
+MAX_WORKERS = 256  # processes; more is a typo, not a machine
 # The options only one form takes (by destination), and each form's defaults for them.
-TEXT_ONLY = {"vocab_size": "--vocab-size", "tokenizer": "--tokenizer"}
+TEXT_ONLY = {"vocab_size": "--vocab-size", "tokenizer": "--tokenizer", "workers": "--workers", "format": "--format",
+             "text_field": "--text-field"}
 RECORDS_ONLY = {"val": "--val", "chat_template": "--chat-template"}
 CHAT_ONLY = {"block_size": "--block-size", "overlong": "--overlong"}
 PREFERENCE_ONLY = {"max_length": "--max-length", "truncation_mode": "--truncation-mode"}
-DEFAULTS = {"overlong": "truncate", "truncation_mode": "keep_start"}
+DEFAULTS = {"overlong": "truncate", "truncation_mode": "keep_start", "workers": 1, "format": "nanogpt",
+            "text_field": "text"}
 
 
 class _Parser(ArgumentParser):
@@ -51,6 +54,13 @@ def parser() -> _Parser:
     which.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="tail of the inputs kept for validation")
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing --out")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="encode with this many processes (default 1); the same tokens whatever the number")
+    parser.add_argument("--text-field", default=None,
+                        help="the field of each .jsonl record that holds its text (default text); a record is a document")
+    parser.add_argument("--format", choices=("nanogpt", "megatron"), default=None,
+                        help="megatron: also write train.idx and val.idx, Megatron-LM's document index (an input "
+                             "file is a document), so --out is a Megatron dataset too (default nanogpt)")
     # Once read, errors name the form, as its own parser did; --chat's wins over --preference's.
     parser.add_argument("--chat", action=FormOption, form=f"{PROG} --chat", rank=2, metavar="CHECKPOINT",
                         default=None,
@@ -103,10 +113,13 @@ def main(argv: list[str]) -> int:
         raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
     if args.vocab_size is not None and args.vocab_size < MIN_VOCAB_SIZE:
         raise DataError(f"--vocab-size must be at least {MIN_VOCAB_SIZE} (the byte alphabet), got {args.vocab_size}")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise DataError(f"--workers must be 1 .. {MAX_WORKERS}, got {args.workers}")
     from triax.data.tokenize_files import tokenize_text  # deferred: as the other forms
 
     return tokenize_text(args.inputs, args.out, vocab_size=args.vocab_size, tokenizer_file=args.tokenizer,
-                         val_fraction=args.val_fraction, overwrite=args.overwrite)
+                         val_fraction=args.val_fraction, overwrite=args.overwrite, workers=args.workers,
+                         megatron=args.format == "megatron", text_field=args.text_field)
 
 
 def tokenize_chat(args: argparse.Namespace) -> int:

@@ -171,6 +171,9 @@ def absolute_paths(config: TrainConfig) -> None:
         return os.path.abspath(os.path.expanduser(path))
 
     config.data.path = absolute(config.data.path)
+    config.data.val_path = absolute(config.data.val_path)
+    for source in config.data.sources:
+        source.path, source.val_path = absolute(source.path), absolute(source.val_path)
     config.model.init_from = absolute(config.model.init_from)
     config.trainer.continue_from = absolute(config.trainer.continue_from)
     config.trainer.snapshot_dir = absolute(config.trainer.snapshot_dir)

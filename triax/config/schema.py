@@ -80,12 +80,32 @@ def gpt_config(model: ModelConfig, vocab_size: int, block_size: int,
 
 
 @dataclass
+class SourceConfig:
+    """One source of a weighted mixture (data.sources)."""
+
+    path: str = ""
+    """A token directory (nanoGPT), a Megatron dataset's prefix or a glob of llm.c shards."""
+
+    weight: float = 1.0
+    """Its share of the training samples (the weights are divided by their sum), held at every
+    point of the run (Megatron's blending)."""
+
+    val_path: Optional[str] = None
+    """A Megatron prefix or a glob of shards to validate this source on (unset = the tail of path;
+    a token directory has its val.bin)."""
+
+    name: Optional[str] = None
+    """Its name in the log (val_loss/NAME); unset = the last part of path."""
+
+
+@dataclass
 class DataConfig:
     """What the model learns from and how it is cut into samples."""
 
     path: Optional[str] = None
     """task=char: fsspec URL of a UTF-8 text file (unset = the built-in corpus); task=tokens: a
-    directory (or URL) with train.bin, val.bin and meta.json."""
+    directory (or URL) with train.bin, val.bin and meta.json (nanoGPT), the prefix of a Megatron
+    dataset (PREFIX.bin + PREFIX.idx) or a glob of llm.c / modded-nanogpt shards (docs/data.md)."""
 
     task: str = "char"
     """What to learn: char (next-character prediction) | tokens (token files, nanoGPT layout) |
@@ -98,16 +118,29 @@ class DataConfig:
 
     train_split: float = 0.9
     """task=char: leading fraction of the text for training; the tail validates (task=chat: of the
-    conversations, when data.val_path is unset)."""
+    conversations; task=tokens: of a Megatron dataset's or shards' tokens; when data.val_path is unset)."""
 
     val_path: Optional[str] = None
-    """task=chat: a second file of conversations to validate on (unset = the tail of data.path)."""
+    """task=chat: a second file of conversations to validate on; task=tokens: a Megatron prefix or
+    a glob of shards to validate on (unset = the tail of data.path)."""
 
     chat_template: Optional[str] = None
     """task=chat: a built-in template (chatml) for a checkpoint without one; unset = the checkpoint's."""
 
     packing: bool = False
-    """task=chat: several conversations per row (each attends only to itself) instead of one, padded."""
+    """task=chat: several conversations per row (each attends only to itself) instead of one, padded.
+    task=tokens: documents never see each other: within a window, attention stops at document
+    boundaries and positions restart at each document (a Megatron dataset's index says where
+    documents begin; other formats need data.eot_token)."""
+
+    eot_token: Optional[int] = None
+    """task=tokens with data.packing: the end-of-text token id that begins each document in files
+    without a document index (50256 for GPT-2's tokens, as llm.c and modded-nanogpt write them)."""
+
+    score_document_starts: bool = True
+    """task=tokens with data.packing: score the target that begins the next document (predicted
+    from the end of the one before); false: only each document's own tokens are targets, exactly
+    as if each document were alone."""
 
     batch_padding: bool = False
     """task=chat: pad each batch to its longest row, not to block_size (less compute on short
@@ -136,6 +169,11 @@ class DataConfig:
     token_dtype: Optional[str] = None
     """task=tokens: uint16 | uint32 | int32 | ... of train.bin/val.bin; unset = meta.json's, else
     uint16."""
+
+    sources: List[SourceConfig] = field(default_factory=list)
+    """task=tokens: a weighted mixture instead of data.path, e.g.
+    data.sources=[{path:web,weight:0.7},{path:code,weight:0.3}] (docs/data.md); each source is
+    validated on its own (val_loss/NAME in the log; val_loss is their weighted mean)."""
 
 
 # What weight decay applies to (optim.decay): triax's rule, nanoGPT's (and transformers Trainer's

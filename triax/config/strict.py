@@ -38,9 +38,18 @@ def schema_keys(schema: type) -> dict[str, object]:
     keys: dict[str, object] = {}
     for name, hint in typing.get_type_hints(schema).items():
         keys[name] = hint
-        if dataclasses.is_dataclass(hint):
-            keys.update({f"{name}.{inner}": inner_hint for inner, inner_hint in schema_keys(hint).items()})
+        item = _list_item(hint)
+        if dataclasses.is_dataclass(hint) or dataclasses.is_dataclass(item):  # a list's items: name.KEY
+            keys.update({f"{name}.{inner}": inner_hint
+                         for inner, inner_hint in schema_keys(item if item is not None else hint).items()})
     return keys
+
+
+def _list_item(hint: object) -> object | None:
+    """The item type of a List[...] hint, else None."""
+    if typing.get_origin(hint) in (list, typing.List):
+        return typing.get_args(hint)[0]
+    return None
 
 
 def closest_key(key: str, keys: list[str]) -> str | None:
@@ -125,6 +134,18 @@ def check_overrides(overrides: list[str], schema: type) -> None:
             continue
         if key not in keys and not _is_list_index(keys, key):
             raise unknown_key_error(key, known)
+        _check_list_items(key, override.value(), keys, known)
+
+
+def _check_list_items(key: str, value: object, keys: dict, known: list[str]) -> None:
+    """A list of sections (data.sources=[{path: ..., weight: ...}]): each item's keys are the
+    section's, named in full (OmegaConf would name only the last part)."""
+    if not dataclasses.is_dataclass(_list_item(keys.get(key))) or not isinstance(value, list):
+        return
+    for item in value:
+        for name in (item if isinstance(item, dict) else {}):
+            if f"{key}.{name}" not in keys:
+                raise unknown_key_error(f"{key}.{name}", known)
 
 
 def check_composed(composed: object, schema: type) -> None:
@@ -144,8 +165,9 @@ def check_composed(composed: object, schema: type) -> None:
                     raise unknown_key_error(inner_key, known)
                 walk(inner, inner_key)
         elif isinstance(value, list):
+            items_are_sections = dataclasses.is_dataclass(_list_item(keys.get(key)))
             for index, inner in enumerate(value):
-                walk(inner, f"{key}.{index}")
+                walk(inner, key if items_are_sections else f"{key}.{index}")
         elif isinstance(value, str) and "${" in value:
             raise ConfigError(f"{key}={value}: interpolations (${{...}}) are not accepted in triax configs; "
                               "write the value itself (your shell can expand $VARIABLES)")

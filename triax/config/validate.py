@@ -5,6 +5,7 @@ process count decides it)."""
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -78,6 +79,31 @@ def _check_data(data: DataConfig) -> None:
           "use a fraction between 0 and 1 (the tail is the validation set)")
     _need(_finite(data.truncate) and 0 < data.truncate <= 1, "data.truncate", data.truncate, "use 0 < truncate <= 1")
     _need(data.digits >= 1, "data.digits", data.digits, "use 1 or more")
+    if data.sources:
+        _check_sources(data)
+    _need(data.eot_token is None or data.eot_token >= 0, "data.eot_token", data.eot_token,
+          "use a token id (0 or more), e.g. 50256 for GPT-2's <|endoftext|>")
+
+
+def _check_sources(data: DataConfig) -> None:
+    """A mixture: token sources only, instead of data.path, each with a positive weight."""
+    _need(data.task == "tokens", "data.task", data.task, "data.sources (a mixture) is for data.task=tokens")
+    _need(not data.path and not data.val_path, "data.path", data.path,
+          "give either data.path (one source) or data.sources (a mixture), and each source its own val_path")
+    for number, source in enumerate(data.sources):
+        key = f"data.sources.{number}"
+        _need(bool(source.path and source.path.strip()), f"{key}.path", source.path, "give the source's path")
+        _need(_finite(source.weight) and source.weight > 0, f"{key}.weight", source.weight,
+              "use a positive number (remove a source rather than giving it weight 0)")
+    names = source_names(data)
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    _need(not repeated, "data.sources names", repeated, "give each source a name of its own (name: ...)")
+
+
+def source_names(data: DataConfig) -> list[str]:
+    """Each mixture source's name in the log: its own, else the last part of its path."""
+    return [source.name or os.path.basename(source.path.rstrip("/")).split("*")[0].rstrip("_-.") or str(number)
+            for number, source in enumerate(data.sources)]
 
 
 def _check_optim(optim: OptimConfig) -> None:
@@ -157,10 +183,10 @@ def check_data_layout(config: TrainConfig, layout: Layout) -> None:
     """The data options the layout the config resolves to cannot run (one line each), before any
     process group exists."""
     data = config.data
-    if data.task == "chat" and data.packing and layout.pp > 1:
+    if data.task in ("chat", "tokens") and data.packing and layout.pp > 1:
         raise ConfigError("data.packing=true does not run under pipeline parallelism (parallel.pp="
                           f"{layout.pp}): its stages take the token ids alone; use data.packing=false")
-    if data.task == "chat" and data.packing and layout.tp > 1 and config.model.arch == "gpt2":
+    if data.task in ("chat", "tokens") and data.packing and layout.tp > 1 and config.model.arch == "gpt2":
         # GPT-2's learned position table is split for positions of one sequence, not per-row positions.
         raise ConfigError("data.packing=true with GPT-2 (learned positions) does not run under tensor "
                           "parallelism; use data.packing=false or parallel.tp=1")

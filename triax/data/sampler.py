@@ -11,6 +11,7 @@ step needs: nothing is materialised up front, so 10^10 samples cost as little as
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from triax.data.permutation import FeistelPermutation, _splitmix64
@@ -41,6 +42,12 @@ class GlobalSampler:
         if not self.shuffle:
             return torch.arange(start, start + count)
         return torch.from_numpy(self._epoch_permutation(epoch)(range(start, start + count)))
+
+    def at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """Sample ids at any `positions` of `epoch`'s order (an int64 array)."""
+        if not self.shuffle:
+            return np.asarray(positions, dtype=np.int64)
+        return self._epoch_permutation(epoch)(positions)
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """The whole order of `epoch` (O(num_samples) memory: for small datasets and tests only).

@@ -10,15 +10,18 @@ char task validates on the tail of its text.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import posixpath
-from typing import Any, TYPE_CHECKING
+from typing import Any, Iterator, TYPE_CHECKING
 
 import numpy as np
 
 from triax import safe_files
 from triax.data.errors import DataError
+from triax.data.text_records import is_records, record_texts
+from triax.data.tokenize_parallel import encoded, index_bytes, pieces
 from triax.errors import printable
 
 if TYPE_CHECKING:
@@ -28,13 +31,8 @@ if TYPE_CHECKING:
 
 # Progress bars (tqdm, disable=None) show only when stderr is a terminal: logs and pipes get one line.
 CHUNK_CHARACTERS = 1 << 20  # text handed to the tokenizer at once; bounds memory whatever the input size
-# Byte-level BPE works word by word, and its cost grows faster than a word's length: a file with
-# no line break or space (minified JSON, a base64 blob) is one word of megabytes and took minutes.
-# Longer lines are cut into pieces of at most this many characters, at the last space when there
-# is one. Ordinary text never has a line this long, so its ids are those of the whole text.
-LONGEST_PIECE = 4096
 MIN_VOCAB_SIZE = 256  # byte-level BPE starts from the 256 byte symbols
-OUTPUT_FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
+OUTPUT_FILES = ("train.bin", "val.bin", "train.idx", "val.idx", "tokenizer.json", "meta.json")
 
 
 def expand_inputs(inputs: list[str]) -> list[tuple[object, str, int]]:
@@ -93,19 +91,22 @@ def read_chunks(files: list[tuple[AbstractFileSystem, str, int]], progress: tqdm
                 yield carry
 
 
-def pieces(text: str) -> list[str]:
-    """The lines of `text` (ends kept), each line longer than LONGEST_PIECE cut into pieces."""
-    result = []
-    for line in text.splitlines(keepends=True):
-        while len(line) > LONGEST_PIECE:
-            cut = line.rfind(" ", LONGEST_PIECE // 2, LONGEST_PIECE) + 1 or LONGEST_PIECE
-            result.append(line[:cut])
-            line = line[cut:]
-        result.append(line)
-    return result
+def file_texts(file: tuple[AbstractFileSystem, str, int], progress: tqdm | None,
+               text_field: str) -> Iterator[tuple[str, bool, int]]:
+    """(text, whether it ends a document, the bytes it takes in the file) of one input: a text file
+    is one document, read in chunks ("" ends it); a JSON Lines file's records are a document each
+    (triax.data.text_records)."""
+    fs, path, _ = file
+    if is_records(path):
+        for text, size in record_texts(fs, path, text_field, progress):
+            yield text, True, size
+        return
+    for chunk in read_chunks([file], progress):
+        yield chunk, False, len(chunk.encode("utf-8"))
+    yield "", True, 0
 
 
-def train_bpe(files: list[tuple[AbstractFileSystem, str, int]], vocab_size: int):
+def train_bpe(files: list[tuple[AbstractFileSystem, str, int]], vocab_size: int, text_field: str = "text"):
     from triax.data.tokenizer import require_tokenizers
 
     tokenizers = require_tokenizers()
@@ -121,8 +122,8 @@ def train_bpe(files: list[tuple[AbstractFileSystem, str, int]], vocab_size: int)
                                   show_progress=False)
     total = sum(size for _, _, size in files)
     with tqdm(total=total, unit="B", unit_scale=True, desc="train BPE", leave=False, disable=None) as progress:
-        tokenizer.train_from_iterator((piece for chunk in read_chunks(files, progress) for piece in pieces(chunk)),
-                                      trainer=trainer)
+        texts = (text for file in files for text, _, _ in file_texts(file, progress, text_field))
+        tokenizer.train_from_iterator((piece for text in texts for piece in pieces(text)), trainer=trainer)
     return tokenizer.to_str()
 
 
@@ -156,45 +157,61 @@ def _write(fs: AbstractFileSystem, path: str, data: bytes) -> None:
             handle.write(data)
 
 
+def _pieces_in_order(files: list[tuple[AbstractFileSystem, str, int]], progress: tqdm, train_bytes: float,
+                     text_field: str) -> Iterator[tuple[str, str, bool]]:
+    """(split, text, whether it ends a document) of all inputs in reading order. The last train text
+    ends a document too, where the validation tail begins (a JSON Lines record is never cut)."""
+    seen = 0
+    for file in files:
+        for text, ends, size in file_texts(file, progress, text_field):
+            if seen + size <= train_bytes or (ends and seen < train_bytes):
+                yield "train", text, ends
+            elif seen >= train_bytes:
+                yield "val", text, ends
+            else:  # the chunk crosses the boundary: cut it at the next line end (else a character boundary)
+                data = text.encode("utf-8")
+                cut = split_point(data, int(train_bytes - seen))
+                yield "train", data[:cut].decode("utf-8"), True
+                yield "val", data[cut:].decode("utf-8"), False
+            seen += size
+
+
 def encode_files(files: list[tuple[AbstractFileSystem, str, int]], tokenizer: Tokenizer, out_fs: AbstractFileSystem,
-                 out_dir: str, dtype: str, val_fraction: float) -> tuple[int, int]:
-    """Encode all text into train.bin then val.bin (the tail); returns their token counts."""
+                 out_dir: str, dtype: str, val_fraction: float, workers: int = 1,
+                 text_field: str = "text") -> dict[str, list[int]]:
+    """Encode all text into train.bin then val.bin (the tail), by `workers` processes
+    (triax.data.tokenize_parallel); returns each split's document lengths in tokens."""
     from tqdm import tqdm
 
     total = sum(size for _, _, size in files)
-    train_bytes = total * (1.0 - val_fraction)
-    counts = {"train": 0, "val": 0}
-    handles = {split: _create(out_fs, posixpath.join(out_dir, f"{split}.bin.tmp")) for split in counts}
-    seen = 0
+    documents: dict[str, list[int]] = {"train": [], "val": []}
+    open_document = {"train": 0, "val": 0}
+    handles = {split: _create(out_fs, posixpath.join(out_dir, f"{split}.bin.tmp")) for split in documents}
+    pending: collections.deque = collections.deque()  # (split, ends a document) of each text sent, in order
+
+    def texts(progress: tqdm) -> Iterator[str]:
+        for split, text, ends in _pieces_in_order(files, progress, total * (1.0 - val_fraction), text_field):
+            pending.append((split, ends))
+            yield text
+
     try:
         with tqdm(total=total, unit="B", unit_scale=True, desc="encode", leave=False, disable=None) as progress:
-            for chunk in read_chunks(files, progress):
-                data = chunk.encode("utf-8")
-                parts = {"train": b"", "val": b""}
-                if seen + len(data) <= train_bytes:
-                    parts["train"] = data
-                elif seen >= train_bytes:
-                    parts["val"] = data
-                else:  # the chunk crosses the boundary: cut it at the next line end (else a character boundary)
-                    cut = split_point(data, int(train_bytes - seen))
-                    parts["train"], parts["val"] = data[:cut], data[cut:]
-                seen += len(data)
-                for split, part in parts.items():
-                    if part:
-                        # Line by line in one call: the tokenizer encodes a batch on all cores. Lines
-                        # end where GPT-2's pre-tokenizer splits anyway, so the ids are those of the whole text.
-                        lines = tokenizer.encode_batch(pieces(part.decode("utf-8")))
-                        ids = np.fromiter((i for line in lines for i in line), dtype=dtype)
-                        handles[split].write(ids.tobytes())
-                        counts[split] += len(ids)
+            for ids in encoded(tokenizer, texts(progress), dtype, workers):
+                split, ends = pending.popleft()
+                handles[split].write(ids.tobytes())
+                open_document[split] += len(ids)
+                if ends and open_document[split]:
+                    documents[split].append(open_document[split])
+                    open_document[split] = 0
     finally:
         for handle in handles.values():
             handle.close()
-    return counts["train"], counts["val"]
+    return documents
 
 
 def tokenize_text(inputs: list[str], out: str, *, vocab_size: int | None, tokenizer_file: str | None,
-                  val_fraction: float, overwrite: bool) -> int:
+                  val_fraction: float, overwrite: bool, workers: int = 1, megatron: bool = False,
+                  text_field: str = "text") -> int:
     """Train a BPE (or use `tokenizer_file`) on the inputs and write `out`'s token directory
     (the arguments checked by triax.commands.tokenize)."""
     from triax.data.tokenizer import BPETokenizer, require_tokenizers
@@ -214,14 +231,16 @@ def tokenize_text(inputs: list[str], out: str, *, vocab_size: int | None, tokeni
     if tokenizer_file:
         tokenizer = BPETokenizer.from_file(tokenizer_file)
     else:
-        tokenizer = BPETokenizer(train_bpe(files, vocab_size or 4096))
+        tokenizer = BPETokenizer(train_bpe(files, vocab_size or 4096, text_field))
     vocab_size = len(tokenizer)
-    dtype = "uint16" if vocab_size <= 1 << 16 else "uint32"
+    # Megatron's index has no uint32 code: its large vocabularies are int32.
+    dtype = "uint16" if vocab_size <= 1 << 16 else ("int32" if megatron else "uint32")
     if _is_local(out_fs):
         safe_files.make_directory(out_dir)  # not a symlink to somewhere else
     else:
         out_fs.makedirs(out_dir, exist_ok=True)
-    train_tokens, val_tokens = encode_files(files, tokenizer, out_fs, out_dir, dtype, val_fraction)
+    documents = encode_files(files, tokenizer, out_fs, out_dir, dtype, val_fraction, workers, text_field)
+    train_tokens, val_tokens = (sum(documents[split]) for split in ("train", "val"))
     if val_tokens == 0 or train_tokens == 0:
         for split in ("train", "val"):
             out_fs.rm(posixpath.join(out_dir, f"{split}.bin.tmp"))
@@ -229,6 +248,11 @@ def tokenize_text(inputs: list[str], out: str, *, vocab_size: int | None, tokeni
                           f"with --val-fraction {val_fraction}; give more text or change --val-fraction")
     for split in ("train", "val"):
         out_fs.mv(posixpath.join(out_dir, f"{split}.bin.tmp"), posixpath.join(out_dir, f"{split}.bin"))
+        index = posixpath.join(out_dir, f"{split}.idx")
+        if megatron:  # the document index beside the tokens: the directory is a Megatron dataset too
+            _write(out_fs, index, index_bytes(dtype, documents[split]))
+        elif exists(index):  # an --overwrite'n directory's old index would describe other tokens
+            out_fs.rm(index)
     _write(out_fs, posixpath.join(out_dir, "tokenizer.json"), tokenizer.json_text.encode("utf-8"))
     meta = {"vocab_size": vocab_size, "dtype": dtype, "tokenizer": "tokenizer.json",
             "train_tokens": train_tokens, "val_tokens": val_tokens}

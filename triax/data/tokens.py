@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from triax import safe_files
+from triax.data.addition import IGNORE_INDEX
 from triax.data.errors import DataError
 from triax.models.gpt import MAX_SIZES, SIZE_REASON
 
@@ -59,20 +60,27 @@ class TokenFile:
 
 
 class TokenDataset(Dataset):
-    """Every window of `block_size + 1` tokens of one token file: x is the window less its last
-    token, y the window less its first."""
+    """Every window of `block_size + 1` tokens of one token file (or of a TokenStream, which
+    reads the same way: triax.data.token_stream): x is the window less its last
+    token, y the window less its first. With `documents` (triax.data.documents) and `packing`,
+    each position also has a document number (document_ids) that confines its attention; unless
+    `score_document_starts`, a target that begins another document than its position's is not
+    scored."""
 
     sliding_windows = True  # a window starts at every token: evaluation takes every block_size-th
 
-    def __init__(self, tokens: TokenFile, block_size: int, vocab_size: int):
+    def __init__(self, tokens: TokenFile, block_size: int, vocab_size: int, documents: object | None = None):
         self.tokens = tokens
         self.block_size = block_size
         self.vocab_size = vocab_size
+        self.documents = documents
+        self.packing = False
+        self.score_document_starts = True
 
     def __len__(self) -> int:
         return self.tokens.num_tokens - self.block_size
 
-    def _windows(self, starts: np.ndarray) -> torch.Tensor:
+    def _windows(self, starts: np.ndarray) -> np.ndarray:
         chunks = self.tokens.windows(starts, self.block_size + 1)
         # Checked on every read, so a bad id is reported where it is rather than crashing an
         # embedding lookup (or, on a GPU, corrupting memory).
@@ -82,11 +90,25 @@ class TokenDataset(Dataset):
             raise DataError(f"token id {int(bad)} in {self.tokens.path!r} (window at token {int(starts[row])}) "
                               f"is outside the vocabulary [0, {self.vocab_size}); set data.vocab_size (or "
                               "meta.json's vocab_size) to the tokenizer's size, or check data.token_dtype")
-        return torch.from_numpy(chunks.astype(np.int64))
+        return chunks.astype(np.int64)
+
+    def _document_numbers(self, starts: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+        positions = starts[:, None] + np.arange(self.block_size + 1)
+        return self.documents.numbers(positions, chunks)
 
     def batch(self, indices: torch.Tensor):
-        chunks = self._windows(np.asarray(indices, dtype=np.int64).reshape(-1))
-        return chunks[:, :-1], chunks[:, 1:]
+        starts = np.asarray(indices, dtype=np.int64).reshape(-1)
+        chunks = self._windows(starts)
+        x, y = torch.from_numpy(chunks[:, :-1]), torch.from_numpy(chunks[:, 1:].copy())
+        if self.packing and not self.score_document_starts:
+            numbers = self._document_numbers(starts, chunks)
+            y[torch.from_numpy(numbers[:, 1:] != numbers[:, :-1])] = IGNORE_INDEX
+        return x, y
+
+    def document_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """(len(indices), block_size) the document number of each input position."""
+        starts = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return torch.from_numpy(self._document_numbers(starts, self._windows(starts))[:, :-1].astype(np.int64))
 
     def __getitem__(self, index: int):
         x, y = self.batch(torch.tensor([index]))

@@ -112,7 +112,15 @@ def datasets(args: argparse.Namespace, model: torch.nn.Module, vocab: object,
         started = " (relative to the directory the run was started in: run this command from there)" if relative else ""
         raise type(error)(f"the run's data, data.path {data_config.path!r:.300} in {where}{started}, cannot be read: "
                           f"{error}; or score files with --text or --tokens") from None
-    return [(f"{args.split} split", data.val if args.split == "val" else data.train)]
+    return run_splits(data, args.split)
+
+
+def run_splits(data: object, split: str) -> list[tuple[str, Dataset]]:
+    """The run's `split` (train or val), by name: a mixture's (data.sources) one per source."""
+    if data.val_sources:
+        return [(f"{split} split of {name}", data.val_sources[name] if split == "val" else data.train.sources[number])
+                for number, name in enumerate(data.val_sources)]
+    return [(f"{split} split", data.val if split == "val" else data.train)]
 
 
 @torch.no_grad()

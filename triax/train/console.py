@@ -130,6 +130,7 @@ class Console:
             scored = "answer tokens" if self.config.data.task in ("chat", "preference") else "tokens"
             pairs = f"{record['val_pairs']} pairs, " if "val_pairs" in record else ""
             parts.append(f"val_loss {record['val_loss']:.4f} ({pairs}{record['val_tokens']} {scored})")
+            parts += [f"{key} {value:.4f}" for key, value in record.items() if key.startswith("val_loss/")]
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
         if "val_rewards/accuracies" in record:  # DPO: the share of validation pairs ranked right

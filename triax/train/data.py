@@ -9,9 +9,11 @@ import torch
 from triax.data import AdditionDataset, load_char_datasets
 from triax.data.text import CharDataset, read_text
 from triax.data.tokenizer import BPETokenizer
-from triax.data.tokens import load_token_datasets
+from triax.data.mixture import Mixture
+from triax.data.sources import open_source
 from triax.errors import ConfigError
 from triax.config.schema import DataConfig
+from triax.config.validate import source_names
 
 
 @dataclass
@@ -23,6 +25,9 @@ class TrainData:
     vocab: object | None  # encode/decode/len: characters (char), a BPETokenizer (tokens with one), else None
     tokenizer_path: str | None = None  # tokens: the tokenizer.json the run dir gets a copy of
     report: str | None = None  # what the run's log says about the data (chat: conversations cut, dropped)
+    # A mixture: each source's validation windows by name, and its weight in the reported val_loss.
+    val_sources: dict | None = None
+    val_weights: dict | None = None
 
 
 def build_data(config: DataConfig, codec: object | None = None, source: object | None = None) -> TrainData:
@@ -39,18 +44,51 @@ def build_data(config: DataConfig, codec: object | None = None, source: object |
         train = AdditionDataset(config.digits, "train")
         test = AdditionDataset(config.digits, "test")
         return TrainData(train, test, train.vocab_size, train.block_size, None)
+    if config.task == "tokens" and config.sources:
+        return _mixture(config)
     if config.task == "tokens":
 
-        train, val, vocab_size, tokenizer_path = load_token_datasets(config.path, config.block_size,
-                                                                     config.vocab_size, config.token_dtype)
+        source = open_source(config.path, config.val_path, config.block_size, config.vocab_size,
+                             config.token_dtype, config.train_split, config.eot_token)
+        _pack_documents(config, [(config.path, source)])
         tokenizer = None
-        if tokenizer_path is not None:
-
-            tokenizer = BPETokenizer.from_file(tokenizer_path)
-        return TrainData(train, val, vocab_size, config.block_size, tokenizer, tokenizer_path)
+        if source.tokenizer_path is not None:
+            tokenizer = BPETokenizer.from_file(source.tokenizer_path)
+        return TrainData(source.train, source.val, source.vocab_size, config.block_size, tokenizer,
+                         source.tokenizer_path)
     train, val, vocab = load_char_datasets(config.path, config.block_size, config.train_split,
                                            config.truncate)
     return TrainData(train, val, len(vocab), config.block_size, vocab)
+
+
+def _mixture(config: DataConfig) -> TrainData:
+    """data.sources: each source opened in its own format, blended by weight (triax.data.mixture)."""
+    names = source_names(config)
+    opened = [open_source(source.path, source.val_path, config.block_size, config.vocab_size,
+                          config.token_dtype, config.train_split, config.eot_token) for source in config.sources]
+    _pack_documents(config, [(source.path, opened_source) for source, opened_source in zip(config.sources, opened)])
+    mixture = Mixture([source.train for source in opened], [source.weight for source in config.sources], names)
+    mixture.packing = config.packing
+    # One vocabulary for all: the largest any source records (a source checks its own ids against its own).
+    vocab_size = max(source.vocab_size for source in opened)
+    tokenizer_path = next((source.tokenizer_path for source in opened if source.tokenizer_path), None)
+    tokenizer = BPETokenizer.from_file(tokenizer_path) if tokenizer_path else None
+    val_sources = {name: source.val for name, source in zip(names, opened)}
+    return TrainData(mixture, opened[0].val, vocab_size, config.block_size, tokenizer, tokenizer_path,
+                     val_sources=val_sources, val_weights=dict(zip(names, mixture.weights.tolist())))
+
+
+def _pack_documents(config: DataConfig, sources: list) -> None:
+    """data.packing for token sources: every split's windows get their document numbers."""
+    if not config.packing:
+        return
+    for path, source in sources:
+        if source.train.documents is None:
+            raise ConfigError(f"data.packing=true needs to know where the documents of {path!r} begin: it is "
+                              f"{source.format} tokens with no document index; set data.eot_token (50256 for "
+                              "GPT-2's tokens) or use a Megatron dataset")
+        for split in (source.train, source.val):
+            split.packing, split.score_document_starts = True, config.score_document_starts
 
 
 def _encoded_text(config: DataConfig, codec: object) -> TrainData:

@@ -32,8 +32,26 @@ class Evaluation:
             return steps.dpo.evaluate(steps)
         trainer, layout = self.config.trainer, steps.layout
         steps.model.eval()
-        val = steps.data.val
         limit = trainer.eval_batches * trainer.batch_size * layout.dp if trainer.eval_batches else None
+        splits = steps.data.val_sources or {None: steps.data.val}
+        sums = [value for split in splits.values() for value in self._summed_loss(split, limit)]
+        # Tensor- and pipeline-parallel peers hold the same sums: they scale both totals alike.
+        totals = [sum(column) for column in zip(*gather_floats(sums))]
+        result = {"val_loss": totals[0] / max(totals[1], 1.0),
+                  "val_tokens": round(totals[1] * layout.reducing / steps.world_size)}
+        if steps.data.val_sources:
+            result = self._per_source(list(splits), totals)
+        val = steps.data.val
+        if self.config.data.task == "addition" and self.can_generate():
+            result["val_accuracy"] = addition_accuracy(steps.raw_model, val, steps.device,
+                                                       use_cache=self.generation_cache())
+        steps.model.train()
+        return result
+
+    def _summed_loss(self, val: object, limit: int | None) -> tuple[float, float]:
+        """This rank's summed token loss over its share of `val`'s evaluation windows, and the
+        number of tokens it scored."""
+        steps, trainer, layout = self.steps, self.config.trainer, self.steps.layout
         plan = evaluation_windows(val, limit)
         loss_sum, scored = 0.0, 0
         for starts, first_scored in rank_batches(plan, trainer.batch_size, steps.dp_rank, layout.dp):
@@ -46,14 +64,18 @@ class Evaluation:
                 with steps.precision.autocast(steps.device):
                     logits = steps.forward(steps.raw_model, x)
                 loss_sum += steps.token_loss(logits, y, reduction="sum").item()
-        # Tensor- and pipeline-parallel peers hold the same sums: they scale both totals alike.
-        totals = [sum(column) for column in zip(*gather_floats([loss_sum, float(scored)]))]
-        result = {"val_loss": totals[0] / max(totals[1], 1.0),
-                  "val_tokens": round(totals[1] * layout.reducing / steps.world_size)}
-        if self.config.data.task == "addition" and self.can_generate():
-            result["val_accuracy"] = addition_accuracy(steps.raw_model, val, steps.device,
-                                                       use_cache=self.generation_cache())
-        steps.model.train()
+        return loss_sum, float(scored)
+
+    def _per_source(self, names: list, totals: list[float]) -> dict:
+        """A mixture's figures: val_loss/NAME per source and val_loss, their mean weighted as the
+        mixture weighs the sources (so it does not depend on how large each validation split is)."""
+        steps = self.steps
+        result = {"val_loss": 0.0, "val_tokens": 0}
+        for number, name in enumerate(names):
+            loss, tokens = totals[2 * number], totals[2 * number + 1]
+            result[f"val_loss/{name}"] = loss / max(tokens, 1.0)
+            result["val_loss"] += steps.data.val_weights[name] * result[f"val_loss/{name}"]
+            result["val_tokens"] += round(tokens * steps.layout.reducing / steps.world_size)
         return result
 
     @torch.no_grad()

@@ -176,7 +176,10 @@ class TrainingStep:
     def scores_per_token(self) -> bool:
         """Context-parallel ranks hold different tokens of a row: their loss is always the mean over
         every token of the step, so that it equals one process's mean however the targets fall."""
-        return (self.config.data.task == "chat" or self.layout.cp > 1) and not self.parallel_model.pipelined
+        data = self.config.data
+        # Tokens that skip documents' first targets score a varying number per row, as chat does.
+        varying = data.task == "chat" or (data.task == "tokens" and data.packing and not data.score_document_starts)
+        return (varying or self.layout.cp > 1) and not self.parallel_model.pipelined
 
     def pipeline_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.pipeline_reduction == "sum":  # evaluation: no backward, no scaling

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 from triax import checkpoint
 from triax.checkpoint.rng import seed_everything
-from triax.data import GlobalSampler
+from triax.data.mixture import sampler_for
 from triax.doctor.readiness import preflight
 from triax.errors import ConfigError, printable
 from triax.models import build_model
@@ -301,7 +301,7 @@ class Trainer:
         self.optimizer = make_adamw(self.raw_model if self.raw_model is not None else self.model,
                                     optim.lr, optim.weight_decay, optim.betas, optimizer_device,
                                     decay=optim.decay, fused=optim.fused, eps=optim.eps)
-        self.sampler = GlobalSampler(len(self.data.train), seed=config.trainer.seed, shuffle=config.data.shuffle)
+        self.sampler = sampler_for(self.data.train, config.trainer.seed, config.data.shuffle)
         self.total_steps = total_steps(config.trainer, self.steps_per_epoch)
         self.scheduler = make_schedule(self.optimizer, optim.decay_steps or self.total_steps, optim.warmup_steps,
                                        final_lr(optim), optim.schedule)

@@ -33,7 +33,7 @@ def test_tokenize_with_a_fifo_tokenizer_is_refused_at_once(sandbox):
 
 
 def test_long_lines_are_cut_and_ordinary_text_is_not():
-    from triax.data.tokenize_files import LONGEST_PIECE, pieces
+    from triax.data.tokenize_parallel import LONGEST_PIECE, pieces
 
     text = "a b\nccc\n" * 10
     assert pieces(text) == text.splitlines(keepends=True)
