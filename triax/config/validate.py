@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import torch
 
@@ -85,6 +86,10 @@ def _check_data(data: DataConfig) -> None:
           "use a token id (0 or more), e.g. 50256 for GPT-2's <|endoftext|>")
 
 
+# A mixture source's name becomes part of metric names (val_loss/NAME): a plain word.
+SOURCE_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+
+
 def _check_sources(data: DataConfig) -> None:
     """A mixture: token sources only, instead of data.path, each with a positive weight."""
     _need(data.task == "tokens", "data.task", data.task, "data.sources (a mixture) is for data.task=tokens")
@@ -95,6 +100,9 @@ def _check_sources(data: DataConfig) -> None:
         _need(bool(source.path and source.path.strip()), f"{key}.path", source.path, "give the source's path")
         _need(_finite(source.weight) and source.weight > 0, f"{key}.weight", source.weight,
               "use a positive number (remove a source rather than giving it weight 0)")
+        _need(source.name is None or re.fullmatch(SOURCE_NAME, source.name) is not None, f"{key}.name",
+              source.name, "use letters, digits, '_', '-' and '.' (it names val_loss/NAME in the log and "
+              "TensorBoard, where '/' would nest)")
     names = source_names(data)
     repeated = sorted({name for name in names if names.count(name) > 1})
     _need(not repeated, "data.sources names", repeated, "give each source a name of its own (name: ...)")

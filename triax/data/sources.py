@@ -48,11 +48,12 @@ def megatron_prefix(path: str) -> str | None:
     return None
 
 
-def source_format(path: str) -> str:
-    """nanogpt, megatron or shards: what `path` names (one line when it is none of them)."""
+def source_format(path: str, key: str = "data.path") -> str:
+    """nanogpt, megatron or shards: what `path` names (one line naming `key`, the option the user gave it
+    as, when it is none of them)."""
     if "://" in path:
         if any(character in path for character in GLOB_CHARACTERS) or path.endswith((".bin", ".idx")):
-            raise DataError(f"data.path {path!r}: Megatron datasets and llm.c shards are read from local files "
+            raise DataError(f"{key} {path!r}: Megatron datasets and llm.c shards are read from local files "
                             "(memory-mapped); copy them to a local disk (a token directory may be a URL)")
         return "nanogpt"  # remote token directories are read by range (triax.data.tokens)
     if any(character in path for character in GLOB_CHARACTERS):
@@ -64,7 +65,7 @@ def source_format(path: str) -> str:
     if is_shard(path):
         return "shards"
     what = "does not exist" if not os.path.lexists(path) else "is a file of no known token format"
-    raise DataError(f"data.path {path!r} {what}; give a directory with train.bin and val.bin (nanoGPT), the "
+    raise DataError(f"{key} {path!r} {what}; give a directory with train.bin and val.bin (nanoGPT), the "
                     "prefix of a Megatron dataset (PREFIX.bin + PREFIX.idx) or a glob of llm.c shards")
 
 
@@ -87,6 +88,13 @@ def _windows(stream: TokenStream, block_size: int, vocab_size: int, what: str,
     return dataset
 
 
+def _check_end_of_text(eot_token: int | None, vocab_size: int) -> None:
+    """data.eot_token must be a token of the vocabulary, or no document would ever be found to begin."""
+    if eot_token is not None and eot_token >= vocab_size:
+        raise DataError(f"data.eot_token={eot_token} is outside the vocabulary [0, {vocab_size}); give the "
+                        "end-of-text token's id in these files (50256 for GPT-2's <|endoftext|>)")
+
+
 def _check_dtype(stream: TokenStream, token_dtype: str | None) -> None:
     if token_dtype is not None and np.dtype(token_dtype) != stream.dtype:
         raise DataError(f"data.token_dtype={token_dtype} but {stream.path!r} holds {stream.dtype} tokens (its "
@@ -94,29 +102,33 @@ def _check_dtype(stream: TokenStream, token_dtype: str | None) -> None:
 
 
 def open_source(path: str | None, val_path: str | None, block_size: int, vocab_size: int | None,
-                token_dtype: str | None, train_split: float, eot_token: int | None = None) -> TokenSource:
-    """The windows of one source in any format (see the module's docstring)."""
+                token_dtype: str | None, train_split: float, eot_token: int | None = None,
+                key: str = "data") -> TokenSource:
+    """The windows of one source in any format (see the module's docstring); `key` is where its
+    settings were given (data, or data.sources.N), for the messages."""
     if not path:
         raise DataError("data.task=tokens needs data.path: a token directory (`triax tokenize` writes one), "
                         "a Megatron dataset's prefix or a glob of llm.c shards")
-    kind = source_format(path)
+    kind = source_format(path, f"{key}.path")
     if kind == "nanogpt":
         if val_path:
-            raise DataError(f"val_path={val_path!r} is for Megatron datasets and shards; the token directory "
+            raise DataError(f"{key}.val_path={val_path!r} is for Megatron datasets and shards; the token directory "
                             f"{path!r} has its own val.bin")
         train, val, vocab_size, tokenizer = load_token_datasets(path, block_size, vocab_size, token_dtype)
+        _check_end_of_text(eot_token, vocab_size)
         if eot_token is not None:
             train.documents = val.documents = EndOfText(eot_token)
         return TokenSource(train, val, vocab_size, tokenizer, kind)
     if vocab_size is None:
         raise DataError(f"{path!r} ({kind}) does not record its vocabulary size; set data.vocab_size "
                         "(e.g. 50304 for GPT-2's tokens)")
+    _check_end_of_text(eot_token, vocab_size)
     stream, documents = _stream(path, kind, eot_token)
     _check_dtype(stream, token_dtype)
     if val_path:
-        val_kind = source_format(val_path)
+        val_kind = source_format(val_path, f"{key}.val_path")
         if val_kind != kind:
-            raise DataError(f"val_path {val_path!r} is {val_kind}, but data.path {path!r} is {kind}; "
+            raise DataError(f"{key}.val_path {val_path!r} is {val_kind}, but {key}.path {path!r} is {kind}; "
                             "give validation data in the same format")
         val_stream, val_documents = _stream(val_path, kind, eot_token)
         _check_dtype(val_stream, token_dtype)

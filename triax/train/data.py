@@ -65,7 +65,8 @@ def _mixture(config: DataConfig) -> TrainData:
     """data.sources: each source opened in its own format, blended by weight (triax.data.mixture)."""
     names = source_names(config)
     opened = [open_source(source.path, source.val_path, config.block_size, config.vocab_size,
-                          config.token_dtype, config.train_split, config.eot_token) for source in config.sources]
+                          config.token_dtype, config.train_split, config.eot_token, key=f"data.sources.{number}")
+              for number, source in enumerate(config.sources)]
     _pack_documents(config, [(source.path, opened_source) for source, opened_source in zip(config.sources, opened)])
     mixture = Mixture([source.train for source in opened], [source.weight for source in config.sources], names)
     mixture.packing = config.packing

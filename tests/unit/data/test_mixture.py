@@ -207,7 +207,15 @@ def test_mixture_settings_that_cannot_work_are_one_line(tmp_path, corpora, capsy
              ({"data.path": str(corpora / "web")}, "give either data.path (one source) or data.sources"),
              ({"data.sources": f"[{{path:'{corpora}/web'}},{{path:'{corpora}/web'}}]"}, "a name of its own"),
              ({"data.sources": f"[{{path:'{corpora}/web',wieght:1}}]"}, "data.sources.wieght"),
-             ({"data.task": "char"}, "data.sources (a mixture) is for data.task=tokens")]
+             ({"data.task": "char"}, "data.sources (a mixture) is for data.task=tokens"),
+             # a source's name becomes a metric's name: no '/' (it would nest in TensorBoard), not empty
+             ({"data.sources": f"[{{path:'{corpora}/web',name:'a/b'}}]"}, "data.sources.0.name='a/b' is invalid"),
+             ({"data.sources": f"[{{path:'{corpora}/web',name:''}}]"}, "data.sources.0.name='' is invalid"),
+             # a source's paths are named as the source's keys, not as data.path
+             ({"data.sources": f"[{{path:'{corpora}/web'}},{{path:'{tmp_path}/nope',name:x}}]"},
+              f"data.sources.1.path '{tmp_path}/nope' does not exist"),
+             ({"data.sources": f"[{{path:'{corpora}/code_train_*.bin',val_path:'{tmp_path}/nope_*.bin'}}]"},
+              "matches no file")]
     for extra, says in cases:
         assert triax_main(["train", *mixture_overrides(tmp_path / "run", corpora, **extra)]) == 2
         err = capsys.readouterr().err.strip()

@@ -130,6 +130,10 @@ def test_settings_that_disagree_with_the_files_are_refused(tmp_path, prefix):
         open_source(str(prefix), str(tmp_path / "val_1.bin"), 16, VOCAB, None, 0.9)
     with pytest.raises(DataError, match="read from local files"):
         opened("s3://bucket/fineweb_train_*.bin")
+    with pytest.raises(DataError, match=r"data.eot_token=61 is outside the vocabulary \[0, 61\)"):
+        open_source(str(prefix), None, 16, VOCAB, None, 0.9, eot_token=VOCAB)
+    with pytest.raises(DataError, match=r"data.val_path '.*nothing' does not exist"):
+        open_source(str(prefix), str(tmp_path / "nothing"), 16, VOCAB, None, 0.9)
     (tmp_path / "plain.txt").write_text("not tokens")
     with pytest.raises(DataError, match="is a file of no known token format"):
         opened(tmp_path / "plain.txt")
