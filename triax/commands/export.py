@@ -44,6 +44,11 @@ def main(argv: list[str]) -> int:
     from triax.interop.exporters import EXPORTERS, ExportOptions
     from triax.train.run_export import RunToExport  # deferred: as above
 
+    from triax.train.runs import check_output_place  # deferred: as above
+
     run = RunToExport(args.run_dir)  # one line if RUN is not a run directory, before the output is checked
+    # Made or refused before any snapshot is read: a file (safetensors) or a new directory (the rest).
+    option = "output" if args.format == "safetensors" else "OUT_DIR"
+    check_output_place(option, args.output, directory=args.format != "safetensors")
     EXPORTERS[args.format](run, args.output, ExportOptions(force=args.force, merge=args.merge))
     return 0
