@@ -310,7 +310,7 @@ class GPTConfig:
         for name in ("router_aux_loss_coef", "router_z_loss_coef"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1e3):
-                raise ConfigError(f"model.{name}={value!r} must be a number >= 0 (0 turns it off)")
+                raise ConfigError(f"model.{name}={value!r} must be a number in [0, 1000) (0 turns it off)")
         if self.family != "moe":
             if self.router_scoring != "softmax" or self.router_bias_update_rate:
                 raise ConfigError(f"model.router_scoring / router_bias_update_rate with model.arch={self.arch}: they "
