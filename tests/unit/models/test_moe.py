@@ -95,7 +95,8 @@ HOSTILE = {
     "a router of the wrong width": (_set("model.layers.1.block_sparse_moe.gate.weight", lambda t: t[:3].contiguous()),
                                     "gate.weight"),
     "a NaN in an expert": (_set(f"{EXPERTS}.1.w3.weight", lambda t: t.index_fill(0, torch.tensor([0]), float("nan"))),
-                           "not finite"),
+                           "experts.1.w3.weight holds values that are not finite"),
+    "expert 0 missing": (_drop(f"{EXPERTS}.0.w2.weight"), "no tensor 'model.layers.0.block_sparse_moe.experts.0.w2"),
 }
 
 

@@ -17,7 +17,7 @@ import torch
 from triax.models import parameter_shapes
 from triax.interop.hf import llama as hf_llama
 from triax.models.config import GPTConfig
-from triax.interop.hf.files import CheckpointError, HFWeights, Source
+from triax.interop.hf.files import EXPERT_SLOT, CheckpointError, HFWeights, Source
 from triax.interop.hf.safetensors_header import TensorEntry
 
 MODEL_TYPES = ("mixtral", "qwen3_moe")
@@ -27,7 +27,6 @@ CLASSES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 MLP_MODULE = {"mixtral": "block_sparse_moe", "qwen3_moe": "mlp"}
 EXPERT_LINEARS = {"mixtral": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"},
                   "qwen3_moe": {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}}
-EXPERT_SLOT = "{expert}"  # where the expert's number goes in a stacked source's name
 
 CONFIG_NAMES = {**hf_llama.CONFIG_NAMES, "num_experts": "num_experts / num_local_experts",
                 "experts_per_token": "num_experts_per_tok", "moe_intermediate_size": "moe_intermediate_size",
