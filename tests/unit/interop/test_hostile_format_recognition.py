@@ -94,3 +94,14 @@ def test_an_adapter_beside_a_checkpoint_is_named(checkpoint, capsys):
     assert recognise(str(checkpoint)) == "hf"
     err = capsys.readouterr().err
     assert "adapter_config.json" in err and "not the adapter" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_without_tokenizer_is_named_as_such(sandbox, checkpoint, tiny_corpus):
+    """model.init_from was given: the line names its missing tokenizer.json, not a missing model.init_from."""
+    from support.preference_files import preference_records, write_preference_file
+
+    os.remove(checkpoint / "tokenizer.json")
+    pairs = write_preference_file(sandbox.work / "pairs.jsonl", preference_records(8, "standard"))
+    overrides = tiny_overrides(sandbox.work / "run", tiny_corpus, **{"model.init_from": str(checkpoint),
+                                                                     "data.task": "preference", "data.path": pairs})
+    sandbox.refused(["train", *overrides], f"model.init_from='{checkpoint}' has no tokenizer.json")

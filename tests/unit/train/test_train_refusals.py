@@ -40,6 +40,9 @@ TRAIN_CASES = {
     "zero bucket": (["parallel.bucket_mb=0"], ["parallel.bucket_mb"]),
     "empty run dir name": (["trainer.run_dir=''"], ["trainer.run_dir"]),
     # bytes that are not UTF-8, as a shell passes them (surrogate escapes): TensorBoard could not write them
+    # a value of 120 kB echoed: the line keeps its start (the key) and its end (the advice)
+    "a huge value": ([f"trainer.device={'x' * 120_000}"], ["trainer.device='xxx", "characters left out",
+                                                         "use auto, cpu, cuda or cuda:N"]),
     # numbers at the ends of their range: the DPO loss would be inf (sigmoid) or NaN (ipo)
     "dpo.beta of 1e300": (["data.task=preference", "dpo.beta=1e300"], ["dpo.beta=1e+300", "[1e-06, 1e+06]"]),
     "dpo.beta of 1e-320 with ipo": (["dpo.beta=1e-320", "dpo.loss_type=ipo"], ["dpo.beta=1e-320", "overflows"]),
