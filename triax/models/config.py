@@ -327,6 +327,9 @@ class GPTConfig:
         if self.experts_per_token > self.num_experts:
             raise ConfigError(f"model.experts_per_token={self.experts_per_token} is above model.num_experts="
                               f"{self.num_experts}; a token cannot be routed to more experts than there are")
+        if self.moe_intermediate_size == 0:  # not unset: a width of zero, which no expert can have
+            raise ConfigError("model.moe_intermediate_size=0: an expert's MLP width must be positive (leave it unset "
+                              "for model.intermediate_size)")
         self.moe_intermediate_size = self.moe_intermediate_size or self.intermediate_size
         _check_size("moe_intermediate_size", self.moe_intermediate_size, MAX_OPTIONAL_SIZES["intermediate_size"])
         if self.norm_topk_prob is None:

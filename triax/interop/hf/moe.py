@@ -36,7 +36,12 @@ CONFIG_NAMES = {**hf_llama.CONFIG_NAMES, "num_experts": "num_experts / num_local
 
 def num_experts(config: dict) -> int:
     """Qwen3-MoE's configs name it num_experts (transformers 5 writes num_local_experts, as Mixtral's)."""
-    value = config.get("num_experts", config.get("num_local_experts"))
+    named = {key: config[key] for key in ("num_experts", "num_local_experts") if config.get(key) is not None}
+    if len(set(map(repr, named.values()))) > 1:
+        # Each transformers class reads one of them; which one depends on the class, so neither is guessed.
+        raise CheckpointError(f"config.json gives num_experts={named['num_experts']!r} and num_local_experts="
+                              f"{named['num_local_experts']!r}; a checkpoint has one expert count: make them agree")
+    value = next(iter(named.values()), None)
     if value is None:
         raise CheckpointError("config.json has neither num_experts nor num_local_experts; not a mixture of experts "
                               "transformers wrote")
