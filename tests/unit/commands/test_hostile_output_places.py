@@ -112,3 +112,19 @@ def test_tokenize_beside_a_run_still_writes(sandbox, run_copy, chat_checkpoint):
     argv = tokenize_forms(chat_checkpoint, sandbox.work)["preference"]
     assert main(["tokenize", *argv, "--out", str(run_copy / "tokens" / "pairs")]) == 0
     assert (run_copy / "tokens" / "pairs" / "meta.json").is_file()
+
+
+@pytest.mark.parametrize("case", list(places(__import__("pathlib").Path("/w"))))
+def test_config_refuses_a_file_place(case, sandbox, hostile_places):
+    out, words = hostile_places[case]
+    out = out + "/default_config.yaml" if out and case != "empty" else out
+    words = ["--config-file is empty"] if case == "empty" else words + ["not a writable directory"]
+    check_one_of(sandbox, ["config", "--default", "--config-file", out], words)
+
+
+@pytest.mark.parametrize("case", list(places(__import__("pathlib").Path("/w"))))
+def test_bench_refuses_a_place_before_any_job(case, sandbox, hostile_places):
+    out, words = hostile_places[case]
+    words = words + ["give a directory"] if case == "empty" else words  # bench's own check of an empty name
+    err = check_one_of(sandbox, ["bench", "--nproc", "1", "--out", out], words)
+    assert "--out" in err
