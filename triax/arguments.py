@@ -17,6 +17,7 @@ import stat
 import struct
 import zipfile
 
+from triax import safe_files
 from triax.errors import UsageError
 
 
@@ -125,6 +126,7 @@ def check_output_file(option: str, path: str, force: bool, written_by_triax) -> 
         raise UsageError(f"{option} {path!r}: its directory {directory!r} does not exist; create it first")
     if not os.access(directory, os.W_OK):
         raise UsageError(f"{option} {path!r}: cannot write in {directory!r}")
+    safe_files.check_output_place(option, path, directory=False)  # a kernel filesystem, a name too long, read-only
     if os.path.lexists(path) and not force and not written_by_triax(path):
         raise UsageError(f"{option} {path!r} already exists and was not written by triax; "
                          "choose another path, or add --force to replace it")

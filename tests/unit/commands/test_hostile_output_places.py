@@ -128,3 +128,13 @@ def test_bench_refuses_a_place_before_any_job(case, sandbox, hostile_places):
     words = words + ["give a directory"] if case == "empty" else words  # bench's own check of an empty name
     err = check_one_of(sandbox, ["bench", "--nproc", "1", "--out", out], words)
     assert "--out" in err
+
+
+@pytest.mark.parametrize("case", list(places(__import__("pathlib").Path("/w"))))
+def test_doctor_refuses_a_report_place_before_any_check(case, sandbox, hostile_places):
+    """A file output (check_output_file, which export's safetensors form shares): the same places."""
+    out, words = hostile_places[case]
+    out = out + ".json" if out else out
+    words = words + ["does not exist", "give a file name", "cannot write in"]
+    err = check_one_of(sandbox, ["doctor", "--json", out], words)
+    assert "--json" in err
