@@ -229,6 +229,13 @@ class PreferenceData:
     report: str  # what was read, cut and dropped, for the run's log
 
 
+def identical_note(pairs: list[Pair]) -> str:
+    """Pairs whose chosen answer is the rejected one teach nothing (their DPO loss is log 2 whatever
+    the model does): accepted, as TRL accepts them, but counted where the data is reported."""
+    identical = sum(pair.chosen == pair.rejected for pair in pairs)
+    return f"; {identical} with chosen identical to rejected (nothing to learn from them)" if identical else ""
+
+
 def load_preference_datasets(path: str | None, val_path: str | None, train_split: float, encoder: PreferenceEncoder,
                              max_length: int, truncation: str, multiple: int = 1) -> PreferenceData:
     """Train and validation pairs of data.path (and data.val_path, else the tail of data.path)."""
@@ -248,7 +255,8 @@ def load_preference_datasets(path: str | None, val_path: str | None, train_split
                             "records or raise data.block_size")
     report = (f"preference data: {len(train.pairs)} training / {len(val.pairs)} validation pairs; "
               f"{train.truncated + val.truncated} with a sequence cut to data.block_size ({truncation}), "
-              f"{train.dropped + val.dropped} left out (the prompt alone fills the block)")
+              f"{train.dropped + val.dropped} left out (the prompt alone fills the block)"
+              + identical_note(train.pairs + val.pairs))
     return PreferenceData(PreferenceDataset(train.pairs, max_length, truncation, multiple=multiple),
                           PreferenceDataset(val.pairs, max_length, truncation, multiple=multiple), report)
 

@@ -247,3 +247,15 @@ def test_a_parquet_file_of_millions_of_encoded_rows_is_refused_from_its_footer(c
     assert path.stat().st_size < 2**20
     sandbox.refused(["tokenize", "--preference", str(checkpoint), str(path), "--out", str(sandbox.work / "out")],
                     "bomb.parquet", f"{rows} rows", "split it")
+
+
+def test_pairs_with_identical_answers_are_counted(checkpoint, tmp_path, capsys):
+    """Accepted as TRL accepts them, but said: a pair whose chosen is its rejected teaches nothing."""
+    from triax.commands.cli import main
+
+    records = preference_records(10, "standard", seed=4)
+    records[3] = {**records[3], "rejected": records[3]["chosen"]}
+    path = write_preference_file(tmp_path / "pairs.jsonl", records)
+    capsys.readouterr()
+    assert main(["tokenize", "--preference", str(checkpoint), str(path), "--out", str(tmp_path / "out")]) == 0
+    assert "1 with chosen identical to rejected" in capsys.readouterr().out
