@@ -87,12 +87,29 @@ def preference_fields(record: object, where: str):
         else:
             values.append(_text(where, field, value))
     if len(values) == 3:
-        return tuple(values)
-    chosen, rejected = values
-    if not chosen or not rejected:
-        raise RecordError(f"{where}: field {'chosen' if not chosen else 'rejected'!r} is empty")
-    split = _shared_prefix(chosen, rejected)
-    return chosen[:split], chosen[split:], rejected[split:]
+        prompt, chosen, rejected = values
+    else:
+        chosen, rejected = values
+        if not chosen or not rejected:
+            raise RecordError(f"{where}: field {'chosen' if not chosen else 'rejected'!r} is empty")
+        split = _shared_prefix(chosen, rejected)
+        prompt, chosen, rejected = chosen[:split], chosen[split:], rejected[split:]
+    _check_answers(where, chosen, rejected)
+    return prompt, chosen, rejected
+
+
+def _check_answers(where: str, chosen: object, rejected: object) -> None:
+    """Each answer says something, and a conversational one ends with the assistant's turn: an empty
+    answer or one in the user's role would train the model to prefer nothing, or the user's words."""
+    for field, answer in (("chosen", chosen), ("rejected", rejected)):
+        if isinstance(answer, list):
+            if answer and answer[-1].get("role") != "assistant":
+                raise RecordError(f"{where}: field {field!r} ends with a {printable(str(answer[-1].get('role')))[:20]!r}"
+                                  " message; an answer is the assistant's turn")
+            if not answer or not any(str(message.get("content") or "").strip() for message in answer):
+                raise RecordError(f"{where}: field {field!r} holds no answer (no message with content)")
+        elif not str(answer).strip():
+            raise RecordError(f"{where}: field {field!r} is empty; an answer says something")
 
 
 def _common_prefix(ids: list[int], other: list[int]) -> int:

@@ -149,6 +149,13 @@ BAD_RECORDS = [
     ('{"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": 7}], "rejected": '
      '[{"role": "assistant", "content": "b"}]}', "'chosen[0].content'"),
     ('{"chosen": "", "rejected": "b"}', "'chosen'"),
+    # answers that teach nothing or the user's words: empty, blank, in the user's role
+    ('{"prompt": "q", "chosen": "", "rejected": " b"}', "field 'chosen' is empty"),
+    ('{"prompt": "q", "chosen": " a", "rejected": "   "}', "field 'rejected' is empty"),
+    ('{"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "user", "content": "a"}], "rejected": '
+     '[{"role": "assistant", "content": "b"}]}', "field 'chosen' ends with a 'user' message"),
+    ('{"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "a"}], "rejected": '
+     '[{"role": "assistant", "content": ""}]}', "field 'rejected' holds no answer"),
     ('{"chosen": ' + "[" * 50 + "]" * 50 + ', "rejected": "b"}', "nests more than"),
     ("[" * 100000 + "]" * 100000, "nests too deeply"),
     ('{"chosen": NaN, "rejected": "b"}', "not valid JSON"),
