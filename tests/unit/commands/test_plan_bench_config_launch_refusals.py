@@ -21,6 +21,9 @@ PLAN_CASES = {
     "huge world": (["--world", "100000000"], ["--world 100000000"]),
     "unknown schedule": (["--pp-schedule", "zigzag"], ["zigzag"]),
     "zero world": (["--world", "0"], ["--world 0"]),
+    # named as typed, not as the model.* key it becomes
+    "huge sequence": (["--seq", "99999999999"], ["--seq 99999999999", "bound of 2097152"]),
+    "huge vocabulary": (["--vocab", "99999999999"], ["--vocab 99999999999", "bound of 16777216"]),
 }
 
 
