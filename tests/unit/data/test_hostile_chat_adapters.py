@@ -379,6 +379,9 @@ ADAPTER_CASES = {
                                 ["shape [4, 3]"]),
     "weights linked outside": (lambda d: _link_outside(d, "adapter_model.safetensors"), ["links outside"]),
     "config linked outside": (lambda d: _link_outside(d, "adapter_config.json"), ["links outside"]),
+    "weights missing": (lambda d: os.remove(d / "adapter_model.safetensors"), ["cannot be read (No such file"]),
+    "weights a directory": (lambda d: (os.remove(d / "adapter_model.safetensors"),
+                                       os.mkdir(d / "adapter_model.safetensors")), ["is not a regular file"]),
 }
 
 
