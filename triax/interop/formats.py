@@ -109,7 +109,8 @@ def open_continuation(path: str) -> ForeignRun | None:
     transformers Trainer's checkpoint-N or nanoGPT's ckpt.pt; None for anything else."""
     kind = recognise(path, "trainer.continue_from")
     with readable(path, "trainer.continue_from"):
-        if kind == "hf" and is_trainer_checkpoint(path):
+        # A Trainer's checkpoint of a PEFT model holds its adapter, no config.json: still the Trainer's.
+        if kind in ("hf", None) and is_trainer_checkpoint(path):
             return TrainerRun(path)
         if kind == "nanogpt":
             return NanoGPTRun(path, open_checkpoint(path))

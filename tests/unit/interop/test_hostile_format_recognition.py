@@ -80,11 +80,11 @@ def test_an_unreadable_directory_is_one_line(reader, sandbox, checkpoint, tiny_c
                     "Permission denied", str(checkpoint))
 
 
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "tokenizer.json"])
 @pytest.mark.parametrize("reader", ["init_from", "eval"])
-def test_an_unreadable_config_json_is_one_line(reader, sandbox, checkpoint, tiny_corpus, monkeypatch):
-    _denied_for(monkeypatch, "open", checkpoint / "config.json")
-    sandbox.refused(readers(checkpoint, tiny_corpus, sandbox.work / "run")[reader], "config.json",
-                    "Permission denied")
+def test_an_unreadable_file_is_one_line(reader, name, sandbox, checkpoint, tiny_corpus, monkeypatch):
+    _denied_for(monkeypatch, "open", checkpoint / name)
+    sandbox.refused(readers(checkpoint, tiny_corpus, sandbox.work / "run")[reader], name, "Permission denied")
 
 
 def test_an_adapter_beside_a_checkpoint_is_named(checkpoint, capsys):
