@@ -15,9 +15,16 @@ import re
 import shutil
 import stat
 import struct
+import sys
 import zipfile
 
+from triax import safe_files
 from triax.errors import UsageError
+
+
+# Options meant to be given more than once.
+REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction, argparse._ExtendAction,
+              argparse._HelpAction, argparse._VersionAction)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -31,6 +38,31 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {plain_message(message)} (see {self.prog} --help)")
+
+    def parse_known_args(self, args: list[str] | None = None, namespace: argparse.Namespace | None = None):
+        words = list(sys.argv[1:] if args is None else args)
+        self.refuse_repeats(words)
+        return super().parse_known_args(words, namespace)
+
+    def refuse_repeats(self, words: list[str]) -> None:
+        """An option of one value given twice is refused: argparse keeps the last without a word, so
+        `--tokens 5 ... --tokens 500000` would run the second. A parser that hands the rest of its
+        command line on (torchrun's and horovodrun's, whose own parsers keep the last) is left as
+        they are; options meant to repeat (append, count) may."""
+        if any(action.nargs == argparse.REMAINDER for action in self._actions):
+            return
+        seen: dict = {}
+        for word in words:
+            if word == "--":
+                return
+            action = self._option_string_actions.get(word.split("=", 1)[0])
+            if action is None or isinstance(action, REPEATABLE):
+                continue
+            name = word.split("=", 1)[0]
+            if action in seen:
+                also = f" (as {seen[action]})" if seen[action] != name else ""
+                self.error(f"option {name} given more than once{also}; give it once")
+            seen[action] = name
 
 
 class FormOption(argparse.Action):
@@ -125,6 +157,7 @@ def check_output_file(option: str, path: str, force: bool, written_by_triax) -> 
         raise UsageError(f"{option} {path!r}: its directory {directory!r} does not exist; create it first")
     if not os.access(directory, os.W_OK):
         raise UsageError(f"{option} {path!r}: cannot write in {directory!r}")
+    safe_files.check_output_place(option, path, directory=False)  # a kernel filesystem, a name too long, read-only
     if os.path.lexists(path) and not force and not written_by_triax(path):
         raise UsageError(f"{option} {path!r} already exists and was not written by triax; "
                          "choose another path, or add --force to replace it")

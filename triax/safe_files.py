@@ -47,10 +47,76 @@ def real_directory(path: str) -> str:
 
 
 def make_directory(path: str) -> str:
-    """Create `path` (and its parents) if missing; refuse it if it is a symlink or not a directory."""
+    """Create `path` (and its parents) if missing; refuse it if it is a symlink or not a directory.
+    A place that cannot be made (a parent that is a file, a read-only or kernel filesystem, a name
+    too long) is one line naming it and why, not the OSError of the one component that failed."""
     if not os.path.lexists(path):
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as error:
+            raise UnsafeFileError(f"cannot make the directory {path!r}: {error.strerror or error}; "
+                                  "give a place where a directory can be made") from None
     return real_directory(path)
+
+
+# Kernel filesystems: their directories look writable to root, but a directory made there (if one
+# can be) holds no files; an output place under them is a slip, refused before anything is read.
+KERNEL_FILESYSTEMS = ("/proc", "/sys")
+# POSIX's least limits, used where the filesystem does not say its own (pathconf).
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def _limit(directory: str, name: str, default: int) -> int:
+    try:
+        return os.pathconf(directory, name)
+    except (OSError, ValueError):
+        return default
+
+
+def _why_not(path: str, directory: bool) -> str | None:
+    """Why `path` cannot become (or be) the directory (or file) an output is written to, or None."""
+    if not path.strip():
+        return "the name is empty"
+    if "\0" in path:
+        return "the name holds a NUL character"
+    absolute = os.path.abspath(path)
+    existing = absolute
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    real = os.path.realpath(existing)
+    if any(real == root or real.startswith(root + os.sep) for root in KERNEL_FILESYSTEMS):
+        return f"{real} is on a kernel filesystem, not storage"
+    if existing == absolute:
+        if directory and not os.path.isdir(absolute):
+            return "it is a file, not a directory" if is_regular(absolute) else "it exists and is not a directory"
+        if not directory and os.path.isdir(absolute):
+            return "it is a directory, not a file"
+    elif not os.path.isdir(existing):
+        return f"{existing} is a file, not a directory" if is_regular(existing) else f"{existing} is not a directory"
+    name_max = _limit(existing if os.path.isdir(existing) else "/", "PC_NAME_MAX", NAME_MAX)
+    missing = [part for part in absolute[len(existing):].split(os.sep) if part]
+    too_long = [part for part in missing if len(os.fsencode(part)) > name_max]
+    if too_long or len(os.fsencode(absolute)) >= _limit("/", "PC_PATH_MAX", PATH_MAX):
+        return f"the name {(too_long or [absolute])[0][:40]}... is longer than the filesystem allows"
+    writable = existing if existing != absolute or directory else os.path.dirname(existing)
+    try:
+        read_only = bool(os.statvfs(writable).f_flag & os.ST_RDONLY)
+    except OSError as error:
+        return f"{writable} cannot be examined ({error.strerror})"
+    if read_only or not os.access(writable, os.W_OK | os.X_OK):
+        return f"{writable} is read-only" if read_only else f"{writable} is not writable by this user"
+    return None
+
+
+def check_output_place(option: str, path: str, directory: bool = True) -> None:
+    """Refuse, in one line naming it and why, an output place that cannot be made or written (a
+    parent that is a file, a read-only or kernel filesystem, a name empty or too long), without
+    making anything: every command checks its output this way before any expensive read."""
+    why = _why_not(path, directory)
+    if why is not None:
+        kind = "directory" if directory else "file"
+        shown = path if len(path) <= 100 else path[:100] + "..."
+        raise UnsafeFileError(f"{option} {shown!r} cannot be written as a {kind}: {why}; give another place")
 
 
 def _regular(descriptor: int, path: str, max_bytes: int | None) -> None:

@@ -16,6 +16,7 @@ import re
 import sys
 import time
 
+from triax import safe_files
 from triax.arguments import ArgumentParser, at_least, check_device, need, positive
 from triax.bench import report
 from triax.bench.jobs import run_job
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     counts = parse_process_counts(args.nproc)
     check_choices(args)
+    safe_files.check_output_place("--out", args.out)  # one line before any job is started
     os.makedirs(args.out, exist_ok=True)
 
     records = []

@@ -104,6 +104,18 @@ def report_error(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+# An error line echoes what the user gave (a value, a path): one of 100 kB would bury the line's
+# advice; past this, its middle is left out (the start names the key, the end says what to do).
+MAX_ERROR_CHARS = 2000
+
+
+def bounded(line: str) -> str:
+    if len(line) <= MAX_ERROR_CHARS:
+        return line
+    left_out = len(line) - MAX_ERROR_CHARS
+    return f"{line[:MAX_ERROR_CHARS // 2]}...[{left_out} characters left out]...{line[-MAX_ERROR_CHARS // 2:]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = take_debug_flag(argv)
@@ -115,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # One line whatever the message quotes: a control character in a path the user gave (a
         # newline, an escape sequence) is shown escaped, never printed raw.
-        report_error(f"triax: error: {printable(str(error))}")
+        report_error(f"triax: error: {bounded(printable(str(error)))}")
         return 2
     except KeyboardInterrupt as interrupt:
         # The trainer's second Ctrl-C says where a restart will begin.

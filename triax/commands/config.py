@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--show", action="store_true", help="print the active configuration and exit")
     parser.add_argument("--force", action="store_true", help="replace a --config-file triax did not write")
     args = parser.parse_args(argv)
-    path = args.config_file or config_path()
+    path = args.config_file if args.config_file is not None else config_path()  # "" is refused, not the default
     if not args.show:
         check_config_file(path, args.force)  # before any question is asked
     if args.show:

@@ -7,7 +7,7 @@ import argparse
 
 from triax.arguments import ArgumentParser, at_least, positive
 from triax.errors import ConfigError
-from triax.models.config import PRESETS, GPTConfig, preset_fields
+from triax.models.config import MAX_SIZES, PRESETS, GPTConfig, preset_fields
 from triax.parallel import plan as plan_module
 from triax.parallel.mesh import PP_SCHEDULES, Layout, check_context_parallel
 from triax.parallel.plan import MAX_WORLD, ModelShape, plan
@@ -47,6 +47,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     for option, value in (("--global-batch", args.global_batch), ("--seq", args.seq), ("--vocab", args.vocab),
                           ("--top", args.top)):
         at_least(option, value, 1)
+    for option, value, field in (("--seq", args.seq, "block_size"), ("--vocab", args.vocab, "vocab_size")):
+        # The model's own bound, named as typed here rather than as the model.* key it becomes.
+        if value > MAX_SIZES[field]:
+            raise ConfigError(f"{option} {value} is above triax's bound of {MAX_SIZES[field]} for a model's {field} "
+                              "(several times the largest published models); use a smaller value")
     at_least("--microbatches", args.microbatches, 0)
     at_least("--cp", args.cp, 0)
     if args.cp:

@@ -104,6 +104,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    check_out(args.out)
     if args.chat is not None:
         return tokenize_chat(args)
     if args.preference is not None:
@@ -120,6 +121,20 @@ def main(argv: list[str]) -> int:
     return tokenize_text(args.inputs, args.out, vocab_size=args.vocab_size, tokenizer_file=args.tokenizer,
                          val_fraction=args.val_fraction, overwrite=args.overwrite, workers=args.workers,
                          megatron=args.format == "megatron", text_field=args.text_field)
+
+
+def check_out(out: str) -> None:
+    """--out (a local one: fsspec URLs are the store's to refuse) follows export's rule for an output
+    place: made or refused before any input is read, never a run's snapshots, kept files or own
+    files; and never a run directory itself, whose tokenizer.json the token files would replace."""
+    from triax.train.runs import check_output_place  # deferred: the training room, after --help
+
+    if "://" in out and not out.startswith("file://"):
+        return
+    out = out.removeprefix("file://")
+    check_output_place("--out", out)
+    if os.path.isfile(os.path.join(out, "model.json")):
+        raise DataError(f"--out {out!r} is a triax run directory; write the token files to a directory of their own")
 
 
 def tokenize_chat(args: argparse.Namespace) -> int:

@@ -14,6 +14,11 @@ if TYPE_CHECKING:  # names for the types only: the schema imports this module
     from triax.parallel.mesh import Layout
 
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
+# dpo.beta's range: sigmoid, hinge and robust scale the log-probability margin by beta (a sequence's
+# margin reaches thousands of nats: beta 1e300 makes it inf in float32), ipo's target margin is
+# 1/(2 beta), squared (beta 1e-320 makes it inf). Within [1e-6, 1e6] both stay below 1e13, finite in
+# float32 and bfloat16 alike, and the range holds every beta the DPO papers and TRL use (0.01 .. 1).
+BETA_RANGE = (1e-6, 1e6)
 
 
 @dataclass
@@ -31,8 +36,9 @@ class DPOConfig:
 
 
 def check_dpo(config: DPOConfig) -> None:
-    if not (math.isfinite(config.beta) and config.beta > 0):
-        raise ConfigError(f"dpo.beta={config.beta!r}; use a positive number such as 0.1")
+    if not (math.isfinite(config.beta) and BETA_RANGE[0] <= config.beta <= BETA_RANGE[1]):
+        raise ConfigError(f"dpo.beta={config.beta!r}; use a number in [{BETA_RANGE[0]:g}, {BETA_RANGE[1]:g}] such as "
+                          "0.1 (beyond it the loss's arithmetic overflows)")
     if config.loss_type not in LOSS_TYPES:
         raise ConfigError(f"dpo.loss_type={config.loss_type!r}; use one of {', '.join(LOSS_TYPES)}")
     if not (math.isfinite(config.label_smoothing) and 0 <= config.label_smoothing < 0.5):
@@ -46,6 +52,12 @@ def check_dpo(config: DPOConfig) -> None:
 def check_preference_run(config: TrainConfig, layout: Layout) -> None:
     """What a DPO run needs, before any process group forms (one line each)."""
     if config.data.task != "preference":
+        if config.dpo != DPOConfig():
+            # Set by hand, they would change nothing: the slip is the task (or a key left from a DPO recipe).
+            changed = [f"dpo.{key}={value!r}" for key, value in vars(config.dpo).items()
+                       if value != getattr(DPOConfig(), key)]
+            raise ConfigError(f"{', '.join(changed)} with data.task={config.data.task}: the dpo.* keys apply to "
+                              "data.task=preference only; set data.task=preference or leave them out")
         return
     if not config.model.lora.rank and not config.model.init_from:
         raise ConfigError("data.task=preference needs model.init_from: the reference is the model it starts from")

@@ -32,6 +32,14 @@ def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 DEVICE_HELP = "use auto, cpu, cuda or cuda:N"
 
 
@@ -154,6 +162,10 @@ def _check_trainer(trainer: TrainerConfig) -> None:
           "use a positive number of seconds")
     _check_device(trainer.device)
     _need(trainer.run_dir.strip() != "", "trainer.run_dir", trainer.run_dir, "give a directory")
+    # A name with bytes that are not UTF-8 (a surrogate escape from the command line) breaks the
+    # trackers that write it (TensorBoard's event files) after the run's files were made.
+    for key, value in (("trainer.run_dir", trainer.run_dir), ("trainer.snapshot_dir", trainer.snapshot_dir)):
+        _need(value is None or _utf8(value), key, value, "give a name in UTF-8 (it holds bytes that are not)")
     _need(trainer.snapshot_dir is None or trainer.snapshot_dir.strip() != "", "trainer.snapshot_dir",
           trainer.snapshot_dir, "give a directory or URL, or leave it unset for <run_dir>/snapshots")
     if trainer.collective_timeout is not None:

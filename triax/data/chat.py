@@ -47,8 +47,16 @@ ROLES = ("system", "user", "assistant")
 MAX_LINE_BYTES = 16 * 2**20
 # A .json file is parsed whole: past this, use JSONL (read line by line).
 MAX_JSON_BYTES = 1024 * 2**20
-# A Parquet file is read whole (its table is built in memory anyway): past this, split it.
+# A Parquet file is read into memory (its bytes, then its rows batch by batch): past this, split it.
 MAX_PARQUET_BYTES = 1024 * 2**20
+# Records of one Parquet file: its footer's row count is checked before any row is read. Four
+# million conversations is more than a fine-tuning file holds (each record's ids are kept in memory
+# once tokenized); encoded rows can be far smaller than their records, so the bytes bound no count.
+MAX_PARQUET_ROWS = 4 * 2**20
+# Rows expanded into Python records at a time, and the most bytes those rows may decode to (each
+# conversation at most a JSONL line's worth).
+PARQUET_BATCH_ROWS = 64
+MAX_PARQUET_BATCH_BYTES = PARQUET_BATCH_ROWS * MAX_LINE_BYTES // 4
 # Nesting of a record: a conversation needs 4 levels (record, list, message, text).
 MAX_DEPTH = 8
 OVERLONG_RULES = ("truncate", "drop")
@@ -211,17 +219,37 @@ def _parquet_records(handle: IO[bytes], path: str):
     # alone: with a file object its I/O threads call back into Python to read, and one doing so
     # while the interpreter shuts down (after a refusal below, say) aborts the process
     # ("terminate called without an active exception", exit 134).
-    data = pyarrow.py_buffer(handle.read(MAX_PARQUET_BYTES + 1))
+    size = os.fstat(handle.fileno()).st_size  # checked against MAX_PARQUET_BYTES when it was opened
+    data = pyarrow.py_buffer(handle.read(size + 1))  # a buffer the file's size, not the most it may be
     if data.size > MAX_PARQUET_BYTES:
         raise DataError(f"{path!r} is more than {MAX_PARQUET_BYTES} bytes; split it into smaller Parquet files")
     try:
-        # ParquetFile.read, not read_table: read_table's dataset scanner starts an I/O thread even
+        # ParquetFile, not read_table: read_table's dataset scanner starts an I/O thread even
         # with use_threads=False.
-        table = parquet.ParquetFile(pyarrow.BufferReader(data), pre_buffer=False).read(use_threads=False)
+        table = parquet.ParquetFile(pyarrow.BufferReader(data), pre_buffer=False)
+        rows = table.metadata.num_rows
     except Exception as error:  # pyarrow's many error classes: the file is not Parquet it can read
         raise DataError(f"{path!r} is not a Parquet file pyarrow can read ({printable(str(error))[:200]})") from None
-    for number, record in enumerate(table.to_pylist()):
-        yield f"{path}: row {number}", record
+    # The row count from the footer, before any row is expanded: a few kilobytes of dictionary- and
+    # run-length-encoded rows can stand for millions of records, each a Python dict once read.
+    if rows > MAX_PARQUET_ROWS:
+        raise DataError(f"{path!r} holds {rows} rows, more than the {MAX_PARQUET_ROWS} records triax reads from "
+                        "one Parquet file; split it into smaller files")
+    number = 0
+    batches = table.iter_batches(batch_size=PARQUET_BATCH_ROWS, use_threads=False)
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as error:  # noqa: BLE001 - as above: damage found while reading the rows
+            raise DataError(f"{path!r}: row {number} cannot be read ({printable(str(error))[:200]})") from None
+        if batch is None:
+            return
+        if batch.nbytes > MAX_PARQUET_BATCH_BYTES:
+            raise DataError(f"{path!r}: rows {number}..{number + batch.num_rows - 1} hold {batch.nbytes} bytes, more "
+                            f"than {PARQUET_BATCH_ROWS} conversations can; the file is damaged or not chat data")
+        for record in batch.to_pylist():
+            yield f"{path}: row {number}", record
+            number += 1
 
 
 class ChatEncoder:

@@ -87,12 +87,29 @@ def preference_fields(record: object, where: str):
         else:
             values.append(_text(where, field, value))
     if len(values) == 3:
-        return tuple(values)
-    chosen, rejected = values
-    if not chosen or not rejected:
-        raise RecordError(f"{where}: field {'chosen' if not chosen else 'rejected'!r} is empty")
-    split = _shared_prefix(chosen, rejected)
-    return chosen[:split], chosen[split:], rejected[split:]
+        prompt, chosen, rejected = values
+    else:
+        chosen, rejected = values
+        if not chosen or not rejected:
+            raise RecordError(f"{where}: field {'chosen' if not chosen else 'rejected'!r} is empty")
+        split = _shared_prefix(chosen, rejected)
+        prompt, chosen, rejected = chosen[:split], chosen[split:], rejected[split:]
+    _check_answers(where, chosen, rejected)
+    return prompt, chosen, rejected
+
+
+def _check_answers(where: str, chosen: object, rejected: object) -> None:
+    """Each answer says something, and a conversational one ends with the assistant's turn: an empty
+    answer or one in the user's role would train the model to prefer nothing, or the user's words."""
+    for field, answer in (("chosen", chosen), ("rejected", rejected)):
+        if isinstance(answer, list):
+            if answer and answer[-1].get("role") != "assistant":
+                raise RecordError(f"{where}: field {field!r} ends with a {printable(str(answer[-1].get('role')))[:20]!r}"
+                                  " message; an answer is the assistant's turn")
+            if not answer or not any(str(message.get("content") or "").strip() for message in answer):
+                raise RecordError(f"{where}: field {field!r} holds no answer (no message with content)")
+        elif not str(answer).strip():
+            raise RecordError(f"{where}: field {field!r} is empty; an answer says something")
 
 
 def _common_prefix(ids: list[int], other: list[int]) -> int:
@@ -229,6 +246,13 @@ class PreferenceData:
     report: str  # what was read, cut and dropped, for the run's log
 
 
+def identical_note(pairs: list[Pair]) -> str:
+    """Pairs whose chosen answer is the rejected one teach nothing (their DPO loss is log 2 whatever
+    the model does): accepted, as TRL accepts them, but counted where the data is reported."""
+    identical = sum(pair.chosen == pair.rejected for pair in pairs)
+    return f"; {identical} with chosen identical to rejected (nothing to learn from them)" if identical else ""
+
+
 def load_preference_datasets(path: str | None, val_path: str | None, train_split: float, encoder: PreferenceEncoder,
                              max_length: int, truncation: str, multiple: int = 1) -> PreferenceData:
     """Train and validation pairs of data.path (and data.val_path, else the tail of data.path)."""
@@ -248,7 +272,8 @@ def load_preference_datasets(path: str | None, val_path: str | None, train_split
                             "records or raise data.block_size")
     report = (f"preference data: {len(train.pairs)} training / {len(val.pairs)} validation pairs; "
               f"{train.truncated + val.truncated} with a sequence cut to data.block_size ({truncation}), "
-              f"{train.dropped + val.dropped} left out (the prompt alone fills the block)")
+              f"{train.dropped + val.dropped} left out (the prompt alone fills the block)"
+              + identical_note(train.pairs + val.pairs))
     return PreferenceData(PreferenceDataset(train.pairs, max_length, truncation, multiple=multiple),
                           PreferenceDataset(val.pairs, max_length, truncation, multiple=multiple), report)
 

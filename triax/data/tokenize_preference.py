@@ -15,7 +15,7 @@ import os
 
 from triax import safe_files
 from triax.data.errors import DataError
-from triax.data.preference import EncodedPairs, encode_pairs, preference_encoder_for
+from triax.data.preference import EncodedPairs, encode_pairs, identical_note, preference_encoder_for
 from triax.errors import printable
 
 OUTPUT_FILES = ("train.pairs.jsonl", "val.pairs.jsonl", "meta.json")
@@ -57,5 +57,5 @@ def tokenize_preference(checkpoint: str, inputs: list[str], out: str, *, val_fil
             "left_out": train.dropped + val.dropped}
     safe_files.write_atomic(os.path.join(out, "meta.json"), json.dumps(meta, indent=1))  # last: complete
     print(printable(f"wrote {len(train.pairs)} train + {len(val.pairs)} val pairs ({meta['left_out']} left out: the "
-                    f"prompt fills --max-length) to {out}"))
+                    f"prompt fills --max-length{identical_note(train.pairs + val.pairs)}) to {out}"))
     return 0

@@ -58,3 +58,6 @@ def write_transformers(run: ExportedRun, output: str, options: ExportOptions) ->
 # --format -> its writer (triax/commands/export.py's choices are these names)
 EXPORTERS: dict[str, Writer] = {"safetensors": write_safetensors, "hf": write_transformers,
                                 "nanogpt": write_nanogpt, "peft": write_peft}
+# --format -> (the name its errors give the output, whether the output is a directory)
+OUTPUT_PLACES: dict[str, tuple[str, bool]] = {"safetensors": ("output", False), "hf": ("OUT_DIR", True),
+                                              "nanogpt": ("OUT_DIR", True), "peft": ("OUT_DIR", True)}

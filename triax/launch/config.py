@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from triax import safe_yaml
+from triax import safe_files, safe_yaml
 from triax.errors import ConfigError
 from triax.launch.accelerate_config import from_accelerate, is_accelerate_config
 from triax.launch.settings import MIXED_PRECISION_CHOICES, PARALLEL_CHOICES
@@ -157,6 +157,7 @@ def check_config_file(path: str, force: bool = False) -> None:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise ConfigError(f"cannot create {path}: {parent} is not a writable directory")
+    safe_files.check_output_place("--config-file", path, directory=False)  # /proc, a name too long, read-only
 
 
 def write_config(config: LaunchConfig, path: str | None = None) -> str:

@@ -310,7 +310,7 @@ class GPTConfig:
         for name in ("router_aux_loss_coef", "router_z_loss_coef"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1e3):
-                raise ConfigError(f"model.{name}={value!r} must be a number >= 0 (0 turns it off)")
+                raise ConfigError(f"model.{name}={value!r} must be a number in [0, 1000) (0 turns it off)")
         if self.family != "moe":
             if self.router_scoring != "softmax" or self.router_bias_update_rate:
                 raise ConfigError(f"model.router_scoring / router_bias_update_rate with model.arch={self.arch}: they "
@@ -327,6 +327,9 @@ class GPTConfig:
         if self.experts_per_token > self.num_experts:
             raise ConfigError(f"model.experts_per_token={self.experts_per_token} is above model.num_experts="
                               f"{self.num_experts}; a token cannot be routed to more experts than there are")
+        if self.moe_intermediate_size == 0:  # not unset: a width of zero, which no expert can have
+            raise ConfigError("model.moe_intermediate_size=0: an expert's MLP width must be positive (leave it unset "
+                              "for model.intermediate_size)")
         self.moe_intermediate_size = self.moe_intermediate_size or self.intermediate_size
         _check_size("moe_intermediate_size", self.moe_intermediate_size, MAX_OPTIONAL_SIZES["intermediate_size"])
         if self.norm_topk_prob is None:

@@ -107,13 +107,22 @@ def _encoded_text(config: DataConfig, codec: object) -> TrainData:
     return TrainData(train, val, len(codec), config.block_size, codec, getattr(codec, "source_path", None))
 
 
+def _need_tokenizer(task: str, codec: object, source: object | None, why: str) -> None:
+    """Chat and preference data are encoded by model.init_from's tokenizer: one line naming what is
+    missing, the checkpoint or (when one was given) its tokenizer.json."""
+    if source is None:
+        raise ConfigError(f"data.task={task} needs model.init_from: a transformers checkpoint directory with "
+                          f"tokenizer.json ({why})")
+    if not isinstance(codec, BPETokenizer):
+        raise ConfigError(f"data.task={task}: model.init_from={source.path!r} has no tokenizer.json "
+                          f"({why}); give a checkpoint directory that holds one")
+
+
 def _chat_data(config: DataConfig, codec: object, source: object | None) -> TrainData:
     """Conversations rendered with the checkpoint's chat template and encoded by its tokenizer."""
     from triax.data.chat import ChatEncoder, chat_template_for, load_chat_datasets
 
-    if source is None or not isinstance(codec, BPETokenizer):
-        raise ConfigError("data.task=chat needs model.init_from: a transformers checkpoint directory with "
-                          "tokenizer.json (its chat template and tokenizer render and encode the conversations)")
+    _need_tokenizer("chat", codec, source, "its chat template and tokenizer render and encode the conversations")
     template = chat_template_for(config.chat_template, source.description, source.path)
     encoder = ChatEncoder(template, codec.tokenizer)
     chat = load_chat_datasets(config.path, config.val_path, config.train_split, encoder, config.block_size,
@@ -126,9 +135,7 @@ def _preference_data(config: DataConfig, codec: object, source: object | None) -
     """Preference pairs encoded as TRL's DPOTrainer encodes them (triax.data.preference)."""
     from triax.data.preference import load_preference_datasets, preference_encoder_for
 
-    if source is None or not isinstance(codec, BPETokenizer):
-        raise ConfigError("data.task=preference needs model.init_from: a transformers checkpoint directory with "
-                          "tokenizer.json (its tokenizer and chat template encode the pairs)")
+    _need_tokenizer("preference", codec, source, "its tokenizer and chat template encode the pairs")
     encoder = preference_encoder_for(config.chat_template, source.description, source.path, codec.tokenizer)
     pairs = load_preference_datasets(config.path, config.val_path, config.train_split, encoder, config.block_size,
                                      config.truncation_mode)

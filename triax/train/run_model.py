@@ -13,7 +13,7 @@ from triax import safe_files, safe_yaml
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import TriaxError
 from triax.interop.foreign_run import ForeignRun
-from triax.interop.formats import open_whole_model
+from triax.interop.formats import open_whole_model, recognise
 from triax.train.chat_generate import load_chat_model
 from triax.config import TrainConfig, from_dict
 from triax.train.runs import check_exists, configured_snapshot_root, load_run_model
@@ -48,7 +48,7 @@ def open_model(path: str, device: torch.device) -> ForeignRun:
     """The run or checkpoint at `path` whose whole model is read on `device` (`whole_model`; its
     `codec` then set): a TrainedRun, or a transformers directory; one line for anything else."""
     check_exists(path, "a triax run directory or a transformers directory")
-    if os.path.isfile(os.path.join(path, "model.json")):
+    if recognise(path, "the checkpoint") == "triax":  # the one order of recognition (interop/formats.py)
         return TrainedRun(path)
     source = open_whole_model(path, BPETokenizer.from_file, device)
     if source is None:

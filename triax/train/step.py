@@ -24,6 +24,7 @@ from triax.data.windows import mask_unscored
 from triax.parallel.context_parallel import local_chunks
 from triax.parallel.ddp import unwrap
 from triax.parallel.grad_clip import clip_grad_norm
+from triax.train.finite_watch import FiniteWatch
 from triax.parallel.mesh import Layout
 from triax.parallel.no_sync import no_sync
 from triax.parallel.parallelize import ParallelModel
@@ -97,6 +98,7 @@ class TrainingStep:
         # read (the positions computed, padding included; the targets the loss sees).
         self.counted = [0, 0]
         self.pipeline_reduction = "mean"  # what pipeline_loss returns: "sum" while evaluating
+        self.finite = FiniteWatch(self.device, optimization.scaler.is_enabled())  # a NaN stops the run
 
     # ---- batches --------------------------------------------------------------------------------
 
@@ -249,6 +251,7 @@ class TrainingStep:
         position.sample_index += self.samples_per_step
         if self.sample_log is not None:
             self.sample_log.record(position.step, position.epoch, consumed)
+        self.finite.record(position.step, loss_sum, grad_norm)
         return loss_sum / trainer.grad_accum, grad_norm
 
     def _rank_indices(self, start: int, consumed: list[int]) -> torch.Tensor:

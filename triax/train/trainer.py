@@ -450,6 +450,7 @@ class Trainer:
         try:
             last = self._loop(stop)
             stop.reached()  # at a step boundary: the final snapshot is not cut short
+            self._check_finite()
             self.snapshots.finish(self.stop_reason, self.logger, self.total_steps)
             if self.stop_reason is None:
                 self.logger.print(self.console.summary(self.best_val, self.last_snapshot))
@@ -481,6 +482,8 @@ class Trainer:
             # Reading a value back from a GPU waits for its kernels: a CUDA run reads the loss only on
             # the steps it logs, so the host queues the next step while the GPU runs this one (and the
             # interval's time, taken after the read, is the GPU's). On a CPU the value is there already.
+            if logged:  # a loss no longer finite stops the run before it is logged or saved
+                self._check_finite()
             if logged or self.device.type != "cuda":
                 loss, grad_norm = float(loss), float(grad_norm)
                 bar_loss = f"{loss:.4f}"
@@ -503,10 +506,16 @@ class Trainer:
             epoch_ended = not self.sampler.fits(self.sample_index, self.samples_per_step)
             if ((self.save_every and self.step % self.save_every == 0)
                     or (trainer.save_on_epoch_end and epoch_ended)):
+                self._check_finite()
                 self.save()
             if self._stop_agreed(stop):
                 break
         return last
+
+    def _check_finite(self) -> None:
+        """Stop (every rank, one line) before a loss or gradient norm that is no longer finite is logged
+        or saved: the last finite snapshot stays the newest (triax.train.finite_watch)."""
+        self.steps.finite.check(self.last_snapshot, self.saved_step)
 
     def _stop_agreed(self, stop: StopRequest) -> bool:
         """Whether any rank was asked to stop: then every rank stops after this step."""

@@ -24,6 +24,7 @@ GENERATE_CASES = {
     "negative seed": (["--seed", "-1"], ["--seed -1"]),
     "malformed number": (["--top-k", "many"], ["--top-k", "many"]),
     "unknown option": (["--colour", "red"], ["--colour"]),
+    "repeated option": (["--tokens", "5", "--tokens", "500"], ["option --tokens given more than once"]),
 }
 
 

@@ -21,13 +21,19 @@ PLAN_CASES = {
     "huge world": (["--world", "100000000"], ["--world 100000000"]),
     "unknown schedule": (["--pp-schedule", "zigzag"], ["zigzag"]),
     "zero world": (["--world", "0"], ["--world 0"]),
+    # argparse would keep the last without a word
+    "repeated option": (["--seq", "5", "--seq=7"], ["option --seq given more than once", "give it once"]),
+    # named as typed, not as the model.* key it becomes
+    "huge sequence": (["--seq", "99999999999"], ["--seq 99999999999", "bound of 2097152"]),
+    "huge vocabulary": (["--vocab", "99999999999"], ["--vocab 99999999999", "bound of 16777216"]),
 }
 
 
 @pytest.mark.parametrize("name", list(PLAN_CASES))
 def test_plan_refuses(name, sandbox):
     options, words = PLAN_CASES[name]
-    sandbox.refused([*PLAN, *options], *words)
+    base = ["plan", "--memory-gb", "16", "--model", "gpt-nano"] if "--world" in options else PLAN  # given once
+    sandbox.refused([*base, *options], *words)
 
 
 BENCH_CASES = {

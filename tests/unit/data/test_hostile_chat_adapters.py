@@ -379,6 +379,9 @@ ADAPTER_CASES = {
                                 ["shape [4, 3]"]),
     "weights linked outside": (lambda d: _link_outside(d, "adapter_model.safetensors"), ["links outside"]),
     "config linked outside": (lambda d: _link_outside(d, "adapter_config.json"), ["links outside"]),
+    "weights missing": (lambda d: os.remove(d / "adapter_model.safetensors"), ["cannot be read (No such file"]),
+    "weights a directory": (lambda d: (os.remove(d / "adapter_model.safetensors"),
+                                       os.mkdir(d / "adapter_model.safetensors")), ["is not a regular file"]),
 }
 
 
@@ -401,6 +404,20 @@ def test_a_bad_adapter_is_refused_in_one_line(name, sandbox, lora_copy, chat_bas
     change(adapter)
     quickly(sandbox, chat_overrides(sandbox.work / "run", base, chat, **{"model.lora.init_from": adapter}),
             "model.lora.init_from", *words)
+
+
+def test_an_adapter_that_overflows_the_loss_stops_the_run(sandbox, lora_copy, chat_base, capsys):  # noqa: F811
+    """lora_B of 1e30 is finite and loads; the loss it gives is not: the run stops in one line, exit 2,
+    having saved nothing of that state (no snapshot, no logged NaN)."""
+    base, chat = chat_base
+    adapter = _exported_adapter(sandbox, lora_copy)
+    _edit_tensors(adapter, lambda t: [t[name].fill_(1e30) for name in t if name.endswith("lora_B.weight")])
+    run_dir = sandbox.work / "run"
+    capsys.readouterr()
+    assert triax_main(chat_overrides(run_dir, base, chat, **{"model.lora.init_from": adapter})) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stopped being finite at step 1" in err[0] and "no snapshot was written" in err[0], err
+    assert not list((run_dir / "snapshots").glob("step_*"))
 
 
 def test_peft_applies_alpha_pattern_so_refusing_it_is_needed(sandbox, lora_copy, chat_base):  # noqa: F811

@@ -149,6 +149,13 @@ BAD_RECORDS = [
     ('{"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": 7}], "rejected": '
      '[{"role": "assistant", "content": "b"}]}', "'chosen[0].content'"),
     ('{"chosen": "", "rejected": "b"}', "'chosen'"),
+    # answers that teach nothing or the user's words: empty, blank, in the user's role
+    ('{"prompt": "q", "chosen": "", "rejected": " b"}', "field 'chosen' is empty"),
+    ('{"prompt": "q", "chosen": " a", "rejected": "   "}', "field 'rejected' is empty"),
+    ('{"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "user", "content": "a"}], "rejected": '
+     '[{"role": "assistant", "content": "b"}]}', "field 'chosen' ends with a 'user' message"),
+    ('{"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "a"}], "rejected": '
+     '[{"role": "assistant", "content": ""}]}', "field 'rejected' holds no answer"),
     ('{"chosen": ' + "[" * 50 + "]" * 50 + ', "rejected": "b"}', "nests more than"),
     ("[" * 100000 + "]" * 100000, "nests too deeply"),
     ('{"chosen": NaN, "rejected": "b"}', "not valid JSON"),
@@ -213,3 +220,49 @@ def test_hostile_files_and_templates_are_refused_in_one_line(checkpoint, tmp_pat
     assert encode_pairs([("x:1", preference_records(1, "standard")[0])], encoder, 512, "keep_start").pairs
     with pytest.raises(DataError, match="need a chat template"):
         encode_pairs([("x:1", GOOD)], encoder, 512, "keep_start")
+
+
+def test_parquet_rows_are_read_in_batches_as_jsonl(checkpoint, tmp_path):
+    """More rows than one batch (triax.data.chat.PARQUET_BATCH_ROWS): the same pairs, in order."""
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as parquet
+
+    from triax.data.chat import PARQUET_BATCH_ROWS
+
+    records = preference_records(PARQUET_BATCH_ROWS * 2 + 5, "standard", seed=3)
+    jsonl = write_preference_file(tmp_path / "pairs.jsonl", records)
+    parquet.write_table(pyarrow.Table.from_pylist(records), tmp_path / "pairs.parquet", row_group_size=50)
+    assert [record for _, record in read_records(str(tmp_path / "pairs.parquet"))] == \
+        [record for _, record in read_records(str(jsonl))]
+
+
+def test_a_parquet_file_of_millions_of_encoded_rows_is_refused_from_its_footer(checkpoint, sandbox):
+    """A file of a few kilobytes whose dictionary- and run-length-encoded rows stand for millions of
+    records: refused by the row count in its footer, before any row is expanded."""
+    numpy = pytest.importorskip("numpy")
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as parquet
+
+    from triax.data.chat import MAX_PARQUET_ROWS
+
+    rows = MAX_PARQUET_ROWS + 1
+    column = pyarrow.DictionaryArray.from_arrays(pyarrow.array(numpy.zeros(rows, numpy.int32)),
+                                                 pyarrow.array(["one plus one? " * 50]))
+    path = sandbox.work / "bomb.parquet"
+    parquet.write_table(pyarrow.table({"prompt": column, "chosen": column, "rejected": column}), path,
+                        compression="zstd")
+    assert path.stat().st_size < 2**20
+    sandbox.refused(["tokenize", "--preference", str(checkpoint), str(path), "--out", str(sandbox.work / "out")],
+                    "bomb.parquet", f"{rows} rows", "split it")
+
+
+def test_pairs_with_identical_answers_are_counted(checkpoint, tmp_path, capsys):
+    """Accepted as TRL accepts them, but said: a pair whose chosen is its rejected teaches nothing."""
+    from triax.commands.cli import main
+
+    records = preference_records(10, "standard", seed=4)
+    records[3] = {**records[3], "rejected": records[3]["chosen"]}
+    path = write_preference_file(tmp_path / "pairs.jsonl", records)
+    capsys.readouterr()
+    assert main(["tokenize", "--preference", str(checkpoint), str(path), "--out", str(tmp_path / "out")]) == 0
+    assert "1 with chosen identical to rejected" in capsys.readouterr().out

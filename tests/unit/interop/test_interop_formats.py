@@ -6,7 +6,9 @@ import inspect
 import pytest
 
 from triax.interop.foreign_run import ForeignRun
-from triax.interop.formats import open_continuation, open_foreign
+import torch
+
+from triax.interop.formats import AmbiguousFormatError, open_continuation, open_foreign, open_whole_model
 from triax.interop.hf.directory import HFDirectory
 from triax.interop.hf_trainer.run import TrainerRun
 from triax.interop.meta.run import MetaLayout
@@ -33,7 +35,16 @@ def test_the_runs_that_continue_say_whose_run_they_are():
 def test_what_is_no_foreign_format_is_left_to_the_caller(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "model.json").write_text("{}")
-    (tmp_path / "run" / "config.json").write_text("{}")  # a triax run first, whatever else it holds
     for path in (tmp_path / "missing", tmp_path / "run", tmp_path):
         assert open_foreign(str(path), None, str) is None
         assert open_continuation(str(path)) is None
+
+
+def test_a_path_two_formats_claim_is_refused_by_every_reader(tmp_path):
+    """No precedence: a triax run holding a config.json is neither read as the run nor as the checkpoint."""
+    (tmp_path / "model.json").write_text("{}")
+    (tmp_path / "config.json").write_text("{}")
+    for reader in (lambda: open_foreign(str(tmp_path), None, str), lambda: open_continuation(str(tmp_path)),
+                   lambda: open_whole_model(str(tmp_path), str, torch.device("cpu"))):
+        with pytest.raises(AmbiguousFormatError, match="a triax run .model.json. and a transformers checkpoint"):
+            reader()

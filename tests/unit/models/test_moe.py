@@ -95,7 +95,8 @@ HOSTILE = {
     "a router of the wrong width": (_set("model.layers.1.block_sparse_moe.gate.weight", lambda t: t[:3].contiguous()),
                                     "gate.weight"),
     "a NaN in an expert": (_set(f"{EXPERTS}.1.w3.weight", lambda t: t.index_fill(0, torch.tensor([0]), float("nan"))),
-                           "not finite"),
+                           "experts.1.w3.weight holds values that are not finite"),
+    "expert 0 missing": (_drop(f"{EXPERTS}.0.w2.weight"), "no tensor 'model.layers.0.block_sparse_moe.experts.0.w2"),
 }
 
 
@@ -112,14 +113,27 @@ def test_a_hostile_mixtral_checkpoint_is_one_line(case, tmp_path, checkpoints):
     assert words in str(error.value) and "\n" not in str(error.value)
 
 
+def test_two_expert_counts_that_disagree_are_refused(tmp_path, checkpoints, sandbox, tiny_corpus):
+    """transformers' Mixtral reads num_local_experts, Qwen3-MoE num_experts: a config.json giving both,
+    unequal, is refused with both named rather than read as one of them."""
+    import json
+
+    directory, _ = checkpoints("mixtral")
+    damaged = copy_checkpoint(directory, sandbox.work / "damaged", lambda tensors: None)
+    config = json.loads((damaged / "config.json").read_text())
+    (damaged / "config.json").write_text(json.dumps({**config, "num_experts": config["num_local_experts"] * 2}))
+    sandbox.refused(["eval", str(damaged), "--text", str(tiny_corpus)], "num_experts=8", "num_local_experts=4")
+
+
 @pytest.mark.parametrize("fields, words", [
     (dict(experts_per_token=5), "experts_per_token=5 is above model.num_experts=4"),
     (dict(num_experts=0), "num_experts=0 must be a positive integer"),
+    (dict(moe_intermediate_size=0), "moe_intermediate_size=0: an expert's MLP width must be positive"),
     (dict(num_experts=2**20), "num_experts=1048576 is above"),
     (dict(mlp_only_layers=[7]), "mlp_only_layers holds 7"),
     (dict(arch="mixtral", norm_topk_prob=False), "Mixtral always renormalises"),
     (dict(arch="llama"), "num_experts=4 with model.arch=llama"),
-    (dict(router_aux_loss_coef=-1.0), "router_aux_loss_coef=-1.0 must be a number >= 0"),
+    (dict(router_aux_loss_coef=-1.0), "router_aux_loss_coef=-1.0 must be a number in"),
 ])
 def test_expert_fields_are_bounded(fields, words):
     from triax.errors import ConfigError

@@ -39,6 +39,17 @@ TRAIN_CASES = {
     "unknown schedule": (["parallel.pp_schedule=zigzag"], ["parallel.pp_schedule"]),
     "zero bucket": (["parallel.bucket_mb=0"], ["parallel.bucket_mb"]),
     "empty run dir name": (["trainer.run_dir=''"], ["trainer.run_dir"]),
+    # bytes that are not UTF-8, as a shell passes them (surrogate escapes): TensorBoard could not write them
+    # a value of 120 kB echoed: the line keeps its start (the key) and its end (the advice)
+    "a huge value": ([f"trainer.device={'x' * 120_000}"], ["trainer.device='xxx", "characters left out",
+                                                         "use auto, cpu, cuda or cuda:N"]),
+    # numbers at the ends of their range: the DPO loss would be inf (sigmoid) or NaN (ipo)
+    "dpo.beta of 1e300": (["data.task=preference", "dpo.beta=1e300"], ["dpo.beta=1e+300", "[1e-06, 1e+06]"]),
+    "dpo.beta of 1e-320 with ipo": (["dpo.beta=1e-320", "dpo.loss_type=ipo"], ["dpo.beta=1e-320", "overflows"]),
+    "dpo keys without DPO": (["dpo.beta=0.5"], ["dpo.beta=0.5 with data.task=char", "data.task=preference only"]),
+    "non-UTF-8 run dir": (["trainer.run_dir=runs/r\udcff", "trainer.loggers=[tensorboard]"],
+                          ["trainer.run_dir=", "UTF-8"]),
+    "non-UTF-8 snapshot dir": (["trainer.snapshot_dir=runs/s\udcff"], ["trainer.snapshot_dir=", "UTF-8"]),
 }
 
 
@@ -175,3 +186,17 @@ def test_overwrite_refuses_a_symlinked_snapshots_directory(sandbox, tiny_corpus)
     sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus, **{
         "trainer.resume": "false", "trainer.overwrite": "true"})], "snapshots", "symlink", "trainer.snapshot_dir")
     assert os.listdir(elsewhere) == ["step_00000001"]
+
+
+def test_a_loss_no_longer_finite_stops_the_run(sandbox, tiny_corpus, capsys):
+    """A learning rate that blows the weights up: the second step's loss is NaN. The run stops in one
+    line, exit 2, before that state is logged or saved; the last finite snapshot (step 1) stays the newest."""
+    run_dir = sandbox.work / "run"
+    overrides = tiny_overrides(run_dir, tiny_corpus, **{"optim.lr": 1e30, "optim.warmup_steps": 0,
+                                                      "trainer.save_every": 1, "trainer.log_every": 3})
+    capsys.readouterr()
+    assert triax_main(["train", *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stopped being finite at step 2" in err[0] and "step_00000001" in err[0], err
+    assert sorted(os.listdir(run_dir / "snapshots")) == ["step_00000001"]
+    assert "nan" not in (run_dir / "metrics.jsonl").read_text().lower()

@@ -28,6 +28,10 @@ from triax.models.lora_config import ADAPTER_MARK
 MAX_CONFIG_BYTES = 16 * 2**20  # config.json and the shard index are kilobytes; never read a huge one whole
 
 
+# Where an expert's number goes in the stored name of a stack of experts' tensors (interop/hf/moe.py).
+EXPERT_SLOT = "{expert}"
+
+
 class CheckpointError(ConfigError, ValueError):
     """A model.init_from checkpoint that is missing, of an architecture triax does not build, or not
     readable safely."""
@@ -288,8 +292,12 @@ def copy_tensor(target: torch.Tensor, name: str, weights: HFWeights, source: Sou
         values.copy_(weights.slice(source, (slice(box[0][0] + shift, box[0][1] + shift),)))
     else:
         values.copy_(weights.slice(source, tuple(slice(*b) for b in box)))
-    if not bool(torch.isfinite(values).all()):
+    finite = torch.isfinite(values)
+    if not bool(finite.all()):
         # A NaN or infinity would train into a model whose every loss is NaN, far from the load.
+        if EXPERT_SLOT in source:  # a stack of experts' tensors: name the expert whose tensor it is
+            expert = box[0][0] + int((~finite).flatten(1).any(1).nonzero()[0])
+            source = source.format(expert=expert)
         raise CheckpointError(f"the checkpoint's {source} holds values that are not finite (NaN or infinity); "
                               "the file is damaged: re-save or re-download it")
     local.copy_(values)
@@ -300,12 +308,14 @@ def check_source(weights: HFWeights, source: str, name: str, full: tuple, transp
                  fused: bool, vocab_size: int, described_by: str = "its config.json") -> None:
     """The stored tensor holds what the config says, in a floating dtype (a damaged or mismatched
     checkpoint is one line, not a copy error deep in torch or a silently wrong model)."""
+    # A stack of experts' tensors is checked by expert 0's (the stack checks the others against it).
+    shown = source.format(expert=0) if EXPERT_SLOT in source else source
     if not weights.has(source):
-        raise CheckpointError(f"the checkpoint has no tensor {source!r} (for triax's {name})")
+        raise CheckpointError(f"the checkpoint has no tensor {shown!r} (for triax's {name})")
     stored_dtype, stored = weights.entry(source)
     if stored_dtype not in safetensors_header.FLOAT_DTYPES:
         # An integer tensor would be converted to float silently, its values far from any weight's.
-        raise CheckpointError(f"the checkpoint's {source} is stored as {stored_dtype}, not a floating type "
+        raise CheckpointError(f"the checkpoint's {shown} is stored as {stored_dtype}, not a floating type "
                               f"({', '.join(safetensors_header.FLOAT_DTYPES)}); triax's {name} is a floating "
                               "parameter: the file is damaged or not a model's weights")
     expected = tuple(reversed(full)) if transposed else tuple(full)
@@ -316,5 +326,5 @@ def check_source(weights: HFWeights, source: str, name: str, full: tuple, transp
     else:
         fits = stored == expected
     if not fits:
-        raise CheckpointError(f"the checkpoint's {source} has shape {list(stored)}, but {described_by} makes "
+        raise CheckpointError(f"the checkpoint's {shown} has shape {list(stored)}, but {described_by} makes "
                               f"triax's {name} {list(full)}; the weights do not belong to this config")

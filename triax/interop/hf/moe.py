@@ -17,7 +17,7 @@ import torch
 from triax.models import parameter_shapes
 from triax.interop.hf import llama as hf_llama
 from triax.models.config import GPTConfig
-from triax.interop.hf.files import CheckpointError, HFWeights, Source
+from triax.interop.hf.files import EXPERT_SLOT, CheckpointError, HFWeights, Source
 from triax.interop.hf.safetensors_header import TensorEntry
 
 MODEL_TYPES = ("mixtral", "qwen3_moe")
@@ -27,7 +27,6 @@ CLASSES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 MLP_MODULE = {"mixtral": "block_sparse_moe", "qwen3_moe": "mlp"}
 EXPERT_LINEARS = {"mixtral": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"},
                   "qwen3_moe": {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}}
-EXPERT_SLOT = "{expert}"  # where the expert's number goes in a stacked source's name
 
 CONFIG_NAMES = {**hf_llama.CONFIG_NAMES, "num_experts": "num_experts / num_local_experts",
                 "experts_per_token": "num_experts_per_tok", "moe_intermediate_size": "moe_intermediate_size",
@@ -37,7 +36,12 @@ CONFIG_NAMES = {**hf_llama.CONFIG_NAMES, "num_experts": "num_experts / num_local
 
 def num_experts(config: dict) -> int:
     """Qwen3-MoE's configs name it num_experts (transformers 5 writes num_local_experts, as Mixtral's)."""
-    value = config.get("num_experts", config.get("num_local_experts"))
+    named = {key: config[key] for key in ("num_experts", "num_local_experts") if config.get(key) is not None}
+    if len(set(map(repr, named.values()))) > 1:
+        # Each transformers class reads one of them; which one depends on the class, so neither is guessed.
+        raise CheckpointError(f"config.json gives num_experts={named['num_experts']!r} and num_local_experts="
+                              f"{named['num_local_experts']!r}; a checkpoint has one expert count: make them agree")
+    value = next(iter(named.values()), None)
     if value is None:
         raise CheckpointError("config.json has neither num_experts nor num_local_experts; not a mixture of experts "
                               "transformers wrote")

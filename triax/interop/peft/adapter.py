@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 from typing import Callable
 
@@ -178,8 +179,12 @@ def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig,
     check_matches(read_adapter_config(directory), lora, directory)
     path = adapter_file(directory, WEIGHTS_FILE)
     shown = os.path.join(directory, WEIGHTS_FILE)
-    if not safe_files.is_regular(path):
-        raise AdapterError(f"model.lora.init_from: {shown} is missing or not a regular file")
+    try:
+        regular = stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError as error:  # named as it is: missing, or unreadable by this user
+        raise AdapterError(f"model.lora.init_from: {shown} cannot be read ({error.strerror or error})") from None
+    if not regular:
+        raise AdapterError(f"model.lora.init_from: {shown} is not a regular file")
     read = 0
     try:
         with safe_open(path, framework="pt") as stored:
