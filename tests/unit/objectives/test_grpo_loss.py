@@ -44,7 +44,8 @@ def trl_loss(config: GRPOConfig, logps, old, ref, mask, advantages, entropies):
         _get_per_token_logps_and_entropies=lambda *args, **kwargs: (leaf, entropies, None),
         top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level=config.importance_sampling_level,
         beta=config.beta, loss_type=config.loss_type, epsilon_low=config.epsilon, epsilon_high=config.epsilon_upper(),
-        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=GRAD_ACCUM),
+        args=SimpleNamespace(delta=None, use_bias_correction_kl=config.use_bias_correction_kl,
+                             steps_per_generation=GRAD_ACCUM),
         use_vllm=False, vllm_importance_sampling_correction=False, model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=GRAD_ACCUM, max_completion_length=MAX_COMPLETION,
         accelerator=reduce_identity, _entropy_bonus_enabled=False, aux_loss_enabled=False,
@@ -72,13 +73,15 @@ def triax_loss(config: GRPOConfig, logps, old, ref, mask, advantages, entropies)
 
 
 CASES = list(itertools.product(("grpo", "dr_grpo", "dapo", "bnpo"), ("token", "sequence"), (0.0, 0.04),
-                               (False, True)))
+                               (False, True))) + [("dapo", "token", 0.04, True, False), ("grpo", "sequence", 0.04, False, False)]
 
 
-@pytest.mark.parametrize("loss_type,level,beta,kept_old", CASES)
-def test_loss_gradient_and_figures_equal_trl(loss_type, level, beta, kept_old):
+@pytest.mark.parametrize("loss_type,level,beta,kept_old,corrected", [case + (True,) if len(case) == 4 else case
+                                                                      for case in CASES])
+def test_loss_gradient_and_figures_equal_trl(loss_type, level, beta, kept_old, corrected):
     config = GRPOConfig(loss_type=loss_type, importance_sampling_level=level, beta=beta, epsilon=0.2,
-                        epsilon_high=0.28, max_completion_length=MAX_COMPLETION, reward_funcs=["exact_match"])
+                        epsilon_high=0.28, max_completion_length=MAX_COMPLETION, reward_funcs=["exact_match"],
+                        use_bias_correction_kl=corrected)
     logps, old, ref, mask, advantages, entropies = tensors(seed=len(loss_type) + int(beta * 100))
     old = old if kept_old else None
     theirs = trl_loss(config, logps, old, ref, mask, advantages, entropies)

@@ -55,6 +55,10 @@ class GRPOConfig:
     importance_sampling_level: str = "token"
     """token: one importance ratio per token | sequence: one per completion, the mean log-ratio (GSPO)."""
 
+    use_bias_correction_kl: bool = True
+    """Multiply the KL term by the importance ratio (DeepSeek-V3.2's unbiased reverse-KL gradient): its
+    value is unchanged where the ratio is 1, its gradient is not (TRL's default)."""
+
     mask_truncated_completions: bool = False
     """Leave completions that hit max_completion_length without ending out of the loss (DAPO)."""
 

@@ -9,7 +9,8 @@ the group's standard deviation (scale_rewards=group), the whole batch's (batch) 
 Loss: per completion token, the importance ratio r = exp(logp - old_logp) (sequence level, GSPO:
 one ratio per completion, the exp of its mean log-ratio), and -min(r A, clip(r, 1 - epsilon,
 1 + epsilon_high) A), plus beta times the k3 estimate of the KL to the reference,
-exp(ref - logp) - (ref - logp) - 1. With one iteration per generated batch old_logp is logp
+exp(ref - logp) - (ref - logp) - 1 (times the importance ratio, use_bias_correction_kl, TRL's
+default: the reverse KL's unbiased gradient). With one iteration per generated batch old_logp is logp
 itself, detached: the ratio is 1, the loss often exactly 0, and only its gradient (A times the
 log-probability's) moves the policy. The token losses of the completion mask are then reduced:
 grpo: each completion's mean, then the mean over completions; bnpo: the mean over the micro-batch's
@@ -94,6 +95,8 @@ def token_terms(config: GRPOConfig, logps: torch.Tensor, old_logps: torch.Tensor
     if config.beta != 0.0:
         gap = ref_logps - logps
         kl = torch.exp(gap) - gap - 1
+        if config.use_bias_correction_kl:  # the ratio is differentiable: it changes the gradient even at 1
+            kl = kl * ratio
         token_loss = token_loss + config.beta * kl
     return TokenTerms(token_loss, ratio, kl)
 
