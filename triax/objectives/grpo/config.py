@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from triax.errors import ConfigError
 
@@ -112,3 +113,29 @@ def check_grpo(config: GRPOConfig) -> None:
           "use finite numbers")
     _need(math.isfinite(config.reward_timeout) and config.reward_timeout > 0, "reward_timeout",
           config.reward_timeout, "use a positive number of seconds")
+
+
+def check_grpo_run(config: Any, layout: Any) -> None:
+    """What a GRPO run needs of the rest of the configuration, before any process group forms
+    (`config`: the TrainConfig; `layout`: its parallel.mesh.Layout)."""
+    if config.data.task != "grpo":
+        return
+    if not config.model.init_from:
+        raise ConfigError("data.task=grpo needs model.init_from: a transformers checkpoint directory with "
+                          "tokenizer.json (its tokenizer and chat template encode the prompts and decode the answers)")
+    if layout.pp > 1 or layout.cp > 1:
+        raise ConfigError(f"data.task=grpo does not run under pipeline or context parallelism (parallel.pp={layout.pp}, "
+                          f"parallel.cp={layout.cp}): completions are sampled token by token with the whole model on "
+                          "each rank; use dp_shard or dp_replicate")
+    if layout.tp > 1:
+        raise ConfigError(f"data.task=grpo does not run under tensor parallelism yet (parallel.tp={layout.tp}): "
+                          "sampling needs whole logits on each rank; use dp_shard or dp_replicate")
+    if config.data.packing:
+        raise ConfigError("data.packing=true does not apply to data.task=grpo: each row is one prompt and one "
+                          "completion; use data.packing=false")
+    if config.grpo.num_iterations > 1:
+        raise ConfigError(f"grpo.num_iterations={config.grpo.num_iterations}: `triax train` runs one update per "
+                          "generated batch so far; use grpo.num_iterations=1")
+    if config.grpo.beta and config.model.lora.rank and config.model.lora.init_from:
+        raise ConfigError("grpo.beta > 0 with model.lora.init_from: the reference would be the adapters as read, "
+                          "which GRPO does not keep yet; start new adapters or use grpo.beta=0")

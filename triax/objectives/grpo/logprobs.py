@@ -71,4 +71,5 @@ def completion_logps(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_le
     # Position t's hidden state predicts token t + 1: the completion's tokens are predicted from the
     # last prompt position on.
     hidden = hidden[:, prompt_ids.size(1) - 1:-1]
-    return logps_of_hidden(model.output_logits, hidden, completion_ids, temperature, chunk_tokens)
+    decoder = getattr(model, "module", model)  # DDP's wrapper holds the decoder as .module
+    return logps_of_hidden(decoder.output_logits, hidden, completion_ids, temperature, chunk_tokens)

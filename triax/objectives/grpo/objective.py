@@ -54,6 +54,8 @@ class GRPOObjective:
         self.reference: torch.nn.Module | None = None  # a frozen model of its own (full fine-tuning)
         self.reference_context: Callable[[], ContextManager] = contextlib.nullcontext  # LoRA: adapters off
         self.figures = LossFigures()
+        self.rollout_figures: list[dict[str, float]] = []  # each step's, since the last log line
+        self.validation: PromptDataset | None = None  # held-out prompts for `evaluate`
 
     # ---- the interface ------------------------------------------------------------------------------
 
@@ -71,6 +73,7 @@ class GRPOObjective:
         prompts = self.prompts.records(indices)
         completions = self.sampler.complete([prompt.ids for prompt in prompts], indices.tolist(), step)
         rollout = self._scored(prompts, completions, context.data_parallel_rank)
+        self.rollout_figures.append(rollout.figures)
         rollout = self._to_device(rollout, context.device)
         if model is not None and self.config.num_iterations > 1:
             rollout.old_logps = self._logps(context, model, rollout, reference=False)
@@ -91,11 +94,40 @@ class GRPOObjective:
         return loss, {}
 
     def take_figures(self) -> dict[str, float]:
-        """The loss figures since the last call (a collective through `gather`: every rank calls it)."""
-        return self.figures.take(self.gather)
+        """The figures since the last call, as TRL logs them: each step's rollout figures averaged over
+        the steps, and the loss figures (a collective through `gather`: every rank calls it)."""
+        steps, self.rollout_figures = self.rollout_figures, []
+        names = steps[0] if steps else {}
+        means = {name: sum(figures[name] for figures in steps) / len(steps) for name in names}
+        return {**means, **self.figures.take(self.gather)}
 
+    @torch.no_grad()
     def evaluate(self, context: StepContext) -> dict:
-        raise NotImplementedError("GRPO's evaluation on held-out prompts is not built yet")
+        """val_reward: the mean weighted reward of num_generations sampled completions of every held-out
+        prompt; val_pass_rate: the share of them that every reward function scored in full (a weighted
+        reward of at least the weights' sum: for 0/1 rewards such as exact_match, all passed). The prompts
+        are dealt to the data-parallel ranks; every rank samples as many (a slot past the end: not counted)."""
+        validation = self.validation
+        ranks, rank = context.data_parallel_size, context.data_parallel_rank
+        per_rank = -(-len(validation) // ranks)
+        total, passed, count = 0.0, 0.0, 0.0
+        full = float(self.weights.clamp(min=0).sum())
+        for start in range(per_rank):
+            index = rank * per_rank + start
+            counted = index < len(validation)
+            prompts = validation.records([index if counted else 0])
+            completions = self.sampler.complete([prompts[0].ids], [index], step=-1)
+            table = score(self.rewards, [prompts[0].prompt] * len(completions),
+                          self._completions_as_given(prompts, completions), [c.ids for c in completions],
+                          validation.columns(prompts, len(completions)), [prompts[0].where] * len(completions),
+                          self.config.reward_timeout)
+            rewards = (table * self.weights.unsqueeze(0)).nansum(dim=1)
+            if counted:
+                total, passed = total + float(rewards.sum()), passed + float((rewards >= full).sum())
+                count += len(rewards)
+        sums = [sum(column) for column in zip(*self.gather([total, passed, count]))]
+        return {"val_reward": sums[0] / max(sums[2], 1.0), "val_pass_rate": sums[1] / max(sums[2], 1.0),
+                "val_completions": round(sums[2])}
 
     # ---- the rollout --------------------------------------------------------------------------------
 

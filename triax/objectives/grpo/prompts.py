@@ -22,6 +22,7 @@ from triax.data.chat import (MAX_DEPTH, RecordError, _depth, _messages, _text, c
                              training_count)
 from triax.data.chat_template import TemplateError
 from triax.data.errors import DataError
+from triax.data.preference import preference_encoder_for
 from triax.errors import printable
 
 if TYPE_CHECKING:
@@ -67,10 +68,12 @@ class PromptEncoder:
     """Prompts -> ids as TRL's GRPOTrainer makes them. `template`: the chat template (None: the
     checkpoint has none, `no_template` says why, raised at the first conversational record)."""
 
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None, no_template: str | None = None):
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None, no_template: str | None = None,
+                 eos_token: str | None = None):
         self.tokenizer = tokenizer
         self.template = template
         self.no_template = no_template
+        self.eos_token = eos_token  # where a completion ends (the checkpoint's eos token)
 
     def encode(self, prompt: str | list[dict], where: str) -> list[int]:
         if isinstance(prompt, str):
@@ -106,8 +109,11 @@ class PromptDataset:
     """The prompts, one sample each; `records(indices)` gives them in the order asked. Every record
     has every column: one a record lacks is None for it (as a table of the records would hold)."""
 
-    def __init__(self, prompts: list[Prompt]):
+    produced = True  # a step's batch is produced from these samples (the rollout), not read from them
+
+    def __init__(self, prompts: list[Prompt], encoder: PromptEncoder | None = None):
         self.prompts = prompts
+        self.encoder = encoder
         self.column_names = sorted({key for prompt in prompts for key in prompt.columns})
 
     def __len__(self) -> int:
@@ -152,7 +158,7 @@ def load_prompt_datasets(path: str | None, val_path: str | None, train_split: fl
                             "raise block_size or lower max_completion_length")
     report = (f"prompt data: {len(train.prompts)} training / {len(val.prompts)} validation prompts; "
               f"{train.dropped + val.dropped} left out (longer than {longest} tokens)")
-    return PromptData(PromptDataset(train.prompts), PromptDataset(val.prompts), report)
+    return PromptData(PromptDataset(train.prompts, encoder), PromptDataset(val.prompts, encoder), report)
 
 
 def prompt_encoder_for(chat_template: str | None, description: dict[str, str], origin: str,
@@ -160,9 +166,11 @@ def prompt_encoder_for(chat_template: str | None, description: dict[str, str], o
     """The encoder of a checkpoint (`description`: its tokenizer files, as model.init_from found
     them): its chat template for conversational prompts (a checkpoint without one can still encode
     text prompts)."""
+    # The eos token as DPO's data reads it: the template's, else tokenizer_config.json's.
+    eos_token = preference_encoder_for(chat_template, description, origin, tokenizer).eos_token
     try:
-        return PromptEncoder(tokenizer, chat_template_for(chat_template, description, origin))
+        return PromptEncoder(tokenizer, chat_template_for(chat_template, description, origin), None, eos_token)
     except TemplateError:
         raise  # a template that is there but hostile or broken is refused at once
     except DataError as error:
-        return PromptEncoder(tokenizer, None, str(error))
+        return PromptEncoder(tokenizer, None, str(error), eos_token)
