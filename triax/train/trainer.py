@@ -276,9 +276,9 @@ class Trainer:
         if self.dpo is not None and not self.config.model.lora.rank:
             self.dpo.reference = self._frozen_reference(model_config)
         # An objective that produces its batches (data.task=grpo: triax.objectives.grpo).
-        self.objective = build_grpo(self.config, self.data, self.raw_model, self.device,
-                                    lambda: self.precision.autocast(self.device),
-                                    bool(self.config.model.lora.rank)) if self.config.data.task == "grpo" else None
+        self.objective = None if self.config.data.task != "grpo" else build_grpo(
+            self.config, self.data, self.raw_model, self.device, lambda: self.precision.autocast(self.device),
+            bool(self.config.model.lora.rank), self.layout.dp)
         if self.objective is not None and self.objective.needs_reference() and not self.config.model.lora.rank:
             self.objective.reference = self._frozen_reference(model_config)
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None

@@ -107,3 +107,16 @@ def test_sharded_ranks_run_until_every_rank_stopped():
     completions = sampler.complete([PROMPTS[1]], [0], 0)
     assert len(calls) == 9 and calls[0] is True
     assert [c.ids for c in completions] == [[greedy_first]] * 2 and not completions[0].truncated
+
+
+def test_ranks_agree_on_how_many_batches_they_sample():
+    """Told another rank has 3 batches of rows, a rank with 2 samples a third and drops it."""
+    model = tiny_model()
+    settings = SamplingSettings(num_generations=2, max_completion_length=4)
+    plain = CachedSampler(model, settings, 0, torch.device("cpu")).complete(PROMPTS[:2], [0, 1], 0)
+    forwards = []
+    hook = model.register_forward_hook(lambda *args: forwards.append(1))
+    agreed = CachedSampler(model, settings, 0, torch.device("cpu"), agree=lambda count: count + 1)
+    assert [c.ids for c in agreed.complete(PROMPTS[:2], [0, 1], 0)] == [c.ids for c in plain]
+    hook.remove()
+    assert len(forwards) == 3 * 4

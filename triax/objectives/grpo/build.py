@@ -13,7 +13,7 @@ from triax.objectives.grpo.objective import GRPOObjective
 from triax.objectives.grpo.prompts import PromptDataset
 from triax.objectives.grpo.rewards import load_rewards
 from triax.runtime.process_group import is_distributed
-from triax.runtime.shared_decisions import any_rank, gather_floats
+from triax.runtime.shared_decisions import any_rank, gather_floats, max_across_ranks
 
 
 def stop_ids(prompts: PromptDataset) -> tuple[int, ...]:
@@ -32,7 +32,7 @@ def stop_ids(prompts: PromptDataset) -> tuple[int, ...]:
 
 
 def build_grpo(config: Any, data: Any, model: torch.nn.Module, device: torch.device,
-               autocast: Callable[[], ContextManager], lora: bool) -> GRPOObjective:
+               autocast: Callable[[], ContextManager], lora: bool, data_parallel_size: int) -> GRPOObjective:
     """`config`: the TrainConfig; `data`: its TrainData (PromptDatasets, the checkpoint's tokenizer);
     `model`: the policy, unwrapped (it samples in its own layout); `lora`: the reference is the base
     with the adapters off (else the trainer gives the objective a frozen copy, objective.reference)."""
@@ -41,13 +41,17 @@ def build_grpo(config: Any, data: Any, model: torch.nn.Module, device: torch.dev
     settings = SamplingSettings(grpo.num_generations, grpo.max_completion_length, grpo.temperature, grpo.top_p,
                                 grpo.top_k, ends)
     # Sharded weights: every rank takes part in every forward, so the loop runs until all ranks stopped.
-    all_stopped = (lambda stopped_here: not any_rank(not stopped_here)) if is_distributed() else None
-    sampler = CachedSampler(model, settings, config.trainer.seed, device, autocast, all_stopped)
+    together = is_distributed()
+    all_stopped = (lambda stopped_here: not any_rank(not stopped_here)) if together else None
+    sampler = CachedSampler(model, settings, config.trainer.seed, device, autocast, all_stopped,
+                            max_across_ranks if together else None)
     tokenizer = data.vocab.tokenizer
     objective = GRPOObjective(grpo, prompts, load_rewards(grpo.reward_funcs),
                               lambda ids: tokenizer.decode(ids, skip_special_tokens=True), ends[0], sampler,
                               gather_floats)
     objective.validation = data.val
+    trainer = config.trainer  # an evaluation's prompts: eval_batches of them per data-parallel rank (0: all)
+    objective.eval_limit = trainer.eval_batches * trainer.batch_size * data_parallel_size
     if lora:
         objective.reference_context = adapters_disabled
     return objective

@@ -14,7 +14,9 @@ decoder's key/value cache needs no padding; each step feeds one new token per ro
 its first stop token (end-of-turn, end-of-text), which it keeps (TRL keeps the eos in the
 completion); a row that reaches max_completion_length without one is truncated. The loop ends when
 every row has stopped, or, where several ranks must run each forward together (sharded weights),
-when `all_stopped` says every rank's rows have.
+when `all_stopped` says every rank's rows have; such ranks also agree on how many batches of rows
+they sample (`agree`: the most any rank has), a rank with fewer sampling its first batch again
+and dropping it, so that every rank makes the same forwards.
 
 `Sampler` is the interface the objective calls: an inference engine can stand behind it later.
 """
@@ -96,10 +98,11 @@ class CachedSampler:
 
     def __init__(self, model: torch.nn.Module, settings: SamplingSettings, seed: int, device: torch.device,
                  autocast: Callable[[], ContextManager] = contextlib.nullcontext,
-                 all_stopped: Callable[[bool], bool] | None = None):
+                 all_stopped: Callable[[bool], bool] | None = None, agree: Callable[[int], int] | None = None):
         self.model, self.settings, self.seed, self.device = model, settings, seed, device
         self.autocast = autocast
         self.all_stopped = all_stopped or (lambda stopped_here: stopped_here)
+        self.agree = agree or (lambda count: count)
 
     @torch.no_grad()
     def complete(self, prompts: Sequence[list[int]], prompt_numbers: Sequence[int], step: int) -> list[Completion]:
@@ -108,12 +111,16 @@ class CachedSampler:
         by_length: dict[int, list[int]] = {}
         for index, prompt in enumerate(prompts):
             by_length.setdefault(len(prompt), []).append(index)
-        for length in sorted(by_length):
+        lengths = sorted(by_length)
+        for batch in range(self.agree(len(lengths))):
+            length = lengths[min(batch, len(lengths) - 1)]  # past this rank's own: its last again, dropped
             rows = [(index, generation) for index in by_length[length] for generation in range(generations)]
             seeds = [place_seed(self.seed, step, prompt_numbers[index], generation) for index, generation in rows]
             ids = torch.tensor([prompts[index] for index, _ in rows], dtype=torch.long, device=self.device)
-            for (index, generation), completion in zip(rows, self._sample(ids, seeds)):
-                completions[index * generations + generation] = completion
+            sampled = self._sample(ids, seeds)
+            if batch < len(lengths):
+                for (index, generation), completion in zip(rows, sampled):
+                    completions[index * generations + generation] = completion
         return completions
 
     def _sample(self, prompt_ids: torch.Tensor, seeds: list[int]) -> list[Completion]:

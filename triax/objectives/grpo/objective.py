@@ -56,6 +56,7 @@ class GRPOObjective:
         self.figures = LossFigures()
         self.rollout_figures: list[dict[str, float]] = []  # each step's, since the last log line
         self.validation: PromptDataset | None = None  # held-out prompts for `evaluate`
+        self.eval_limit = 0  # how many of them an evaluation takes (0: all; trainer.eval_batches' prompts)
 
     # ---- the interface ------------------------------------------------------------------------------
 
@@ -109,12 +110,13 @@ class GRPOObjective:
         are dealt to the data-parallel ranks; every rank samples as many (a slot past the end: not counted)."""
         validation = self.validation
         ranks, rank = context.data_parallel_size, context.data_parallel_rank
-        per_rank = -(-len(validation) // ranks)
-        total, passed, count = 0.0, 0.0, 0.0
+        count = min(len(validation), self.eval_limit) if self.eval_limit else len(validation)
+        per_rank = -(-count // ranks)
+        total, passed, scored = 0.0, 0.0, 0.0
         full = float(self.weights.clamp(min=0).sum())
         for start in range(per_rank):
             index = rank * per_rank + start
-            counted = index < len(validation)
+            counted = index < count
             prompts = validation.records([index if counted else 0])
             completions = self.sampler.complete([prompts[0].ids], [index], step=-1)
             table = score(self.rewards, [prompts[0].prompt] * len(completions),
@@ -124,8 +126,8 @@ class GRPOObjective:
             rewards = (table * self.weights.unsqueeze(0)).nansum(dim=1)
             if counted:
                 total, passed = total + float(rewards.sum()), passed + float((rewards >= full).sum())
-                count += len(rewards)
-        sums = [sum(column) for column in zip(*self.gather([total, passed, count]))]
+                scored += len(rewards)
+        sums = [sum(column) for column in zip(*self.gather([total, passed, scored]))]
         return {"val_reward": sums[0] / max(sums[2], 1.0), "val_pass_rate": sums[1] / max(sums[2], 1.0),
                 "val_completions": round(sums[2])}
 
