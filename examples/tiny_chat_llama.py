@@ -74,8 +74,7 @@ def grpo_prompts(count: int, seed: int = 2) -> list[dict]:
     records = []
     for _ in range(count):
         a, b = rng.randrange(5), rng.randrange(5)
-        records.append({"prompt": [{"role": "system", "content": "You add numbers."},
-                                   {"role": "user", "content": f"{WORDS[a]} plus {WORDS[b]}?"}],
+        records.append({"prompt": [{"role": "user", "content": f"{WORDS[a]} plus {WORDS[b]}?"}],
                         "answer": f"{WORDS[a + b]}."})
     return records
 
