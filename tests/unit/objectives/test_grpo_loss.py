@@ -137,3 +137,18 @@ def test_weights_scale_each_function():
     result = group_advantages(per_function, torch.tensor([2.0, 0.5]), num_generations=2, scale_rewards="none")
     torch.testing.assert_close(result.rewards, torch.tensor([2.0, 0.5]))
     torch.testing.assert_close(result.advantages, torch.tensor([0.75, -0.75]))
+
+
+def test_truncated_completions_leave_the_loss_as_trls_rule_says():
+    """TRL: a completion whose last id is neither an eos nor the pad is truncated; masked, its row is 0."""
+    from triax.objectives.grpo.generation import Completion
+    from triax.objectives.grpo.rollout import completion_tensors
+
+    completions = [Completion([5, 6, 2], False), Completion([5, 6, 7, 8], True), Completion([9], True)]
+    ids, mask = completion_tensors(completions, pad_id=0, mask_truncated=False)
+    assert ids.tolist() == [[5, 6, 2, 0], [5, 6, 7, 8], [9, 0, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    eos_and_pad = [2, 0]
+    truncated = torch.tensor([ids_[-1] not in eos_and_pad for ids_ in ([5, 6, 2], [5, 6, 7, 8], [9])])
+    _, masked = completion_tensors(completions, pad_id=0, mask_truncated=True)
+    assert masked.tolist() == (mask * (~truncated).unsqueeze(1).int()).tolist() == [[1, 1, 1, 0], [0] * 4, [0] * 4]

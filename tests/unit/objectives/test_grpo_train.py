@@ -136,3 +136,20 @@ def test_what_grpo_cannot_run_is_one_line(tmp_path, setup, key, value, words):
     assert result.returncode != 0
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(set(lines)) == 1 and words in lines[0], result.stderr[-2000:]  # every rank says the same line
+
+
+def test_eval_reports_the_runs_last_evaluation_and_scores_a_prompt_file(single, setup):
+    """`triax eval RUN` samples the validation prompts from the places the run's evaluation did, with
+    the same weights: the same reward and pass rate; `--prompts FILE` scores the file's prompts."""
+    env = quiet_env(PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-m", "triax", "eval", str(single), "--json"], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ours = json.loads(result.stdout)
+    last = [json.loads(line) for line in open(single / "metrics.jsonl") if "val_reward" in line][-1]
+    assert ours["completions"] == last["val_completions"] == 16
+    assert abs(ours["reward"] - last["val_reward"]) < 1e-9 and abs(ours["pass_rate"] - last["val_pass_rate"]) < 1e-9
+    result = subprocess.run([sys.executable, "-m", "triax", "eval", str(single), "--prompts",
+                             str(setup / "prompts.jsonl")], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "prompts.jsonl: 160 completions, mean reward" in result.stdout
