@@ -25,13 +25,15 @@ transformers = pytest.importorskip("transformers")
 trl = pytest.importorskip("trl", reason="trl is not installed (pip install 'triax[test]')")
 datasets = pytest.importorskip("datasets")
 
-PROMPTS, GENERATIONS, LENGTH, STEPS, LR, TEMPERATURE = 2, 4, 8, 4, 3e-3, 0.8
+PROMPTS, GENERATIONS, LENGTH, LR, TEMPERATURE = 2, 4, 8, 3e-3, 0.8
+LONGEST = 20  # steps of the longest comparison
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 CPU = torch.device("cpu")
 # fp32 on both sides; the two compute the same sums in different orders (attention kernels, the
 # chunked softmax), so each step agrees to a few ulps of its values, which a few Adam steps at this
-# learning rate carry into the weights: 1e-5 of the loss and gradient norm (both near 1).
-TOLERANCE = 1e-5
+# learning rate carry into the weights: 1e-5 of the loss and gradient norm (both near 1) over the
+# first steps, 1e-4 over 20 (the issue's bounds; TRL differs from a replay of itself by 2e-5 there).
+TOLERANCE, LATER_TOLERANCE, FIRST_STEPS = 1e-5, 1e-4, 5
 
 
 def multiples_of_three(prompts, completions, completion_ids, **kwargs):
@@ -48,11 +50,11 @@ def base(tmp_path_factory):
 
 def records():
     """As many prompts as the steps take (TRL's sampler and triax's loop then agree on the order)."""
-    pairs = [(number % 5, (number * 3) % 5) for number in range(STEPS * PROMPTS)]
+    pairs = [(number % 5, (number * 3) % 5) for number in range(LONGEST * PROMPTS)]
     return [{"prompt": f"{WORDS[a]} plus {WORDS[b]}?", "answer": WORDS[a + b]} for a, b in pairs]
 
 
-def triax_run(base, config):
+def triax_run(base, config, steps):
     """The objective in a plain loop: per step, its rollout of the next prompts in file order, its loss,
     AdamW (TRL's settings) after clipping to norm 1. Returns the completions, losses, norms and model."""
     model = load_hf_model(str(base), CPU).train()
@@ -71,7 +73,7 @@ def triax_run(base, config):
                           data_parallel_rank=0, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     history = []
-    for step in range(STEPS):
+    for step in range(steps):
         indices = torch.arange(step * PROMPTS, (step + 1) * PROMPTS)
         rollout = objective.produce_batch(context, step, indices, model)
         loss, _ = objective.loss(context, model, rollout)
@@ -85,7 +87,7 @@ def triax_run(base, config):
     return history, model
 
 
-def trl_run(base, root, history, **options):
+def trl_run(base, root, history, steps, **options):
     """TRL's GRPOTrainer on the prompts in file order, each step's completions triax's."""
 
     def rollout_func(prompts, trainer):
@@ -100,7 +102,7 @@ def trl_run(base, root, history, **options):
         warnings.simplefilter("ignore")
         args = trl.GRPOConfig(output_dir=str(root / "trl"), report_to=[], per_device_train_batch_size=PROMPTS * GENERATIONS,
                               num_generations=GENERATIONS, max_completion_length=LENGTH, temperature=TEMPERATURE,
-                              max_steps=STEPS, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+                              max_steps=steps, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
                               weight_decay=0.0, max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
                               logging_steps=1, save_strategy="no", use_cpu=True, seed=0, shuffle_dataset=False,
                               bf16=False, gradient_checkpointing=False, **options)
@@ -112,17 +114,20 @@ def trl_run(base, root, history, **options):
     return [entry for entry in trainer.state.log_history if "grad_norm" in entry], trainer.model
 
 
-@pytest.mark.parametrize("loss_type,beta", [("dapo", 0.0), ("grpo", 0.0), ("dapo", 0.05)])
-def test_grpo_equals_trl_grpo_trainer_step_by_step(base, tmp_path, loss_type, beta):
+@pytest.mark.parametrize("loss_type,beta,steps", [("dapo", 0.0, LONGEST), ("grpo", 0.0, 4), ("dapo", 0.05, 4),
+                                                  ("grpo", 0.05, LONGEST)])
+def test_grpo_equals_trl_grpo_trainer_step_by_step(base, tmp_path, loss_type, beta, steps):
     options = dict(loss_type=loss_type, beta=beta)
     ours, model = triax_run(base, GRPOConfig(num_generations=GENERATIONS, max_completion_length=LENGTH,
-                                             temperature=TEMPERATURE, reward_funcs=["multiples_of_three"], **options))
-    theirs, their_model = trl_run(base, tmp_path, ours, **options)
-    assert len(theirs) == STEPS
+                                             temperature=TEMPERATURE, reward_funcs=["multiples_of_three"], **options),
+                            steps)
+    theirs, their_model = trl_run(base, tmp_path, ours, steps, **options)
+    assert len(theirs) == steps
     for step, (mine, other) in enumerate(zip(ours, theirs)):
+        tolerance = TOLERANCE if step < FIRST_STEPS else LATER_TOLERANCE
         for name in ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length", "entropy",
                      *(["kl"] if beta else [])):
-            assert abs(mine[name] - other[name]) <= TOLERANCE, (step + 1, name, mine[name], other[name])
+            assert abs(mine[name] - other[name]) <= tolerance, (step + 1, name, mine[name], other[name])
     assert all(record["grad_norm"] > 0.01 for record in ours)  # the updates were real
     ids = torch.tensor([ours[0]["prompt_ids"][0] + ours[0]["completions"][0]])
     with torch.no_grad():
