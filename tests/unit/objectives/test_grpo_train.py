@@ -59,8 +59,21 @@ def overrides(root, run_dir, **extra):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, setup):
     run_dir = tmp_path_factory.mktemp("single") / "run"
-    train(overrides(setup, run_dir, **{"trainer.save_every": 2}), timeout=300)
+    train(overrides(setup, run_dir, **{"trainer.save_every": 2, "grpo.completion_log": run_dir / "completions"}),
+          timeout=300)
     return run_dir
+
+
+def test_the_completion_log_holds_every_completion_with_its_reward(single):
+    lines = [json.loads(line) for line in open(single / "completions.rank0")]
+    assert len(lines) == STEPS * 2 * 2 * 4  # steps x prompts x micro-batches x generations
+    assert [line["step"] for line in lines[::16]] == [1, 2, 3, 4]
+    for line in lines:
+        assert line["rewards"] == [float(sum(1 for token in line["completion_ids"] if token % 3 == 0))]
+        assert line["record"].startswith(str(single.parent.parent)) or ":" in line["record"]
+    group = lines[:4]
+    mean = sum(line["rewards"][0] for line in group) / 4
+    assert all((line["advantage"] > 0) == (line["rewards"][0] > mean) for line in group if line["rewards"][0] != mean)
 
 
 def test_the_log_holds_trls_figures_and_the_updates_are_real(single):

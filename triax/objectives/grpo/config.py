@@ -73,6 +73,10 @@ class GRPOConfig:
     reward_timeout: float = 60.0
     """Seconds one call of a reward function may take; a longer one stops the run, naming it."""
 
+    completion_log: str | None = None
+    """A file prefix: each rank appends one JSON line per sampled completion to <prefix>.rank<N> (the step,
+    the prompt's sample index and file line, the completion's ids, its rewards and advantage); unset = none."""
+
     def epsilon_upper(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 

@@ -15,10 +15,12 @@ reference, such as LoRA's adapters switched off).
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 
+from triax import safe_files
 from triax.errors import ConfigError
 from triax.objectives import StepContext
 from triax.objectives.grpo.config import GRPOConfig, check_grpo
@@ -75,6 +77,8 @@ class GRPOObjective:
         completions = self.sampler.complete([prompt.ids for prompt in prompts], indices.tolist(), step)
         rollout = self._scored(prompts, completions, context.data_parallel_rank)
         self.rollout_figures.append(rollout.figures)
+        if self.config.completion_log:
+            self._log_completions(context.data_parallel_rank, step, indices.tolist(), prompts, rollout)
         rollout = self._to_device(rollout, context.device)
         if model is not None and self.config.num_iterations > 1:
             rollout.old_logps = self._logps(context, model, rollout, reference=False)
@@ -166,9 +170,24 @@ class GRPOObjective:
                    **reward_figures([reward.name for reward in self.rewards], all_rewards, self.weights,
                                     scored.std_is_zero)}
         prompt_ids = pad_rows([prompt.ids for prompt in repeated], self.pad_id, left=True)
-        return Rollout(prompt_ids, torch.tensor([len(prompt.ids) for prompt in repeated]), completion_ids, mask,
-                       scored.advantages[start:start + len(completions)], step_tokens, figures=figures,
-                       completions=[completion.ids for completion in completions])
+        rollout = Rollout(prompt_ids, torch.tensor([len(prompt.ids) for prompt in repeated]), completion_ids, mask,
+                          scored.advantages[start:start + len(completions)], step_tokens, figures=figures,
+                          completions=[completion.ids for completion in completions])
+        rollout.rewards = [[None if value != value else value for value in row] for row in table.tolist()]
+        return rollout
+
+    def _log_completions(self, rank: int, step: int, numbers: list[int], prompts: Sequence[Prompt],
+                         rollout: Rollout) -> None:
+        """One JSON line per completion, appended to grpo.completion_log's file of this rank."""
+        generations = self.config.num_generations
+        lines = []
+        for row, ids in enumerate(rollout.completions):
+            prompt = row // generations
+            lines.append(json.dumps({"step": step, "sample": numbers[prompt], "record": prompts[prompt].where,
+                                     "generation": row % generations, "completion_ids": ids,
+                                     "rewards": rollout.rewards[row], "advantage": float(rollout.advantages[row])}))
+        with safe_files.open_append(f"{self.config.completion_log}.rank{rank}") as handle:
+            handle.write("".join(line + "\n" for line in lines))
 
     @staticmethod
     def _to_device(rollout: Rollout, device: torch.device) -> Rollout:

@@ -30,6 +30,7 @@ class Rollout:
     ref_logps: torch.Tensor | None = None  # the reference's (beta > 0)
     figures: dict[str, float] = field(default_factory=dict)
     completions: list[list[int]] = field(default_factory=list)  # each row's sampled ids, for the run's log
+    rewards: list[list[float | None]] = field(default_factory=list)  # each row's reward per function
 
     def rows(self, part: slice) -> "Rollout":
         """A micro-batch of it: the rows in `part`, the step's figures and token count kept."""
@@ -37,7 +38,8 @@ class Rollout:
         return replace(self, prompt_ids=self.prompt_ids[part], prompt_lengths=self.prompt_lengths[part],
                        completion_ids=self.completion_ids[part], completion_mask=self.completion_mask[part],
                        advantages=self.advantages[part], old_logps=pick(self.old_logps),
-                       ref_logps=pick(self.ref_logps), completions=self.completions[part])
+                       ref_logps=pick(self.ref_logps), completions=self.completions[part],
+                       rewards=self.rewards[part])
 
 
 def pad_rows(rows: Sequence[list[int]], pad_id: int, left: bool) -> torch.Tensor:
