@@ -41,8 +41,10 @@ class Objective(Protocol):
     def needs_reference(self) -> bool:
         """Whether the loss needs a frozen reference model (with LoRA: the base, adapters off)."""
 
-    def produce_batch(self, context: StepContext, step: int, indices: torch.Tensor) -> Any:
-        """The batch of optimizer step `step` from the data samples `indices` (this rank's)."""
+    def produce_batch(self, context: StepContext, step: int, indices: torch.Tensor, model: torch.nn.Module) -> Any:
+        """The batch of optimizer step `step` from this rank's data samples `indices` (GRPO: the
+        completions `model`, the policy unwrapped, samples for those prompts): its len() rows, and
+        `rows(part)` the micro-batch of the rows in the slice `part`."""
 
     def loss(self, context: StepContext, model: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, dict]:
         """The loss of one micro-batch (scaled for gradient accumulation) and its metrics."""

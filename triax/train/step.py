@@ -289,7 +289,7 @@ class TrainingStep:
         started = time.perf_counter()
         batch = self.objective.produce_batch(self.context, step, indices, self.raw_model)
         self.timing["data"] += time.perf_counter() - started
-        rows = len(batch.advantages) // grad_accum
+        rows = len(batch) // grad_accum
         return [(batch.rows(slice(micro * rows, (micro + 1) * rows)), None) for micro in range(grad_accum)]
 
     def _micro_step(self, step: int, micro: int, x: torch.Tensor, y: torch.Tensor,

@@ -32,6 +32,9 @@ class Rollout:
     completions: list[list[int]] = field(default_factory=list)  # each row's sampled ids, for the run's log
     rewards: list[list[float | None]] = field(default_factory=list)  # each row's reward per function
 
+    def __len__(self) -> int:
+        return self.completion_ids.size(0)
+
     def rows(self, part: slice) -> "Rollout":
         """A micro-batch of it: the rows in `part`, the step's figures and token count kept."""
         pick = lambda tensor: None if tensor is None else tensor[part]  # noqa: E731
