@@ -90,9 +90,10 @@ def main() -> None:
     if args.prompts:
         with open(args.prompts, "w", encoding="utf-8") as handle:
             handle.writelines(json.dumps(record) + "\n" for record in grpo_prompts(args.count))
+    pairs = preference_pairs(args.count) if args.pairs else []
     if args.pairs:
         with open(args.pairs, "w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(record) + "\n" for record in preference_pairs(args.count))
+            handle.writelines(json.dumps(record) + "\n" for record in pairs)
 
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -121,8 +122,13 @@ def main() -> None:
     with open(os.path.join(args.directory, "tokenizer_config.json"), "w", encoding="utf-8") as handle:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
                    "eos_token": "<|eot_id|>", "chat_template": CHAT_TEMPLATE}, handle, indent=1)
+    written = [f"{len(records)} conversations to {args.conversations}"]
+    if args.pairs:
+        written.append(f"{len(pairs)} preference pairs to {args.pairs}")
+    if args.prompts:
+        written.append(f"{args.count} prompts with their answers to {args.prompts}")
     print(f"wrote a random llama of {sum(p.numel() for p in model.parameters()):,} parameters with a chat template "
-          f"to {args.directory}, and {len(records)} conversations to {args.conversations}")
+          f"to {args.directory}; {'; '.join(written)}")
 
 
 if __name__ == "__main__":

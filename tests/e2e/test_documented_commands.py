@@ -25,12 +25,17 @@ How a command runs here (tests/support/command_shims.py has the details):
 - The directory holds what the pages refer to: `input.txt`, `other.txt`, `more/*.txt`, a tiny
   transformers GPT-2 with its tokenizer in `path/to/gpt2/`, nanoGPT-layout token files in
   `nanogpt/data/openwebtext/`, a tiny Llama in Meta's layout as Meta's folder (`path/to/Llama-debug/`) and as
-  torchtitan's checkpoints (`outputs/checkpoint/step-10/`) with token files for it in `llama_tokens/`, `val.bin`, the README's Accelerate example as `demo.py` (and as the
+  torchtitan's checkpoints (`outputs/checkpoint/step-10/`) with token files for it in `llama_tokens/` (all
+  four made by the stand-in scripts docs/switching.md ships, STAND_INS: a page that runs one starts
+  without what it makes), `val.bin`, the README's Accelerate example as `demo.py` (and as the
   module `my_package.train`), its Horovod example as `train.py`, the repository's `examples/`, and
   `runs/gpt/`, made by the quickstart's own `triax train`. HOME is that directory too (`~` and `~/.cache` stay inside it).
   A page that runs the quickstart itself (a bare `triax train`: the README, Getting started) starts
   without `runs/`, so its commands run in order as a new user runs them.
   Questions a command asks are answered with Enter (each default).
+- A multi-process `triax train` (torchrun, `triax launch`) beside a one-process one of the same
+  model and data in its block trains as many steps (the same `trainer.max_steps`), or says why in
+  a trailing comment that names the steps: as written, a user runs both.
 - No command may resume a finished run by accident (`... is already complete`): a page's
   `triax train` that is not the quickstart names a trainer.run_dir of its own (or is part of a
   sequence meant to resume), and every command that trains must show a step run (TRAINS).
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -65,7 +71,20 @@ COMPLETE = "is already complete"  # what a finished run started again says (tria
 # A command that trains (`triax train`, alone or under torchrun or a script: not --help) must show
 # a step run: the trainer's summary, or a stop after a step (a run meant to be resumed).
 TRAINS = re.compile(r"(?:^|[\s;&|(])(?:-m )?triax train(?=\s|$)|examples/slurm/train\.sbatch")
+# A multi-process `triax train` and the one-process ones it is compared with; SAME_RUN: the keys
+# that make two commands the same run (the model and the data).
+MULTI_PROCESS_TRAIN = re.compile(r"^(?:torchrun|triax launch)\b.*\s-m triax train(?=\s|$)")
+ONE_PROCESS_TRAIN = re.compile(r"^triax train(?=\s|$)")
+SAME_RUN = ("model", "model.init_from", "data.task", "data.path")
 STEPS_RUN = re.compile(r"done: [1-9]\d* steps? in|stopped by .* after step [1-9]")
+
+# The repository's stand-ins for another tool's files (docs/switching.md), with their arguments here,
+# and what each makes in the prepared directory.
+STAND_INS = {
+    "nanogpt_data.py nanogpt/data/openwebtext": ("nanogpt",),
+    "meta_llama_folder.py path/to/Llama-debug --tokens llama_tokens": ("path/to/Llama-debug", "llama_tokens"),
+    "torchtitan_checkpoint.py outputs/checkpoint": ("outputs",),
+}
 
 # Every command not run here, by page, and why (the `needs:` on its line or block).
 NOT_RUN = {
@@ -141,7 +160,7 @@ NOT_RUN = {
     ('docs/performance.md', 'triax bench --model gpt-mini --nproc 1,2 --batch-size 8 --block-size 128 --repeats 5 --out bench-results'): 'a quiet machine',
     ('docs/performance.md', 'triax bench --model gpt-mini --nproc 1,2 --batch-size 8 --block-size 128 --warmup 3 --steps 4 --repeats 5'): 'a quiet machine',
     ('docs/performance.md', 'triax bench --model mlp --nproc 1,2,4 --precision bf16'): 'a quiet machine',
-    ('docs/tracking.md', 'triax train trainer.loggers=[jsonl,wandb] trainer.project=shakespeare trainer.run_name=baseline'): 'a W&B account',
+    ('docs/tracking.md', 'triax train trainer.loggers=[jsonl,wandb] trainer.project=python-source trainer.run_name=baseline'): 'a W&B account',
 }
 
 
@@ -151,6 +170,7 @@ class Command:
     text: str  # as bash gets it (continuations joined)
     needs: str | None  # why it is not run here, from its `needs:` mark
     expected: str | None = None  # a console block's output
+    block: int = 0  # which fenced block of the page holds it
 
     @property
     def bare(self) -> str:
@@ -176,7 +196,7 @@ def _joined(lines: list[str]) -> list[str]:
 def page_commands(page: Path) -> list[Command]:
     name = str(page.relative_to(ROOT))
     found = []
-    for language, body in FENCE.findall(page.read_text()):
+    for block, (language, body) in enumerate(FENCE.findall(page.read_text())):
         lines = _joined(body.splitlines())
         if language in SHELL_LANGUAGES:
             block_needs = None
@@ -191,14 +211,14 @@ def page_commands(page: Path) -> list[Command]:
                         block_needs = mark.group(1).strip()
                     continue
                 mark = NEEDS.search(stripped)
-                found.append(Command(name, stripped, mark.group(1).strip() if mark else block_needs))
+                found.append(Command(name, stripped, mark.group(1).strip() if mark else block_needs, block=block))
         elif language == "console":
             starts = [number for number, line in enumerate(lines) if line.startswith("$ ")]
             for start, end in zip(starts, [*starts[1:], len(lines)]):
                 text = lines[start][2:].strip()
                 mark = NEEDS.search(text)
                 found.append(Command(name, text, mark.group(1).strip() if mark else None,
-                                     "\n".join(lines[start + 1:end]).strip()))
+                                     "\n".join(lines[start + 1:end]).strip(), block))
     return found
 
 
@@ -221,6 +241,35 @@ def test_commands_not_run_here_are_the_listed_ones():
                                f"{Path(__file__).name} to:\n" + "\n".join(
                                    f"    ({page!r}, {text!r}): {needs!r}," for (page, text), needs in
                                    sorted(marked.items())))
+
+
+def _settings(text: str) -> dict[str, str]:
+    """The key=value overrides of a command."""
+    return dict(word.split("=", 1) for word in shlex.split(text, comments=True)
+                if "=" in word and not word.startswith("-"))
+
+
+def test_multi_process_commands_train_as_long_as_their_one_process_sibling():
+    """A page that shows a run and then "the same on two processes" shows a run as long: as written,
+    a multi-process command without the sibling's trainer.max_steps trains the default 500 steps.
+    Its sibling: a one-process `triax train` of the same block with the same model and data. A
+    command that means to differ says so in a trailing comment naming the steps."""
+    surprises = []
+    for page in PAGES:
+        commands = page_commands(page)
+        for command in commands:
+            if not MULTI_PROCESS_TRAIN.match(command.bare) or re.search(r"#.*\bsteps?\b", command.text):
+                continue
+            settings = _settings(command.bare.split(" -m triax train", 1)[1])
+            siblings = [_settings(other.bare) for other in commands if other.block == command.block
+                        and ONE_PROCESS_TRAIN.match(other.bare)]
+            siblings = [other for other in siblings if all(other.get(key) == settings.get(key) for key in SAME_RUN)]
+            steps = {other.get("trainer.max_steps") for other in siblings}
+            if siblings and settings.get("trainer.max_steps") not in steps:
+                surprises.append(f"{command.page}: {command.bare} (trainer.max_steps="
+                                 f"{settings.get('trainer.max_steps', 'the default')}, its sibling's {steps})")
+    assert not surprises, ("multi-process commands that train longer or shorter than their one-process "
+                           "sibling; give them its trainer.max_steps, or say why in a comment:\n" + "\n".join(surprises))
 
 
 # ---- the prepared directory -----------------------------------------------------------------------
@@ -255,32 +304,6 @@ def _tiny_gpt2(directory: Path, corpus: Path) -> None:
     config = GPT2Config(vocab_size=tokenizer.get_vocab_size(), n_positions=256, n_embd=32, n_layer=2, n_head=2)
     GPT2LMHeadModel(config).save_pretrained(directory)
     tokenizer.save(str(directory / "tokenizer.json"))
-
-
-def _tiny_meta_llama(meta: Path, torchtitan: Path) -> None:
-    """One random Llama (2 layers, 32 wide, 4 query heads over 2 key/value heads, 512 tokens) in
-    Meta's layout, twice: Meta's folder (params.json, consolidated.00.pth) and torchtitan's DCP
-    checkpoint folder (step-10 of outputs/checkpoint)."""
-    import json
-
-    import torch
-    import torch.distributed.checkpoint as dcp
-
-    generator = torch.Generator().manual_seed(0)
-    shapes = {"tok_embeddings.weight": (512, 32), "norm.weight": (32,), "output.weight": (512, 32)}
-    for layer in range(2):
-        shapes.update({f"layers.{layer}.{name}": shape for name, shape in (
-            ("attention_norm.weight", (32,)), ("ffn_norm.weight", (32,)), ("attention.wq.weight", (32, 32)),
-            ("attention.wk.weight", (16, 32)), ("attention.wv.weight", (16, 32)), ("attention.wo.weight", (32, 32)),
-            ("feed_forward.w1.weight", (96, 32)), ("feed_forward.w2.weight", (32, 96)),
-            ("feed_forward.w3.weight", (96, 32)))})
-    state = {name: 0.1 * torch.randn(shape, generator=generator) for name, shape in shapes.items()}
-    meta.mkdir(parents=True)
-    (meta / "params.json").write_text(json.dumps({"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
-                                                  "vocab_size": 512, "multiple_of": 32, "norm_eps": 1e-5,
-                                                  "rope_theta": 500000.0}))
-    torch.save(state, meta / "consolidated.00.pth")
-    dcp.save({"model": state}, checkpoint_id=str(torchtitan / "step-10"), no_dist=True)
 
 
 def _token_file(path: Path, count: int, vocab: int, seed: int) -> None:
@@ -344,11 +367,9 @@ def prepared(command_server, tmp_path_factory):
     (base / "path" / "to" / "gpt2").mkdir(parents=True)
     _tiny_gpt2(base / "path" / "to" / "gpt2", base / "input.txt")
     _token_file(base / "val.bin", 2000, 300, seed=0)
-    for split, count in (("train", 20000), ("val", 4000)):
-        _token_file(base / "nanogpt" / "data" / "openwebtext" / f"{split}.bin", count, 50257, seed=len(split))
-    _tiny_meta_llama(base / "path" / "to" / "Llama-debug", base / "outputs" / "checkpoint")
-    for split, count in (("train", 8000), ("val", 2000)):
-        _token_file(base / "llama_tokens" / f"{split}.bin", count, 512, seed=len(split))
+    for script in STAND_INS:  # the stand-ins docs/switching.md ships, for the pages that only name their files
+        result = run_line(f"python {ROOT / 'examples' / script}", base, command_server)
+        assert result.returncode == 0, result.stderr[-4000:]
     (base / "demo.py").write_text(_readme_example("from triax import Accelerator"))
     (base / "my_package").mkdir()
     (base / "my_package" / "__init__.py").write_text("")
@@ -370,6 +391,10 @@ def test_documented_commands_run(page, prepared, command_server, tmp_path):
     shutil.copytree(prepared, directory, symlinks=True)
     if any(command.bare == QUICKSTART for command in commands):  # the page makes runs/gpt itself
         shutil.rmtree(directory / "runs")
+    for script, made in STAND_INS.items():  # a page that runs a stand-in starts without what it makes
+        if any(f"examples/{script.split()[0]}" in command.bare for command in commands):
+            for path in made:
+                shutil.rmtree(directory / path, ignore_errors=True)
     for command in commands:
         started = time.perf_counter()
         result = run_line(command.text, directory, command_server)

@@ -90,15 +90,15 @@ def runs(setup, tmp_path_factory):
     """triax's run (validated on val.jsonl at its last step) and TRL's, from the same adapter."""
     root, base, records, pairs, val = setup
     run_dir = tmp_path_factory.mktemp("triax") / "run"
-    train(triax_overrides(root, base, pairs, val, run_dir, **{"model.lora.init_from": root / "adapter",
-                                                               "trainer.eval_every": STEPS}), timeout=400)
+    output = train(triax_overrides(root, base, pairs, val, run_dir, **{"model.lora.init_from": root / "adapter",
+                                                                        "trainer.eval_every": STEPS}), timeout=400)
     ours = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     history, trainer = trl_curve(root, base, records)
-    return run_dir, ours, history, trainer
+    return run_dir, ours, history, trainer, output.stdout
 
 
 def test_dpo_equals_trl_dpo_trainer_step_by_step(runs):
-    _, ours, theirs, _ = runs
+    _, ours, theirs, _, _ = runs
     ours = [record for record in ours if "loss" in record]
     assert len(ours) == len(theirs) == STEPS
     for step, (mine, other) in enumerate(zip(ours, theirs)):
@@ -111,6 +111,14 @@ def test_dpo_equals_trl_dpo_trainer_step_by_step(runs):
     late = sum(record["rewards/margins"] for record in ours[-5:]) / 5
     assert late > 0.05 and sum(record["loss"] for record in ours[-5:]) / 5 < ours[0]["loss"] - 0.02, ours[-5:]
 
+
+def test_the_step_line_shows_reward_accuracy_and_margin(runs):
+    _, ours, _, _, output = runs
+    record = [record for record in ours if "loss" in record][-1]
+    assert f" of {BATCH} pairs (" in output.splitlines()[0]  # the start line counts a step in pairs
+    line = next(line for line in output.splitlines() if line.startswith(f"step {STEPS}/{STEPS}"))
+    assert (f"rewards/accuracies {record['rewards/accuracies']:.3f} | rewards/margins "
+            f"{record['rewards/margins']:.4f}") in line, line
 
 
 @pytest.mark.parametrize("key, value, words", [
@@ -134,7 +142,7 @@ def test_eval_reports_trl_metrics_on_a_validation_file(setup, runs):
     """`triax eval RUN --preference val.jsonl` gives the run's own last validation figures, and those
     TRL's evaluate() gives on the same file after its 30 steps (<= 1e-4)."""
     root, _, _, _, val = setup
-    run_dir, ours, _, trainer = runs
+    run_dir, ours, _, trainer, _ = runs
     result = launch(1, ["-m", "triax", "eval", str(run_dir), "--preference", str(val), "--json"])
     found = json.loads(result.stdout.strip().splitlines()[-1])
     last = [record for record in ours if "val_loss" in record][-1]

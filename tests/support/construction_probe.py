@@ -14,6 +14,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from triax.models import decoder  # noqa: E402
 from triax.runtime.process_group import shutdown_distributed  # noqa: E402
 from triax.config import compose_config  # noqa: E402
+from triax.parallel.plan import ModelShape, local_parameter_count  # noqa: E402
 from triax.train.trainer import Trainer  # noqa: E402
 
 built = []
@@ -43,7 +44,10 @@ def main():
     report = {"rank": trainer.rank, "built": built, "local_values": sum(local(p).numel() for p in params),
               "total_values": trainer.num_params + trainer.model_config.block_size * trainer.model_config.n_embd,
               "all_materialized": not any(local(p).is_meta for p in params),
-              "pp_rank": trainer.layout.coordinates(trainer.rank)["pp"]}
+              "pp_rank": trainer.layout.coordinates(trainer.rank)["pp"],
+              # what triax plan counts for the most loaded rank of this layout (its first stage)
+              "planned_values": local_parameter_count(ModelShape.from_config(trainer.model_config), trainer.layout,
+                                                      trainer.config.parallel.pp_schedule)}
     # One file per rank (lines printed by several ranks at once can interleave); the first argument is the directory.
     with open(os.path.join(report_dir, f"rank{trainer.rank}.json"), "w") as handle:
         json.dump(report, handle)

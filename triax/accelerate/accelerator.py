@@ -26,14 +26,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from triax.accelerate._internal import gathering, state_saving
+from triax.accelerate._internal.dynamo import resolve_dynamo
 from triax.accelerate._internal.errors import AcceleratorRuntimeError, UnsupportedFeatureError
 from triax.accelerate._internal.experiment_tracking import ExperimentTracking
 from triax.accelerate._internal.flags import check_accelerate_environment
 from triax.accelerate._internal.fsdp import FULL, state_dict_type
 from triax.accelerate._internal.gradient_sync import GradientSync, start_accumulation
-from triax.accelerate._internal.models import extract_model_from_parallel
+from triax.accelerate._internal.prepared_models import extract_model_from_parallel
 from triax.accelerate._internal.options import refuse_unsupported, resolve
-from triax.accelerate._internal.preparation import Preparation
+from triax.accelerate._internal.preparation import Preparation, named_parameters, remap_optimizer_parameters
 from triax.accelerate._internal.process_setup import join_process_state
 from triax.accelerate._internal.state_saving import StateSaving
 from triax.accelerate.data_loader import skip_first_batches
@@ -64,8 +65,8 @@ def _held_by(component: str, name: str) -> property:
 class Accelerator:
     """Accelerate's Accelerator, on triax's core: the arguments are Accelerate's, plus a few of
     triax's own (parallel, logging_dir, scheduler_steps, data_order, seed). DeepSpeed, Megatron-LM,
-    XLA, fp8, ParallelismConfig and dynamo_backend raise UnsupportedFeatureError here, naming what
-    to use instead.
+    XLA, fp8 and ParallelismConfig raise UnsupportedFeatureError here, naming what to use instead;
+    dynamo_backend compiles each prepared model last, as Accelerate does.
 
     Args:
         device_placement: Move prepared models and batches to `device`.
@@ -113,14 +114,14 @@ class Accelerator:
                  data_order: str = "loader"):
         check_accelerate_environment()
         refuse_unsupported(mixed_precision, deepspeed_plugin, megatron_lm_plugin, parallelism_config,
-                           dynamo_backend, dynamo_plugin, torch_tp_plugin, deepspeed_plugins)
+                           torch_tp_plugin, deepspeed_plugins)
         options = resolve(
             mixed_precision=mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin, cpu=cpu, parallel=parallel,
             fsdp_plugin=fsdp_plugin, dataloader_config=dataloader_config, split_batches=split_batches,
             even_batches=even_batches, project_config=project_config, project_dir=project_dir,
             logging_dir=logging_dir, kwargs_handlers=kwargs_handlers, scheduler_steps=scheduler_steps,
-            data_order=data_order)
+            data_order=data_order, dynamo=resolve_dynamo(dynamo_backend, dynamo_plugin))
         self.state, precision = join_process_state(options)
         self.gradient_state, self._grad_scaler = start_accumulation(options, precision, self.state.device)
         # As Accelerate: the shuffling generator of a prepared dataloader is synchronised.
@@ -367,6 +368,12 @@ class Accelerator:
         second time returns the prepared one unchanged."""
         return self._preparation.prepare(objects, device_placement, lambda kind: getattr(self, f"prepare_{kind}"))
 
+    def _get_named_parameters(self, *objects: Any, drop_refs: bool = False) -> dict:
+        return named_parameters(objects, drop_refs)
+
+    def _remap_optimizer_parameters(self, old_named_params: dict, *objects: Any) -> None:
+        remap_optimizer_parameters(old_named_params, objects)
+
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
         return self._preparation.prepare_model(model, device_placement, evaluation_mode)
@@ -468,7 +475,7 @@ class Accelerator:
                      keep_torch_compile: bool = True) -> torch.nn.Module:
         """The model as the script made it: without DDP (or DataParallel) around it; without the
         mixed-precision forward with keep_fp32_wrapper=False; and with keep_torch_compile=False
-        without its torch.compile wrapper either (triax.accelerate._internal.models.extract_model_from_parallel)."""
+        without its torch.compile wrapper either (triax.accelerate._internal.prepared_models.extract_model_from_parallel)."""
         return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper,
                                            keep_torch_compile=keep_torch_compile)
 

@@ -210,6 +210,7 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         self.synchronized_generator = synchronized_generator
         self.skip_batches = skip_batches
         self._non_blocking = _non_blocking
+        self.torch_device_mesh = torch_device_mesh
         self.iteration = iteration
 
     def adjust_state_dict_for_prefetch(self) -> None:
@@ -265,6 +266,8 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
     @property
     def total_batch_size(self) -> int:
         batch_sampler = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        while isinstance(batch_sampler, SkipBatchSampler):  # a resumed loader counts the batches it skips over
+            batch_sampler = batch_sampler.batch_sampler
         if getattr(batch_sampler, "split_batches", False):
             return batch_sampler.batch_size
         return batch_sampler.batch_size * getattr(batch_sampler, "num_processes", 1)
@@ -685,7 +688,9 @@ def skip_first_batches(dataloader: torch.utils.data.DataLoader, num_batches: int
         if skipping is None:
             options["skip_batches"] = num_batches
         return DataLoaderDispatcher(dataset, split_batches=dataloader.split_batches, batch_sampler=skipping,
-                                    _drop_last=dataloader._drop_last, iteration=dataloader.iteration, **options)
+                                    _drop_last=dataloader._drop_last, _non_blocking=dataloader._non_blocking,
+                                    slice_fn=dataloader.slice_fn, torch_device_mesh=dataloader.torch_device_mesh,
+                                    iteration=dataloader.iteration, **options)
     if isinstance(dataloader, DataLoaderShard):
         if skipping is None:
             options["skip_batches"] = num_batches
@@ -696,7 +701,9 @@ def skip_first_batches(dataloader: torch.utils.data.DataLoader, num_batches: int
             options["batch_sampler"] = skipping
         return DataLoaderShard(dataset, device=dataloader.device, rng_types=dataloader.rng_types,
                                synchronized_generator=dataloader.synchronized_generator,
-                               iteration=dataloader.iteration, **options)
+                               _drop_last=dataloader._drop_last, _non_blocking=dataloader._non_blocking,
+                               torch_device_mesh=dataloader.torch_device_mesh, iteration=dataloader.iteration,
+                               **options)
     if skipping is None:
         return SkipDataLoader(dataset, skip_batches=num_batches, **options)
     return DataLoader(dataset, batch_sampler=skipping, **options)

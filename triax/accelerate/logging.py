@@ -20,7 +20,40 @@ from typing import Any
 from triax.accelerate._internal.errors import AcceleratorRuntimeError
 from triax.accelerate.state import PartialState
 
-__all__ = ["MultiProcessAdapter", "get_logger"]
+__all__ = ["MultiProcessAdapter", "get_logger", "get_verbosity", "set_verbosity", "set_verbosity_debug",
+           "set_verbosity_error", "set_verbosity_info", "set_verbosity_warning"]
+
+# The library logger whose level the verbosity functions set: Accelerate's scripts call
+# set_verbosity_* for the "accelerate" namespace, and triax's door logs under the same name so the
+# calls reach it.
+LIBRARY_LOGGER = "accelerate"
+
+
+def get_verbosity() -> int:
+    """The effective level of the library logger, as an integer (logging.WARNING is 30)."""
+    return logging.getLogger(LIBRARY_LOGGER).getEffectiveLevel()
+
+
+def set_verbosity(verbosity: int | str) -> None:
+    """Set the library logger's level (an integer or a level name in any case). Loggers under it without a
+    level of their own follow; the root logger and other libraries' loggers are left alone."""
+    logging.getLogger(LIBRARY_LOGGER).setLevel(verbosity.upper() if isinstance(verbosity, str) else verbosity)
+
+
+def set_verbosity_debug() -> None:
+    set_verbosity(logging.DEBUG)
+
+
+def set_verbosity_info() -> None:
+    set_verbosity(logging.INFO)
+
+
+def set_verbosity_warning() -> None:
+    set_verbosity(logging.WARNING)
+
+
+def set_verbosity_error() -> None:
+    set_verbosity(logging.ERROR)
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):

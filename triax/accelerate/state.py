@@ -91,7 +91,9 @@ class PartialState:
         """Forget the process information (the process group stays); the next PartialState()
         finds it again. For starting over in one process, as Accelerate's."""
         PartialState._shared_state.clear()
-        _reset_accelerate("PartialState")
+        # Accelerate's own PartialState is left alone: it holds only this process's place, which a reset
+        # does not change, and Accelerate's helpers a script kept (its get_logger) need it to exist.
+        # share_with_accelerate renews it when the place has changed.
 
     @property
     def initialized(self) -> bool:
@@ -341,10 +343,12 @@ class AcceleratorState(PartialState):
 
     @property
     def dynamo_plugin(self):
-        """Accelerate's TorchDynamoPlugin with compilation off (triax refuses dynamo_backend: compile the
-        model yourself), as a plain record: the plugin class itself is not part of triax."""
-        return SimpleNamespace(backend=DynamoBackend.NO, mode="default", fullgraph=False, dynamic=None,
-                               options=None, disable=False, use_regional_compilation=False)
+        """Accelerate's TorchDynamoPlugin fields as a plain record (the plugin class itself is not part of
+        triax): the torch.compile settings the Accelerator compiles prepared models with; backend NO when
+        it compiles nothing."""
+        return self.__dict__.get("_dynamo_plugin") or SimpleNamespace(
+            backend=DynamoBackend.NO, mode="default", fullgraph=False, dynamic=None, options=None, disable=False,
+            use_regional_compilation=False)
 
     def get_deepspeed_plugin(self, name: str):
         raise AcceleratorValueError("DeepSpeed is not enabled: triax does not support DeepSpeed; use "
@@ -472,8 +476,13 @@ def share_with_accelerate(mixed_precision: str, cpu: bool) -> None:
         return
     try:
         # triax's Accelerator may change the precision of an existing state; Accelerate's refuses
-        # to, so its copy is made afresh each time (the process information stays).
-        accelerate_state.AcceleratorState._reset_state()
+        # to, so its copy is made afresh each time (the process information stays, unless this
+        # process's place has changed since, e.g. another process group).
+        place = accelerate_state.PartialState._shared_state
+        ours = PartialState()
+        stale = place and (place.get("num_processes"), place.get("process_index")) != (ours.num_processes,
+                                                                                        ours.process_index)
+        accelerate_state.AcceleratorState._reset_state(reset_partial_state=bool(stale))
         # What Accelerate's Accelerator passes (its state reads the plugin): no compilation.
         dynamo = sys.modules["accelerate.utils.dataclasses"].TorchDynamoPlugin()
         accelerate_state.AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, dynamo_plugin=dynamo,

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from triax.checkpoint.errors import SnapshotError
 from triax.checkpoint.reader import SnapshotReader
-from triax.checkpoint.shards import tensor_bytes
+from triax.checkpoint.shard_format import tensor_bytes
 from triax.checkpoint.snapshot import MODEL_KEY, OPTIMIZER_KEY
 from triax.checkpoint.storage import create_new
 

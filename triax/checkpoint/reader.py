@@ -19,7 +19,7 @@ import torch
 
 from triax.checkpoint.errors import SnapshotCorruptError
 from triax.checkpoint.numbers import bad_number, finite_float, reject_constant
-from triax.checkpoint.shards import DTYPES, SHARDS_METADATA
+from triax.checkpoint.shard_format import DTYPES, SHARDS_METADATA, tensor_from_bytes
 from triax.checkpoint.storage import Store
 
 FORMAT = "triax-snapshot/2"
@@ -252,8 +252,6 @@ class SnapshotReader:
     def full_tensor(self, key: str) -> torch.Tensor:
         """One whole tensor, assembled from its verified chunks (the only one held at a time by a
         streaming caller such as export)."""
-        from triax.checkpoint.shards import tensor_from_bytes
-
         dtype, size = self.tensor_info(key)
         result = torch.empty(size, dtype=dtype)
         for chunk in self.shards["tensors"][key]["chunks"]:

@@ -5,11 +5,7 @@ reads which byte ranges to fill whatever layout the model has now (resharding). 
 storage pickles its metadata and reads tensors with torch.load; this storage writes each rank's
 shards as raw bytes into `shards/rank_NNNNN.bin` and the metadata as JSON (`shards.json`), with
 the sha256 of every chunk, so a reader verifies exactly the bytes it reads and never unpickles.
-
-    shards.json = {"tensors": {key: {"dtype": "float32", "size": [...], "chunks": [
-                       {"offsets": [...], "sizes": [...], "file": "shards/rank_00001.bin",
-                        "offset": 0, "bytes": 4096, "sha256": "..."}, ...]}},
-                   "files": {"shards/rank_00001.bin": {"bytes": ..., "sha256": ...}}}
+The files' format (and the bytes of one tensor) is triax/checkpoint/shard_format.py's.
 """
 
 from __future__ import annotations
@@ -30,6 +26,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from triax.checkpoint.shard_format import DTYPE_NAMES, DTYPES, shard_file, tensor_bytes, tensor_from_bytes
 from triax.checkpoint.storage import Store
 
 if TYPE_CHECKING:
@@ -38,27 +35,6 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner
 
     from triax.checkpoint.reader import SnapshotReader
-
-SHARDS_METADATA = "shards.json"
-DTYPES = {name: getattr(torch, name) for name in (
-    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")}
-DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-
-
-def shard_file(rank: int) -> str:
-    return f"shards/rank_{rank:05d}.bin"
-
-
-def tensor_bytes(tensor: torch.Tensor) -> bytes:
-    """The raw little-endian bytes of a CPU tensor, any dtype (bf16 included)."""
-    flat = tensor.detach().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-
-
-def tensor_from_bytes(data: bytes, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
-    if not data:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
 class ShardWriter(StorageWriter):

@@ -55,7 +55,8 @@ from triax.checkpoint.errors import SnapshotCorruptError, SnapshotError, Snapsho
 from triax.checkpoint.padding import PaddedRowsLoadPlanner
 from triax.checkpoint.reader import FORMAT, MANIFEST, SNAPSHOT_NAME, STATE, SnapshotReader
 from triax.checkpoint.rng import capture_rng_state, check_rng_state, restore_rng_state
-from triax.checkpoint.shards import SHARDS_METADATA, ShardReader, ShardWriter
+from triax.checkpoint.shard_format import SHARDS_METADATA
+from triax.checkpoint.shards import ShardReader, ShardWriter
 from triax.checkpoint.storage import Store, sha256
 from triax.runtime.shared_decisions import broadcast_int, max_across_ranks
 from triax.errors import TriaxError, printable

@@ -21,7 +21,6 @@ from triax.data.text import Vocabulary
 from triax.data.tokens import TOKEN_DTYPES
 from triax.data.windows import evaluation_windows
 from triax.errors import TriaxError, printable
-from triax.eval.scoring import datasets, load_model, score
 from triax.runtime.place import Place, detect_place, pick_device
 from triax.runtime.process_group import init_distributed, shutdown_distributed
 from triax.runtime.shared_decisions import gather_floats
@@ -75,6 +74,8 @@ def main(argv: list[str]) -> int:
     loss = loss_sum / tokens
     result = {"model": args.model, "data": [name for name, _ in found], "tokens": tokens, "loss": loss,
               "perplexity": math.exp(loss)}
+    # Conversations are scored on their answers alone: the line names what it counted.
+    scored = "answer tokens" if all(getattr(dataset, "answers_only", False) for _, dataset in found) else "tokens"
     if isinstance(vocab, Vocabulary) and not args.tokens:
         result["bits_per_character"] = loss / math.log(2)  # one token is one character
     if place.rank == 0:
@@ -82,7 +83,7 @@ def main(argv: list[str]) -> int:
             print(json.dumps(result))
         else:
             extra = f", {result['bits_per_character']:.4f} bits/char" if "bits_per_character" in result else ""
-            print(printable(f"{', '.join(result['data'])}: {tokens} tokens, loss {loss:.4f}, perplexity "
+            print(printable(f"{', '.join(result['data'])}: {tokens} {scored}, loss {loss:.4f}, perplexity "
                             f"{result['perplexity']:.3f}{extra}"))
     return 0
 
@@ -90,6 +91,10 @@ def main(argv: list[str]) -> int:
 def evaluate(args: argparse.Namespace, place: Place, device: torch.device) -> int | tuple[list, list, object]:
     """A DPO run's exit code (its preference scores), or ([(name, dataset)], the job's summed
     [loss, tokens] per dataset, the model's text codec)."""
+    # The model readers (transformers' formats among them) take a second to import: `--help` and a
+    # bad argument are answered without them.
+    from triax.eval.scoring import datasets, load_model, score  # deferred: start-up time
+
     model, vocab, run_config = load_model(args.model, device)
     if run_config is not None and run_config.data.task == "preference" and not (args.tokens or args.text or
                                                                             args.chat):

@@ -52,7 +52,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.cp:
         if args.world % args.cp:
             raise ConfigError(f"--cp {args.cp} does not divide --world {args.world}; choose a divisor of the world")
-        check_context_parallel(Layout(cp=args.cp), args.seq, length_key="--seq")  # one line
+        check_context_parallel(Layout(cp=args.cp), args.seq, length_key="--seq", degree_key="--cp")  # one line
     return args
 
 

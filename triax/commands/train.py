@@ -7,7 +7,6 @@ from triax.errors import TriaxError
 from triax.runtime.lost_peers import PeerLostError, lost_peer_message
 from triax.runtime.process_group import shutdown_distributed
 from triax.config import compose_config, describe_keys
-from triax.train.trainer import Trainer
 
 TRAIN_HELP = """usage: triax train [key=value ...] [model=PRESET] [+experiment=NAME]
 
@@ -36,6 +35,8 @@ def main(argv: list[str]) -> int:
         print(TRAIN_HELP + describe_keys())
         return 0
     config = compose_config(argv)
+    from triax.train.trainer import Trainer  # deferred: start-up time; a bad key or --help needs no trainer
+
     try:
         trainer = Trainer(config)
         trainer.fit()

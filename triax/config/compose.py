@@ -13,14 +13,7 @@ import textwrap
 import typing
 
 import yaml
-from hydra import compose, initialize_config_module
-from hydra.core.config_store import ConfigStore
-from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from triax.interop.formats import open_continuation
 from triax.errors import ConfigError
 from triax.models.config import PRESETS, preset_fields
 from triax.runtime.place import detect_place
@@ -37,6 +30,8 @@ def _register_schema() -> None:
     home; there are no YAML files for them)."""
     global _registered
     if not _registered:
+        from hydra.core.config_store import ConfigStore  # deferred: start-up time (Hydra), as in _compose
+
         store = ConfigStore.instance()
         store.store(name="triax_schema", node=TrainConfig)
         for name in PRESETS:
@@ -65,6 +60,9 @@ def continuation_overrides(config: TrainConfig) -> tuple[list[str], list[str]]:
     if config.model.init_from:
         raise ConfigError(f"trainer.continue_from={path!r} and model.init_from={config.model.init_from!r} both name "
                           "a checkpoint to start from; give one (continue_from also carries the optimizer and step)")
+    # deferred: start-up time; only a continued run reads another tool's files (transformers' among them)
+    from triax.interop.formats import open_continuation
+
     run = open_continuation(path)
     if run is None:
         raise ConfigError(f"trainer.continue_from={path!r} is not nanoGPT's ckpt.pt (or an out_dir holding one) "
@@ -84,6 +82,14 @@ def _compose(overrides: list[str]) -> TrainConfig:
             raise ConfigError(f"unknown model preset {match.group(1)!r}; presets are: "
                               f"{', '.join(_model_presets())}")
     check_overrides(overrides, TrainConfig)
+    # Hydra and OmegaConf take a large share of a command's first second: a misspelt key is
+    # answered above without them, and `--help` never composes.
+    from hydra import compose, initialize_config_module  # deferred: start-up time
+    from hydra.core.global_hydra import GlobalHydra  # deferred: start-up time
+    from hydra.errors import HydraException  # deferred: start-up time
+    from omegaconf import OmegaConf  # deferred: start-up time
+    from omegaconf.errors import OmegaConfBaseException  # deferred: start-up time
+
     _register_schema()
     GlobalHydra.instance().clear()
     try:
@@ -171,10 +177,14 @@ def absolute_paths(config: TrainConfig) -> None:
 
 
 def to_dict(config: TrainConfig) -> dict:
+    from omegaconf import OmegaConf  # deferred: start-up time (see _compose)
+
     return OmegaConf.to_container(OmegaConf.structured(config))
 
 
 def from_dict(values: dict) -> TrainConfig:
+    from omegaconf import OmegaConf  # deferred: start-up time (see _compose)
+
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), values))
 
 

@@ -20,7 +20,7 @@ from typing import List, Optional
 import torch
 
 from triax.models.config import PRESETS, GPTConfig, preset_fields
-from triax.models.lora import LoRAConfig
+from triax.models.lora_config import LoRAConfig
 from triax.config.dpo import DPOConfig
 from triax.objectives.grpo.config import GRPOConfig
 

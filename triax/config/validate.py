@@ -10,7 +10,7 @@ import torch
 
 from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
-from triax.models.lora import check_lora
+from triax.models.lora_config import check_lora
 from triax.parallel.comm_hooks import check_compression
 from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES, Layout
 from triax.runtime.precision import POLICY_NAMES

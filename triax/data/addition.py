@@ -2,7 +2,7 @@
 
 A sample is the digits of a, the digits of b, then the digits of the sum *reversed* (the model
 writes the sum lowest digit first, as people carry). Only the sum's digits are trained on; the
-targets for the question part are ignored (-1).
+targets for the question part are IGNORE_INDEX (triax.data.targets): not trained on.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.data import Dataset
 
+from triax.data.targets import IGNORE_INDEX
 from triax.errors import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
-
-IGNORE_INDEX = -1
 
 
 class AdditionDataset(Dataset):

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from triax import safe_files
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.data.chat_template import (BUILTIN_TEMPLATES, ChatTemplate, TemplateBoundError, TemplateError, special_tokens_of,
                                       template_of_config)
 from triax.data.errors import DataError, MissingDependency
@@ -350,6 +350,7 @@ class ChatDataset(torch.utils.data.Dataset):
     belongs to (padding: -1), so the model confines attention and positions to it."""
 
     sliding_windows = False  # each row is scored whole by evaluation
+    answers_only = True  # the targets are the answers' tokens: what a count of scored tokens counts
 
     def __init__(self, examples: list[Example], block_size: int, packing: bool, pad_id: int = 0,
                  batch_padding: bool = False):

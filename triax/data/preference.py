@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from triax import safe_files
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.data.chat import (MAX_DEPTH, RecordError, _depth, _messages, _text, chat_template_for, read_records,
                              training_count)
 from triax.data.chat_template import TemplateError, special_tokens_of

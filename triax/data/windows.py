@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset

@@ -45,7 +45,8 @@ class RunNeeds:
 def needs_of(config: TrainConfig, world_size: int, sizes: ModelSizes) -> RunNeeds:
     """The run's needs, from its config and the model's sizes."""
     trainer, parallel = config.trainer, config.parallel
-    layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp, world_size, parallel.cp)
+    layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp, world_size, parallel.cp,
+                            parallel.ep)
     padded = padded_vocab_size(sizes.vocab_size, layout.tp)
     model_config = gpt_config(sizes.model, sizes.vocab_size, sizes.block_size,
                               padded if padded != sizes.vocab_size else None)

@@ -13,7 +13,7 @@ from triax.data.preference import PreferenceDataset, encode_pairs, load_preferen
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import TriaxError, printable
 from triax.interop.hf.whole_model import load_hf_model
-from triax.models.lora import is_adapter
+from triax.models.lora_config import is_adapter
 from triax.interop.peft.adapter import load_adapter
 from triax.train.dpo import METRICS, DPOObjective
 from triax.train.run_files import kept_tokenizer

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from fsspec.implementations.local import LocalFileSystem
 
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.data.chat import (ChatDataset, ChatEncoder, chat_template_for, encode_records, load_chat_datasets,
                              read_records)
 from triax.data.text import CharDataset

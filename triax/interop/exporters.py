@@ -11,65 +11,24 @@ switches on the format itself:
 
 The run is given as an `ExportedRun` (a triax run directory, opened by the training room:
 triax/train/run_export.py), so the wing reads the run's snapshots and files without importing
-the room that writes them. Each writer checks its output before it reads any snapshot.
+the room that writes them. Each writer checks its output before it reads any snapshot. The types
+a writer is written against live in triax/interop/export_types.py, which the writers import
+without importing this table of them.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol
-
-import torch
+from typing import Any
 
 from triax.arguments import check_output_file, written_by_triax_safetensors
 from triax.checkpoint.export import export_safetensors
 from triax.errors import printable
+from triax.interop.export_types import ExportedRun, ExportOptions, Writer
 from triax.interop.hf.export import write_hf
 from triax.interop.nanogpt.export import write_nanogpt
 from triax.interop.peft.export import write_merged, write_peft
 from triax.models.config import GPTConfig
-
-
-@dataclass
-class ExportOptions:
-    """The command's options a writer reads."""
-
-    force: bool = False  # replace an existing output triax did not write
-    merge: bool = False  # --format hf: a LoRA run's base with its adapters merged in
-
-
-class ExportedRun(Protocol):
-    """A `triax train` run as a writer reads it: its newest good snapshot and its files."""
-
-    run_dir: str  # the run directory as given
-    snapshot_root: str  # where it keeps its snapshots (found once, before any output is checked)
-    kept_dir: str  # RUN/init_from/: the copies of its model.init_from checkpoint's files
-
-    def check_not_in_run(self, output: str, option: str = "output") -> None:
-        """Refuse an output inside the run's snapshots, its kept files, or one of its own files."""
-
-    def with_fallback(self, action: Callable[..., Any]) -> Any:
-        """`action(reader, model_config, vocab)` on the newest good snapshot, or the one before
-        when its tensors turn out damaged."""
-
-    def true_shapes(self, model_config: GPTConfig, vocab: object) -> tuple[dict, dict]:
-        """(the model config without vocabulary padding, {tensor name: its unpadded shape})."""
-
-    def newest_snapshot(self) -> Any:
-        """The validated reader of the newest good snapshot."""
-
-    def model_config(self) -> GPTConfig:
-        """The run's model.json."""
-
-    def config(self) -> Any:
-        """The run's config.yaml (a TrainConfig)."""
-
-    def whole_model(self, config: Any, device: torch.device) -> torch.nn.Module:
-        """The run's trained plain model (a LoRA run's: its base with the snapshot's adapters)."""
-
-
-Writer = Callable[[ExportedRun, str, ExportOptions], None]
 
 
 def write_safetensors(run: ExportedRun, output: str, options: ExportOptions) -> None:

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
-from typing import Callable, List, Optional, TYPE_CHECKING
+from typing import Callable, TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -33,70 +32,11 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 from triax.errors import ConfigError
 from triax.models.init import init_constant, init_normal, local_box
+# The settings and names, in a module of their own that the config reads without torch.distributed.
+from triax.models.lora_config import ROW_PARALLEL, TARGETS, LoRAConfig, is_adapter, target_keys
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-
-# model.lora.targets -> the linear layer inside a block (PEFT's module names are accepted too).
-TARGETS = {"q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj", "o": "attn.out_proj",
-           "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
-PEFT_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
-              "down_proj": "down"}
-ALL_LINEAR = "all-linear"
-# Layers whose input is split across tensor-parallel ranks (row-parallel in triax's plan).
-ROW_PARALLEL = ("o", "down")
-ADAPTER_MARK = ".lora_"
-
-
-@dataclass
-class LoRAConfig:
-    """model.lora: LoRA adapters on a frozen base."""
-
-    rank: int = 0
-    """Rank r of each adapter (0 = no LoRA: every weight trains)."""
-
-    alpha: float = 16.0
-    """The adapter's output is scaled by alpha / rank (PEFT's lora_alpha)."""
-
-    dropout: float = 0.0
-    """Dropout on the adapter's input (PEFT's lora_dropout)."""
-
-    targets: List[str] = field(default_factory=lambda: ["q", "v"])
-    """Layers to adapt: any of q, k, v, o, gate, up, down (or PEFT's q_proj, ...), or all-linear."""
-
-    init_from: Optional[str] = None
-    """Start the adapters from a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."""
-
-
-def target_keys(targets: object) -> list[str]:
-    """The short names (q, k, ...) of model.lora.targets, in TARGETS order; one line for a bad one."""
-    if isinstance(targets, str):
-        targets = [targets]
-    if list(targets) == [ALL_LINEAR]:
-        return list(TARGETS)
-    keys = []
-    for target in targets:
-        key = PEFT_NAMES.get(target, target)
-        if key not in TARGETS:
-            raise ConfigError(f"model.lora.targets has {target!r}; use any of {', '.join(TARGETS)} "
-                              f"(or PEFT's {', '.join(PEFT_NAMES)}), or {ALL_LINEAR}")
-        keys.append(key)
-    if not keys:
-        raise ConfigError("model.lora.targets is empty; name the layers to adapt, e.g. [q,v] or [all-linear]")
-    return [key for key in TARGETS if key in keys]
-
-
-def check_lora(config: LoRAConfig) -> None:
-    if config.rank == 0:
-        return
-    if type(config.rank) is not int or not 0 < config.rank <= 4096:
-        raise ConfigError(f"model.lora.rank={config.rank!r}; use 1 .. 4096 (or 0 for no LoRA)")
-    if not (math.isfinite(config.alpha) and config.alpha > 0):
-        raise ConfigError(f"model.lora.alpha={config.alpha!r}; use a positive number such as 16")
-    if not (math.isfinite(config.dropout) and 0 <= config.dropout < 1):
-        raise ConfigError(f"model.lora.dropout={config.dropout!r}; use 0 <= dropout < 1")
-    target_keys(config.targets)
-
 
 class LoRAFactor(nn.Module):
     """One adapter matrix, as a module with a `weight` so its name reads as PEFT's (lora_A.weight).
@@ -107,10 +47,6 @@ class LoRAFactor(nn.Module):
     def __init__(self, rows: int, columns: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(rows, columns))
-
-
-def is_adapter(name: str) -> bool:
-    return ADAPTER_MARK in name
 
 
 class _Switch:

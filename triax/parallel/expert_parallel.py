@@ -3,8 +3,9 @@ rank that holds their expert and back with all-to-all, composed with FSDP as tor
 
 The `ep` ranks are borrowed from the fully-sharded ones (dp_shard = efsdp x ep): a 2-D mesh
 (efsdp, ep) over them. The batched expert tensors become DTensors sharded along the expert
-dimension over `ep`, and FSDP shards each rank's experts again over `efsdp`; every other
-parameter is sharded over all dp_shard ranks as without EP. Data parallelism is unchanged: every
+dimension over `ep`, and FSDP shards each rank's experts again over `efsdp` (along their width
+when a rank holds fewer experts than efsdp: expert_shard_placement); every other parameter is
+sharded over all dp_shard ranks as without EP. Data parallelism is unchanged: every
 rank reads its own batch, routes its own tokens and gets their outputs back.
 
 Gradients: an expert's gradient arrives whole on the rank that holds it (the all-to-all's backward
@@ -52,7 +53,17 @@ def apply_expert_parallel(model: nn.Module, expert_mesh: DeviceMesh, precision: 
             setattr(experts, name, nn.Parameter(split, requires_grad=parameter.requires_grad))
         experts.ep_group = ep_mesh.get_group()
         experts.exchange = dispatch
-        fully_shard(experts, mesh=expert_mesh["efsdp"], mp_policy=mixed_precision_policy(precision))
+        placement = expert_shard_placement(experts.gate_proj.size(0) // ep, expert_mesh["efsdp"].size())
+        fully_shard(experts, mesh=expert_mesh["efsdp"], mp_policy=mixed_precision_policy(precision),
+                    shard_placement_fn=placement)
+
+
+def expert_shard_placement(local_experts: int, efsdp: int):
+    """How FSDP shards a rank's experts over efsdp: along the expert dimension, as every other
+    parameter; but when the rank holds fewer experts than efsdp, that would leave some ranks
+    none and one a whole expert, so along the experts' width instead (torchtitan's choice), and
+    each rank keeps 1/efsdp of every expert. None: FSDP's default (dim 0)."""
+    return (lambda parameter: Shard(1)) if local_experts < efsdp else None
 
 
 def dispatch(x: torch.Tensor, counts: torch.Tensor, experts: GroupedExperts) -> torch.Tensor:

@@ -19,8 +19,8 @@ from triax.models.config import GPTConfig
 from triax.parallel.mesh import Layout
 
 
-def check_layout(model_config: GPTConfig, layout: Layout, ep: int = 1, cpu_offload: bool = False) -> None:
-    _check_expert_parallel(model_config, layout, ep, cpu_offload)
+def check_layout(model_config: GPTConfig, layout: Layout) -> None:
+    """The refusals above (expert parallelism's own rules are the layout's: triax.parallel.mesh)."""
     if layout.tp > 1 and model_config.num_experts:
         raise ConfigError(f"parallel.tp={layout.tp} with model.arch={model_config.arch}: tensor parallelism of "
                           "mixture-of-experts layers is not supported; use parallel.dp_shard (FSDP shards the experts)")
@@ -37,22 +37,3 @@ def check_layout(model_config: GPTConfig, layout: Layout, ep: int = 1, cpu_offlo
                           f"{model_config.router_z_loss_coef}: "
                           "the pipeline's loss does not see the router logits; set both to 0 or use parallel.pp=1")
 
-
-def _check_expert_parallel(model_config: GPTConfig, layout: Layout, ep: int, cpu_offload: bool) -> None:
-    """parallel.ep: the experts split over ep of the fully-sharded ranks (triax/parallel/expert_parallel.py)."""
-    if type(ep) is not int or ep < 1:
-        raise ConfigError(f"parallel.ep={ep!r} must be a positive integer (1: no expert parallelism)")
-    if ep == 1:
-        return
-    if not model_config.num_experts:
-        raise ConfigError(f"parallel.ep={ep} with model.arch={model_config.arch}, which has no experts; "
-                          "set parallel.ep=1 or use model.arch=mixtral or qwen3_moe")
-    if model_config.num_experts % ep:
-        raise ConfigError(f"parallel.ep={ep} does not divide model.num_experts={model_config.num_experts}; each "
-                          "rank holds an equal share of the experts: choose ep among its divisors")
-    if layout.dp_shard % ep:
-        raise ConfigError(f"parallel.ep={ep} does not divide parallel.dp_shard={layout.dp_shard}; expert "
-                          "parallelism borrows its ranks from the fully-sharded ones: make dp_shard a multiple of ep")
-    if layout.tp > 1 or layout.pp > 1 or layout.dp_replicate > 1 or cpu_offload:
-        raise ConfigError(f"parallel.ep={ep} composes with parallel.dp_shard only (got {layout.describe()}"
-                          f"{', cpu_offload' if cpu_offload else ''}); set tp, pp and dp_replicate to 1")

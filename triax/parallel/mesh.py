@@ -8,6 +8,10 @@ Rank order on the mesh is (pp, dp_replicate, dp_shard, cp, tp) with tp innermost
 peers exchange activations every layer, so they get neighbouring ranks (the same node, NVLink);
 context-parallel peers exchange keys and values every layer, so they come next; pipeline stages
 exchange one activation per micro-batch, so they may sit furthest apart.
+
+Expert parallelism (ep) is a degree of the layout but not a dimension of the mesh: it borrows its
+ranks from the fully-sharded ones (dp_shard = efsdp x ep, torchtitan's way), so it does not change
+the world size; triax.parallel.expert_parallel builds its own (efsdp, ep) mesh over them.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class Layout:
     dp_shard: int = 1
     tp: int = 1
     cp: int = 1  # context parallelism: each sequence cut over cp ranks (triax.parallel.context_parallel)
+    ep: int = 1  # expert parallelism: each layer's experts split over ep of the dp_shard ranks (module docstring)
 
     @property
     def dp(self) -> int:
@@ -65,13 +70,22 @@ class Layout:
         c = self.coordinates(rank)
         return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
 
+    def degrees(self) -> dict[str, int]:
+        """Every degree by name, in mesh order, ep beside the dp_shard ranks it borrows."""
+        return {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "ep": self.ep,
+                "cp": self.cp, "tp": self.tp}
+
     def describe(self) -> str:
-        parts = [f"{name}={size}" for name, size in zip(MESH_DIMS, self.shape) if size > 1]
+        parts = [f"{name}={size}" for name, size in self.degrees().items() if size > 1]
         return ", ".join(parts) or "single process"
 
 
-def resolve_layout(dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int, cp: int = 1) -> Layout:
-    """Fill in the one degree given as -1 and check that the degrees multiply to the world size."""
+def resolve_layout(dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int, cp: int = 1,
+                   ep: int = 1) -> Layout:
+    """Fill in the one degree given as -1, check that the degrees multiply to the world size and
+    that ep fits the fully-sharded ranks it borrows."""
+    if type(ep) is not int or ep < 1:  # not a factor of the world: no -1 for "the rest"
+        raise ConfigError(f"parallel.ep={ep!r} must be a positive integer (1: no expert parallelism)")
     given = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": pp, "cp": cp}
     for name, value in given.items():
         if value == 0 or value < -1:
@@ -93,11 +107,25 @@ def resolve_layout(dp_replicate: int, dp_shard: int, tp: int, pp: int, world_siz
                               "the number of processes")
         given[unknown[0]] = world_size // known
     layout = Layout(pp=given["pp"], dp_replicate=given["dp_replicate"], dp_shard=given["dp_shard"], tp=given["tp"],
-                    cp=given["cp"])
+                    cp=given["cp"], ep=ep)
     if layout.world_size != world_size:
         raise ConfigError(f"parallel degrees {_degrees(given)} multiply to {layout.world_size} but the job has "
                           f"{world_size} process(es); make the product equal the world size (or set one degree to -1)")
+    check_expert_degree(layout)
     return layout
+
+
+def check_expert_degree(layout: Layout) -> None:
+    """What ep > 1 needs of the other degrees: its ranks are dp_shard's, and it composes with
+    nothing else yet (triax.parallel.expert_parallel builds its mesh over the dp_shard ranks alone)."""
+    if layout.ep == 1:
+        return
+    if layout.dp_shard % layout.ep:
+        raise ConfigError(f"parallel.ep={layout.ep} does not divide parallel.dp_shard={layout.dp_shard}; expert "
+                          "parallelism borrows its ranks from the fully-sharded ones: make dp_shard a multiple of ep")
+    if layout.tp > 1 or layout.pp > 1 or layout.cp > 1 or layout.dp_replicate > 1:
+        raise ConfigError(f"parallel.ep={layout.ep} composes with parallel.dp_shard only (got {layout.describe()}); "
+                          "set tp, pp, cp and dp_replicate to 1")
 
 
 def _degrees(given: dict) -> str:
@@ -112,10 +140,13 @@ def pipeline_microbatches(requested: int, pp: int) -> int:
 def validate_layout(layout: Layout, *, n_layer: int, n_head: int, block_size: int, batch_size: int,
                     grad_accum: int = 1, pp_schedule: str = "1f1b", pp_microbatches: int = 0,
                     pp_balance: list[int] | None = None, activation_checkpointing: str = "none",
-                    tie_embeddings: bool = False, cpu_offload: bool = False, n_kv_head: int | None = None) -> None:
+                    tie_embeddings: bool = False, cpu_offload: bool = False, n_kv_head: int | None = None,
+                    num_experts: int = 0, arch: str = "gpt2") -> None:
     """Every check a layout must pass for a model of this shape; raises ConfigError naming the key.
-    `n_kv_head`: key/value heads of grouped-query attention (None: one per query head)."""
+    `n_kv_head`: key/value heads of grouped-query attention (None: one per query head);
+    `num_experts`: routed experts per layer (0: a dense model), `arch` the architecture's name."""
     check_cpu_offload(layout, cpu_offload)
+    check_expert_parallel(layout, num_experts, arch)
     check_context_parallel(layout, block_size)
     if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
         raise ConfigError(f"parallel.activation_checkpointing={activation_checkpointing!r} is unknown; "
@@ -187,25 +218,44 @@ def _check_microbatches(layout: Layout, batch_size: int, pp_schedule: str, pp_mi
                               f"got {given}; use e.g. {2 * layout.pp}")
 
 
+def check_expert_parallel(layout: Layout, num_experts: int, arch: str) -> None:
+    """What ep > 1 needs: the other degrees' part (check_expert_degree), and a model whose experts
+    split evenly over the ep ranks."""
+    check_expert_degree(layout)
+    if layout.ep == 1:
+        return
+    if not num_experts:
+        raise ConfigError(f"parallel.ep={layout.ep} with model.arch={arch}, which has no experts; set parallel.ep=1 "
+                          "or use a mixture-of-experts architecture (docs/moe.md)")
+    if num_experts % layout.ep:
+        raise ConfigError(f"parallel.ep={layout.ep} does not divide model.num_experts={num_experts}; each rank holds "
+                          "an equal share of the experts: choose ep among its divisors")
+
+
 def check_cpu_offload(layout: Layout, cpu_offload: bool) -> None:
     """CPU offload is FSDP's (parameters, gradients and optimizer state of the shards in host
-    memory): it needs a layout that shards parameters."""
+    memory): it needs a layout that shards parameters, and is not built for the experts' own units."""
     if cpu_offload and layout.dp_shard == 1:
         raise ConfigError(f"parallel.cpu_offload=true needs FSDP sharding, but parallel.dp_shard=1 (layout: "
                           f"{layout.describe()}); set parallel.dp_shard > 1 (or -1 for all processes), "
                           "or parallel.cpu_offload=false")
+    if cpu_offload and layout.ep > 1:
+        raise ConfigError(f"parallel.ep={layout.ep} composes with parallel.dp_shard only, not with "
+                          "parallel.cpu_offload=true; set parallel.cpu_offload=false or parallel.ep=1")
 
 
 def check_context_parallel(layout: Layout, block_size: int, compile: bool = False,
-                           length_key: str = "data.block_size") -> None:
+                           length_key: str = "data.block_size", degree_key: str = "parallel.cp") -> None:
     """Context parallelism cuts each sequence into 2 x cp chunks (a rank holds one early and one
-    late chunk, so the causal mask gives every rank the same work). `length_key`: what the user
-    set the sequence length with."""
+    late chunk, so the causal mask gives every rank the same work). `length_key`, `degree_key`:
+    what the user set the sequence length and cp with (a config key, or a command's --option)."""
     if layout.cp == 1:
         return
     if block_size % (2 * layout.cp) != 0:
-        raise ConfigError(f"parallel.cp={layout.cp} needs the sequence length ({length_key}={block_size}) to be "
-                          f"a multiple of 2 x cp = {2 * layout.cp}; change {length_key} or parallel.cp")
+        given = [f"{key} {value}" if key.startswith("--") else f"{key}={value}"
+                 for key, value in ((degree_key, layout.cp), (length_key, block_size))]
+        raise ConfigError(f"{given[0]} needs the sequence length ({given[1]}) to be a multiple of 2 x cp = "
+                          f"{2 * layout.cp}; change {length_key} or {degree_key}")
     if layout.pp > 1:
         raise ConfigError(f"parallel.cp={layout.cp} does not run with parallel.pp={layout.pp}: pipeline stages pass "
                           "hidden states without the sequence's positions; use parallel.pp=1 (or parallel.cp=1)")

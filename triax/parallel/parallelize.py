@@ -95,10 +95,10 @@ def _parallelize_part(part: nn.Module, layout: Layout, mesh: DeviceMesh, precisi
         apply_compile(part)
     kind = data_parallel_kind(layout)
     cpu_offload = parallel.cpu_offload
-    if getattr(parallel, "ep", 1) > 1:  # the experts' own units first: the blocks' FSDP leaves them alone
+    if layout.ep > 1:  # the experts' own units first: the blocks' FSDP leaves them alone
         from triax.parallel.expert_parallel import apply_expert_parallel, build_expert_mesh  # deferred: MoE runs only
 
-        apply_expert_parallel(part, build_expert_mesh(layout.dp_shard, parallel.ep, mesh.device_type), precision)
+        apply_expert_parallel(part, build_expert_mesh(layout.dp_shard, layout.ep, mesh.device_type), precision)
     if kind in ("fsdp", "hsdp"):
         dp_mesh = _sharding_mesh(mesh, layout, kind)
         apply_fsdp(part, dp_mesh, precision, reshard_after_forward=layout.pp == 1, cpu_offload=cpu_offload)

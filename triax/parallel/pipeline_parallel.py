@@ -28,6 +28,7 @@ from torch.distributed.pipelining import (
 
 from triax.models import Decoder, GPTConfig, build_model
 from triax.parallel.mesh import num_stages
+from triax.parallel.stage_split import split_layers
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -38,21 +39,6 @@ SCHEDULES = {
     "interleaved_1f1b": ScheduleInterleaved1F1B,
     "zero_bubble": ScheduleInterleavedZeroBubble,
 }
-
-
-def split_layers(n_layer: int, stages: int, balance: list[int] | None = None) -> list[list[int]]:
-    """Layer numbers of each stage: `balance[s]` layers for stage s if given, else as even as
-    possible, with any extra layers on the middle stages (the ends also run embedding / head)."""
-    if not balance:
-        base, extra = divmod(n_layer, stages)
-        # Extra layers go to the middle stages: the ends already carry the embedding / head.
-        order = sorted(range(stages), key=lambda s: abs(s - (stages - 1) / 2))
-        balance = [base + (1 if s in order[:extra] else 0) for s in range(stages)]
-    ranges, start = [], 0
-    for count in balance:
-        ranges.append(list(range(start, start + count)))
-        start += count
-    return ranges
 
 
 def stage_ids_for_rank(pp_rank: int, pp: int, schedule: str) -> list[int]:

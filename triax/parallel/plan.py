@@ -31,6 +31,17 @@ Per-device memory, by formula (B = bytes per value of the parameter dtype: 4 fp3
   shard the parameters with FSDP (over dp_shard x cp), so the parameter terms and FSDP's gathered
   blocks below count dp_shard x cp. Time: the keys and values all-gathered in forward and reduced
   in backward, 4·L·s·b·k·A·(cp-1)/cp per device per micro-batch at --bandwidth, not overlapped.
+- expert parallelism (ep > 1, mixtures of experts): each rank holds num_experts / ep of every
+  layer's experts, which FSDP shards again over efsdp = dp_shard / ep: along the expert dimension
+  (ceil(num_experts/ep/efsdp) experts on the most loaded device, as FSDP over dp_shard alone keeps)
+  or, when a rank holds fewer experts than efsdp, along their width (1/efsdp of each: 1/dp_shard
+  of the experts where FSDP alone leaves whole experts on some ranks and none on others). A
+  block's experts in flight are its num_experts / ep, and their all-gather and reduce-scatter
+  run over efsdp. Time: every routed layer sends each
+  token's experts_per_token copies of its h values to the ranks holding their experts and back,
+  in forward and in backward (4 all-to-alls; 6 with recomputation, selective or full, whose
+  forward exchanges again), (ep-1)/ep of them leaving the rank, at --bandwidth, not overlapped
+  (the exchange sits on the forward path).
 - gathered:    with FSDP (dp_shard > 1), the whole (unsharded) blocks in flight: about two
   blocks' parameters all-gathered (the one computing and the one prefetched) and two blocks'
   unsharded gradients before their reduce-scatter, 2·(P/tp)·G + 2·(P/tp)·4 bytes with P a block's
@@ -51,7 +62,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -59,10 +70,13 @@ import torch
 from triax.errors import ConfigError
 from triax.models import build_model
 from triax.models.config import GPTConfig
+from triax.parallel.stage_split import split_layers
 from triax.parallel.mesh import (MULTI_STAGE_SCHEDULES, Layout, check_context_parallel, num_stages,
-                                 padded_vocab_size)
+                                 check_expert_parallel, padded_vocab_size)
+from triax.parallel.experts import check_layout as check_expert_layout
 
 MAX_WORLD = 2**16  # the layout search grows with world x its divisors: beyond this it takes minutes
+EXPERTS = ".mlp.experts."  # in the name of every routed expert's tensor (triax.models.moe.GroupedExperts)
 
 # Parameter-name endings and the dimension tensor parallelism splits (see tensor_parallel.py).
 _TP_SPLIT_DIM = {
@@ -120,7 +134,7 @@ class ModelShape:
         experts_per_token of its num_experts experts only."""
         extra = dict(self.extra)
         experts, chosen = extra.get("num_experts", 0), extra.get("experts_per_token", 0)
-        idle = sum(math.prod(s) for name, s in self.parameter_shapes().items() if ".mlp.experts." in name)
+        idle = sum(math.prod(s) for name, s in self.parameter_shapes().items() if EXPERTS in name)
         return self.num_params() - (idle * (experts - chosen) // experts if experts else 0)
 
     def flops_per_token(self) -> float:
@@ -132,6 +146,19 @@ class ModelShape:
     def block_params(self) -> int:
         """Parameters of one transformer block."""
         return sum(math.prod(s) for name, s in self.parameter_shapes().items() if name.startswith("layers.0."))
+
+    def block_expert_params(self) -> int:
+        """Parameters of one transformer block's routed experts (0 for a dense block)."""
+        return sum(math.prod(s) for name, s in self.parameter_shapes().items()
+                   if name.startswith("layers.0.") and EXPERTS in name)
+
+    def routed_layers(self) -> int:
+        """Layers whose MLP routes tokens to experts."""
+        return len({name.split(".")[1] for name in self.parameter_shapes() if EXPERTS in name})
+
+    @property
+    def num_experts(self) -> int:
+        return dict(self.extra).get("num_experts", 0)
 
 
 # GPTConfig fields beyond ModelShape's own that change the parameters: q/k norms, the experts.
@@ -152,8 +179,6 @@ def _parameter_shapes(shape: ModelShape, tp: int) -> tuple[tuple[str, tuple[int,
 
 def stage_parameter_names(shape: ModelShape, layout: Layout, pp_schedule: str, stage: int = 0,
                           balance: list[int] | None = None) -> list[str]:
-    from triax.parallel.pipeline_parallel import split_layers
-
     names = list(shape.parameter_shapes(layout.tp))
     if layout.pp == 1:
         return names
@@ -174,12 +199,20 @@ def stage_parameter_names(shape: ModelShape, layout: Layout, pp_schedule: str, s
     return kept
 
 
-def local_numel(name: str, full: tuple[int, ...], tp: int, dp_shard: int) -> int:
-    """Values of this parameter on the most loaded device (rank 0 of its tp and dp_shard groups)."""
+def local_numel(name: str, full: tuple[int, ...], tp: int, dp_shard: int, ep: int = 1) -> int:
+    """Values of this parameter on the most loaded device (rank 0 of its tp and dp_shard groups).
+    Under expert parallelism a routed expert's tensor is split over ep (exactly: ep divides the
+    experts), then FSDP shards each rank's part over the dp_shard / ep ranks left."""
     local = list(full)
     for ending, dim in _TP_SPLIT_DIM.items():
         if name.endswith(ending) and tp > 1:
             local[dim] = -(-local[dim] // tp)
+    if ep > 1 and EXPERTS in name:
+        local[0] //= ep
+        dp_shard //= ep
+        if local[0] < dp_shard:  # fewer experts than ranks: FSDP shards their width (expert_shard_placement)
+            local[1] = -(-local[1] // dp_shard)
+            return math.prod(local)
     if dp_shard > 1:
         local[0] = -(-local[0] // dp_shard)
     return math.prod(local)
@@ -191,7 +224,7 @@ LOSS_BYTES_PER_LOGIT = 16  # the eager loss's peak (module docstring)
 def local_parameter_count(shape: ModelShape, layout: Layout, pp_schedule: str = "1f1b", stage: int = 0,
                           balance: list[int] | None = None) -> int:
     shapes = shape.parameter_shapes(layout.tp)
-    return sum(local_numel(name, shapes[name], layout.tp, layout.dp_shard * layout.cp)
+    return sum(local_numel(name, shapes[name], layout.tp, layout.dp_shard * layout.cp, layout.ep)
                for name in stage_parameter_names(shape, layout, pp_schedule, stage, balance))
 
 
@@ -243,14 +276,48 @@ def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: s
         compute /= 1 - (layout.pp - 1) / (m + layout.pp - 1)
     tp_comm = 0.0 if t == 1 else 8 * layers * s * b * h * act_bytes * (t - 1) / t * m / (bandwidth_gbs * 1e9)
     tp_comm += 2 * layers * gathered_kv * (layout.cp - 1) / layout.cp / (bandwidth_gbs * 1e9)
-    dp, shards = layout.reducing, layout.dp_shard * layout.cp
-    dp_factor = 3 if shards > 1 else 2
-    replica_bytes = local * shards * param_bytes  # one data-parallel replica's parameters
-    dp_comm = 0.0 if dp == 1 else dp_factor * replica_bytes * (dp - 1) / dp / (bandwidth_gbs * 1e9)
-    block_values = shape.block_params() / t
+    tp_comm += expert_exchange_seconds(shape, layout, batch_size * s, act_bytes, checkpointing, bandwidth_gbs)
+    dp_comm = data_parallel_seconds(shape, layout, local, param_bytes, bandwidth_gbs)
+    # A block in flight holds its experts of this rank's ep group only.
+    block_values = (shape.block_params() - shape.block_expert_params() * (layout.ep - 1) // layout.ep) / t
+    shards = layout.dp_shard * layout.cp
     gathered = 2 * block_values * param_bytes_gathered(precision) + 2 * block_values * 4 if shards > 1 else 0.0
     return Estimate(layout, checkpointing, params, params, 2 * params, activations / gb,
                     max(compute, dp_comm) + tp_comm, gathered / gb)
+
+
+def data_parallel_seconds(shape: ModelShape, layout: Layout, local: int, param_bytes: int,
+                          bandwidth_gbs: float) -> float:
+    """Data-parallel traffic of one step on one device (3 x parameter bytes for FSDP, 2 x for
+    replication, x (n-1)/n), over the `local` parameter values this device holds; under expert
+    parallelism the experts' share runs over their efsdp group, on the experts that group holds."""
+    dp, shards = layout.reducing, layout.dp_shard * layout.cp
+    if dp == 1:
+        return 0.0
+    dp_factor = 3 if shards > 1 else 2
+    if layout.ep == 1:
+        replica_bytes = local * shards * param_bytes  # one data-parallel replica's parameters
+        return dp_factor * replica_bytes * (dp - 1) / dp / (bandwidth_gbs * 1e9)
+    efsdp = shards // layout.ep
+    shapes = shape.parameter_shapes(layout.tp)
+    experts = sum(local_numel(name, full, layout.tp, shards, layout.ep) for name, full in shapes.items()
+                  if EXPERTS in name)
+    dense_bytes = (local - experts) * shards * param_bytes
+    expert_bytes = experts * efsdp * param_bytes  # the experts of this rank's ep group
+    traffic = dense_bytes * (dp - 1) / dp + expert_bytes * (efsdp - 1) / efsdp
+    return dp_factor * traffic / (bandwidth_gbs * 1e9)
+
+
+def expert_exchange_seconds(shape: ModelShape, layout: Layout, tokens: int, act_bytes: int, checkpointing: str,
+                            bandwidth_gbs: float) -> float:
+    """Expert parallelism's all-to-all time of one step on one device routing `tokens` tokens
+    (module docstring): not overlapped, so it adds to the step."""
+    if layout.ep == 1:
+        return 0.0
+    exchanges = 4 if checkpointing == "none" else 6
+    copies = tokens * dict(shape.extra).get("experts_per_token", 1)
+    sent = exchanges * shape.routed_layers() * copies * shape.n_embd * act_bytes * (layout.ep - 1) / layout.ep
+    return sent / (bandwidth_gbs * 1e9)
 
 
 def layer_widths(shape: ModelShape) -> int:
@@ -270,6 +337,7 @@ def candidate_layouts(world: int, shape: ModelShape, cps: list[int] | None = Non
     """Every layout of `world` devices this shape can run in; `cps`: the context-parallel degrees
     to consider (default: every one the sequence allows)."""
     layouts = []
+    experts = shape.config() if shape.num_experts else None  # a mixture of experts composes with fewer
     for cp in cps or range(1, world + 1):
         if world % cp or not context_parallel_fits(shape, cp):
             continue
@@ -282,10 +350,34 @@ def candidate_layouts(world: int, shape: ModelShape, cps: list[int] | None = Non
                     if shape.n_head % tp or (shape.n_kv_head or shape.n_head) % tp or pp > shape.n_layer \
                             or (shape.block_size // cp) % tp:
                         continue
-                    if tp > 1 and dict(shape.extra).get("num_experts"):
-                        continue  # not composed yet (triax/parallel/experts.py)
-                    layouts.append(Layout(pp=pp, dp_replicate=rest, dp_shard=dp_shard, tp=tp, cp=cp))
+                    layout = Layout(pp=pp, dp_replicate=rest, dp_shard=dp_shard, tp=tp, cp=cp)
+                    if experts is None:
+                        layouts.append(layout)
+                    elif experts_compose(experts, layout):
+                        layouts += [layout, *expert_parallel_layouts(layout, shape)]
     return layouts
+
+
+def experts_compose(model_config: GPTConfig, layout: Layout) -> bool:
+    """Whether a mixture of experts runs in this layout (triax.parallel.experts.check_layout)."""
+    try:
+        check_expert_layout(model_config, layout)
+    except ConfigError:
+        return False
+    return True
+
+
+def expert_parallel_layouts(layout: Layout, shape: ModelShape) -> list[Layout]:
+    """`layout` with each expert-parallel degree above 1 the model's experts and the layout allow."""
+    found = []
+    for ep in range(2, min(layout.dp_shard, shape.num_experts) + 1):
+        candidate = replace(layout, ep=ep)
+        try:
+            check_expert_parallel(candidate, shape.num_experts, shape.arch)
+        except ConfigError:
+            continue
+        found.append(candidate)
+    return found
 
 
 def context_parallel_fits(shape: ModelShape, cp: int) -> bool:

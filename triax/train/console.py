@@ -4,12 +4,13 @@ stragglers, the console line of a logged step, and the line a run ends with."""
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Iterable
 
 from triax.runtime.shared_decisions import gather_floats
 from triax.runtime.stragglers import StragglerCheck
 from triax.runtime.watchdog import Watchdog
 from triax.runtime.threads import ThreadChoice
+from triax.tracking.line_fields import LineField, shown_fields
 from triax.tracking.throughput import MetricsLogger, Pace, duration, step_count
 from triax.config.schema import TrainConfig
 from triax.train.step import TrainingStep
@@ -28,16 +29,24 @@ class Console:
         self.stragglers = StragglerCheck()
         self.pace: Pace | None = None
         self._mfu_warned = False
+        self.fields: list[LineField] = []  # what the objectives add to the line and the bar (show)
+        self.bar_figures: dict[str, str] = {}  # those fields as the last logged step wrote them
+
+    def show(self, fields: Iterable[LineField]) -> None:
+        """Add an objective's figures to every step line (and the bar) whose record holds them."""
+        self.fields += [field for field in fields if field not in self.fields]
 
     def announce(self, logger: MetricsLogger, arch: str, num_params: int, trainable_params: int,
                  threads: ThreadChoice | None, steps_per_epoch: int, changed_shape: dict,
                  batch_note: str | None) -> None:
         """The run's first lines: what trains, where, in which layout, for how long."""
         config, steps = self.config, self.steps
-        # What was loaded, not the preset's name: model.init_from replaced the preset's shape; a
-        # preset whose shape keys were changed is named with the changes (model.arch=llama...).
+        # What was loaded, not the preset's name: model.init_from (or the run trainer.continue_from
+        # continues) replaced the preset's shape; a preset whose shape keys were changed is named
+        # with the changes (model.arch=llama...).
         changes = ", ".join(f"model.{key}={value}" for key, value in changed_shape.items())
-        loaded = (f"from {config.model.init_from}" if config.model.init_from else
+        source = config.model.init_from or config.trainer.continue_from
+        loaded = (f"from {source}" if source else
                   f"{config.model.name} with {changes}" if changes else config.model.name)
         # The architecture too: a preset's shape can be built as any of them (model.arch).
         described_threads = f" with {threads.describe()}" if threads is not None else ""
@@ -45,7 +54,7 @@ class Console:
         logger.print(
             f"training {loaded} ({arch}, {num_params / 1e6:.2f}M params) on {steps.device} x "
             f"{processes} ({steps.layout.describe()}){described_threads}, precision {steps.precision.name}, "
-            f"{step_count(self.total_steps)} of {steps.samples_per_step} samples "
+            f"{step_count(self.total_steps)} of {steps.samples_per_step} {self._samples()} "
             f"({step_count(steps_per_epoch)}/epoch), run dir {config.trainer.run_dir}")
         if config.model.lora.rank:
             lora = config.model.lora
@@ -55,6 +64,10 @@ class Console:
             logger.print(steps.data.report)
         if batch_note:
             logger.print(batch_note)
+
+    def _samples(self) -> str:
+        """What one sample of a step is: a preference pair (its chosen and rejected rows), else a row."""
+        return "pairs" if self.config.data.task == "preference" else "samples"
 
     def start(self, step: int) -> Pace:
         self.pace = Pace(self.steps.samples_per_step * self.block_size, self.total_steps, step)
@@ -104,13 +117,19 @@ class Console:
         step = self.steps.position.step
         parts = [f"step {step}/{self.total_steps}"]
         if "loss" in record:
-            parts += [f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}", f"gnorm {record['grad_norm']:.3f}",
+            shown = shown_fields(self.fields, record)
+            self.bar_figures = shown
+            parts += [f"loss {record['loss']:.4f}", *(f"{name} {value}" for name, value in shown.items()),
+                      f"lr {record['lr']:.2e}", f"gnorm {record['grad_norm']:.3f}",
                       Pace.rate(self.pace.tokens_per_s)]  # the figure the bar shows (record's, unrounded)
             if "mfu" in record:
                 parts.append(f"mfu {100 * record['mfu']:.2f}%")
             parts.append(f"mem {record['peak_mem_mb']:.0f}MB")
         if "val_loss" in record:
-            parts.append(f"val_loss {record['val_loss']:.4f} ({record['val_tokens']} tokens)")
+            # Chat and preference data score the answers alone: the count says so (and DPO's, its pairs).
+            scored = "answer tokens" if self.config.data.task in ("chat", "preference") else "tokens"
+            pairs = f"{record['val_pairs']} pairs, " if "val_pairs" in record else ""
+            parts.append(f"val_loss {record['val_loss']:.4f} ({pairs}{record['val_tokens']} {scored})")
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
         if "val_rewards/accuracies" in record:  # DPO: the share of validation pairs ranked right

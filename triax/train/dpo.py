@@ -28,9 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from triax.runtime.shared_decisions import gather_floats
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.models.lora import adapters_disabled, is_adapter
 from triax.config.dpo import DPOConfig
+from triax.tracking.line_fields import LineField
 
 if TYPE_CHECKING:  # names for the types only: the step (triax.train.step) imports this module
     from triax.train.step import TrainingStep
@@ -75,6 +76,9 @@ def pair_losses(config: DPOConfig, logps: torch.Tensor, ref_logps: torch.Tensor,
 
 class DPOObjective:
     """The trainer's loss for preference data, and the metrics it logs."""
+
+    # On the step line: what TRL's users watch, the share of pairs ranked right and the reward margin.
+    line_fields = (LineField("rewards/accuracies", ".3f"), LineField("rewards/margins", ".4f"))
 
     def __init__(self, config: DPOConfig):
         self.config = config

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from triax.data.addition import IGNORE_INDEX, addition_accuracy
+from triax.data.addition import addition_accuracy
+from triax.data.targets import IGNORE_INDEX
 from triax.data.windows import evaluation_windows, rank_batches
 from triax.runtime.shared_decisions import gather_floats
 from triax.train.step import TrainingStep

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 
 
 def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

@@ -11,6 +11,11 @@ import torch.distributed as dist
 from triax.models.config import GPTConfig
 from triax.models.moe import update_expert_bias
 from triax.models.router_loss import collapsed, expert_shares, router_loss
+from triax.tracking.line_fields import LineField
+
+# On the step line: the router's losses and the least-loaded expert's share of the routed tokens
+# (1 / num_experts when balanced; near 0 when the router starves an expert).
+LINE_FIELDS = (LineField("router_loss", ".4f"), LineField("expert_share_min", ".3f"))
 
 
 def objective_term(model: torch.nn.Module, model_config: GPTConfig) -> torch.Tensor | None:
@@ -31,11 +36,13 @@ def after_step(model: torch.nn.Module, model_config: GPTConfig) -> None:
 
 
 def record(model: torch.nn.Module, last_term: torch.Tensor | None) -> tuple[dict, str | None]:
-    """({router_loss, expert_share} of the last step, a warning if experts collapsed) for the log."""
+    """({router_loss, expert_share, expert_share_min} of the last step, a warning if experts
+    collapsed) for the log. expert_share_min is a number of its own: TensorBoard and the trackers
+    plot numbers, not the list."""
     shares = expert_shares(model)
     if not shares:
         return {}, None
-    fields = {"expert_share": [round(share, 4) for share in shares]}
+    fields = {"expert_share": [round(share, 4) for share in shares], "expert_share_min": round(min(shares), 4)}
     if last_term is not None:
         fields["router_loss"] = round(float(last_term.detach()), 6)
     dead = collapsed(shares)

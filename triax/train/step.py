@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.tensor.parallel import loss_parallel
 
 from triax.data import GlobalSampler
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.data.windows import mask_unscored
 from triax.parallel.context_parallel import local_chunks
 from triax.parallel.ddp import unwrap

@@ -100,6 +100,10 @@ class Trainer:
         self.console = Console(config, self.steps, self.total_steps, self.flops_per_token,
                                stated_peak_flops(self.device, self.precision.compute_dtype, config.trainer.peak_flops),
                                self.watchdog, self._warn)
+        if self.model_config.num_experts:
+            self.console.show(router_metrics.LINE_FIELDS)
+        if self.dpo is not None:
+            self.console.show(self.dpo.line_fields)
         self.continued_best: tuple[float, int] | None = None  # the best val loss of the run continued
         if self.resume:
             self.snapshots.resume(self.logger, self.total_steps, self.world_size, self.restarted)
@@ -149,7 +153,7 @@ class Trainer:
         self.data = build_data(config.data, self.init_source.codec if self.init_source else None, self.init_source,
                                config.grpo.max_completion_length)
         self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
-                                     self.place.world_size, parallel.cp)
+                                     self.place.world_size, parallel.cp, parallel.ep)
         check_context_parallel(self.layout, self.data.block_size, parallel.compile)
         if self.init_source is not None:
             self._take_architecture()
@@ -165,7 +169,8 @@ class Trainer:
                         pp_microbatches=parallel.pp_microbatches, pp_balance=list(parallel.pp_balance),
                         activation_checkpointing=parallel.activation_checkpointing,
                         tie_embeddings=config.model.tie_embeddings, cpu_offload=parallel.cpu_offload,
-                        n_kv_head=config.model.n_kv_head)
+                        n_kv_head=config.model.n_kv_head, num_experts=config.model.num_experts,
+                        arch=config.model.arch)
 
     def _model_config(self) -> GPTConfig:
         """The model this layout builds (its vocabulary padded for it), checked against the memory."""
@@ -186,8 +191,7 @@ class Trainer:
                                         GPU_VOCAB_MULTIPLE if self.device.type == "cuda" else 1)
         model_config = gpt_config(self.config.model, vocab_size, block_size,
                                   padded_rows if padded_rows != vocab_size else None)
-        parallel = self.config.parallel
-        check_expert_layout(model_config, self.layout, parallel.ep, parallel.cpu_offload)  # before any group forms
+        check_expert_layout(model_config, self.layout)  # before any group forms
         check_device_memory(self.config, model_config, self.layout, self.device, self.place,
                             self.data.block_size)
         return model_config
@@ -492,7 +496,7 @@ class Trainer:
             pace.update(self.step)
             # The bar shows the figures the log line shows (one Pace): tokens/s of this log
             # interval so far, and the time left at this session's pace.
-            bar = {"loss": bar_loss, "speed": Pace.rate(pace.tokens_per_s)}
+            bar = {"loss": bar_loss, **self.console.bar_figures, "speed": Pace.rate(pace.tokens_per_s)}
             if self.step < self.total_steps:
                 bar["left"] = pace.time_left
             self.logger.advance(1, **bar)

@@ -217,3 +217,24 @@ def test_accelerate_helpers_kept_by_the_script_see_triax_accelerator(fresh_state
     Accelerator(mixed_precision="no")
     assert accelerate_state.AcceleratorState().mixed_precision == "no"
     assert not [w for w in recwarn if "helpers will not see" in str(w.message)]
+
+
+def test_a_resumed_loader_keeps_its_batch_metadata_and_settings_as_accelerate(fresh_state):
+    """skip_first_batches (Accelerate 1.16): the loader it makes counts the global batch, the remainder and
+    drop_last as the loader it resumes, and keeps its non-blocking copies and its mesh."""
+    theirs = pytest.importorskip("accelerate.data_loader")
+    from triax.accelerate import data_loader as ours
+
+    for drop_last in (False, True):
+        resumed = []
+        for library in (ours, theirs):
+            loader = library.prepare_data_loader(DataLoader(range(10), batch_size=2, drop_last=drop_last),
+                                                 num_processes=2, process_index=0)
+            loader = library.skip_first_batches(loader, num_batches=1)
+            batches = [batch.tolist() for batch in loader]
+            resumed.append((loader.total_batch_size, batches, loader.remainder, loader._drop_last))
+        assert resumed[0] == resumed[1], drop_last
+    for name in ("DataLoaderShard", "DataLoaderDispatcher"):
+        loader = getattr(ours, name)(list(range(16)), batch_size=4, _drop_last=True, _non_blocking=True)
+        loader = ours.skip_first_batches(loader, num_batches=1)
+        assert (loader._drop_last, loader._non_blocking, loader.torch_device_mesh) == (True, True, None), name

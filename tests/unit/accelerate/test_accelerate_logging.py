@@ -202,3 +202,31 @@ except RuntimeError as error:
         assert record["resumed"] == record["unseen"] and len(record["unseen"]) == 7
         assert record["unseen"][0] == [12 + 2 * rank, 13 + 2 * rank]  # steps of 2 x 2 samples: step 3 starts at 12
     assert "raised:" in result.stdout and "boom in a child" in result.stdout
+
+
+def test_verbosity_is_the_library_loggers_level_as_in_accelerate(fresh_state, caplog, monkeypatch):
+    """Accelerate 1.16's set_verbosity_* / get_verbosity: the "accelerate" logger's level, which the
+    loggers under it follow; the root logger's level stays."""
+    from triax.accelerate import Accelerator
+    from triax.accelerate import logging as ours
+
+    theirs = pytest.importorskip("accelerate.logging")
+    monkeypatch.delenv("ACCELERATE_LOG_LEVEL", raising=False)
+    library = logging.getLogger("accelerate")
+    monkeypatch.setattr(library, "level", library.level)  # restored after the test
+    Accelerator()
+    logger = ours.get_logger("accelerate.verbosity_probe")
+    root_level = logging.getLogger().level
+    with caplog.at_level(logging.WARNING, logger="accelerate"):
+        ours.set_verbosity_error()
+        assert ours.get_verbosity() == theirs.get_verbosity() == logging.ERROR
+        logger.warning("hidden")
+        assert not caplog.records
+        ours.set_verbosity("warning")
+        logger.warning("shown")
+        assert [record.name for record in caplog.records] == ["accelerate.verbosity_probe"]
+        for setter, level in [(ours.set_verbosity_debug, logging.DEBUG), (ours.set_verbosity_info, logging.INFO),
+                              (ours.set_verbosity_warning, logging.WARNING)]:
+            setter()
+            assert ours.get_verbosity() == theirs.get_verbosity() == level
+    assert logging.getLogger().level == root_level

@@ -56,7 +56,7 @@ def accelerate():
     import warnings
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # accelerate.inference warns about PiPPy on import
+        warnings.simplefilter("ignore")  # an Accelerate module may warn about optional packages on import
         for module_name in surface.MODULES:
             importlib.import_module(module_name)
 

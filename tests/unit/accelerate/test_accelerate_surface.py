@@ -153,7 +153,6 @@ def test_imports_mirror_accelerate():
     ({"deepspeed_plugin": object()}, "fsdp"),
     ({"megatron_lm_plugin": object()}, "tp"),
     ({"mixed_precision": "fp8"}, "bf16"),
-    ({"dynamo_backend": "inductor"}, "torch.compile"),
     ({"parallelism_config": object()}, "triax train"),
 ])
 def test_unsupported_features_fail_at_construction_naming_the_alternative(arguments, names):

@@ -241,3 +241,24 @@ def test_save_writes_tied_weights_once_and_load_reads_them(fresh_state, tmp_path
     assert sorted(saved) == ["a.bias", "a.weight"] and torch.equal(saved["a.weight"], model.a.weight)
     ours.save({"step": 3, "weight": model.a.weight.detach()}, str(tmp_path / "state.pt"))
     assert ours.load(str(tmp_path / "state.pt"))["step"] == 3
+
+
+def test_device_backend_helpers_equal_accelerates():
+    """Accelerate 1.16's backend helpers answer alike on this machine, and for every device type."""
+    assert ours.get_torch_accelerator_backend() == theirs.get_torch_accelerator_backend()
+    assert (ours.get_torch_accelerator_backend(check_available=False)
+            == theirs.get_torch_accelerator_backend(check_available=False))
+    for device_type in (None, "cpu", "cuda", "xpu", "npu", "hpu", "mlu", "musa", "sdaa", "neuron", "mps"):
+        assert ours.get_distributed_backend(device_type) == theirs.get_distributed_backend(device_type), device_type
+    for device in ("npu", 0, 3, "cpu", "cuda:1", torch.device("cpu")):
+        assert ours.normalize_device(device) == theirs.normalize_device(device), device
+
+
+def test_free_memory_is_asked_of_the_device_module():
+    """get_accelerator_free_memory asks the module it is handed (torch.cuda's mem_get_info and alike)."""
+    class Device:
+        @staticmethod
+        def mem_get_info(index):
+            return (1000 + index, 4000)
+
+    assert ours.get_accelerator_free_memory(Device, 2) == theirs.get_accelerator_free_memory(Device, 2) == 1002

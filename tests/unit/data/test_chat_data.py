@@ -10,7 +10,7 @@ import torch
 
 from support.chat_files import (CONVERSATIONS, LLAMA3_TEMPLATE, QWEN2_PLAIN, style,  # noqa: F401  (style: a fixture)
                                 transformers_ids_and_mask, write_chat_file)
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.data.chat import (ChatDataset, ChatEncoder, RecordError, encode_records, read_records, record_messages,
                              shifted)
 from triax.data.chat_template import ChatTemplate, TemplateError

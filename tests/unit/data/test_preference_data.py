@@ -11,7 +11,7 @@ import torch
 
 from support.chat_files import write_chat_checkpoint
 from support.preference_files import preference_records, write_preference_file
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.data.chat import RecordError, read_records
 from triax.data.chat_template import TemplateError
 from triax.data.errors import DataError

@@ -9,7 +9,7 @@ import torch
 
 from support.helpers import tiny_overrides, train
 from support.hf_scoring import char_validation_ids, hf_mean_loss
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.data.text import CharDataset, Vocabulary
 from triax.data.windows import evaluation_windows, mask_unscored, rank_batches
 

@@ -136,6 +136,9 @@ def test_the_first_step_triax_takes_is_the_trainers_next_step(tmp_path, started)
     result = train(continue_overrides(run_dir, started, f"trainer.max_steps={STOP + 1}", *started["layout"]),
                    nproc=2 if started["layout"] else 1)
     assert f"continuing transformers Trainer's run {started['folder']} at step {STOP}/{STOP + 1}" in result.stdout
+    # the start line names the checkpoint's model, not the default preset's
+    first = next(line for line in result.stdout.splitlines() if line.startswith("training "))
+    assert first.startswith(f"training from {started['folder']} ({started['kind']}, ") and "gpt-micro" not in first
     record = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
               if '"loss"' in line][-1]
     assert record["step"] == STOP + 1

@@ -168,6 +168,49 @@ def test_no_rank_builds_the_whole_model(tmp_path, corpus):
     assert sum(r["local_values"] for r in reports) == report["total_values"]
 
 
+def moe_overrides(run_dir, corpus, batch_size, num_experts, **extra):
+    return overrides(run_dir, corpus, batch_size, **{"model.arch": "mixtral", "model.num_experts": num_experts,
+                                                     "model.experts_per_token": 2, "model.intermediate_size": 48,
+                                                     "model.router_aux_loss_coef": 0.02, **extra})
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("nproc, num_experts", [(2, 4), (4, 2)], ids=["experts_rows", "experts_width"])
+def test_plan_counts_what_each_rank_holds_under_expert_parallelism(nproc, num_experts, tmp_path, corpus):
+    """A mixture of experts under EP x 2 inside FSDP x nproc: each rank holds its share of every
+    layer's experts (4 experts over 2 ranks: 2 whole ones; 2 experts over 4 ranks: half of one,
+    FSDP cutting its width) and of the rest, exactly what triax plan counts for it."""
+    args = moe_overrides(tmp_path, corpus, 4, num_experts, **{"parallel.dp_shard": nproc, "parallel.ep": 2})
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir()
+    launch(nproc, [os.path.join(SUPPORT_DIR, "construction_probe.py"), str(report_dir), *args], timeout=300)
+    reports = [json.loads(path.read_text()) for path in report_dir.iterdir()]
+    assert len(reports) == nproc and all(r["all_materialized"] for r in reports)
+    assert max(r["local_values"] for r in reports) == reports[0]["planned_values"]
+
+
+@pytest.mark.multiprocess
+def test_experts_cut_along_their_width_train_and_resume_as_one_process(tmp_path, corpus):
+    """2 experts under EP x 2 inside FSDP x 4: each rank holds half of one expert's width. 3 steps
+    equal one process taking the four ranks' batches as accumulated micro-batches, and so do runs
+    resumed from step 2 across the two layouts, both ways."""
+    import shutil
+
+    single = {"trainer.grad_accum": 4, "trainer.save_every": 2}
+    ep = {"parallel.dp_shard": 4, "parallel.ep": 2, "trainer.save_every": 2}
+    train(moe_overrides(tmp_path / "single", corpus, 2, 2, **single))
+    train(moe_overrides(tmp_path / "ep", corpus, 2, 2, **ep), nproc=4)
+    for first, settings, nproc in (("single", ep, 4), ("ep", single, 1)):
+        shutil.copytree(tmp_path / first, tmp_path / f"{first}_resumed")
+        shutil.rmtree(tmp_path / f"{first}_resumed" / "snapshots" / f"step_{STEPS:08d}")
+        result = train(moe_overrides(tmp_path / f"{first}_resumed", corpus, 2, 2, **settings), nproc=nproc)
+        assert "resuming from" in result.stdout + result.stderr
+    config = run_config(tmp_path / "single")
+    for run in ("ep", "single_resumed", "ep_resumed"):
+        assert_adam_close(final_weights(tmp_path / run), final_weights(tmp_path / "single"),
+                          [config["optim"]["lr"]] * config["trainer"]["max_steps"])
+
+
 @pytest.mark.multiprocess
 def test_tensor_parallel_with_a_padded_vocabulary_equals_one_process(tmp_path, corpus, baseline):
     train(overrides(tmp_path, corpus, 8, **{"parallel.tp": 2}), nproc=2)

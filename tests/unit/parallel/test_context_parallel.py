@@ -156,7 +156,9 @@ def test_plan_counts_cp():
 
 
 @pytest.mark.parametrize("options, words", [
-    (["--seq", "1000", "--cp", "8"], ["parallel.cp=8 needs the sequence length (--seq=1000)", "2 x cp = 16"]),
+    # named as the user gave them: options, not the config keys
+    (["--seq", "1000", "--cp", "8"], ["--cp 8 needs the sequence length (--seq 1000)", "2 x cp = 16",
+                                      "change --seq or --cp"]),
     (["--cp", "3"], ["--cp 3 does not divide --world 8"]),
 ])
 def test_plan_refuses_a_cp_that_cannot_run(options, words, capsys):

@@ -98,6 +98,37 @@ def test_plan_memory_shrinks_with_sharding_and_ranks_fastest_first():
     assert plan(shape, 1, 0.5, 32) == []
 
 
+def test_plan_searches_expert_parallel_layouts_for_a_mixture_of_experts():
+    """EP borrows the fully-sharded ranks: the same rows of experts per rank as FSDP alone, fewer
+    gathered in flight, and the all-to-all's time added to the step."""
+    from triax.parallel.plan import candidate_layouts, expert_exchange_seconds
+
+    mixtral = ModelShape.from_config(GPTConfig.from_preset("mixtral-8x7b", vocab_size=32000, block_size=1024))
+    layouts = candidate_layouts(16, mixtral)
+    assert {layout.ep for layout in layouts} == {1, 2, 4, 8}  # the divisors of its 8 experts
+    assert all(layout == Layout(dp_shard=16, ep=layout.ep) for layout in layouts if layout.ep > 1)
+    assert not any(layout.tp > 1 or layout.cp > 1 for layout in layouts)  # refused for experts (experts.py)
+    assert {layout.ep for layout in candidate_layouts(16, ModelShape(12, 12, 768, 50257, 1024))} == {1}
+    fsdp, ep = (estimate(mixtral, Layout(dp_shard=16, ep=ep), batch_size=2, precision="bf16-pure") for ep in (1, 8))
+    experts = 8 * 3 * 14336 * 4096  # one block's routed experts
+    # FSDP alone: 8 experts over 16 ranks leave rank 0 a whole one of every layer; under EP x 8 each
+    # rank's one expert is cut along its width over the other 2 (expert_shard_placement): 1/16 each.
+    dense = mixtral.num_params() - 32 * experts
+    assert local_parameter_count(mixtral, Layout(dp_shard=16)) == pytest.approx(dense / 16 + 32 * experts / 8,
+                                                                                rel=1e-4)
+    assert local_parameter_count(mixtral, Layout(dp_shard=16, ep=8)) == pytest.approx(mixtral.num_params() / 16,
+                                                                                      rel=1e-4)
+    assert ep.activations_gb == fsdp.activations_gb
+    # gathered in flight: 2 blocks x (2 + 4) bytes a value, a block's experts 1/8 of them under EP x 8
+    assert (fsdp.gathered_gb - ep.gathered_gb) * 1024**3 == pytest.approx(2 * 6 * experts * 7 / 8, rel=1e-9)
+    # 4 exchanges x 32 layers x 2 routed copies of 2 x 1024 tokens x 4096 values x 2 bytes, 7/8 of them sent
+    exchange = 4 * 32 * 2 * 2048 * 4096 * 2 * 7 / 8 / 100e9
+    assert expert_exchange_seconds(mixtral, Layout(dp_shard=16, ep=8), 2048, 2, "none", 100.0) == \
+        pytest.approx(exchange, rel=1e-12)
+    best = plan(mixtral, 16, 80.0, 32)  # bf16: FSDP over the 16 alone does not fit, EP does and comes first
+    assert best and best[0].layout.ep > 1 and Layout(dp_shard=16) not in [e.layout for e in best]
+
+
 def test_the_memory_check_names_what_decides_the_larger_part():
     """One line before anything is allocated: the context and batch when activations dominate, the
     model when its weights, gradients and AdamW state do; nothing when the estimate fits."""

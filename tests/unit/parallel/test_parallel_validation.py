@@ -49,6 +49,34 @@ def test_bad_layouts(layout, kwargs, message):
         check(layout, **kwargs)
 
 
+@pytest.mark.parametrize("ep, degrees, model, message", [
+    (3, dict(dp_shard=6), {}, "parallel.ep=3 does not divide model.num_experts=4"),
+    (2, dict(dp_shard=3), {}, "parallel.ep=2 does not divide parallel.dp_shard=3"),
+    (2, dict(dp_shard=2, dp_replicate=2), {}, r"composes with parallel.dp_shard only \(got dp_replicate=2, "
+                                              r"dp_shard=2, ep=2\)"),
+    (2, dict(dp_shard=2, tp=2), {}, "composes with parallel.dp_shard only"),
+    (2, dict(dp_shard=2), dict(arch="qwen3", num_experts=0), "which has no experts"),
+    (2, dict(dp_shard=2), dict(cpu_offload=True), "not with parallel.cpu_offload=true"),
+    (0, dict(), {}, "parallel.ep=0 must be a positive integer"),
+    (-1, dict(), {}, "parallel.ep=-1 must be a positive integer"),
+])
+def test_expert_parallelism_is_validated_with_the_other_degrees(ep, degrees, model, message):
+    given = {**dict(dp_replicate=1, dp_shard=1, tp=1, pp=1), **degrees}
+    world = given["dp_replicate"] * given["dp_shard"] * given["tp"]
+    with pytest.raises(ConfigError, match=message):
+        layout = resolve_layout(given["dp_replicate"], given["dp_shard"], given["tp"], given["pp"], world, ep=ep)
+        check(layout, **{**dict(arch="mixtral", num_experts=4), **model})
+
+
+def test_expert_parallelism_is_a_degree_of_the_layout():
+    layout = resolve_layout(1, -1, 1, 1, 4, ep=2)
+    assert layout == Layout(dp_replicate=1, dp_shard=4, ep=2)
+    assert layout.world_size == 4 and layout.dp == 4  # ep borrows dp_shard's ranks: it widens nothing
+    assert layout.describe() == "dp_shard=4, ep=2"
+    assert Layout(dp_shard=2, cp=2, tp=2).describe() == "dp_shard=2, cp=2, tp=2"
+    check(layout, arch="mixtral", num_experts=4)
+
+
 def test_vocabulary_is_padded_to_a_multiple_of_tp():
     assert padded_vocab_size(65, 1) == 65
     assert padded_vocab_size(65, 2) == 66

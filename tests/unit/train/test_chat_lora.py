@@ -222,6 +222,8 @@ def test_eval_scores_a_chat_file_on_its_answers_as_the_run_does(single, chat_fil
     assert main(["eval", str(base), "--chat", str(chat_file), "--json"]) == 0
     original = json.loads(capsys.readouterr().out)
     assert tuned["tokens"] == original["tokens"] > 0 and tuned["loss"] < original["loss"]
+    assert main(["eval", str(base), "--chat", str(chat_file)]) == 0  # the line says what it counted
+    assert f"{chat_file}: {original['tokens']} answer tokens, loss " in capsys.readouterr().out
 
 
 def test_lora_init_from_continues_from_a_peft_adapter(single, base, chat_file, tmp_path):

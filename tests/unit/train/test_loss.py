@@ -4,7 +4,7 @@ of bf16 logits, ignored targets skipped, for both reductions, and the same gradi
 import pytest
 import torch
 
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.train.loss import compiled_token_cross_entropy, loss_function, token_cross_entropy
 
 

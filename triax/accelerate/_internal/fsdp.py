@@ -292,12 +292,12 @@ def _ignored_parameters(settings: FSDPSettings, model: nn.Module, device: torch.
 
 
 def default_mixed_precision_policy(mixed_precision: str):
-    """Accelerate's rule for FSDP under Accelerator(mixed_precision=...): parameters, gradient
-    reduction and outputs all in that dtype."""
+    """Accelerate's rule for FSDP under Accelerator(mixed_precision=...): parameters and gradient
+    reduction in that dtype; outputs left in the dtype they are computed in (Accelerate 1.16)."""
     dtype = PRECISION_DTYPES.get(mixed_precision)
     if dtype is None or dtype == torch.float32:
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
 
 
 def shard_model(model: nn.Module, settings: FSDPSettings, mesh: object | None, device: torch.device,

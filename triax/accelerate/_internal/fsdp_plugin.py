@@ -290,9 +290,10 @@ class FullyShardedDataParallelPlugin:
                                      if self.min_num_params > 0 else None)
 
     def set_mixed_precision(self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False) -> None:
-        """A name ("bf16", "fp16", "fp32", "fp8") or dtype gives that dtype for parameters,
-        gradient reduction and outputs; a dict gives them one by one. Without `override` an
-        existing policy is kept (what the Accelerator's mixed_precision does)."""
+        """A name ("bf16", "fp16", "fp32", "fp8") or dtype gives that dtype for parameters and gradient
+        reduction (and, with FSDP1, buffers); outputs stay in the dtype the model computes them in, as in
+        Accelerate 1.16. A dict gives the dtypes one by one. Without `override` an existing policy is kept
+        (what the Accelerator's mixed_precision does)."""
         dtype = mixed_precision
         if isinstance(mixed_precision, str):
             dtype = PRECISION_DTYPES.get(mixed_precision)
@@ -307,13 +308,12 @@ class FullyShardedDataParallelPlugin:
             dtypes = {"param_dtype": dtype, "reduce_dtype": dtype}
             if self.fsdp_version == 1:
                 dtypes["buffer_dtype"] = torch.float32 if buffer_autocast else dtype
-            else:
-                dtypes["output_dtype"] = dtype
             self.mixed_precision_policy = policy_class(**dtypes)
         elif isinstance(self.mixed_precision_policy, dict):
-            keys = ["param_dtype", "reduce_dtype", "buffer_dtype" if self.fsdp_version == 1 else "output_dtype"]
+            # The required keys must be there; any other key the policy class takes may be given too.
+            keys = ["param_dtype", "reduce_dtype"] + (["buffer_dtype"] if self.fsdp_version == 1 else [])
             given = {key: PRECISION_DTYPES.get(value, value) for key, value in self.mixed_precision_policy.items()}
-            if sorted(given) != sorted(keys) or any(v not in PRECISION_DTYPES.values() for v in given.values()):
+            if set(keys) - set(given) or any(v not in PRECISION_DTYPES.values() for v in given.values()):
                 raise AcceleratorValueError(f"Invalid mixed precision policy: {self.mixed_precision_policy}. Must be "
                                             f"a `dict` with keys {keys}, each a dtype among bf16, fp16, fp32")
             self.mixed_precision_policy = policy_class(**given)

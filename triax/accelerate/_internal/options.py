@@ -42,8 +42,6 @@ ALTERNATIVES = {
     "XLA/TPU": "CUDA or CPU devices (triax runs on torch.distributed with NCCL or gloo)",
     "fp8": "mixed_precision='bf16'",
     "ParallelismConfig": "`triax train` layouts (dp_replicate x dp_shard x tp x pp), or parallel='fsdp' here",
-    "torch.compile via dynamo_backend": "torch.compile(model) yourself before prepare, or `triax train` "
-                                         "with trainer.compile=true",
     "device maps": "triax.pipe.Pipe (a model split over devices) or parallel='fsdp'",
 }
 
@@ -75,11 +73,12 @@ class Options:
     fsdp_plugin: object = None  # the FullyShardedDataParallelPlugin FSDP runs with (parallel='fsdp')
     fsdp: object = None  # what it asks for (triax.accelerate._internal.fsdp.FSDPSettings)
     handlers: dict = dataclasses.field(default_factory=dict)  # kwargs_handlers: {class: the instance given}
+    dynamo: object = None  # torch.compile's settings (triax.accelerate._internal.dynamo.resolve_dynamo)
 
 
 def refuse_unsupported(mixed_precision: str | None, deepspeed_plugin: object | None, megatron_lm_plugin: object | None,
-                       parallelism_config: object | None, dynamo_backend: object | None, dynamo_plugin: object | None,
-                       torch_tp_plugin: object | None, deepspeed_plugins: object | None) -> None:
+                       parallelism_config: object | None, torch_tp_plugin: object | None,
+                       deepspeed_plugins: object | None) -> None:
     if deepspeed_plugin is not None or deepspeed_plugins is not None or _env_flag("ACCELERATE_USE_DEEPSPEED"):
         raise unsupported("DeepSpeed", "Accelerator(deepspeed_plugin=...)")
     if megatron_lm_plugin is not None or _env_flag("ACCELERATE_USE_MEGATRON_LM"):
@@ -92,9 +91,6 @@ def refuse_unsupported(mixed_precision: str | None, deepspeed_plugin: object | N
         raise unsupported("XLA/TPU", "an XLA environment (ACCELERATE_USE_XLA / PJRT_DEVICE)")
     if str(mixed_precision).lower() == "fp8":
         raise unsupported("fp8", "mixed_precision='fp8'")
-    backend = dynamo_backend if dynamo_plugin is None else getattr(dynamo_plugin, "backend", None)
-    if backend is not None and str(getattr(backend, "value", backend)).lower() not in ("no", "none"):
-        raise unsupported("torch.compile via dynamo_backend", f"dynamo_backend={backend!r}")
 
 
 # triax's preferences, each a named option whose default is Accelerate's behaviour.
@@ -122,7 +118,7 @@ def resolve(*, mixed_precision: str | None, gradient_accumulation_steps: int | N
             fsdp_plugin: FullyShardedDataParallelPlugin | None, dataloader_config: DataLoaderConfiguration | None,
             split_batches: bool | None, even_batches: bool | None, project_config: ProjectConfiguration | None,
             project_dir: str | None, logging_dir: str | None, kwargs_handlers: list | None,
-            scheduler_steps: str = "per_process", data_order: str = "loader") -> Options:
+            scheduler_steps: str = "per_process", data_order: str = "loader", dynamo: object = None) -> Options:
     mixed_precision = resolve_precision(mixed_precision)
     handlers = resolve_handlers(kwargs_handlers)
     parallel = resolve_parallel(parallel, fsdp_plugin)
@@ -135,7 +131,7 @@ def resolve(*, mixed_precision: str | None, gradient_accumulation_steps: int | N
         accumulation=resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin),
         project=resolve_project(project_config, project_dir, logging_dir),
         scheduler_steps=_choice("scheduler_steps", scheduler_steps, SCHEDULER_STEPS),
-        data_order=_choice("data_order", data_order, DATA_ORDERS), **handlers)
+        data_order=_choice("data_order", data_order, DATA_ORDERS), dynamo=dynamo, **handlers)
 
 
 def resolve_precision(mixed_precision: str | None) -> str:

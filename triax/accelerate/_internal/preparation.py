@@ -20,7 +20,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from triax.accelerate._internal.errors import AcceleratorValueError
+from triax.accelerate._internal.dynamo import compile_model
 from triax.accelerate._internal.fsdp import shard_model
+from triax.accelerate._internal.prepared_models import extract_model_from_parallel
 from triax.accelerate._internal.nested import convert_to_fp32
 from triax.accelerate._internal.options import unsupported
 from triax.accelerate._internal.wrappers import PreparedOptimizer, PreparedScheduler
@@ -111,7 +113,8 @@ class Preparation:
         self.optimizers: list[PreparedOptimizer] = []
         self.schedulers: list[PreparedScheduler] = []
         self.dataloaders: list = []  # DataLoaderShard / DataLoaderDispatcher
-        self.replaced_parameters: dict[int, torch.nn.Parameter] = {}  # FSDP: id(old) -> sharded
+        # id(a parameter before prepare_model) -> the one the prepared model holds (FSDP's shards, a move)
+        self.replaced_parameters: dict[int, torch.nn.Parameter] = {}
 
     def prepare(self, objects: tuple, device_placement: list[bool] | None,
                 preparer: Callable[[str], Callable]) -> Any:
@@ -140,6 +143,7 @@ class Preparation:
         refuse_device_map(model)
         if device_placement is None:
             device_placement = self.device_placement
+        original, before = model, dict(model.named_parameters())
         device = self.state.device
         trainable = any(p.requires_grad for p in model.parameters())
         wrap = self.parallel if self.state.use_distributed and trainable and not evaluation_mode else None
@@ -153,6 +157,12 @@ class Preparation:
             model = self._apply_fsdp(model)
         if self.precision.uses_autocast:
             autocast_forward(model, self.precision, device)
+        model = compile_model(model, self.state.dynamo_plugin)  # last, as Accelerate compiles
+        # Moving (with torch.__future__'s overwrite flag) and sharding may put new Parameter objects in
+        # the model (all of them in place, in `original`): an optimizer made before is pointed at them.
+        after = dict(original.named_parameters())
+        self.replaced_parameters.update({id(parameter): after[name] for name, parameter in before.items()
+                                         if name in after and after[name] is not parameter})
         self.models.append(model)
         return model
 
@@ -162,12 +172,9 @@ class Preparation:
         pointed at the new ones in prepare_optimizer, by parameter name."""
         from torch.distributed.device_mesh import init_device_mesh  # deferred: only FSDP needs a mesh
 
-        before = dict(model.named_parameters())
         mesh = init_device_mesh(self.state.device.type, (self.state.num_processes,))
         mixed_precision = self.precision.name if self.precision.uses_autocast else "no"
         shard_model(model, self.fsdp, mesh, self.state.device, mixed_precision, self.state.process_index)
-        after = dict(model.named_parameters())
-        self.replaced_parameters.update({id(before[name]): after[name] for name in before if name in after})
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
@@ -175,12 +182,12 @@ class Preparation:
         already = already_prepared(optimizer, self.optimizers, "optimizer")
         if already is not None:
             return already
-        if self.replaced_parameters:
-            if optimizer.state:
-                raise AcceleratorValueError("with parallel='fsdp', prepare the optimizer before it has taken a "
-                                            "step (its state cannot follow the parameters into shards)")
-            for group in optimizer.param_groups:
-                group["params"] = [self.replaced_parameters.get(id(p), p) for p in group["params"]]
+        mapping = {p: self.replaced_parameters[id(p)] for group in optimizer.param_groups for p in group["params"]
+                   if id(p) in self.replaced_parameters}
+        if mapping and optimizer.state and self.parallel == "fsdp":
+            raise AcceleratorValueError("with parallel='fsdp', prepare the optimizer before it has taken a "
+                                        "step (its state cannot follow the parameters into shards)")
+        switch_parameters(optimizer, mapping)
         if optimizer.state and device_placement is not False:
             # Optimizer.load_state_dict casts state onto each parameter's (new) device.
             optimizer.load_state_dict(optimizer.state_dict())
@@ -239,3 +246,36 @@ class Preparation:
         self.schedulers.clear()
         self.dataloaders.clear()
         self.replaced_parameters.clear()
+
+
+def switch_parameters(optimizer: torch.optim.Optimizer, mapping: dict) -> None:
+    """Point `optimizer` at new Parameter objects ({old: new}); a moved parameter's state goes with it."""
+    for group in optimizer.param_groups:
+        group["params"] = [mapping.get(p, p) for p in group["params"]]
+    for old, new in mapping.items():
+        if old in optimizer.state:
+            optimizer.state[new] = optimizer.state.pop(old)
+
+
+def named_parameters(objects: tuple, drop_refs: bool = False) -> dict:
+    """Accelerate's Accelerator._get_named_parameters: the parameters of the models among `objects` by name
+    (each model's names prefixed by its index when there are several); with drop_refs, a key that names a
+    parameter's storage (device, address, bytes) instead of the parameter itself."""
+    models = [obj for obj in objects if isinstance(obj, torch.nn.Module)]
+    found = {}
+    for index, model in enumerate(models):
+        model = extract_model_from_parallel(model, keep_torch_compile=False)
+        for name, parameter in model.named_parameters(prefix=str(index) if len(models) > 1 else ""):
+            found[name] = (parameter.device, parameter.data_ptr(), parameter.untyped_storage().nbytes()) \
+                if drop_refs else parameter
+    return found
+
+
+def remap_optimizer_parameters(old_named_parameters: dict, objects: tuple) -> None:
+    """Accelerate's Accelerator._remap_optimizer_parameters: the optimizers among `objects` follow their
+    models' parameters that were replaced since `old_named_parameters` was taken (same names)."""
+    new = named_parameters(objects)
+    mapping = {old: new[name] for name, old in old_named_parameters.items() if name in new and new[name] is not old}
+    for obj in objects:
+        if isinstance(obj, torch.optim.Optimizer) or hasattr(obj, "optimizer"):
+            switch_parameters(getattr(obj, "optimizer", obj), mapping)

@@ -20,6 +20,7 @@ def join_process_state(options: Options) -> tuple[AcceleratorState, Precision]:
                              backend=options.init_backend)
     state.fsdp = options.parallel == "fsdp"
     state.fsdp_plugin = options.fsdp_plugin
+    state._dynamo_plugin = options.dynamo
     if precision.needs_loss_scaling and state.device.type == "cpu":
         # As Accelerate: fp16 on CPU is accepted and runs without autocast or loss scaling
         # (fp32 arithmetic); the state still reports "fp16".

@@ -23,7 +23,7 @@ from torch.utils.hooks import RemovableHandle
 
 from triax.accelerate._internal import accelerate_folder, checkpoints
 from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
-from triax.accelerate._internal.models import extract_model_from_parallel, offloaded_state_dict
+from triax.accelerate._internal.prepared_models import extract_model_from_parallel, offloaded_state_dict
 from triax.accelerate._internal.preparation import Preparation
 from triax.accelerate._internal.saving import load_state as load_snapshot_state
 from triax.accelerate.utils import operations

@@ -26,7 +26,7 @@ from triax.accelerate._internal.errors import UnsupportedFeatureError
 # own test helpers), accelerate.memory_utils (deprecated, holds no names), and the submodules of
 # accelerate.utils (their public names are all in accelerate.utils itself).
 MODULES = ("accelerate", "accelerate.accelerator", "accelerate.big_modeling", "accelerate.checkpointing",
-           "accelerate.data_loader", "accelerate.hooks", "accelerate.inference", "accelerate.launchers",
+           "accelerate.data_loader", "accelerate.hooks", "accelerate.launchers",
            "accelerate.local_sgd", "accelerate.logging", "accelerate.optimizer", "accelerate.parallelism_config",
            "accelerate.scheduler", "accelerate.state", "accelerate.tracking", "accelerate.utils")
 
@@ -42,7 +42,6 @@ BIG_MODEL = ("big-model inference (device maps, CPU/disk offload, dispatch hooks
              "model with Accelerator(parallel='fsdp') or split it into stages with triax.pipe.Pipe")
 META_INIT = ("empty-weight initialisation helpers are not part of triax; build the model under "
              "`with torch.device('meta'):` and materialise it with model.to_empty(device=...)")
-PIPPY = "PiPPy pipeline inference is not part of triax; use triax.pipe.Pipe (docs/pipe.md)"
 LAUNCH = ("Accelerate's launcher internals are not part of triax; start processes with `triax launch` "
           "(docs/accelerate.md)")
 CONFIG_FILE = "Accelerate's config file writer is not part of triax; write one with `triax config`"
@@ -79,7 +78,6 @@ _ABSENT_GROUPS = {
         (BIG_MODEL, "cpu_offload cpu_offload_with_hook disk_offload dispatch_model infer_auto_device_map "
                     "load_checkpoint_and_dispatch load_checkpoint_in_model"),
         (META_INIT, "init_empty_weights init_on_device"),
-        (PIPPY, "prepare_pippy"),
     ],
     "accelerate.big_modeling": [
         (BIG_MODEL, "attach_layerwise_casting_hooks cpu_offload cpu_offload_with_hook disk_offload dispatch_model "
@@ -93,9 +91,6 @@ _ABSENT_GROUPS = {
         (BIG_MODEL, "AlignDevicesHook CpuOffload LayerwiseCastingHook ModelHook SequentialHook UserCpuOffloadHook "
                     "add_hook_to_module attach_align_device_hook attach_align_device_hook_on_blocks "
                     "attach_execution_device_hook remove_hook_from_module remove_hook_from_submodules"),
-    ],
-    "accelerate.inference": [
-        (PIPPY, "build_pipeline find_pippy_batch_size generate_device_map pippy_forward prepare_pippy"),
     ],
     "accelerate.launchers": [],
     "accelerate.optimizer": [
@@ -116,7 +111,7 @@ _ABSENT_GROUPS = {
         (MEGATRON, "MegatronLMPlugin AbstractTrainStep BertTrainStep GPTTrainStep T5TrainStep "
                    "MegatronLMDummyDataLoader MegatronLMDummyScheduler add_model_config_to_megatron_parser "
                    "avg_losses_across_data_parallel_group"),
-        (FP8, "AORecipeKwargs FP8RecipeKwargs MSAMPRecipeKwargs TERecipeKwargs apply_fp8_autowrap "
+        (FP8, "AORecipeKwargs TERecipeKwargs apply_fp8_autowrap "
               "contextual_fp8_autocast convert_model has_transformer_engine_layers convert_model_to_fp8_ao "
               "filter_first_and_last_linear_layers has_ao_layers torchao_required check_cuda_fp8_capability"),
         (BITSANDBYTES, "BnbQuantizationConfig has_4bit_bnb_layers load_and_quantize_model CustomDtype"),
@@ -200,8 +195,8 @@ _DIFFERS_GROUPS = {
                       "SAFE_WEIGHTS_INDEX_NAME SAFE_WEIGHTS_PATTERN_NAME SAMPLER_NAME SCALER_NAME SCHEDULER_NAME "
                       "WEIGHTS_NAME WEIGHTS_INDEX_NAME WEIGHTS_PATTERN_NAME"),
         ("torchrun's option names, read from the installed torch's own parser", "TORCH_LAUNCH_PARAMS"),
-        ("always False: triax drives none of these (PiPPy, Megatron-LM, bitsandbytes on CPU, MXFP8, Gaudi 1), so a "
-         "script that asks takes its other path", "is_pippy_available is_megatron_lm_available "
+        ("always False: triax drives none of these (Megatron-LM, bitsandbytes on CPU, MXFP8, Gaudi 1), so a "
+         "script that asks takes its other path", "is_megatron_lm_available "
          "is_bitsandbytes_multi_backend_available is_transformer_engine_mxfp8_available is_habana_gaudi1"),
     ],
 }

@@ -20,7 +20,7 @@ from triax.accelerate._internal.fsdp_plugin import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
 )
-from triax.accelerate._internal.models import (
+from triax.accelerate._internal.prepared_models import (
     extract_model_from_parallel,
     has_compiled_regions,
     is_compiled_module,
@@ -85,7 +85,14 @@ from triax.accelerate.utils.environment import (
     patch_environment,
     str_to_bool,
 )
-from triax.accelerate.utils.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
+from triax.accelerate.utils.imports import get_distributed_backend, get_torch_accelerator_backend
+from triax.accelerate.utils.memory import (
+    find_executable_batch_size,
+    get_accelerator_free_memory,
+    normalize_device,
+    release_memory,
+    should_reduce_batch_size,
+)
 from triax.accelerate.utils.operations import (
     CannotPadNestedTensorWarning,
     broadcast,
@@ -191,7 +198,8 @@ __all__ = sorted([
     "SeedableRandomSampler", "are_the_same_tensors", "broadcast", "broadcast_object_list", "check_os_kernel",
     "clear_environment", "compare_versions", "concatenate", "convert_bytes",
     "convert_outputs_to_fp32", "convert_to_fp32", "extract_model_from_parallel", "find_batch_size", "find_device",
-    "find_executable_batch_size", "gather", "gather_object", "get_int_from_env", "get_pretty_name",
+    "find_executable_batch_size", "gather", "get_accelerator_free_memory", "get_distributed_backend",
+    "get_torch_accelerator_backend", "normalize_device", "gather_object", "get_int_from_env", "get_pretty_name",
     "has_compiled_regions", "honor_type", "ignorant_find_batch_size", "is_compiled_module", "is_namedtuple",
     "is_port_in_use", "is_torch_tensor", "is_torch_version", "listify", "load", "merge_dicts", "notebook_launcher",
     "pad_across_processes", "parse_choice_from_env", "parse_flag_from_env", "patch_environment",

@@ -22,10 +22,6 @@ SCALER_NAME = "scaler.pt"
 RNG_STATE_NAME = "random_states"
 PROFILE_PATTERN_NAME = "profile_{suffix}.json"
 
-# The torch versions from which Accelerate's profiler handler supports MTIA and XPU devices.
-MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
-XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
-
 # The distributed types that run torch.distributed collectives (Accelerate's list, including "TP").
 TORCH_DISTRIBUTED_OPERATION_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP", "MULTI_NPU", "MULTI_MLU",
                                      "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_CPU", "MULTI_HPU", "MULTI_NEURON"]

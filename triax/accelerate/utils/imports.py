@@ -34,7 +34,6 @@ _PACKAGES = {
     "lomo": ("lomo_optim", ("lomo_optim",), None, None),
     "matplotlib": ("matplotlib", ("matplotlib",), None, None),
     "mlflow": ("mlflow", ("mlflow", "mlflow-skinny"), None, None),
-    "msamp": ("msamp", ("ms-amp",), None, None),
     "pandas": ("pandas", ("pandas",), None, None),
     "peft": ("peft", ("peft",), None, None),
     "pynvml": ("pynvml", ("pynvml", "nvidia-ml-py"), None, None),
@@ -151,8 +150,9 @@ def is_transformer_engine_mxfp8_available() -> bool:
 
 
 def is_fp8_available() -> bool:
-    """Whether an fp8 library is installed (MS-AMP, Transformer Engine, torchao); triax itself trains in bf16."""
-    return package_available("msamp") or package_available("transformer_engine") or package_available("torchao")
+    """Whether an fp8 library is installed (Transformer Engine, torchao; Accelerate 1.16 dropped MS-AMP); triax
+    itself trains in bf16."""
+    return package_available("transformer_engine") or package_available("torchao")
 
 
 def is_trackio_available() -> bool:
@@ -176,17 +176,38 @@ def is_megatron_lm_available() -> bool:
     return False  # triax does not drive Megatron-LM
 
 
-def is_pippy_available() -> bool:
-    return False  # triax's pipeline is triax.pipe.Pipe, not PiPPy
-
-
 def is_xccl_available() -> bool:
     probe = getattr(dist.distributed_c10d, "is_xccl_available", None)
     return callable(probe) and probe()
 
 
-def is_weights_only_available() -> bool:
-    return True  # torch.load(weights_only=...) exists in every torch triax supports
+# The collective backend of each device type (Accelerate's TORCH_DISTRIBUTED_BACKENDS, for what torch reaches).
+_DISTRIBUTED_BACKENDS = {"cuda": "nccl", "mlu": "cncl", "sdaa": "tccl", "musa": "mccl", "npu": "hccl",
+                         "hpu": "hccl", "xpu": "xccl", "neuron": "neuron"}
+# Device types whose own torch.<type> module answers memory and availability questions (the others go
+# through torch.accelerator).
+_NATIVE_DEVICE_MODULES = ("cuda", "mps") + _DEVICE_MODULES
+
+
+def get_torch_accelerator_backend(check_available: bool = True):
+    """(device type, its torch module) of this machine's accelerator, or (None, None) on a CPU-only machine.
+    check_available=False names the backend torch was built for without asking whether a device is there."""
+    try:
+        device = torch.accelerator.current_accelerator()
+    except RuntimeError:  # older torch raises on CPU-only builds where newer returns None
+        device = None
+    if device is not None and (not check_available or torch.accelerator.is_available()):
+        if device.type in _NATIVE_DEVICE_MODULES:
+            return device.type, torch.get_device_module(device.type)
+        return device.type, torch.accelerator
+    return None, None
+
+
+def get_distributed_backend(device_type: str | None) -> str | None:
+    """The collective backend for a device type ('nccl' for 'cuda'), or None where torch has none for it."""
+    if device_type == "xpu" and not is_xccl_available():
+        return None
+    return _DISTRIBUTED_BACKENDS.get(device_type)
 
 
 PROBES = sorted(name for name in globals() if name.startswith("is_") and name.endswith("_available")) + [

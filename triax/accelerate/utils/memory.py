@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorTypeError
+from triax.accelerate.utils.imports import get_torch_accelerator_backend
 
 # Parts of the messages of RuntimeErrors that mean "out of memory", on every device torch runs on
 # (older torch raised plain RuntimeErrors, and some devices still do): "<DEVICE> out of memory."
@@ -71,3 +72,26 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
                 batch_size = reduce()
 
     return run
+
+
+def get_accelerator_free_memory(device_module: Any, device_index: int) -> int:
+    """Free bytes on device `device_index`, asked through the module get_torch_accelerator_backend returned."""
+    if device_module is torch.accelerator and hasattr(device_module, "get_memory_info"):
+        return device_module.get_memory_info(device_index)[0]
+    if device_module is torch.accelerator:
+        device_module = torch.get_device_module(torch.accelerator.current_accelerator())
+    return device_module.mem_get_info(device_index)[0]
+
+
+def normalize_device(device: Any) -> Any:
+    """A device as the big-model helpers take it: an integer index becomes '<type>:<index>' on accelerators
+    other than CUDA (whose bare integers torch already takes); 'npu' gets its index 0."""
+    if device == "npu":
+        return "npu:0"
+    if isinstance(device, int):
+        device_type, _ = get_torch_accelerator_backend(check_available=False)
+        if device_type == "hpu":
+            return "hpu"
+        if device_type not in (None, "cuda"):
+            return f"{device_type}:{device}"
+    return device

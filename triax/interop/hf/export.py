@@ -41,7 +41,7 @@ from triax.interop.hf import moe as hf_moe
 from triax.models.config import GPTConfig, architecture_fields
 
 if TYPE_CHECKING:
-    from triax.interop.exporters import ExportedRun, ExportOptions
+    from triax.interop.export_types import ExportedRun, ExportOptions
 
 # GPTConfig fields the transformers config can express (the rotary ones and gelu each family's
 # GPTConfig checks hold at their defaults where they do not apply). A field added to GPTConfig later

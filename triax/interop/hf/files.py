@@ -23,7 +23,7 @@ from triax import safe_files
 from triax.errors import ConfigError, printable
 from triax.interop.hf import safetensors_header
 from triax.models.init import local_box
-from triax.models.lora import ADAPTER_MARK
+from triax.models.lora_config import ADAPTER_MARK
 
 MAX_CONFIG_BYTES = 16 * 2**20  # config.json and the shard index are kilobytes; never read a huge one whole
 

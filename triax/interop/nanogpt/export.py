@@ -25,7 +25,7 @@ from triax.interop.shared.pickled import pickled_bytes
 from triax.errors import UsageError, printable
 
 if TYPE_CHECKING:
-    from triax.interop.exporters import ExportedRun, ExportOptions
+    from triax.interop.export_types import ExportedRun, ExportOptions
 
 # model.* key -> the value nanoGPT's GPT has (None: derived, below).
 REQUIRED = {"arch": "gpt2", "gelu": "exact", "tie_embeddings": True, "norm_eps": 1e-5, "intermediate_size": None}

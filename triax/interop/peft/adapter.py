@@ -25,7 +25,7 @@ from triax.errors import ConfigError, printable
 from triax.interop.hf.llama import hf_name
 from triax.models.config import GPTConfig
 from triax.models.init import local_box
-from triax.models.lora import ADAPTER_MARK, PEFT_NAMES, TARGETS, LoRAConfig, target_keys
+from triax.models.lora_config import ADAPTER_MARK, PEFT_NAMES, TARGETS, LoRAConfig, target_keys
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."

@@ -1,5 +1,6 @@
-"""Models and their files: unwrapping prepared models, and saving or loading on the right process.
-Accelerate's helpers, under its names (re-exported by triax.accelerate.utils)."""
+"""The user's models as the Accelerator prepared them: unwrapping them, and saving or loading their
+weights on the right process (not triax's own models: triax/models/). Accelerate's helpers, under
+its names (re-exported by triax.accelerate.utils)."""
 
 from __future__ import annotations
 
