@@ -14,9 +14,10 @@ generation). See docs/architecture.md for where a new one goes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
-import torch
+if TYPE_CHECKING:  # the types only: the configuration imports this package, and `--help` stays without torch
+    import torch
 
 
 @dataclass
