@@ -47,9 +47,11 @@ def logps_of_hidden(head, hidden: torch.Tensor, targets: torch.Tensor, temperatu
     rows, length = targets.shape
     flat_hidden, flat_targets = hidden.reshape(rows * length, -1), targets.reshape(-1)
     chosen, entropies = [], []
+    # One chunk holds its logits until the backward either way: recomputing it would save nothing.
+    recompute = torch.is_grad_enabled() and flat_hidden.requires_grad and rows * length > chunk_tokens
     for start in range(0, rows * length, chunk_tokens):
         part = slice(start, start + chunk_tokens)
-        if torch.is_grad_enabled() and flat_hidden.requires_grad:
+        if recompute:
             logps, entropy = checkpoint(_chunk_logps, head, flat_hidden[part], flat_targets[part], temperature,
                                         use_reentrant=False)
         else:
@@ -66,8 +68,10 @@ def completion_logps(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_le
     after their left-padded prompts, under `model` (a triax decoder) at `temperature` (TRL scores
     the tempered distribution it sampled from)."""
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    documents = row_documents(prompt_lengths, prompt_ids.size(1), ids.size(1))
-    hidden = model(ids, documents=documents, logits=False)
+    if bool((prompt_lengths == prompt_ids.size(1)).all()):  # no padding: plain causal attention, its fast kernel
+        hidden = model(ids, logits=False)
+    else:
+        hidden = model(ids, documents=row_documents(prompt_lengths, prompt_ids.size(1), ids.size(1)), logits=False)
     # Position t's hidden state predicts token t + 1: the completion's tokens are predicted from the
     # last prompt position on.
     hidden = hidden[:, prompt_ids.size(1) - 1:-1]
