@@ -114,10 +114,12 @@ def trl_run(base, root, history, steps, **options):
     return [entry for entry in trainer.state.log_history if "grad_norm" in entry], trainer.model
 
 
-@pytest.mark.parametrize("loss_type,beta,steps", [("dapo", 0.0, LONGEST), ("grpo", 0.0, 4), ("dapo", 0.05, 4),
-                                                  ("grpo", 0.05, LONGEST)])
-def test_grpo_equals_trl_grpo_trainer_step_by_step(base, tmp_path, loss_type, beta, steps):
-    options = dict(loss_type=loss_type, beta=beta)
+@pytest.mark.parametrize("loss_type,beta,steps,extra", [
+    ("dapo", 0.0, LONGEST, {}), ("grpo", 0.0, 4, {}), ("dapo", 0.05, 4, {}), ("grpo", 0.05, LONGEST, {}),
+    ("dr_grpo", 0.0, 4, {"scale_rewards": "none"}), ("bnpo", 0.0, 4, {"scale_rewards": "batch"}),
+    ("grpo", 0.0, 4, {"importance_sampling_level": "sequence", "epsilon_high": 0.28})])
+def test_grpo_equals_trl_grpo_trainer_step_by_step(base, tmp_path, loss_type, beta, steps, extra):
+    options = dict(loss_type=loss_type, beta=beta, **extra)
     ours, model = triax_run(base, GRPOConfig(num_generations=GENERATIONS, max_completion_length=LENGTH,
                                              temperature=TEMPERATURE, reward_funcs=["multiples_of_three"], **options),
                             steps)
