@@ -3,12 +3,13 @@ save_pretrained's files, a byte-level BPE tokenizer.json that knows Llama 3's he
 tokens, and a tokenizer_config.json with a Llama 3 style chat template (its answers marked by
 {% generation %} tags). Also writes a JSONL file of small multi-turn conversations to fine-tune it on
 (and, with --pairs, preference pairs for DPO: a sum's right answer chosen, a wrong one rejected;
-docs/preference.md). A stand-in for a downloaded instruct
+docs/preference.md; with --prompts, prompt records with the sum's answer for GRPO: docs/grpo.md). A stand-in for a downloaded instruct
 model (Llama 3.x Instruct, SmolLM2-Instruct, Qwen2.5-Instruct) on a CPU, nothing downloaded
 (docs/chat-lora.md).
 
     python examples/tiny_chat_llama.py path/to/chat-llama --conversations chat.jsonl
     python examples/tiny_chat_llama.py path/to/chat-llama --conversations chat.jsonl --pairs pairs.jsonl
+    python examples/tiny_chat_llama.py path/to/chat-llama --conversations chat.jsonl --prompts prompts.jsonl
 """
 
 from __future__ import annotations
@@ -67,13 +68,28 @@ def preference_pairs(count: int, seed: int = 1) -> list[dict]:
     return records
 
 
+def grpo_prompts(count: int, seed: int = 2) -> list[dict]:
+    """TRL's conversational prompt-only records, each with the sum's answer (for exact_match)."""
+    rng = random.Random(seed)
+    records = []
+    for _ in range(count):
+        a, b = rng.randrange(5), rng.randrange(5)
+        records.append({"prompt": [{"role": "user", "content": f"{WORDS[a]} plus {WORDS[b]}?"}],
+                        "answer": f"{WORDS[a + b]}."})
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", help="where to write the checkpoint")
     parser.add_argument("--conversations", required=True, help="the JSONL file of conversations to write")
     parser.add_argument("--count", type=int, default=400)
     parser.add_argument("--pairs", default=None, help="also write this JSONL file of preference pairs (DPO)")
+    parser.add_argument("--prompts", default=None, help="also write this JSONL file of prompts with answers (GRPO)")
     args = parser.parse_args()
+    if args.prompts:
+        with open(args.prompts, "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in grpo_prompts(args.count))
     pairs = preference_pairs(args.count) if args.pairs else []
     if args.pairs:
         with open(args.pairs, "w", encoding="utf-8") as handle:
@@ -109,6 +125,8 @@ def main() -> None:
     written = [f"{len(records)} conversations to {args.conversations}"]
     if args.pairs:
         written.append(f"{len(pairs)} preference pairs to {args.pairs}")
+    if args.prompts:
+        written.append(f"{args.count} prompts with their answers to {args.prompts}")
     print(f"wrote a random llama of {sum(p.numel() for p in model.parameters()):,} parameters with a chat template "
           f"to {args.directory}; {'; '.join(written)}")
 

@@ -41,6 +41,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                                                                   "the answers, rendered with the model's chat template")
     parser.add_argument("--preference", nargs="+", metavar="FILE", help="preference pairs (.jsonl/.json/.parquet): "
                         "a DPO run's loss and rewards against its reference (default: the run's split)")
+    parser.add_argument("--prompts", nargs="+", metavar="FILE", help="prompt records (.jsonl/.json/.parquet): a GRPO "
+                        "run's mean reward and pass rate on them (default: the run's split)")
     parser.add_argument("--block-size", type=int, default=None, help="window length; default the model's")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--device", default="cpu")
@@ -99,6 +101,13 @@ def evaluate(args: argparse.Namespace, place: Place, device: torch.device) -> in
         from triax.eval.preference_eval import evaluate_preference  # deferred: DPO runs only
 
         return evaluate_preference(args, model, run_config, device) if place.rank == 0 else 0
+    if run_config is not None and run_config.data.task == "grpo" and not (args.tokens or args.text or args.chat):
+        from triax.eval.grpo_eval import evaluate_prompts  # deferred: GRPO runs only
+
+        return evaluate_prompts(args, model, run_config, device) if place.rank == 0 else 0
+    if args.prompts:
+        raise TriaxError("--prompts scores a GRPO run (data.task=grpo): it needs the run's reward functions; "
+                         f"{args.model!r} is not one")
     if args.preference:
         raise TriaxError("--preference scores a DPO run (data.task=preference): it needs the run's reference; "
                          f"{args.model!r} is not one")

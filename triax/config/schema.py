@@ -22,6 +22,7 @@ import torch
 from triax.models.config import PRESETS, GPTConfig, preset_fields
 from triax.models.lora_config import LoRAConfig
 from triax.config.dpo import DPOConfig
+from triax.objectives.grpo.config import GRPOConfig
 
 
 def field_docs(schema: type) -> dict[str, str]:
@@ -111,7 +112,8 @@ class DataConfig:
     """What to learn: char (next-character prediction) | tokens (token files, nanoGPT layout) |
     addition (minGPT's a+b task) | chat (conversations in a local .jsonl/.json/.parquet file, the
     loss on the answers only; docs/chat-lora.md) | preference (prompt/chosen/rejected pairs for
-    DPO, dpo.*; docs/preference.md)."""
+    DPO, dpo.*; docs/preference.md) | grpo (prompts; completions sampled and scored by reward
+    functions, grpo.*; docs/grpo.md)."""
 
     block_size: int = 64
     """Context length in characters or tokens (addition: set from digits)."""
@@ -424,6 +426,7 @@ class TrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
 
 def final_lr(optim: OptimConfig) -> float:

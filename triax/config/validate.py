@@ -21,6 +21,7 @@ from triax.tracking.trackers import check_trackers
 from triax.config.schema import (DECAY_RULES, SCHEDULES, DataConfig, DebugConfig, ModelConfig, OptimConfig,
                                  ParallelConfig, TrainConfig, TrainerConfig, gpt_config)
 from triax.config.dpo import check_dpo, check_preference_run
+from triax.objectives.grpo.config import check_grpo, check_grpo_run
 
 
 def _need(ok: bool, key: str, value: object, what: str) -> None:
@@ -63,6 +64,8 @@ def validate(config: TrainConfig) -> None:
     _check_parallel(config.parallel)
     _check_debug(config.debug)
     check_dpo(config.dpo)
+    if config.data.task == "grpo":
+        check_grpo(config.grpo)
 
 
 def _check_model(model: ModelConfig) -> None:
@@ -72,8 +75,8 @@ def _check_model(model: ModelConfig) -> None:
 
 
 def _check_data(data: DataConfig) -> None:
-    _need(data.task in ("char", "tokens", "addition", "chat", "preference"), "data.task", data.task,
-          "use char, tokens, addition, chat or preference")
+    _need(data.task in ("char", "tokens", "addition", "chat", "preference", "grpo"), "data.task", data.task,
+          "use char, tokens, addition, chat, preference or grpo")
     _need(data.truncation_mode in ("keep_start", "keep_end"), "data.truncation_mode", data.truncation_mode,
           "use keep_start or keep_end")
     _need(data.overlong in ("truncate", "drop"), "data.overlong", data.overlong, "use truncate or drop")
@@ -221,3 +224,4 @@ def check_data_layout(config: TrainConfig, layout: Layout) -> None:
                           f"{layout.pp}): its stages are built for one row length; use "
                           "data.batch_padding=false")
     check_preference_run(config, layout)
+    check_grpo_run(config, layout)

@@ -287,11 +287,13 @@ class Decoder(nn.Module):
                     init_constant(bias, 0.0)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None,
-                documents: torch.Tensor | None = None) -> torch.Tensor:
+                documents: torch.Tensor | None = None, logits: bool = True) -> torch.Tensor:
         """`cache`: positions already fed (their keys and values); `idx` then holds only the new
         tokens, which take the positions after them (generation, under torch.no_grad).
         `documents`: (batch, seq) example numbers of packed rows (triax.data.chat): each example
-        attends only to itself and its positions start at 0."""
+        attends only to itself and its positions start at 0. `logits=False`: the final hidden
+        states instead (after the final norm), for a loss that runs `output_logits` on a few
+        positions at a time rather than holding every position's logits at once."""
         if self.context is not None and cache is None:
             packed = self.context.slice(idx.size(1), documents, idx.device)
         else:
@@ -316,11 +318,15 @@ class Decoder(nn.Module):
             x = block(x, cache=cache.layer(name) if cache is not None else None, **extra)
         if self.ln_f is not None:
             x = self.ln_f(x)
+        return self.output_logits(x) if logits else x
+
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of final hidden states (the head; a padded vocabulary's unused rows masked)."""
         if self.lm_head is not None:
-            x = self.lm_head(x)
+            hidden = self.lm_head(hidden)
         if self.vocab_mask is not None:
-            x = self.vocab_mask(x)
-        return x
+            hidden = self.vocab_mask(hidden)
+        return hidden
 
     def num_params(self, exclude_position: bool = True) -> int:
         """Parameter count; position embeddings are excluded by default (they cost no matmul

@@ -12,6 +12,7 @@ from triax.data.tokenizer import BPETokenizer
 from triax.data.mixture import Mixture
 from triax.data.sources import open_source
 from triax.errors import ConfigError
+from triax.objectives.grpo.prompts import load_prompt_datasets, prompt_encoder_for
 from triax.config.schema import DataConfig
 from triax.config.validate import source_names
 
@@ -30,10 +31,14 @@ class TrainData:
     val_weights: dict | None = None
 
 
-def build_data(config: DataConfig, codec: object | None = None, source: object | None = None) -> TrainData:
+def build_data(config: DataConfig, codec: object | None = None, source: object | None = None,
+               max_completion_length: int = 0) -> TrainData:
     """`codec`: the text codec of model.init_from's checkpoint (a tokenizer or a character
     vocabulary); it then encodes data.task=char text instead of a vocabulary of its own.
-    `source`: model.init_from's ForeignRun (data.task=chat reads its chat template)."""
+    `source`: model.init_from's ForeignRun (data.task=chat reads its chat template).
+    `max_completion_length`: data.task=grpo, the room a prompt leaves for its completions."""
+    if config.task == "grpo":
+        return _prompt_data(config, codec, source, max_completion_length)
     if config.task == "chat":
         return _chat_data(config, codec, source)
     if config.task == "preference":
@@ -141,3 +146,15 @@ def _preference_data(config: DataConfig, codec: object, source: object | None) -
                                      config.truncation_mode)
     return TrainData(pairs.train, pairs.val, len(codec), config.block_size, codec,
                      getattr(codec, "source_path", None), report=pairs.report)
+
+
+def _prompt_data(config: DataConfig, codec: object, source: object | None, max_completion_length: int) -> TrainData:
+    """GRPO's prompts, encoded as TRL's GRPOTrainer encodes them (triax.objectives.grpo.prompts)."""
+    if source is None or not isinstance(codec, BPETokenizer):
+        raise ConfigError("data.task=grpo needs model.init_from: a transformers checkpoint directory with "
+                          "tokenizer.json (its tokenizer and chat template encode the prompts)")
+    encoder = prompt_encoder_for(config.chat_template, source.description, source.path, codec.tokenizer)
+    prompts = load_prompt_datasets(config.path, config.val_path, config.train_split, encoder, config.block_size,
+                                   max_completion_length)
+    return TrainData(prompts.train, prompts.val, len(codec), config.block_size, codec,
+                     getattr(codec, "source_path", None), report=prompts.report)

@@ -30,6 +30,8 @@ class Evaluation:
         steps = self.steps
         if steps.dpo is not None:
             return steps.dpo.evaluate(steps)
+        if steps.objective is not None:
+            return steps.objective.evaluate(steps.context)
         trainer, layout = self.config.trainer, steps.layout
         steps.model.eval()
         limit = trainer.eval_batches * trainer.batch_size * layout.dp if trainer.eval_batches else None
@@ -82,7 +84,8 @@ class Evaluation:
     def sample_text(self, prompt: str | None = None) -> str | None:
         steps = self.steps
         vocab = steps.data.vocab
-        if vocab is None or self.config.trainer.sample_tokens <= 0 or not self.can_generate():
+        if (vocab is None or self.config.trainer.sample_tokens <= 0 or not self.can_generate()
+                or steps.objective is not None):  # an objective's evaluation samples its own
             return None
         first_window = steps.data.val.batch(torch.zeros(1, dtype=torch.long))[0][0]
         prompt = prompt or vocab.decode(first_window[: min(16, steps.data.block_size)].tolist())

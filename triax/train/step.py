@@ -36,6 +36,7 @@ from triax.train.data import TrainData
 from triax.train.dpo import DPOObjective
 from triax.train.sample_log import SampleLog
 from triax.config.schema import TrainConfig
+from triax.objectives import Objective, StepContext
 
 
 @dataclass
@@ -79,7 +80,8 @@ class TrainingStep:
 
     def __init__(self, config: TrainConfig, place: RankPlace, precision: Precision, data: TrainData,
                  parallel_model: ParallelModel, optimization: Optimization, token_loss: Callable,
-                 dpo: DPOObjective | None, sample_log: SampleLog | None, watchdog: Watchdog | None):
+                 dpo: DPOObjective | None, sample_log: SampleLog | None, watchdog: Watchdog | None,
+                 objective: Objective | None = None):
         self.config, self.place, self.precision, self.data = config, place, precision, data
         self.layout, self.device, self.world_size = place.layout, place.device, place.world_size
         self.dp_rank = place.dp_rank
@@ -89,6 +91,10 @@ class TrainingStep:
         self.raw_model = None if parallel_model.pipelined else unwrap(parallel_model.model)
         self.optimization, self.token_loss, self.dpo = optimization, token_loss, dpo
         self.sample_log, self.watchdog = sample_log, watchdog
+        # An objective that produces its own batches (triax.objectives: GRPO's rollout) and their loss.
+        self.objective = objective
+        self.context = StepContext(place.device, lambda: precision.autocast(place.device), self.forward,
+                                   config.trainer.grad_accum, place.layout.dp, place.dp_rank, config.trainer.seed)
         self.position = Position()
         self.samples_per_step = config.trainer.batch_size * self.layout.dp * config.trainer.grad_accum
         self.first_step = True  # compiles and sets up lazily: the watchdog gives it the slow allowance
@@ -270,12 +276,27 @@ class TrainingStep:
     def _micro_batches(self, step: int, consumed: list[int]) -> tuple[list, list[int] | None]:
         """This rank's micro-batches of the step (none under a pipeline), read before any forward,
         and the tokens each scores when the loss is a mean per token."""
+        if self.objective is not None:
+            return self._produced_batches(step, consumed), None
         batches, scored = [], [] if self.scores_per_token() else None
         global_micro_batch = self.config.trainer.batch_size * self.layout.dp
         for micro in range(0 if self.parallel_model.pipelined else self.config.trainer.grad_accum):
             start = self.position.sample_index + micro * global_micro_batch
             batches.append(self.timed_batch(step, micro, self._rank_indices(start, consumed), scored))
         return batches, scored
+
+    def _produced_batches(self, step: int, consumed: list[int]) -> list:
+        """The objective's batch of the step from this rank's samples of every micro-batch, cut into
+        grad_accum micro-batches of its rows ((part, None) each, as (inputs, targets))."""
+        grad_accum, global_micro_batch = self.config.trainer.grad_accum, self.config.trainer.batch_size * self.layout.dp
+        indices = torch.cat([self._rank_indices(self.position.sample_index + micro * global_micro_batch, consumed)
+                             for micro in range(grad_accum)])
+        self.phase("rollout", step)
+        started = time.perf_counter()
+        batch = self.objective.produce_batch(self.context, step, indices, self.raw_model)
+        self.timing["data"] += time.perf_counter() - started
+        rows = len(batch) // grad_accum
+        return [(batch.rows(slice(micro * rows, (micro + 1) * rows)), None) for micro in range(grad_accum)]
 
     def _micro_step(self, step: int, micro: int, x: torch.Tensor, y: torch.Tensor,
                     per_token: float | None) -> torch.Tensor:
@@ -286,7 +307,10 @@ class TrainingStep:
         with self._sync_context(last), self.loss_context():
             self.phase("forward", step, micro)
             started = time.perf_counter()
-            if per_token is None:
+            if self.objective is not None:  # already scaled for the step; logged as the step's sum
+                scaled = self.objective.loss(self.context, self.model, x)[0]
+                loss = scaled * grad_accum
+            elif per_token is None:
                 loss = self.loss(self.model, x, y)
                 scaled = loss / grad_accum
             else:

@@ -48,6 +48,7 @@ from triax.config.compose import absolute_paths, continuation_overrides
 from triax.train.console import Console
 from triax.train.data import build_data
 from triax.train.dpo import DPOObjective
+from triax.objectives.grpo.build import build_grpo
 from triax.train.evaluation import Evaluation
 from triax.train.loss import loss_function
 from triax.train.needs import run_needs
@@ -149,7 +150,8 @@ class Trainer:
         self.precision.check_device(self.device)
         self.init_source = self._init_source()
         self.changed_shape = changed_from_preset(config.model)  # before model.init_from replaces the shape
-        self.data = build_data(config.data, self.init_source.codec if self.init_source else None, self.init_source)
+        self.data = build_data(config.data, self.init_source.codec if self.init_source else None, self.init_source,
+                               config.grpo.max_completion_length)
         self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
                                      self.place.world_size, parallel.cp, parallel.ep)
         check_context_parallel(self.layout, self.data.block_size, parallel.compile)
@@ -277,6 +279,12 @@ class Trainer:
                 self.dpo.keep_initial_adapters(self.raw_model)
         if self.dpo is not None and not self.config.model.lora.rank:
             self.dpo.reference = self._frozen_reference(model_config)
+        # An objective that produces its batches (data.task=grpo: triax.objectives.grpo).
+        self.objective = None if self.config.data.task != "grpo" else build_grpo(
+            self.config, self.data, self.raw_model, self.device, lambda: self.precision.autocast(self.device),
+            bool(self.config.model.lora.rank), self.layout.dp)
+        if self.objective is not None and self.objective.needs_reference() and not self.config.model.lora.rank:
+            self.objective.reference = self._frozen_reference(model_config)
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
@@ -311,7 +319,7 @@ class Trainer:
         optimization = Optimization(self.optimizer, self.scheduler, self.scaler, self.sampler)
         place = RankPlace(self.layout, self.device, self.world_size, self.dp_rank, self.cp_rank, self.pp_group)
         self.steps = TrainingStep(config, place, self.precision, self.data, self.parallel_model, optimization,
-                                  self._token_loss, self.dpo, self.sample_log, self.watchdog)
+                                  self._token_loss, self.dpo, self.sample_log, self.watchdog, self.objective)
         self.snapshots = Snapshots(config, self.snapshot_root, self.model, self.model_config, optimization,
                                    self.steps.position, self._stored_name(),
                                    asynchronous_snapshots(config.trainer, self.device), self.steps.phase, self._warn)
@@ -536,6 +544,7 @@ class Trainer:
         self.steps.phase("metrics all-gather", self.step)
         record = {"loss": round(mean_across_ranks(loss), 6),
                   **(self.dpo.take_metrics() if self.dpo is not None else {}),
+                  **(self.objective.take_figures() if self.objective is not None else {}),
                   "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(grad_norm, 5),
                   "epoch": self.epoch, **self.console.throughput(pace.interval_steps, pace.interval_seconds),
                   "peak_mem_mb": round(peak_memory_mb(self.device), 1),
@@ -551,7 +560,7 @@ class Trainer:
         run, why there is none)."""
         self.steps.phase("evaluation", self.step)
         record = self.evaluate()
-        if self.best_val is None or record["val_loss"] < self.best_val[0]:
+        if "val_loss" in record and (self.best_val is None or record["val_loss"] < self.best_val[0]):
             self.best_val = (record["val_loss"], self.step)
         line = self.evaluation.sample_line(self.step)
         if line is not None:

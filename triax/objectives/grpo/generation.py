@@ -1,0 +1,148 @@
+"""Sampling GRPO's completions: num_generations per prompt, with a key/value cache, each token drawn
+with randomness that comes from the completion's place.
+
+Each completion is numbered by its place: (trainer.seed, the optimizer step, the prompt's global
+sample index, its number within the group). That place seeds the completion's own stream of
+uniform numbers, one per token, so a completion does not depend on which rank samples it, on what
+else is in its batch, or on whether the run was resumed in between: the same seed gives the same
+completions in any layout (as a data sample's place decides its order, triax.data.sampler). A token
+is drawn by inverting the cumulative distribution of the tempered, top-k and top-p filtered
+probabilities at that uniform number.
+
+Rows of one prompt length are sampled together (every generation of every such prompt), so the
+decoder's key/value cache needs no padding; each step feeds one new token per row. A row stops at
+its first stop token (end-of-turn, end-of-text), which it keeps (TRL keeps the eos in the
+completion); a row that reaches max_completion_length without one is truncated. The loop ends when
+every row has stopped, or, where several ranks must run each forward together (sharded weights),
+when `all_stopped` says every rank's rows have; such ranks also agree on how many batches of rows
+they sample (`agree`: the most any rank has), a rank with fewer sampling its first batch again
+and dropping it, so that every rank makes the same forwards.
+
+`Sampler` is the interface the objective calls: an inference engine can stand behind it later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import dataclass
+from typing import Callable, ContextManager, Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from triax.models.decoder import KVCache
+
+
+@dataclass
+class SamplingSettings:
+    num_generations: int
+    max_completion_length: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: every token
+    stop_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Completion:
+    ids: list[int]  # the sampled tokens, the stop token included where one was drawn
+    truncated: bool  # reached max_completion_length without a stop token
+
+
+class Sampler(Protocol):
+    def complete(self, prompts: Sequence[list[int]], prompt_numbers: Sequence[int], step: int) -> list[Completion]:
+        """num_generations completions of each prompt, prompt after prompt (TRL's order).
+        `prompt_numbers`: each prompt's global sample index; `step`: the optimizer step."""
+
+
+def place_seed(seed: int, step: int, prompt_number: int, generation: int) -> int:
+    """A 63-bit seed of a completion's place: a hash, so that near places give unrelated streams."""
+    key = f"{seed}/{step}/{prompt_number}/{generation}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+def place_uniforms(seeds: Sequence[int], count: int) -> torch.Tensor:
+    """(rows, count) uniform numbers in [0, 1), row r from a generator seeded by seeds[r] (float64)."""
+    return torch.stack([torch.rand(count, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+                        for seed in seeds])
+
+
+def filtered_probabilities(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The sampling distribution of (rows, vocabulary) logits: tempered, then the top_k most likely
+    tokens, then the smallest set whose probability reaches top_p (the order and the tie rules of
+    transformers' temperature, top-k and top-p logits processors)."""
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        ascending, order = torch.sort(logits, descending=False)
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= (1 - top_p)
+        remove[:, -1] = False  # the most likely token always stays
+        logits = logits.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+    return F.softmax(logits, dim=-1)
+
+
+def draw(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token of each row whose cumulative probability first passes the row's uniform number
+    (a token of probability 0 is never drawn: the sum does not pass anything there)."""
+    cumulative = probabilities.double().cumsum(dim=-1)
+    target = (uniforms.to(cumulative) * cumulative[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cumulative, target, right=True).clamp(max=probabilities.size(-1) - 1).squeeze(-1)
+
+
+class CachedSampler:
+    """Sampling with a triax decoder and its key/value cache (the policy itself, in its layout)."""
+
+    def __init__(self, model: torch.nn.Module, settings: SamplingSettings, seed: int, device: torch.device,
+                 autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+                 all_stopped: Callable[[bool], bool] | None = None, agree: Callable[[int], int] | None = None):
+        self.model, self.settings, self.seed, self.device = model, settings, seed, device
+        self.autocast = autocast
+        self.all_stopped = all_stopped or (lambda stopped_here: stopped_here)
+        self.agree = agree or (lambda count: count)
+
+    @torch.no_grad()
+    def complete(self, prompts: Sequence[list[int]], prompt_numbers: Sequence[int], step: int) -> list[Completion]:
+        generations = self.settings.num_generations
+        completions: list[Completion | None] = [None] * (len(prompts) * generations)
+        by_length: dict[int, list[int]] = {}
+        for index, prompt in enumerate(prompts):
+            by_length.setdefault(len(prompt), []).append(index)
+        lengths = sorted(by_length)
+        for batch in range(self.agree(len(lengths))):
+            length = lengths[min(batch, len(lengths) - 1)]  # past this rank's own: its last again, dropped
+            rows = [(index, generation) for index in by_length[length] for generation in range(generations)]
+            seeds = [place_seed(self.seed, step, prompt_numbers[index], generation) for index, generation in rows]
+            ids = torch.tensor([prompts[index] for index, _ in rows], dtype=torch.long, device=self.device)
+            sampled = self._sample(ids, seeds)
+            if batch < len(lengths):
+                for (index, generation), completion in zip(rows, sampled):
+                    completions[index * generations + generation] = completion
+        return completions
+
+    def _sample(self, prompt_ids: torch.Tensor, seeds: list[int]) -> list[Completion]:
+        settings = self.settings
+        uniforms = place_uniforms(seeds, settings.max_completion_length).to(self.device)
+        stop = torch.tensor(sorted(set(settings.stop_ids)), dtype=torch.long, device=self.device)
+        rows, cache, ids = prompt_ids.size(0), KVCache(), prompt_ids
+        stopped = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        lengths = torch.full((rows,), settings.max_completion_length, dtype=torch.long, device=self.device)
+        new = ids
+        for position in range(settings.max_completion_length):
+            with self.autocast():
+                logits = self.model(new, cache)[:, -1, :]
+            token = draw(filtered_probabilities(logits, settings.temperature, settings.top_k, settings.top_p),
+                         uniforms[:, position])
+            ids = torch.cat([ids, token[:, None]], dim=1)
+            new = token[:, None]
+            ends = torch.isin(token, stop) & ~stopped if stop.numel() else torch.zeros_like(stopped)
+            lengths = torch.where(ends, position + 1, lengths)
+            stopped = stopped | ends
+            if self.all_stopped(bool(stopped.all())):
+                break
+        completion_ids = ids[:, prompt_ids.size(1):].tolist()
+        return [Completion(row_ids[:int(length)], not bool(done))
+                for row_ids, length, done in zip(completion_ids, lengths.tolist(), stopped.tolist())]

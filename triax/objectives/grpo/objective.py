@@ -1,0 +1,205 @@
+"""GRPO as an objective (triax.objectives): the rollout produces a step's batch, the loss runs on
+its micro-batches.
+
+The rollout of a step samples num_generations completions of each of this rank's prompts
+(generation.Sampler), decodes them as TRL does (skip the special tokens; a conversational prompt's
+completion is one assistant message), scores them with every reward function (scoring.score),
+and turns the rewards into group-relative advantages (loss.group_advantages). A prompt's group is
+sampled and scored on one rank, so its advantages need no other rank; scale_rewards=batch, the
+dapo token count and the logged figures take every rank's (`gather`). With num_iterations > 1 the
+generating policy's log-probabilities are kept; with beta > 0 the reference's are computed then,
+under the reference (`reference`: a model of its own, or a context that makes the policy the
+reference, such as LoRA's adapters switched off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any, Callable, ContextManager, Sequence
+
+import torch
+
+from triax import safe_files
+from triax.errors import ConfigError
+from triax.objectives import StepContext
+from triax.objectives.grpo.config import GRPOConfig, check_grpo
+from triax.objectives.grpo.generation import Completion, Sampler
+from triax.objectives.grpo.logprobs import DEFAULT_CHUNK_TOKENS, completion_logps
+from triax.objectives.grpo.loss import clip_masks, group_advantages, reduce_loss, token_terms
+from triax.objectives.grpo.metrics import LossFigures
+from triax.objectives.grpo.prompts import Prompt, PromptDataset
+from triax.objectives.grpo.rewards import RewardFunction
+from triax.objectives.grpo.rollout import (Rollout, completion_tensors, length_figures, pad_rows,
+                                           reward_figures)
+from triax.objectives.grpo.scoring import score
+
+# This rank's floats (as many on every rank) -> every data-parallel rank's, in rank order.
+Gather = Callable[[list[float]], list[list[float]]]
+
+
+def _alone(values: list[float]) -> list[list[float]]:
+    return [values]
+
+
+class GRPOObjective:
+    """GRPO's rollout and loss on a triax decoder (see the module docstring)."""
+
+    def __init__(self, config: GRPOConfig, prompts: PromptDataset, rewards: Sequence[RewardFunction],
+                 decode: Callable[[list[int]], str], pad_id: int, sampler: Sampler, gather: Gather = _alone,
+                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+        check_grpo(config)
+        self.config, self.prompts, self.rewards, self.decode = config, prompts, list(rewards), decode
+        self.pad_id, self.sampler, self.gather, self.chunk_tokens = pad_id, sampler, gather, chunk_tokens
+        weights = config.reward_weights or [1.0] * len(self.rewards)
+        self.weights = torch.tensor(weights, dtype=torch.float32)
+        self.reference: torch.nn.Module | None = None  # a frozen model of its own (full fine-tuning)
+        self.reference_context: Callable[[], ContextManager] = contextlib.nullcontext  # LoRA: adapters off
+        self.figures = LossFigures()
+        self.rollout_figures: list[dict[str, float]] = []  # each step's, since the last log line
+        self.validation: PromptDataset | None = None  # held-out prompts for `evaluate`
+        self.eval_limit = 0  # how many of them an evaluation takes (0: all; trainer.eval_batches' prompts)
+
+    # ---- the interface ------------------------------------------------------------------------------
+
+    def check(self, layout: Any) -> None:
+        if getattr(layout, "pp", 1) > 1 or getattr(layout, "cp", 1) > 1:
+            raise ConfigError("GRPO samples completions token by token with the whole model on each rank; it does "
+                              "not run under pipeline or context parallelism (use dp_shard or tp)")
+
+    def needs_reference(self) -> bool:
+        return self.config.beta != 0.0
+
+    def produce_batch(self, context: StepContext, step: int, indices: torch.Tensor,
+                      model: torch.nn.Module | None = None) -> Rollout:
+        """The rollout of this rank's prompts `indices` at optimizer step `step`, by `model` (the policy)."""
+        prompts = self.prompts.records(indices)
+        completions = self.sampler.complete([prompt.ids for prompt in prompts], indices.tolist(), step)
+        rollout = self._scored(prompts, completions, context.data_parallel_rank)
+        self.rollout_figures.append(rollout.figures)
+        if self.config.completion_log:
+            self._log_completions(context.data_parallel_rank, step, indices.tolist(), prompts, rollout)
+        rollout = self._to_device(rollout, context.device)
+        if model is not None and self.config.num_iterations > 1:
+            rollout.old_logps = self._logps(context, model, rollout, reference=False)
+        if model is not None and self.needs_reference():
+            rollout.ref_logps = self._logps(context, model, rollout, reference=True)
+        return rollout
+
+    def loss(self, context: StepContext, model: torch.nn.Module, batch: Rollout) -> tuple[torch.Tensor, dict]:
+        """One micro-batch's loss, scaled for grad_accum micro-batches and the data-parallel mean."""
+        with context.autocast():
+            logps, entropies = completion_logps(model, batch.prompt_ids, batch.prompt_lengths, batch.completion_ids,
+                                                self.config.temperature, self.chunk_tokens)
+        mask = batch.completion_mask
+        terms = token_terms(self.config, logps, batch.old_logps, batch.ref_logps, batch.advantages, mask)
+        loss = reduce_loss(self.config, terms.token_loss, mask, context.grad_accum, batch.step_tokens,
+                           context.data_parallel_size)
+        self.figures.add(terms, clip_masks(self.config, terms.ratio, batch.advantages), entropies, mask)
+        return loss, {}
+
+    def take_figures(self) -> dict[str, float]:
+        """The figures since the last call, as TRL logs them: each step's rollout figures averaged over
+        the steps, and the loss figures (a collective through `gather`: every rank calls it)."""
+        steps, self.rollout_figures = self.rollout_figures, []
+        names = steps[0] if steps else {}
+        means = {name: sum(figures[name] for figures in steps) / len(steps) for name in names}
+        return {**means, **self.figures.take(self.gather)}
+
+    @torch.no_grad()
+    def evaluate(self, context: StepContext) -> dict:
+        """val_reward: the mean weighted reward of num_generations sampled completions of every held-out
+        prompt; val_pass_rate: the share of them that every reward function scored in full (a weighted
+        reward of at least the weights' sum: for 0/1 rewards such as exact_match, all passed). The prompts
+        are dealt to the data-parallel ranks; every rank samples as many (a slot past the end: not counted)."""
+        validation = self.validation
+        ranks, rank = context.data_parallel_size, context.data_parallel_rank
+        count = min(len(validation), self.eval_limit) if self.eval_limit else len(validation)
+        per_rank = -(-count // ranks)
+        total, passed, scored = 0.0, 0.0, 0.0
+        full = float(self.weights.clamp(min=0).sum())
+        for start in range(per_rank):
+            index = rank * per_rank + start
+            counted = index < count
+            prompts = validation.records([index if counted else 0])
+            completions = self.sampler.complete([prompts[0].ids], [index], step=-1)
+            table = score(self.rewards, [prompts[0].prompt] * len(completions),
+                          self._completions_as_given(prompts, completions), [c.ids for c in completions],
+                          validation.columns(prompts, len(completions)), [prompts[0].where] * len(completions),
+                          self.config.reward_timeout)
+            rewards = (table * self.weights.unsqueeze(0)).nansum(dim=1)
+            if counted:
+                total, passed = total + float(rewards.sum()), passed + float((rewards >= full).sum())
+                scored += len(rewards)
+        sums = [sum(column) for column in zip(*self.gather([total, passed, scored]))]
+        return {"val_reward": sums[0] / max(sums[2], 1.0), "val_pass_rate": sums[1] / max(sums[2], 1.0),
+                "val_completions": round(sums[2])}
+
+    # ---- the rollout --------------------------------------------------------------------------------
+
+    def _completions_as_given(self, prompts: Sequence[Prompt], completions: Sequence[Completion]) -> list:
+        """Completions as TRL hands them to rewards: text, or one assistant message for a conversation."""
+        generations = self.config.num_generations
+        out = []
+        for row, completion in enumerate(completions):
+            text = self.decode(completion.ids)
+            conversational = isinstance(prompts[row // generations].prompt, list)
+            out.append([{"role": "assistant", "content": text}] if conversational else text)
+        return out
+
+    def _scored(self, prompts: Sequence[Prompt], completions: Sequence[Completion], rank: int) -> Rollout:
+        generations = self.config.num_generations
+        repeated = [prompt for prompt in prompts for _ in range(generations)]
+        table = score(self.rewards, [prompt.prompt for prompt in repeated],
+                      self._completions_as_given(prompts, completions), [completion.ids for completion in completions],
+                      self.prompts.columns(prompts, generations), [prompt.where for prompt in repeated],
+                      self.config.reward_timeout)
+        # Every rank's rewards: batch scaling and the logged figures are over the whole batch.
+        everyone = self.gather(table.flatten().tolist())
+        all_rewards = torch.tensor([value for values in everyone for value in values]).view(-1, len(self.rewards))
+        scored = group_advantages(all_rewards, self.weights, generations, self.config.scale_rewards)
+        start = rank * len(completions)
+        completion_ids, mask = completion_tensors(completions, self.pad_id, self.config.mask_truncated_completions)
+        lengths = self.gather([float(len(completion.ids)) for completion in completions]
+                              + [float(completion.truncated) for completion in completions]
+                              + [float(mask.sum())])
+        step_tokens = sum(values[-1] for values in lengths)
+        every_length = [value for values in lengths for value in values[:(len(values) - 1) // 2]]
+        every_truncated = [bool(value) for values in lengths for value in values[(len(values) - 1) // 2:-1]]
+        figures = {**length_figures(every_length, every_truncated),
+                   **reward_figures([reward.name for reward in self.rewards], all_rewards, self.weights,
+                                    scored.std_is_zero)}
+        prompt_ids = pad_rows([prompt.ids for prompt in repeated], self.pad_id, left=True)
+        rollout = Rollout(prompt_ids, torch.tensor([len(prompt.ids) for prompt in repeated]), completion_ids, mask,
+                          scored.advantages[start:start + len(completions)], step_tokens, figures=figures,
+                          completions=[completion.ids for completion in completions])
+        rollout.rewards = [[None if value != value else value for value in row] for row in table.tolist()]
+        return rollout
+
+    def _log_completions(self, rank: int, step: int, numbers: list[int], prompts: Sequence[Prompt],
+                         rollout: Rollout) -> None:
+        """One JSON line per completion, appended to grpo.completion_log's file of this rank."""
+        generations = self.config.num_generations
+        lines = []
+        for row, ids in enumerate(rollout.completions):
+            prompt = row // generations
+            lines.append(json.dumps({"step": step, "sample": numbers[prompt], "record": prompts[prompt].where,
+                                     "generation": row % generations, "completion_ids": ids,
+                                     "rewards": rollout.rewards[row], "advantage": float(rollout.advantages[row])}))
+        with safe_files.open_append(f"{self.config.completion_log}.rank{rank}") as handle:
+            handle.write("".join(line + "\n" for line in lines))
+
+    @staticmethod
+    def _to_device(rollout: Rollout, device: torch.device) -> Rollout:
+        for name in ("prompt_ids", "prompt_lengths", "completion_ids", "completion_mask", "advantages"):
+            setattr(rollout, name, getattr(rollout, name).to(device))
+        return rollout
+
+    @torch.no_grad()
+    def _logps(self, context: StepContext, model: torch.nn.Module, rollout: Rollout, reference: bool) -> torch.Tensor:
+        scoring_model = self.reference if reference and self.reference is not None else model
+        switch = self.reference_context if reference and self.reference is None else contextlib.nullcontext
+        with switch(), context.autocast():
+            logps, _ = completion_logps(scoring_model, rollout.prompt_ids, rollout.prompt_lengths,
+                                        rollout.completion_ids, self.config.temperature, self.chunk_tokens)
+        return logps
