@@ -52,13 +52,7 @@ def check_dpo(config: DPOConfig) -> None:
 def check_preference_run(config: TrainConfig, layout: Layout) -> None:
     """What a DPO run needs, before any process group forms (one line each)."""
     if config.data.task != "preference":
-        if config.dpo != DPOConfig():
-            # Set by hand, they would change nothing: the slip is the task (or a key left from a DPO recipe).
-            changed = [f"dpo.{key}={value!r}" for key, value in vars(config.dpo).items()
-                       if value != getattr(DPOConfig(), key)]
-            raise ConfigError(f"{', '.join(changed)} with data.task={config.data.task}: the dpo.* keys apply to "
-                              "data.task=preference only; set data.task=preference or leave them out")
-        return
+        return  # dpo.* keys set on another task are refused with every objective's (validate.check_sections_apply)
     if not config.model.lora.rank and not config.model.init_from:
         raise ConfigError("data.task=preference needs model.init_from: the reference is the model it starts from")
     if layout.pp > 1:

@@ -66,6 +66,24 @@ def validate(config: TrainConfig) -> None:
     check_dpo(config.dpo)
     if config.data.task == "grpo":
         check_grpo(config.grpo)
+    check_sections_apply(config)
+
+
+# The config sections that belong to one data.task: keys set there on a run of another task would
+# change nothing, so the slip (the task, or a key left from another recipe) is refused.
+TASK_SECTIONS = {"dpo": "preference", "grpo": "grpo"}
+
+
+def check_sections_apply(config: TrainConfig) -> None:
+    for section, task in TASK_SECTIONS.items():
+        given = getattr(config, section)
+        default = type(given)()
+        if config.data.task == task or given == default:
+            continue
+        changed = [f"{section}.{key}={value!r}" for key, value in vars(given).items()
+                   if value != getattr(default, key)]
+        raise ConfigError(f"{', '.join(changed)} with data.task={config.data.task}: the {section}.* keys apply to "
+                          f"data.task={task} only; set data.task={task} or leave them out")
 
 
 def _check_model(model: ModelConfig) -> None:

@@ -52,3 +52,7 @@ class Objective(Protocol):
 
     def evaluate(self, context: StepContext) -> dict:
         """The objective's figures on held-out data."""
+
+    # The few figures of its record a person watches, shown on the step line and the bar
+    # (triax.tracking.line_fields): tuple[LineField, ...].
+    line_fields: tuple

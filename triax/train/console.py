@@ -135,8 +135,6 @@ class Console:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
         if "val_rewards/accuracies" in record:  # DPO: the share of validation pairs ranked right
             parts.append(f"val_reward_acc {100 * record['val_rewards/accuracies']:.1f}%")
-        if "reward" in record:  # GRPO: the mean reward of the step's completions
-            parts.append(f"reward {record['reward']:.3f}")
         if "val_pass_rate" in record:  # GRPO: held-out prompts' completions that every reward passed
             parts.append(f"val_reward {record['val_reward']:.3f} val_pass {100 * record['val_pass_rate']:.1f}%")
         if step < self.total_steps:

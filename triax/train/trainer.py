@@ -104,6 +104,8 @@ class Trainer:
             self.console.show(router_metrics.LINE_FIELDS)
         if self.dpo is not None:
             self.console.show(self.dpo.line_fields)
+        if self.objective is not None:
+            self.console.show(self.objective.line_fields)
         self.continued_best: tuple[float, int] | None = None  # the best val loss of the run continued
         if self.resume:
             self.snapshots.resume(self.logger, self.total_steps, self.world_size, self.restarted)

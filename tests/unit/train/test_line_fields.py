@@ -56,3 +56,12 @@ def test_evaluation_counts_name_what_they_count():
     assert "val_loss 1.5000 (16 pairs, 120 answer tokens)" in console(task="preference").line(
         {**evaluated, "val_pairs": 16})
     assert console(task="preference")._samples() == "pairs" and console(task="chat")._samples() == "samples"
+
+
+def test_grpo_shows_its_reward_spread_and_completion_length():
+    from triax.objectives.grpo.objective import GRPOObjective
+
+    line = console(task="grpo")
+    line.show(GRPOObjective.line_fields)
+    text = line.line({**RECORD, "reward": 0.5, "reward_std": 0.25, "completions/mean_length": 4.5})
+    assert " | loss 2.5000 | reward 0.500 | reward_std 0.250 | completions/mean_length 4.5 | lr " in text, text

@@ -33,6 +33,7 @@ from triax.objectives.grpo.rewards import RewardFunction
 from triax.objectives.grpo.rollout import (Rollout, completion_tensors, length_figures, pad_rows,
                                            reward_figures)
 from triax.objectives.grpo.scoring import score
+from triax.tracking.line_fields import LineField
 
 # This rank's floats (as many on every rank) -> every data-parallel rank's, in rank order.
 Gather = Callable[[list[float]], list[list[float]]]
@@ -44,6 +45,11 @@ def _alone(values: list[float]) -> list[list[float]]:
 
 class GRPOObjective:
     """GRPO's rollout and loss on a triax decoder (see the module docstring)."""
+
+    # What a user of TRL watches, on the step line and the bar under the record's names: the mean
+    # reward of the step's completions, its spread and how long the completions are.
+    line_fields = (LineField("reward", ".3f"), LineField("reward_std", ".3f"),
+                   LineField("completions/mean_length", ".1f"))
 
     def __init__(self, config: GRPOConfig, prompts: PromptDataset, rewards: Sequence[RewardFunction],
                  decode: Callable[[list[int]], str], pad_id: int, sampler: Sampler, gather: Gather = _alone,
