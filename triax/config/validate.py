@@ -98,6 +98,9 @@ def _check_data(data: DataConfig) -> None:
     _need(data.truncation_mode in ("keep_start", "keep_end"), "data.truncation_mode", data.truncation_mode,
           "use keep_start or keep_end")
     _need(data.overlong in ("truncate", "drop"), "data.overlong", data.overlong, "use truncate or drop")
+    # Characters and addition problems are one stream with no documents: packing would change nothing.
+    _need(not data.packing or data.task not in ("char", "addition"), "data.packing", data.packing,
+          f"packing keeps documents apart in data.task=tokens or chat; data.task={data.task} has no documents")
     _need(data.vocab_size is None or data.vocab_size >= 1, "data.vocab_size", data.vocab_size,
           "use 1 or more (or leave it unset to take meta.json's)")
     _need(data.token_dtype is None or data.token_dtype in TOKEN_DTYPES, "data.token_dtype", data.token_dtype,

@@ -47,6 +47,7 @@ TRAIN_CASES = {
     "dpo.beta of 1e300": (["data.task=preference", "dpo.beta=1e300"], ["dpo.beta=1e+300", "[1e-06, 1e+06]"]),
     "dpo.beta of 1e-320 with ipo": (["dpo.beta=1e-320", "dpo.loss_type=ipo"], ["dpo.beta=1e-320", "overflows"]),
     "dpo keys without DPO": (["dpo.beta=0.5"], ["dpo.beta=0.5 with data.task=char", "data.task=preference only"]),
+    "packing characters": (["data.packing=true"], ["data.packing=True", "data.task=char has no documents"]),
     "grpo keys without GRPO": (["grpo.beta=0.1", "grpo.num_generations=4"],
                                ["grpo.num_generations=4, grpo.beta=0.1 with data.task=char", "data.task=grpo only"]),
     "non-UTF-8 run dir": (["trainer.run_dir=runs/r\udcff", "trainer.loggers=[tensorboard]"],
