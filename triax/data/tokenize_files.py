@@ -50,6 +50,8 @@ def expand_inputs(inputs: list[str]) -> list[tuple[object, str, int]]:
             matches = [path]
         elif fs.isdir(path):
             raise DataError(f"input {item!r} is a directory; give its text files (a glob like {item.rstrip('/')}/*.txt works)")
+        elif fs.exists(path):  # a FIFO, a device, a socket: no size to read to its end
+            raise DataError(f"input {item!r} is not a regular file (a FIFO, device or socket); give a text file")
         else:
             raise DataError(f"input {item!r} does not exist")
         files += [(fs, match, fs.size(match)) for match in matches]

@@ -58,3 +58,11 @@ def test_tokenize_a_file_without_line_breaks(tmp_path):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_an_input_that_is_a_fifo_or_a_device_is_named_as_such(sandbox):
+    """Not 'does not exist': the path is there, but it has no end to read to."""
+    os.mkfifo(sandbox.work / "pipe.txt")
+    for name in (str(sandbox.work / "pipe.txt"), "/dev/zero"):
+        sandbox.refused(["tokenize", name, "--out", str(sandbox.work / "tokens"), "--vocab-size", "280",
+                         "--workers", "2"], name, "not a regular file")
