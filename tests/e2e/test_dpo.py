@@ -186,14 +186,9 @@ def test_fresh_adapters_resume_after_sigkill_bitwise_and_export_as_peft(setup, t
     """New adapters (B = 0): the reference is the base with them off, so the first step is at log 2
     and the rewards then part. Killed after the snapshot of step 2 and started again, the run ends
     with the uninterrupted run's adapters, bit for bit; `--format peft` exports them for PEFT."""
-    import os
-    import signal
-    import subprocess
     import sys
-    import time
 
-    from support.helpers import assert_bitwise_equal
-    from triax.testing import quiet_env
+    from support.helpers import assert_bitwise_equal, kill_after_snapshot_and_resume
 
     root, base, _, pairs, val = setup
     settings = {"trainer.max_steps": 8, "trainer.save_every": 2, "data.shuffle": "true"}
@@ -204,20 +199,7 @@ def test_fresh_adapters_resume_after_sigkill_bitwise_and_export_as_peft(setup, t
     assert all(record["rewards/margins"] != 0 for record in records[1:])
     run_dir = tmp_path / "killed"
     command = [sys.executable, "-m", "triax", "train", *triax_overrides(root, base, pairs, val, run_dir, **settings)]
-    env = quiet_env(PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                           start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not (run_dir / "snapshots" / "step_00000002").exists():
-            assert job.poll() is None and time.monotonic() < deadline, "the run ended before its first snapshot"
-            time.sleep(0.05)
-    finally:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resuming from" in result.stdout
+    kill_after_snapshot_and_resume(command, run_dir)
     assert_bitwise_equal(final_weights(run_dir), final_weights(whole))
     out = tmp_path / "adapter"
     launch(1, ["-m", "triax", "export", str(whole), str(out), "--format", "peft"])

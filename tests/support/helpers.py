@@ -152,3 +152,29 @@ def assert_bitwise_equal(a, b):
     different = [name for name in a if not torch.equal(a[name], b[name])]
     assert not different, (f"not bitwise equal: {different}; largest differences: "
                            f"{[(n, (a[n] - b[n]).abs().max().item()) for n in different[:3]]}")
+
+
+def kill_after_snapshot_and_resume(command, run_dir, step=2, timeout=300):
+    """Run `command` (a `triax train` command line) in its own session, SIGKILL it once the snapshot of
+    `step` exists, run it again to the end, and return that second run's stdout (it must resume)."""
+    import signal
+    import subprocess
+    import time
+
+    from triax.testing import quiet_env
+
+    env = quiet_env(PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not (run_dir / "snapshots" / f"step_{step:08d}").exists():
+            assert job.poll() is None and time.monotonic() < deadline, "the run ended before its snapshot"
+            time.sleep(0.05)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from" in result.stdout
+    return result.stdout

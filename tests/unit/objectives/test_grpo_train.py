@@ -5,15 +5,14 @@ a frozen reference, and what GRPO cannot run refused in one line."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from support.chat_files import write_chat_checkpoint
-from support.helpers import assert_adam_close, assert_bitwise_equal, final_weights, train
+from support.helpers import (assert_adam_close, assert_bitwise_equal, final_weights, kill_after_snapshot_and_resume,
+                             train)
 from triax.testing import quiet_env
 
 pytestmark = pytest.mark.multiprocess
@@ -92,20 +91,7 @@ def test_resume_after_sigkill_is_bitwise(tmp_path, setup, single):
     """Killed after the snapshot of step 2, started again: the adapters equal the uninterrupted run's."""
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "triax", "train", *overrides(setup, run_dir, **{"trainer.save_every": 2})]
-    env = quiet_env(PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                           start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not (run_dir / "snapshots" / "step_00000002").exists():
-            assert job.poll() is None and time.monotonic() < deadline, "the run ended before its first snapshot"
-            time.sleep(0.05)
-    finally:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resuming from" in result.stdout
+    kill_after_snapshot_and_resume(command, run_dir)
     assert_bitwise_equal(final_weights(run_dir), final_weights(single))
 
 

@@ -4,20 +4,16 @@ adapters; a `--format peft` export that PEFT loads with triax's logits; the answ
 loss goes down; model.lora.init_from reads a PEFT adapter back."""
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from support.chat_files import arithmetic_conversations, write_chat_checkpoint, write_chat_file
 from support.forked import launch
-from support.helpers import assert_adam_close, assert_bitwise_equal, final_weights, train
+from support.helpers import (assert_adam_close, assert_bitwise_equal, final_weights, kill_after_snapshot_and_resume,
+                             train)
 from support.llama_checkpoints import VOCAB
-from triax.testing import quiet_env
 
 pytestmark = pytest.mark.multiprocess
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
@@ -128,20 +124,7 @@ def test_resume_after_sigkill_is_bitwise(tmp_path, base, chat_file, single):
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "triax", "train",
                *overrides(run_dir, base, chat_file, **{"trainer.save_every": 2})]
-    env = quiet_env(PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                           start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not (run_dir / "snapshots" / "step_00000002").exists():
-            assert job.poll() is None and time.monotonic() < deadline, "the run ended before its first snapshot"
-            time.sleep(0.05)
-    finally:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resuming from" in result.stdout
+    kill_after_snapshot_and_resume(command, run_dir)
     assert_bitwise_equal(final_weights(run_dir), final_weights(single))
 
 
