@@ -52,6 +52,7 @@ def build_grpo(config: Any, data: Any, model: torch.nn.Module, device: torch.dev
     objective.validation = data.val
     trainer = config.trainer  # an evaluation's prompts: eval_batches of them per data-parallel rank (0: all)
     objective.eval_limit = trainer.eval_batches * trainer.batch_size * data_parallel_size
+    objective.eval_prompts = trainer.batch_size
     if lora:
         objective.reference_context = adapters_disabled
     return objective

@@ -65,6 +65,7 @@ class GRPOObjective:
         self.rollout_figures: list[dict[str, float]] = []  # each step's, since the last log line
         self.validation: PromptDataset | None = None  # held-out prompts for `evaluate`
         self.eval_limit = 0  # how many of them an evaluation takes (0: all; trainer.eval_batches' prompts)
+        self.eval_prompts = 8  # held-out prompts sampled together (trainer.batch_size)
 
     # ---- the interface ------------------------------------------------------------------------------
 
@@ -124,19 +125,23 @@ class GRPOObjective:
         per_rank = -(-count // ranks)
         total, passed, scored = 0.0, 0.0, 0.0
         full = float(self.weights.clamp(min=0).sum())
-        for start in range(per_rank):
-            index = rank * per_rank + start
-            counted = index < count
-            prompts = validation.records([index if counted else 0])
-            completions = self.sampler.complete([prompts[0].ids], [index], step=-1)
-            table = score(self.rewards, [prompts[0].prompt] * len(completions),
+        generations = self.config.num_generations
+        # eval_prompts prompts are sampled together (a completion's randomness is its place, so how they
+        # are batched changes nothing); every rank makes the same number of calls.
+        for first in range(0, per_rank, self.eval_prompts):
+            indices = [rank * per_rank + start for start in range(first, min(first + self.eval_prompts, per_rank))]
+            counted = [index < count for index in indices]
+            prompts = validation.records([index if inside else 0 for index, inside in zip(indices, counted)])
+            completions = self.sampler.complete([prompt.ids for prompt in prompts], indices, step=-1)
+            repeated = [prompt for prompt in prompts for _ in range(generations)]
+            table = score(self.rewards, [prompt.prompt for prompt in repeated],
                           self._completions_as_given(prompts, completions), [c.ids for c in completions],
-                          validation.columns(prompts, len(completions)), [prompts[0].where] * len(completions),
+                          validation.columns(prompts, generations), [prompt.where for prompt in repeated],
                           self.config.reward_timeout)
-            rewards = (table * self.weights.unsqueeze(0)).nansum(dim=1)
-            if counted:
-                total, passed = total + float(rewards.sum()), passed + float((rewards >= full).sum())
-                scored += len(rewards)
+            rewards = (table * self.weights.unsqueeze(0)).nansum(dim=1).view(len(prompts), generations)
+            rewards = rewards[torch.tensor(counted, dtype=torch.bool)]
+            total, passed = total + float(rewards.sum()), passed + float((rewards >= full).sum())
+            scored += rewards.numel()
         sums = [sum(column) for column in zip(*self.gather([total, passed, scored]))]
         return {"val_reward": sums[0] / max(sums[2], 1.0), "val_pass_rate": sums[1] / max(sums[2], 1.0),
                 "val_completions": round(sums[2])}
