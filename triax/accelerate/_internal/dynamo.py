@@ -12,17 +12,12 @@ import torch
 from triax.accelerate._internal.errors import AcceleratorValueError, UnsupportedFeatureError
 from triax.accelerate._internal.prepared_models import is_compiled_module
 from triax.accelerate.utils.dataclasses import DynamoBackend
-from triax.accelerate._internal.flags import str_to_bool
+from triax.accelerate._internal.flags import parse_flag_from_env
 
 # torch.compile's own defaults: only settings that differ from them are passed (as Accelerate's to_kwargs).
 COMPILE_DEFAULTS = {"mode": "default", "fullgraph": False, "dynamic": None, "options": None, "disable": False}
 # What `accelerate launch` sets for a dynamo section of its config file.
 ENVIRONMENT_PREFIX = "ACCELERATE_DYNAMO_"
-
-
-def _env_flag(name: str) -> bool | None:
-    value = os.environ.get(ENVIRONMENT_PREFIX + name)
-    return None if value is None else str_to_bool(value) == 1
 
 
 def _backend(value: object) -> DynamoBackend:
@@ -45,10 +40,12 @@ def resolve_dynamo(dynamo_backend: object | None, dynamo_plugin: object | None) 
         regional = bool(getattr(dynamo_plugin, "use_regional_compilation", False))
     else:
         backend = dynamo_backend or os.environ.get(ENVIRONMENT_PREFIX + "BACKEND", "no")
+        dynamic = ENVIRONMENT_PREFIX + "USE_DYNAMIC"  # unset: torch decides (None), as Accelerate
         settings = {"mode": os.environ.get(ENVIRONMENT_PREFIX + "MODE", "default"),
-                    "fullgraph": bool(_env_flag("USE_FULLGRAPH")), "dynamic": _env_flag("USE_DYNAMIC"),
+                    "fullgraph": parse_flag_from_env(ENVIRONMENT_PREFIX + "USE_FULLGRAPH"),
+                    "dynamic": parse_flag_from_env(dynamic) if dynamic in os.environ else None,
                     "options": None, "disable": False}
-        regional = bool(_env_flag("USE_REGIONAL_COMPILATION"))
+        regional = parse_flag_from_env(ENVIRONMENT_PREFIX + "USE_REGIONAL_COMPILATION")
     plugin = SimpleNamespace(backend=_backend(backend), use_regional_compilation=regional, **settings)
     if regional and plugin.backend != DynamoBackend.NO:
         raise UnsupportedFeatureError("use_regional_compilation=True: triax does not compile a model's repeated "

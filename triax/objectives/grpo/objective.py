@@ -133,11 +133,7 @@ class GRPOObjective:
             counted = [index < count for index in indices]
             prompts = validation.records([index if inside else 0 for index, inside in zip(indices, counted)])
             completions = self.sampler.complete([prompt.ids for prompt in prompts], indices, step=-1)
-            repeated = [prompt for prompt in prompts for _ in range(generations)]
-            table = score(self.rewards, [prompt.prompt for prompt in repeated],
-                          self._completions_as_given(prompts, completions), [c.ids for c in completions],
-                          validation.columns(prompts, generations), [prompt.where for prompt in repeated],
-                          self.config.reward_timeout)
+            table = self._reward_table(validation, prompts, completions)
             rewards = (table * self.weights.unsqueeze(0)).nansum(dim=1).view(len(prompts), generations)
             rewards = rewards[torch.tensor(counted, dtype=torch.bool)]
             total, passed = total + float(rewards.sum()), passed + float((rewards >= full).sum())
@@ -158,13 +154,20 @@ class GRPOObjective:
             out.append([{"role": "assistant", "content": text}] if conversational else text)
         return out
 
+    def _reward_table(self, dataset: PromptDataset, prompts: Sequence[Prompt],
+                      completions: Sequence[Completion]) -> torch.Tensor:
+        """[completions x reward functions]: every reward function's score of each completion of `prompts`
+        (num_generations each, in order), called as TRL calls it with the records' other fields."""
+        repeated = [prompt for prompt in prompts for _ in range(self.config.num_generations)]
+        return score(self.rewards, [prompt.prompt for prompt in repeated],
+                     self._completions_as_given(prompts, completions), [completion.ids for completion in completions],
+                     dataset.columns(prompts, self.config.num_generations), [prompt.where for prompt in repeated],
+                     self.config.reward_timeout)
+
     def _scored(self, prompts: Sequence[Prompt], completions: Sequence[Completion], rank: int) -> Rollout:
         generations = self.config.num_generations
         repeated = [prompt for prompt in prompts for _ in range(generations)]
-        table = score(self.rewards, [prompt.prompt for prompt in repeated],
-                      self._completions_as_given(prompts, completions), [completion.ids for completion in completions],
-                      self.prompts.columns(prompts, generations), [prompt.where for prompt in repeated],
-                      self.config.reward_timeout)
+        table = self._reward_table(self.prompts, prompts, completions)
         # Every rank's rewards: batch scaling and the logged figures are over the whole batch.
         everyone = self.gather(table.flatten().tolist())
         all_rewards = torch.tensor([value for values in everyone for value in values]).view(-1, len(self.rewards))
