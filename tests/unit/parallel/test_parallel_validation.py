@@ -86,11 +86,17 @@ def test_vocabulary_is_padded_to_a_multiple_of_tp():
 @pytest.mark.multiprocess
 def test_every_rank_reports_a_bad_layout_and_none_hangs(tmp_path):
     # tp=4 on 2 processes: each rank must report the one-line error and exit, within seconds. Rank 0
-    # prints it; every rank leaves it in torchrun's error file, which torchrun's summary shows.
+    # prints it; a rank leaves it in torchrun's error file, which torchrun's summary shows. torchrun
+    # stops the other ranks (SIGTERM, exit code -15) as soon as the first one fails, so on a loaded
+    # machine a rank still importing is stopped before it reaches the check: that rank did not hang
+    # either, and it is counted as stopped rather than as reporting.
     result = run_torchrun(2, ["-m", "triax", "train", "parallel.tp=4", "parallel.dp_replicate=1",
                               f"trainer.run_dir={tmp_path}", "trainer.max_steps=1"], timeout=120, check=False)
     assert result.returncode != 0
-    printed = [line for line in result.stderr.splitlines() if line.startswith("triax: error: parallel degrees")]
-    summary = [line for line in result.stderr.splitlines() if "traceback : triax: error: parallel degrees" in line]
-    assert len(printed) == 1 and len(summary) == 2, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    printed = [line for line in lines if line.startswith("triax: error: parallel degrees")]
+    summary = [line for line in lines if "traceback : triax: error: parallel degrees" in line]
+    stopped = [line for line in lines if "traceback : Signal 15 (SIGTERM) received" in line]
+    assert len(printed) == 1 and len(summary) >= 1, result.stderr[-2000:]
+    assert len(summary) + len(stopped) == 2, result.stderr[-2000:]
     assert all("multiply to 4 but the job has 2 process(es)" in line for line in printed + summary)
