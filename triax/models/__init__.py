@@ -1,18 +1,18 @@
 import torch
 
+from triax.models import registry  # noqa: F401  (registers every family before any config is built)
 from triax.models.config import ARCHITECTURES, PRESETS, GPTConfig
 from triax.models.decoder import VOCABULARY_PARAMETERS, Decoder, KVCache, vocabulary_rows
+from triax.models.family import spec_of
 from triax.models.gpt import GPT
 from triax.models.llama import Llama
 from triax.models.moe import Mixture
 
-FAMILIES = {"gpt": GPT, "llama": Llama, "moe": Mixture}
-
 
 def build_model(config: GPTConfig, **parts) -> Decoder:
-    """The model of `config`'s architecture (GPT or Llama); `parts` as Decoder takes them (a
+    """The model of `config`'s architecture (its family's Decoder); `parts` as Decoder takes them (a
     pipeline stage's layers, embeddings, head; the seed)."""
-    return FAMILIES[config.family](config, **parts)
+    return spec_of(config.arch).model(config, **parts)
 
 
 def parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:

@@ -19,11 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from triax.errors import ConfigError
-
-# model.arch -> family (the module that builds it).
-ARCHITECTURES = {"gpt2": "gpt", "llama": "llama", "qwen2": "llama", "mistral": "llama", "qwen3": "llama",
-                 "mixtral": "moe", "qwen3_moe": "moe"}
-LLAMA_FAMILY = tuple(name for name, family in ARCHITECTURES.items() if family == "llama")
+from triax.models.family import ARCHITECTURES, PRESETS, spec_of
 
 # model.gelu -> F.gelu's `approximate` argument.
 GELU_FORMS = {"tanh": "tanh", "exact": "none"}
@@ -38,45 +34,12 @@ ROPE_SCALINGS = ("none", "linear", "llama3")
 # is refused instead of asking for terabytes.
 MAX_SIZES = {"vocab_size": 2**24, "block_size": 2**21, "n_layer": 1024, "n_head": 1024, "n_embd": 2**16}
 MAX_OPTIONAL_SIZES = {"n_kv_head": 1024, "head_dim": 2**12, "intermediate_size": 2**20}
-MAX_EXPERTS = 2**14  # published MoEs route over at most a few hundred experts
 SIZE_REASON = "several times the largest published GPT-style models; a larger value is a typo or a damaged file"
 
-# The one preset table: `model=NAME` for `triax train`, `--model NAME` for `triax plan` and
-# `triax bench`. Each sets these GPTConfig fields; "vocab_size" is only the vocabulary `triax plan`
-# assumes (in training the data decides it).
-PRESETS: dict[str, dict] = {
-    "openai-gpt": dict(n_layer=12, n_head=12, n_embd=768),   # 117M
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),         # 124M
-    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
-    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
-    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),     # 1558M
-    "gopher-44m": dict(n_layer=8, n_head=16, n_embd=512),
-    "gpt-mini": dict(n_layer=6, n_head=6, n_embd=192),
-    "gpt-micro": dict(n_layer=4, n_head=4, n_embd=128),
-    "gpt-nano": dict(n_layer=3, n_head=3, n_embd=48),
-    # A Llama small enough for a CPU: grouped-query attention (2 key/value heads for 4 query heads).
-    "llama-debug": dict(arch="llama", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=352),
-    # Llama 3.1's published shapes (for `triax plan`; 128,256 tokens, rope_theta 500000, llama3 scaling).
-    "llama3-8b": dict(arch="llama", n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336,
-                      rope_theta=500000.0, rope_scaling="llama3", vocab_size=128256),
-    "llama3-70b": dict(arch="llama", n_layer=80, n_head=64, n_kv_head=8, n_embd=8192, intermediate_size=28672,
-                       rope_theta=500000.0, rope_scaling="llama3", vocab_size=128256),
-    # Qwen3 (q/k norm per head) and the mixtures of experts (triax/models/moe.py): CPU-sized, then
-    # the published shapes (Qwen3-0.6B, Mixtral 8x7B, Qwen3-30B-A3B: 128 experts, 8 per token).
-    "qwen3-debug": dict(arch="qwen3", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=352),
-    "qwen3-0.6b": dict(arch="qwen3", n_layer=28, n_head=16, n_kv_head=8, n_embd=1024, head_dim=128,
-                       intermediate_size=3072, rope_theta=1000000.0, norm_eps=1e-6, tie_embeddings=True,
-                       vocab_size=151936),
-    "mixtral-debug": dict(arch="mixtral", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=352,
-                          num_experts=8, experts_per_token=2),
-    "mixtral-8x7b": dict(arch="mixtral", n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336,
-                         num_experts=8, experts_per_token=2, rope_theta=1000000.0, vocab_size=32000),
-    "qwen3-moe-debug": dict(arch="qwen3_moe", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=352,
-                            moe_intermediate_size=64, num_experts=8, experts_per_token=2, norm_topk_prob=True),
-    "qwen3-30b-a3b": dict(arch="qwen3_moe", n_layer=48, n_head=32, n_kv_head=4, n_embd=2048, head_dim=128,
-                          intermediate_size=6144, moe_intermediate_size=768, num_experts=128, experts_per_token=8,
-                          norm_topk_prob=True, rope_theta=1000000.0, norm_eps=1e-6, vocab_size=151936),
-}
+# The one preset table (`model=NAME` for `triax train`, `--model NAME` for `triax plan` and
+# `triax bench`), filled from the registered families' presets (triax.models.family); each sets
+# these GPTConfig fields; "vocab_size" is only the vocabulary `triax plan` assumes (in training the
+# data decides it).
 PLAN_ONLY_PRESET_KEYS = ("vocab_size",)
 
 
@@ -219,13 +182,12 @@ class GPTConfig:
     # fields) reads typing's Optional only.
 
     def __post_init__(self):
-        if self.arch not in ARCHITECTURES:
-            raise ConfigError(f"model.arch={self.arch!r} is unknown; choose one of {', '.join(ARCHITECTURES)}")
+        spec = spec_of(self.arch)
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            _check_size(name, getattr(self, name), MAX_SIZES[name])
+            check_size(name, getattr(self, name), MAX_SIZES[name])
         for name, limit in MAX_OPTIONAL_SIZES.items():
             if getattr(self, name) is not None:
-                _check_size(name, getattr(self, name), limit)
+                check_size(name, getattr(self, name), limit)
         if self.padded_vocab_size is not None and (not isinstance(self.padded_vocab_size, int)
                                                    or self.padded_vocab_size < self.vocab_size):
             raise ConfigError(f"padded_vocab_size must be an integer >= vocab_size={self.vocab_size}, "
@@ -234,136 +196,20 @@ class GPTConfig:
             raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
         if not (isinstance(self.norm_eps, (int, float)) and 0 < self.norm_eps < 1):
             raise ConfigError(f"model.norm_eps={self.norm_eps!r} must be a small positive number such as 1e-5")
-        if self.family == "gpt":
-            self._check_gpt2()
-        else:
-            self._check_llama()
-        self._check_experts()
-
-    @property
-    def family(self) -> str:
-        """gpt | llama: which module builds the blocks."""
-        return ARCHITECTURES[self.arch]
-
-    def _check_gpt2(self) -> None:
-        if self.n_embd % self.n_head != 0:
-            raise ConfigError(f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}; "
-                              f"choose n_embd as a multiple of n_head")
-        self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
-        self.head_dim = self.n_embd // self.n_head if self.head_dim is None else self.head_dim
-        self.intermediate_size = self.intermediate_size or 4 * self.n_embd
-        self.bias = True if self.bias is None else self.bias
-        if self.n_kv_head != self.n_head or self.head_dim != self.n_embd // self.n_head:
-            raise ConfigError(f"model.arch=gpt2 has one key/value head per query head of n_embd / n_head values "
-                              f"(got n_kv_head={self.n_kv_head}, head_dim={self.head_dim}); leave them unset, or use "
-                              f"model.arch=llama for grouped-query attention")
-        rotary = {"rope_theta": 10000.0, "rope_scaling": "none", "rope_factor": 8.0, "rope_low_freq_factor": 1.0,
-                  "rope_high_freq_factor": 4.0, "rope_original_context": 8192}
-        changed = [name for name, default in rotary.items() if getattr(self, name) != default]
-        if changed:
-            raise ConfigError(f"model.{changed[0]}={getattr(self, changed[0])!r} applies to rotary positions, which "
-                              f"model.arch=gpt2 does not have (it learns its positions); use model.arch=llama")
-        if self.gelu not in GELU_FORMS:
-            raise ConfigError(f"model.gelu={self.gelu!r} must be one of {', '.join(GELU_FORMS)}")
-
-    def _check_llama(self) -> None:
-        self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
-        if self.n_head % self.n_kv_head != 0:
-            raise ConfigError(f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head}; each "
-                              "key/value head serves a whole group of query heads: choose a divisor of n_head")
-        if self.head_dim is None:
-            if self.n_embd % self.n_head != 0:
-                raise ConfigError(f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}; "
-                                  "choose n_embd as a multiple of n_head, or set model.head_dim")
-            self.head_dim = self.n_embd // self.n_head
-        if self.head_dim % 2:
-            raise ConfigError(f"model.head_dim={self.head_dim} is odd; rotary positions rotate pairs of values, "
-                              "so a head needs an even width")
-        self.intermediate_size = self.intermediate_size or swiglu_width(self.n_embd)
-        if self.bias is None:
-            self.bias = False
-        if self.bias and self.arch != "llama":
-            raise ConfigError(f"model.bias=true with model.arch={self.arch}: transformers' {self.arch} has no such "
-                              "option" + (" (its biases are on q/k/v only, always)" if self.arch == "qwen2" else "")
-                              + "; use model.arch=llama for biases in every linear layer")
-        if self.gelu != "tanh":
-            raise ConfigError(f"model.gelu={self.gelu!r} applies to model.arch=gpt2; the llama family's MLP is SwiGLU "
-                              "(SiLU), which has no choice of form")
-        if self.rope_scaling not in ROPE_SCALINGS:
-            raise ConfigError(f"model.rope_scaling={self.rope_scaling!r} is unknown; choose one of "
-                              f"{', '.join(ROPE_SCALINGS)}")
-        if not (self.rope_theta > 1 and self.rope_factor >= 1):
-            raise ConfigError(f"model.rope_theta={self.rope_theta} must be > 1 and model.rope_factor="
-                              f"{self.rope_factor} >= 1")
-        if self.rope_scaling == "llama3" and not (0 < self.rope_low_freq_factor < self.rope_high_freq_factor
-                                                  and self.rope_original_context >= 1):
-            raise ConfigError(f"model.rope_low_freq_factor={self.rope_low_freq_factor} must be positive and below "
-                              f"model.rope_high_freq_factor={self.rope_high_freq_factor}, and "
-                              f"model.rope_original_context={self.rope_original_context} positive")
-
-    def _check_experts(self) -> None:
-        """The mixture-of-experts fields (and Qwen3's q/k norm), checked and given the architecture's defaults."""
-        if self.qk_norm is None:
-            self.qk_norm = self.arch in ("qwen3", "qwen3_moe")
-        if self.qk_norm and self.family == "gpt":
-            raise ConfigError("model.qk_norm=true applies to the llama family's attention; use model.arch=qwen3")
         for name in ("router_aux_loss_coef", "router_z_loss_coef"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1e3):
                 raise ConfigError(f"model.{name}={value!r} must be a number in [0, 1000) (0 turns it off)")
-        if self.family != "moe":
-            if self.router_scoring != "softmax" or self.router_bias_update_rate:
-                raise ConfigError(f"model.router_scoring / router_bias_update_rate with model.arch={self.arch}: they "
-                                  "route experts; use model.arch=mixtral or qwen3_moe")
-            if self.shared_expert_intermediate_size or self.shared_expert_gate:
-                raise ConfigError(f"model.shared_expert_intermediate_size with model.arch={self.arch}: a shared expert "
-                                  "sits beside routed ones; use model.arch=mixtral or qwen3_moe")
-            if self.num_experts:
-                raise ConfigError(f"model.num_experts={self.num_experts} with model.arch={self.arch}: experts are "
-                                  "built by model.arch=mixtral or qwen3_moe; set num_experts=0 or change the arch")
-            return
-        _check_size("num_experts", self.num_experts, MAX_EXPERTS)
-        _check_size("experts_per_token", self.experts_per_token, MAX_EXPERTS)
-        if self.experts_per_token > self.num_experts:
-            raise ConfigError(f"model.experts_per_token={self.experts_per_token} is above model.num_experts="
-                              f"{self.num_experts}; a token cannot be routed to more experts than there are")
-        if self.moe_intermediate_size == 0:  # not unset: a width of zero, which no expert can have
-            raise ConfigError("model.moe_intermediate_size=0: an expert's MLP width must be positive (leave it unset "
-                              "for model.intermediate_size)")
-        self.moe_intermediate_size = self.moe_intermediate_size or self.intermediate_size
-        _check_size("moe_intermediate_size", self.moe_intermediate_size, MAX_OPTIONAL_SIZES["intermediate_size"])
-        if self.norm_topk_prob is None:
-            self.norm_topk_prob = self.arch == "mixtral"
-        if self.arch == "mixtral" and not self.norm_topk_prob:
-            raise ConfigError("model.norm_topk_prob=false with model.arch=mixtral: Mixtral always renormalises its "
-                              "top-k weights; use model.arch=qwen3_moe for unnormalised weights")
-        if self.router_scoring not in ("softmax", "sigmoid"):
-            raise ConfigError(f"model.router_scoring={self.router_scoring!r} is unknown; choose softmax or sigmoid")
-        if not (isinstance(self.router_bias_update_rate, (int, float)) and 0 <= self.router_bias_update_rate < 1):
-            raise ConfigError(f"model.router_bias_update_rate={self.router_bias_update_rate!r} must be in [0, 1) "
-                              "(0: no bias; DeepSeek-V3 used 0.001)")
-        if self.arch == "mixtral" and self.router_scoring != "softmax":
-            raise ConfigError("model.router_scoring=sigmoid with model.arch=mixtral: Mixtral's router is a softmax; "
-                              "use model.arch=qwen3_moe for DeepSeek-V3's sigmoid scores")
-        if self.shared_expert_intermediate_size:
-            _check_size("shared_expert_intermediate_size", self.shared_expert_intermediate_size,
-                        MAX_OPTIONAL_SIZES["intermediate_size"])
-        if self.shared_expert_gate and not self.shared_expert_intermediate_size:
-            raise ConfigError("model.shared_expert_gate=true without a shared expert; set "
-                              "model.shared_expert_intermediate_size > 0")
-        _check_size("decoder_sparse_step", self.decoder_sparse_step, MAX_SIZES["n_layer"])
-        self.mlp_only_layers = list(self.mlp_only_layers or [])
-        bad = [i for i in self.mlp_only_layers if type(i) is not int or not 0 <= i < self.n_layer]
-        if bad:
-            raise ConfigError(f"model.mlp_only_layers holds {bad[0]!r}, not a layer number below "
-                              f"n_layer={self.n_layer}")
-        if self.arch == "mixtral" and (self.mlp_only_layers or self.decoder_sparse_step != 1):
-            raise ConfigError("model.mlp_only_layers / decoder_sparse_step are qwen3_moe's; Mixtral has experts in "
-                              "every layer: use model.arch=qwen3_moe")
+        spec.check(self)  # the family's own fields and defaults
+
+    @property
+    def family(self) -> str:
+        """The name of the family that builds this architecture (its folder under triax/models/)."""
+        return spec_of(self.arch).name
 
     def has_experts(self, layer: int) -> bool:
         """Whether layer `layer`'s MLP is a mixture of experts (transformers' Qwen3-MoE rule)."""
-        return (self.family == "moe" and layer not in (self.mlp_only_layers or [])
+        return (self.num_experts > 0 and layer not in (self.mlp_only_layers or [])
                 and (layer + 1) % self.decoder_sparse_step == 0)
 
     @property
@@ -392,7 +238,21 @@ def architecture_fields(config: GPTConfig) -> dict:
     return {key: value for key, value in asdict(config).items() if key not in TRAINING_FIELDS}
 
 
-def _check_size(name: str, value: object, limit: int) -> None:
+def refuse_experts(config: GPTConfig) -> None:
+    """For a family without experts: the mixture-of-experts fields must keep their defaults."""
+    if config.router_scoring != "softmax" or config.router_bias_update_rate:
+        raise ConfigError(f"model.router_scoring / router_bias_update_rate with model.arch={config.arch}: they "
+                          "route experts, which this architecture has none of; choose a model.arch with experts")
+    if config.shared_expert_intermediate_size or config.shared_expert_gate:
+        raise ConfigError(f"model.shared_expert_intermediate_size with model.arch={config.arch}: a shared expert "
+                          "sits beside routed ones, which this architecture has none of; choose a model.arch with "
+                          "experts")
+    if config.num_experts:
+        raise ConfigError(f"model.num_experts={config.num_experts} with model.arch={config.arch}: this architecture "
+                          "has no experts; set num_experts=0 or choose a model.arch with experts")
+
+
+def check_size(name: str, value: object, limit: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"model.{name}={value!r} must be a positive integer")
     if value > limit:

@@ -140,7 +140,7 @@ class ModelShape:
     def flops_per_token(self) -> float:
         """The PaLM formula over the active parameters (MFU counts the FLOPs a token costs)."""
         c = self.config()
-        n = self.active_params() - (self.block_size * self.n_embd if c.family == "gpt" else 0)  # no position table
+        n = self.active_params() - (self.block_size * self.n_embd if c.family == "gpt2" else 0)  # no position table
         return 6 * n + 12 * self.n_layer * self.n_head * c.head_dim * self.block_size
 
     def block_params(self) -> int:

@@ -54,7 +54,7 @@ MAPPED_FIELDS = {"arch", "vocab_size", "block_size", "n_layer", "n_head", "n_emb
                  "router_z_loss_coef"}
 
 # model family (GPTConfig.family) -> the module writing its transformers config and tensors
-WRITERS = {"gpt": hf_gpt2, "llama": hf_llama, "moe": hf_moe}
+WRITERS = {"gpt2": hf_gpt2, "llama": hf_llama, "moe": hf_moe}
 
 
 class ExportError(TriaxError, ValueError):

@@ -1,0 +1,98 @@
+"""What a model family is, declared once: `FamilySpec`, and the table of the registered ones.
+
+A family is one folder, triax/models/<name>/, exporting a `SPEC`, plus one line in
+triax/models/registry.py, which registers it here. Everything outside the folder that depends on
+a family (building its model, checking its config, tensor parallelism, `triax plan`, LoRA, the
+Hugging Face and PEFT readers and writers) looks the family up in this table instead of naming it.
+
+This module is a leaf: it imports no family and not triax.models.config (the config looks its
+architecture's checks up here, and every family imports the config).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional
+
+from triax.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One model family. `model.arch` names one of its `architectures` (transformers' model_type
+    values, which `triax export --format hf` writes back)."""
+
+    name: str
+    """The family's folder under triax/models/."""
+
+    architectures: tuple[str, ...]
+    """The model.arch values this family builds."""
+
+    model: Callable[..., Any]
+    """The Decoder subclass: model(config, **parts) builds it (parts: a pipeline stage's layers, ...)."""
+
+    check: Callable[[Any], None]
+    """check(config): validates the family's model.* fields and fills their unset defaults (called by
+    GPTConfig.__post_init__ after the fields every family shares are checked)."""
+
+    presets: Mapping[str, dict] = field(default_factory=dict)
+    """{preset name: GPTConfig fields} (`model=NAME`, `triax plan --model NAME`); "vocab_size" is only
+    the vocabulary `triax plan` assumes."""
+
+    hf: Any = None
+    """The Hugging Face adapter: MODEL_TYPES, architecture(config_dict) -> fields, sources(weights,
+    model_config), hf_config(config), hf_tensors(config, source), optionally wrap_weights and
+    sliding_window."""
+
+    tp_plan: Optional[Callable[[Any], dict]] = None
+    """tp_plan(block) -> one block's parallelize_module plan (names relative to the block)."""
+
+    tp_split_dims: Mapping[str, int] = field(default_factory=dict)
+    """{parameter name ending: the dim tensor parallelism splits} (what `triax plan` counts per rank)."""
+
+    lora_targets: Mapping[str, str] = field(default_factory=dict)
+    """model.lora.targets' short names -> the linear layer inside a block ("q" -> "attn.q_proj")."""
+
+    peft_names: bool = False
+    """Whether PEFT names this family's adapters (so `triax export --format peft` can write them)."""
+
+    layer_widths: Optional[Callable[[Any], int]] = None
+    """layer_widths(config) -> a block's saved activation widths per token, in units of n_embd-wide
+    values (`triax plan`'s activation memory); None: the GPT-2 formula's."""
+
+
+_SPECS: dict[str, FamilySpec] = {}  # model.arch -> its family
+_FAMILIES: dict[str, FamilySpec] = {}  # family name -> spec
+# Every registered family's presets, in registration order: the one preset table.
+PRESETS: dict[str, dict] = {}
+# The read-only views the rest of triax iterates (filled as the registry registers).
+ARCHITECTURES: Mapping[str, FamilySpec] = MappingProxyType(_SPECS)
+FAMILIES: Mapping[str, FamilySpec] = MappingProxyType(_FAMILIES)
+
+
+def register(spec: FamilySpec) -> FamilySpec:
+    """Adds `spec` to the table (registering one spec again changes nothing; another family
+    claiming a taken name or architecture is an error)."""
+    if _FAMILIES.get(spec.name, spec) is not spec:
+        raise ValueError(f"model family {spec.name!r} is registered twice")
+    if spec.name in _FAMILIES:
+        return spec
+    taken = [arch for arch in spec.architectures if arch in _SPECS]
+    if taken:
+        raise ValueError(f"model.arch={taken[0]!r} of family {spec.name!r} is already {_SPECS[taken[0]].name!r}'s")
+    twice = [name for name in spec.presets if name in PRESETS]
+    if twice:
+        raise ValueError(f"model preset {twice[0]!r} of family {spec.name!r} is already taken")
+    _FAMILIES[spec.name] = spec
+    for arch in spec.architectures:
+        _SPECS[arch] = spec
+    PRESETS.update(spec.presets)
+    return spec
+
+
+def spec_of(arch: object) -> FamilySpec:
+    """The family of model.arch=`arch`; one line naming the known ones if there is none."""
+    if not isinstance(arch, str) or arch not in _SPECS:
+        raise ConfigError(f"model.arch={arch!r} is unknown; choose one of {', '.join(_SPECS)}")
+    return _SPECS[arch]
