@@ -77,7 +77,7 @@ def run_transformers(steps: int, fused_adamw: bool) -> dict:
 
     from triax.data import GlobalSampler
     from triax.models import build_model
-    from triax.interop.hf import llama as hf_llama
+    from triax.models.llama import hf as hf_llama
     from triax.train.optim import split_decay_parameters, warmup_cosine
     from triax.config import compose_config, gpt_config
     from triax.train.data import build_data

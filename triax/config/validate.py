@@ -12,6 +12,7 @@ import torch
 
 from triax.data.tokens import TOKEN_DTYPES
 from triax.errors import ConfigError
+from triax.models.family import spec_of
 from triax.models.lora_config import check_lora
 from triax.parallel.comm_hooks import check_compression
 from triax.parallel.mesh import ACTIVATION_CHECKPOINTING, PP_SCHEDULES, Layout
@@ -230,8 +231,9 @@ def check_data_layout(config: TrainConfig, layout: Layout) -> None:
     if data.task in ("chat", "tokens") and data.packing and layout.pp > 1:
         raise ConfigError("data.packing=true does not run under pipeline parallelism (parallel.pp="
                           f"{layout.pp}): its stages take the token ids alone; use data.packing=false")
-    if data.task in ("chat", "tokens") and data.packing and layout.tp > 1 and config.model.arch == "gpt2":
-        # GPT-2's learned position table is split for positions of one sequence, not per-row positions.
+    if (data.task in ("chat", "tokens") and data.packing and layout.tp > 1
+            and spec_of(config.model.arch).model.learned_positions):
+        # A learned position table (GPT-2's) is split for positions of one sequence, not per-row positions.
         raise ConfigError("data.packing=true with GPT-2 (learned positions) does not run under tensor "
                           "parallelism; use data.packing=false or parallel.tp=1")
     # Chat batches cut to their longest row: not under a pipeline (its stages are built for one row

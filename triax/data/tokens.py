@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 from triax import safe_files
 from triax.data.addition import IGNORE_INDEX
 from triax.data.errors import DataError
-from triax.models.gpt import MAX_SIZES, SIZE_REASON
+from triax.models.config import MAX_SIZES, SIZE_REASON
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

@@ -1,42 +1,13 @@
-import torch
+"""The models, plain PyTorch: one config (GPTConfig), the decoder skeleton every family shares, and
+the families (one folder each: triax/models/<family>/), registered in triax/models/registry.py."""
 
 from triax.models import registry  # noqa: F401  (registers every family before any config is built)
+from triax.models.build import build_model, parameter_shapes
 from triax.models.config import ARCHITECTURES, PRESETS, GPTConfig
 from triax.models.decoder import VOCABULARY_PARAMETERS, Decoder, KVCache, vocabulary_rows
-from triax.models.family import spec_of
-from triax.models.gpt import GPT
+from triax.models.gpt2 import GPT
 from triax.models.llama import Llama
 from triax.models.moe import Mixture
-
-
-def build_model(config: GPTConfig, **parts) -> Decoder:
-    """The model of `config`'s architecture (its family's Decoder); `parts` as Decoder takes them (a
-    pipeline stage's layers, embeddings, head; the seed)."""
-    return spec_of(config.arch).model(config, **parts)
-
-
-def parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """{name: full shape} of every parameter of the model of `config` (a tied head once, as
-    named_parameters gives it), without memory: built on the meta device with one block of each
-    kind (a mixture of experts may have dense layers too), whose shapes every block of that kind
-    repeats, so a model of 80 layers costs what one layer does (checks run before a model is built
-    must not cost a build)."""
-    kind = [config.has_experts(layer) for layer in range(config.n_layer)]
-    first = {has: kind.index(has) for has in set(kind)}  # the first layer of each kind
-    with torch.device("meta"):
-        model = build_model(config, layers=sorted(first.values()))
-    before, layers, after = {}, {layer: {} for layer in range(config.n_layer)}, {}
-    for name, parameter in model.named_parameters():
-        if not name.startswith("layers."):
-            # named_parameters' order: the embedding, the layers, the final norm and head.
-            (after if any(layers.values()) else before)[name] = tuple(parameter.shape)
-            continue
-        built, rest = name.removeprefix("layers.").split(".", 1)
-        for layer in range(config.n_layer):
-            if first[kind[layer]] == int(built):
-                layers[layer][f"layers.{layer}.{rest}"] = tuple(parameter.shape)
-    return {**before, **{k: v for layer in layers.values() for k, v in layer.items()}, **after}
-
 
 __all__ = ["ARCHITECTURES", "Decoder", "GPT", "GPTConfig", "KVCache", "Llama", "Mixture", "PRESETS",
            "VOCABULARY_PARAMETERS", "build_model", "parameter_shapes", "vocabulary_rows"]

@@ -1,16 +1,13 @@
 """A decoder-only transformer's shape, for every architecture triax builds, and the preset table.
 
-Two families share one config (as litgpt's one Config serves all its architectures), because
-nearly every field means the same in both and every layout, snapshot and command reads it:
-- `gpt2`: GPT-2's blocks (triax/models/gpt.py): learned positions, LayerNorm, GELU MLP, full
-  multi-head attention.
-- `llama`, `qwen2`, `mistral`: the Llama family (triax/models/llama.py): rotary positions,
-  RMSNorm, SwiGLU MLP, grouped-query attention. The three compute the same block, up to Qwen2's
-  biases on the query/key/value projections; the name is also the transformers `model_type`
-  `triax export --format hf` writes.
+Every family shares one config (as litgpt's one Config serves all its architectures), because
+nearly every field means the same in each and every layout, snapshot and command reads it. What a
+family is (its blocks, its checks of these fields, its presets) lives in its folder,
+triax/models/<family>/, registered in triax/models/registry.py; `model.arch` names one of its
+architectures (also the transformers `model_type` `triax export --format hf` writes).
 
-A field left unset (None) takes the architecture's own value in `__post_init__`, so a built
-config (and a run's model.json) always holds every value explicitly.
+A field left unset (None) takes the architecture's own value in `__post_init__` (the family's
+check), so a built config (and a run's model.json) always holds every value explicitly.
 """
 
 from __future__ import annotations
@@ -21,12 +18,7 @@ from typing import Any, Optional
 from triax.errors import ConfigError
 from triax.models.family import ARCHITECTURES, PRESETS, spec_of
 
-# model.gelu -> F.gelu's `approximate` argument.
-GELU_FORMS = {"tanh": "tanh", "exact": "none"}
 
-# Rotary frequency scalings: none (the original RoPE), linear (positions divided by rope_factor),
-# llama3 (Llama 3.1's: low frequencies divided by rope_factor, high ones kept, smoothed between).
-ROPE_SCALINGS = ("none", "linear", "llama3")
 
 # Upper bounds on a model's sizes, checked before anything is allocated: each is several times the
 # largest in published GPT-style models (widths of 25,600, ~100 layers, vocabularies of ~256k,
@@ -35,6 +27,9 @@ ROPE_SCALINGS = ("none", "linear", "llama3")
 MAX_SIZES = {"vocab_size": 2**24, "block_size": 2**21, "n_layer": 1024, "n_head": 1024, "n_embd": 2**16}
 MAX_OPTIONAL_SIZES = {"n_kv_head": 1024, "head_dim": 2**12, "intermediate_size": 2**20}
 SIZE_REASON = "several times the largest published GPT-style models; a larger value is a typo or a damaged file"
+
+# model.arch when none is given: GPT-2's (the first family; its presets set no arch).
+DEFAULT_ARCH = "gpt2"
 
 # The one preset table (`model=NAME` for `triax train`, `--model NAME` for `triax plan` and
 # `triax bench`), filled from the registered families' presets (triax.models.family); each sets
@@ -50,12 +45,6 @@ def preset_fields(name: str) -> dict:
     return {key: value for key, value in PRESETS[name].items() if key not in PLAN_ONLY_PRESET_KEYS}
 
 
-def swiglu_width(n_embd: int) -> int:
-    """The llama family's default MLP width: 8/3 x n_embd (three matrices with the parameters of
-    GPT's two of 4 x n_embd, as Llama chose), rounded up to a multiple of 32 for even kernels."""
-    return -(-8 * n_embd // 3 // 32) * 32
-
-
 @dataclass
 class GPTConfig:
     """The decoder's shape. `triax train`'s model.* keys are these fields (their defaults and the
@@ -68,11 +57,11 @@ class GPTConfig:
     block_size: int
     """Context length in tokens."""
 
-    arch: str = "gpt2"
+    arch: str = DEFAULT_ARCH
     """Architecture: gpt2 (learned positions, LayerNorm, GELU) | llama (rotary positions, RMSNorm,
     SwiGLU, grouped-query attention) | qwen2 (llama with biases on q/k/v) | mistral (llama, exported as
     transformers' Mistral) | qwen3 (llama with q/k norm per head) | mixtral, qwen3_moe (llama with a
-    mixture-of-experts MLP: triax/models/moe.py)."""
+    mixture-of-experts MLP: triax/models/moe/)."""
 
     n_layer: int = 4
     """Transformer blocks."""
@@ -137,7 +126,7 @@ class GPTConfig:
     architecture's (qwen3, qwen3_moe: true; others: false)."""
 
     num_experts: int = 0
-    """Routed experts of a mixture-of-experts MLP (mixtral, qwen3_moe; triax/models/moe.py); 0 = a dense MLP."""
+    """Routed experts of a mixture-of-experts MLP (mixtral, qwen3_moe; triax/models/experts.py); 0 = a dense MLP."""
 
     experts_per_token: int = 2
     """Experts each token is routed to (top-k; transformers' num_experts_per_tok)."""
@@ -215,7 +204,8 @@ class GPTConfig:
     @property
     def qkv_bias(self) -> bool:
         """Biases on the query/key/value projections: Qwen2's, or every layer's (bias)."""
-        return self.bias or self.arch == "qwen2"
+        qkv_bias = spec_of(self.arch).qkv_bias
+        return bool(self.bias or (qkv_bias is not None and qkv_bias(self)))
 
     @classmethod
     def from_preset(cls, name: str, **kwargs: Any) -> "GPTConfig":

@@ -1,6 +1,6 @@
 """What every decoder-only transformer triax builds shares: the skeleton (token embedding, a
 stack of blocks, final norm, head), its layout-independent initialisation, the key/value cache
-and generation. A family (gpt.py, llama.py) supplies its block and its norm.
+and generation. A family (triax/models/<family>/model.py) supplies its block and its norm.
 
 The model is plain PyTorch and knows nothing about processes or devices: data, fully-sharded,
 tensor and pipeline parallelism are applied from outside by `triax.parallel`. What it does offer

@@ -58,8 +58,11 @@ class FamilySpec:
     """Whether PEFT names this family's adapters (so `triax export --format peft` can write them)."""
 
     layer_widths: Optional[Callable[[Any], int]] = None
-    """layer_widths(config) -> a block's saved activation widths per token, in units of n_embd-wide
-    values (`triax plan`'s activation memory); None: the GPT-2 formula's."""
+    """layer_widths(config) -> the values per token one block keeps for backward (`triax plan`'s
+    activation memory); None: GPT-2's 17 x n_embd."""
+
+    qkv_bias: Optional[Callable[[Any], bool]] = None
+    """qkv_bias(config): biases on the query/key/value projections even without model.bias (Qwen2's)."""
 
 
 _SPECS: dict[str, FamilySpec] = {}  # model.arch -> its family

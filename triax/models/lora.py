@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from triax.errors import ConfigError
+from triax.models.family import spec_of
 from triax.models.init import init_constant, init_normal, local_box
 # The settings and names, in a module of their own that the config reads without torch.distributed.
 from triax.models.lora_config import ROW_PARALLEL, TARGETS, LoRAConfig, is_adapter, target_keys
@@ -87,6 +88,7 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh: DeviceMesh | None 
     tensor parallelism) and add adapters to the target layers of each block, on the model's device
     (meta, before materialising). Returns the adapted layers' names."""
     keys = target_keys(config.targets)
+    targets = spec_of(model.config.arch).lora_targets  # the family's: short name -> layer in a block
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     # Snapshots of this model hold its adapters alone (triax.checkpoint.snapshot): the frozen base
@@ -95,8 +97,8 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh: DeviceMesh | None 
     adapted = []
     for number, block in model.layers.items():
         for key in keys:
-            owner, _, attribute = TARGETS[key].rpartition(".")
-            layer = getattr(getattr(block, owner), attribute, None)
+            owner, _, attribute = targets.get(key, TARGETS[key]).rpartition(".")
+            layer = getattr(getattr(block, owner), attribute, None) if key in targets else None
             if layer is None:
                 raise ConfigError(f"model.lora.targets has {key!r} but this model's blocks have no {TARGETS[key]} "
                                   "(GPT-2's MLP has no gate; a mixture of experts' routed MLP holds batched experts, "

@@ -1,5 +1,5 @@
 """The router's losses of a mixture of experts, from the logits each MoE block kept in its last
-forward (triax/models/moe.py), and each expert's share of the routed tokens.
+forward (triax/models/experts.py), and each expert's share of the routed tokens.
 
 - load balancing (Switch Transformer, eq. 4-6), as transformers' `load_balancing_loss_func`
   computes it: over the rows of every routed layer together (pooled, not a mean of per-layer
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from triax.models.moe import MoE
+from triax.models.experts import MoE
 
 
 def moe_blocks(model: torch.nn.Module) -> list[MoE]:

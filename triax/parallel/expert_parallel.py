@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from triax.models.moe import GroupedExperts
+from triax.models.experts import GroupedExperts
 from triax.parallel.fsdp import mixed_precision_policy
 from triax.runtime.precision import Precision
 

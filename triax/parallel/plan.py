@@ -63,29 +63,22 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 from triax.errors import ConfigError
 from triax.models import build_model
-from triax.models.config import GPTConfig
+from triax.models.config import DEFAULT_ARCH, GPTConfig
+from triax.models.family import spec_of
 from triax.parallel.stage_split import split_layers
 from triax.parallel.mesh import (MULTI_STAGE_SCHEDULES, Layout, check_context_parallel, num_stages,
                                  check_expert_parallel, padded_vocab_size)
 from triax.parallel.experts import check_layout as check_expert_layout
 
 MAX_WORLD = 2**16  # the layout search grows with world x its divisors: beyond this it takes minutes
-EXPERTS = ".mlp.experts."  # in the name of every routed expert's tensor (triax.models.moe.GroupedExperts)
+EXPERTS = ".mlp.experts."  # in the name of every routed expert's tensor (triax.models.experts.GroupedExperts)
 
-# Parameter-name endings and the dimension tensor parallelism splits (see tensor_parallel.py).
-_TP_SPLIT_DIM = {
-    "q_proj.weight": 0, "q_proj.bias": 0, "k_proj.weight": 0, "k_proj.bias": 0,
-    "v_proj.weight": 0, "v_proj.bias": 0, "up_proj.weight": 0, "up_proj.bias": 0,
-    "gate_proj.weight": 0, "gate_proj.bias": 0,
-    "out_proj.weight": 1, "down_proj.weight": 1,
-    "tok_emb.weight": 0, "pos_emb.weight": 0, "lm_head.weight": 0,
-}
 
 
 @dataclass(frozen=True)
@@ -97,7 +90,7 @@ class ModelShape:
     block_size: int
     bias: bool | None = None  # unset: the architecture's (GPTConfig)
     tie_embeddings: bool = False  # the head is the embedding: no lm_head.weight of its own
-    arch: str = "gpt2"
+    arch: str = DEFAULT_ARCH
     n_kv_head: int | None = None
     intermediate_size: int | None = None
     head_dim: int | None = None
@@ -140,7 +133,8 @@ class ModelShape:
     def flops_per_token(self) -> float:
         """The PaLM formula over the active parameters (MFU counts the FLOPs a token costs)."""
         c = self.config()
-        n = self.active_params() - (self.block_size * self.n_embd if c.family == "gpt2" else 0)  # no position table
+        # A learned position table (GPT-2's) is looked up, not multiplied: no FLOPs.
+        n = self.active_params() - (self.block_size * self.n_embd if spec_of(c.arch).model.learned_positions else 0)
         return 6 * n + 12 * self.n_layer * self.n_head * c.head_dim * self.block_size
 
     def block_params(self) -> int:
@@ -199,12 +193,14 @@ def stage_parameter_names(shape: ModelShape, layout: Layout, pp_schedule: str, s
     return kept
 
 
-def local_numel(name: str, full: tuple[int, ...], tp: int, dp_shard: int, ep: int = 1) -> int:
+def local_numel(name: str, full: tuple[int, ...], tp: int, dp_shard: int, ep: int = 1,
+                split_dims: Mapping[str, int] | None = None) -> int:
     """Values of this parameter on the most loaded device (rank 0 of its tp and dp_shard groups).
     Under expert parallelism a routed expert's tensor is split over ep (exactly: ep divides the
-    experts), then FSDP shards each rank's part over the dp_shard / ep ranks left."""
+    experts), then FSDP shards each rank's part over the dp_shard / ep ranks left. `split_dims`:
+    the family's {parameter-name ending: the dim tensor parallelism splits} (FamilySpec.tp_split_dims)."""
     local = list(full)
-    for ending, dim in _TP_SPLIT_DIM.items():
+    for ending, dim in (split_dims or {}).items():
         if name.endswith(ending) and tp > 1:
             local[dim] = -(-local[dim] // tp)
     if ep > 1 and EXPERTS in name:
@@ -224,7 +220,8 @@ LOSS_BYTES_PER_LOGIT = 16  # the eager loss's peak (module docstring)
 def local_parameter_count(shape: ModelShape, layout: Layout, pp_schedule: str = "1f1b", stage: int = 0,
                           balance: list[int] | None = None) -> int:
     shapes = shape.parameter_shapes(layout.tp)
-    return sum(local_numel(name, shapes[name], layout.tp, layout.dp_shard * layout.cp, layout.ep)
+    split_dims = spec_of(shape.arch).tp_split_dims
+    return sum(local_numel(name, shapes[name], layout.tp, layout.dp_shard * layout.cp, layout.ep, split_dims)
                for name in stage_parameter_names(shape, layout, pp_schedule, stage, balance))
 
 
@@ -300,7 +297,8 @@ def data_parallel_seconds(shape: ModelShape, layout: Layout, local: int, param_b
         return dp_factor * replica_bytes * (dp - 1) / dp / (bandwidth_gbs * 1e9)
     efsdp = shards // layout.ep
     shapes = shape.parameter_shapes(layout.tp)
-    experts = sum(local_numel(name, full, layout.tp, shards, layout.ep) for name, full in shapes.items()
+    split_dims = spec_of(shape.arch).tp_split_dims
+    experts = sum(local_numel(name, full, layout.tp, shards, layout.ep, split_dims) for name, full in shapes.items()
                   if EXPERTS in name)
     dense_bytes = (local - experts) * shards * param_bytes
     expert_bytes = experts * efsdp * param_bytes  # the experts of this rank's ep group
@@ -323,9 +321,8 @@ def expert_exchange_seconds(shape: ModelShape, layout: Layout, tokens: int, act_
 def layer_widths(shape: ModelShape) -> int:
     """Values per token one block keeps for backward (module docstring)."""
     config = shape.config()
-    if config.family != "llama":
-        return 17 * shape.n_embd
-    return 8 * shape.n_embd + 2 * config.n_kv_head * config.head_dim + 4 * config.intermediate_size
+    widths = spec_of(config.arch).layer_widths
+    return 17 * shape.n_embd if widths is None else widths(config)
 
 
 def param_bytes_gathered(precision: str) -> int:

@@ -1,6 +1,7 @@
-"""Tensor and sequence parallelism for the GPT and the llama family, by DTensor's `parallelize_module`.
+"""Tensor and sequence parallelism for every model family, by DTensor's `parallelize_module`.
 
-The plan (Megatron-LM's, expressed in PyTorch's parallel styles):
+A block's plan is its family's (FamilySpec.tp_plan: module names and the names of their styles,
+turned into PyTorch's parallel styles here); for the families triax has it is Megatron-LM's:
 - q/k/v projections and the MLP up-projection (and the llama family's gate projection) are
   column-parallel: each rank computes some heads / some hidden units, with no communication; with
   grouped-query attention each rank holds n_head / tp query heads and n_kv_head / tp key/value
@@ -18,7 +19,7 @@ The plan (Megatron-LM's, expressed in PyTorch's parallel styles):
 
 from __future__ import annotations
 
-from typing import Any, TYPE_CHECKING
+from typing import Any, Callable, TYPE_CHECKING
 
 import torch.nn as nn
 from torch.distributed.tensor import Replicate, Shard
@@ -31,32 +32,25 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from triax.models.family import spec_of
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+# A family's style names (triax/models/block_parts.py) -> the parallel style each stands for.
+STYLES: dict[str, Callable[[], Any]] = {
+    "colwise": ColwiseParallel,
+    "rowwise": lambda: RowwiseParallel(output_layouts=Shard(1)),
+    "sequence": SequenceParallel,
+    "gather_sequence": lambda: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+    # per-head norms: dim 1 of the (batch, heads, seq, head_dim) tensor is this rank's heads
+    "head_sequence": lambda: SequenceParallel(sequence_dim=1, use_local_output=True),
+}
 
-def block_plan(block: nn.Module) -> dict:
-    """The plan for one transformer Block; names are relative to the block."""
-    gather_sequence = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    gate = {"mlp.gate_proj": ColwiseParallel()} if hasattr(block.mlp, "gate_proj") else {}
-    # Qwen3's per-head q/k norms see this rank's heads (dim 1 of the (batch, heads, seq, head_dim)
-    # tensor): their gains are replicated and their gradients, partial per rank, summed by DTensor.
-    head_norms = {f"attn.{name}": SequenceParallel(sequence_dim=1, use_local_output=True)
-                  for name in ("q_norm", "k_norm") if getattr(block.attn, name, None) is not None}
-    return {
-        **head_norms,
-        "ln_1": SequenceParallel(),
-        "attn": gather_sequence,
-        "attn.q_proj": ColwiseParallel(),
-        "attn.k_proj": ColwiseParallel(),
-        "attn.v_proj": ColwiseParallel(),
-        "attn.out_proj": RowwiseParallel(output_layouts=Shard(1)),
-        "ln_2": SequenceParallel(),
-        "mlp": gather_sequence,
-        **gate,
-        "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
-    }
+
+def block_plan(block: nn.Module, arch: str) -> dict:
+    """The plan for one transformer Block of model.arch=`arch`; names are relative to the block."""
+    return {name: STYLES[style]() for name, style in spec_of(arch).tp_plan(block).items()}
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> nn.Module:
@@ -93,7 +87,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
         model.vocab_mask.first_id = tp_mesh.get_local_rank() * (model.config.vocab_rows // tp_mesh.size())
     parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan(block))
+        parallelize_module(block, tp_mesh, block_plan(block, model.config.arch))
     return model
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from triax.models.config import GPTConfig
-from triax.models.moe import update_expert_bias
+from triax.models.experts import update_expert_bias
 from triax.models.router_loss import collapsed, expert_shares, router_loss
 from triax.tracking.line_fields import LineField
 

@@ -26,7 +26,7 @@ from triax.data.mixture import sampler_for
 from triax.doctor.readiness import preflight
 from triax.errors import ConfigError, printable
 from triax.models import build_model
-from triax.models.config import GPTConfig
+from triax.models.config import DEFAULT_ARCH, GPTConfig
 from triax.models.lora import apply_lora, trainable_summary
 from triax.interop.peft.adapter import check_adapter, load_adapter
 from triax.parallel.ddp import unwrap
@@ -354,7 +354,8 @@ class Trainer:
         if self.config.trainer.continue_from:
             continuation.check(source, self.config)
         if source.codec is None and self.config.data.task == "char":
-            family = source.architecture.get("arch", "gpt2")
+            family = source.architecture.get("arch", DEFAULT_ARCH)
+            # A GPT-2 checkpoint's tokenizer is GPT-2's own (the tokenizer's name, not the family's).
             tokenizer = ("GPT-2's tokenizer.json" if family == "gpt2" else
                          f"the {family} model's own tokenizer.json (its tokenizer's save_pretrained writes it)")
             raise ConfigError(f"model.init_from={path!r} has no tokenizer.json, so text cannot be encoded for it; "

@@ -53,7 +53,7 @@ def test_lm_loss_equals_transformers(model_type, checkpoints):
 
 
 def test_grouped_matmul_equals_the_loop_over_experts():
-    from triax.models import moe
+    from triax.models import experts as moe
 
     counts = torch.tensor([5, 0, 9, 2])
     x = torch.randn(16, 8, dtype=torch.float64, requires_grad=True)

@@ -133,7 +133,7 @@ def test_the_memory_check_names_what_decides_the_larger_part():
     """One line before anything is allocated: the context and batch when activations dominate, the
     model when its weights, gradients and AdamW state do; nothing when the estimate fits."""
     from triax.errors import ConfigError
-    from triax.models.gpt import PRESETS
+    from triax.models.config import PRESETS
     from triax.parallel.mesh import Layout
     from triax.parallel.plan import check_memory
 

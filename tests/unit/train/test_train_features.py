@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from triax.commands.cli import main as triax_main
 from triax.data import builtin_corpus
 from triax.models import GPT, GPTConfig
-from triax.models.gpt import KVCache
+from triax.models import KVCache
 
 from support.helpers import final_weights, tiny_overrides, train
 

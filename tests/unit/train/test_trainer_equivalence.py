@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from support.helpers import ZERO_GRADIENT_SUFFIXES, assert_same_training, final_weights, tiny_overrides, train
-from triax.models.gpt import GPT, GPTConfig
+from triax.models import GPT, GPTConfig
 
 
 def test_key_bias_gradient_is_zero_by_construction():

@@ -1,2 +1,3 @@
-"""Hugging Face transformers checkpoints: each family's (gpt2.py, llama.py, moe.py) reading and writing, the
-directory's files (files.py, safetensors_header.py, config_types.py) and its front door (directory.py)."""
+"""Hugging Face transformers checkpoints: the mechanics of reading and writing them (the directory's files:
+files.py, safetensors_header.py, config_types.py; its front door: directory.py; the export writer: export.py).
+What differs per family is that family's adapter, triax/models/<family>/hf.py."""

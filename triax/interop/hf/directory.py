@@ -1,7 +1,8 @@
 """Reading a Hugging Face `transformers` checkpoint directory into a triax model, whatever its
-family (model_type gpt2, llama, qwen2, mistral): which family reads it, the architecture it fixes,
-and this rank's slices of its weights. The files themselves are read by files.py; what differs
-per family (config fields, tensor names and layouts) lives in gpt2.py, llama.py and moe.py.
+family: which family reads it (the registered families' adapters, by model_type), the architecture
+it fixes, and this rank's slices of its weights. The files themselves are read by files.py; what
+differs per family (config fields, tensor names and layouts) lives in each family's adapter,
+triax/models/<family>/hf.py.
 `triax export --format hf` is the inverse (triax/interop/hf/export.py). HFDirectory (below) is the
 directory as a run starts from it (triax/interop/foreign_run.py's interface): config.json read once,
 the safetensors opened once for the check and the load.
@@ -19,10 +20,8 @@ from triax.errors import ConfigError
 from triax.models import build_model, parameter_shapes
 from triax.models.memory import check_whole_model_fits
 from triax.runtime.place import detect_place
-from triax.interop.hf import moe as hf_moe
-from triax.interop.hf import llama as hf_llama
-from triax.interop.hf import gpt2 as hf_gpt2
 from triax.models.config import GPTConfig, architecture_fields
+from triax.models.family import FAMILIES
 from triax.interop.foreign_run import CodecOf, ForeignRun, StoredName, same_name
 from triax.interop.hf.config_types import type_error
 from triax.interop.hf.files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, check_source,
@@ -32,8 +31,12 @@ __all__ = ["DESCRIPTION_FILES", "MAX_DESCRIPTION_BYTES", "CheckpointError", "HFW
            "description_files", "family_of", "is_hf_directory", "load_into", "read_hf_config", "tokenizer_file",
            "window_of"]
 
-FAMILIES = {**dict.fromkeys(hf_gpt2.MODEL_TYPES, hf_gpt2), **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama),
-            **dict.fromkeys(hf_moe.MODEL_TYPES, hf_moe)}
+
+
+def adapters() -> dict:
+    """transformers' model_type -> the Hugging Face adapter of the registered family that reads it."""
+    return {model_type: spec.hf for spec in FAMILIES.values() if spec.hf is not None
+            for model_type in spec.hf.MODEL_TYPES}
 
 
 def read_hf_config(directory: str, follow_links: bool = True) -> dict:
@@ -48,16 +51,17 @@ def read_hf_config(directory: str, follow_links: bool = True) -> dict:
     if problem is not None:
         raise CheckpointError(f"{path}: {problem}")
     model_type = config.get("model_type")
-    if model_type not in FAMILIES:
-        raise CheckpointError(f"{path} has model_type {model_type!r}; triax builds {', '.join(FAMILIES)} "
-                              "(transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, "
-                              "Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM)")
+    known = adapters()
+    if model_type not in known:
+        classes = [adapter.CLASSES[name] for name, adapter in known.items()]
+        raise CheckpointError(f"{path} has model_type {model_type!r}; triax builds {', '.join(known)} "
+                              f"(transformers' {', '.join(classes)})")
     return config
 
 
 def family_of(config: dict):
-    """The module (hf_gpt2, hf_llama or hf_moe) that reads a checkpoint with this config.json."""
-    return FAMILIES[config["model_type"]]
+    """The adapter (a family's hf module) that reads a checkpoint with this config.json."""
+    return adapters()[config["model_type"]]
 
 
 def architecture(directory: str, config: dict | None = None) -> dict:
@@ -81,11 +85,10 @@ def architecture(directory: str, config: dict | None = None) -> dict:
 
 
 def window_of(directory: str, config: dict | None = None) -> int | None:
-    """The sliding attention window of a llama-family checkpoint's layers, if any."""
+    """The sliding attention window of a checkpoint's layers, if any (its family's adapter reads it)."""
     config = read_hf_config(directory) if config is None else config
-    if config["model_type"] in hf_moe.MODEL_TYPES:  # Mixtral keeps Mistral's window, Qwen3-MoE Qwen2's switch
-        config = {**config, "model_type": "mistral" if config["model_type"] == "mixtral" else "qwen2"}
-    return hf_llama.sliding_window(config) if config["model_type"] in hf_llama.MODEL_TYPES else None
+    window = getattr(family_of(config), "sliding_window", None)
+    return window(config) if window is not None else None
 
 
 def check_weights(directory: str, model_config: GPTConfig, config: dict | None = None,
@@ -148,7 +151,7 @@ class HFDirectory(ForeignRun):
             super().__init__(path, fields, codec)
             return
         reason = ""
-        if fields["arch"] != "gpt2" and window_of(path, self.config) is not None:
+        if window_of(path, self.config) is not None:
             reason = (" (its sliding_window: triax attends to the whole context, which equals sliding-window "
                       "attention only within the window)")
         super().__init__(path, fields, codec, context_reason=reason, description=description_files(path))

@@ -1,8 +1,8 @@
 """`triax export RUN_DIR OUT_DIR --format hf`: a directory Hugging Face transformers loads with
-`AutoModelForCausalLM.from_pretrained(OUT_DIR)`, computing the same logits as the run's model:
-GPT2LMHeadModel for model.arch=gpt2 (triax/interop/hf/gpt2.py), LlamaForCausalLM / Qwen2ForCausalLM /
-MistralForCausalLM for the llama family (triax/interop/hf/llama.py: the same tensors renamed), Mixtral and
-Qwen3-MoE (triax/interop/hf/moe.py).
+`AutoModelForCausalLM.from_pretrained(OUT_DIR)`, computing the same logits as the run's model: the
+config and tensors are the family's adapter's (triax/models/<family>/hf.py: GPT2LMHeadModel for GPT-2,
+LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM / Qwen3ForCausalLM for the llama family, the
+same tensors renamed, Mixtral and Qwen3-MoE); this module writes the files.
 
 For GPT-2 the mapping is exact because triax's GPT is GPT-2's architecture: pre-LayerNorm blocks (eps 1e-5),
 GELU with the tanh approximation (transformers' "gelu_new"), attention scaled by 1/sqrt(head size),
@@ -35,10 +35,8 @@ from triax import safe_files
 from triax.checkpoint.export import tensor_source
 from triax.errors import ConfigError, TriaxError, UsageError, printable
 from triax.interop.hf import directory as hf
-from triax.interop.hf import gpt2 as hf_gpt2
-from triax.interop.hf import llama as hf_llama
-from triax.interop.hf import moe as hf_moe
 from triax.models.config import GPTConfig, architecture_fields
+from triax.models.family import spec_of
 
 if TYPE_CHECKING:
     from triax.interop.export_types import ExportedRun, ExportOptions
@@ -53,18 +51,15 @@ MAPPED_FIELDS = {"arch", "vocab_size", "block_size", "n_layer", "n_head", "n_emb
                  "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
                  "router_z_loss_coef"}
 
-# model family (GPTConfig.family) -> the module writing its transformers config and tensors
-WRITERS = {"gpt2": hf_gpt2, "llama": hf_llama, "moe": hf_moe}
-
 
 class ExportError(TriaxError, ValueError):
     """The run cannot be written in the requested format (an option without an equivalent, a bad target)."""
 
 
 def check_mappable(config: GPTConfig) -> None:
-    if config.qk_norm and config.arch not in ("qwen3", "qwen3_moe"):
-        raise ExportError(f"model option qk_norm=true has no equivalent in transformers' {config.arch}; export this "
-                          "run with the plain safetensors format instead (or train model.arch=qwen3)")
+    problem = getattr(spec_of(config.arch).hf, "export_problem", None)
+    if problem is not None and problem(config) is not None:
+        raise ExportError(problem(config))
     for field in fields(config):
         if field.name not in MAPPED_FIELDS and getattr(config, field.name) != field.default:
             raise ExportError(f"model option {field.name}={getattr(config, field.name)!r} has no equivalent in "
@@ -73,14 +68,14 @@ def check_mappable(config: GPTConfig) -> None:
 
 def hf_config(config: GPTConfig) -> dict:
     """config.json for the transformers class of the run's architecture."""
-    return WRITERS[config.family].hf_config(config)
+    return spec_of(config.arch).hf.hf_config(config)
 
 
 def hf_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, Callable[[], torch.Tensor], tuple]]:
     """(transformers name, a function that builds that tensor from `source`, its shape), in order.
 
     Each builder reads only the one to three source tensors it needs, when called."""
-    return WRITERS[config.family].hf_tensors(config, source)
+    return spec_of(config.arch).hf.hf_tensors(config, source)
 
 
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}

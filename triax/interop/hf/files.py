@@ -1,7 +1,7 @@
 """The files of a Hugging Face `transformers` checkpoint directory, whatever its family: the
 config, the weights (one safetensors file or a sharded index), the tokenizer, and the copy of
 stored tensors into a triax model's (sharded) parameters. triax/interop/hf/directory.py is the front door;
-what differs per family lives in gpt2.py, llama.py and moe.py.
+what differs per family lives in its adapter, triax/models/<family>/hf.py.
 
 A checkpoint is a local directory: what `save_pretrained` writes, or a snapshot directory of the
 Hugging Face cache (nothing is ever downloaded). Weights are read from safetensors files only
@@ -14,27 +14,21 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from triax import safe_files
-from triax.errors import ConfigError, printable
+from triax.errors import printable
 from triax.interop.hf import safetensors_header
+# The adapters in each family's folder (triax/models/<family>/hf.py) name these too.
+from triax.models.checkpoint_source import EXPERT_SLOT, CheckpointError, Source
 from triax.models.init import local_box
 from triax.models.lora_config import ADAPTER_MARK
 
 MAX_CONFIG_BYTES = 16 * 2**20  # config.json and the shard index are kilobytes; never read a huge one whole
 
-
-# Where an expert's number goes in the stored name of a stack of experts' tensors (interop/hf/moe.py).
-EXPERT_SLOT = "{expert}"
-
-
-class CheckpointError(ConfigError, ValueError):
-    """A model.init_from checkpoint that is missing, of an architecture triax does not build, or not
-    readable safely."""
 
 
 def is_hf_directory(directory: str) -> bool:
@@ -243,15 +237,6 @@ class TensorDict:
 
     def slice(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
         return self.tensors[name][index]
-
-
-class Source(NamedTuple):
-    """Where a triax parameter's values are stored in a checkpoint."""
-
-    name: str
-    transposed: bool = False  # stored (in, out), as GPT-2's Conv1D
-    offset: int = 0  # where ours start along the stored output dimension (a slice of a fused tensor)
-    fused: bool = False  # the stored tensor holds other parameters too (GPT-2's c_attn: q, k and v)
 
 
 @torch.no_grad()

@@ -23,7 +23,7 @@ from safetensors.torch import save
 from triax import safe_files
 from triax.arguments import written_by_triax_safetensors
 from triax.errors import ConfigError, printable
-from triax.interop.hf.llama import hf_name
+from triax.models.llama.hf import hf_name
 from triax.models.config import GPTConfig
 from triax.models.init import local_box
 from triax.models.lora_config import ADAPTER_MARK, PEFT_NAMES, TARGETS, LoRAConfig, target_keys

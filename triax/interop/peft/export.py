@@ -16,14 +16,13 @@ from triax.errors import TriaxError, UsageError, printable
 from triax.interop.hf.export import export_hf
 from triax.interop.peft.adapter import output_files, write_adapter
 from triax.models.config import GPTConfig
+from triax.models.family import ARCHITECTURES
 from triax.models.lora_config import LoRAConfig, is_adapter
 from triax.runtime.threads import apply_thread_choice
 
 if TYPE_CHECKING:
     from triax.interop.export_types import ExportedRun, ExportOptions
 
-# model.arch values whose adapters PEFT's layout of transformers' llama-family modules names
-PEFT_ARCHES = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen3_moe")
 
 
 def run_lora(state: dict, snapshot: str) -> tuple[LoRAConfig, str | None]:
@@ -44,8 +43,9 @@ def run_lora(state: dict, snapshot: str) -> tuple[LoRAConfig, str | None]:
 def write_run_adapters(reader: object, model_config: GPTConfig, out_dir: str) -> tuple[str, int, LoRAConfig]:
     """Write the adapters of the snapshot `reader` opened (a run of `model_config`) into `out_dir`;
     returns (the snapshot, the number of tensors written, the run's model.lora)."""
-    if model_config.arch not in PEFT_ARCHES:
-        raise UsageError(f"--format peft writes the adapters of {', '.join(PEFT_ARCHES)} models; this run's model "
+    peft_arches = [arch for arch, spec in ARCHITECTURES.items() if spec.peft_names]
+    if model_config.arch not in peft_arches:
+        raise UsageError(f"--format peft writes the adapters of {', '.join(peft_arches)} models; this run's model "
                          f"is {model_config.arch}: export it with --format hf --merge")
     lora, base = run_lora(reader.state, reader.snapshot)
     source = tensor_source(reader)

@@ -16,9 +16,9 @@ from typing import Mapping
 
 import torch
 
-from triax.models import build_model
-from triax.interop.hf.files import CheckpointError, HFWeights, Source
+from triax.models.checkpoint_source import CheckpointError, Source, StoredWeights
 from triax.models.config import GPTConfig
+from triax.models.build import build_model
 
 MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
 
@@ -119,7 +119,7 @@ def hf_name(name: str, prefix: str = "model.") -> str:
     return prefix + ".".join(RENAMED.get(part, part) for part in name.split("."))
 
 
-def sources(weights: HFWeights, model_config: GPTConfig):
+def sources(weights: StoredWeights, model_config: GPTConfig):
     """triax parameter name -> (checkpoint tensor name, transposed?, offset): every tensor whole, as stored."""
     # Checkpoints saved from LlamaModel (no head) lack the "model." prefix.
     prefix = weights.prefix("embed_tokens.weight", ("model.", ""))
@@ -169,6 +169,18 @@ def hf_config(config: GPTConfig) -> dict:
     if config.arch == "qwen3":
         values.update(attention_bias=False)
     return values
+
+
+# The architectures whose transformers class has Qwen3's per-head q/k norms.
+QK_NORM_TYPES = ("qwen3",)
+
+
+def export_problem(config: GPTConfig, qk_norm_types: tuple[str, ...] = QK_NORM_TYPES) -> str | None:
+    """Why transformers' class of config.arch cannot compute this model, if it cannot."""
+    if config.qk_norm and config.arch not in qk_norm_types:
+        return (f"model option qk_norm=true has no equivalent in transformers' {config.arch}; export this run with "
+                f"the plain safetensors format instead (or train model.arch={qk_norm_types[0]})")
+    return None
 
 
 def hf_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor]):

@@ -1,5 +1,6 @@
-"""Mixtures of experts (model.arch=mixtral | qwen3_moe): the Llama family's block with its MLP
-replaced, in the layers the config names, by routed experts.
+"""Routed experts, for every family whose MLP is a mixture of experts: the router's choice
+(`route`), the experts held as batched weights and applied in grouped matmuls (`GroupedExperts`),
+the routed MLP (`MoE`), and DeepSeek-V3's bias update (`update_expert_bias`).
 
 A linear router (`gate`) scores every expert for each token; the token goes to its top-k experts
 (softmax over all experts, the top k kept, renormalised to sum to one when `norm_topk_prob`, as
@@ -25,82 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from triax.errors import ConfigError
-from triax.models.config import MAX_OPTIONAL_SIZES, MAX_SIZES, GPTConfig, check_size
-from triax.models.decoder import Block, SelfAttention
-from triax.models.family import FamilySpec
-from triax.models.init import init_normal
-from triax.models.llama import Llama, RotaryEmbedding, SwiGLU, check_attention
-
-# The architectures this family builds (transformers' model_type).
-ARCHITECTURES = ("mixtral", "qwen3_moe")
-MAX_EXPERTS = 2**14  # published MoEs route over at most a few hundred experts
-
-# CPU-sized, then the published shapes (Mixtral 8x7B, Qwen3-30B-A3B: 128 experts, 8 per token).
-FAMILY_PRESETS: dict[str, dict] = {
-    "mixtral-debug": dict(arch="mixtral", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=352,
-                          num_experts=8, experts_per_token=2),
-    "mixtral-8x7b": dict(arch="mixtral", n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336,
-                         num_experts=8, experts_per_token=2, rope_theta=1000000.0, vocab_size=32000),
-    "qwen3-moe-debug": dict(arch="qwen3_moe", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=352,
-                            moe_intermediate_size=64, num_experts=8, experts_per_token=2, norm_topk_prob=True),
-    "qwen3-30b-a3b": dict(arch="qwen3_moe", n_layer=48, n_head=32, n_kv_head=4, n_embd=2048, head_dim=128,
-                          intermediate_size=6144, moe_intermediate_size=768, num_experts=128, experts_per_token=8,
-                          norm_topk_prob=True, rope_theta=1000000.0, norm_eps=1e-6, vocab_size=151936),
-}
-
-
-def check(config: GPTConfig) -> None:
-    """The Llama block's fields, then the experts': sizes, routing, which layers have them."""
-    check_attention(config)
-    if config.qk_norm is None:
-        config.qk_norm = config.arch == "qwen3_moe"
-    check_size("num_experts", config.num_experts, MAX_EXPERTS)
-    check_size("experts_per_token", config.experts_per_token, MAX_EXPERTS)
-    if config.experts_per_token > config.num_experts:
-        raise ConfigError(f"model.experts_per_token={config.experts_per_token} is above model.num_experts="
-                          f"{config.num_experts}; a token cannot be routed to more experts than there are")
-    if config.moe_intermediate_size == 0:  # not unset: a width of zero, which no expert can have
-        raise ConfigError("model.moe_intermediate_size=0: an expert's MLP width must be positive (leave it unset "
-                          "for model.intermediate_size)")
-    config.moe_intermediate_size = config.moe_intermediate_size or config.intermediate_size
-    check_size("moe_intermediate_size", config.moe_intermediate_size, MAX_OPTIONAL_SIZES["intermediate_size"])
-    if config.norm_topk_prob is None:
-        config.norm_topk_prob = config.arch == "mixtral"
-    if config.arch == "mixtral" and not config.norm_topk_prob:
-        raise ConfigError("model.norm_topk_prob=false with model.arch=mixtral: Mixtral always renormalises its "
-                          "top-k weights; use model.arch=qwen3_moe for unnormalised weights")
-    _check_router(config)
-    _check_layers(config)
-
-
-def _check_router(config: GPTConfig) -> None:
-    if config.router_scoring not in ("softmax", "sigmoid"):
-        raise ConfigError(f"model.router_scoring={config.router_scoring!r} is unknown; choose softmax or sigmoid")
-    if not (isinstance(config.router_bias_update_rate, (int, float)) and 0 <= config.router_bias_update_rate < 1):
-        raise ConfigError(f"model.router_bias_update_rate={config.router_bias_update_rate!r} must be in [0, 1) "
-                          "(0: no bias; DeepSeek-V3 used 0.001)")
-    if config.arch == "mixtral" and config.router_scoring != "softmax":
-        raise ConfigError("model.router_scoring=sigmoid with model.arch=mixtral: Mixtral's router is a softmax; "
-                          "use model.arch=qwen3_moe for DeepSeek-V3's sigmoid scores")
-    if config.shared_expert_intermediate_size:
-        check_size("shared_expert_intermediate_size", config.shared_expert_intermediate_size,
-                   MAX_OPTIONAL_SIZES["intermediate_size"])
-    if config.shared_expert_gate and not config.shared_expert_intermediate_size:
-        raise ConfigError("model.shared_expert_gate=true without a shared expert; set "
-                          "model.shared_expert_intermediate_size > 0")
-
-
-def _check_layers(config: GPTConfig) -> None:
-    check_size("decoder_sparse_step", config.decoder_sparse_step, MAX_SIZES["n_layer"])
-    config.mlp_only_layers = list(config.mlp_only_layers or [])
-    bad = [i for i in config.mlp_only_layers if type(i) is not int or not 0 <= i < config.n_layer]
-    if bad:
-        raise ConfigError(f"model.mlp_only_layers holds {bad[0]!r}, not a layer number below "
-                          f"n_layer={config.n_layer}")
-    if config.arch == "mixtral" and (config.mlp_only_layers or config.decoder_sparse_step != 1):
-        raise ConfigError("model.mlp_only_layers / decoder_sparse_step are qwen3_moe's; Mixtral has experts in "
-                          "every layer: use model.arch=qwen3_moe")
+from triax.models.config import GPTConfig
+from triax.models.llama.model import SwiGLU
 
 
 def route(logits: torch.Tensor, top_k: int, normalise: bool, scoring: str = "softmax",
@@ -226,50 +153,6 @@ class MoE(nn.Module):
         return self.dropout(y.view(shape))
 
 
-class Mixture(Llama):
-    """The mixture-of-experts decoders (model.arch=mixtral | qwen3_moe): Llama blocks whose MLP is
-    an MoE in the layers `config.has_experts` names, a dense SwiGLU in the others."""
-
-    family = "moe"
-
-    def make_block(self, config: GPTConfig, layer: int = 0) -> nn.Module:
-        if "rotary" not in self.__dict__:
-            self.rotary = RotaryEmbedding(config)
-        mlp = MoE(config) if config.has_experts(layer) else SwiGLU(config)
-        return Block(self.make_norm(config), SelfAttention(config, self.rotary), self.make_norm(config), mlp)
-
-    def init_weights(self, seed: int | None = None) -> None:
-        """Decoder's initialisation, and the experts' batched weights alike: N(0, 0.02), the
-        down projections (residual) scaled by 1/sqrt(2 * n_layer); the router is a Linear."""
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
-        super().init_weights(seed)
-        residual_std = 0.02 / (2 * self.config.n_layer) ** 0.5
-        for module_name, module in self.named_modules():
-            if isinstance(module, GroupedExperts):
-                for name, parameter in module.named_parameters():
-                    std = residual_std if name == "down_proj" else 0.02
-                    init_normal(parameter, seed, f"{module_name}.{name}", std)
-            if isinstance(module, MoE) and module.expert_bias is not None:
-                module.expert_bias.zero_()
-
-    def active_params(self) -> int:
-        """Parameters one token passes through: all but the experts it is not routed to."""
-        c = self.config
-        idle = 0
-        for module in self.modules():
-            if isinstance(module, GroupedExperts):
-                per_expert = sum(p.numel() for p in module.parameters()) // c.num_experts
-                idle += per_expert * (c.num_experts - c.experts_per_token)
-        return self.num_params() - idle
-
-    def flops_per_token(self, seq_len: int | None = None, num_params: int | None = None) -> float:
-        """The PaLM formula over the active parameters (a token's FLOPs go through top-k experts only)."""
-        if num_params is None:
-            num_params = self.active_params()
-        return super().flops_per_token(seq_len, num_params)
-
-
 @torch.no_grad()
 def update_expert_bias(model: nn.Module, rate: float, all_reduce: Callable | None = None) -> None:
     """DeepSeek-V3's balancing step, after each optimizer step: each routed layer's bias rises by
@@ -287,5 +170,3 @@ def update_expert_bias(model: nn.Module, rate: float, all_reduce: Callable | Non
             module.expert_bias += rate * torch.sign(load.mean() - load)
             module.step_load = None
 
-
-SPEC = FamilySpec(name="moe", architectures=ARCHITECTURES, model=Mixture, check=check, presets=FAMILY_PRESETS)

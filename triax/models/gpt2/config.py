@@ -1,27 +1,18 @@
-"""GPT-2's blocks (the minGPT/GPT-2 architecture): learned positions, pre-LayerNorm blocks, a GELU
-MLP and full multi-head attention. The skeleton they sit in (embeddings, head, initialisation,
-cache, generation) is triax/models/decoder.py, shared with the llama family."""
+"""GPT-2's model.* fields (checked and given GPT-2's values) and its presets."""
 
 from __future__ import annotations
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
 from triax.errors import ConfigError
-from triax.models.config import GELU_FORMS, MAX_SIZES, PRESETS, SIZE_REASON, GPTConfig, refuse_experts
-from triax.models.decoder import Block, Decoder, KVCache, LayerCache, PaddedVocabMask, SelfAttention
-from triax.models.family import FamilySpec
+from triax.models.config import GPTConfig, refuse_experts
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "LayerCache", "PaddedVocabMask", "PRESETS", "MAX_SIZES", "SIZE_REASON",
-           "GELU_FORMS"]
-
+# model.gelu -> F.gelu's `approximate` argument.
+GELU_FORMS = {"tanh": "tanh", "exact": "none"}
 
 # The architectures this family builds (transformers' model_type).
 ARCHITECTURES = ("gpt2",)
 
 # GPT-2's and minGPT's shapes (model.arch unset: gpt2, GPTConfig's default).
-FAMILY_PRESETS: dict[str, dict] = {
+PRESETS: dict[str, dict] = {
     "openai-gpt": dict(n_layer=12, n_head=12, n_embd=768),   # 117M
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),         # 124M
     "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
@@ -61,33 +52,3 @@ def check(config: GPTConfig) -> None:
         raise ConfigError("model.qk_norm=true applies to the llama family's attention; use model.arch=qwen3")
     config.qk_norm = False
     refuse_experts(config)
-
-
-class MLP(nn.Module):
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=config.bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=config.bias)
-        self.down_proj.residual_projection = True
-        self.dropout = nn.Dropout(config.dropout)
-        self.approximate = GELU_FORMS[config.gelu]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.down_proj(F.gelu(self.up_proj(x), approximate=self.approximate)))
-
-
-class GPT(Decoder):
-    """GPT-2: token + learned position embeddings, LayerNorm blocks with a GELU MLP.
-    See Decoder for the arguments (a pipeline stage's parts, the seed)."""
-
-    family = "gpt2"
-    learned_positions = True
-
-    def make_block(self, config: GPTConfig, layer: int = 0) -> nn.Module:
-        return Block(self.make_norm(config), SelfAttention(config), self.make_norm(config), MLP(config))
-
-    def make_norm(self, config: GPTConfig) -> nn.Module:
-        return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
-
-
-SPEC = FamilySpec(name="gpt2", architectures=ARCHITECTURES, model=GPT, check=check, presets=FAMILY_PRESETS)

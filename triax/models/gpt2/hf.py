@@ -1,6 +1,6 @@
 """A transformers GPT-2 checkpoint, for triax's GPT: its config fields and where each parameter is
-stored (the inverse of triax/interop/hf/export.py, which explains the mapping: fused c_attn split
-into q/k/v, Conv1D weights stored transposed). Reading is triax/interop/hf/directory.py's."""
+stored (the inverse of hf_tensors below; triax/interop/hf/export.py explains the mapping: fused c_attn split
+into q/k/v, Conv1D weights stored transposed). Reading the files is triax/interop/hf/'s."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import Mapping
 
 import torch
 
-from triax.interop.hf.files import CheckpointError, HFWeights, Source
+from triax.models.checkpoint_source import CheckpointError, Source, StoredWeights
 from triax.models.config import GPTConfig
 
 MODEL_TYPES = ("gpt2",)
+CLASSES = {"gpt2": "GPT2LMHeadModel"}
 
 # transformers GPT-2 settings that triax's GPT computes; any other value is refused, not ignored.
 REQUIRED = {"activation_function": ("gelu_new", "gelu_pytorch_tanh", "gelu"), "scale_attn_weights": (True,),
@@ -40,7 +41,7 @@ def architecture(config: dict) -> dict:
             "gelu": GELU_FORMS[config.get("activation_function", "gelu_new")]}
 
 
-def sources(weights: HFWeights, model_config: GPTConfig):
+def sources(weights: StoredWeights, model_config: GPTConfig):
     """triax parameter name -> (checkpoint tensor name, transposed?, offset along its output dimension)."""
     # Checkpoints saved from GPT2Model or by older transformers lack the "transformer." prefix.
     p = weights.prefix("wte.weight", ("transformer.", ""))

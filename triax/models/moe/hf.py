@@ -1,7 +1,7 @@
-"""A transformers Mixtral or Qwen3-MoE checkpoint, for triax's Mixture (triax/models/moe.py): its
+"""A transformers Mixtral or Qwen3-MoE checkpoint, for triax's Mixture (model.py): its
 config fields and where each parameter is stored; and the inverse, for `triax export --format hf`.
 
-Everything but the MLPs is the Llama family's (llama.py). transformers saves each expert as
+Everything but the MLPs is the Llama family's (triax/models/llama/hf.py). transformers saves each expert as
 its own three Linear weights (`...experts.<e>.w1.weight` for Mixtral, `...experts.<e>.gate_proj.weight`
 for Qwen3-MoE); triax holds each layer's experts as one batched tensor [experts, out, in]. The
 reader serves such a tensor from the per-expert ones (`ExpertStack`): its shape is checked over every
@@ -14,11 +14,10 @@ from typing import Mapping
 
 import torch
 
-from triax.models import parameter_shapes
-from triax.interop.hf import llama as hf_llama
+from triax.models.build import parameter_shapes
+from triax.models.checkpoint_source import EXPERT_SLOT, CheckpointError, Source, StoredWeights
 from triax.models.config import GPTConfig
-from triax.interop.hf.files import EXPERT_SLOT, CheckpointError, HFWeights, Source
-from triax.interop.hf.safetensors_header import TensorEntry
+from triax.models.llama import hf as hf_llama
 
 MODEL_TYPES = ("mixtral", "qwen3_moe")
 CLASSES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
@@ -70,11 +69,17 @@ def architecture(config: dict) -> dict:
     return fields
 
 
+def sliding_window(config: dict) -> int | None:
+    """The attention window of the checkpoint's layers: Mixtral keeps Mistral's window, Qwen3-MoE
+    Qwen2's switch."""
+    return hf_llama.sliding_window({**config, "model_type": "mistral" if config["model_type"] == "mixtral" else "qwen2"})
+
+
 class ExpertStack:
     """A checkpoint's tensors (HFWeights), plus the batched expert tensors triax holds, each served
     from its per-expert tensors: a name holding EXPERT_SLOT stands for all `experts` of them, stacked."""
 
-    def __init__(self, weights: HFWeights, experts: int):
+    def __init__(self, weights: StoredWeights, experts: int):
         self.weights, self.experts = weights, experts
 
     def __getattr__(self, name: str):
@@ -85,7 +90,7 @@ class ExpertStack:
             return self.weights.has(name)
         return self.weights.has(name.format(expert=0))
 
-    def entry(self, name: str) -> TensorEntry:
+    def entry(self, name: str) -> tuple:
         if EXPERT_SLOT not in name:
             return self.weights.entry(name)
         first = self.weights.entry(name.format(expert=0))
@@ -101,7 +106,7 @@ class ExpertStack:
             raise CheckpointError(f"the checkpoint holds {name.format(expert=self.experts)!r}, past the "
                                   f"{self.experts} experts its config.json gives; the weights do not belong to "
                                   "this config")
-        return TensorEntry(first.dtype, (self.experts, *first.shape))
+        return first._replace(shape=(self.experts, *first.shape))  # the reader's TensorEntry
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.entry(name).shape
@@ -114,7 +119,7 @@ class ExpertStack:
                             for e in range(*experts.indices(self.experts))])
 
 
-def wrap_weights(weights: HFWeights, model_config: GPTConfig) -> ExpertStack:
+def wrap_weights(weights: StoredWeights, model_config: GPTConfig) -> ExpertStack:
     return ExpertStack(weights, model_config.num_experts)
 
 
@@ -159,6 +164,11 @@ def hf_config(config: GPTConfig) -> dict:
                       decoder_sparse_step=config.decoder_sparse_step, mlp_only_layers=list(config.mlp_only_layers),
                       attention_bias=False, use_sliding_window=False, max_window_layers=config.n_layer)
     return values
+
+
+def export_problem(config: GPTConfig) -> str | None:
+    """Why transformers' class of config.arch cannot compute this model, if it cannot."""
+    return hf_llama.export_problem(config, ("qwen3_moe",))
 
 
 def hf_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor]):
