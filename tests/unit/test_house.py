@@ -146,3 +146,72 @@ def test_each_unit_test_folder_names_a_package():
     orphans = [name for name in folders if name not in UNIT_FOLDERS_WITHOUT_A_PACKAGE
                and not os.path.isfile(os.path.join(PACKAGE_DIR, name, "__init__.py"))]
     assert not orphans, f"tests/unit/ folders with no triax package of that name: {orphans}"
+
+
+# A model family is its folder, triax/models/<family>/, plus one line in triax/models/registry.py
+# (issue 63): the name of one of its architectures, as a string, appears nowhere else in triax/ but
+# in these places, each (file under triax/, name) with why it stays.
+FAMILY_NAME_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("models/config.py", "gpt2"): "DEFAULT_ARCH: the architecture of a config that names none",
+    ("parallel/mesh.py", "gpt2"): "validate_layout's default arch (the default model's): mesh imports no models",
+    ("train/trainer.py", "gpt2"): "the message naming GPT-2's tokenizer for a GPT-2 checkpoint",
+    ("config/strict.py", "gpt2"): "the preset `gpt2` given as an example name in a message",
+    ("commands/plan.py", "gpt2"): "the preset `gpt2`, the default of `triax plan --model`",
+    ("bench/gpu_bench.py", "gpt2"): "the preset `gpt2` the benchmark's shape starts from",
+    ("interop/nanogpt/export.py", "gpt2"): "nanoGPT's checkpoints are GPT-2's architecture, whatever triax has",
+    ("interop/nanogpt/checkpoint.py", "gpt2"): "nanoGPT's checkpoints are GPT-2's architecture, whatever triax has",
+    ("interop/torchtitan/checkpoint.py", "llama"): "torchtitan's Llama checkpoints are Llama's architecture",
+    ("interop/meta/weights.py", "llama"): "Meta's published Llama weights are Llama's architecture",
+    ("interop/hf_trainer/run.py", "gpt2"): "the Trainer's optimizer state of GPT2LMHeadModel, in its parameters' order",
+    ("interop/hf_trainer/run.py", "llama"): "the Trainer's optimizer state of LlamaForCausalLM, in its parameters' order",
+}
+
+
+def family_names_outside_their_folder(root: str, family_of: dict[str, str],
+                                      exceptions: dict[tuple[str, str], str]) -> list[str]:
+    """'file:line: name' for every string literal under `root` that is an architecture's name
+    (`family_of`: architecture -> its family's folder under models/), outside that folder, the
+    registry and `exceptions`."""
+    found = []
+    for path in python_files(root):
+        where = os.path.relpath(path, root).replace(os.sep, "/")
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in family_of):
+                continue
+            if where.startswith(f"models/{family_of[node.value]}/") or where == "models/registry.py":
+                continue
+            if (where, node.value) not in exceptions:
+                found.append(f"{where}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def registered_architectures() -> dict[str, str]:
+    from triax.models.registry import FAMILIES  # every family registered
+
+    return {arch: spec.name for spec in FAMILIES.values() for arch in spec.architectures}
+
+
+def test_a_family_is_named_only_in_its_folder_and_the_registry():
+    found = family_names_outside_their_folder(PACKAGE_DIR, registered_architectures(), FAMILY_NAME_EXCEPTIONS)
+    assert not found, ("an architecture's name outside its family's folder (look the family up in "
+                       "triax.models.family instead, or add a reason to FAMILY_NAME_EXCEPTIONS):\n" + "\n".join(found))
+
+
+def test_every_family_name_exception_is_still_needed():
+    used = {(where.split(":")[0], name.strip(" '")) for where, _, name in
+            (line.partition(": ") for line in family_names_outside_their_folder(
+                PACKAGE_DIR, registered_architectures(), {}))}
+    assert set(FAMILY_NAME_EXCEPTIONS) <= used, f"exceptions no file needs: {set(FAMILY_NAME_EXCEPTIONS) - used}"
+
+
+def test_the_family_name_rule_finds_a_planted_name(tmp_path):
+    for relative, text in {"models/llama/model.py": "ARCH = 'llama'\n", "models/registry.py": "x = 'llama'\n",
+                           "parallel/plan.py": "def f(arch: str) -> bool:\n    return arch == 'llama'\n",
+                           "models/gpt2/hf.py": "ARCH = 'llama'\n", "train/doc.py": '"""llama family"""\n'}.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text)
+    family_of = {"llama": "llama"}
+    found = family_names_outside_their_folder(str(tmp_path), family_of, {})
+    assert found == ["models/gpt2/hf.py:1: 'llama'", "parallel/plan.py:2: 'llama'"]
+    assert family_names_outside_their_folder(str(tmp_path), family_of, {("parallel/plan.py", "llama"): "why",
+                                                                         ("models/gpt2/hf.py", "llama"): "why"}) == []

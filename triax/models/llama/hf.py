@@ -21,6 +21,9 @@ from triax.models.config import GPTConfig
 from triax.models.build import build_model
 
 MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
+# The model types whose rules the readers of families built on this block apply to their dense
+# part: a sliding window always kept (Mistral's), or kept only with use_sliding_window (Qwen2's).
+WINDOW_ALWAYS, WINDOW_WHEN_ASKED = "mistral", "qwen2"
 
 # transformers' rope_type -> model.rope_scaling
 ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}

@@ -56,8 +56,7 @@ def architecture(config: dict) -> dict:
     if jitter:
         raise CheckpointError(f"config.json: router_jitter_noise={jitter!r}; triax's router adds no noise "
                               "(set it to 0)")
-    dense = {**config, "model_type": "mistral" if model_type == "mixtral" else "qwen2"}  # the llama reader's rules
-    fields = hf_llama.architecture(dense)
+    fields = hf_llama.architecture(_dense(config))  # the llama reader's rules
     fields.update(arch=model_type, num_experts=num_experts(config),
                   experts_per_token=config.get("num_experts_per_tok", 2),
                   router_aux_loss_coef=float(config.get("router_aux_loss_coef", 0.001)))
@@ -72,7 +71,14 @@ def architecture(config: dict) -> dict:
 def sliding_window(config: dict) -> int | None:
     """The attention window of the checkpoint's layers: Mixtral keeps Mistral's window, Qwen3-MoE
     Qwen2's switch."""
-    return hf_llama.sliding_window({**config, "model_type": "mistral" if config["model_type"] == "mixtral" else "qwen2"})
+    return hf_llama.sliding_window(_dense(config))
+
+
+def _dense(config: dict) -> dict:
+    """The config as the llama reader takes it: Mixtral's as Mistral's (a window always kept),
+    Qwen3-MoE's as Qwen2's (a window only with use_sliding_window)."""
+    like = hf_llama.WINDOW_ALWAYS if config["model_type"] == "mixtral" else hf_llama.WINDOW_WHEN_ASKED
+    return {**config, "model_type": like}
 
 
 class ExpertStack:
