@@ -162,8 +162,6 @@ FAMILY_NAME_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("interop/nanogpt/checkpoint.py", "gpt2"): "nanoGPT's checkpoints are GPT-2's architecture, whatever triax has",
     ("interop/torchtitan/checkpoint.py", "llama"): "torchtitan's Llama checkpoints are Llama's architecture",
     ("interop/meta/weights.py", "llama"): "Meta's published Llama weights are Llama's architecture",
-    ("interop/hf_trainer/run.py", "gpt2"): "the Trainer's optimizer state of GPT2LMHeadModel, in its parameters' order",
-    ("interop/hf_trainer/run.py", "llama"): "the Trainer's optimizer state of LlamaForCausalLM, in its parameters' order",
 }
 
 

@@ -45,7 +45,13 @@ STATE_FILE = "trainer_state.json"
 # log_history keeps every logged step (~200 bytes each): a million-step run logged at every step
 # stays under this, a file far past it is not one the Trainer wrote.
 MAX_STATE_BYTES = 256 * 2**20
-MODEL_TYPES = ("gpt2", "llama")
+
+
+def trainer_adapters() -> dict:
+    """model_type -> the Hugging Face adapter of the registered family whose Trainer checkpoints
+    triax continues (it lists the model's parameters in the optimizer's order)."""
+    return {model_type: adapter for model_type, adapter in hf.adapters().items()
+            if model_type in getattr(adapter, "TRAINER_TYPES", ())}
 # What training_args.bin would say, taken as TrainingArguments' defaults (docs/switching.md).
 ASSUMED = ("optim.schedule=linear", "optim.warmup_steps=0", "trainer.grad_clip=1.0", "trainer.grad_accum=1")
 
@@ -69,9 +75,10 @@ class TrainerCheckpoint:
     def __init__(self, path: str):
         self.path = path
         self.config = hf.read_hf_config(path)
-        if self.config["model_type"] not in MODEL_TYPES:
+        known = trainer_adapters()
+        if self.config["model_type"] not in known:
             raise CheckpointError(f"{path}: model_type {self.config['model_type']!r}; trainer.continue_from "
-                                  f"continues a Trainer's {' and '.join(MODEL_TYPES)} runs (start from its weights "
+                                  f"continues a Trainer's {' and '.join(known)} runs (start from its weights "
                                   "with model.init_from instead)")
         self._read_state()
         self._read_scheduler()
@@ -159,29 +166,9 @@ def release() -> None:
 # ---- the model's parameters as the Trainer's optimizer saw them ----------------------------------
 
 def parameter_names(config: dict) -> list[str]:
-    """transformers' GPT2LMHeadModel / LlamaForCausalLM parameters in named_parameters() order
-    (a tied head is the embedding's, listed once)."""
-    tied = bool(config.get("tie_word_embeddings", config["model_type"] == "gpt2"))
-    if config["model_type"] == "gpt2":
-        names = ["transformer.wte.weight", "transformer.wpe.weight"]
-        for layer in range(config["n_layer"]):
-            for module in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
-                names += [f"transformer.h.{layer}.{module}.weight", f"transformer.h.{layer}.{module}.bias"]
-        names += ["transformer.ln_f.weight", "transformer.ln_f.bias"]
-    else:
-        attention_bias, mlp_bias = bool(config.get("attention_bias")), bool(config.get("mlp_bias"))
-        names = ["model.embed_tokens.weight"]
-        for layer in range(config["num_hidden_layers"]):
-            for module, bias in (("self_attn.q_proj", attention_bias), ("self_attn.k_proj", attention_bias),
-                                 ("self_attn.v_proj", attention_bias), ("self_attn.o_proj", attention_bias),
-                                 ("mlp.gate_proj", mlp_bias), ("mlp.up_proj", mlp_bias), ("mlp.down_proj", mlp_bias)):
-                names.append(f"model.layers.{layer}.{module}.weight")
-                if bias:
-                    names.append(f"model.layers.{layer}.{module}.bias")
-            names += [f"model.layers.{layer}.input_layernorm.weight",
-                      f"model.layers.{layer}.post_attention_layernorm.weight"]
-        names.append("model.norm.weight")
-    return names if tied else names + ["lm_head.weight"]
+    """transformers' model parameters in named_parameters() order, as the family's adapter lists
+    them (a tied head is the embedding's, listed once)."""
+    return trainer_adapters()[config["model_type"]].trainer_parameters(config)
 
 
 def decayed(name: str) -> bool:
@@ -268,13 +255,8 @@ def _overrides(checkpoint: TrainerCheckpoint) -> tuple[list[str], list[str]]:
 
 def _dropout(config: dict) -> float | None:
     """The dropout rate that makes triax's model.dropout (embeddings, attention, residuals) drop
-    what the checkpoint's model drops, if there is one: GPT-2's three rates when they are one
-    rate; Llama's attention_dropout (the only one it has) when it is 0."""
-    if config["model_type"] != "gpt2":
-        return 0.0 if config.get("attention_dropout", 0.0) == 0 else None
-    rates = {config.get(key, 0.1) for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
-    rate = rates.pop() if len(rates) == 1 else None
-    return float(rate) if _number(rate) and 0 <= rate < 1 else None
+    what the checkpoint's model drops, if there is one (the family's adapter says)."""
+    return trainer_adapters()[config["model_type"]].trainer_dropout(config)
 
 
 def _check_next_rate(checkpoint: TrainerCheckpoint, rate: float, optim: ScheduleSettings) -> None:

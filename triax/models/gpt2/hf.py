@@ -4,6 +4,7 @@ into q/k/v, Conv1D weights stored transposed). Reading the files is triax/intero
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import torch
@@ -130,3 +131,28 @@ def hf_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor]):
     yield "transformer.ln_f.bias", bias_or_zeros("ln_f.bias", e, "ln_f.weight"), (e,)
     if not config.tie_embeddings:  # tied: transformers ties lm_head to wte itself
         yield "lm_head.weight", copy("lm_head.weight"), (v, e)
+
+
+# ---- a transformers Trainer's checkpoint-N, continued (triax/interop/hf_trainer/) ----------------
+
+# The model types whose Trainer checkpoints `trainer.continue_from` continues.
+TRAINER_TYPES = ("gpt2",)
+
+
+def trainer_parameters(config: dict) -> list[str]:
+    """GPT2LMHeadModel's parameters in named_parameters() order, the order of the Trainer's
+    optimizer state (a tied head, GPT-2's default, is the embedding's, listed once)."""
+    names = ["transformer.wte.weight", "transformer.wpe.weight"]
+    for layer in range(config["n_layer"]):
+        for module in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
+            names += [f"transformer.h.{layer}.{module}.weight", f"transformer.h.{layer}.{module}.bias"]
+    names += ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+    return names if bool(config.get("tie_word_embeddings", True)) else names + ["lm_head.weight"]
+
+
+def trainer_dropout(config: dict) -> float | None:
+    """The model.dropout that drops what GPT-2 drops: its three rates when they are one rate."""
+    rates = {config.get(key, 0.1) for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
+    rate = rates.pop() if len(rates) == 1 else None
+    finite = isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate)
+    return float(rate) if finite and 0 <= rate < 1 else None

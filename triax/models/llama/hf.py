@@ -195,3 +195,32 @@ def hf_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor]):
         if name == "lm_head.weight" and config.tie_embeddings:
             continue  # transformers ties lm_head to embed_tokens itself
         yield hf_name(name), (lambda name=name: source[name]), shape
+
+
+# ---- a transformers Trainer's checkpoint-N, continued (triax/interop/hf_trainer/) ----------------
+
+# The model types whose Trainer checkpoints `trainer.continue_from` continues.
+TRAINER_TYPES = ("llama",)
+
+
+def trainer_parameters(config: dict) -> list[str]:
+    """LlamaForCausalLM's parameters in named_parameters() order, the order of the Trainer's
+    optimizer state (a tied head is the embedding's, listed once)."""
+    attention_bias, mlp_bias = bool(config.get("attention_bias")), bool(config.get("mlp_bias"))
+    names = ["model.embed_tokens.weight"]
+    for layer in range(config["num_hidden_layers"]):
+        for module, bias in (("self_attn.q_proj", attention_bias), ("self_attn.k_proj", attention_bias),
+                             ("self_attn.v_proj", attention_bias), ("self_attn.o_proj", attention_bias),
+                             ("mlp.gate_proj", mlp_bias), ("mlp.up_proj", mlp_bias), ("mlp.down_proj", mlp_bias)):
+            names.append(f"model.layers.{layer}.{module}.weight")
+            if bias:
+                names.append(f"model.layers.{layer}.{module}.bias")
+        names += [f"model.layers.{layer}.input_layernorm.weight",
+                  f"model.layers.{layer}.post_attention_layernorm.weight"]
+    names.append("model.norm.weight")
+    return names if bool(config.get("tie_word_embeddings", False)) else names + ["lm_head.weight"]
+
+
+def trainer_dropout(config: dict) -> float | None:
+    """The model.dropout that drops what Llama drops: its attention_dropout (the only one it has) when it is 0."""
+    return 0.0 if config.get("attention_dropout", 0.0) == 0 else None
