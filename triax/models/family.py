@@ -41,9 +41,10 @@ class FamilySpec:
     the vocabulary `triax plan` assumes."""
 
     hf: Any = None
-    """The Hugging Face adapter: MODEL_TYPES, architecture(config_dict) -> fields, sources(weights,
-    model_config), hf_config(config), hf_tensors(config, source), optionally wrap_weights and
-    sliding_window."""
+    """The Hugging Face adapter (the family's hf.py): MODEL_TYPES, CONFIG_NAMES, architecture(config_dict)
+    -> fields, sources(weights, model_config), hf_config(config), hf_tensors(config, source); optionally
+    CLASSES (for messages), wrap_weights, sliding_window, export_problem, and TRAINER_TYPES with
+    trainer_parameters and trainer_dropout (a transformers Trainer's checkpoint continued)."""
 
     tp_plan: Optional[Callable[[Any], dict]] = None
     """tp_plan(block) -> one block's parallelize_module plan (names relative to the block)."""

@@ -53,7 +53,7 @@ def read_hf_config(directory: str, follow_links: bool = True) -> dict:
     model_type = config.get("model_type")
     known = adapters()
     if model_type not in known:
-        classes = [adapter.CLASSES[name] for name, adapter in known.items()]
+        classes = [getattr(adapter, "CLASSES", {}).get(name, name) for name, adapter in known.items()]
         raise CheckpointError(f"{path} has model_type {model_type!r}; triax builds {', '.join(known)} "
                               f"(transformers' {', '.join(classes)})")
     return config
