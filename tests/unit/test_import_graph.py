@@ -45,7 +45,7 @@ UNEXPLAINED_BEFORE_THE_RULE: dict[str, int] = {
     "triax/parallel/comm_hooks.py": 1, "triax/parallel/grad_clip.py": 2, "triax/parallel/mesh.py": 1,
     "triax/parallel/parallelize.py": 5, "triax/parallel/plan.py": 3, "triax/parallel/tensor_parallel.py": 2,
     "triax/testing.py": 1, "triax/train/data.py": 2,
-    "triax/train/run_files.py": 4, "triax/config/strict.py": 3, "triax/train/trainer.py": 3,
+    "triax/runs/files.py": 4, "triax/config/strict.py": 3, "triax/train/trainer.py": 3,
 }
 
 
