@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from triax.pipe.checkpoint import is_checkpointing
+from triax.pipe.recompute import is_checkpointing
 from triax.pipe.dependency import fork, join
 from triax.pipe.errors import PipeTypeError
 from triax.pipe.skip.portal import Portal
