@@ -114,7 +114,7 @@ def test_the_files_are_kept_in_the_run_so_the_export_needs_no_source(tmp_path, t
     second, exported = fine_tuned_export(tmp_path / "second", run_dir, tiny_corpus)
     assert_drop_in(kept, exported)
     # Without a transformers source (a run started afresh in that directory) none is kept.
-    from triax.train.init_from import keep_description
+    from triax.runs.directory import keep_description
 
     keep_description(None, str(second))
     assert not (second / "init_from").exists()

@@ -32,7 +32,7 @@ from triax.runtime.rendezvous import free_port
 from triax.testing import quiet_env
 
 # Imported once, in the server, before any fork: what every trainer process needs.
-PRELOAD = ["triax.commands.cli", "triax.commands.train", "triax.train.runs", "triax.train.trainer", "triax.parallel",
+PRELOAD = ["triax.commands.cli", "triax.commands.train", "triax.runs.reader", "triax.train.trainer", "triax.parallel",
            "triax.checkpoint", "torch.distributed.checkpoint", "torch.distributed.fsdp",
            "torch.distributed.pipelining", "torch._dynamo"]
 

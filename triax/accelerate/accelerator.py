@@ -30,7 +30,6 @@ from triax.accelerate._internal.dynamo import resolve_dynamo
 from triax.accelerate._internal.errors import AcceleratorRuntimeError, UnsupportedFeatureError
 from triax.accelerate._internal.experiment_tracking import ExperimentTracking
 from triax.accelerate._internal.flags import check_accelerate_environment
-from triax.accelerate._internal.fsdp import FULL, state_dict_type
 from triax.accelerate._internal.gradient_sync import GradientSync, start_accumulation
 from triax.accelerate._internal.prepared_models import extract_model_from_parallel
 from triax.accelerate._internal.options import refuse_unsupported, resolve
@@ -130,7 +129,7 @@ class Accelerator:
             step_scheduler_with_optimizer, seed=seed if seed is not None else options.dataloader.data_seed,
             rng_types=["generator"] if rng_types is None else rng_types)
         self._gradient_sync = GradientSync(self.gradient_state, self._grad_scaler, self._preparation)
-        self._state_saving = StateSaving(self._preparation, options.project)
+        self._state_saving = StateSaving(self._preparation, options.project, self._gradient_sync)
         self._tracking = ExperimentTracking(self.state, filter_trackers(log_with, self.logging_dir))
         self._handlers = options.handlers
         self._trigger = False
@@ -260,13 +259,6 @@ class Accelerator:
     def deepspeed_ulysses_dl_adapter(self, dl: torch.utils.data.DataLoader, model: torch.nn.Module):
         """Sequence parallelism is off (no ParallelismConfig): the dataloader as it is, as in Accelerate."""
         return dl
-
-    @property
-    def _saves_full_state_dict(self) -> bool:
-        """FSDP with state_dict_type FULL_STATE_DICT: save_state gathers the model and optimizer on
-        process 0's CPU, which writes them alone (Accelerate's rule); otherwise each process
-        writes its own shards."""
-        return self.is_fsdp2 and self.state.fsdp_plugin is not None and state_dict_type(self.state.fsdp_plugin) == FULL
 
     @property
     def native_amp(self) -> bool:
@@ -522,14 +514,14 @@ class Accelerator:
         at most total_limit), or else <project_dir>/checkpoints; returns that folder. Under FSDP
         the models and optimizers go in Accelerate's FSDP layout (_internal/fsdp_folder.py): sharded, each
         process writing its shards, or whole by process 0 (state_dict_type)."""
-        return self._state_saving.save_state(self, output_dir, safe_serialization)
+        return self._state_saving.save_state(output_dir, safe_serialization)
 
     def load_state(self, input_dir: str | None = None, **unused: Any) -> str:
         """Restore what save_state wrote: an Accelerate checkpoint folder (written by Accelerate
         or triax), a triax snapshot step_* folder, or the latest snapshot under a root; with
         automatic_checkpoint_naming and no directory, the newest checkpoint_<n>. Prepare the same
         objects first; the dataloaders' next pass continues the saved epoch."""
-        return self._state_saving.load_state(self, input_dir)
+        return self._state_saving.load_state(input_dir)
 
     # ---- tracking -------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """`triax generate RUN`: sample text from a trained run's newest good snapshot; with
-`--chat MESSAGE`, the run's model answers one user message (triax.train.chat_generate)."""
+`--chat MESSAGE`, the run's model answers one user message (triax.runs.chat_generate)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     check_sampling(args)
     # deferred: torch and the checkpoint layer, after the arguments are checked
     from triax.runtime.place import pick_device
-    from triax.train.runs import run_snapshot_root  # deferred: torch and the models, after the arguments are checked
+    from triax.runs.reader import run_snapshot_root  # deferred: torch and the models, after the arguments are checked
 
     if args.chat is not None:
         run_snapshot_root(args.run_dir)  # one line if it is not a run directory
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
 
 
 def answer(args: argparse.Namespace, device: object) -> str:
-    from triax.train.chat_generate import generate_chat  # deferred: torch and the models, after the checks
+    from triax.runs.chat_generate import generate_chat  # deferred: torch and the models, after the checks
 
     return generate_chat(args.run_dir, args.chat, args.system, args.tokens, args.temperature, args.top_k,
                          args.greedy, args.seed, device)
@@ -96,7 +96,7 @@ def answer(args: argparse.Namespace, device: object) -> str:
 def sample(args: argparse.Namespace, device: object) -> str:
     import torch  # deferred: after the arguments are checked
 
-    from triax.train.runs import load_run_model, run_snapshot_root, with_fallback  # deferred: as torch
+    from triax.runs.reader import load_run_model, run_snapshot_root, with_fallback  # deferred: as torch
 
     def load(*opened: object) -> tuple:
         vocab = opened[2]

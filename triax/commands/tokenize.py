@@ -127,7 +127,7 @@ def check_out(out: str) -> None:
     """--out (a local one: fsspec URLs are the store's to refuse) follows export's rule for an output
     place: made or refused before any input is read, never a run's snapshots, kept files or own
     files; and never a run directory itself, whose tokenizer.json the token files would replace."""
-    from triax.train.runs import check_output_place  # deferred: the training room, after --help
+    from triax.runs.reader import check_output_place  # deferred: the training room, after --help
 
     if "://" in out and not out.startswith("file://"):
         return

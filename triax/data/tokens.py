@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from triax import safe_files
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.data.errors import DataError
 from triax.models.config import MAX_SIZES, SIZE_REASON
 

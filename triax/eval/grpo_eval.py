@@ -18,7 +18,7 @@ from triax.objectives.grpo.generation import CachedSampler, SamplingSettings
 from triax.objectives.grpo.objective import GRPOObjective
 from triax.objectives.grpo.prompts import PromptDataset, encode_prompts, load_prompt_datasets, prompt_encoder_for
 from triax.objectives.grpo.rewards import load_rewards
-from triax.train.run_files import kept_tokenizer
+from triax.runs.files import kept_tokenizer
 
 
 def _prompt_sets(args, config, encoder) -> list[tuple[str, PromptDataset]]:

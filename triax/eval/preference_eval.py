@@ -16,7 +16,7 @@ from triax.interop.hf.whole_model import load_hf_model
 from triax.models.lora_config import is_adapter
 from triax.interop.peft.adapter import load_adapter
 from triax.train.dpo import METRICS, DPOObjective
-from triax.train.run_files import kept_tokenizer
+from triax.runs.files import kept_tokenizer
 
 
 def preference_encoder_of_run(run_dir: str, config):

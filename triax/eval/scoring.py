@@ -26,10 +26,10 @@ from triax.data.tokens import TokenDataset, TokenFile
 from triax.errors import TriaxError
 from triax.data.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.interop.hf import directory as hf
-from triax.train.chat_generate import chat_encoder
+from triax.runs.chat_generate import chat_encoder
 from triax.config import TrainConfig
 from triax.train.data import build_data
-from triax.train.run_model import open_model
+from triax.runs.whole_model import open_model
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, object, TrainConfig | None]:
     """(plain model in eval mode, its text codec or None, the run's config or None) of a run
-    directory or a transformers directory, recognised once (triax/train/run_model.py)."""
+    directory or a transformers directory, recognised once (triax/runs/whole_model.py)."""
     source = open_model(path, device)
     model = source.whole_model(device)
     return model, source.codec, source.run_config if source.is_triax_run else None

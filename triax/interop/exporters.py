@@ -9,8 +9,8 @@ switches on the format itself:
 - nanogpt: nanoGPT's ckpt.pt (triax/interop/nanogpt/export.py);
 - peft: a LoRA run's adapters as PEFT's adapter directory (triax/interop/peft/export.py).
 
-The run is given as an `ExportedRun` (a triax run directory, opened by the training room:
-triax/train/run_export.py), so the wing reads the run's snapshots and files without importing
+The run is given as an `ExportedRun` (a triax run directory, opened by its own room:
+triax/runs/export.py), so the wing reads the run's snapshots and files without importing
 the room that writes them. Each writer checks its output before it reads any snapshot. The types
 a writer is written against live in triax/interop/export_types.py, which the writers import
 without importing this table of them.

@@ -64,7 +64,8 @@ class ForeignRun:
         # why the context is what it is, when not the checkpoint's max positions
         self.context_reason = context_reason
         # {name: path} of the transformers files describing the checkpoint besides its weights (config,
-        # generation config, tokenizer files), which the run keeps a copy of (init_from.keep_description)
+        # generation config, tokenizer files), which the run keeps a copy of
+        # (triax/runs/directory.py's keep_description)
         self.description = description or {}
 
     def load_weights(self, model: torch.nn.Module, model_config: GPTConfig, stored_name: StoredName = same_name) -> None:

@@ -1,6 +1,6 @@
 """Which tool saved a path, recognised once: the one way from a path to the ForeignRun
 (triax/interop/foreign_run.py) that reads it. A triax run directory (model.json) is not a foreign
-format: the training room opens it (triax/train/init_from.py), and `open_foreign` says None."""
+format: its own room opens it (triax/runs/reader.py), and `open_foreign` says None."""
 
 from __future__ import annotations
 
@@ -120,8 +120,8 @@ def open_continuation(path: str) -> ForeignRun | None:
 def open_whole_model(path: str, codec_of: CodecOf, device: torch.device) -> ForeignRun | None:
     """The checkpoint at `path` a command scores or answers with as a whole model on `device`
     (`triax eval`): a transformers directory (a Trainer's checkpoint-N is one), checked to fit
-    `device` before its weights are opened; None for anything else (a triax run: the training
-    room opens it, triax/train/run_model.py)."""
+    `device` before its weights are opened; None for anything else (a triax run: its own
+    room opens it, triax/runs/whole_model.py)."""
     kind = recognise(path, "the checkpoint")
     if kind == "hf":
         with readable(path, "the checkpoint"):

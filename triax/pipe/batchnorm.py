@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from triax.pipe.checkpoint import is_recomputing
+from triax.pipe.recompute import is_recomputing
 
 _ACCUMULATOR_DTYPE = torch.float64  # see the module docstring
 

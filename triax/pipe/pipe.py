@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from triax.pipe.batchnorm import DeferredBatchNorm
-from triax.pipe.checkpoint import (CHECKPOINT_MODES, checkpoint_stop, draws_random_numbers,
+from triax.pipe.recompute import (CHECKPOINT_MODES, checkpoint_stop, draws_random_numbers,
                                    generator_lock, run_partition)
 from triax.pipe.errors import PipeIndexError, PipeTypeError, PipeValueError
 from triax.pipe.microbatch import Batch, check_batch, check_tensors, coerce_chunks, join, split, to_device

@@ -1,8 +1,9 @@
 """`triax train`'s room: the Trainer and its components.
 
 The Trainer is imported when asked for (PEP 562): a command that needs one piece of this room
-(`triax doctor`'s run needs, `triax eval`'s chat generation) does not load the whole trainer and
-what it imports (torch's checkpoint, tensor and pipeline packages, a second of start-up)."""
+(`triax doctor`'s run needs) does not load the whole trainer and what it imports (torch's
+checkpoint, tensor and pipeline packages, a second of start-up). What reads a finished run
+(generate, eval, export) is triax/runs/, apart from the loop."""
 
 from typing import TYPE_CHECKING
 

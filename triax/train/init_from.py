@@ -1,7 +1,7 @@
 """`model.init_from`: start training from existing weights instead of a random initialisation:
 a transformers directory of model_type gpt2, llama, qwen2 or mistral (what `save_pretrained`
 writes, or a snapshot directory in the Hugging Face cache; nothing is downloaded), another triax
-run (its newest good snapshot: TriaxRun below), nanoGPT's ckpt.pt (or the out_dir holding it:
+run (its newest good snapshot: triax/interop/triax_run.py), nanoGPT's ckpt.pt (or the out_dir holding it:
 triax/interop/nanogpt/checkpoint.py), or a Llama in Meta's layout: Meta's folder (params.json,
 consolidated.00.pth: triax/interop/meta/folder.py) or torchtitan's DCP checkpoint folder
 (triax/interop/torchtitan/checkpoint.py), both read through triax/interop/meta/weights.py.
@@ -22,41 +22,12 @@ import os
 
 import torch
 
-from triax import checkpoint, safe_files
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import ConfigError
-from triax.interop.foreign_run import ForeignRun, StoredName, same_name
+from triax.interop.foreign_run import ForeignRun, StoredName
 from triax.interop.formats import open_foreign
-from triax.interop.hf.files import DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, description_files
-from triax.models.config import GPTConfig, architecture_fields
-from triax.models.decoder import vocabulary_rows
-from triax.interop.hf.files import copy_into
-from triax.train.runs import open_run
-from triax.train.run_files import KEPT_SOURCE_DIR
-
-
-class TriaxRun(ForeignRun):
-    """Another triax run as a run starts from it: its newest good snapshot, read through the
-    layout-independent loader, and its text codec (tokenizer.json or character vocabulary)."""
-
-    kind = "run"
-    is_triax_run = True
-
-    def __init__(self, path: str):
-        reader, model_config, vocab = open_run(path)
-        if os.path.isfile(os.path.join(path, "tokenizer.json")):
-            vocab.source_path = os.path.join(path, "tokenizer.json")  # the new run keeps a copy
-        # A run started from a transformers checkpoint passes on the copies it kept of its files.
-        kept = os.path.join(path, KEPT_SOURCE_DIR)
-        description = description_files(kept, follow_links=False) if safe_files.is_directory(kept) else {}
-        super().__init__(path, architecture_fields(model_config), vocab, description=description)
-        self.snapshot = reader.snapshot
-
-    def load_weights(self, model: torch.nn.Module, model_config: GPTConfig,
-                     stored_name: StoredName = same_name) -> None:
-        # By the real rows of the embedding and head: the run may have padded its vocabulary otherwise.
-        checkpoint.load_snapshot(self.snapshot, model, None, restore_rng=False, stored_name=stored_name,
-                                 real_rows=vocabulary_rows(model_config))
+from triax.models.config import GPTConfig
+from triax.runs.reader import as_foreign_run
 
 
 def tokenizer_codec(path: str) -> BPETokenizer:
@@ -78,33 +49,9 @@ def resolve(path: str, model: object = None) -> ForeignRun:
         raise ConfigError(f"model.init_from={path!r} is not a directory; give a transformers directory "
                           "(save_pretrained output or a Hugging Face cache snapshot) or a triax run directory")
     if os.path.isfile(os.path.join(path, "model.json")):
-        return TriaxRun(path)
+        return as_foreign_run(path)
     raise ConfigError(f"model.init_from={path!r} has neither model.json (a triax run) nor config.json "
                       "(a transformers checkpoint)")
-
-
-def keep_description(source: ForeignRun | None, run_dir: str) -> None:
-    """Copy the checkpoint's description files into the run (RUN/init_from/), replacing what an
-    earlier start kept; a run without them keeps none. They are read now, with the weights, rather
-    than from model.init_from at export time: by then the directory may be gone (a pruned cache
-    snapshot) or hold another model (saved over), and the export must describe the checkpoint this
-    run actually started from."""
-    kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
-    description = source.description if source is not None else {}
-    # Read before anything is replaced (model.init_from may be this very directory's parent run).
-    contents = {name: safe_files.read_bytes(path, MAX_DESCRIPTION_BYTES) for name, path in description.items()}
-    if contents:
-        safe_files.make_directory(kept)
-        for name, data in contents.items():
-            safe_files.write_atomic(os.path.join(kept, name), data)
-    if safe_files.is_directory(kept):
-        for name in set(DESCRIPTION_FILES) - set(contents):
-            safe_files.remove_file(os.path.join(kept, name))
-        if not contents:
-            try:
-                os.rmdir(kept)
-            except OSError:  # holds something triax did not write: left alone
-                pass
 
 
 def check_fits(source: ForeignRun, data_vocab_size: int, block_size: int) -> None:

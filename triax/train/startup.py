@@ -19,7 +19,7 @@ from triax.runtime.place import Place
 from triax.runtime.process_group import init_distributed
 from triax.runtime.timeouts import collective_timeout, slow_phase_timeout
 from triax.runtime.watchdog import Watchdog
-from triax.train.run_directory import remove_if_empty
+from triax.runs.directory import remove_if_empty
 from triax.config.schema import TrainConfig
 
 

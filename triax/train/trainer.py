@@ -5,7 +5,7 @@ parallel, checkpoint, metrics) that conducts its components, each in its own mod
 - triax.train.snapshots: saving, storage faults, the resume and the final snapshot
 - triax.train.evaluation: the validation loss and text samples
 - triax.train.console: throughput, MFU, rank times and the console lines
-- triax.train.run_directory: trainer.run_dir's lock and files
+- triax.runs.directory: trainer.run_dir's lock and files
 
 Each step takes the next global batch in the data order (see triax.data.sampler), runs
 `grad_accum` micro-batches with gradient sync only on the last, then clips, steps and schedules.
@@ -54,7 +54,7 @@ from triax.train.loss import loss_function
 from triax.train.needs import run_needs
 from triax.train.optim import make_adamw, make_schedule, move_schedule
 from triax.train.preemption import StopRequest
-from triax.train.run_directory import RunDirectory, check_writable_directory
+from triax.runs.directory import RunDirectory, check_writable_directory
 from triax.train.sample_log import SampleLog
 from triax.config.schema import (TrainConfig, asynchronous_snapshots, changed_from_preset, final_lr, gpt_config,
                                  snapshot_every, snapshot_root, total_steps)

@@ -290,7 +290,7 @@ def test_hostile_state_json_is_one_clear_error(tmp_path, edit):
     # A triax snapshot, as triax's older versions wrote save_state (every time, and under FSDP
     # until it wrote Accelerate's FSDP layout): load_state still reads them, through this
     # validating reader.
-    snapshot = saving.save_state(accelerator, str(tmp_path), 0, [0])
+    snapshot = saving.save_state(accelerator._state_saving.checkpointed, str(tmp_path), 0, [0])
     _rewrite_state(snapshot, edit)
     with pytest.raises((SnapshotCorruptError, ValueError)) as caught:
         accelerator.load_state(str(tmp_path))

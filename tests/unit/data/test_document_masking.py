@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from triax.config import compose_config
-from triax.data.addition import IGNORE_INDEX
+from triax.data.targets import IGNORE_INDEX
 from triax.data.sources import open_source
 from triax.interop.hf.whole_model import load_hf_model
 from triax.train.data import build_data

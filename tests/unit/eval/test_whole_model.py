@@ -1,4 +1,4 @@
-"""The whole model `triax eval MODEL` scores, recognised once (triax/train/run_model.py): a transformers
+"""The whole model `triax eval MODEL` scores, recognised once (triax/runs/whole_model.py): a transformers
 directory read through its ForeignRun (HFDirectory.whole_model), checked to fit this host before its
 weights are opened; anything that is neither a run nor a transformers directory is one line."""
 

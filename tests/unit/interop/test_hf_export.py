@@ -87,7 +87,7 @@ def test_export_command_carries_the_tokenizer(tmp_path, capsys):
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     assert tokenizer.decode(tokenizer("the lazy dog")["input_ids"]) == "the lazy dog"
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(out)).eval()
-    from triax.train.runs import load_run_model
+    from triax.runs.reader import load_run_model
 
     model, _, _ = load_run_model(str(run_dir))
     idx = torch.tensor([tokenizer("the quick brown fox jumps")["input_ids"]])

@@ -13,7 +13,7 @@ from triax.interop.hf.directory import HFDirectory
 from triax.interop.hf_trainer.run import TrainerRun
 from triax.interop.meta.run import MetaLayout
 from triax.interop.nanogpt.run import NanoGPTRun
-from triax.train.init_from import TriaxRun
+from triax.interop.triax_run import TriaxRun
 
 INTERFACE = ("load_weights", "overrides", "saved_state", "check_continuation", "load_optimizer_state")
 

@@ -212,3 +212,17 @@ def test_fairscales_pipe_names_all_import_and_the_ones_not_provided_say_what_to_
             getattr(triax.pipe, name)(nn.Linear(1, 1))
         assert isinstance(caught.value, TriaxError) and "\n" not in str(caught.value)
         assert f"fairscale.nn.pipe.{name}" in str(caught.value) and "triax.pipe.Pipe" in str(caught.value)
+
+
+def test_fairscales_checkpoint_module_path_imports():
+    """`from fairscale.nn.pipe.checkpoint import is_checkpointing, is_recomputing` becomes
+    `from triax.pipe.checkpoint import ...`: FairScale's module name, answered by triax.pipe.recompute."""
+    import importlib
+
+    import triax.pipe
+    import triax.pipe.recompute
+    from triax.pipe.checkpoint import is_checkpointing, is_recomputing
+
+    assert importlib.import_module("triax.pipe.checkpoint") is triax.pipe.recompute is triax.pipe.checkpoint
+    assert (is_checkpointing, is_recomputing) == (triax.pipe.is_checkpointing, triax.pipe.is_recomputing)
+    assert not is_checkpointing() and not is_recomputing()

@@ -246,7 +246,7 @@ def test_an_adapter_that_does_not_match_is_one_line(single, tmp_path, change, wo
 def test_merged_export_is_loaded_by_transformers_with_triax_logits(single, base, tmp_path):
     """`--format hf --merge`: the base with the adapters merged in, a plain LlamaForCausalLM with the
     LoRA model's logits."""
-    from triax.train.chat_generate import load_chat_model, run_config
+    from triax.runs.chat_generate import load_chat_model, run_config
 
     out = tmp_path / "merged"
     launch(1, ["-m", "triax", "export", str(single), str(out), "--format", "hf", "--merge"])
@@ -276,7 +276,7 @@ def test_an_answer_ends_at_the_first_special_token_it_draws(single, monkeypatch,
     rule stopped only at <|eot_id|> and printed `<|start_header_id|>user...`)."""
     from tokenizers import Tokenizer
 
-    import triax.train.chat_generate as chat_generate
+    import triax.runs.chat_generate as chat_generate
     from triax.commands.cli import main
 
     tokenizer = Tokenizer.from_file(str(single / "tokenizer.json"))

@@ -129,7 +129,7 @@ def test_generation_with_the_cache_equals_generation_without(prompt_len):
 def test_a_sharded_runs_sample_is_the_one_process_sample_without_the_cache(tmp_path, tiny_corpus):
     # FSDP x 2 samples with the cache (every rank takes part in each forward); the same weights in
     # one process, without the cache, draw the same text from the same prompt and seed.
-    from triax.train.runs import load_run_model
+    from triax.runs.reader import load_run_model
 
     run_dir = tmp_path / "run"
     # A 64-character window: the 16-character prompt and 40 new ones fit, so the cache is used throughout.

@@ -49,7 +49,7 @@ from triax.runtime.process_group import is_distributed
 from triax.runtime.shared_decisions import all_gather_bytes
 
 if TYPE_CHECKING:
-    from triax.accelerate.accelerator import Accelerator
+    from triax.accelerate._internal.checkpointed import Checkpointed
 
 MANIFEST = "triax_manifest.json"
 LOOSE = "triax_loose_parameters.safetensors"
@@ -100,35 +100,35 @@ def _rng_state(step: int) -> dict:
     return state
 
 
-def _main_files(accelerator: Accelerator, weights: list[dict], safe_serialization: bool,
+def _main_files(held: Checkpointed, weights: list[dict], safe_serialization: bool,
                 fsdp: bool) -> dict[str, bytes]:
     """Process 0's files; under FSDP the models and optimizers are fsdp_folder's."""
     files = {}
     for index, state in enumerate(weights):
         files[numbered(SAFE_WEIGHTS if safe_serialization else WEIGHTS, index)] = _model_file(state, safe_serialization)
-    for index, optimizer in enumerate(accelerator._optimizers if not fsdp else ()):
+    for index, optimizer in enumerate(held.optimizers if not fsdp else ()):
         files[numbered("optimizer.bin", index)] = pickled_bytes(optimizer.state_dict())
-    for index, scheduler in enumerate(accelerator._schedulers):
+    for index, scheduler in enumerate(held.schedulers):
         files[numbered("scheduler.bin", index)] = pickled_bytes(scheduler.state_dict())
-    for index, loader in enumerate(accelerator._dataloaders):
+    for index, loader in enumerate(held.dataloaders):
         if getattr(loader, "use_stateful_dataloader", False):
             files[numbered("dl_state_dict.bin", index)] = pickled_bytes(loader.state_dict())
-    if accelerator.scaler is not None:  # Accelerate has a scaler only for fp16
-        files["scaler.pt"] = pickled_bytes(accelerator.scaler.state_dict())
-    for index, obj in enumerate(accelerator._custom_objects):
+    if held.scaler is not None:  # Accelerate has a scaler only for fp16
+        files["scaler.pt"] = pickled_bytes(held.scaler.state_dict())
+    for index, obj in enumerate(held.custom_objects):
         files[f"custom_checkpoint_{index}.pkl"] = pickled_bytes(obj.state_dict())
     loose = {} if fsdp else {name: parameter.detach().cpu().contiguous()
-                             for name, parameter in _loose_parameters(accelerator)}
+                             for name, parameter in _loose_parameters(held)}
     if loose:
         files[LOOSE] = safetensors.torch.save(loose)
     return files
 
 
-def _loose_parameters(accelerator: Accelerator) -> list[tuple[str, torch.nn.Parameter]]:
+def _loose_parameters(held: Checkpointed) -> list[tuple[str, torch.nn.Parameter]]:
     """("optimizer_<i>.<j>", parameter) for each parameter an optimizer steps that no prepared model holds."""
-    owned = {id(parameter) for model in accelerator._models for parameter in model.parameters()}
+    owned = {id(parameter) for model in held.models for parameter in model.parameters()}
     found = []
-    for number, optimizer in enumerate(accelerator._optimizers):
+    for number, optimizer in enumerate(held.optimizers):
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
         found += [(f"optimizer_{number}.{index}", p) for index, p in enumerate(parameters) if id(p) not in owned]
     return found
@@ -138,27 +138,27 @@ def _digest(data: bytes) -> dict:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def save_folder(accelerator: Accelerator, output_dir: str, weights: list[dict], safe_serialization: bool,
+def save_folder(held: Checkpointed, output_dir: str, weights: list[dict], safe_serialization: bool,
                 fsdp_models: list[int] | None = None) -> str:
     """Write Accelerate's files for `weights` (the state dicts left after the save hooks) and the
     Accelerator's optimizers, schedulers, dataloaders, scaler, RNG and registered objects into
     output_dir, then triax's manifest. Under FSDP (`fsdp_models`: the indices of the models to
     save) the models and optimizers go in Accelerate's FSDP layout (fsdp_folder.py). Collective;
     returns output_dir."""
-    rank, fsdp = accelerator.process_index, fsdp_models is not None
+    rank, fsdp = held.process_index, fsdp_models is not None
     written = {}
     with raise_together("writing an Accelerate checkpoint folder (save_state)", AcceleratorRuntimeError):
         try:
-            if accelerator.is_main_process:
+            if held.is_main_process:
                 safe_files.make_directory(output_dir)
         finally:
             if is_distributed():
                 torch.distributed.barrier()  # the folder exists before any other process writes
         try:
             if fsdp:
-                written.update(fsdp_folder.save_parts(accelerator, output_dir, fsdp_models, _digest))
-            files = _main_files(accelerator, weights, safe_serialization, fsdp) if accelerator.is_main_process else {}
-            files[f"random_states_{rank}.pkl"] = pickled_bytes(_rng_state(accelerator.step))
+                written.update(fsdp_folder.save_parts(held, output_dir, fsdp_models, _digest))
+            files = _main_files(held, weights, safe_serialization, fsdp) if held.is_main_process else {}
+            files[f"random_states_{rank}.pkl"] = pickled_bytes(_rng_state(held.step))
             for name, data in files.items():
                 safe_files.write_atomic(os.path.join(output_dir, name), data)
                 written[name] = _digest(data)
@@ -168,10 +168,10 @@ def save_folder(accelerator: Accelerator, output_dir: str, weights: list[dict], 
     everyone = [json.loads(part) for part in all_gather_bytes(json.dumps(written).encode())] \
         if is_distributed() else [written]
     with raise_together("writing the checkpoint's manifest (save_state)", AcceleratorRuntimeError):
-        if accelerator.is_main_process:
+        if held.is_main_process:
             manifest = {"format": FORMAT, "files": {name: entry for part in everyone for name, entry in part.items()},
-                        "optimizer_steps": [optimizer.num_steps for optimizer in accelerator._optimizers],
-                        "micro_step": accelerator.gradient_state.micro_step}
+                        "optimizer_steps": [optimizer.num_steps for optimizer in held.optimizers],
+                        "micro_step": held.gradient_state.micro_step}
             safe_files.write_atomic(os.path.join(output_dir, MANIFEST), json.dumps(manifest, indent=1))
     return output_dir
 
@@ -287,7 +287,7 @@ def _check_custom_count(folder: _Folder, registered: int) -> None:
                                       "objects the checkpoint was saved with")
 
 
-def load_folder(accelerator: Accelerator, path: str, models: list, fsdp: bool = False) -> str:
+def load_folder(held: Checkpointed, path: str, models: list, fsdp: bool = False) -> str:
     """Restore what an Accelerate checkpoint folder holds into `models` (those no load hook took
     over) and the Accelerator's optimizers, schedulers, dataloaders, scaler, RNG and registered
     objects; with `fsdp`, the models and optimizers from Accelerate's FSDP layout. Everything is
@@ -295,48 +295,48 @@ def load_folder(accelerator: Accelerator, path: str, models: list, fsdp: bool = 
     error, staged = None, None
     try:
         folder = _Folder(path)
-        _check_custom_count(folder, len(accelerator._custom_objects))
+        _check_custom_count(folder, len(held.custom_objects))
         if fsdp != fsdp_folder.is_fsdp_folder(path):
             raise AcceleratorValueError(f"{path} was saved {'without' if fsdp else 'with'} FSDP; load it into what it "
                                         f"was saved from (this run {'shards' if fsdp else 'does not shard'} its model)")
-        staged = _read_staged(accelerator, folder, len(models), fsdp)
-        _check_staged(accelerator, staged, path)
+        staged = _read_staged(held, folder, len(models), fsdp)
+        _check_staged(held, staged, path)
     except Exception as failure:  # agreed first, then raised on every process
         error = failure
     _agree(error, "reading an Accelerate checkpoint folder")
-    sharded = fsdp_folder.load_parts(accelerator, folder, models) if fsdp else []
+    sharded = fsdp_folder.load_parts(held, folder, models) if fsdp else []
 
     error = None
     try:
         fsdp_folder.apply(sharded)
-        _apply_staged(accelerator, staged, models, path)
+        _apply_staged(held, staged, models, path)
     except Exception as failure:
         error = failure
     _agree(error, "loading an Accelerate checkpoint folder")
     if staged["rng"] is not None:
-        _restore_rng(accelerator, staged["rng"])
-    _restore_counters(accelerator, folder.manifest or {})
+        _restore_rng(held, staged["rng"])
+    _restore_counters(held, folder.manifest or {})
     return path
 
 
-def _read_staged(accelerator: Accelerator, folder: _Folder, model_count: int, fsdp: bool) -> dict:
+def _read_staged(held: Checkpointed, folder: _Folder, model_count: int, fsdp: bool) -> dict:
     """Everything the folder holds for this Accelerator, read (and checked against the manifest)
     but not yet applied; under FSDP the models and optimizers are read by fsdp_folder instead."""
-    rng_name = f"random_states_{accelerator.process_index}.pkl"
+    rng_name = f"random_states_{held.process_index}.pkl"
     return {
         "models": [] if fsdp else [folder.weights(index) for index in range(model_count)],
         "optimizers": [] if fsdp else [folder.pickled(numbered("optimizer.bin", i), f"optimizer {i}'s state")
-                                       for i in range(len(accelerator._optimizers))],
+                                       for i in range(len(held.optimizers))],
         "schedulers": [folder.pickled(numbered("scheduler.bin", i), f"scheduler {i}'s state")
-                       for i in range(len(accelerator._schedulers))],
+                       for i in range(len(held.schedulers))],
         "dataloaders": [folder.pickled(numbered("dl_state_dict.bin", i), f"dataloader {i}'s position")
                         if getattr(loader, "use_stateful_dataloader", False)
                         and folder.exists(numbered("dl_state_dict.bin", i)) else None
-                        for i, loader in enumerate(accelerator._dataloaders)],
+                        for i, loader in enumerate(held.dataloaders)],
         "scaler": folder.pickled("scaler.pt", "the loss scaler's state")
-        if accelerator.scaler is not None and folder.exists("scaler.pt") else None,
+        if held.scaler is not None and folder.exists("scaler.pt") else None,
         "custom": [folder.pickled(f"custom_checkpoint_{i}.pkl", f"registered object {i}'s state")
-                   for i in range(len(accelerator._custom_objects))],
+                   for i in range(len(held.custom_objects))],
         # As Accelerate: a process without its RNG file (a run resumed on more processes)
         # keeps its random states.
         "rng": folder.pickled(rng_name, "random states", numpy_rng=True) if folder.exists(rng_name) else None,
@@ -344,58 +344,58 @@ def _read_staged(accelerator: Accelerator, folder: _Folder, model_count: int, fs
     }
 
 
-def _check_staged(accelerator: Accelerator, staged: dict, path: str) -> None:
+def _check_staged(held: Checkpointed, staged: dict, path: str) -> None:
     """Every state read from the folder fits what it will be loaded into, before any is loaded."""
-    _check_loose(staged["loose"], accelerator, path)
-    for index, (saved, scheduler) in enumerate(zip(staged["schedulers"], accelerator._schedulers)):
+    _check_loose(staged["loose"], held, path)
+    for index, (saved, scheduler) in enumerate(zip(staged["schedulers"], held.schedulers)):
         _check_scheduler(saved, scheduler.state_dict(), path, os.path.join(path, numbered("scheduler.bin", index)))
         _check_numbers(saved, f"{path} scheduler")
     for saved in staged["optimizers"]:
         if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
             raise PickledFileError(f"{path}: an optimizer file does not hold an optimizer's state_dict")
         _check_numbers({"param_groups": saved["param_groups"]}, f"{path} optimizer")
-    for saved, loader in zip(staged["dataloaders"], accelerator._dataloaders):
+    for saved, loader in zip(staged["dataloaders"], held.dataloaders):
         _check_dataloader_position(saved, loader, path)
     if staged["rng"] is not None:
         _check_rng(staged["rng"], path)
 
 
-def _apply_staged(accelerator: Accelerator, staged: dict, models: list, path: str) -> None:
+def _apply_staged(held: Checkpointed, staged: dict, models: list, path: str) -> None:
     """Load the checked states into the models, optimizers, schedulers, dataloaders, scaler,
     registered objects and loose parameters (the RNG is restored after every process agrees)."""
     for index, (model, saved) in enumerate(zip(models, staged["models"])):
         _load_model(model, saved, f"{path} model {index}")
-    for optimizer, saved in zip(accelerator._optimizers, staged["optimizers"]):
+    for optimizer, saved in zip(held.optimizers, staged["optimizers"]):
         optimizer.load_state_dict(saved)
-    for scheduler, saved in zip(accelerator._schedulers, staged["schedulers"]):
+    for scheduler, saved in zip(held.schedulers, staged["schedulers"]):
         scheduler.load_state_dict(saved)
-    for loader, saved in zip(accelerator._dataloaders, staged["dataloaders"]):
+    for loader, saved in zip(held.dataloaders, staged["dataloaders"]):
         if saved is not None:
             loader.load_state_dict(saved)
     if staged["scaler"] is not None:
-        accelerator.scaler.load_state_dict(staged["scaler"])
-    for obj, saved in zip(accelerator._custom_objects, staged["custom"]):
+        held.scaler.load_state_dict(staged["scaler"])
+    for obj, saved in zip(held.custom_objects, staged["custom"]):
         obj.load_state_dict(saved)
     with torch.no_grad():
-        for name, parameter in _loose_parameters(accelerator):
+        for name, parameter in _loose_parameters(held):
             if name in staged["loose"]:
                 parameter.copy_(staged["loose"][name])
 
 
-def _restore_counters(accelerator: Accelerator, manifest: dict) -> None:
+def _restore_counters(held: Checkpointed, manifest: dict) -> None:
     """The counters Accelerate keeps nowhere (optimizer updates, micro-step), from triax's manifest
     when it holds sane ones; a folder Accelerate wrote leaves them as they are."""
     steps = manifest.get("optimizer_steps")
-    if isinstance(steps, list) and len(steps) == len(accelerator._optimizers) \
+    if isinstance(steps, list) and len(steps) == len(held.optimizers) \
             and all(isinstance(n, int) and 0 <= n < 2**62 for n in steps):
-        for optimizer, count in zip(accelerator._optimizers, steps):
+        for optimizer, count in zip(held.optimizers, steps):
             optimizer.num_steps = count
     if isinstance(manifest.get("micro_step"), int) and 0 <= manifest["micro_step"] < 2**62:
-        accelerator.gradient_state.micro_step = manifest["micro_step"]
+        held.gradient_state.micro_step = manifest["micro_step"]
 
 
-def _check_loose(saved: dict, accelerator: Accelerator, path: str) -> None:
-    current = dict(_loose_parameters(accelerator))
+def _check_loose(saved: dict, held: Checkpointed, path: str) -> None:
+    current = dict(_loose_parameters(held))
     for name, tensor in saved.items():
         if name not in current or tuple(tensor.shape) != tuple(current[name].shape):
             raise PickledFileError(f"{path}: {LOOSE} holds {name} {list(tensor.shape)}, which no optimizer of this "
@@ -428,8 +428,8 @@ def _check_rng(state: Any, path: str) -> None:
                                "numpy_random_seed and torch_manual_seed; it is damaged")
 
 
-def _restore_rng(accelerator: Accelerator, state: dict) -> None:
-    accelerator.step = state.get("step", accelerator.step)
+def _restore_rng(held: Checkpointed, state: dict) -> None:
+    held.step = state.get("step", held.step)
     try:
         random.setstate(state["random_state"])
         np.random.set_state(state["numpy_random_seed"])

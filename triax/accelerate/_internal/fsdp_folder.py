@@ -49,7 +49,7 @@ from triax.interop.torchtitan.checkpoint import METADATA_FILE, CheckedReader, re
 from triax.interop.hf.files import CheckpointError
 
 if TYPE_CHECKING:
-    from triax.accelerate.accelerator import Accelerator
+    from triax.accelerate._internal.checkpointed import Checkpointed
 
 MODEL, OPTIMIZER = "pytorch_model_fsdp", "optimizer"
 FULL_OPTIONS = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -72,17 +72,17 @@ def is_fsdp_folder(path: str) -> bool:
     return any(os.path.lexists(os.path.join(path, name)) for name in (model_name(0, True), model_name(0, False)))
 
 
-def _full(accelerator: Accelerator) -> bool:
-    return state_dict_type(accelerator.state.fsdp_plugin) == FULL
+def _full(held: Checkpointed) -> bool:
+    return state_dict_type(held.state.fsdp_plugin) == FULL
 
 
 # ---- writing ----------------------------------------------------------------------------------
 
 
-def save_parts(accelerator: Accelerator, output_dir: str, saved: list[int], digest: Callable[[bytes], dict]) -> dict:
+def save_parts(held: Checkpointed, output_dir: str, saved: list[int], digest: Callable[[bytes], dict]) -> dict:
     """Write models `saved` and every optimizer in the layout the plugin's state_dict_type names;
     returns {file name within output_dir: digest(bytes)} of the files this process wrote. Collective."""
-    full, rank, written = _full(accelerator), accelerator.process_index, {}
+    full, rank, written = _full(held), held.process_index, {}
 
     def put(name: str, state: Any) -> None:  # a whole state dict, by process 0
         if rank == 0:
@@ -103,13 +103,13 @@ def save_parts(accelerator: Accelerator, output_dir: str, saved: list[int], dige
                     written[f"{name}/{entry}"] = digest(handle.read())
 
     for index in saved:
-        model = accelerator._models[index]
+        model = held.models[index]
         if full:
             put(model_name(index, True), get_model_state_dict(model, options=FULL_OPTIONS))
         else:
             put_sharded(model_name(index, False), "model", get_model_state_dict(model))
-    for index, optimizer in enumerate(accelerator._optimizers):
-        model = _model_of(accelerator, index)
+    for index, optimizer in enumerate(held.optimizers):
+        model = _model_of(held, index)
         if full:
             put(optimizer_name(index, True), get_optimizer_state_dict(model, optimizer.optimizer, options=FULL_OPTIONS))
         else:
@@ -117,12 +117,12 @@ def save_parts(accelerator: Accelerator, output_dir: str, saved: list[int], dige
     return written
 
 
-def _model_of(accelerator: Accelerator, index: int):
-    if index >= len(accelerator._models):
+def _model_of(held: Checkpointed, index: int):
+    if index >= len(held.models):
         raise AcceleratorValueError(f"optimizer {index} has no model {index} to be saved with: under FSDP, "
                                     "Accelerate's checkpoint pairs optimizer i with model i; prepare one model per "
                                     "optimizer")
-    return accelerator._models[index]
+    return held.models[index]
 
 
 # ---- reading ----------------------------------------------------------------------------------
@@ -193,15 +193,15 @@ def _copy(value: Any):
     return value
 
 
-def load_parts(accelerator: Accelerator, folder: Any, models: list) -> list[Staged]:
+def load_parts(held: Checkpointed, folder: Any, models: list) -> list[Staged]:
     """Read the models' and optimizers' saved state; returns what to apply. Collective: first
     every process checks what it will read (metadata, the whole files process 0 reads) and all
     agree, then DCP reads the shards (and agrees on its own failures)."""
-    full, rank, error = _full(accelerator), accelerator.process_index, None
+    full, rank, error = _full(held), held.process_index, None
     parts = [(model_name(index, full), "model", model, None, f"model {index}'s weights")
              for index, model in enumerate(models)]
-    parts += [(optimizer_name(index, full), "optimizer", _model_of(accelerator, index), optimizer.optimizer,
-               f"optimizer {index}'s state") for index, optimizer in enumerate(accelerator._optimizers)]
+    parts += [(optimizer_name(index, full), "optimizer", _model_of(held, index), optimizer.optimizer,
+               f"optimizer {index}'s state") for index, optimizer in enumerate(held.optimizers)]
     checked = []
     try:
         for name, _, _, _, what in parts:

@@ -37,8 +37,8 @@ from triax.errors import TriaxError
 from triax.runtime.failure_agreement import raise_together
 
 if TYPE_CHECKING:
+    from triax.accelerate._internal.checkpointed import Checkpointed
     from triax.accelerate._internal.wrappers import PreparedOptimizer
-    from triax.accelerate.accelerator import Accelerator
 
 # Tensors a state dict may hold (optimizer steps, scaler scale, RNG-like buffers); anything else in
 # a file is corruption, never a name to look up on the torch module.
@@ -278,9 +278,9 @@ def _in_snapshot(optimizer: PreparedOptimizer) -> bool:
     return any(optimizer.optimizer.state.values())
 
 
-def _snapshot_optimizer(accelerator: Accelerator, unit: dict, in_snapshot: list[bool]):
+def _snapshot_optimizer(held: Checkpointed, unit: dict, in_snapshot: list[bool]):
     """The raw optimizer(s) of a unit whose state is in its snapshot: None, one, or a tuple."""
-    raw = tuple(accelerator._optimizers[number].optimizer for number in unit["optimizers"] if in_snapshot[number])
+    raw = tuple(held.optimizers[number].optimizer for number in unit["optimizers"] if in_snapshot[number])
     return None if not raw else raw[0] if len(raw) == 1 else raw
 
 
@@ -308,33 +308,33 @@ def _read_snapshot(snapshot: str, model: torch.nn.Module, optimizer: torch.optim
 # ---- save and load --------------------------------------------------------------------------------
 
 
-def save_state(accelerator: Accelerator, root: str, step: int, saved: list[int]) -> str:
-    """Write the models at indices `saved` of accelerator._models (those no save hook took over)
+def save_state(held: Checkpointed, root: str, step: int, saved: list[int]) -> str:
+    """Write the models at indices `saved` of held.models (those no save hook took over)
     with their optimizers, and everything else as JSON. Collective."""
-    units = snapshot_units(accelerator._models, accelerator._optimizers, saved)
-    in_snapshot = [_in_snapshot(optimizer) for optimizer in accelerator._optimizers]
-    full = accelerator._saves_full_state_dict
+    units = snapshot_units(held.models, held.optimizers, saved)
+    in_snapshot = [_in_snapshot(optimizer) for optimizer in held.optimizers]
+    full = held.saves_full_state_dict
     snapshot_name = None
     for index in range(1, len(units)):
         extra = _write_snapshot(os.path.join(root, f"model_{index}"), step, units[index]["module"],
-                                _snapshot_optimizer(accelerator, units[index], in_snapshot), {}, full)
+                                _snapshot_optimizer(held, units[index], in_snapshot), {}, full)
         snapshot_name = os.path.basename(extra)
     stepped = {number for unit in units for number in unit["optimizers"]}
     state = {"accelerator": {
         "num_models": len(saved),
         "saved_models": list(saved),
         "units": _unit_signature(units),
-        "schedulers": [to_json(scheduler.state_dict()) for scheduler in accelerator._schedulers],
-        "scaler": to_json(accelerator._grad_scaler.state_dict()),
-        "dataloaders": [_dataloader_state(loader) for loader in accelerator._dataloaders],
-        "custom": [to_json(obj.state_dict()) for obj in accelerator._custom_objects],
-        "optimizer_steps": [optimizer.num_steps for optimizer in accelerator._optimizers],
-        "micro_step": accelerator.gradient_state.micro_step,
+        "schedulers": [to_json(scheduler.state_dict()) for scheduler in held.schedulers],
+        "scaler": to_json(held.grad_scaler.state_dict()),
+        "dataloaders": [_dataloader_state(loader) for loader in held.dataloaders],
+        "custom": [to_json(obj.state_dict()) for obj in held.custom_objects],
+        "optimizer_steps": [optimizer.num_steps for optimizer in held.optimizers],
+        "micro_step": held.gradient_state.micro_step,
         "stateless_optimizers": [to_json(optimizer.optimizer.state_dict())
                                  if number in stepped and not in_snapshot[number] else None
-                                 for number, optimizer in enumerate(accelerator._optimizers)],
+                                 for number, optimizer in enumerate(held.optimizers)],
     }}
-    path = _write_snapshot(root, step, units[0]["module"], _snapshot_optimizer(accelerator, units[0], in_snapshot),
+    path = _write_snapshot(root, step, units[0]["module"], _snapshot_optimizer(held, units[0], in_snapshot),
                            state, full)
     assert snapshot_name in (None, os.path.basename(path))
     return path
@@ -381,12 +381,12 @@ def _agree(error: Exception | None, doing: str) -> None:
             raise error
 
 
-def _check_counts(accelerator: Accelerator, state: dict, snapshot: str, loaded: list[int], units: list[dict]) -> None:
+def _check_counts(held: Checkpointed, state: dict, snapshot: str, loaded: list[int], units: list[dict]) -> None:
     checks = [("models", state["saved_models"], loaded),
-              ("schedulers", len(state["schedulers"]), len(accelerator._schedulers)),
-              ("registered objects", len(state["custom"]), len(accelerator._custom_objects)),
-              ("optimizers", len(state["optimizer_steps"]), len(accelerator._optimizers)),
-              ("optimizer states", len(state["stateless_optimizers"]), len(accelerator._optimizers)),
+              ("schedulers", len(state["schedulers"]), len(held.schedulers)),
+              ("registered objects", len(state["custom"]), len(held.custom_objects)),
+              ("optimizers", len(state["optimizer_steps"]), len(held.optimizers)),
+              ("optimizer states", len(state["stateless_optimizers"]), len(held.optimizers)),
               ("[models, their optimizers] per snapshot", state["units"], _unit_signature(units))]
     for what, saved, now in checks:
         if saved != now:
@@ -394,7 +394,7 @@ def _check_counts(accelerator: Accelerator, state: dict, snapshot: str, loaded: 
                                         "prepare (and register, and hook) the same objects before load_state")
 
 
-def _read_checked_state(accelerator: Accelerator, snapshot: str, loaded: list[int]) -> tuple[dict, list, dict]:
+def _read_checked_state(held: Checkpointed, snapshot: str, loaded: list[int]) -> tuple[dict, list, dict]:
     """(the Accelerator's section of the snapshot's state.json, validated; the snapshot's units; the
     JSON-encoded states decoded), after checking they fit what this run prepared. Reads only."""
     try:
@@ -406,29 +406,29 @@ def _read_checked_state(accelerator: Accelerator, snapshot: str, loaded: list[in
         raise StateCorruptError(f"{snapshot!r} is a triax snapshot but not one written by "
                                 "Accelerator.save_state")
     state = validate_state(section, snapshot)
-    units = snapshot_units(accelerator._models, accelerator._optimizers, loaded)
-    _check_counts(accelerator, state, snapshot, loaded, units)
+    units = snapshot_units(held.models, held.optimizers, loaded)
+    _check_counts(held, state, snapshot, loaded, units)
     wrong = bad_number(section)
     if wrong is not None:
         raise StateCorruptError(f"snapshot {snapshot}: state.json is corrupt: it holds {wrong[:120]}, "
                                 "outside what that field allows")
     decoded = {key: [from_json(item, f"snapshot {snapshot}: state.json {key}") for item in state[key]]
                for key in ("schedulers", "custom", "stateless_optimizers", "dataloaders")}
-    for saved, scheduler in zip(decoded["schedulers"], accelerator._schedulers):
+    for saved, scheduler in zip(decoded["schedulers"], held.schedulers):
         _check_scheduler(saved, scheduler.state_dict(), snapshot)
-    for saved, loader in zip(decoded["dataloaders"], accelerator._dataloaders):
+    for saved, loader in zip(decoded["dataloaders"], held.dataloaders):
         _check_dataloader_position(saved, loader, snapshot)
     decoded["scaler"] = from_json(state["scaler"], f"snapshot {snapshot}: state.json scaler")
     return state, units, decoded
 
 
-def load_state(accelerator: Accelerator, path: str, loaded: list[int]) -> str:
+def load_state(held: Checkpointed, path: str, loaded: list[int]) -> str:
     # First everything that can fail locally (a missing or hostile file, a mismatch with what was
     # prepared), agreed on by every process before any collective or any change to the run.
     error, snapshot, state = None, None, None
     try:
         snapshot = resolve_snapshot(path)
-        state, units, decoded = _read_checked_state(accelerator, snapshot, loaded)
+        state, units, decoded = _read_checked_state(held, snapshot, loaded)
     except Exception as failure:  # agreed first, then raised as it is (or wrapped) on every process
         error = failure
     _agree(error, "reading the saved state")
@@ -440,25 +440,25 @@ def load_state(accelerator: Accelerator, path: str, loaded: list[int]) -> str:
     try:
         for index in range(1, len(units)):
             _read_snapshot(os.path.join(root, f"model_{index}", os.path.basename(snapshot)), units[index]["module"],
-                           _snapshot_optimizer(accelerator, units[index], in_snapshot), restore_rng=False)
+                           _snapshot_optimizer(held, units[index], in_snapshot), restore_rng=False)
         # Last, so the random-number generators are left exactly as they were at save time.
-        _read_snapshot(snapshot, units[0]["module"], _snapshot_optimizer(accelerator, units[0], in_snapshot),
+        _read_snapshot(snapshot, units[0]["module"], _snapshot_optimizer(held, units[0], in_snapshot),
                        restore_rng=True)
-        for optimizer, saved in zip(accelerator._optimizers, stateless):
+        for optimizer, saved in zip(held.optimizers, stateless):
             if saved is not None:
                 optimizer.optimizer.load_state_dict(saved)
-        for scheduler, saved in zip(accelerator._schedulers, decoded["schedulers"]):
+        for scheduler, saved in zip(held.schedulers, decoded["schedulers"]):
             scheduler.load_state_dict(saved)
-        accelerator._grad_scaler.load_state_dict(decoded["scaler"])
-        for loader, saved in zip(accelerator._dataloaders, decoded["dataloaders"]):
+        held.grad_scaler.load_state_dict(decoded["scaler"])
+        for loader, saved in zip(held.dataloaders, decoded["dataloaders"]):
             if saved is not None and getattr(loader, "use_stateful_dataloader", False):
                 loader.load_state_dict(saved)
-        for obj, saved in zip(accelerator._custom_objects, decoded["custom"]):
+        for obj, saved in zip(held.custom_objects, decoded["custom"]):
             obj.load_state_dict(saved)
     except Exception as failure:
         error = failure
     _agree(error, "loading the saved state")
-    for optimizer, steps in zip(accelerator._optimizers, state["optimizer_steps"]):
+    for optimizer, steps in zip(held.optimizers, state["optimizer_steps"]):
         optimizer.num_steps = steps
-    accelerator.gradient_state.micro_step = state["micro_step"]
+    held.gradient_state.micro_step = state["micro_step"]
     return snapshot

@@ -4,8 +4,8 @@
 checkpointing, the save and load pre-hooks), decides the folder (explicit, automatic naming, or
 `<project_dir>/checkpoints`) and hands the writing and reading to the folder formats:
 Accelerate's folder (_internal/accelerate_folder.py, _internal/fsdp_folder.py) and triax's
-snapshots (_internal/saving.py). Those formats read the whole façade (its prepared objects, its
-scaler, its step), so save_state and load_state are given the Accelerator itself.
+snapshots (_internal/saving.py). Those formats are given what a checkpoint holds (`Checkpointed`:
+the prepared objects, the registered ones, the scaler, the step counters), not the Accelerator.
 
 get_state_dict and save_model write one model's weights, outside any checkpoint folder.
 """
@@ -22,15 +22,16 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.utils.hooks import RemovableHandle
 
 from triax.accelerate._internal import accelerate_folder, checkpoints
+from triax.accelerate._internal.checkpointed import Checkpointed
 from triax.accelerate._internal.errors import AcceleratorRuntimeError, AcceleratorValueError
 from triax.accelerate._internal.prepared_models import extract_model_from_parallel, offloaded_state_dict
-from triax.accelerate._internal.preparation import Preparation
 from triax.accelerate._internal.saving import load_state as load_snapshot_state
 from triax.accelerate.utils import operations
 from triax.runtime.failure_agreement import raise_together
 
 if TYPE_CHECKING:
-    from triax.accelerate.accelerator import Accelerator
+    from triax.accelerate._internal.gradient_sync import GradientSync
+    from triax.accelerate._internal.preparation import Preparation
     from triax.accelerate.utils.dataclasses import ProjectConfiguration
 
 
@@ -75,10 +76,11 @@ def write_weights(state: dict, save_directory: str, safe_serialization: bool) ->
 class StateSaving:
     """save_state, load_state and what they save besides the prepared objects."""
 
-    def __init__(self, prepared: Preparation, project: ProjectConfiguration):
+    def __init__(self, prepared: Preparation, project: ProjectConfiguration, gradient_sync: GradientSync):
         self.prepared = prepared
         self.project = project
         self.custom_objects: list = []
+        self.checkpointed = Checkpointed(prepared, gradient_sync, self.custom_objects)
         # OrderedDicts: torch's RemovableHandle keeps a weak reference to them (plain dicts refuse).
         self.save_pre_hooks: OrderedDict = OrderedDict()
         self.load_pre_hooks: OrderedDict = OrderedDict()
@@ -114,7 +116,7 @@ class StateSaving:
                                         "Accelerator(project_dir=...) or automatic_checkpoint_naming")
         return os.path.join(project.project_dir, "checkpoints")
 
-    def save_state(self, accelerator: Accelerator, output_dir: str | None, safe_serialization: bool) -> str:
+    def save_state(self, output_dir: str | None, safe_serialization: bool) -> str:
         root = self.checkpoint_root(output_dir, for_save=True)
         prepared_models = self.prepared.models
         models = list(prepared_models)
@@ -129,14 +131,14 @@ class StateSaving:
         saved = [index for index, model in enumerate(prepared_models)
                  if any(model is m for m in models) and id(weights[index]) in kept_weights]
         if self.prepared.state.is_fsdp2:
-            path = accelerate_folder.save_folder(accelerator, root, [], safe_serialization, fsdp_models=saved)
+            path = accelerate_folder.save_folder(self.checkpointed, root, [], safe_serialization, fsdp_models=saved)
         else:
-            path = accelerate_folder.save_folder(accelerator, root, [before_hooks[index] for index in saved],
+            path = accelerate_folder.save_folder(self.checkpointed, root, [before_hooks[index] for index in saved],
                                                  safe_serialization)
         self.project.iteration += 1
         return path
 
-    def load_state(self, accelerator: Accelerator, input_dir: str | None) -> str:
+    def load_state(self, input_dir: str | None) -> str:
         if input_dir is not None:
             input_dir = operations.broadcast_object_list([os.path.expanduser(str(input_dir))])[0]
         if input_dir is not None and not os.path.isdir(input_dir):
@@ -148,6 +150,6 @@ class StateSaving:
             hook(models, root)
         loaded = [index for index, model in enumerate(prepared_models) if any(model is m for m in models)]
         if accelerate_folder.is_accelerate_folder(root):
-            return accelerate_folder.load_folder(accelerator, root, [prepared_models[index] for index in loaded],
+            return accelerate_folder.load_folder(self.checkpointed, root, [prepared_models[index] for index in loaded],
                                                  fsdp=self.prepared.state.is_fsdp2)
-        return load_snapshot_state(accelerator, root, loaded)
+        return load_snapshot_state(self.checkpointed, root, loaded)

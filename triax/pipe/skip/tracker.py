@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from triax.pipe.checkpoint import is_checkpointing
+from triax.pipe.recompute import is_checkpointing
 from triax.pipe.dependency import fork, join
 from triax.pipe.errors import PipeTypeError
 from triax.pipe.skip.portal import Portal
 
 if TYPE_CHECKING:
     from triax.pipe.microbatch import Batch
-    from triax.pipe.skip.layout import SkipLayout
     from triax.pipe.skip.namespace import Namespace
 
 # Reads of a portal's tensor, as counted in the module docstring.
@@ -89,13 +88,20 @@ def _with_lane(batch: Batch, lane: torch.Tensor):
     return batch[:position] + (lane,) + batch[position + 1:]
 
 
+class CrossingSkips(Protocol):
+    """What a tracker asks of the pipe's skip layout (layout.py's SkipLayout, which finds the skippable
+    layers and so imports what imports this module): whether a skip crosses partitions."""
+
+    def requires_copy(self, ns: Namespace, name: str) -> bool: ...
+
+
 class SkipTrackerThroughPortals(SkipTracker):
     """One micro-batch's stashed tensors inside a Pipe; those that cross partitions go through portals.
 
     `layout` is the pipe's `SkipLayout`: which names cross partitions.
     """
 
-    def __init__(self, layout: SkipLayout):
+    def __init__(self, layout: CrossingSkips):
         super().__init__()
         self.layout = layout
         self.portals: dict = {}

@@ -17,11 +17,13 @@ from triax import checkpoint, safe_files, safe_yaml
 from triax.checkpoint.export import load_module_streaming
 from triax.data import Vocabulary
 from triax.errors import TriaxError, UsageError, printable
+from triax.interop.hf.files import description_files
+from triax.interop.triax_run import TriaxRun
 from triax.models import VOCABULARY_PARAMETERS, GPTConfig, build_model
 from triax.models.memory import check_whole_model_fits
 from triax.runtime.place import detect_place
 from triax.config import TrainConfig, from_dict, snapshot_root
-from triax.train.run_files import KEPT_SOURCE_DIR, read_model_config, read_vocabulary
+from triax.runs.files import KEPT_SOURCE_DIR, read_model_config, read_vocabulary
 
 # Where a run's config.yaml may keep its snapshots (the object stores triax documents).
 SNAPSHOT_SCHEMES = ("file", "memory", "s3", "gs", "gcs", "az", "abfs")
@@ -97,6 +99,18 @@ def open_run(run_dir: str, snapshot_root: str | None = None, skip: int = 0) -> t
     reader = newest_good_snapshot(root, run_dir, skip)
     model_config = read_model_config(run_dir, reader)  # matched against its tensors before building
     return reader, model_config, read_vocabulary(run_dir, model_config.vocab_size)
+
+
+def as_foreign_run(run_dir: str) -> TriaxRun:
+    """The run as another run starts from it (model.init_from): its newest good snapshot, its text
+    codec, and the copies it kept of a transformers model.init_from's files, which it passes on."""
+    reader, model_config, vocab = open_run(run_dir)
+    tokenizer = os.path.join(run_dir, "tokenizer.json")
+    if os.path.isfile(tokenizer):
+        vocab.source_path = tokenizer  # the new run keeps a copy
+    kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
+    description = description_files(kept, follow_links=False) if safe_files.is_directory(kept) else {}
+    return TriaxRun(run_dir, reader.snapshot, model_config, vocab, description)
 
 
 def with_fallback(run_dir: str, root: str, action: Callable[..., Any]) -> Any:

@@ -1,5 +1,5 @@
 """A training run's directory (trainer.run_dir): created only once every check passed, locked while
-the run lives (triax.train.run_lock), holding the files `triax generate`, `eval` and `export` read
+the run lives (triax.runs.lock), holding the files `triax generate`, `eval` and `export` read
 besides the weights (config.yaml, model.json, the tokenizer or vocab.json), and the trackers' files.
 A start that fails leaves nothing behind that it created."""
 
@@ -9,19 +9,28 @@ import json
 import os
 import shutil
 import weakref
+from typing import Protocol
 
 import yaml
 
 from triax import safe_files
 from triax.errors import ConfigError
+from triax.interop.foreign_run import ForeignRun
+from triax.interop.hf.files import DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES
 from triax.models.config import GPTConfig
 from triax.runtime.failure_agreement import raise_together
 from triax.tracking.throughput import MetricsLogger
-from triax.train import init_from
 from triax.config.compose import to_dict
-from triax.train.data import TrainData
-from triax.train.run_lock import LOCK_NAME, lock_run_dir, unlock_run_dir
+from triax.runs.files import KEPT_SOURCE_DIR
+from triax.runs.lock import LOCK_NAME, lock_run_dir, unlock_run_dir
 from triax.config.schema import TrainConfig
+
+
+class RunText(Protocol):
+    """What the run keeps of its data's text codec (the trainer's TrainData is one)."""
+
+    tokenizer_path: str | None
+    vocab: object
 
 
 def check_writable_directory(path: str, key: str) -> bool:
@@ -49,8 +58,8 @@ class RunDirectory:
         self.config, self.is_main = config, is_main
         self.path = config.trainer.run_dir
 
-    def open(self, owner: object, created: bool, model_config: GPTConfig, data: TrainData,
-             init_source: object | None) -> MetricsLogger:
+    def open(self, owner: object, created: bool, model_config: GPTConfig, data: RunText,
+             init_source: ForeignRun | None) -> MetricsLogger:
         """The run lock, the trackers, and the files generate/export need (rank 0 writes them);
         returns the metrics logger. The lock is released when `owner` (the Trainer) goes away
         unfitted. A start that fails here (a full disk) removes what it created, and nothing else."""
@@ -81,7 +90,7 @@ class RunDirectory:
                                   f"({error.strerror or error}); fix it or choose another run directory") from None
         return logger
 
-    def write_files(self, model_config: GPTConfig, data: TrainData, init_source: object | None) -> None:
+    def write_files(self, model_config: GPTConfig, data: RunText, init_source: ForeignRun | None) -> None:
         """What `triax generate` and `triax export` need besides the weights."""
         run_dir = self.path
         # Atomic, never through a planted link: a link's target outside the run stays untouched.
@@ -94,12 +103,36 @@ class RunDirectory:
         elif data.vocab is not None:
             safe_files.write_atomic(os.path.join(run_dir, "vocab.json"), data.vocab.to_json())
         # A transformers model.init_from's config and tokenizer files, for a drop-in `--format hf` export.
-        init_from.keep_description(init_source, run_dir)
+        keep_description(init_source, run_dir)
 
     def release(self) -> None:
         """The run is over: no lock file stays behind."""
         if self.is_main:
             unlock_run_dir(self.path, remove=True)
+
+
+def keep_description(source: ForeignRun | None, run_dir: str) -> None:
+    """Copy the checkpoint's description files into the run (RUN/init_from/), replacing what an
+    earlier start kept; a run without them keeps none. They are read now, with the weights, rather
+    than from model.init_from at export time: by then the directory may be gone (a pruned cache
+    snapshot) or hold another model (saved over), and the export must describe the checkpoint this
+    run actually started from."""
+    kept = os.path.join(run_dir, KEPT_SOURCE_DIR)
+    description = source.description if source is not None else {}
+    # Read before anything is replaced (model.init_from may be this very directory's parent run).
+    contents = {name: safe_files.read_bytes(path, MAX_DESCRIPTION_BYTES) for name, path in description.items()}
+    if contents:
+        safe_files.make_directory(kept)
+        for name, data in contents.items():
+            safe_files.write_atomic(os.path.join(kept, name), data)
+    if safe_files.is_directory(kept):
+        for name in set(DESCRIPTION_FILES) - set(contents):
+            safe_files.remove_file(os.path.join(kept, name))
+        if not contents:
+            try:
+                os.rmdir(kept)
+            except OSError:  # holds something triax did not write: left alone
+                pass
 
 
 def _remove_new_entries(directory: str, existing: set[str]) -> None:

@@ -1,7 +1,8 @@
 """Running one partition on one micro-batch, with or without activation recomputation.
 
-(Activation checkpointing, not snapshots, which are triax/checkpoint/: the module keeps the name of
-FairScale's public `fairscale.nn.pipe.checkpoint`, so `triax.pipe.checkpoint` is its drop-in.)
+(Activation checkpointing, not snapshots, which are triax/checkpoint/. FairScale's module of the
+same work is `fairscale.nn.pipe.checkpoint`: triax/pipe/__init__.py makes this module answer to
+`triax.pipe.checkpoint` as well, its drop-in.)
 
 Checkpointing keeps only a partition's input for each micro-batch and runs the partition again
 during backward to rebuild what the gradients need, trading compute for memory. As in FairScale,

@@ -36,7 +36,7 @@ def load_chat_model(run_dir: str, config: TrainConfig, device: torch.device) -> 
     """The run's trained model (a LoRA run: its base with the adapters of the newest good snapshot)."""
     from triax.checkpoint.export import tensor_source  # deferred: imports torch; `triax --help` stays fast
     # deferred: `triax --help` and plain generate stay fast
-    from triax.train.runs import load_run_model, newest_good_snapshot, run_snapshot_root
+    from triax.runs.reader import load_run_model, newest_good_snapshot, run_snapshot_root
 
     if not config.model.lora.rank:
         return load_run_model(run_dir, device)[0]
@@ -60,7 +60,7 @@ def load_chat_model(run_dir: str, config: TrainConfig, device: torch.device) -> 
 def chat_encoder(run_dir: str, config: TrainConfig) -> ChatEncoder:
     from triax.data.chat import ChatEncoder, chat_template_for  # deferred: start-up time of `triax generate`
     from triax.data.tokenizer import BPETokenizer  # deferred: `triax --help` and plain generate stay fast
-    from triax.train.run_files import kept_tokenizer  # deferred: `triax --help` and plain generate stay fast
+    from triax.runs.files import kept_tokenizer  # deferred: `triax --help` and plain generate stay fast
 
     tokenizer_path, description = kept_tokenizer(run_dir, "--chat needs a run trained with a tokenizer")
     template = chat_template_for(config.data.chat_template, description, run_dir)

@@ -14,9 +14,9 @@ from triax.data.tokenizer import BPETokenizer
 from triax.errors import TriaxError
 from triax.interop.foreign_run import ForeignRun
 from triax.interop.formats import open_whole_model, recognise
-from triax.train.chat_generate import load_chat_model
+from triax.runs.chat_generate import load_chat_model
 from triax.config import TrainConfig, from_dict
-from triax.train.runs import check_exists, configured_snapshot_root, load_run_model
+from triax.runs.reader import check_exists, configured_snapshot_root, load_run_model
 
 
 class TrainedRun(ForeignRun):

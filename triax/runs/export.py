@@ -1,7 +1,7 @@
 """A `triax train` run directory as `triax export` reads it: the ExportedRun every writer of
 triax/interop/exporters.py takes (its snapshot root found once, its newest good snapshot, its
 model.json and config.yaml, its trained model, and the check that keeps an output out of the run's
-own files), so the interop wing writes other tools' formats without importing the training room."""
+own files), so the interop wing writes other tools' formats without importing this room."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 
 from triax.checkpoint import SnapshotReader
 from triax.models import GPTConfig
-from triax.train.chat_generate import load_chat_model, run_config
+from triax.runs.chat_generate import load_chat_model, run_config
 from triax.config import TrainConfig
-from triax.train.run_files import KEPT_SOURCE_DIR, read_model_config
-from triax.train.runs import check_not_in_run, newest_good_snapshot, run_snapshot_root, true_shapes, with_fallback
+from triax.runs.files import KEPT_SOURCE_DIR, read_model_config
+from triax.runs.reader import check_not_in_run, newest_good_snapshot, run_snapshot_root, true_shapes, with_fallback
 
 
 class RunToExport:

@@ -21,7 +21,7 @@ def test_a_run_directory_in_use_is_refused_with_its_holder(sandbox, tiny_corpus)
         sandbox.refused(["train", *tiny_overrides(run_dir, tiny_corpus)], "in use by another triax job",
                         "pid 4242")
     # The holder's exit releases it: the same command now trains.
-    from triax.train import run_lock
+    from triax.runs import lock as run_lock
 
     assert triax_main(["train", *tiny_overrides(run_dir, tiny_corpus, **{"trainer.max_steps": 2})]) == 0
     run_lock.unlock_run_dir(str(run_dir))
@@ -40,7 +40,7 @@ def test_a_lock_taken_on_a_file_its_holder_removed_is_taken_again(tmp_path, monk
     third job could hold the run directory at the same time."""
     import fcntl
 
-    from triax.train import run_lock
+    from triax.runs import lock as run_lock
 
     real_flock = run_lock.fcntl.flock
     removed = []
