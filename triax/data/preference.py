@@ -1,5 +1,5 @@
 """Preference pairs (data.task=preference): local JSONL, JSON or Parquet files of records, each a
-prompt and two answers to it, `chosen` (preferred) and `rejected`, for DPO (triax.train.dpo).
+prompt and two answers to it, `chosen` (preferred) and `rejected`, for DPO (triax.objectives.dpo).
 
 A record is TRL's preference format, in any of its four forms:
 - conversational, explicit prompt: {"prompt": [messages], "chosen": [messages], "rejected": [messages]};

@@ -15,7 +15,9 @@ from triax.errors import TriaxError, printable
 from triax.interop.hf.whole_model import load_hf_model
 from triax.models.lora_config import is_adapter
 from triax.interop.peft.adapter import load_adapter
-from triax.train.dpo import METRICS, DPOObjective
+from triax.objectives.dpo.loss import METRICS
+from triax.objectives.dpo.objective import DPOObjective
+from triax.objectives.reference import Reference, kept_adapters
 from triax.train.run_files import kept_tokenizer
 
 
@@ -30,16 +32,17 @@ def _objective(model, config, device):
     """The DPO objective with the run's reference: model.lora.init_from's adapters if it had them,
     model.init_from itself for a run without LoRA."""
     objective = DPOObjective(config.dpo)
-    if not config.model.lora.rank:
-        objective.reference = load_hf_model(config.model.init_from, device).eval()
+    frozen = None if config.model.lora.rank else load_hf_model(config.model.init_from, device).eval()
+    kept = None
     if config.model.lora.init_from:
         trained = {name: parameter.detach().clone() for name, parameter in model.named_parameters() if is_adapter(name)}
         load_adapter(model, config.model.lora.init_from, config.model.lora)
-        objective.keep_initial_adapters(model)
+        kept = kept_adapters(model)
         with torch.no_grad():
             for name, parameter in model.named_parameters():
                 if name in trained:
                     parameter.copy_(trained[name])
+    objective.use_reference(Reference(model=frozen, kept=kept))
     return objective
 
 
