@@ -1,5 +1,6 @@
 """The reference model an objective's loss compares the policy with (DPO's, GRPO's KL term), in the
-one form the run allows, chosen in one place for every objective (triax.train.trainer):
+one form the run allows, chosen in one place for every objective (`reference_for`, which the
+trainer calls for DPO and GRPO alike, and `triax eval` for a finished DPO run):
 
 - full fine-tuning: a model of its own, model.init_from built again in the policy's layout and
   frozen (each rank holds its part alone; never in the optimizer or the snapshots);
@@ -12,7 +13,7 @@ one form the run allows, chosen in one place for every objective (triax.train.tr
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -59,3 +60,12 @@ def kept_adapters(model: torch.nn.Module) -> list[tuple[torch.nn.Parameter, torc
     """The model's adapters as they are now (as read from model.lora.init_from, before a resume
     replaces them), to be put back in place for the reference's forward."""
     return [(parameter, parameter.detach().clone()) for name, parameter in model.named_parameters() if is_adapter(name)]
+
+
+def reference_for(lora: Any, policy: torch.nn.Module | None, frozen: Callable[[], torch.nn.Module]) -> Reference:
+    """The reference in the form model.lora (`lora`: a LoRAConfig) allows (the module docstring):
+    without LoRA a model of its own, which `frozen` builds; with adapters read from
+    model.lora.init_from, those of `policy` as they are now; else the policy with its adapters off."""
+    if not lora.rank:
+        return Reference(model=frozen())
+    return Reference(kept=kept_adapters(policy) if lora.init_from else None)

@@ -48,7 +48,7 @@ from triax.config.compose import absolute_paths, continuation_overrides
 from triax.train.console import Console
 from triax.train.data import build_data
 from triax.objectives import Objective, RunParts
-from triax.objectives.reference import Reference, kept_adapters
+from triax.objectives.reference import reference_for
 from triax.objectives.registry import added_terms, objective_for
 from triax.objectives.tokens.loss import loss_function
 from triax.train.evaluation import Evaluation
@@ -285,12 +285,9 @@ class Trainer:
 
         objective = objective_for(self.config.data.task).build(
             RunParts(self.config, self.data, self.raw_model, self.device, autocast, self.layout.dp, self._token_loss))
-        if objective.needs_reference():
-            lora = self.config.model.lora
-            if not lora.rank:
-                objective.use_reference(Reference(model=self._frozen_reference(model_config)))
-            else:  # the adapters as read (TRL's "ref" adapter), else the base with the adapters off
-                objective.use_reference(Reference(kept=kept_adapters(self.raw_model) if lora.init_from else None))
+        if objective.needs_reference():  # after model.lora.init_from's adapters are read, before a resume
+            objective.use_reference(reference_for(self.config.model.lora, self.raw_model,
+                                                  lambda: self._frozen_reference(model_config)))
         return objective
 
     def _frozen_reference(self, model_config: GPTConfig) -> torch.nn.Module:

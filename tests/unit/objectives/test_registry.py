@@ -18,7 +18,7 @@ from triax.objectives import StepContext
 from triax.objectives.dpo.config import DPOConfig
 from triax.objectives.dpo.loss import answer_logps, pair_losses
 from triax.objectives.dpo.objective import DPOObjective
-from triax.objectives.reference import Reference, kept_adapters
+from triax.objectives.reference import Reference, kept_adapters, reference_for
 from triax.objectives.registry import OBJECTIVES, added_terms, loss_coefficients, objective_for, sections
 
 CPU = torch.device("cpu")
@@ -70,6 +70,16 @@ def test_the_reference_as_read_is_put_in_place_and_the_trained_adapters_come_bac
     assert reference.module(model) is model
     frozen = tiny_model(1)
     assert Reference(model=frozen).module(model) is frozen
+
+
+def test_the_run_decides_the_references_form():
+    policy, frozen = tiny_model(0), tiny_model(1)
+    apply_lora(policy, LoRAConfig(rank=2, targets=["q", "v"]))
+    assert reference_for(LoRAConfig(rank=0), policy, lambda: frozen).model is frozen  # full fine-tuning
+    unbuilt = lambda: pytest.fail("with LoRA no second model is built")  # noqa: E731
+    kept = reference_for(LoRAConfig(rank=2, init_from="adapters"), policy, unbuilt)
+    assert kept.model is None and len(kept.kept) == 4  # lora_A and lora_B of q and v in its one block
+    assert reference_for(LoRAConfig(rank=2), policy, unbuilt).kept is None  # new adapters: the base, adapters off
 
 
 def test_dpo_on_the_step_context_is_its_pair_losses_against_the_reference():
