@@ -7,7 +7,10 @@ A rule the code does not meet yet is written here all the same and skipped with 
 is switched on (its `pending` mark removed) the day the code meets it."""
 
 import ast
+import io
 import os
+import re
+import tokenize
 from collections import defaultdict
 
 import pytest
@@ -213,3 +216,80 @@ def test_the_family_name_rule_finds_a_planted_name(tmp_path):
     assert found == ["models/gpt2/hf.py:1: 'llama'", "parallel/plan.py:2: 'llama'"]
     assert family_names_outside_their_folder(str(tmp_path), family_of, {("parallel/plan.py", "llama"): "why",
                                                                          ("models/gpt2/hf.py", "llama"): "why"}) == []
+
+
+# ---- an objective's name lives in its folder ---------------------------------------------------------
+
+# The objectives whose name is their own word (the token loss's and the router's, `tokens` and
+# `router`, are words the rest of the house uses in their plain sense).
+OBJECTIVE_NAMES = ("dpo", "grpo")
+# Files outside triax/objectives/<name>/ and the registry that may name an objective, and why.
+OBJECTIVE_NAME_EXCEPTIONS = {
+    "triax/config/schema.py": "the keys' schema: TrainConfig.dpo and .grpo are the sections a user writes (dpo.*, "
+                              "grpo.*), typed by the objectives' own dataclasses",
+    "triax/eval/preference_eval.py": "`triax eval` of a finished DPO run: it reads the run (runs/) and scores it "
+                                     "beside eval's other scorings, with the objective's own loss",
+    "triax/eval/grpo_eval.py": "as preference_eval.py, for a GRPO run",
+    "triax/commands/eval.py": "`triax eval`'s --preference and --prompts options: their help and refusals name the "
+                              "run they score, and it picks the two modules above",
+}
+WORD_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+
+
+def objective_names_in(path: str, names: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, name) of each identifier or string of the file's code that names an objective: an
+    identifier with the name as one of its words (`check_dpo`, `DPOObjective`; not `CPUOffloadPolicy`),
+    a string with it as a word (`"dpo.beta"`). Comments and docstrings are prose, and are left out."""
+    source = open(path, encoding="utf-8").read()
+    prose = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            prose.update(range(node.lineno, node.end_lineno + 1))
+    as_word = re.compile(rf"(?i)\b({'|'.join(names)})\b")
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.start[0] in prose:
+            continue
+        if token.type == tokenize.NAME:
+            words = {word.lower() for part in token.string.split("_") for word in WORD_PARTS.findall(part)}
+            found += [(token.start[0], name) for name in names if name in words]
+        elif token.type == tokenize.STRING or token.type == getattr(tokenize, "FSTRING_MIDDLE", None):
+            found += sorted({(token.start[0], match.lower()) for match in as_word.findall(token.string)})
+    return found
+
+
+def objective_names_outside_their_folders(repo: str, exceptions: dict[str, str]) -> list[str]:
+    """Every place under repo/triax/ that names an objective outside objectives/<name>/, the
+    objectives' registry and the `exceptions`."""
+    allowed = {os.path.join("triax", "objectives", "registry.py"), *exceptions}
+    stray = []
+    for path in python_files(os.path.join(repo, "triax")):
+        relative = os.path.relpath(path, repo)
+        if relative.replace(os.sep, "/") in allowed or relative in allowed:
+            continue
+        for line, name in objective_names_in(path, OBJECTIVE_NAMES):
+            if not relative.startswith(os.path.join("triax", "objectives", name) + os.sep):
+                stray.append(f"{relative}:{line} {name}")
+    return stray
+
+
+def test_an_objectives_name_appears_only_in_its_folder_and_the_registry():
+    stray = objective_names_outside_their_folders(REPO_DIR, OBJECTIVE_NAME_EXCEPTIONS)
+    assert not stray, ("an objective named outside triax/objectives/<name>/ and objectives/registry.py (ask the "
+                       f"registry or the objective instead): {stray}")
+
+
+def test_the_objective_name_check_finds_a_planted_name(tmp_path):
+    # The check itself: code that names an objective outside its folder is found; prose, its own
+    # folder, another word that contains the letters, and a listed exception are not.
+    (tmp_path / "triax" / "objectives" / "dpo").mkdir(parents=True)
+    (tmp_path / "triax" / "train").mkdir()
+    (tmp_path / "triax" / "objectives" / "dpo" / "loss.py").write_text("def check_dpo():\n    return 'dpo.beta'\n")
+    (tmp_path / "triax" / "train" / "step.py").write_text(
+        '"""The step; DPO lives elsewhere."""\n'
+        "from torch.distributed.fsdp import CPUOffloadPolicy  # a word that holds d-p-o\n"
+        "from triax.objectives.dpo.objective import DPOObjective\n"
+        "key = f'grpo.beta={1}'\n")
+    (tmp_path / "triax" / "train" / "allowed.py").write_text("name = 'dpo'\n")
+    stray = objective_names_outside_their_folders(str(tmp_path), {"triax/train/allowed.py": "a planted exception"})
+    assert stray == ["triax/train/step.py:3 dpo", "triax/train/step.py:3 dpo", "triax/train/step.py:4 grpo"], stray

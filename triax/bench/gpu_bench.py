@@ -28,7 +28,7 @@ from triax.models.config import preset_fields
 from triax.parallel.mesh import GPU_VOCAB_MULTIPLE, Layout, padded_vocab_size
 from triax.parallel.plan import ModelShape, estimate
 from triax.config import compose_config
-from triax.train.loss import loss_function
+from triax.objectives.tokens.loss import loss_function
 from triax.train.trainer import Trainer
 
 

@@ -21,7 +21,7 @@ import torch
 
 from triax.models.config import PRESETS, GPTConfig, preset_fields
 from triax.models.lora_config import LoRAConfig
-from triax.config.dpo import DPOConfig
+from triax.objectives.dpo.config import DPOConfig
 from triax.objectives.grpo.config import GRPOConfig
 
 

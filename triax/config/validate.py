@@ -21,8 +21,7 @@ from triax.runtime.timeouts import collective_timeout
 from triax.tracking.trackers import check_trackers
 from triax.config.schema import (DECAY_RULES, SCHEDULES, DataConfig, DebugConfig, ModelConfig, OptimConfig,
                                  ParallelConfig, TrainConfig, TrainerConfig, gpt_config)
-from triax.config.dpo import check_dpo, check_preference_run
-from triax.objectives.grpo.config import check_grpo, check_grpo_run
+from triax.objectives.registry import OBJECTIVES, objective_for, sections
 
 
 def _need(ok: bool, key: str, value: object, what: str) -> None:
@@ -64,19 +63,16 @@ def validate(config: TrainConfig) -> None:
     _check_trainer(config.trainer)
     _check_parallel(config.parallel)
     _check_debug(config.debug)
-    check_dpo(config.dpo)
-    if config.data.task == "grpo":
-        check_grpo(config.grpo)
+    for task, entry in OBJECTIVES.items():  # each objective's keys (triax.objectives.registry)
+        if entry.check_settings is not None and (entry.check_always or config.data.task == task):
+            entry.check_settings(getattr(config, entry.section))
     check_sections_apply(config)
 
 
-# The config sections that belong to one data.task: keys set there on a run of another task would
-# change nothing, so the slip (the task, or a key left from another recipe) is refused.
-TASK_SECTIONS = {"dpo": "preference", "grpo": "grpo"}
-
-
 def check_sections_apply(config: TrainConfig) -> None:
-    for section, task in TASK_SECTIONS.items():
+    """The config sections that belong to one data.task: keys set there on a run of another task
+    would change nothing, so the slip (the task, or a key left from another recipe) is refused."""
+    for section, task in sections().items():
         given = getattr(config, section)
         default = type(given)()
         if config.data.task == task or given == default:
@@ -94,8 +90,7 @@ def _check_model(model: ModelConfig) -> None:
 
 
 def _check_data(data: DataConfig) -> None:
-    _need(data.task in ("char", "tokens", "addition", "chat", "preference", "grpo"), "data.task", data.task,
-          "use char, tokens, addition, chat, preference or grpo")
+    objective_for(data.task)  # one line naming the tasks there are
     _need(data.truncation_mode in ("keep_start", "keep_end"), "data.truncation_mode", data.truncation_mode,
           "use keep_start or keep_end")
     _need(data.overlong in ("truncate", "drop"), "data.overlong", data.overlong, "use truncate or drop")
@@ -246,5 +241,6 @@ def check_data_layout(config: TrainConfig, layout: Layout) -> None:
         raise ConfigError("data.batch_padding=true does not run under pipeline parallelism (parallel.pp="
                           f"{layout.pp}): its stages are built for one row length; use "
                           "data.batch_padding=false")
-    check_preference_run(config, layout)
-    check_grpo_run(config, layout)
+    entry = objective_for(data.task)
+    if entry.check_run is not None:  # what the task's objective needs (triax.objectives.registry)
+        entry.check_run(config, layout)

@@ -1,5 +1,5 @@
 """Preference pairs (data.task=preference): local JSONL, JSON or Parquet files of records, each a
-prompt and two answers to it, `chosen` (preferred) and `rejected`, for DPO (triax.train.dpo).
+prompt and two answers to it, `chosen` (preferred) and `rejected`, for DPO (triax.objectives.dpo).
 
 A record is TRL's preference format, in any of its four forms:
 - conversational, explicit prompt: {"prompt": [messages], "chosen": [messages], "rejected": [messages]};
@@ -169,7 +169,7 @@ def encode_pairs(records: Iterable[tuple[str, Any]], encoder: PreferenceEncoder,
                  truncation: str) -> EncodedPairs:
     """Every record encoded; pairs whose prompt fills max_length left out under keep_start (as TRL)."""
     if truncation not in TRUNCATION_MODES:
-        raise DataError(f"dpo.truncation_mode={printable(str(truncation))!r}; use one of {', '.join(TRUNCATION_MODES)}")
+        raise DataError(f"data.truncation_mode={printable(str(truncation))!r}; use one of {', '.join(TRUNCATION_MODES)}")
     split = EncodedPairs([])
     for where, record in records:
         pair = encoder.encode(record, where)

@@ -10,6 +10,7 @@ from typing import Sequence
 
 from triax import safe_files
 from triax.data.errors import DataError, MissingDependency
+from triax.errors import ConfigError
 
 INSTALL_HINT = "pip install 'triax[tokenize]' (or: pip install tokenizers)"
 
@@ -101,3 +102,14 @@ def _panics_as_errors(source: str):
                 if data:
                     os.write(2, data)
             captured.close()
+
+
+def require_checkpoint_tokenizer(task: str, codec: object, source: object | None, why: str) -> None:
+    """Chat and preference data are encoded by model.init_from's tokenizer: one line naming what is
+    missing, the checkpoint or (when one was given) its tokenizer.json."""
+    if source is None:
+        raise ConfigError(f"data.task={task} needs model.init_from: a transformers checkpoint directory with "
+                          f"tokenizer.json ({why})")
+    if not isinstance(codec, BPETokenizer):
+        raise ConfigError(f"data.task={task}: model.init_from={source.path!r} has no tokenizer.json "
+                          f"({why}); give a checkpoint directory that holds one")

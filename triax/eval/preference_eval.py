@@ -15,7 +15,9 @@ from triax.errors import TriaxError, printable
 from triax.interop.hf.whole_model import load_hf_model
 from triax.models.lora_config import is_adapter
 from triax.interop.peft.adapter import load_adapter
-from triax.train.dpo import METRICS, DPOObjective
+from triax.objectives.dpo.loss import METRICS
+from triax.objectives.dpo.objective import DPOObjective
+from triax.objectives.reference import reference_for
 from triax.runs.files import kept_tokenizer
 
 
@@ -29,13 +31,13 @@ def preference_encoder_of_run(run_dir: str, config):
 def _objective(model, config, device):
     """The DPO objective with the run's reference: model.lora.init_from's adapters if it had them,
     model.init_from itself for a run without LoRA."""
-    objective = DPOObjective(config.dpo)
-    if not config.model.lora.rank:
-        objective.reference = load_hf_model(config.model.init_from, device).eval()
-    if config.model.lora.init_from:
+    objective, lora = DPOObjective(config.dpo), config.model.lora
+    trained = None
+    if lora.init_from:  # the reference's adapters are read in, kept, and the trained ones put back
         trained = {name: parameter.detach().clone() for name, parameter in model.named_parameters() if is_adapter(name)}
-        load_adapter(model, config.model.lora.init_from, config.model.lora)
-        objective.keep_initial_adapters(model)
+        load_adapter(model, lora.init_from, lora)
+    objective.use_reference(reference_for(lora, model, lambda: load_hf_model(config.model.init_from, device).eval()))
+    if trained is not None:
         with torch.no_grad():
             for name, parameter in model.named_parameters():
                 if name in trained:

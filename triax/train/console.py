@@ -13,6 +13,7 @@ from triax.runtime.threads import ThreadChoice
 from triax.tracking.line_fields import LineField, shown_fields
 from triax.tracking.throughput import MetricsLogger, Pace, duration, step_count
 from triax.config.schema import TrainConfig
+from triax.objectives.registry import objective_for
 from triax.train.step import TrainingStep
 
 
@@ -66,8 +67,8 @@ class Console:
             logger.print(batch_note)
 
     def _samples(self) -> str:
-        """What one sample of a step is: a preference pair (its chosen and rejected rows), else a row."""
-        return "pairs" if self.config.data.task == "preference" else "samples"
+        """What one sample of a step is: a row, or what the objective's sample is (a pair of rows)."""
+        return objective_for(self.config.data.task).sample_unit
 
     def start(self, step: int) -> Pace:
         self.pace = Pace(self.steps.samples_per_step * self.block_size, self.total_steps, step)
@@ -75,8 +76,8 @@ class Console:
 
     def throughput(self, steps: int, seconds: float) -> dict:
         """tokens_per_s: the positions the model computed, padding included (what MFU counts);
-        chat and preference data (rows of varying length) add loss_tokens: the targets the loss saw
-        in the interval, all ranks together, and loss_tokens_per_s (docs/preference.md)."""
+        data whose answers alone are scored (rows of varying length) add loss_tokens: the targets the
+        loss saw in the interval, all ranks together, and loss_tokens_per_s (docs/preference.md)."""
         step, layout = self.steps, self.steps.layout
         tokens, counted = steps * step.samples_per_step * self.block_size, {}
         if step.counts_tokens():  # counted as read; tensor and pipeline peers read the same tokens
@@ -126,16 +127,16 @@ class Console:
                 parts.append(f"mfu {100 * record['mfu']:.2f}%")
             parts.append(f"mem {record['peak_mem_mb']:.0f}MB")
         if "val_loss" in record:
-            # Chat and preference data score the answers alone: the count says so (and DPO's, its pairs).
-            scored = "answer tokens" if self.config.data.task in ("chat", "preference") else "tokens"
+            # Data whose answers alone are scored: the count says so (and an evaluation of pairs, its pairs).
+            scored = "answer tokens" if objective_for(self.config.data.task).scores_answers else "tokens"
             pairs = f"{record['val_pairs']} pairs, " if "val_pairs" in record else ""
             parts.append(f"val_loss {record['val_loss']:.4f} ({pairs}{record['val_tokens']} {scored})")
             parts += [f"{key} {value:.4f}" for key, value in record.items() if key.startswith("val_loss/")]
         if "val_accuracy" in record:
             parts.append(f"val_acc {100 * record['val_accuracy']:.1f}%")
-        if "val_rewards/accuracies" in record:  # DPO: the share of validation pairs ranked right
+        if "val_rewards/accuracies" in record:  # the share of validation pairs ranked right
             parts.append(f"val_reward_acc {100 * record['val_rewards/accuracies']:.1f}%")
-        if "val_pass_rate" in record:  # GRPO: held-out prompts' completions that every reward passed
+        if "val_pass_rate" in record:  # held-out prompts' completions that every reward passed
             parts.append(f"val_reward {record['val_reward']:.3f} val_pass {100 * record['val_pass_rate']:.1f}%")
         if step < self.total_steps:
             parts.append(f"{self.pace.time_left} left")

@@ -8,11 +8,11 @@ import torch
 
 from triax.data import AdditionDataset, load_char_datasets
 from triax.data.text import CharDataset, read_text
-from triax.data.tokenizer import BPETokenizer
+from triax.data.tokenizer import BPETokenizer, require_checkpoint_tokenizer
 from triax.data.mixture import Mixture
 from triax.data.sources import open_source
 from triax.errors import ConfigError
-from triax.objectives.grpo.prompts import load_prompt_datasets, prompt_encoder_for
+from triax.objectives.registry import objective_for
 from triax.config.schema import DataConfig
 from triax.config.validate import source_names
 
@@ -32,17 +32,19 @@ class TrainData:
 
 
 def build_data(config: DataConfig, codec: object | None = None, source: object | None = None,
-               max_completion_length: int = 0) -> TrainData:
+               run: object | None = None) -> TrainData:
     """`codec`: the text codec of model.init_from's checkpoint (a tokenizer or a character
     vocabulary); it then encodes data.task=char text instead of a vocabulary of its own.
     `source`: model.init_from's ForeignRun (data.task=chat reads its chat template).
-    `max_completion_length`: data.task=grpo, the room a prompt leaves for its completions."""
-    if config.task == "grpo":
-        return _prompt_data(config, codec, source, max_completion_length)
+    `run`: the whole TrainConfig, for a task whose objective reads its own records with its own
+    keys (triax.objectives.registry)."""
+    load_data = objective_for(config.task).load_data
+    if load_data is not None:  # the objective's own records, encoded by the checkpoint's tokenizer
+        train, val, report = load_data(config, codec, source, run)
+        return TrainData(train, val, len(codec), config.block_size, codec, getattr(codec, "source_path", None),
+                         report=report)
     if config.task == "chat":
         return _chat_data(config, codec, source)
-    if config.task == "preference":
-        return _preference_data(config, codec, source)
     if config.task == "char" and codec is not None:
         return _encoded_text(config, codec)
     if config.task == "addition":
@@ -112,49 +114,15 @@ def _encoded_text(config: DataConfig, codec: object) -> TrainData:
     return TrainData(train, val, len(codec), config.block_size, codec, getattr(codec, "source_path", None))
 
 
-def _need_tokenizer(task: str, codec: object, source: object | None, why: str) -> None:
-    """Chat and preference data are encoded by model.init_from's tokenizer: one line naming what is
-    missing, the checkpoint or (when one was given) its tokenizer.json."""
-    if source is None:
-        raise ConfigError(f"data.task={task} needs model.init_from: a transformers checkpoint directory with "
-                          f"tokenizer.json ({why})")
-    if not isinstance(codec, BPETokenizer):
-        raise ConfigError(f"data.task={task}: model.init_from={source.path!r} has no tokenizer.json "
-                          f"({why}); give a checkpoint directory that holds one")
-
-
 def _chat_data(config: DataConfig, codec: object, source: object | None) -> TrainData:
     """Conversations rendered with the checkpoint's chat template and encoded by its tokenizer."""
     from triax.data.chat import ChatEncoder, chat_template_for, load_chat_datasets
 
-    _need_tokenizer("chat", codec, source, "its chat template and tokenizer render and encode the conversations")
+    require_checkpoint_tokenizer("chat", codec, source,
+                                 "its chat template and tokenizer render and encode the conversations")
     template = chat_template_for(config.chat_template, source.description, source.path)
     encoder = ChatEncoder(template, codec.tokenizer)
     chat = load_chat_datasets(config.path, config.val_path, config.train_split, encoder, config.block_size,
                               config.packing, config.overlong, config.batch_padding)
     return TrainData(chat.train, chat.val, len(codec), config.block_size, codec,
                      getattr(codec, "source_path", None), report=chat.report)
-
-
-def _preference_data(config: DataConfig, codec: object, source: object | None) -> TrainData:
-    """Preference pairs encoded as TRL's DPOTrainer encodes them (triax.data.preference)."""
-    from triax.data.preference import load_preference_datasets, preference_encoder_for
-
-    _need_tokenizer("preference", codec, source, "its tokenizer and chat template encode the pairs")
-    encoder = preference_encoder_for(config.chat_template, source.description, source.path, codec.tokenizer)
-    pairs = load_preference_datasets(config.path, config.val_path, config.train_split, encoder, config.block_size,
-                                     config.truncation_mode)
-    return TrainData(pairs.train, pairs.val, len(codec), config.block_size, codec,
-                     getattr(codec, "source_path", None), report=pairs.report)
-
-
-def _prompt_data(config: DataConfig, codec: object, source: object | None, max_completion_length: int) -> TrainData:
-    """GRPO's prompts, encoded as TRL's GRPOTrainer encodes them (triax.objectives.grpo.prompts)."""
-    if source is None or not isinstance(codec, BPETokenizer):
-        raise ConfigError("data.task=grpo needs model.init_from: a transformers checkpoint directory with "
-                          "tokenizer.json (its tokenizer and chat template encode the prompts)")
-    encoder = prompt_encoder_for(config.chat_template, source.description, source.path, codec.tokenizer)
-    prompts = load_prompt_datasets(config.path, config.val_path, config.train_split, encoder, config.block_size,
-                                   max_completion_length)
-    return TrainData(prompts.train, prompts.val, len(codec), config.block_size, codec,
-                     getattr(codec, "source_path", None), report=prompts.report)

@@ -28,10 +28,9 @@ class Evaluation:
         token counts are added up exactly, so every layout and process count reports the same
         number. `val_tokens` is how many tokens were scored."""
         steps = self.steps
-        if steps.dpo is not None:
-            return steps.dpo.evaluate(steps)
-        if steps.objective is not None:
-            return steps.objective.evaluate(steps.context)
+        figures = steps.objective.evaluate(steps.context)  # an objective's own figures (None: the token loss's)
+        if figures is not None:
+            return figures
         trainer, layout = self.config.trainer, steps.layout
         steps.model.eval()
         limit = trainer.eval_batches * trainer.batch_size * layout.dp if trainer.eval_batches else None
@@ -85,7 +84,7 @@ class Evaluation:
         steps = self.steps
         vocab = steps.data.vocab
         if (vocab is None or self.config.trainer.sample_tokens <= 0 or not self.can_generate()
-                or steps.objective is not None):  # an objective's evaluation samples its own
+                or not steps.objective.text_samples):  # an objective whose evaluation samples its own
             return None
         first_window = steps.data.val.batch(torch.zeros(1, dtype=torch.long))[0][0]
         prompt = prompt or vocab.decode(first_window[: min(16, steps.data.block_size)].tolist())

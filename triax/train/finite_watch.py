@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from triax.errors import TriaxError
+from triax.objectives.registry import loss_coefficients
 from triax.runtime.shared_decisions import max_across_ranks
 
 
@@ -50,4 +51,4 @@ class FiniteWatch:
         raise NonFiniteTrainingError(
             f"the training loss or gradient norm stopped being finite at step {first} (now loss {loss:g}, gradient "
             f"norm {grad_norm:g}); the run stopped without saving that state and {kept}; lower optim.lr, set "
-            "trainer.grad_clip, or check the data and the loss's coefficients (dpo.beta, the router's)")
+            f"trainer.grad_clip, or check the data and the loss's coefficients ({loss_coefficients()})")

@@ -2,8 +2,10 @@
 
 Each step takes the next global batch in the data order (see triax.data.sampler), runs
 `grad_accum` micro-batches with gradient sync only on the last (or one pipeline schedule over
-them), then clips, steps and schedules. The same batches, forward and loss serve evaluation
-(triax.train.evaluation) and DPO (triax.train.dpo).
+them), then clips, steps and schedules. What the loss is belongs to the run's objective
+(triax.objectives: the token loss, or another data.task's), handed the step's narrow context; the
+terms a model adds to any objective (a mixture of experts' balance losses) are added to it. The
+same batches and forward serve evaluation (triax.train.evaluation).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -31,12 +33,11 @@ from triax.parallel.parallelize import ParallelModel
 from triax.runtime.precision import Precision
 from triax.runtime.shared_decisions import gather_floats
 from triax.runtime.watchdog import Watchdog
-from triax.train import router_metrics
 from triax.train.data import TrainData
-from triax.train.dpo import DPOObjective
 from triax.train.sample_log import SampleLog
 from triax.config.schema import TrainConfig
 from triax.objectives import Objective, StepContext
+from triax.objectives.registry import objective_for
 
 
 @dataclass
@@ -73,15 +74,14 @@ class RankPlace:
 
 
 class TrainingStep:
-    """One rank's step: batches to the device, the forward and the loss (token loss or DPO's), the
-    backward with gradient sync on the last micro-batch, and the optimizer step. Keeps this rank's
-    seconds in the log interval (`timing`) and, for chat and preference rows, the tokens it read
+    """One rank's step: batches to the device, the forward and the objective's loss, the backward
+    with gradient sync on the last micro-batch, and the optimizer step. Keeps this rank's seconds in
+    the log interval (`timing`) and, for rows whose answers alone are scored, the tokens it read
     (`counted`)."""
 
     def __init__(self, config: TrainConfig, place: RankPlace, precision: Precision, data: TrainData,
                  parallel_model: ParallelModel, optimization: Optimization, token_loss: Callable,
-                 dpo: DPOObjective | None, sample_log: SampleLog | None, watchdog: Watchdog | None,
-                 objective: Objective | None = None):
+                 objective: Objective, terms: Sequence, sample_log: SampleLog | None, watchdog: Watchdog | None):
         self.config, self.place, self.precision, self.data = config, place, precision, data
         self.layout, self.device, self.world_size = place.layout, place.device, place.world_size
         self.dp_rank = place.dp_rank
@@ -89,19 +89,21 @@ class TrainingStep:
         # The plain GPT to call for evaluation and sampling (sharded in place by TP/FSDP); a
         # pipeline rank holds only stages of it and evaluates through the schedule instead.
         self.raw_model = None if parallel_model.pipelined else unwrap(parallel_model.model)
-        self.optimization, self.token_loss, self.dpo = optimization, token_loss, dpo
+        # token_loss: what a pipeline's last stage and the validation windows score with.
+        self.optimization, self.token_loss = optimization, token_loss
         self.sample_log, self.watchdog = sample_log, watchdog
-        # An objective that produces its own batches (triax.objectives: GRPO's rollout) and their loss.
-        self.objective = objective
+        # What the loss is (triax.objectives), and the terms a model adds to any (a mixture of experts').
+        self.objective, self.terms = objective, list(terms)
+        self.counts_answers = objective_for(config.data.task).scores_answers
         self.context = StepContext(place.device, lambda: precision.autocast(place.device), self.forward,
-                                   config.trainer.grad_accum, place.layout.dp, place.dp_rank, config.trainer.seed)
+                                   config.trainer.grad_accum, place.layout.dp, place.dp_rank, config.trainer.seed,
+                                   place.world_size, self.loss_context, self.batch)
         self.position = Position()
         self.samples_per_step = config.trainer.batch_size * self.layout.dp * config.trainer.grad_accum
         self.first_step = True  # compiles and sets up lazily: the watchdog gives it the slow allowance
         self.timing = {"step": 0.0, "data": 0.0, "forward": 0.0}  # this rank's seconds in the log interval
-        self.router_term = None  # a mixture of experts' router losses of the last forward (router_metrics)
-        # Chat and preference rows vary: this rank's training tokens of the log interval, counted as
-        # read (the positions computed, padding included; the targets the loss sees).
+        # Rows whose answers alone are scored vary: this rank's training tokens of the log interval,
+        # counted as read (the positions computed, padding included; the targets the loss sees).
         self.counted = [0, 0]
         self.pipeline_reduction = "mean"  # what pipeline_loss returns: "sum" while evaluating
         self.finite = FiniteWatch(self.device, optimization.scaler.is_enabled())  # a NaN stops the run
@@ -120,7 +122,7 @@ class TrainingStep:
         return batch
 
     def counts_tokens(self) -> bool:
-        return self.config.data.task in ("chat", "preference")
+        return self.counts_answers
 
     def batch(self, dataset: object, indices: torch.Tensor, scored: list | None = None,
               first_scored: torch.Tensor | None = None):
@@ -159,16 +161,9 @@ class TrainingStep:
             return model(ids, documents=documents)
         return model(x)
 
-    def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        if self.dpo is not None:  # preference pairs: the mean DPO loss of the batch's pairs
-            return self.dpo.loss(self, model, x, y)
-        with self.precision.autocast(self.device):
-            logits = self.forward(model, x)
-        return self.token_loss(logits, y, reduction)
-
     def per_token_scale(self, scored: list[int] | None) -> float | None:
-        """Chat data scores a varying number of tokens per row (the answers): each step's loss is
-        then the mean over every scored token of the step, on all ranks and micro-batches together,
+        """An objective whose rows score a varying number of tokens (chat's answers) has each step's
+        loss the mean over every scored token of the step, on all ranks and micro-batches together,
         not a mean of per-batch means, so every layout and grad_accum computes the same gradient.
         `scored`: the tokens each of this rank's micro-batches scores (counted on the host).
         Returns the factor that turns this rank's summed token losses into its share of that mean
@@ -184,10 +179,7 @@ class TrainingStep:
     def scores_per_token(self) -> bool:
         """Context-parallel ranks hold different tokens of a row: their loss is always the mean over
         every token of the step, so that it equals one process's mean however the targets fall."""
-        data = self.config.data
-        # Tokens that skip documents' first targets score a varying number per row, as chat does.
-        varying = data.task == "chat" or (data.task == "tokens" and data.packing and not data.score_document_starts)
-        return (varying or self.layout.cp > 1) and not self.parallel_model.pipelined
+        return (self.objective.mean_per_token or self.layout.cp > 1) and not self.parallel_model.pipelined
 
     def pipeline_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.pipeline_reduction == "sum":  # evaluation: no backward, no scaling
@@ -276,7 +268,7 @@ class TrainingStep:
     def _micro_batches(self, step: int, consumed: list[int]) -> tuple[list, list[int] | None]:
         """This rank's micro-batches of the step (none under a pipeline), read before any forward,
         and the tokens each scores when the loss is a mean per token."""
-        if self.objective is not None:
+        if self.objective.produces_batches:
             return self._produced_batches(step, consumed), None
         batches, scored = [], [] if self.scores_per_token() else None
         global_micro_batch = self.config.trainer.batch_size * self.layout.dp
@@ -307,18 +299,12 @@ class TrainingStep:
         with self._sync_context(last), self.loss_context():
             self.phase("forward", step, micro)
             started = time.perf_counter()
-            if self.objective is not None:  # already scaled for the step; logged as the step's sum
-                scaled = self.objective.loss(self.context, self.model, x)[0]
-                loss = scaled * grad_accum
-            elif per_token is None:
-                loss = self.loss(self.model, x, y)
-                scaled = loss / grad_accum
-            else:
-                loss = scaled = self.loss(self.model, x, y, reduction="sum") * per_token
-            # A mixture of experts' router losses, of this micro-batch's forward.
-            self.router_term = router_metrics.objective_term(self.model, self.config.model)
-            if self.router_term is not None:
-                scaled = scaled + self.router_term / grad_accum
+            batch = x if self.objective.produces_batches else (x, y, per_token)
+            scaled, loss = self.objective.loss(self.context, self.model, batch)
+            for term in self.terms:  # what the model adds to any objective, of this micro-batch's forward
+                value = term.loss(self.model)
+                if value is not None:
+                    scaled = scaled + value / grad_accum
             self.timing["forward"] += time.perf_counter() - started
             self.phase("backward", step, micro)
             self.optimization.scaler.scale(scaled).backward()
@@ -332,7 +318,8 @@ class TrainingStep:
         max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
         grad_norm = clip_grad_norm(list(self.model.parameters()), max_norm, self.place.pp_group)
         optimization.scaler.step(optimization.optimizer)
-        router_metrics.after_step(self.model, self.config.model)  # DeepSeek-V3's bias update, if on
+        for term in self.terms:  # such as DeepSeek-V3's expert-bias update
+            term.after_step(self.model)
         optimization.scaler.update()
         optimization.optimizer.zero_grad(set_to_none=True)
         optimization.scheduler.step()

@@ -42,15 +42,16 @@ from triax.runtime.rendezvous import restart_count
 from triax.runtime.shared_decisions import any_rank, mean_across_ranks
 from triax.runtime.threads import apply_thread_choice
 from triax.tracking.throughput import Pace, peak_memory_mb, stated_peak_flops
-from triax.train import continuation, init_from, router_metrics
+from triax.train import continuation, init_from
 from triax.train.batch_fit import fit_batch_size
 from triax.config.compose import absolute_paths, continuation_overrides
 from triax.train.console import Console
 from triax.train.data import build_data
-from triax.train.dpo import DPOObjective
-from triax.objectives.grpo.build import build_grpo
+from triax.objectives import Objective, RunParts
+from triax.objectives.reference import reference_for
+from triax.objectives.registry import added_terms, objective_for
+from triax.objectives.tokens.loss import loss_function
 from triax.train.evaluation import Evaluation
-from triax.train.loss import loss_function
 from triax.train.needs import run_needs
 from triax.train.optim import make_adamw, make_schedule, move_schedule
 from triax.train.preemption import StopRequest
@@ -100,12 +101,8 @@ class Trainer:
         self.console = Console(config, self.steps, self.total_steps, self.flops_per_token,
                                stated_peak_flops(self.device, self.precision.compute_dtype, config.trainer.peak_flops),
                                self.watchdog, self._warn)
-        if self.model_config.num_experts:
-            self.console.show(router_metrics.LINE_FIELDS)
-        if self.dpo is not None:
-            self.console.show(self.dpo.line_fields)
-        if self.objective is not None:
-            self.console.show(self.objective.line_fields)
+        for part in (*self.steps.terms, self.objective):  # the few figures each logs that a person watches
+            self.console.show(part.line_fields)
         self.continued_best: tuple[float, int] | None = None  # the best val loss of the run continued
         if self.resume:
             self.snapshots.resume(self.logger, self.total_steps, self.world_size, self.restarted)
@@ -153,17 +150,15 @@ class Trainer:
         self.init_source = self._init_source()
         self.changed_shape = changed_from_preset(config.model)  # before model.init_from replaces the shape
         self.data = build_data(config.data, self.init_source.codec if self.init_source else None, self.init_source,
-                               config.grpo.max_completion_length)
+                               config)
         self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
                                      self.place.world_size, parallel.cp, parallel.ep)
         check_context_parallel(self.layout, self.data.block_size, parallel.compile)
         if self.init_source is not None:
             self._take_architecture()
         check_data_layout(config, self.layout)
-        # DPO on preference pairs: its loss replaces the token loss (triax.train.dpo).
-        self.dpo = DPOObjective(config.dpo) if config.data.task == "preference" else None
-        if config.data.task in ("chat", "preference"):
-            # Chat and preference batches cut to their longest row: to a multiple of tp (which splits the sequence).
+        if objective_for(config.data.task).scores_answers:
+            # Batches of answers cut to their longest row: to a multiple of tp (which splits the sequence).
             self.data.train.multiple = self.data.val.multiple = self.layout.tp
         validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
                         block_size=self.data.block_size, batch_size=trainer.batch_size,
@@ -277,23 +272,27 @@ class Trainer:
             load_adapter(self.raw_model if self.raw_model is not None else self.model,
                          self.config.model.lora.init_from, self.config.model.lora, self._stored_name(),
                          n_layer=model_config.n_layer)
-            if self.dpo is not None:  # DPO's reference: the adapters as read (TRL's "ref" adapter)
-                self.dpo.keep_initial_adapters(self.raw_model)
-        if self.dpo is not None and not self.config.model.lora.rank:
-            self.dpo.reference = self._frozen_reference(model_config)
-        # An objective that produces its batches (data.task=grpo: triax.objectives.grpo).
-        self.objective = None if self.config.data.task != "grpo" else build_grpo(
-            self.config, self.data, self.raw_model, self.device, lambda: self.precision.autocast(self.device),
-            bool(self.config.model.lora.rank), self.layout.dp)
-        if self.objective is not None and self.objective.needs_reference() and not self.config.model.lora.rank:
-            self.objective.reference = self._frozen_reference(model_config)
+        self.objective = self._objective(model_config)
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
 
+    def _objective(self, model_config: GPTConfig) -> Objective:
+        """What the step optimises: data.task's objective (triax.objectives.registry), given the
+        reference it needs, in the one form the run allows (triax.objectives.reference)."""
+        def autocast():  # the run's precision on this device, for what the objective runs itself (sampling)
+            return self.precision.autocast(self.device)
+
+        objective = objective_for(self.config.data.task).build(
+            RunParts(self.config, self.data, self.raw_model, self.device, autocast, self.layout.dp, self._token_loss))
+        if objective.needs_reference():  # after model.lora.init_from's adapters are read, before a resume
+            objective.use_reference(reference_for(self.config.model.lora, self.raw_model,
+                                                  lambda: self._frozen_reference(model_config)))
+        return objective
+
     def _frozen_reference(self, model_config: GPTConfig) -> torch.nn.Module:
-        """DPO without LoRA: a second model from model.init_from, built and sharded as the policy
-        (each rank holds its part alone), frozen, never in the optimizer or the snapshots."""
+        """The reference without LoRA: a second model from model.init_from, built and sharded as the
+        policy (each rank holds its part alone), frozen, never in the optimizer or the snapshots."""
         # Without DDP's wrapper (nothing to synchronise: it has no gradients); FSDP and TP shard in place.
         reference = unwrap(parallelize(model_config, self.layout, self.mesh, self.precision, self.config.parallel,
                                        self.device, seed=self.config.trainer.seed, rank=self.rank).model)
@@ -321,7 +320,8 @@ class Trainer:
         optimization = Optimization(self.optimizer, self.scheduler, self.scaler, self.sampler)
         place = RankPlace(self.layout, self.device, self.world_size, self.dp_rank, self.cp_rank, self.pp_group)
         self.steps = TrainingStep(config, place, self.precision, self.data, self.parallel_model, optimization,
-                                  self._token_loss, self.dpo, self.sample_log, self.watchdog, self.objective)
+                                  self._token_loss, self.objective, added_terms(self.model_config), self.sample_log,
+                                  self.watchdog)
         self.snapshots = Snapshots(config, self.snapshot_root, self.model, self.model_config, optimization,
                                    self.steps.position, self._stored_name(),
                                    asynchronous_snapshots(config.trainer, self.device), self.steps.phase, self._warn)
@@ -546,16 +546,16 @@ class Trainer:
         pace = self.console.pace
         self.steps.phase("metrics all-gather", self.step)
         record = {"loss": round(mean_across_ranks(loss), 6),
-                  **(self.dpo.take_metrics() if self.dpo is not None else {}),
-                  **(self.objective.take_figures() if self.objective is not None else {}),
+                  **self.objective.take_figures(),
                   "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(grad_norm, 5),
                   "epoch": self.epoch, **self.console.throughput(pace.interval_steps, pace.interval_seconds),
                   "peak_mem_mb": round(peak_memory_mb(self.device), 1),
                   **self.console.rank_times(pace.interval_steps)}
-        routing, warning = router_metrics.record(self.model, self.steps.router_term)
-        record.update(routing)
-        if warning and self.place.is_main:
-            print(warning, file=sys.stderr, flush=True)
+        for term in self.steps.terms:  # what the model adds to the objective: its figures, and a warning
+            figures, warning = term.record(self.model)
+            record.update(figures)
+            if warning and self.place.is_main:
+                print(warning, file=sys.stderr, flush=True)
         return record
 
     def _evaluate_and_sample(self) -> dict:

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 from triax.tracking.line_fields import LineField, shown_fields
 from triax.tracking.throughput import Pace
-from triax.train import router_metrics
+from triax.objectives.router import term as router_metrics
 from triax.train.console import Console
-from triax.train.dpo import DPOObjective
+from triax.objectives.dpo.objective import DPOObjective
 
 RECORD = {"loss": 2.5, "lr": 1e-3, "grad_norm": 0.5, "peak_mem_mb": 10.0, "router_loss": 0.01234,
           "expert_share": [0.4, 0.35, 0.2, 0.05], "expert_share_min": 0.05, "rewards/accuracies": 0.75,

@@ -1,16 +1,16 @@
-"""GRPO for `triax train`: the objective built from the run's configuration, data and model."""
+"""GRPO for `triax train`: its prompts read from data.path, and the objective built from the run's
+configuration, data and model."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager
+from typing import Any
 
-import torch
-
+from triax.data.tokenizer import BPETokenizer
 from triax.errors import ConfigError
-from triax.models.lora import adapters_disabled
+from triax.objectives import RunParts
 from triax.objectives.grpo.generation import CachedSampler, SamplingSettings
 from triax.objectives.grpo.objective import GRPOObjective
-from triax.objectives.grpo.prompts import PromptDataset
+from triax.objectives.grpo.prompts import PromptDataset, load_prompt_datasets, prompt_encoder_for
 from triax.objectives.grpo.rewards import load_rewards
 from triax.runtime.process_group import is_distributed
 from triax.runtime.shared_decisions import any_rank, gather_floats, max_across_ranks
@@ -31,11 +31,24 @@ def stop_ids(prompts: PromptDataset) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def build_grpo(config: Any, data: Any, model: torch.nn.Module, device: torch.device,
-               autocast: Callable[[], ContextManager], lora: bool, data_parallel_size: int) -> GRPOObjective:
-    """`config`: the TrainConfig; `data`: its TrainData (PromptDatasets, the checkpoint's tokenizer);
-    `model`: the policy, unwrapped (it samples in its own layout); `lora`: the reference is the base
-    with the adapters off (else the trainer gives the objective a frozen copy, objective.reference)."""
+def load_prompts(config: Any, codec: Any, source: Any, run: Any = None) -> tuple[Any, Any, str]:
+    """(training prompts, validation prompts, the log's report) of the DataConfig `config`, encoded as
+    TRL's GRPOTrainer encodes them (triax.objectives.grpo.prompts); `run`: the TrainConfig, whose
+    grpo.max_completion_length is the room a prompt leaves for its completions (0 without one)."""
+    if source is None or not isinstance(codec, BPETokenizer):
+        raise ConfigError("data.task=grpo needs model.init_from: a transformers checkpoint directory with "
+                          "tokenizer.json (its tokenizer and chat template encode the prompts)")
+    encoder = prompt_encoder_for(config.chat_template, source.description, source.path, codec.tokenizer)
+    prompts = load_prompt_datasets(config.path, config.val_path, config.train_split, encoder, config.block_size,
+                                   run.grpo.max_completion_length if run is not None else 0)
+    return prompts.train, prompts.val, prompts.report
+
+
+def build(parts: RunParts) -> GRPOObjective:
+    """The objective of the run (`parts.data`: its PromptDatasets and the checkpoint's tokenizer;
+    `parts.model`: the policy, unwrapped: it samples in its own layout). Its reference, when
+    grpo.beta asks for one, is the run's (use_reference)."""
+    config, data = parts.config, parts.data
     grpo, prompts = config.grpo, data.train
     ends = stop_ids(prompts)
     settings = SamplingSettings(grpo.num_generations, grpo.max_completion_length, grpo.temperature, grpo.top_p,
@@ -43,7 +56,7 @@ def build_grpo(config: Any, data: Any, model: torch.nn.Module, device: torch.dev
     # Sharded weights: every rank takes part in every forward, so the loop runs until all ranks stopped.
     together = is_distributed()
     all_stopped = (lambda stopped_here: not any_rank(not stopped_here)) if together else None
-    sampler = CachedSampler(model, settings, config.trainer.seed, device, autocast, all_stopped,
+    sampler = CachedSampler(parts.model, settings, config.trainer.seed, parts.device, parts.autocast, all_stopped,
                             max_across_ranks if together else None)
     tokenizer = data.vocab.tokenizer
     objective = GRPOObjective(grpo, prompts, load_rewards(grpo.reward_funcs),
@@ -51,8 +64,6 @@ def build_grpo(config: Any, data: Any, model: torch.nn.Module, device: torch.dev
                               gather_floats)
     objective.validation = data.val
     trainer = config.trainer  # an evaluation's prompts: eval_batches of them per data-parallel rank (0: all)
-    objective.eval_limit = trainer.eval_batches * trainer.batch_size * data_parallel_size
+    objective.eval_limit = trainer.eval_batches * trainer.batch_size * parts.data_parallel_size
     objective.eval_prompts = trainer.batch_size
-    if lora:
-        objective.reference_context = adapters_disabled
     return objective

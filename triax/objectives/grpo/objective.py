@@ -33,6 +33,7 @@ from triax.objectives.grpo.rewards import RewardFunction
 from triax.objectives.grpo.rollout import (Rollout, completion_tensors, length_figures, pad_rows,
                                            reward_figures)
 from triax.objectives.grpo.scoring import score
+from triax.objectives.reference import Reference
 from triax.tracking.line_fields import LineField
 
 # This rank's floats (as many on every rank) -> every data-parallel rank's, in rank order.
@@ -50,6 +51,9 @@ class GRPOObjective:
     # reward of the step's completions, its spread and how long the completions are.
     line_fields = (LineField("reward", ".3f"), LineField("reward_std", ".3f"),
                    LineField("completions/mean_length", ".1f"))
+    produces_batches = True  # the rollout: completions sampled for the step's prompts, and scored
+    mean_per_token = False  # its loss_type decides the reduction (loss.reduce_loss)
+    text_samples = False  # its evaluation samples completions of its own
 
     def __init__(self, config: GRPOConfig, prompts: PromptDataset, rewards: Sequence[RewardFunction],
                  decode: Callable[[list[int]], str], pad_id: int, sampler: Sampler, gather: Gather = _alone,
@@ -77,6 +81,10 @@ class GRPOObjective:
     def needs_reference(self) -> bool:
         return self.config.beta != 0.0
 
+    def use_reference(self, reference: Reference) -> None:
+        """The run's reference (triax.objectives.reference): a model of its own, or the policy switched."""
+        self.reference, self.reference_context = reference.model, reference.switched
+
     def produce_batch(self, context: StepContext, step: int, indices: torch.Tensor,
                       model: torch.nn.Module | None = None) -> Rollout:
         """The rollout of this rank's prompts `indices` at optimizer step `step`, by `model` (the policy)."""
@@ -93,8 +101,10 @@ class GRPOObjective:
             rollout.ref_logps = self._logps(context, model, rollout, reference=True)
         return rollout
 
-    def loss(self, context: StepContext, model: torch.nn.Module, batch: Rollout) -> tuple[torch.Tensor, dict]:
-        """One micro-batch's loss, scaled for grad_accum micro-batches and the data-parallel mean."""
+    def loss(self, context: StepContext, model: torch.nn.Module,
+             batch: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """One micro-batch's loss, scaled for grad_accum micro-batches and the data-parallel mean (and
+        as logged: the step's sum over its micro-batches, so times grad_accum)."""
         with context.autocast():
             logps, entropies = completion_logps(model, batch.prompt_ids, batch.prompt_lengths, batch.completion_ids,
                                                 self.config.temperature, self.chunk_tokens)
@@ -103,7 +113,7 @@ class GRPOObjective:
         loss = reduce_loss(self.config, terms.token_loss, mask, context.grad_accum, batch.step_tokens,
                            context.data_parallel_size)
         self.figures.add(terms, clip_masks(self.config, terms.ratio, batch.advantages), entropies, mask)
-        return loss, {}
+        return loss, loss * context.grad_accum
 
     def take_figures(self) -> dict[str, float]:
         """The figures since the last call, as TRL logs them: each step's rollout figures averaged over

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from triax.data.targets import IGNORE_INDEX
-from triax.train.loss import compiled_token_cross_entropy, loss_function, token_cross_entropy
+from triax.objectives.tokens.loss import compiled_token_cross_entropy, loss_function, token_cross_entropy
 
 
 def logits_and_targets(dtype):

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from triax.errors import ConfigError
-
-if TYPE_CHECKING:  # names for the types only: the schema imports this module
-    from triax.config.schema import TrainConfig
-    from triax.parallel.mesh import Layout
 
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
 # dpo.beta's range: sigmoid, hinge and robust scale the log-probability margin by beta (a sequence's
@@ -49,18 +45,25 @@ def check_dpo(config: DPOConfig) -> None:
                           "label smoothing is the robust loss's (as in TRL); use dpo.loss_type=robust or 0")
 
 
-def check_preference_run(config: TrainConfig, layout: Layout) -> None:
-    """What a DPO run needs, before any process group forms (one line each)."""
+def check_preference_run(config: Any, layout: Any) -> None:
+    """What a DPO run needs, before any process group forms (one line each). `config`: the
+    TrainConfig; `layout`: its parallel.mesh.Layout (names for the types alone would make a circle:
+    the schema imports this module)."""
     if config.data.task != "preference":
         return  # dpo.* keys set on another task are refused with every objective's (validate.check_sections_apply)
     if not config.model.lora.rank and not config.model.init_from:
         raise ConfigError("data.task=preference needs model.init_from: the reference is the model it starts from")
+    check_layout(layout)
+    if config.data.packing:
+        raise ConfigError("data.packing=true does not apply to data.task=preference: each batch is padded to its "
+                          "longest sequence; use data.packing=false")
+
+
+def check_layout(layout: Any) -> None:
+    """The layouts DPO cannot run under (a parallel.mesh.Layout)."""
     if layout.pp > 1:
         raise ConfigError(f"data.task=preference does not run under pipeline parallelism (parallel.pp={layout.pp}): "
                           "a pair's two answers and both forwards must stay on one stage; use dp_shard or tp")
     if layout.cp > 1:
         raise ConfigError(f"data.task=preference does not run under context parallelism (parallel.cp={layout.cp}): "
                           "each answer's log-probability is summed over its whole sequence; use parallel.cp=1")
-    if config.data.packing:
-        raise ConfigError("data.packing=true does not apply to data.task=preference: each batch is padded to its "
-                          "longest sequence; use data.packing=false")
