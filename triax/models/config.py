@@ -167,6 +167,39 @@ class GPTConfig:
     router_z_loss_coef: float = 0.0
     """Weight of the router z-loss (mean squared logsumexp of the router logits, ST-MoE); 0 = off."""
 
+    # Multi-head latent attention and group-limited routing (DeepSeek-V2 and V3 introduced them).
+
+    q_lora_rank: Optional[int] = None
+    """Width of the queries' low-rank latent (a down projection, an RMSNorm, an up projection to the heads); unset
+    = queries projected from the residual stream directly. Only with kv_lora_rank > 0."""
+
+    kv_lora_rank: int = 0
+    """Width of the keys' and values' shared latent: the one thing a generation cache keeps per token (with the
+    qk_rope_head_dim rotary key values); 0 = plain multi-head attention."""
+
+    qk_nope_head_dim: Optional[int] = None
+    """Values of each query/key head without rotary positions (latent attention); unset = 128."""
+
+    qk_rope_head_dim: Optional[int] = None
+    """Values of each query/key head that carry rotary positions (latent attention; the key's are shared by every
+    head); unset = 64."""
+
+    v_head_dim: Optional[int] = None
+    """Width of each value head (latent attention); unset = qk_nope_head_dim."""
+
+    router_groups: int = 1
+    """Experts are split into this many equal groups; a token chooses its experts within router_topk_groups
+    groups only (those whose two best scores sum highest); 1 = no groups."""
+
+    router_topk_groups: int = 1
+    """Groups each token's experts may come from (router_groups > 1)."""
+
+    routed_scaling_factor: float = 1.0
+    """The routed experts' weighted sum is multiplied by this (DeepSeek-V3: 2.5) before the shared expert is added."""
+
+    first_dense_layers: int = 0
+    """The first this many layers have a dense MLP (intermediate_size wide) instead of experts."""
+
     # Optional[...] rather than `X | None` above: OmegaConf (the model.* schema is built from these
     # fields) reads typing's Optional only.
 
@@ -198,7 +231,7 @@ class GPTConfig:
 
     def has_experts(self, layer: int) -> bool:
         """Whether layer `layer`'s MLP is a mixture of experts (transformers' Qwen3-MoE rule)."""
-        return (self.num_experts > 0 and layer not in (self.mlp_only_layers or [])
+        return (self.num_experts > 0 and layer >= self.first_dense_layers and layer not in (self.mlp_only_layers or [])
                 and (layer + 1) % self.decoder_sparse_step == 0)
 
     @property

@@ -60,8 +60,9 @@ def check_mappable(config: GPTConfig) -> None:
     problem = getattr(spec_of(config.arch).hf, "export_problem", None)
     if problem is not None and problem(config) is not None:
         raise ExportError(problem(config))
+    mapped = MAPPED_FIELDS | set(getattr(spec_of(config.arch).hf, "MAPPED_FIELDS", ()))  # a family's own
     for field in fields(config):
-        if field.name not in MAPPED_FIELDS and getattr(config, field.name) != field.default:
+        if field.name not in mapped and getattr(config, field.name) != field.default:
             raise ExportError(f"model option {field.name}={getattr(config, field.name)!r} has no equivalent in "
                               f"transformers' {config.arch}; export this run with the plain safetensors format instead")
 

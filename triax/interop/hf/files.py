@@ -252,6 +252,13 @@ def copy_into(model: torch.nn.Module, weights: HFWeights, source_of: Callable[[s
         if ADAPTER_MARK in name:  # LoRA adapters are not the checkpoint's (model.lora.init_from loads them)
             continue
         read += copy_tensor(parameter, name, weights, source_of(name), vocab_size)
+    for buffer_name, buffer in model.named_buffers():
+        # State that is not a parameter but a checkpoint may hold (DeepSeek-V3's correction bias of
+        # the router's scores); one the checkpoint lacks keeps its initial value.
+        name = stored_name(buffer_name)
+        source = source_of(name)
+        if weights.has(source.name):
+            read += copy_tensor(buffer, name, weights, source, vocab_size)
     return read
 
 

@@ -21,9 +21,10 @@ from triax.models.config import GPTConfig
 from triax.models.decoder import Block, Decoder, SelfAttention
 
 
-def inverse_frequencies(config: GPTConfig) -> torch.Tensor:
-    """theta^(-2i/d) for each pair i of a head of d values, with the configured scaling (fp32, CPU)."""
-    dim = config.head_dim
+def inverse_frequencies(config: GPTConfig, dim: int | None = None) -> torch.Tensor:
+    """theta^(-2i/d) for each pair i of a head of d values (`dim`, unset: head_dim), with the
+    configured scaling (fp32, CPU)."""
+    dim = dim or config.head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
     inverse = 1.0 / (config.rope_theta ** exponents)
     if config.rope_scaling == "linear":
@@ -48,8 +49,9 @@ class RotaryEmbedding:
     tables are kept: in training every step and every layer asks for the same positions, so they
     are computed once per model instead of once per layer and step."""
 
-    def __init__(self, config: GPTConfig):
-        self.inverse = inverse_frequencies(config)
+    def __init__(self, config: GPTConfig, dim: int | None = None):
+        """`dim`: the values of a head that rotate, when not all of head_dim (latent attention's)."""
+        self.inverse = inverse_frequencies(config, dim)
         self._last: tuple | None = None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, past: int,

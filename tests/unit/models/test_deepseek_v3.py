@@ -1,0 +1,91 @@
+"""DeepSeek-V3 (model.arch=deepseek_v3): tiny random checkpoints saved by transformers compute the
+same LM loss in triax (fp32, |rel| <= 1e-5), with and without the query latent, in one process and
+through `triax eval`; greedy generation through the latent cache gives transformers' tokens, and the
+cache holds kv_lora_rank + qk_rope_head_dim values per token and layer; a checkpoint that does not
+match its config is one line; the new fields are bounded."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from support.deepseek_checkpoints import VOCAB, save_checkpoint
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
+
+BLOCK = 32
+VARIANTS = {"query_latent": {}, "no_query_latent": dict(q_lora_rank=None)}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """variant -> (save_pretrained directory, the transformers model)."""
+    made = {}
+
+    def get(variant):
+        if variant not in made:
+            directory = tmp_path_factory.mktemp(variant)
+            made[variant] = directory, save_checkpoint(directory, **VARIANTS[variant])
+        return made[variant]
+
+    return get
+
+
+def windows():
+    return torch.randint(0, VOCAB, (4, BLOCK), generator=torch.Generator().manual_seed(1))
+
+
+def lm_loss(logits, ids):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)).item()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_lm_loss_equals_transformers(variant, checkpoints):
+    from triax.interop.hf.whole_model import load_hf_model
+
+    directory, reference = checkpoints(variant)
+    ours = load_hf_model(str(directory), torch.device("cpu"))
+    assert ours.config.arch == "deepseek_v3" and (ours.config.q_lora_rank is None) == (variant != "query_latent")
+    ids = windows()
+    with torch.no_grad():
+        expected = reference(ids, labels=ids).loss.item()
+        got = lm_loss(ours(ids), ids)
+    assert abs(got - expected) / expected <= 1e-5, (got, expected)
+
+
+def test_the_correction_bias_and_the_groups_matter(checkpoints):
+    """The checkpoint's correction bias is read (zeroing it changes the loss), and group-limited
+    routing chooses other experts than plain top-k would."""
+    from triax.interop.hf.whole_model import load_hf_model
+    from triax.models.moe import route
+
+    directory, _ = checkpoints("query_latent")
+    ours = load_hf_model(str(directory), torch.device("cpu"))
+    ids = windows()
+    mlp = ours.layers["1"].mlp
+    assert mlp.expert_bias.abs().min() > 0
+    with torch.no_grad():
+        before = lm_loss(ours(ids), ids)
+        mlp.expert_bias.zero_()
+        after = lm_loss(ours(ids), ids)
+    assert abs(after - before) > 1e-4
+    logits = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    grouped = route(logits, 2, True, "sigmoid", None, groups=4, topk_groups=1)[1]
+    assert bool(((grouped // 2)[:, 0] == (grouped // 2)[:, 1]).all())  # both experts from one group of two
+    assert not torch.equal(grouped.sort().values, route(logits, 2, True, "sigmoid")[1].sort().values)
+
+
+def test_triax_eval_equals_transformers(checkpoints, tmp_path, capsys):
+    from support.hf_scoring import hf_mean_loss
+    from triax.commands.cli import main
+
+    directory, _ = checkpoints("query_latent")
+    ids = torch.randint(0, VOCAB, (300,), generator=torch.Generator().manual_seed(2))
+    ids.numpy().astype("uint16").tofile(tmp_path / "val.bin")
+    capsys.readouterr()
+    assert main(["eval", str(directory), "--tokens", str(tmp_path / "val.bin"), "--json"]) == 0
+    result = json.loads([line for line in capsys.readouterr().out.splitlines() if line.startswith("{")][-1])
+    expected, tokens = hf_mean_loss(str(directory), ids, 64)
+    assert result["tokens"] == tokens == len(ids) - 1
+    assert result["loss"] == pytest.approx(expected, rel=1e-5)

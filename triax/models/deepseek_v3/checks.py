@@ -1,0 +1,74 @@
+"""model.arch=deepseek_v3's fields: checked, and their unset ones given DeepSeek-V3's values
+(GPTConfig.__post_init__ calls `check` through the family's spec); the experts' fields are checked
+as every mixture of experts' are (triax/models/moe.py)."""
+
+from __future__ import annotations
+
+from triax.errors import ConfigError
+from triax.models.config import MAX_OPTIONAL_SIZES, GPTConfig
+from triax.models.llama.config import check_rotary, swiglu_width
+from triax.models.moe.config import check_experts
+
+# transformers' DeepseekV3Config defaults for the head widths.
+DEFAULT_WIDTHS = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64}
+# Widths of a latent or a head: bounded as head_dim and the MLP widths are.
+WIDTH_LIMIT = MAX_OPTIONAL_SIZES["intermediate_size"]
+
+
+def check(config: GPTConfig) -> None:
+    """Validates multi-head latent attention's fields and fills the unset ones."""
+    if not config.kv_lora_rank:
+        raise ConfigError("model.kv_lora_rank=0 with model.arch=deepseek_v3, whose attention reads keys and values "
+                          "from a latent of that width: set it (DeepSeek-V3: 512)")
+    for name, default in DEFAULT_WIDTHS.items():
+        if getattr(config, name) is None:
+            setattr(config, name, default)
+    if config.v_head_dim is None:
+        config.v_head_dim = config.qk_nope_head_dim
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") + (
+            ("q_lora_rank",) if config.q_lora_rank is not None else ()):
+        _width(name, getattr(config, name))
+    if config.qk_rope_head_dim % 2:
+        raise ConfigError(f"model.qk_rope_head_dim={config.qk_rope_head_dim} is odd; rotary positions rotate pairs "
+                          "of values: choose an even width")
+    width = config.qk_nope_head_dim + config.qk_rope_head_dim
+    if config.head_dim not in (None, width):
+        raise ConfigError(f"model.head_dim={config.head_dim}: a latent attention head's query/key width is "
+                          f"qk_nope_head_dim + qk_rope_head_dim = {width}; leave head_dim unset")
+    config.head_dim = width
+    if config.n_kv_head not in (None, config.n_head):
+        raise ConfigError(f"model.n_kv_head={config.n_kv_head}: latent attention gives every query head its own "
+                          "key and value (from the shared latent); leave n_kv_head unset")
+    config.n_kv_head = config.n_head
+    _check_mlp(config)
+    check_rotary(config)
+    check_experts(config)
+
+
+def _check_mlp(config: GPTConfig) -> None:
+    config.intermediate_size = config.intermediate_size or swiglu_width(config.n_embd)
+    if config.bias:
+        raise ConfigError("model.bias=true with model.arch=deepseek_v3, which has no biases; leave it unset")
+    config.bias = False
+    if config.qk_norm:
+        raise ConfigError("model.qk_norm=true with model.arch=deepseek_v3: its queries and keys are normalised as "
+                          "latents (q_a_layernorm, kv_a_layernorm), not per head; leave it unset")
+    config.qk_norm = False
+    if config.gelu != "tanh":
+        raise ConfigError(f"model.gelu={config.gelu!r} applies to model.arch=gpt2; DeepSeek-V3's MLPs are SwiGLU")
+    if config.norm_topk_prob is None:
+        config.norm_topk_prob = True
+    if config.router_scoring != "sigmoid":
+        raise ConfigError(f"model.router_scoring={config.router_scoring!r} with model.arch=deepseek_v3, whose router "
+                          "scores each expert by a sigmoid: set model.router_scoring=sigmoid")
+    if config.shared_expert_gate:
+        raise ConfigError("model.shared_expert_gate=true with model.arch=deepseek_v3: its shared experts are added "
+                          "ungated; leave it unset")
+    if config.mlp_only_layers or config.decoder_sparse_step != 1:
+        raise ConfigError("model.mlp_only_layers / decoder_sparse_step with model.arch=deepseek_v3: its dense layers "
+                          "are the first ones; set model.first_dense_layers")
+
+
+def _width(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= WIDTH_LIMIT:
+        raise ConfigError(f"model.{name}={value!r} must be a positive integer of at most {WIDTH_LIMIT}")
