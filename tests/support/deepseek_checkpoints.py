@@ -10,7 +10,7 @@ SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_interme
              num_attention_heads=4, num_key_value_heads=4, n_shared_experts=2, n_routed_experts=8,
              routed_scaling_factor=2.5, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=4, v_head_dim=6,
              qk_nope_head_dim=8, n_group=4, topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1,
-             max_position_embeddings=64, rms_norm_eps=1e-5)
+             max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=None, eos_token_id=None)
 
 
 def hf_model(**options):

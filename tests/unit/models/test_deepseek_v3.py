@@ -89,3 +89,35 @@ def test_triax_eval_equals_transformers(checkpoints, tmp_path, capsys):
     expected, tokens = hf_mean_loss(str(directory), ids, 64)
     assert result["tokens"] == tokens == len(ids) - 1
     assert result["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_generation_through_the_latent_cache_equals_transformers(variant, checkpoints):
+    from triax.interop.hf.whole_model import load_hf_model
+
+    directory, reference = checkpoints(variant)
+    ours = load_hf_model(str(directory), torch.device("cpu"))
+    prompt = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = reference.generate(prompt, max_new_tokens=20, do_sample=False, attention_mask=torch.ones_like(prompt),
+                                      pad_token_id=0)
+    assert torch.equal(ours.generate(prompt, 20, greedy=True), expected)
+    assert torch.equal(ours.generate(prompt, 20, greedy=True, use_cache=False), expected)
+
+
+def test_the_cache_holds_the_latent_only(checkpoints):
+    """Per token and layer: kv_lora_rank + qk_rope_head_dim values (16 + 4 here), not the
+    n_head x (qk_nope + qk_rope + v_head_dim) = 4 x 18 that full keys and values would take."""
+    from triax.interop.hf.whole_model import load_hf_model
+    from triax.models import KVCache
+
+    directory, _ = checkpoints("query_latent")
+    ours = load_hf_model(str(directory), torch.device("cpu"))
+    cache, tokens = KVCache(), 11
+    with torch.no_grad():
+        ours(torch.randint(0, VOCAB, (1, tokens)), cache)
+        ours(torch.randint(0, VOCAB, (1, 1)), cache)
+    held = sum(t.numel() * t.element_size() for layer in cache.layers.values() for t in (layer.keys, layer.values))
+    c = ours.config
+    assert held / (tokens + 1) == c.n_layer * (c.kv_lora_rank + c.qk_rope_head_dim) * 4 == 3 * 20 * 4
+    assert ours.latent_cache_values() == c.n_layer * 20
