@@ -33,3 +33,37 @@ def save_checkpoint(directory, **options):
     model = hf_model(**options)
     model.save_pretrained(directory)
     return model
+
+
+def quantize_fp8(directory, target, block=(8, 8)):
+    """A copy of checkpoint `directory` laid out as DeepSeek-V3's release: every projection's weight
+    as float8_e4m3fn beside its float32 `weight_scale_inv`, one scale per block (the grid rounded up
+    where a dimension is not a multiple of the block), and config.json's quantization_config. Each
+    block is scaled so that its largest value maps to float8's largest, 448."""
+    import json
+    import math
+
+    from safetensors.torch import load_file, save_file
+
+    rows_per, columns_per = block
+    out = {}
+    for name, value in load_file(str(directory / "model.safetensors")).items():
+        if not name.endswith(("proj.weight", "proj_with_mqa.weight")):
+            out[name] = value
+            continue
+        rows, columns = value.shape
+        grid = math.ceil(rows / rows_per), math.ceil(columns / columns_per)
+        padded = torch.zeros(grid[0] * rows_per, grid[1] * columns_per)
+        padded[:rows, :columns] = value
+        blocks = padded.view(grid[0], rows_per, grid[1], columns_per)
+        scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+        quantized = (blocks / scale[:, None, :, None]).view_as(padded)[:rows, :columns]
+        out[name] = quantized.contiguous().to(torch.float8_e4m3fn)
+        out[name + "_scale_inv"] = scale.float()
+    target.mkdir()
+    save_file(out, str(target / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": list(block)}
+    (target / "config.json").write_text(json.dumps(config))
+    return target

@@ -23,6 +23,7 @@ from triax.runtime.place import detect_place
 from triax.models.config import GPTConfig, architecture_fields
 from triax.models.family import FAMILIES
 from triax.interop.foreign_run import CodecOf, ForeignRun, StoredName, same_name
+from triax.interop.hf import block_fp8
 from triax.interop.hf.config_types import type_error
 from triax.interop.hf.files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, check_source,
                                    copy_into, description_files, is_hf_directory, read_json, tokenizer_file)
@@ -71,6 +72,7 @@ def architecture(directory: str, config: dict | None = None) -> dict:
     path = os.path.join(directory, "config.json")
     config = read_hf_config(directory) if config is None else config
     try:
+        block_fp8.block_size(config)  # a quantization triax cannot read is refused before any weight is
         return architecture_fields(GPTConfig(**family_of(config).architecture(config)))
     except CheckpointError as error:
         raise CheckpointError(f"{path}: {str(error).removeprefix('config.json: ')}") from None
@@ -116,9 +118,12 @@ def load_into(model: torch.nn.Module, directory: str, model_config: GPTConfig,
 
 
 def _weights(config: dict, directory: str, model_config: GPTConfig, weights: HFWeights | None = None):
-    """The directory's tensors as the family reads them (a mixture of experts' stacked per expert);
-    `weights`: the directory's safetensors, when already opened."""
+    """The directory's tensors as the family reads them (8-bit block-scaled ones dequantized, a
+    mixture of experts' stacked per expert); `weights`: the directory's safetensors, when already opened."""
     weights = HFWeights(directory) if weights is None else weights
+    block = block_fp8.block_size(config)
+    if block is not None:
+        weights = block_fp8.BlockScaled(weights, block)
     wrap = getattr(family_of(config), "wrap_weights", None)
     return wrap(weights, model_config) if wrap is not None else weights
 

@@ -9,8 +9,8 @@ correction bias of the router's scores (triax's `mlp.expert_bias` buffer is tran
 serves them. The multi-token prediction layers a released checkpoint holds after the last layer
 (model.layers.<n_layer>.*) are not read: the next-token model does not use them.
 
-Released weights stored as 8-bit floats with a scale per 128 x 128 block (fp8.py) are dequantized
-on load, by the slice each process reads.
+Released weights stored as 8-bit floats with a scale per 128 x 128 block are dequantized on load,
+by the slice each process reads, by the reader (triax/interop/hf/block_fp8.py), for any family.
 """
 
 from __future__ import annotations
