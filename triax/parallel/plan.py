@@ -157,7 +157,9 @@ class ModelShape:
 
 # GPTConfig fields beyond ModelShape's own that change the parameters: q/k norms, the experts.
 EXTRA_FIELDS = ("qk_norm", "num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
-                "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size", "shared_expert_gate")
+                "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size", "shared_expert_gate",
+                "router_scoring", "router_groups", "router_topk_groups", "first_dense_layers", "q_lora_rank",
+                "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def _hashable(value: object):

@@ -121,3 +121,32 @@ def test_the_cache_holds_the_latent_only(checkpoints):
     c = ours.config
     assert held / (tokens + 1) == c.n_layer * (c.kv_lora_rank + c.qk_rope_head_dim) * 4 == 3 * 20 * 4
     assert ours.latent_cache_values() == c.n_layer * 20
+
+
+@pytest.mark.multiprocess
+def test_a_run_from_the_checkpoint_exports_back(tmp_path, tiny_corpus, checkpoints):
+    """One step at a negligible learning rate from the checkpoint (with a tokenizer beside it): the
+    `--format hf` export loads in AutoModelForCausalLM and scores the corpus as the original does."""
+    import shutil
+
+    from support.forked import launch
+    from support.helpers import tiny_overrides, train
+    from support.hf_scoring import hf_mean_loss
+    from support.llama_checkpoints import train_tokenizer
+
+    source, _ = checkpoints("query_latent")
+    directory = tmp_path / "checkpoint"
+    shutil.copytree(source, directory)
+    tokenizer = train_tokenizer(tiny_corpus, directory / "tokenizer.json")
+    run_dir = tmp_path / "run"
+    train(tiny_overrides(run_dir, tiny_corpus, **{
+        "model.init_from": str(directory), "data.block_size": BLOCK, "trainer.max_steps": 1,
+        "trainer.batch_size": 4, "optim.lr": 1e-12, "optim.min_lr": 0.0, "trainer.eval_every": 1,
+        "trainer.eval_batches": 0, "parallel.dp_replicate": 1, "trainer.log_every": 1}), timeout=300)
+    assert json.load(open(run_dir / "model.json"))["arch"] == "deepseek_v3"
+    launch(1, ["-m", "triax", "export", str(run_dir), str(tmp_path / "hf"), "--format", "hf"])
+    assert json.load(open(tmp_path / "hf" / "config.json"))["model_type"] == "deepseek_v3"
+    ids = torch.tensor(tokenizer.encode(open(tiny_corpus, encoding="utf-8").read(), add_special_tokens=False).ids[-2000:])
+    original, _ = hf_mean_loss(str(directory), ids, BLOCK)
+    exported, _ = hf_mean_loss(str(tmp_path / "hf"), ids, BLOCK)
+    assert abs(exported - original) / original <= 1e-5, (exported, original)
