@@ -1,0 +1,75 @@
+"""DeepSeek-V3 under the layouts a mixture of experts composes with: 3 steps from a tiny checkpoint
+saved by transformers under FSDP x 2 (the experts sharded along their first dimension) or EP x 2
+(each rank holding half the experts, tokens exchanged all-to-all) equal one process taking the
+halves as accumulated micro-batches; the published shapes count as published."""
+
+import json
+
+import pytest
+import torch
+
+from support.deepseek_checkpoints import save_checkpoint
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
+
+BLOCK = 32
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tiny_corpus):
+    from support.llama_checkpoints import train_tokenizer
+
+    directory = tmp_path_factory.mktemp("deepseek_v3")
+    save_checkpoint(directory)
+    train_tokenizer(tiny_corpus, directory / "tokenizer.json")
+    return directory
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", ["fsdp2", "ep2"])
+def test_fine_tuning_under_fsdp_or_ep_equals_one_process(layout, tmp_path, tiny_corpus, checkpoint):
+    from support.helpers import assert_adam_close, final_weights, run_config, tiny_overrides, train
+
+    def run(run_dir, nproc, **settings):
+        train(tiny_overrides(run_dir, tiny_corpus, **{
+            "model.init_from": str(checkpoint), "data.block_size": BLOCK, "trainer.max_steps": 3,
+            "trainer.batch_size": 4, "trainer.log_every": 1, "trainer.eval_every": 3, "trainer.eval_batches": 0,
+            "parallel.dp_replicate": 1, **settings}), nproc=nproc, timeout=300)
+        return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+    single = run(tmp_path / "single", 1, **{"trainer.grad_accum": 2})
+    settings = {"parallel.dp_shard": 2, **({"parallel.ep": 2} if layout == "ep2" else {})}
+    sharded = run(tmp_path / "sharded", 2, **settings)
+    for key in ("loss", "val_loss"):
+        assert [r[key] for r in sharded if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    one = final_weights(tmp_path / "single")
+    assert any("expert_bias" in name for name in one)  # the correction bias is part of the snapshot
+    assert_adam_close(final_weights(tmp_path / "sharded"), one, learning_rates)
+
+
+def test_the_published_shapes_count_as_published():
+    """Total and active parameters of the presets from their shapes alone (meta device):
+    DeepSeek-V3 671B with 37B activated (its paper, the next-token model without the 14B of its
+    multi-token prediction module); Moonlight-16B-A3B 16B with 3B activated (its model card)."""
+    from triax.models import GPTConfig, PRESETS, build_model
+    from triax.parallel.plan import ModelShape
+
+    counts = {}
+    for name in ("deepseek-v3", "moonlight-16b-a3b"):
+        config = GPTConfig.from_preset(name, vocab_size=PRESETS[name]["vocab_size"], block_size=4096)
+        with torch.device("meta"):
+            model = build_model(config)
+        shape = ModelShape.from_config(config)
+        assert shape.num_params() == model.num_params() and shape.active_params() == model.active_params()
+        counts[name] = model.num_params() / 1e9, model.active_params() / 1e9
+    assert round(counts["deepseek-v3"][0]) == 671 and 37 <= counts["deepseek-v3"][1] < 38
+    assert round(counts["moonlight-16b-a3b"][0]) == 16 and 2.9 <= counts["moonlight-16b-a3b"][1] < 3.0
+
+
+def test_plan_reports_the_preset(capsys):
+    from triax.commands.cli import main
+
+    main(["plan", "--model", "deepseek-v3", "--world", "256", "--memory-gb", "80"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("deepseek-v3: 671026.4M parameters (37552.3M active per token)"), first
