@@ -150,3 +150,73 @@ def test_a_run_from_the_checkpoint_exports_back(tmp_path, tiny_corpus, checkpoin
     original, _ = hf_mean_loss(str(directory), ids, BLOCK)
     exported, _ = hf_mean_loss(str(tmp_path / "hf"), ids, BLOCK)
     assert abs(exported - original) / original <= 1e-5, (exported, original)
+
+
+def _with(directory, target, config_change=None, tensors_change=None):
+    """A copy of checkpoint `directory` with its config.json and tensors changed."""
+    from safetensors.torch import load_file, save_file
+
+    target.mkdir()
+    config = json.loads((directory / "config.json").read_text())
+    if config_change:
+        config_change(config)
+    (target / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(directory / "model.safetensors"))
+    if tensors_change:
+        tensors_change(tensors)
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+HOSTILE = {
+    "a rank as a string": (dict(config_change=lambda c: c.update(kv_lora_rank="16")), "kv_lora_rank='16' is not an"),
+    "rotary halves": (dict(config_change=lambda c: c.update(rope_interleave=False)), "rope_interleave=False"),
+    "yarn": (dict(config_change=lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0})),
+             "rope_type='yarn'"),
+    "softmax routing": (dict(config_change=lambda c: c.update(scoring_func="softmax")), "scoring_func='softmax'"),
+    "groups that do not divide": (dict(config_change=lambda c: c.update(n_group=3)), "router_groups=3 must divide"),
+    "no correction bias": (dict(tensors_change=lambda t: t.pop("model.layers.2.mlp.gate.e_score_correction_bias")),
+                           "the correction bias of layer 2"),
+    "an expert missing": (dict(tensors_change=lambda t: t.pop("model.layers.1.mlp.experts.7.up_proj.weight")),
+                          "experts.7.up_proj.weight"),
+    "a latent of another width": (dict(config_change=lambda c: c.update(kv_lora_rank=12)), "kv_a_proj_with_mqa"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_checkpoint_that_does_not_match_is_one_line(case, checkpoints, tmp_path):
+    from triax.interop.hf.files import CheckpointError
+    from triax.interop.hf.whole_model import load_hf_model
+
+    directory, _ = checkpoints("query_latent")
+    change, words = HOSTILE[case]
+    with pytest.raises(CheckpointError) as error:
+        load_hf_model(str(_with(directory, tmp_path / "changed", **change)), torch.device("cpu"))
+    assert words in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(kv_lora_rank=0), "model.kv_lora_rank=0 with model.arch=deepseek_v3"),
+    (dict(qk_rope_head_dim=5), "qk_rope_head_dim=5 is odd"),
+    (dict(head_dim=16), "head_dim=16: a latent attention head's query/key width is"),
+    (dict(n_kv_head=1), "n_kv_head=1: latent attention gives every query head"),
+    (dict(router_scoring="softmax"), "router_scoring='softmax' with model.arch=deepseek_v3"),
+    (dict(router_groups=3), "router_groups=3 must divide"),
+    (dict(router_groups=8), "fewer than 2 experts per group"),
+    (dict(router_topk_groups=1, experts_per_token=3), "experts_per_token=3 is above the experts of"),
+    (dict(routed_scaling_factor=0.0), "routed_scaling_factor=0.0 must be a number"),
+    (dict(first_dense_layers=3), "first_dense_layers=3 must be a layer count"),
+    (dict(q_lora_rank=2**21), "q_lora_rank=2097152 must be a positive integer of at most"),
+])
+def test_the_fields_are_bounded(fields, words):
+    from triax.errors import ConfigError
+    from triax.models import GPTConfig
+
+    base = dict(vocab_size=50, block_size=16, arch="deepseek_v3", n_layer=2, n_head=2, n_embd=16, num_experts=8,
+                router_scoring="sigmoid", kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, router_groups=4,
+                router_topk_groups=2)
+    with pytest.raises(ConfigError) as error:
+        GPTConfig(**{**base, **fields})
+    assert words in str(error.value), str(error.value)
+    config = GPTConfig(**base)
+    assert (config.head_dim, config.n_kv_head, config.v_head_dim, config.norm_topk_prob) == (8, 2, 4, True)
