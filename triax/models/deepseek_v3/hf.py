@@ -26,7 +26,7 @@ from triax.models.llama import hf as hf_llama
 from triax.models.moe import hf as hf_moe
 
 MODEL_TYPES = ("deepseek_v3",)
-CLASS = "DeepseekV3ForCausalLM"
+CLASSES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
 
 # The config.json fields only this model_type has, with their JSON kinds (the reader checks the shared
 # ones: triax/interop/hf/config_types.py); "?" also accepts null.
@@ -159,7 +159,7 @@ def hf_config(config: GPTConfig) -> dict:
     shared = config.shared_expert_intermediate_size // config.moe_intermediate_size
     values = {key: value for key, value in base.items() if key not in ("head_dim", "sliding_window")}
     values.update(
-        architectures=[CLASS], model_type="deepseek_v3", num_key_value_heads=config.n_head,
+        architectures=[CLASSES["deepseek_v3"]], model_type="deepseek_v3", num_key_value_heads=config.n_head,
         q_lora_rank=config.q_lora_rank, kv_lora_rank=config.kv_lora_rank, qk_nope_head_dim=config.qk_nope_head_dim,
         qk_rope_head_dim=config.qk_rope_head_dim, v_head_dim=config.v_head_dim, rope_interleave=True,
         n_routed_experts=config.num_experts, num_experts_per_tok=config.experts_per_token,
