@@ -22,9 +22,10 @@ from __future__ import annotations
 from typing import Any, Callable, TYPE_CHECKING
 
 import torch.nn as nn
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     PrepareModuleInputOutput,
     RowwiseParallel,
@@ -45,7 +46,31 @@ STYLES: dict[str, Callable[[], Any]] = {
     "gather_sequence": lambda: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
     # per-head norms: dim 1 of the (batch, heads, seq, head_dim) tensor is this rank's heads
     "head_sequence": lambda: SequenceParallel(sequence_dim=1, use_local_output=True),
+    # every rank computes the whole module (weights replicated) on the whole input, the output kept a
+    # DTensor, so the gradients its split consumers give back are summed over the ranks by DTensor
+    "replicate": lambda: _Replicated(),
+    # a replicated tensor that this rank's heads alone go on to use: a plain tensor from here on, whose
+    # gradient is this rank's part of the sum (latent attention's rotary key)
+    "local_partial": lambda: _LocalPartial(),
 }
+
+
+class _Replicated(ParallelStyle):
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def replicated(mod: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
+            x = inputs[0]
+            x = (x.redistribute(mesh, [Replicate()]) if isinstance(x, DTensor)
+                 else DTensor.from_local(x, mesh, [Replicate()], run_check=False))
+            return (x, *inputs[1:])
+        return distribute_module(module, device_mesh, input_fn=replicated)
+
+
+class _LocalPartial(ParallelStyle):
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def local(mod: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
+            x = inputs[0]
+            return (x.to_local(grad_placements=[Partial()]) if isinstance(x, DTensor) else x, *inputs[1:])
+        return distribute_module(module, device_mesh, input_fn=local)
 
 
 def block_plan(block: nn.Module, arch: str) -> dict:

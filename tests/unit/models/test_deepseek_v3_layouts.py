@@ -73,3 +73,33 @@ def test_plan_reports_the_preset(capsys):
     main(["plan", "--model", "deepseek-v3", "--world", "256", "--memory-gb", "80"])
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("deepseek-v3: 671026.4M parameters (37552.3M active per token)"), first
+
+
+LATENT = {"model.arch": "deepseek_v3", "model.kv_lora_rank": 16, "model.qk_nope_head_dim": 8,
+          "model.qk_rope_head_dim": 4, "model.v_head_dim": 6}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("queries", [{"model.q_lora_rank": 24}, {}], ids=["query_latent", "no_query_latent"])
+def test_latent_attention_under_tp_equals_one_process(queries, tmp_path, tiny_corpus):
+    """3 steps of a dense latent-attention model (its MLPs SwiGLU) from one seed: under TP x 2 each
+    rank holds half the heads and computes the latents whole; the loss and the weights equal one
+    process's (the latents' weights, replicated, summed their gradients over the ranks)."""
+    from support.helpers import assert_adam_close, final_weights, run_config, tiny_overrides, train
+
+    def run(run_dir, nproc, **settings):
+        train(tiny_overrides(run_dir, tiny_corpus, **{
+            **LATENT, **queries, "model.n_head": 4, "trainer.max_steps": 3, "trainer.batch_size": 4,
+            "trainer.log_every": 1, "trainer.eval_every": 3, "trainer.eval_batches": 0, "parallel.dp_replicate": 1,
+            **settings}), nproc=nproc, timeout=300)
+        return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+    single = run(tmp_path / "single", 1)
+    parallel = run(tmp_path / "tp2", 2, **{"parallel.tp": 2})
+    for key in ("loss", "val_loss", "grad_norm"):  # the gradients' norm: the replicated latents' summed once
+        assert [r[key] for r in parallel if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    one = final_weights(tmp_path / "single")
+    assert any("kv_a_proj_with_mqa" in name for name in one)
+    ranks = {name: tensor[: one[name].shape[0]] for name, tensor in final_weights(tmp_path / "tp2").items()}
+    assert_adam_close(ranks, one, learning_rates)

@@ -52,6 +52,9 @@ class LatentAttention(nn.Module):
         self.kv_b_proj = nn.Linear(self.kv_rank, heads * (self.nope + self.v_dim), bias=False)
         self.out_proj = nn.Linear(heads * self.v_dim, config.n_embd, bias=False)
         self.out_proj.residual_projection = True  # marks it for the scaled init
+        # Where the rotary key, computed by every tensor-parallel rank alike, becomes this rank's heads'
+        # alone (parallel.py's plan marks it; otherwise nothing).
+        self.rope_key = nn.Identity()
         self.rotary = rotary
         self.softmax_factor = softmax_factor
         self.dropout = config.dropout
@@ -68,9 +71,10 @@ class LatentAttention(nn.Module):
         q = self.queries(x).view(batch, seq, -1, self.nope + self.rope).transpose(1, 2)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.rope], dim=-1)
-        latent = self.kv_a_layernorm(latent)[:, None]  # (batch, 1, seq, kv_rank): one "head", as cached
+        latent = self.kv_a_layernorm(latent).unsqueeze(1)  # (batch, 1, seq, kv_rank): one "head", as cached
         past = cache.length if cache is not None else 0
-        q_rope, k_rope = self.rotary(halves(q_rope), halves(k_rope[:, None]), past,
+        k_rope = self.rope_key(k_rope).unsqueeze(1)
+        q_rope, k_rope = self.rotary(halves(q_rope), halves(k_rope), past,
                                      packed.positions if packed is not None else None)
         if cache is not None:  # the cache keeps the latent and the rotary key only
             latent, k_rope = cache.append(latent, k_rope)

@@ -5,7 +5,7 @@ as every mixture of experts' are (triax/models/moe.py)."""
 from __future__ import annotations
 
 from triax.errors import ConfigError
-from triax.models.config import MAX_OPTIONAL_SIZES, GPTConfig
+from triax.models.config import MAX_OPTIONAL_SIZES, GPTConfig, refuse_experts
 from triax.models.llama.config import check_rotary, swiglu_width
 from triax.models.moe.config import check_experts
 
@@ -42,7 +42,10 @@ def check(config: GPTConfig) -> None:
     config.n_kv_head = config.n_head
     _check_mlp(config)
     check_rotary(config)
-    check_experts(config)
+    if config.num_experts:
+        check_experts(config)
+    else:  # latent attention with dense MLPs only
+        refuse_experts(config)
 
 
 def _check_mlp(config: GPTConfig) -> None:
@@ -58,7 +61,7 @@ def _check_mlp(config: GPTConfig) -> None:
         raise ConfigError(f"model.gelu={config.gelu!r} applies to model.arch=gpt2; DeepSeek-V3's MLPs are SwiGLU")
     if config.norm_topk_prob is None:
         config.norm_topk_prob = True
-    if config.router_scoring != "sigmoid":
+    if config.num_experts and config.router_scoring != "sigmoid":
         raise ConfigError(f"model.router_scoring={config.router_scoring!r} with model.arch=deepseek_v3, whose router "
                           "scores each expert by a sigmoid: set model.router_scoring=sigmoid")
     if config.shared_expert_gate:

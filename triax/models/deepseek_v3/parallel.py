@@ -1,0 +1,33 @@
+"""Latent attention under tensor parallelism (names -> styles, as triax/models/block_parts.py
+explains), and the dims `triax plan` counts split.
+
+The heads are split: q_b_proj (or q_proj) and kv_b_proj are column-parallel (each rank makes its
+heads' queries, keys and values), out_proj row-parallel. The latents are not split: every rank
+computes q_a_proj, kv_a_proj_with_mqa and their norms whole ("replicate": replicated weights, the
+outputs kept as DTensors, so the gradients the ranks' heads give back are summed by DTensor), and the
+rotary key, shared by every head, becomes a plain tensor of this rank's heads at `rope_key`, its
+gradient this rank's part of the sum ("local_partial"). A dense MLP is split as Llama's; routed
+layers refuse tensor parallelism (triax/parallel/experts.py)."""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from triax.models import block_parts
+
+# The norms around the attention and the MLP, and the attention's output: Megatron-LM's.
+AROUND = {name: style for name, style in block_parts.ATTENTION_PLAN.items()
+          if name not in ("attn.q_proj", "attn.k_proj", "attn.v_proj")}
+LATENTS = {"attn.kv_a_proj_with_mqa": "replicate", "attn.kv_a_layernorm": "replicate", "attn.kv_b_proj": "colwise",
+           "attn.rope_key": "local_partial"}
+QUERY_LATENT = {"attn.q_a_proj": "replicate", "attn.q_a_layernorm": "replicate", "attn.q_b_proj": "colwise"}
+
+
+def tp_plan(block: nn.Module) -> dict[str, str]:
+    """{module name in the block: its tensor-parallel style}."""
+    queries = QUERY_LATENT if hasattr(block.attn, "q_b_proj") else {"attn.q_proj": "colwise"}
+    mlp = {"mlp.gate_proj": "colwise", **block_parts.MLP_PLAN} if hasattr(block.mlp, "gate_proj") else {}
+    return {**AROUND, **queries, **LATENTS, **mlp}
+
+
+TP_SPLIT_DIMS = {**block_parts.TP_SPLIT_DIMS, "gate_proj.weight": 0, "q_b_proj.weight": 0, "kv_b_proj.weight": 0}
