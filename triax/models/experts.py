@@ -31,25 +31,16 @@ from triax.models.llama.model import SwiGLU
 
 
 def route(logits: torch.Tensor, top_k: int, normalise: bool, scoring: str = "softmax",
-          bias: torch.Tensor | None = None, groups: int = 1, topk_groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+          bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights, experts) of each token's top_k experts, (tokens, top_k) each: scores in fp32
     (softmax over every expert, or each expert's sigmoid), the k largest, renormalised when asked
     (transformers' order of operations). `bias` (DeepSeek-V3's balancing) shifts the scores for
-    choosing the experts only; the weights are the unbiased scores of those chosen. `groups` > 1
-    (DeepSeek-V3's group-limited routing): the experts are cut into that many equal groups, each
-    scored by the sum of its two best choosing scores, and a token chooses only within its
-    `topk_groups` best groups."""
+    choosing the experts only; the weights are the unbiased scores of those chosen."""
     scores = F.softmax(logits.float(), dim=-1) if scoring == "softmax" else torch.sigmoid(logits.float())
-    if bias is None and groups == 1:
+    if bias is None:
         weights, experts = torch.topk(scores, top_k, dim=-1)
     else:
-        choosing = scores if bias is None else scores + bias.float()
-        if groups > 1:
-            grouped = choosing.view(*choosing.shape[:-1], groups, -1)
-            best = torch.topk(grouped.topk(2, dim=-1).values.sum(dim=-1), topk_groups, dim=-1).indices
-            kept = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(-1, best, True)
-            choosing = grouped.masked_fill(~kept[..., None], float("-inf")).view_as(choosing)
-        experts = torch.topk(choosing, top_k, dim=-1).indices
+        experts = torch.topk(scores + bias.float(), top_k, dim=-1).indices
         weights = scores.gather(-1, experts)
     if normalise:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -115,8 +106,6 @@ class MoE(nn.Module):
         super().__init__()
         self.top_k, self.normalise = config.experts_per_token, config.norm_topk_prob
         self.scoring = config.router_scoring
-        self.groups, self.topk_groups = config.router_groups, config.router_topk_groups
-        self.scaling = config.routed_scaling_factor
         self.num_experts = config.num_experts
         self.gate = nn.Linear(config.n_embd, config.num_experts, bias=False)
         self.experts = GroupedExperts(config)
@@ -137,14 +126,16 @@ class MoE(nn.Module):
         else:
             self.expert_bias = None
 
+    def choose_experts(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, experts) of each token's top-k experts from the router's logits (a family that
+        routes in another order of operations overrides this)."""
+        return route(logits, self.top_k, self.normalise, self.scoring, self.expert_bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         logits = self.gate(x)
-        weights, experts = route(logits, self.top_k, self.normalise, self.scoring, self.expert_bias, self.groups,
-                                 self.topk_groups)
-        if self.scaling != 1.0:
-            weights = weights * self.scaling
+        weights, experts = self.choose_experts(logits)
         self.router_logits = logits
         flat = experts.reshape(-1)
         # Sorted by expert (stable: a token's rows keep their order); row r of the sorted list is

@@ -58,7 +58,7 @@ def test_the_correction_bias_and_the_groups_matter(checkpoints):
     """The checkpoint's correction bias is read (zeroing it changes the loss), and group-limited
     routing chooses other experts than plain top-k would."""
     from triax.interop.hf.whole_model import load_hf_model
-    from triax.models.moe import route
+    from triax.models.deepseek_v3.model import group_limited_route
 
     directory, _ = checkpoints("query_latent")
     ours = load_hf_model(str(directory), torch.device("cpu"))
@@ -71,9 +71,11 @@ def test_the_correction_bias_and_the_groups_matter(checkpoints):
         after = lm_loss(ours(ids), ids)
     assert abs(after - before) > 1e-4
     logits = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
-    grouped = route(logits, 2, True, "sigmoid", None, groups=4, topk_groups=1)[1]
+    no_bias = torch.zeros(8)
+    grouped = group_limited_route(logits, 2, True, no_bias, groups=4, topk_groups=1)[1]
     assert bool(((grouped // 2)[:, 0] == (grouped // 2)[:, 1]).all())  # both experts from one group of two
-    assert not torch.equal(grouped.sort().values, route(logits, 2, True, "sigmoid")[1].sort().values)
+    plain = group_limited_route(logits, 2, True, no_bias, groups=1, topk_groups=1)[1]
+    assert not torch.equal(grouped.sort().values, plain.sort().values)
 
 
 def test_triax_eval_equals_transformers(checkpoints, tmp_path, capsys):

@@ -1,13 +1,13 @@
 """model.arch=deepseek_v3's fields: checked, and their unset ones given DeepSeek-V3's values
 (GPTConfig.__post_init__ calls `check` through the family's spec); the experts' fields are checked
-as every mixture of experts' are (triax/models/moe.py)."""
+as every mixture of experts' are (triax/models/moe/config.py)."""
 
 from __future__ import annotations
 
 from triax.errors import ConfigError
-from triax.models.config import MAX_OPTIONAL_SIZES, GPTConfig, refuse_experts
-from triax.models.llama.config import check_rotary, swiglu_width
-from triax.models.moe.config import check_experts
+from triax.models.config import MAX_OPTIONAL_SIZES, GPTConfig, check_size, refuse_experts
+from triax.models.llama.config import check_attention
+from triax.models.moe import config as experts_config
 
 # transformers' DeepseekV3Config defaults for the head widths.
 DEFAULT_WIDTHS = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64}
@@ -41,15 +41,15 @@ def check(config: GPTConfig) -> None:
                           "key and value (from the shared latent); leave n_kv_head unset")
     config.n_kv_head = config.n_head
     _check_mlp(config)
-    check_rotary(config)
-    if config.num_experts:
-        check_experts(config)
+    if config.num_experts:  # the block's fields (as the widths above fill them) and the experts', as every MoE's
+        experts_config.check(config)
+        _check_groups(config)
     else:  # latent attention with dense MLPs only
+        check_attention(config)
         refuse_experts(config)
 
 
 def _check_mlp(config: GPTConfig) -> None:
-    config.intermediate_size = config.intermediate_size or swiglu_width(config.n_embd)
     if config.bias:
         raise ConfigError("model.bias=true with model.arch=deepseek_v3, which has no biases; leave it unset")
     config.bias = False
@@ -57,8 +57,6 @@ def _check_mlp(config: GPTConfig) -> None:
         raise ConfigError("model.qk_norm=true with model.arch=deepseek_v3: its queries and keys are normalised as "
                           "latents (q_a_layernorm, kv_a_layernorm), not per head; leave it unset")
     config.qk_norm = False
-    if config.gelu != "tanh":
-        raise ConfigError(f"model.gelu={config.gelu!r} applies to model.arch=gpt2; DeepSeek-V3's MLPs are SwiGLU")
     if config.norm_topk_prob is None:
         config.norm_topk_prob = True
     if config.num_experts and config.router_scoring != "sigmoid":
@@ -70,6 +68,28 @@ def _check_mlp(config: GPTConfig) -> None:
     if config.mlp_only_layers or config.decoder_sparse_step != 1:
         raise ConfigError("model.mlp_only_layers / decoder_sparse_step with model.arch=deepseek_v3: its dense layers "
                           "are the first ones; set model.first_dense_layers")
+
+
+def _check_groups(config: GPTConfig) -> None:
+    """Group-limited routing, the routed scaling factor and the leading dense layers."""
+    check_size("router_groups", config.router_groups, experts_config.MAX_EXPERTS)
+    check_size("router_topk_groups", config.router_topk_groups, experts_config.MAX_EXPERTS)
+    if config.num_experts % config.router_groups or config.router_topk_groups > config.router_groups:
+        raise ConfigError(f"model.router_groups={config.router_groups} must divide model.num_experts="
+                          f"{config.num_experts}, and model.router_topk_groups={config.router_topk_groups} be at most it")
+    per_group = config.num_experts // config.router_groups
+    if config.router_groups > 1 and per_group < 2:
+        raise ConfigError(f"model.router_groups={config.router_groups} leaves fewer than 2 experts per group; a "
+                          "group is scored by its two best experts: use fewer groups")
+    if config.router_groups > 1 and config.experts_per_token > config.router_topk_groups * per_group:
+        raise ConfigError(f"model.experts_per_token={config.experts_per_token} is above the experts of "
+                          f"model.router_topk_groups={config.router_topk_groups} groups; choose more groups")
+    if not (isinstance(config.routed_scaling_factor, (int, float)) and 0 < config.routed_scaling_factor < 1e3):
+        raise ConfigError(f"model.routed_scaling_factor={config.routed_scaling_factor!r} must be a number in "
+                          "(0, 1000) (1: the routed sum as it is)")
+    if type(config.first_dense_layers) is not int or not 0 <= config.first_dense_layers <= config.n_layer:
+        raise ConfigError(f"model.first_dense_layers={config.first_dense_layers!r} must be a layer count in "
+                          f"[0, n_layer={config.n_layer}]")
 
 
 def _width(name: str, value: object) -> None:

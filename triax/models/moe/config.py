@@ -30,12 +30,6 @@ def check(config: GPTConfig) -> None:
     check_attention(config)
     if config.qk_norm is None:
         config.qk_norm = config.arch == "qwen3_moe"
-    check_experts(config)
-
-
-def check_experts(config: GPTConfig) -> None:
-    """The experts' fields (shared with the families built on these experts): sizes, routing, which
-    layers have them."""
     check_size("num_experts", config.num_experts, MAX_EXPERTS)
     check_size("experts_per_token", config.experts_per_token, MAX_EXPERTS)
     if config.experts_per_token > config.num_experts:
@@ -53,7 +47,6 @@ def check_experts(config: GPTConfig) -> None:
                           "top-k weights; use model.arch=qwen3_moe for unnormalised weights")
     _check_router(config)
     _check_layers(config)
-    _check_groups(config)
 
 
 def _check_router(config: GPTConfig) -> None:
@@ -71,28 +64,6 @@ def _check_router(config: GPTConfig) -> None:
     if config.shared_expert_gate and not config.shared_expert_intermediate_size:
         raise ConfigError("model.shared_expert_gate=true without a shared expert; set "
                           "model.shared_expert_intermediate_size > 0")
-
-
-def _check_groups(config: GPTConfig) -> None:
-    """Group-limited routing, the routed scaling factor and the leading dense layers."""
-    check_size("router_groups", config.router_groups, MAX_EXPERTS)
-    check_size("router_topk_groups", config.router_topk_groups, MAX_EXPERTS)
-    if config.num_experts % config.router_groups or config.router_topk_groups > config.router_groups:
-        raise ConfigError(f"model.router_groups={config.router_groups} must divide model.num_experts="
-                          f"{config.num_experts}, and model.router_topk_groups={config.router_topk_groups} be at most it")
-    per_group = config.num_experts // config.router_groups
-    if config.router_groups > 1 and per_group < 2:
-        raise ConfigError(f"model.router_groups={config.router_groups} leaves fewer than 2 experts per group; a "
-                          "group is scored by its two best experts: use fewer groups")
-    if config.router_groups > 1 and config.experts_per_token > config.router_topk_groups * per_group:
-        raise ConfigError(f"model.experts_per_token={config.experts_per_token} is above the experts of "
-                          f"model.router_topk_groups={config.router_topk_groups} groups; choose more groups")
-    if not (isinstance(config.routed_scaling_factor, (int, float)) and 0 < config.routed_scaling_factor < 1e3):
-        raise ConfigError(f"model.routed_scaling_factor={config.routed_scaling_factor!r} must be a number in "
-                          "(0, 1000) (1: the routed sum as it is)")
-    if type(config.first_dense_layers) is not int or not 0 <= config.first_dense_layers <= config.n_layer:
-        raise ConfigError(f"model.first_dense_layers={config.first_dense_layers!r} must be a layer count in "
-                          f"[0, n_layer={config.n_layer}]")
 
 
 def _check_layers(config: GPTConfig) -> None:
