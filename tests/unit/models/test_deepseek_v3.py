@@ -179,6 +179,8 @@ HOSTILE = {
     "groups that do not divide": (dict(config_change=lambda c: c.update(n_group=3)), "router_groups=3 must divide"),
     "no correction bias": (dict(tensors_change=lambda t: t.pop("model.layers.2.mlp.gate.e_score_correction_bias")),
                            "the correction bias of layer 2"),
+    "a NaN correction bias": (dict(tensors_change=lambda t: t["model.layers.1.mlp.gate.e_score_correction_bias"]
+                                   .fill_(float("nan"))), "e_score_correction_bias holds values that are not finite"),
     "an expert missing": (dict(tensors_change=lambda t: t.pop("model.layers.1.mlp.experts.7.up_proj.weight")),
                           "experts.7.up_proj.weight"),
     "a latent of another width": (dict(config_change=lambda c: c.update(kv_lora_rank=12)), "kv_a_proj_with_mqa"),
