@@ -103,3 +103,24 @@ def test_latent_attention_under_tp_equals_one_process(queries, tmp_path, tiny_co
     assert any("kv_a_proj_with_mqa" in name for name in one)
     ranks = {name: tensor[: one[name].shape[0]] for name, tensor in final_weights(tmp_path / "tp2").items()}
     assert_adam_close(ranks, one, learning_rates)
+
+
+@pytest.mark.multiprocess
+def test_fine_tuning_under_pp_equals_one_process(tmp_path, tiny_corpus, checkpoint):
+    """3 steps from the checkpoint with its 3 layers over 2 pipeline stages (the dense layer and a
+    routed one on the first): the losses and the weights equal one process's."""
+    from support.helpers import assert_adam_close, final_weights, run_config, tiny_overrides, train
+
+    def run(run_dir, nproc, **settings):
+        train(tiny_overrides(run_dir, tiny_corpus, **{
+            "model.init_from": str(checkpoint), "data.block_size": BLOCK, "trainer.max_steps": 3,
+            "trainer.batch_size": 4, "trainer.log_every": 1, "trainer.eval_every": 3, "trainer.eval_batches": 0,
+            "parallel.dp_replicate": 1, **settings}), nproc=nproc, timeout=300)
+        return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+    single = run(tmp_path / "single", 1)
+    staged = run(tmp_path / "pp2", 2, **{"parallel.pp": 2})
+    for key in ("loss", "val_loss"):
+        assert [r[key] for r in staged if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    assert_adam_close(final_weights(tmp_path / "pp2"), final_weights(tmp_path / "single"), learning_rates)
