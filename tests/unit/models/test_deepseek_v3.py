@@ -224,3 +224,20 @@ def test_the_fields_are_bounded(fields, words):
     assert words in str(error.value), str(error.value)
     config = GPTConfig(**base)
     assert (config.head_dim, config.n_kv_head, config.v_head_dim, config.norm_topk_prob) == (8, 2, 4, True)
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(num_experts=0, router_scoring="softmax", router_groups=1, router_topk_groups=1,
+          shared_expert_intermediate_size=0), "without experts"),
+    (dict(shared_expert_intermediate_size=24), "not a whole number of experts"),
+])
+def test_what_transformers_cannot_compute_is_not_exported(fields, words):
+    from triax.interop.hf.export import ExportError, check_mappable
+    from triax.models import GPTConfig
+
+    base = dict(vocab_size=50, block_size=16, arch="deepseek_v3", n_layer=2, n_head=2, n_embd=16, num_experts=8,
+                router_scoring="sigmoid", kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, router_groups=4,
+                router_topk_groups=2, moe_intermediate_size=16, shared_expert_intermediate_size=32)
+    check_mappable(GPTConfig(**base))
+    with pytest.raises(ExportError, match=words):
+        check_mappable(GPTConfig(**{**base, **fields}))

@@ -153,6 +153,18 @@ def sources(weights: hf_moe.ExpertStack, model_config: GPTConfig):
 
 # ---- writing (`triax export --format hf`) ------------------------------------------------------
 
+def export_problem(config: GPTConfig) -> str | None:
+    """Why transformers' DeepseekV3ForCausalLM cannot compute this model, if it cannot."""
+    if not config.num_experts:
+        return ("a latent-attention model without experts (model.num_experts=0) has no transformers class: export "
+                "this run with the plain safetensors format instead")
+    if config.shared_expert_intermediate_size % config.moe_intermediate_size:
+        return (f"model.shared_expert_intermediate_size={config.shared_expert_intermediate_size} is not a whole number "
+                f"of experts of moe_intermediate_size={config.moe_intermediate_size}, as transformers' n_shared_experts "
+                "counts them: export this run with the plain safetensors format instead")
+    return None
+
+
 def hf_config(config: GPTConfig) -> dict:
     """config.json for transformers' DeepseekV3ForCausalLM."""
     base = hf_llama.hf_config(config)
