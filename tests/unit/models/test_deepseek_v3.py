@@ -183,6 +183,8 @@ HOSTILE = {
                                    .fill_(float("nan"))), "e_score_correction_bias holds values that are not finite"),
     "an expert missing": (dict(tensors_change=lambda t: t.pop("model.layers.1.mlp.experts.7.up_proj.weight")),
                           "experts.7.up_proj.weight"),
+    "groups of null": (dict(config_change=lambda c: c.update(n_group=None)), "n_group=None is not an integer"),
+    "no group count: transformers' 8": (dict(config_change=lambda c: c.pop("n_group")), "router_groups=8 leaves"),
     "a latent of another width": (dict(config_change=lambda c: c.update(kv_lora_rank=12)), "kv_a_proj_with_mqa"),
 }
 

@@ -29,11 +29,18 @@ MODEL_TYPES = ("deepseek_v3",)
 CLASSES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
 
 # The config.json fields only this model_type has, with their JSON kinds (the reader checks the shared
-# ones: triax/interop/hf/config_types.py); "?" also accepts null.
+# ones: triax/interop/hf/config_types.py); "?" also accepts null (only the query latent is optional:
+# transformers' model fails on a null anywhere else).
 FIELDS = {"q_lora_rank": "int?", "kv_lora_rank": "int", "qk_nope_head_dim": "int", "qk_rope_head_dim": "int",
-          "v_head_dim": "int?", "n_routed_experts": "int", "n_shared_experts": "int?", "n_group": "int?",
-          "topk_group": "int?", "routed_scaling_factor": "float", "first_k_dense_replace": "int?",
+          "v_head_dim": "int", "n_routed_experts": "int", "n_shared_experts": "int", "n_group": "int",
+          "topk_group": "int", "routed_scaling_factor": "float", "first_k_dense_replace": "int",
+          "num_experts_per_tok": "int", "norm_topk_prob": "bool", "moe_intermediate_size": "int",
           "rope_interleave": "bool?", "scoring_func": "str", "topk_method": "str", "moe_layer_freq": "int"}
+# transformers' DeepseekV3Config defaults: what a config.json without the field means.
+DEFAULTS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+            "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1, "n_group": 8, "topk_group": 4,
+            "routed_scaling_factor": 2.5, "first_k_dense_replace": 3, "num_experts_per_tok": 8, "norm_topk_prob": True,
+            "moe_intermediate_size": 2048, "rms_norm_eps": 1e-6}
 
 # The GPTConfig fields config.json expresses beyond those every family's writer maps (export.py).
 MAPPED_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
@@ -93,25 +100,27 @@ def _rope(config: dict) -> dict:
 
 
 def architecture(config: dict) -> dict:
-    """The GPTConfig fields the checkpoint fixes."""
+    """The GPTConfig fields the checkpoint fixes (a field it lacks: transformers' DeepseekV3Config default)."""
     _refuse_unsupported(config)
-    rope = _rope(config)
-    moe_width = config["moe_intermediate_size"]
+
+    def value(name: str):
+        return config.get(name, DEFAULTS[name])
+
+    moe_width = value("moe_intermediate_size")
     return {"arch": "deepseek_v3", "vocab_size": config["vocab_size"], "block_size": config["max_position_embeddings"],
             "n_layer": config["num_hidden_layers"], "n_head": config["num_attention_heads"],
             "n_embd": config["hidden_size"], "intermediate_size": config["intermediate_size"],
-            "norm_eps": float(config.get("rms_norm_eps", 1e-6)), "bias": False,
-            "tie_embeddings": bool(config.get("tie_word_embeddings", False)), **rope,
-            "q_lora_rank": config.get("q_lora_rank"), "kv_lora_rank": config["kv_lora_rank"],
-            "qk_nope_head_dim": config["qk_nope_head_dim"], "qk_rope_head_dim": config["qk_rope_head_dim"],
-            "v_head_dim": config.get("v_head_dim") or config["qk_nope_head_dim"],
-            "num_experts": config["n_routed_experts"], "experts_per_token": config.get("num_experts_per_tok") or 8,
-            "moe_intermediate_size": moe_width, "router_scoring": "sigmoid",
-            "norm_topk_prob": bool(config.get("norm_topk_prob", True)),
-            "shared_expert_intermediate_size": (config.get("n_shared_experts") or 0) * moe_width,
-            "router_groups": config.get("n_group") or 1, "router_topk_groups": config.get("topk_group") or 1,
-            "routed_scaling_factor": float(config.get("routed_scaling_factor", 1.0)),
-            "first_dense_layers": config.get("first_k_dense_replace") or 0}
+            "norm_eps": float(value("rms_norm_eps")), "bias": False,
+            "tie_embeddings": bool(config.get("tie_word_embeddings", False)), **_rope(config),
+            "q_lora_rank": value("q_lora_rank"), "kv_lora_rank": value("kv_lora_rank"),
+            "qk_nope_head_dim": value("qk_nope_head_dim"), "qk_rope_head_dim": value("qk_rope_head_dim"),
+            "v_head_dim": value("v_head_dim"), "num_experts": value("n_routed_experts"),
+            "experts_per_token": value("num_experts_per_tok"), "moe_intermediate_size": moe_width,
+            "router_scoring": "sigmoid", "norm_topk_prob": value("norm_topk_prob"),
+            "shared_expert_intermediate_size": value("n_shared_experts") * moe_width,
+            "router_groups": value("n_group"), "router_topk_groups": value("topk_group"),
+            "routed_scaling_factor": float(value("routed_scaling_factor")),
+            "first_dense_layers": value("first_k_dense_replace")}
 
 
 def stored_name(name: str, prefix: str = "model.") -> str:
