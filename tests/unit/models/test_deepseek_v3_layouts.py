@@ -124,3 +124,16 @@ def test_fine_tuning_under_pp_equals_one_process(tmp_path, tiny_corpus, checkpoi
         assert [r[key] for r in staged if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
     learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
     assert_adam_close(final_weights(tmp_path / "pp2"), final_weights(tmp_path / "single"), learning_rates)
+
+
+def test_plan_counts_latent_attention_s_activations():
+    """`triax plan`'s activation widths of a block are latent attention's (not GPT-2's 17 h): for
+    DeepSeek-V3, 6h + the latents + every head's queries, keys, values and outputs + the SwiGLUs of
+    a token's 8 experts and the shared one + the router's 256 scores."""
+    from triax.models import GPTConfig
+    from triax.parallel.plan import ModelShape, layer_widths
+
+    config = GPTConfig.from_preset("deepseek-v3", vocab_size=129280, block_size=4096)
+    expected = (6 * 7168 + 2 * 1536 + 2 * 512 + 64 + 2 * 128 * 192 + 2 * 128 * 128
+                + 4 * 8 * 2048 + 4 * 2048 + 256)
+    assert layer_widths(ModelShape.from_config(config)) == expected != 17 * 7168

@@ -12,6 +12,7 @@ from triax.models.family import FamilySpec
 ARCHITECTURES = ("deepseek_v3",)
 
 SPEC = FamilySpec(name="deepseek_v3", architectures=ARCHITECTURES, model=DeepseekV3, check=check, presets=PRESETS,
-                  hf=hf, tp_plan=parallel.tp_plan, tp_split_dims=parallel.TP_SPLIT_DIMS)
+                  hf=hf, tp_plan=parallel.tp_plan, tp_split_dims=parallel.TP_SPLIT_DIMS,
+                  layer_widths=parallel.layer_widths)
 
 __all__ = ["ARCHITECTURES", "DeepseekV3", "PRESETS", "RoutedMLP", "SPEC", "check"]

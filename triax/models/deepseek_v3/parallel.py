@@ -7,13 +7,15 @@ computes q_a_proj, kv_a_proj_with_mqa and their norms whole ("replicate": replic
 outputs kept as DTensors, so the gradients the ranks' heads give back are summed by DTensor), and the
 rotary key, shared by every head, becomes a plain tensor of this rank's heads at `rope_key`, its
 gradient this rank's part of the sum ("local_partial"). A dense MLP is split as Llama's; routed
-layers refuse tensor parallelism (triax/parallel/experts.py)."""
+layers refuse tensor parallelism (triax/parallel/experts.py). Also the activation widths `triax plan`
+counts for a block."""
 
 from __future__ import annotations
 
 import torch.nn as nn
 
 from triax.models import block_parts
+from triax.models.config import GPTConfig
 
 # The norms around the attention and the MLP, and the attention's output: Megatron-LM's.
 AROUND = {name: style for name, style in block_parts.ATTENTION_PLAN.items()
@@ -31,3 +33,21 @@ def tp_plan(block: nn.Module) -> dict[str, str]:
 
 
 TP_SPLIT_DIMS = {**block_parts.TP_SPLIT_DIMS, "gate_proj.weight": 0, "q_b_proj.weight": 0, "kv_b_proj.weight": 0}
+
+
+def layer_widths(config: GPTConfig) -> int:
+    """Values per token a routed block keeps for backward (triax/parallel/plan.py's docstring, counted as
+    for the llama block): the block's input, its residual after attention and each RMSNorm's input and
+    output (6h); the latents, before and after their norms (2 q_lora_rank + 2 kv_lora_rank +
+    qk_rope_head_dim); the rotated queries and keys, the values and the attention output, every head's
+    (2 H q + 2 H v, q and v a head's query/key and value widths); the SwiGLU's four tensors of each of
+    the token's experts and of the shared experts (4 k I + 4 S), and the router's scores (E)."""
+    heads = config.n_head
+    latents = 2 * (config.q_lora_rank or 0) + 2 * config.kv_lora_rank + config.qk_rope_head_dim
+    attention = 2 * heads * config.head_dim + 2 * heads * config.v_head_dim
+    if config.num_experts:
+        mlp = (4 * config.experts_per_token * config.moe_intermediate_size
+               + 4 * config.shared_expert_intermediate_size + config.num_experts)
+    else:
+        mlp = 4 * config.intermediate_size
+    return 6 * config.n_embd + latents + attention + mlp
