@@ -5,6 +5,7 @@ cache holds kv_lora_rank + qk_rope_head_dim values per token and layer; a checkp
 match its config is one line; the new fields are bounded."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -15,7 +16,11 @@ from support.deepseek_checkpoints import VOCAB, save_checkpoint
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
 
 BLOCK = 32
-VARIANTS = {"query_latent": {}, "no_query_latent": dict(q_lora_rank=None)}
+# YaRN as DeepSeek-V3 is released (its mscale and mscale_all_dim 1), stretching a context of 16 four
+# times: the windows of 32 positions reach past it.
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+VARIANTS = {"query_latent": {}, "no_query_latent": dict(q_lora_rank=None), "yarn": dict(rope_parameters=YARN)}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +51,14 @@ def test_lm_loss_equals_transformers(variant, checkpoints):
 
     directory, reference = checkpoints(variant)
     ours = load_hf_model(str(directory), torch.device("cpu"))
-    assert ours.config.arch == "deepseek_v3" and (ours.config.q_lora_rank is None) == (variant != "query_latent")
+    assert ours.config.arch == "deepseek_v3" and (ours.config.q_lora_rank is None) == (variant == "no_query_latent")
+    assert ours.config.rope_scaling == ("yarn" if variant == "yarn" else "none")
+    if variant == "yarn":  # of the two rotary pairs the fast one is kept, the slow one interpolated 4 times
+        from triax.models.llama import inverse_frequencies
+
+        plain = inverse_frequencies(ours.config, 4)
+        assert torch.allclose(ours.rotary.inverse, torch.stack([plain[0], plain[1] / 4]))
+        assert ours.layers["0"].attn.softmax_factor == pytest.approx((0.1 * math.log(4) + 1) ** 2)
     ids = windows()
     with torch.no_grad():
         expected = reference(ids, labels=ids).loss.item()
@@ -173,8 +185,10 @@ def _with(directory, target, config_change=None, tensors_change=None):
 HOSTILE = {
     "a rank as a string": (dict(config_change=lambda c: c.update(kv_lora_rank="16")), "kv_lora_rank='16' is not an"),
     "rotary halves": (dict(config_change=lambda c: c.update(rope_interleave=False)), "rope_interleave=False"),
-    "yarn": (dict(config_change=lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0})),
-             "rope_type='yarn'"),
+    "yarn of another mscale": (dict(config_change=lambda c: c.update(rope_parameters={**YARN, "mscale": 0.707})),
+                               "rope_parameters.mscale=0.707"),
+    "longrope": (dict(config_change=lambda c: c.update(rope_parameters={"rope_type": "longrope", "factor": 4.0})),
+                 "rope_type='longrope'"),
     "softmax routing": (dict(config_change=lambda c: c.update(scoring_func="softmax")), "scoring_func='softmax'"),
     "groups that do not divide": (dict(config_change=lambda c: c.update(n_group=3)), "router_groups=3 must divide"),
     "no correction bias": (dict(tensors_change=lambda t: t.pop("model.layers.2.mlp.gate.e_score_correction_bias")),
@@ -243,3 +257,20 @@ def test_what_transformers_cannot_compute_is_not_exported(fields, words):
     check_mappable(GPTConfig(**base))
     with pytest.raises(ExportError, match=words):
         check_mappable(GPTConfig(**{**base, **fields}))
+
+
+def test_a_yarn_model_exports_to_transformers(checkpoints, tmp_path):
+    """triax's own config.json of a YaRN model (no checkpoint's kept beside it) loads in transformers
+    and scores the windows as the checkpoint the model was read from."""
+    from triax.interop.hf.export import export_hf
+    from triax.interop.hf.whole_model import load_hf_model
+
+    directory, reference = checkpoints("yarn")
+    ours = load_hf_model(str(directory), torch.device("cpu"))
+    export_hf(ours.config, ours.state_dict(), str(tmp_path / "hf"))
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    assert exported.config.rope_parameters["rope_type"] == "yarn"
+    ids = windows()
+    with torch.no_grad():
+        expected, got = reference(ids, labels=ids).loss.item(), exported(ids, labels=ids).loss.item()
+    assert abs(got - expected) / expected <= 1e-5, (got, expected)

@@ -41,6 +41,20 @@ def check(config: GPTConfig) -> None:
                           "key and value (from the shared latent); leave n_kv_head unset")
     config.n_kv_head = config.n_head
     _check_mlp(config)
+    yarn = config.rope_scaling == "yarn"  # YaRN is this family's (yarn.py); the shared checks know the others
+    if yarn:
+        if not (config.rope_factor > 1 and isinstance(config.rope_original_context, int)
+                and config.rope_original_context >= 1):
+            raise ConfigError(f"model.rope_scaling=yarn needs model.rope_factor > 1 (got {config.rope_factor}) and "
+                              f"model.rope_original_context >= 1 (got {config.rope_original_context!r})")
+        config.rope_scaling = "none"
+    try:
+        _check_block(config)
+    finally:
+        config.rope_scaling = "yarn" if yarn else config.rope_scaling
+
+
+def _check_block(config: GPTConfig) -> None:
     if config.num_experts:  # the block's fields (as the widths above fill them) and the experts', as every MoE's
         experts_config.check(config)
         _check_groups(config)

@@ -89,14 +89,29 @@ def _refuse_unsupported(config: dict) -> None:
                                   f"{name}={allowed[0]!r} only")
 
 
+# YaRN's parameters as the released configs give them, the only ones triax's yarn.py computes (a
+# parameter left out takes transformers' default, the same).
+YARN_AS_RELEASED = {"beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "truncate": True,
+                    "attention_factor": None}
+
+
 def _rope(config: dict) -> dict:
     """The rotary fields: transformers 5's rope_parameters, or the older rope_theta + rope_scaling."""
     parameters = config.get("rope_scaling") or config.get("rope_parameters") or {}
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
-    if rope_type != "default":
+    theta = {"rope_theta": float(parameters.get("rope_theta", config.get("rope_theta", 10000.0)))}
+    if rope_type == "default":
+        return theta
+    if rope_type != "yarn":
         raise CheckpointError(f"config.json: rope_type={rope_type!r}; triax's deepseek_v3 computes the original "
-                              "rotary frequencies only (rope_type default)")
-    return {"rope_theta": float(parameters.get("rope_theta", config.get("rope_theta", 10000.0)))}
+                              "rotary frequencies or YaRN's (rope_type default or yarn)")
+    for name, released in YARN_AS_RELEASED.items():
+        if parameters.get(name, released) != released:
+            raise CheckpointError(f"config.json: rope_parameters.{name}={parameters[name]!r}; triax computes YaRN "
+                                  f"with {name}={released!r} only, as DeepSeek-V3 is released")
+    return {**theta, "rope_scaling": "yarn", "rope_factor": float(parameters["factor"]),
+            "rope_original_context": parameters.get("original_max_position_embeddings",
+                                                    config["max_position_embeddings"])}
 
 
 def architecture(config: dict) -> dict:
@@ -188,6 +203,11 @@ def hf_config(config: GPTConfig) -> dict:
         n_group=config.router_groups, topk_group=config.router_topk_groups,
         routed_scaling_factor=config.routed_scaling_factor, norm_topk_prob=bool(config.norm_topk_prob),
         first_k_dense_replace=config.first_dense_layers, attention_bias=False, num_nextn_predict_layers=0)
+    if config.rope_scaling == "yarn":
+        rope = {"rope_type": "yarn", "rope_theta": config.rope_theta, "factor": config.rope_factor,
+                "original_max_position_embeddings": config.rope_original_context,
+                **{name: value for name, value in YARN_AS_RELEASED.items() if value is not None}}
+        values.update(rope_parameters=rope, rope_scaling=dict(rope))
     return values
 
 

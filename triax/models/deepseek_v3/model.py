@@ -11,6 +11,7 @@ import torch.nn as nn
 from triax.models.config import GPTConfig
 from triax.models.decoder import Block
 from triax.models.deepseek_v3.attention import LatentAttention
+from triax.models.deepseek_v3.yarn import softmax_factor, yarn_inverse_frequencies
 from triax.models.llama import RotaryEmbedding, SwiGLU
 from triax.models.moe import MoE, Mixture
 
@@ -66,8 +67,11 @@ class DeepseekV3(Mixture):
     def make_block(self, config: GPTConfig, layer: int = 0) -> nn.Module:
         if "rotary" not in self.__dict__:  # one table for all layers, of the rotary values only
             self.rotary = RotaryEmbedding(config, config.qk_rope_head_dim)
+            if config.rope_scaling == "yarn":
+                self.rotary.inverse = yarn_inverse_frequencies(config, config.qk_rope_head_dim)
         mlp = RoutedMLP(config) if config.has_experts(layer) else SwiGLU(config)
-        return Block(self.make_norm(config), LatentAttention(config, self.rotary), self.make_norm(config), mlp)
+        attention = LatentAttention(config, self.rotary, softmax_factor(config))
+        return Block(self.make_norm(config), attention, self.make_norm(config), mlp)
 
     def latent_cache_values(self) -> int:
         """Values a generation cache keeps per token: each layer's latent and rotary key."""

@@ -13,7 +13,7 @@ PRESETS: dict[str, dict] = {
                         v_head_dim=128, num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
                         shared_expert_intermediate_size=2048, router_scoring="sigmoid", router_groups=8,
                         router_topk_groups=4, routed_scaling_factor=2.5, first_dense_layers=3, norm_eps=1e-6,
-                        vocab_size=129280),
+                        rope_scaling="yarn", rope_factor=40.0, rope_original_context=4096, vocab_size=129280),
     # Moonlight-16B-A3B (Moonshot AI): no query latent, 64 experts in one group, 16B parameters, 3B active.
     "moonlight-16b-a3b": dict(arch="deepseek_v3", n_layer=27, n_head=16, n_embd=2048, intermediate_size=11264,
                               q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
