@@ -148,9 +148,15 @@ class SelfAttention(nn.Module):
             # sequence parallelism (the tensor-parallel plan gathers it before attention).
             q, k = self.rotary(q, k, cache.length if cache is not None else 0,
                                packed.positions if packed is not None else None)
-        y = causal_attention(q, k, v, cache, self.dropout if self.training else 0.0, packed)
+        y = self.attend(q, k, v, cache, packed)
         y = y.transpose(1, 2).reshape(batch, seq, -1)
         return self.resid_dropout(self.out_proj(y))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerCache | None,
+               packed: Packed | None) -> torch.Tensor:
+        """The heads' outputs (batch, heads, seq, head size) of rotated q, k and v: causal attention
+        (a family whose softmax differs, with sinks or windows, overrides this)."""
+        return causal_attention(q, k, v, cache, self.dropout if self.training else 0.0, packed)
 
 
 class Block(nn.Module):

@@ -5,10 +5,10 @@ triax.models.family. Registration order is the order of model.arch's choices and
 
 from __future__ import annotations
 
-from triax.models import gpt2, llama, moe
+from triax.models import gpt2, gpt_oss, llama, moe
 from triax.models.family import FAMILIES, register
 
-for _family in (gpt2, llama, moe):
+for _family in (gpt2, llama, moe, gpt_oss):
     register(_family.SPEC)
 
 __all__ = ["FAMILIES"]
