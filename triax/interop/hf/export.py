@@ -139,6 +139,7 @@ def drop_in_files(config: GPTConfig, ours: dict, kept_dir: str) -> tuple[dict, d
     if fixed != architecture_fields(config):
         return dict(ours, **{key: source[key] for key in TOKEN_IDS if key in source}), files
     merged = dict(source, tie_word_embeddings=ours["tie_word_embeddings"], architectures=ours["architectures"])
+    merged.pop("quantization_config", None)  # the weights written are the dequantized ones
     if "torch_dtype" not in source and "dtype" not in source:
         merged["torch_dtype"] = ours["torch_dtype"]
     # The weights are written as the snapshot holds them (fp32 for a run trained in mixed precision):
