@@ -1,0 +1,79 @@
+"""gpt-oss as a user runs it: a run started from the tiny transformers checkpoint (one step at a
+negligible learning rate) scores under `triax eval` as transformers scores the checkpoint, and its
+`--format hf` export loads in AutoModelForCausalLM and scores alike; fine-tuning under FSDP x 2 and
+EP x 2 equals one process taking the two halves as accumulated micro-batches."""
+
+import json
+
+import pytest
+import torch
+
+from support.forked import launch
+from support.gpt_oss_checkpoints import save_checkpoint
+from support.helpers import tiny_overrides, train
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
+pytestmark = pytest.mark.multiprocess
+
+BLOCK = 32
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tiny_corpus):
+    directory = tmp_path_factory.mktemp("gpt_oss")
+    save_checkpoint(directory, tiny_corpus)
+    return directory
+
+
+def validation_ids(directory, corpus):
+    from tokenizers import Tokenizer
+
+    text = open(corpus, encoding="utf-8").read()
+    return torch.tensor(Tokenizer.from_file(str(directory / "tokenizer.json")).encode(
+        text, add_special_tokens=False).ids[-2000:])
+
+
+def test_a_run_from_the_checkpoint_evaluates_and_exports_as_transformers_scores(checkpoint, tmp_path, tiny_corpus):
+    from support.hf_scoring import hf_mean_loss
+
+    run_dir = tmp_path / "run"
+    train(tiny_overrides(run_dir, tiny_corpus, **{
+        "model.init_from": str(checkpoint), "data.block_size": BLOCK, "trainer.max_steps": 1,
+        "trainer.batch_size": 4, "optim.lr": 1e-12, "optim.min_lr": 0.0, "trainer.eval_every": 1,
+        "trainer.eval_batches": 0, "parallel.dp_replicate": 1, "trainer.log_every": 1}), timeout=300)
+    model = json.load(open(run_dir / "model.json"))
+    assert model["arch"] == "gpt_oss" and model["sliding_window"] == 4 and model["attention_sinks"]
+    # `triax eval` of the run scores its validation split as its trainer did
+    record = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][-1]
+    scored = json.loads(launch(1, ["-m", "triax", "eval", str(run_dir), "--json"]).stdout.strip().splitlines()[-1])
+    assert scored["loss"] == pytest.approx(record["val_loss"], rel=1e-5)
+    launch(1, ["-m", "triax", "export", str(run_dir), str(tmp_path / "hf"), "--format", "hf"])
+    config = json.load(open(tmp_path / "hf" / "config.json"))
+    assert config["model_type"] == "gpt_oss" and config["sliding_window"] == 4
+    ids = validation_ids(checkpoint, tiny_corpus)
+    original, _ = hf_mean_loss(str(checkpoint), ids, BLOCK)
+    exported, _ = hf_mean_loss(str(tmp_path / "hf"), ids, BLOCK)
+    assert abs(exported - original) / original <= 1e-5, (exported, original)
+
+
+@pytest.mark.parametrize("layout", ["fsdp2", "ep2"])
+def test_fine_tuning_under_fsdp_or_ep_equals_one_process(layout, tmp_path, tiny_corpus, checkpoint):
+    """3 steps with the load-balancing loss on: FSDP x 2 (the experts and their biases sharded
+    along the expert dimension) or EP x 2 (each rank holding two of the four experts, tokens
+    exchanged all-to-all) equals one process accumulating the two halves."""
+    from support.helpers import assert_adam_close, final_weights, run_config
+
+    def run(run_dir, nproc, **settings):
+        train(tiny_overrides(run_dir, tiny_corpus, **{
+            "model.init_from": str(checkpoint), "data.block_size": BLOCK, "trainer.max_steps": 3,
+            "trainer.batch_size": 4, "trainer.log_every": 1, "trainer.eval_every": 3, "trainer.eval_batches": 0,
+            "parallel.dp_replicate": 1, "model.router_aux_loss_coef": 0.02, **settings}), nproc=nproc, timeout=300)
+        return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+    single = run(tmp_path / "single", 1, **{"trainer.grad_accum": 2})
+    settings = {"parallel.dp_shard": 2, **({"parallel.ep": 2} if layout == "ep2" else {})}
+    sharded = run(tmp_path / "sharded", 2, **settings)
+    for key in ("loss", "val_loss"):
+        assert [r[key] for r in sharded if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    assert_adam_close(final_weights(tmp_path / "sharded"), final_weights(tmp_path / "single"), learning_rates)
