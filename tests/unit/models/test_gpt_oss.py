@@ -110,6 +110,11 @@ def test_mxfp4_experts_read_as_transformers_dequantizes_them(tmp_path):
         expected = reference(ids, labels=ids).loss.item()
         got = lm_loss(ours(ids), ids)
     assert abs(got - expected) / expected <= 1e-5, (got, expected)
+    # A run started from it exports the dequantized weights: its config.json without the quantization
+    from triax.interop.hf.export import drop_in_files, hf_config
+
+    written, _ = drop_in_files(ours.config, hf_config(ours.config), str(tmp_path / "mxfp4"))
+    assert "quantization_config" not in written and written["swiglu_limit"] == 0.5
 
 
 def test_the_export_loads_in_transformers_and_scores_alike(checkpoint, tmp_path):
