@@ -29,7 +29,9 @@ from triax.models.gpt_oss import mxfp4
 from triax.models.gpt_oss.model import FULL, SLIDING, GptOss
 
 MODEL_TYPES = ("gpt_oss",)
-CLASS = "GptOssForCausalLM"
+CLASSES = {"gpt_oss": "GptOssForCausalLM"}
+# No `sliding_window(config)` here (the llama family's caps the context at the window): gpt_oss
+# computes its windows, so a run from the checkpoint keeps the checkpoint's whole context.
 
 # The JSON type of each config.json field this reader takes beyond the llama family's (which
 # config_types.py checks for every family), as transformers' GptOssConfig declares it.
@@ -261,7 +263,7 @@ def hf_config(config: GPTConfig) -> dict:
                     truncate=config.rope_truncate, original_max_position_embeddings=config.rope_original_context)
         if config.rope_attention_factor is not None:
             rope["attention_factor"] = config.rope_attention_factor
-    return {"architectures": [CLASS], "model_type": "gpt_oss", "vocab_size": config.vocab_size,
+    return {"architectures": [CLASSES["gpt_oss"]], "model_type": "gpt_oss", "vocab_size": config.vocab_size,
             "hidden_size": config.n_embd, "intermediate_size": config.moe_intermediate_size,
             "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
             "num_key_value_heads": config.n_kv_head, "head_dim": config.head_dim, "hidden_act": "silu",
