@@ -126,11 +126,16 @@ class MoE(nn.Module):
         else:
             self.expert_bias = None
 
+    def choose_experts(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, experts) of each token's top-k experts from the router's logits (a family that
+        routes in another order of operations overrides this)."""
+        return route(logits, self.top_k, self.normalise, self.scoring, self.expert_bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         logits = self.gate(x)
-        weights, experts = route(logits, self.top_k, self.normalise, self.scoring, self.expert_bias)
+        weights, experts = self.choose_experts(logits)
         self.router_logits = logits
         flat = experts.reshape(-1)
         # Sorted by expert (stable: a token's rows keep their order); row r of the sorted list is

@@ -11,8 +11,9 @@ four changes, each computed as transformers' GptOssForCausalLM computes it:
 - YaRN rotary scaling: frequencies interpolated between the original and the factor-stretched
   ones by a ramp over the rotary dimensions, and cos/sin scaled by an attention factor.
 
-Routing is Mixtral's (softmax over the top-k router logits, which is the renormalised top-k of the
-softmax over all of them), so moe.MoE routes and expert parallelism exchanges tokens unchanged.
+Routing is a softmax over the top-k router logits (the renormalised top-k of Mixtral's softmax over
+all of them, computed as transformers' gpt-oss computes it: see BiasedMoE), and expert parallelism
+exchanges tokens as for any mixture (triax/models/experts.py).
 """
 
 from __future__ import annotations
@@ -159,12 +160,20 @@ class ClampedExperts(GroupedExperts):
 
 
 class BiasedMoE(MoE):
-    """moe.MoE with a bias on the router's logits and ClampedExperts."""
+    """MoE with a bias on the router's logits and ClampedExperts, routing in transformers'
+    gpt-oss order: the top-k logits, then a softmax over them (in fp32)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__(config)
         self.gate = nn.Linear(config.n_embd, config.num_experts, bias=True)
         self.experts = ClampedExperts(config)
+
+    def choose_experts(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # The same weights as the renormalised top-k of a softmax over every expert, but the experts
+        # not chosen get no gradient at all, rather than a rounding error's, which AdamW would turn
+        # into steps of the learning rate's size on their router rows.
+        chosen, experts = torch.topk(logits.float(), self.top_k, dim=-1)
+        return F.softmax(chosen, dim=-1), experts
 
 
 class GptOss(Mixture):
