@@ -131,6 +131,13 @@ def test_the_export_loads_in_transformers_and_scores_alike(checkpoint, tmp_path)
     for name, tensor in reference.state_dict().items():
         assert torch.equal(exported.state_dict()[name], tensor), name
 
+    from triax.interop.hf.export import ExportError
+    from triax.models import GPTConfig
+
+    without = GPTConfig(**{**vars(ours.config), "attention_sinks": False})
+    with pytest.raises(ExportError, match="attention_sinks=false has no equivalent"):
+        export_hf(without, ours.state_dict(), str(tmp_path / "refused"))
+
 
 def copy_checkpoint(source, target, change_tensors=None, change_config=None):
     """A copy of checkpoint `source`, its tensors and config.json changed."""

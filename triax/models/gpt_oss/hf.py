@@ -22,7 +22,6 @@ from typing import Mapping
 
 import torch
 
-from triax.errors import ConfigError
 from triax.models.checkpoint_source import CheckpointError, Source, StoredWeights
 from triax.models.config import GPTConfig
 from triax.models.gpt_oss import mxfp4
@@ -252,11 +251,16 @@ def wrap_weights(weights: StoredWeights, model_config: GPTConfig) -> ExpertLayou
 
 # ---- writing (`triax export --format hf`) ------------------------------------------------------
 
+def export_problem(config: GPTConfig) -> str | None:
+    """Why transformers' GptOssForCausalLM cannot compute this model, if it cannot."""
+    if not config.attention_sinks:
+        return ("model option attention_sinks=false has no equivalent in transformers' gpt_oss (every head has a "
+                "sink); export this run with the plain safetensors format instead")
+    return None
+
+
 def hf_config(config: GPTConfig) -> dict:
     """config.json for transformers' GptOssForCausalLM computing what triax's GptOss computes."""
-    if not config.attention_sinks:
-        raise ConfigError("model.attention_sinks=false has no equivalent in transformers' gpt_oss (every head has a "
-                          "sink); export this run with the plain safetensors format instead")
     rope = {"rope_type": "default" if config.rope_scaling == "none" else "yarn", "rope_theta": config.rope_theta}
     if config.rope_scaling == "yarn":
         rope.update(factor=config.rope_factor, beta_fast=config.rope_beta_fast, beta_slow=config.rope_beta_slow,
