@@ -77,3 +77,34 @@ def test_fine_tuning_under_fsdp_or_ep_equals_one_process(layout, tmp_path, tiny_
         assert [r[key] for r in sharded if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
     learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
     assert_adam_close(final_weights(tmp_path / "sharded"), final_weights(tmp_path / "single"), learning_rates)
+
+
+def test_lora_on_attention_exports_to_peft(tmp_path, tiny_corpus, checkpoint):
+    """LoRA on q/k/v/o (the experts, sinks and router frozen): `--format peft` loads in
+    peft.PeftModel over transformers' GptOssForCausalLM with triax's logits (fp32, 1e-5)."""
+    peft = pytest.importorskip("peft")
+    from support.helpers import final_weights
+    from triax.interop.hf.whole_model import load_hf_model
+    from triax.models.lora import LoRAConfig, apply_lora
+
+    run_dir = tmp_path / "run"
+    train(tiny_overrides(run_dir, tiny_corpus, **{
+        "model.init_from": str(checkpoint), "data.block_size": BLOCK, "trainer.max_steps": 3, "trainer.batch_size": 4,
+        "optim.lr": 1e-2, "parallel.dp_replicate": 1, "model.lora.rank": 4, "model.lora.alpha": 8,
+        "model.lora.targets": "[q,k,v,o]"}), timeout=300)
+    launch(1, ["-m", "triax", "export", str(run_dir), str(tmp_path / "adapter"), "--format", "peft"])
+    weights = final_weights(run_dir)
+    ours = load_hf_model(str(checkpoint), torch.device("cpu"))
+    apply_lora(ours, LoRAConfig(rank=4, alpha=8, targets=["q", "k", "v", "o"]))
+    with torch.no_grad():
+        for name, parameter in ours.named_parameters():
+            if name in weights:
+                parameter.data = weights[name].clone()
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint)).eval()
+    reference = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    ids = torch.randint(0, 301, (2, BLOCK), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        triax_logits, peft_logits = ours(ids), reference(ids).logits
+        plain = load_hf_model(str(checkpoint), torch.device("cpu"))(ids)
+    torch.testing.assert_close(triax_logits, peft_logits, atol=1e-5, rtol=1e-5)
+    assert (triax_logits - plain).abs().max() > 1e-3  # the adapters changed the model

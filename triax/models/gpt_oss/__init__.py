@@ -9,6 +9,6 @@ from triax.models.gpt_oss.config import ARCHITECTURES, PRESETS, check
 from triax.models.gpt_oss.model import BiasedMoE, ClampedExperts, GptOss, SinkAttention
 
 SPEC = FamilySpec(name="gpt_oss", architectures=ARCHITECTURES, model=GptOss, check=check, presets=PRESETS, hf=hf,
-                  tp_split_dims=parallel.TP_SPLIT_DIMS, lora_targets=parallel.LORA_TARGETS)
+                  tp_split_dims=parallel.TP_SPLIT_DIMS, lora_targets=parallel.LORA_TARGETS, peft_names=True)
 
 __all__ = ["ARCHITECTURES", "BiasedMoE", "ClampedExperts", "GptOss", "PRESETS", "SPEC", "SinkAttention", "check"]
