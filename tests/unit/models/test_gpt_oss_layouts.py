@@ -56,11 +56,17 @@ def test_a_run_from_the_checkpoint_evaluates_and_exports_as_transformers_scores(
     assert abs(exported - original) / original <= 1e-5, (exported, original)
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "ep2"])
-def test_fine_tuning_under_fsdp_or_ep_equals_one_process(layout, tmp_path, tiny_corpus, checkpoint):
-    """3 steps with the load-balancing loss on: FSDP x 2 (the experts and their biases sharded
-    along the expert dimension) or EP x 2 (each rank holding two of the four experts, tokens
-    exchanged all-to-all) equals one process accumulating the two halves."""
+LAYOUTS = {"fsdp2": ({"parallel.dp_shard": 2}, 2), "ep2": ({"parallel.dp_shard": 2, "parallel.ep": 2}, 2),
+           "pp2": ({"parallel.pp": 2, "model.router_aux_loss_coef": 0.0}, 1)}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_fine_tuning_under_fsdp_ep_or_pp_equals_one_process(layout, tmp_path, tiny_corpus, checkpoint):
+    """3 steps: FSDP x 2 (the experts and their biases sharded along the expert dimension) or EP x 2
+    (each rank holding two of the four experts, tokens exchanged all-to-all), with the
+    load-balancing loss on, equal one process accumulating the two halves; PP x 2 (the three layers
+    over two stages, each layer keeping its own window by its number; the router's loss off: the
+    pipeline's loss does not see it) equals one process."""
     from support.helpers import assert_adam_close, final_weights, run_config
 
     def run(run_dir, nproc, **settings):
@@ -70,8 +76,9 @@ def test_fine_tuning_under_fsdp_or_ep_equals_one_process(layout, tmp_path, tiny_
             "parallel.dp_replicate": 1, "model.router_aux_loss_coef": 0.02, **settings}), nproc=nproc, timeout=300)
         return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
 
-    single = run(tmp_path / "single", 1, **{"trainer.grad_accum": 2})
-    settings = {"parallel.dp_shard": 2, **({"parallel.ep": 2} if layout == "ep2" else {})}
+    settings, accumulate = LAYOUTS[layout]
+    loss_settings = {key: value for key, value in settings.items() if key.startswith("model.")}
+    single = run(tmp_path / "single", 1, **{"trainer.grad_accum": accumulate, **loss_settings})
     sharded = run(tmp_path / "sharded", 2, **settings)
     for key in ("loss", "val_loss"):
         assert [r[key] for r in sharded if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
