@@ -80,6 +80,15 @@ def test_greedy_generation_through_the_cache_equals_transformers(checkpoint):
     uncached = ours.generate(prompt, 20, greedy=True, use_cache=False)
     assert cached.tolist() == expected.tolist()
     assert uncached.tolist() == expected.tolist()
+    # The sliding layers' caches hold only what a later query sees: the last WINDOW - 1 positions.
+    from triax.models import KVCache
+
+    cache = KVCache()
+    with torch.no_grad():
+        ours(prompt, cache)
+        ours(cached[:, 6:7], cache)
+    assert cache.length == 7 and [cache.layers[str(layer)].keys.size(2) for layer in range(3)] == [WINDOW - 1, 7,
+                                                                                                    WINDOW - 1]
 
 
 def test_mxfp4_experts_read_as_transformers_dequantizes_them(tmp_path):

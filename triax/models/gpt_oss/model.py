@@ -82,8 +82,8 @@ def window_of(config: GPTConfig, layer: int) -> int | None:
 
 
 def visible_keys(queries: int, keys: int, window: int | None, device: torch.device) -> torch.Tensor:
-    """(queries, keys) bool: the last `queries` positions of `keys` see themselves and the keys
-    before them, at most `window` of them (None: all)."""
+    """(queries, keys) bool: the queries, the last `queries` of the `keys` positions, see
+    themselves and the keys before them, at most `window` of them (None: all)."""
     query_at = torch.arange(keys - queries, keys, device=device)[:, None]
     key_at = torch.arange(keys, device=device)[None, :]
     visible = key_at <= query_at
@@ -128,8 +128,10 @@ class SinkAttention(SelfAttention):
         if packed is not None and not isinstance(packed, Packed):
             raise NotImplementedError("context parallelism of attention with sinks or a sliding window is not "
                                       "supported; use parallel.cp=1")
-        if cache is not None:  # the cache keeps every key; the window is the mask's
-            k, v = cache.append(k, v)
+        if cache is not None:
+            # A sliding layer keeps only the keys a later query can see: its last window - 1 (the
+            # returned ones are the kept ones and the new: the mask counts from the first of them).
+            k, v = cache.append(k, v, keep=None if self.window is None else self.window - 1)
         visible = visible_keys(q.size(2), k.size(2), self.window, q.device)
         if packed is not None:
             visible = packed.mask & visible  # (batch, 1, seq, seq): each example sees only itself
