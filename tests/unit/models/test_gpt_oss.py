@@ -285,3 +285,19 @@ def test_packed_examples_score_as_each_alone():
         packed = model(torch.cat((first, second), dim=1), documents=documents)
         torch.testing.assert_close(packed[:, :20], model(first), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(packed[:, 20:], model(second), rtol=1e-5, atol=1e-5)
+
+
+def test_plan_counts_the_published_shapes_and_searches_expert_parallel_layouts():
+    """`triax plan --model gpt-oss-20b`: every parameter counted (biases and sinks included), the
+    active ones for the FLOPs, and the expert-parallel layouts searched over the 32 experts."""
+    from triax.models import GPTConfig, PRESETS, build_model
+    from triax.parallel.plan import ModelShape, candidate_layouts
+
+    config = GPTConfig.from_preset("gpt-oss-20b", vocab_size=PRESETS["gpt-oss-20b"]["vocab_size"], block_size=4096)
+    shape = ModelShape.from_config(config)
+    with torch.device("meta"):
+        model = build_model(config)
+    assert shape.num_params() == model.num_params() and shape.active_params() == model.active_params()
+    layouts = candidate_layouts(8, shape)
+    assert {layout.ep for layout in layouts} == {1, 2, 4, 8}
+    assert not any(layout.tp > 1 or layout.cp > 1 for layout in layouts)  # refused for experts
