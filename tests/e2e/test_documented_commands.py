@@ -115,6 +115,7 @@ NOT_RUN = {
     ('docs/llama.md', 'OMP_NUM_THREADS=1 python benchmarks/vs_transformers_llama.py --rounds 3 --steps 200'): 'a quiet machine',
     ('docs/moe.md', 'OMP_NUM_THREADS=1 python benchmarks/moe_vs_transformers.py --rounds 3 --steps 20'): 'a quiet machine',
     ('docs/moe.md', 'python benchmarks/moe_memory.py --steps 3'): 'a quiet machine',
+    ('docs/gpt-oss.md', 'triax train model.init_from=path/to/gpt-oss-20b data.path=input.txt parallel.dp_shard=8 parallel.ep=8 trainer.run_dir=runs/gpt-oss-20b'): 'the released checkpoint (13 GB)',
     ('docs/data.md', 'OMP_NUM_THREADS=1 python benchmarks/document_masking.py'): 'a quiet machine',
     ('docs/data.md', 'OMP_NUM_THREADS=1 python benchmarks/document_masking.py --block 1024 --batch 2 --rounds 3'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/moe_memory.py --steps 3'): 'a quiet machine',

@@ -167,6 +167,40 @@ class GPTConfig:
     router_z_loss_coef: float = 0.0
     """Weight of the router z-loss (mean squared logsumexp of the router logits, ST-MoE); 0 = off."""
 
+    # Attention sinks, sliding-window layers, the clamped SwiGLU and YaRN's rotary scaling: the
+    # fields of the families that compute them (each family's checks give their defaults).
+
+    attention_sinks: Optional[bool] = None
+    """A learned logit per attention head in each softmax's denominator (a "sink" taking probability
+    without a value, so a query may attend to nothing); unset = the architecture's."""
+
+    sliding_window: Optional[int] = None
+    """Keys a query of a sliding-window layer sees: itself and the sliding_window - 1 before it
+    (transformers' sliding_window); None: every layer attends to the whole context."""
+
+    layer_types: Optional[list[str]] = None
+    """Each layer's attention, sliding_attention | full_attention (transformers' layer_types); unset =
+    alternating, sliding first, when sliding_window is set."""
+
+    swiglu_limit: Optional[float] = None
+    """The experts' clamped SwiGLU: the gate clamped above at this and the up projection to [-limit,
+    limit], then (up + 1) * gate * sigmoid(swiglu_alpha * gate); unset = the architecture's."""
+
+    swiglu_alpha: float = 1.702
+    """The clamped SwiGLU's sigmoid gain (1.702: the sigmoid approximation of GELU)."""
+
+    rope_beta_fast: float = 32.0
+    """rope_scaling=yarn: rotations per context below which a frequency starts to be interpolated."""
+
+    rope_beta_slow: float = 1.0
+    """rope_scaling=yarn: rotations per context below which a frequency is interpolated fully."""
+
+    rope_truncate: bool = True
+    """rope_scaling=yarn: round the interpolation ramp's bounds to whole dimensions."""
+
+    rope_attention_factor: Optional[float] = None
+    """rope_scaling=yarn: the gain of the rotary cos and sin; unset = 0.1 ln(rope_factor) + 1."""
+
     # Multi-head latent attention and group-limited routing (DeepSeek-V2 and V3 introduced them).
 
     q_lora_rank: Optional[int] = None

@@ -23,21 +23,31 @@ from triax.models.init import init_constant, init_normal
 
 class LayerCache:
     """One attention layer's keys and values (batch, heads, positions, head size) of the positions
-    already processed, so generation feeds each new token alone instead of the whole context."""
+    already processed, so generation feeds each new token alone instead of the whole context. A
+    layer whose queries see only a window of keys may keep only those (`append`'s `keep`)."""
 
     def __init__(self):
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.dropped = 0  # positions processed before the first one kept
 
     @property
     def length(self) -> int:
-        return 0 if self.keys is None else self.keys.size(2)
+        """Positions processed (kept or not)."""
+        return self.dropped + (0 if self.keys is None else self.keys.size(2))
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the new positions; returns the keys and values of all positions so far."""
+    def append(self, keys: torch.Tensor, values: torch.Tensor,
+               keep: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the new positions; returns the keys and values of every position kept so far, the
+        new ones included (they start at position `length` minus their count). `keep`: afterwards
+        hold only the last `keep` positions (None: all)."""
         if self.keys is not None:
             keys, values = torch.cat((self.keys, keys), dim=2), torch.cat((self.values, values), dim=2)
         self.keys, self.values = keys, values
+        if keep is not None and keys.size(2) > keep:
+            self.dropped += keys.size(2) - keep
+            first = keys.size(2) - keep
+            self.keys, self.values = keys[:, :, first:], values[:, :, first:]
         return keys, values
 
 
@@ -148,9 +158,15 @@ class SelfAttention(nn.Module):
             # sequence parallelism (the tensor-parallel plan gathers it before attention).
             q, k = self.rotary(q, k, cache.length if cache is not None else 0,
                                packed.positions if packed is not None else None)
-        y = causal_attention(q, k, v, cache, self.dropout if self.training else 0.0, packed)
+        y = self.attend(q, k, v, cache, packed)
         y = y.transpose(1, 2).reshape(batch, seq, -1)
         return self.resid_dropout(self.out_proj(y))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerCache | None,
+               packed: Packed | None) -> torch.Tensor:
+        """The heads' outputs (batch, heads, seq, head size) of rotated q, k and v: causal attention
+        (a family whose softmax differs, with sinks or windows, overrides this)."""
+        return causal_attention(q, k, v, cache, self.dropout if self.training else 0.0, packed)
 
 
 class Block(nn.Module):

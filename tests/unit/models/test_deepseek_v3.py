@@ -187,6 +187,8 @@ HOSTILE = {
     "rotary halves": (dict(config_change=lambda c: c.update(rope_interleave=False)), "rope_interleave=False"),
     "yarn of another mscale": (dict(config_change=lambda c: c.update(rope_parameters={**YARN, "mscale": 0.707})),
                                "rope_parameters.mscale=0.707"),
+    "yarn's truncate as a string": (dict(config_change=lambda c: c.update(rope_parameters={**YARN, "truncate": "no"})),
+                                    "rope_parameters.truncate='no' is not true or false"),
     "longrope": (dict(config_change=lambda c: c.update(rope_parameters={"rope_type": "longrope", "factor": 4.0})),
                  "rope_type='longrope'"),
     "softmax routing": (dict(config_change=lambda c: c.update(scoring_func="softmax")), "scoring_func='softmax'"),
@@ -227,6 +229,8 @@ def test_a_checkpoint_that_does_not_match_is_one_line(case, checkpoints, tmp_pat
     (dict(routed_scaling_factor=0.0), "routed_scaling_factor=0.0 must be a number"),
     (dict(first_dense_layers=3), "first_dense_layers=3 must be a layer count"),
     (dict(q_lora_rank=2**21), "q_lora_rank=2097152 must be a positive integer of at most"),
+    (dict(sliding_window=8), "model.sliding_window=8 with model.arch=deepseek_v3"),
+    (dict(rope_scaling="yarn", rope_factor=4.0, rope_attention_factor=1.2), "model.rope_attention_factor=1.2"),
 ])
 def test_the_fields_are_bounded(fields, words):
     from triax.errors import ConfigError

@@ -89,7 +89,7 @@ HOSTILE = {
                                       "needs a floating grid"),
     "a NaN scale": (dict(change_tensors=lambda t: t[SCALE].fill_(float("nan"))), "not finite"),
     "another quantization": (dict(change_config=lambda c: c["quantization_config"].update(quant_method="bitsandbytes")),
-                             "quant_method 'bitsandbytes'"),
+                             "is stored as F8_E4M3, not a floating type"),
     "a block of no rows": (dict(change_config=lambda c: c["quantization_config"].update(weight_block_size=[0, 8])),
                            "weight_block_size=[0, 8]"),
 }

@@ -20,14 +20,11 @@ SCALE_SUFFIX = "_scale_inv"
 
 
 def block_size(config: dict) -> tuple[int, int] | None:
-    """(rows, columns) of a block, from config.json's quantization_config; None: not block-scaled."""
+    """(rows, columns) of a block, from config.json's quantization_config; None: not fp8 block-scaled
+    (another quantization is its family's adapter's to read, as gpt_oss's MXFP4 experts, or to refuse)."""
     quantization = config.get("quantization_config")
-    if quantization is None:
-        return None
     if not isinstance(quantization, dict) or quantization.get("quant_method") != "fp8":
-        method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
-        raise CheckpointError(f"config.json: quantization_config of quant_method {method!r}; triax reads fp8 block-"
-                              "scaled weights only (dequantized on load)")
+        return None
     block = quantization.get("weight_block_size", [128, 128])
     if not (isinstance(block, list) and len(block) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 2**16 for v in block)):

@@ -49,7 +49,8 @@ MAPPED_FIELDS = {"arch", "vocab_size", "block_size", "n_layer", "n_head", "n_emb
                  "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                  "rope_original_context", "qk_norm", "num_experts", "experts_per_token", "moe_intermediate_size",
                  "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
-                 "router_z_loss_coef"}
+                 "router_z_loss_coef", "attention_sinks", "sliding_window", "layer_types", "swiglu_limit",
+                 "swiglu_alpha", "rope_beta_fast", "rope_beta_slow", "rope_truncate", "rope_attention_factor"}
 
 
 class ExportError(TriaxError, ValueError):

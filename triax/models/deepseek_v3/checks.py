@@ -47,6 +47,11 @@ def check(config: GPTConfig) -> None:
                 and config.rope_original_context >= 1):
             raise ConfigError(f"model.rope_scaling=yarn needs model.rope_factor > 1 (got {config.rope_factor}) and "
                               f"model.rope_original_context >= 1 (got {config.rope_original_context!r})")
+        if config.rope_attention_factor not in (None, 1.0) or not 0 < config.rope_beta_slow < config.rope_beta_fast:
+            raise ConfigError(f"model.rope_attention_factor={config.rope_attention_factor!r} (the rotary gain: "
+                              "DeepSeek-V3's is 1) and model.rope_beta_slow < rope_beta_fast, both positive, with "
+                              "model.arch=deepseek_v3")
+        config.rope_attention_factor = 1.0
         config.rope_scaling = "none"
     try:
         _check_block(config)
@@ -64,6 +69,12 @@ def _check_block(config: GPTConfig) -> None:
 
 
 def _check_mlp(config: GPTConfig) -> None:
+    other = {"attention_sinks": config.attention_sinks, "sliding_window": config.sliding_window,
+             "layer_types": config.layer_types, "swiglu_limit": config.swiglu_limit}
+    named = [name for name, value in other.items() if value]
+    if named:
+        raise ConfigError(f"model.{named[0]}={other[named[0]]!r} with model.arch=deepseek_v3, whose attention has no "
+                          "sinks or window and whose SwiGLU is not clamped; leave it unset")
     if config.bias:
         raise ConfigError("model.bias=true with model.arch=deepseek_v3, which has no biases; leave it unset")
     config.bias = False

@@ -66,13 +66,17 @@ KINDS = {"int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v
 
 def type_error(config: dict) -> str | None:
     """The first of this model_type's own fields of a JSON type transformers would refuse, or None."""
-    for name, kind in FIELDS.items():
-        value = config.get(name)
-        if name not in config or (value is None and kind.endswith("?")):
+    return _first_bad(config, FIELDS)
+
+
+def _first_bad(values: dict, kinds: dict, prefix: str = "") -> str | None:
+    for name, kind in kinds.items():
+        value = values.get(name)
+        if name not in values or (value is None and kind.endswith("?")):
             continue
         wanted, accepts = KINDS[kind.rstrip("?")]
         if not accepts(value):
-            return f"{name}={value!r} is not {wanted}, which transformers takes there"
+            return f"{prefix}{name}={value!r} is not {wanted}, which transformers takes there"
     return None
 
 
@@ -89,10 +93,11 @@ def _refuse_unsupported(config: dict) -> None:
                                   f"{name}={allowed[0]!r} only")
 
 
-# YaRN's parameters as the released configs give them, the only ones triax's yarn.py computes (a
-# parameter left out takes transformers' default, the same).
-YARN_AS_RELEASED = {"beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "truncate": True,
-                    "attention_factor": None}
+# YaRN's parameters that triax's yarn.py computes with the released values only (a parameter left out
+# takes transformers' default, the same).
+YARN_AS_RELEASED = {"mscale": 1.0, "mscale_all_dim": 1.0, "attention_factor": None}
+# The JSON kinds of the YaRN parameters it reads (the reader checks factor's and the context's).
+YARN_FIELDS = {"beta_fast": "float?", "beta_slow": "float?", "truncate": "bool"}
 
 
 def _rope(config: dict) -> dict:
@@ -109,9 +114,15 @@ def _rope(config: dict) -> dict:
         if parameters.get(name, released) != released:
             raise CheckpointError(f"config.json: rope_parameters.{name}={parameters[name]!r}; triax computes YaRN "
                                   f"with {name}={released!r} only, as DeepSeek-V3 is released")
+    problem = _first_bad(parameters, YARN_FIELDS, "rope_parameters.")
+    if problem is not None:
+        raise CheckpointError(f"config.json: {problem}")
     return {**theta, "rope_scaling": "yarn", "rope_factor": float(parameters["factor"]),
             "rope_original_context": parameters.get("original_max_position_embeddings",
-                                                    config["max_position_embeddings"])}
+                                                    config["max_position_embeddings"]),
+            "rope_beta_fast": float(parameters.get("beta_fast") or 32),
+            "rope_beta_slow": float(parameters.get("beta_slow") or 1),
+            "rope_truncate": parameters.get("truncate", True)}
 
 
 def architecture(config: dict) -> dict:
@@ -205,7 +216,8 @@ def hf_config(config: GPTConfig) -> dict:
         first_k_dense_replace=config.first_dense_layers, attention_bias=False, num_nextn_predict_layers=0)
     if config.rope_scaling == "yarn":
         rope = {"rope_type": "yarn", "rope_theta": config.rope_theta, "factor": config.rope_factor,
-                "original_max_position_embeddings": config.rope_original_context,
+                "original_max_position_embeddings": config.rope_original_context, "beta_fast": config.rope_beta_fast,
+                "beta_slow": config.rope_beta_slow, "truncate": config.rope_truncate,
                 **{name: value for name, value in YARN_AS_RELEASED.items() if value is not None}}
         values.update(rope_parameters=rope, rope_scaling=dict(rope))
     return values
