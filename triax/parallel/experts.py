@@ -3,8 +3,9 @@ any process group forms.
 
 Data parallelism (replicated or fully sharded: FSDP shards the batched expert tensors along the
 expert dimension like any other parameter) composes as for a dense model. Refused, one line each:
-- tensor parallelism of routed layers: the tensor-parallel plan splits Linear layers by heads and
-  widths; the experts are batched parameters it has no plan for.
+- tensor parallelism together with expert parallelism: tensor parallelism runs a routed MLP whole
+  on every tensor-parallel rank (triax/models/moe/parallel.py), and the expert-parallel exchange is
+  not built to run inside it; nothing tests the pair.
 - the router's losses under pipeline parallelism: the schedule computes the loss from the last
   stage's logits only, without the router logits of every stage.
 - context parallelism of routed layers: the balancing loss and the bias update see one rank's
@@ -21,9 +22,9 @@ from triax.parallel.mesh import Layout
 
 def check_layout(model_config: GPTConfig, layout: Layout) -> None:
     """The refusals above (expert parallelism's own rules are the layout's: triax.parallel.mesh)."""
-    if layout.tp > 1 and model_config.num_experts:
-        raise ConfigError(f"parallel.tp={layout.tp} with model.arch={model_config.arch}: tensor parallelism of "
-                          "mixture-of-experts layers is not supported; use parallel.dp_shard (FSDP shards the experts)")
+    if layout.tp > 1 and layout.ep > 1 and model_config.num_experts:
+        raise ConfigError(f"parallel.tp={layout.tp} with parallel.ep={layout.ep} (model.arch={model_config.arch}): "
+                          "tensor and expert parallelism together are not supported; set one of them to 1")
     if layout.cp > 1 and model_config.num_experts:
         raise ConfigError(f"parallel.cp={layout.cp} with model.arch={model_config.arch}: context parallelism of "
                           "mixture-of-experts layers is not supported; use parallel.cp=1")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Callable, TYPE_CHECKING
 
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -52,6 +52,8 @@ STYLES: dict[str, Callable[[], Any]] = {
     # a replicated tensor that this rank's heads alone go on to use: a plain tensor from here on, whose
     # gradient is this rank's part of the sum (latent attention's rotary key)
     "local_partial": lambda: _LocalPartial(),
+    # every rank runs the module whole on the whole sequence (a mixture of experts): see _Whole
+    "whole": lambda: _Whole(),
 }
 
 
@@ -71,6 +73,48 @@ class _LocalPartial(ParallelStyle):
             x = inputs[0]
             return (x.to_local(grad_placements=[Partial()]) if isinstance(x, DTensor) else x, *inputs[1:])
         return distribute_module(module, device_mesh, input_fn=local)
+
+
+class _Whole(ParallelStyle):
+    """A module every rank computes whole, in plain tensors: the routed MLP, whose sorting, counting
+    and grouped matmuls DTensor has no rules for. Its parameters are DTensors replicated over the
+    mesh (the optimizer and the gradients' norm then see DTensors only), handed to the module as
+    their local tensors for the forward; its input is gathered from the sequence slices and its
+    output cut back into this rank's slice. Every rank so computes the same output and, from the
+    gathered gradient of it, the same full gradients: nothing is summed over the ranks, and the
+    router's statistics count each token once per rank, as the rank's own full copy. Buffers (the
+    experts' selection bias) stay plain tensors, the same on every rank."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
+
+        def replicate(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for key, parameter in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(key, nn.Parameter(distribute_tensor(parameter, mesh, [Replicate()]),
+                                                         requires_grad=parameter.requires_grad))
+
+        def enter(mod: nn.Module, inputs: tuple) -> tuple:
+            for owner in mod.modules():
+                for key, parameter in list(owner._parameters.items()):
+                    if isinstance(parameter, DTensor):
+                        swapped.append((owner, key, parameter))
+                        owner._parameters[key] = parameter.to_local()
+            x = inputs[0]
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, device_mesh, [Shard(1)], run_check=False)
+            return (x.redistribute(device_mesh, [Replicate()]).to_local(), *inputs[1:])
+
+        def leave(mod: nn.Module, inputs: tuple, output: Any) -> Any:
+            while swapped:
+                owner, key, parameter = swapped.pop()
+                owner._parameters[key] = parameter
+            whole = DTensor.from_local(output, device_mesh, [Replicate()], run_check=False)
+            return whole.redistribute(device_mesh, [Shard(1)]).to_local()
+
+        distribute_module(module, device_mesh, partition_fn=replicate)
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(leave)
+        return module
 
 
 def block_plan(block: nn.Module, arch: str) -> dict:

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from triax.data import GlobalSampler
@@ -304,7 +305,7 @@ class TrainingStep:
             for term in self.terms:  # what the model adds to any objective, of this micro-batch's forward
                 value = term.loss(self.model)
                 if value is not None:
-                    scaled = scaled + value / grad_accum
+                    scaled = scaled + like(scaled, value) / grad_accum
             self.timing["forward"] += time.perf_counter() - started
             self.phase("backward", step, micro)
             self.optimization.scaler.scale(scaled).backward()
@@ -327,3 +328,12 @@ class TrainingStep:
 
     def _sync_context(self, last: bool):
         return contextlib.nullcontext() if last else no_sync(self.model)
+
+
+def like(loss: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
+    """`term` as a DTensor of `loss`'s mesh and placements where the loss is one (the vocabulary-parallel
+    loss of tensor parallelism): a term every rank computed whole, such as the router's loss of
+    experts run whole on every rank, whose backward would otherwise meet DTensor gradients."""
+    if isinstance(loss, DTensor) and not isinstance(term, DTensor):
+        return DTensor.from_local(term, loss.device_mesh, loss.placements, run_check=False)
+    return term

@@ -6,8 +6,8 @@ heads' queries, keys and values), out_proj row-parallel. The latents are not spl
 computes q_a_proj, kv_a_proj_with_mqa and their norms whole ("replicate": replicated weights, the
 outputs kept as DTensors, so the gradients the ranks' heads give back are summed by DTensor), and the
 rotary key, shared by every head, becomes a plain tensor of this rank's heads at `rope_key`, its
-gradient this rank's part of the sum ("local_partial"). A dense MLP is split as Llama's; routed
-layers refuse tensor parallelism (triax/parallel/experts.py). Also the activation widths `triax plan`
+gradient this rank's part of the sum ("local_partial"). A dense MLP is split as Llama's; a routed one
+runs whole on every rank (triax/models/moe/parallel.py). Also the activation widths `triax plan`
 counts for a block."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from triax.models import block_parts
 from triax.models.config import GPTConfig
+from triax.models.moe.parallel import routed, whole_mlp
 
 # The norms around the attention and the MLP, and the attention's output: Megatron-LM's.
 AROUND = {name: style for name, style in block_parts.ATTENTION_PLAN.items()
@@ -29,7 +30,8 @@ def tp_plan(block: nn.Module) -> dict[str, str]:
     """{module name in the block: its tensor-parallel style}."""
     queries = QUERY_LATENT if hasattr(block.attn, "q_b_proj") else {"attn.q_proj": "colwise"}
     mlp = {"mlp.gate_proj": "colwise", **block_parts.MLP_PLAN} if hasattr(block.mlp, "gate_proj") else {}
-    return {**AROUND, **queries, **LATENTS, **mlp}
+    plan = {**AROUND, **queries, **LATENTS, **mlp}
+    return whole_mlp(plan) if routed(block) else plan
 
 
 TP_SPLIT_DIMS = {**block_parts.TP_SPLIT_DIMS, "gate_proj.weight": 0, "q_b_proj.weight": 0, "kv_b_proj.weight": 0}

@@ -1,0 +1,46 @@
+"""Mixtures of experts under tensor parallelism: the attention split by heads, the routed MLP
+computed whole on every rank (its parameters replicated DTensors). 3 steps under TP x 2 equal one
+process: the loss (the router's load-balancing loss in it), the gradients' norm and the weights;
+the expert-selection bias of DeepSeek-V3 moves as in one process."""
+
+import json
+
+import pytest
+
+from support.helpers import assert_adam_close, final_weights, run_config, tiny_overrides, train
+from support.moe_checkpoints import save_checkpoint
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
+
+BLOCK = 32
+STEPS = {"data.block_size": BLOCK, "trainer.max_steps": 3, "trainer.batch_size": 4, "trainer.log_every": 1,
+         "trainer.eval_every": 3, "trainer.eval_batches": 0, "parallel.dp_replicate": 1}
+
+
+def run(run_dir, corpus, nproc, **settings):
+    train(tiny_overrides(run_dir, corpus, **{**STEPS, **settings}), nproc=nproc, timeout=300)
+    return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+
+def assert_tp2_equals_one_process(tmp_path, corpus, **settings):
+    single = run(tmp_path / "single", corpus, 1, **settings)
+    parallel = run(tmp_path / "tp2", corpus, 2, **settings, **{"parallel.tp": 2})
+    for key in ("loss", "val_loss", "grad_norm"):  # the replicated experts' gradients counted once
+        assert [r[key] for r in parallel if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    one = final_weights(tmp_path / "single")
+    # Tensor parallelism pads the vocabulary to a multiple of tp; the padding rows hold zeros.
+    ranks = {name: tensor[: one[name].shape[0]] for name, tensor in final_weights(tmp_path / "tp2").items()}
+    assert_adam_close(ranks, one, learning_rates)
+    return one, ranks
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
+def test_moe_under_tp_equals_one_process(model_type, tmp_path, tiny_corpus):
+    """From a tiny checkpoint (Qwen3-MoE's with a dense layer between two routed ones), the
+    load-balancing and z losses on."""
+    directory = tmp_path / model_type
+    save_checkpoint(directory, model_type, tiny_corpus)
+    assert_tp2_equals_one_process(tmp_path, tiny_corpus, **{
+        "model.init_from": str(directory), "model.router_aux_loss_coef": 0.02, "model.router_z_loss_coef": 0.001})
