@@ -112,6 +112,10 @@ class _Whole(ParallelStyle):
             return whole.redistribute(device_mesh, [Shard(1)]).to_local()
 
         distribute_module(module, device_mesh, partition_fn=replicate)
+        for owner in module.modules():  # (distribute_module replicates the buffers too: plain again)
+            for key, buffer in list(owner._buffers.items()):
+                if isinstance(buffer, DTensor):
+                    owner._buffers[key] = buffer.to_local()
         module.register_forward_pre_hook(enter)
         module.register_forward_hook(leave)
         return module

@@ -17,14 +17,14 @@ STEPS = {"data.block_size": BLOCK, "trainer.max_steps": 3, "trainer.batch_size":
          "trainer.eval_every": 3, "trainer.eval_batches": 0, "parallel.dp_replicate": 1}
 
 
-def run(run_dir, corpus, nproc, **settings):
-    train(tiny_overrides(run_dir, corpus, **{**STEPS, **settings}), nproc=nproc, timeout=300)
+def run(run_dir, corpus, nproc, presets, **settings):
+    train([*presets, *tiny_overrides(run_dir, corpus, **{**STEPS, **settings})], nproc=nproc, timeout=300)
     return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
 
 
-def assert_tp2_equals_one_process(tmp_path, corpus, **settings):
-    single = run(tmp_path / "single", corpus, 1, **settings)
-    parallel = run(tmp_path / "tp2", corpus, 2, **settings, **{"parallel.tp": 2})
+def assert_tp2_equals_one_process(tmp_path, corpus, *presets, **settings):
+    single = run(tmp_path / "single", corpus, 1, presets, **settings)
+    parallel = run(tmp_path / "tp2", corpus, 2, presets, **settings, **{"parallel.tp": 2})
     for key in ("loss", "val_loss", "grad_norm"):  # the replicated experts' gradients counted once
         assert [r[key] for r in parallel if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
     learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
@@ -44,3 +44,16 @@ def test_moe_under_tp_equals_one_process(model_type, tmp_path, tiny_corpus):
     save_checkpoint(directory, model_type, tiny_corpus)
     assert_tp2_equals_one_process(tmp_path, tiny_corpus, **{
         "model.init_from": str(directory), "model.router_aux_loss_coef": 0.02, "model.router_z_loss_coef": 0.001})
+
+
+@pytest.mark.multiprocess
+def test_deepseek_v3_under_tp_equals_one_process(tmp_path, tiny_corpus):
+    """DeepSeek-V3 from scratch (a dense layer, then a routed one with a shared expert; latent
+    attention split by heads), the selection bias updated after every step: each rank's loads are
+    the whole batch's, counted on every rank alike (the update's sign does not change when every
+    load is doubled), so the bias moves as in one process."""
+    one, ranks = assert_tp2_equals_one_process(tmp_path, tiny_corpus, "model=deepseek-v3-debug",
+                                               **{"model.router_bias_update_rate": 0.01})
+    biases = [name for name in one if name.endswith("expert_bias")]
+    assert biases and all(one[name].abs().sum() > 0 for name in biases)
+    assert all(ranks[name].equal(one[name]) for name in biases)
