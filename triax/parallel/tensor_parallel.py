@@ -52,6 +52,9 @@ STYLES: dict[str, Callable[[], Any]] = {
     # a replicated tensor that this rank's heads alone go on to use: a plain tensor from here on, whose
     # gradient is this rank's part of the sum (latent attention's rotary key)
     "local_partial": lambda: _LocalPartial(),
+    # gather_sequence for an attention with per-head parameters of its own (gpt-oss's sinks), which
+    # are split by head as the column-parallel q_proj splits the heads
+    "gather_sequence_head_params": lambda: _HeadParams(),
     # every rank runs the module whole on the whole sequence (a mixture of experts): see _Whole
     "whole": lambda: _Whole(),
 }
@@ -73,6 +76,15 @@ class _LocalPartial(ParallelStyle):
             x = inputs[0]
             return (x.to_local(grad_placements=[Partial()]) if isinstance(x, DTensor) else x, *inputs[1:])
         return distribute_module(module, device_mesh, input_fn=local)
+
+
+class _HeadParams(ParallelStyle):
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        STYLES["gather_sequence"]()._apply(module, device_mesh)
+        for key, parameter in list(module.named_parameters(recurse=False)):
+            module.register_parameter(key, nn.Parameter(distribute_tensor(parameter, device_mesh, [Shard(0)]),
+                                                        requires_grad=parameter.requires_grad))
+        return module
 
 
 class _Whole(ParallelStyle):

@@ -237,7 +237,8 @@ def test_a_collapsed_router_is_named():
 
 
 @pytest.mark.parametrize("arch, layout, fields, words", [
-    ("mixtral", dict(tp=2), {}, "parallel.tp=2 with model.arch=mixtral"),
+    ("mixtral", dict(tp=2, ep=2), {}, "parallel.tp=2 with parallel.ep=2 (model.arch=mixtral)"),
+    ("mixtral", dict(cp=2), {}, "parallel.cp=2 with model.arch=mixtral"),
     ("qwen3_moe", dict(pp=2), dict(router_aux_loss_coef=0.01), "parallel.pp=2 with model.router_aux"),
 ])
 def test_a_layout_that_does_not_compose_is_one_line(arch, layout, fields, words):
@@ -257,9 +258,9 @@ def test_a_layout_that_does_not_compose_is_one_line(arch, layout, fields, words)
 def test_the_trainer_refuses_it_before_any_group(tmp_path, tiny_corpus, checkpoints):
     directory, _ = checkpoints("mixtral")
     result = train(tiny_overrides(tmp_path / "run", tiny_corpus, **{
-        "model.init_from": str(directory), "data.block_size": BLOCK, "parallel.dp_replicate": 1, "parallel.tp": 2}),
+        "model.init_from": str(directory), "data.block_size": BLOCK, "parallel.dp_replicate": 1, "parallel.cp": 2}),
         nproc=2, check=False)
-    assert result.returncode != 0 and "triax: error: parallel.tp=2 with model.arch=mixtral" in result.stderr
+    assert result.returncode != 0 and "triax: error: parallel.cp=2 with model.arch=mixtral" in result.stderr
 
 
 @pytest.mark.multiprocess

@@ -57,3 +57,12 @@ def test_deepseek_v3_under_tp_equals_one_process(tmp_path, tiny_corpus):
     biases = [name for name in one if name.endswith("expert_bias")]
     assert biases and all(one[name].abs().sum() > 0 for name in biases)
     assert all(ranks[name].equal(one[name]) for name in biases)
+
+
+@pytest.mark.multiprocess
+def test_gpt_oss_under_tp_equals_one_process(tmp_path, tiny_corpus):
+    """gpt-oss from scratch: each rank's attention holds half the heads and their sinks (with the
+    q/k/v/o biases and a sliding-window layer); the biased router and the clamped experts whole."""
+    one, _ = assert_tp2_equals_one_process(tmp_path, tiny_corpus, "model=gpt-oss-debug",
+                                           **{"model.n_kv_head": 2, "model.head_dim": 8})
+    assert any(name.endswith("attn.sinks") for name in one) and any(name.endswith("q_proj.bias") for name in one)

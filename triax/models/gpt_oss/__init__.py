@@ -1,7 +1,7 @@
 """gpt-oss (model.arch=gpt_oss): attention sinks, alternating sliding-window layers, experts with
 biases and a clamped SwiGLU, YaRN rotary scaling (model.py); its checks and presets (config.py);
-its Hugging Face adapter, MXFP4 experts included (hf.py, mxfp4.py); its tensor-parallel split dims
-and LoRA layers (parallel.py; no tensor-parallel block plan: see there)."""
+its Hugging Face adapter, MXFP4 experts included (hf.py, mxfp4.py); its tensor-parallel plan, split dims
+and LoRA layers (parallel.py)."""
 
 from triax.models.family import FamilySpec
 from triax.models.gpt_oss import hf, parallel
@@ -9,6 +9,6 @@ from triax.models.gpt_oss.config import ARCHITECTURES, PRESETS, check
 from triax.models.gpt_oss.model import BiasedMoE, ClampedExperts, GptOss, SinkAttention
 
 SPEC = FamilySpec(name="gpt_oss", architectures=ARCHITECTURES, model=GptOss, check=check, presets=PRESETS, hf=hf,
-                  tp_split_dims=parallel.TP_SPLIT_DIMS, lora_targets=parallel.LORA_TARGETS, peft_names=True)
+                  tp_plan=parallel.tp_plan, tp_split_dims=parallel.TP_SPLIT_DIMS, lora_targets=parallel.LORA_TARGETS, peft_names=True)
 
 __all__ = ["ARCHITECTURES", "BiasedMoE", "ClampedExperts", "GptOss", "PRESETS", "SPEC", "SinkAttention", "check"]
