@@ -6,7 +6,10 @@ Tensor-parallel styles are named, not built (triax/parallel/tensor_parallel.py t
 DTensor's parallel style), so a family imports nothing of torch.distributed:
 colwise (split the outputs), rowwise (split the inputs; the partial sums reduce-scattered along the
 sequence), sequence (norms and dropout on a slice of the sequence), gather_sequence (a module whose
-input is gathered from the sequence slices), head_sequence (per-head norms on this rank's heads)."""
+input is gathered from the sequence slices), head_sequence (per-head norms on this rank's heads),
+gather_sequence_head_params (gather_sequence, and the module's own per-head parameters split by
+head), whole (a module every rank computes whole, its parameters replicated: a routed MLP), and
+replicate / local_partial (latent attention's: triax/models/deepseek_v3/parallel.py)."""
 
 from __future__ import annotations
 

@@ -78,6 +78,9 @@ from triax.parallel.experts import check_layout as check_expert_layout
 
 MAX_WORLD = 2**16  # the layout search grows with world x its divisors: beyond this it takes minutes
 EXPERTS = ".mlp.experts."  # in the name of every routed expert's tensor (triax.models.experts.GroupedExperts)
+# A routed MLP's shared expert: whole on every tensor-parallel rank with the rest of the routed MLP
+# (triax/models/moe/parallel.py), though its Linear names are those a dense MLP splits.
+SHARED_EXPERT = ".mlp.shared_expert."
 
 
 
@@ -203,7 +206,7 @@ def local_numel(name: str, full: tuple[int, ...], tp: int, dp_shard: int, ep: in
     the family's {parameter-name ending: the dim tensor parallelism splits} (FamilySpec.tp_split_dims)."""
     local = list(full)
     for ending, dim in (split_dims or {}).items():
-        if name.endswith(ending) and tp > 1:
+        if name.endswith(ending) and tp > 1 and SHARED_EXPERT not in name:
             local[dim] = -(-local[dim] // tp)
     if ep > 1 and EXPERTS in name:
         local[0] //= ep

@@ -14,7 +14,9 @@ turned into PyTorch's parallel styles here); for the families triax has it is Me
 - the token embedding is vocabulary-parallel (each rank holds 1/tp of the rows) and the head
   is column-parallel over the vocabulary. With `loss_parallel` the logits stay sharded and the
   cross-entropy is computed without ever gathering the (batch, seq, vocab) tensor; a padded
-  vocabulary's mask then works on each rank's columns of the logits.
+  vocabulary's mask then works on each rank's columns of the logits;
+- a routed MLP (a mixture of experts) runs whole on every rank ("whole"): its tokens' sorting and
+  grouped matmuls have no DTensor rules, and its weights are replicated rather than split.
 """
 
 from __future__ import annotations
