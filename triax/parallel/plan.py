@@ -355,7 +355,9 @@ def candidate_layouts(world: int, shape: ModelShape, cps: list[int] | None = Non
                     layout = Layout(pp=pp, dp_replicate=rest, dp_shard=dp_shard, tp=tp, cp=cp)
                     if experts is None:
                         layouts.append(layout)
-                    elif experts_compose(experts, layout):
+                    elif experts_compose(experts, layout) and tp == 1:
+                        # (tensor parallelism runs; not searched: the estimates split every block's
+                        # activations and compute by tp, and a routed MLP runs whole on every rank)
                         layouts += [layout, *expert_parallel_layouts(layout, shape)]
     return layouts
 

@@ -66,3 +66,18 @@ def test_gpt_oss_under_tp_equals_one_process(tmp_path, tiny_corpus):
     one, _ = assert_tp2_equals_one_process(tmp_path, tiny_corpus, "model=gpt-oss-debug",
                                            **{"model.n_kv_head": 2, "model.head_dim": 8})
     assert any(name.endswith("attn.sinks") for name in one) and any(name.endswith("q_proj.bias") for name in one)
+
+
+def test_plan_counts_a_routed_mlp_whole_under_tp():
+    """`triax plan`: under tp=2 a routed layer's shared expert and experts are whole on every rank;
+    a dense layer's MLP and the attention are halved."""
+    from triax.models.llama.parallel import TP_SPLIT_DIMS
+    from triax.parallel.plan import local_numel
+
+    def numel(name, shape):
+        return local_numel(name, shape, tp=2, dp_shard=1, split_dims=TP_SPLIT_DIMS)
+
+    assert numel("layers.1.mlp.shared_expert.up_proj.weight", (64, 32)) == 64 * 32
+    assert numel("layers.1.mlp.experts.up_proj", (8, 64, 32)) == 8 * 64 * 32
+    assert numel("layers.0.mlp.up_proj.weight", (64, 32)) == 32 * 32
+    assert numel("layers.1.attn.q_proj.weight", (64, 32)) == 32 * 32
