@@ -37,7 +37,9 @@ class RouterLoss:
 
     def after_step(self, model: torch.nn.Module) -> None:
         """After the optimizer step: the per-expert selection biases move toward an even load, by the
-        load summed over every rank (the same update everywhere)."""
+        load summed over every rank (the same update everywhere). Tensor-parallel peers each count the
+        same whole batch (their routed MLPs run whole), so the sum holds every load tp times: a common
+        factor, which the update's sign (load against the mean) does not see."""
         if not self.model_config.router_bias_update_rate:
             return
         reduce = dist.all_reduce if dist.is_available() and dist.is_initialized() else None
