@@ -81,3 +81,20 @@ def test_plan_counts_a_routed_mlp_whole_under_tp():
     assert numel("layers.1.mlp.experts.up_proj", (8, 64, 32)) == 8 * 64 * 32
     assert numel("layers.0.mlp.up_proj.weight", (64, 32)) == 32 * 32
     assert numel("layers.1.attn.q_proj.weight", (64, 32)) == 32 * 32
+
+
+@pytest.mark.multiprocess
+def test_qwen3_moe_under_fsdp_and_tp_equals_one_process(tmp_path, tiny_corpus):
+    """FSDP x 2 over TP x 2 (4 processes): the routed MLP's replicated parameters sharded by FSDP
+    over the data-parallel ranks; equal to one process taking the two halves as micro-batches."""
+    directory = tmp_path / "qwen3_moe"
+    save_checkpoint(directory, "qwen3_moe", tiny_corpus)
+    settings = {"model.init_from": str(directory), "model.router_aux_loss_coef": 0.02}
+    single = run(tmp_path / "single", tiny_corpus, 1, (), **settings, **{"trainer.grad_accum": 2})
+    parallel = run(tmp_path / "2d", tiny_corpus, 4, (), **settings, **{"parallel.tp": 2, "parallel.dp_shard": 2})
+    assert [r["loss"] for r in parallel if "loss" in r] == pytest.approx([r["loss"] for r in single if "loss" in r],
+                                                                          rel=1e-5)
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    one = final_weights(tmp_path / "single")
+    ranks = {name: tensor[: one[name].shape[0]] for name, tensor in final_weights(tmp_path / "2d").items()}
+    assert_adam_close(ranks, one, learning_rates)
