@@ -188,7 +188,8 @@ class Trainer:
                                         GPU_VOCAB_MULTIPLE if self.device.type == "cuda" else 1)
         model_config = gpt_config(self.config.model, vocab_size, block_size,
                                   padded_rows if padded_rows != vocab_size else None)
-        check_expert_layout(model_config, self.layout)  # before any group forms
+        # before any group forms
+        check_expert_layout(model_config, self.layout, self.config.parallel.activation_checkpointing)
         check_device_memory(self.config, model_config, self.layout, self.device, self.place,
                             self.data.block_size)
         return model_config

@@ -239,6 +239,7 @@ def test_a_collapsed_router_is_named():
 @pytest.mark.parametrize("arch, layout, fields, words", [
     ("mixtral", dict(tp=2, ep=2), {}, "parallel.tp=2 with parallel.ep=2 (model.arch=mixtral)"),
     ("mixtral", dict(cp=2), {}, "parallel.cp=2 with model.arch=mixtral"),
+    ("mixtral", dict(tp=2, checkpointing="full"), {}, "parallel.tp=2 with parallel.activation_checkpointing=full"),
     ("qwen3_moe", dict(pp=2), dict(router_aux_loss_coef=0.01), "parallel.pp=2 with model.router_aux"),
 ])
 def test_a_layout_that_does_not_compose_is_one_line(arch, layout, fields, words):
@@ -250,7 +251,8 @@ def test_a_layout_that_does_not_compose_is_one_line(arch, layout, fields, words)
     experts = dict(num_experts=4) if arch != "qwen3" else {}
     config = GPTConfig(vocab_size=50, block_size=16, arch=arch, n_layer=2, n_head=2, n_embd=16, **experts, **fields)
     with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
-        check_layout(config, Layout(**layout))
+        check_layout(config, Layout(**{k: v for k, v in layout.items() if k != "checkpointing"}),
+                     layout.get("checkpointing", "none"))
     check_layout(config, Layout(dp_shard=2))  # FSDP composes
 
 
