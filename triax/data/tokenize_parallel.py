@@ -55,12 +55,12 @@ def pieces(text: str) -> list[str]:
 _worker_tokenizer = None  # a worker process's tokenizer, built once by _start_worker
 
 
-def _start_worker(tokenizer_json: str) -> None:
+def _start_worker(tokenizer_json: str, source: str = "tokenizer.json") -> None:
     global _worker_tokenizer
     os.environ["RAYON_NUM_THREADS"] = "1"  # one core per worker: N workers, N cores
     from triax.data.tokenizer import BPETokenizer  # deferred: after the thread setting its library reads
 
-    _worker_tokenizer = BPETokenizer(tokenizer_json)
+    _worker_tokenizer = BPETokenizer(tokenizer_json, source)  # its errors name the file, as one worker's do
 
 
 def encode_text(tokenizer: object, text: str, dtype: str) -> np.ndarray:
@@ -83,7 +83,7 @@ def encoded(tokenizer: object, texts: Iterator[str], dtype: str, workers: int) -
             yield encode_text(tokenizer, text, dtype)
         return
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_start_worker, initargs=(tokenizer.json_text,)) as pool:
+    with context.Pool(workers, initializer=_start_worker, initargs=(tokenizer.json_text, tokenizer.source)) as pool:
         # Not Pool.imap: its feeder thread takes every task at once, so it would read the whole
         # input into memory ahead of the writer. Here at most IN_FLIGHT chunks a worker are sent
         # ahead, one chunk a task, and taken back in the order they were read.

@@ -172,3 +172,22 @@ def test_an_encoding_worker_imports_no_torch(tmp_path, inputs):
     result = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "tokenizer.json")], capture_output=True, text=True,
                             env=quiet_env(), timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+@pytest.mark.multiprocess
+def test_a_tokenizer_failing_in_a_worker_is_the_one_line_one_worker_gives(tmp_path, inputs, capfd):
+    """A pre-tokenizer whose regex gives up (a panic of the Rust library) stops the command with the
+    same line, naming the tokenizer file, whether it failed here or in a worker (whose standard
+    error is this process's: nothing else reaches it)."""
+    tokenizer = json.loads(small_tokenizer(inputs))
+    tokenizer["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+b"}, "behavior": "Isolated",
+                                  "invert": False}
+    (tmp_path / "bad.json").write_text(json.dumps(tokenizer))
+    (tmp_path / "text.txt").write_text("fine words\n" * 50 + "a" * 60 + "c\n")
+    lines = []
+    for workers in ("1", "2"):
+        code = triax_main(["tokenize", str(tmp_path / "text.txt"), "--out", str(tmp_path / f"out{workers}"),
+                           "--tokenizer", str(tmp_path / "bad.json"), "--workers", workers])
+        lines.append(capfd.readouterr().err.strip())
+        assert code == 2 and len(lines[-1].splitlines()) == 1, lines[-1]
+    assert lines[0] == lines[1] and "bad.json' failed inside the tokenizers library" in lines[0], lines
