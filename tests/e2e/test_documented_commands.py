@@ -118,6 +118,7 @@ NOT_RUN = {
     ('docs/gpt-oss.md', 'triax train model.init_from=path/to/gpt-oss-20b data.path=input.txt parallel.dp_shard=8 parallel.ep=8 trainer.run_dir=runs/gpt-oss-20b'): 'the released checkpoint (13 GB)',
     ('docs/data.md', 'OMP_NUM_THREADS=1 python benchmarks/document_masking.py'): 'a quiet machine',
     ('docs/data.md', 'OMP_NUM_THREADS=1 python benchmarks/document_masking.py --block 1024 --batch 2 --rounds 3'): 'a quiet machine',
+    ('docs/data.md', 'python benchmarks/tokenize_workers.py'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/moe_memory.py --steps 3'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/allocator_cost.py'): 'a quiet machine',
     ('docs/parallelism.md', 'python benchmarks/context_memory.py'): 'a quiet machine',
