@@ -273,6 +273,7 @@ class Trainer:
                          self.config.model.lora.init_from, self.config.model.lora, self._stored_name(),
                          n_layer=model_config.n_layer)
         self.objective = self._objective(model_config)
+        self.steps_per_epoch *= self.objective.steps_per_batch  # a produced batch may serve several steps
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)

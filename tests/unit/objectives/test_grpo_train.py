@@ -95,6 +95,24 @@ def test_resume_after_sigkill_is_bitwise(tmp_path, setup, single):
     assert_bitwise_equal(final_weights(run_dir), final_weights(single))
 
 
+def test_num_iterations_reuses_each_generated_batch_and_resumes_bitwise(tmp_path, setup):
+    """grpo.num_iterations=2: steps 1 and 3 generate (the completion log), 2 and 4 train on their batch
+    again; killed after the snapshot of step 2 and started again, the run ends where one that never
+    stopped ends."""
+    extra = {"grpo.num_iterations": 2, "trainer.save_every": 2}
+    whole = tmp_path / "whole"
+    train(overrides(setup, whole, **extra, **{"grpo.completion_log": whole / "completions"}), timeout=300)
+    lines = [json.loads(line) for line in open(whole / "completions.rank0")]
+    assert sorted({line["step"] for line in lines}) == [1, 3] and len(lines) == 2 * 2 * 2 * 4
+    steps = [json.loads(line) for line in open(whole / "metrics.jsonl") if '"loss"' in line]
+    assert ["reward" in record for record in steps] == [True, False, True, False]
+    assert all(record["grad_norm"] > 0 for record in steps)
+    resumed = tmp_path / "resumed"
+    kill_after_snapshot_and_resume([sys.executable, "-m", "triax", "train", *overrides(setup, resumed, **extra)],
+                                   resumed)
+    assert_bitwise_equal(final_weights(resumed), final_weights(whole))
+
+
 @pytest.mark.parametrize("layout", ["parallel.dp_replicate=2", "parallel.dp_shard=2"])
 def test_two_data_parallel_processes_equal_one(tmp_path, setup, single, layout):
     """Each rank samples its own prompts' completions (the same as one process samples: their places
@@ -125,7 +143,7 @@ def test_full_fine_tuning_with_a_frozen_reference(tmp_path, setup):
     ("grpo.reward_funcs", "[nowhere.py:score]", "does not exist"),
     ("grpo.num_generations", 1, "grpo.num_generations"),
     ("grpo.loss_type", "ppo", "grpo.loss_type"),
-    ("grpo.num_iterations", 2, "grpo.num_iterations"),
+    ("grpo.num_iterations", 3, "a multiple of num_iterations"),  # eval_every 4: a snapshot inside a block
     ("grpo.max_completion_length", 64, "leaves no room for a prompt"),
     ("parallel.tp", 2, "tensor parallelism"),
 ])

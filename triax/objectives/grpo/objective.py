@@ -70,6 +70,9 @@ class GRPOObjective:
         self.validation: PromptDataset | None = None  # held-out prompts for `evaluate`
         self.eval_limit = 0  # how many of them an evaluation takes (0: all; trainer.eval_batches' prompts)
         self.eval_prompts = 8  # held-out prompts sampled together (trainer.batch_size)
+        # num_iterations > 1: the batch of the step that generated it, reused until its block of steps ends.
+        self.steps_per_batch = config.num_iterations
+        self.kept: tuple[int, Rollout] | None = None  # (the step that generated it, the batch)
 
     # ---- the interface ------------------------------------------------------------------------------
 
@@ -87,7 +90,21 @@ class GRPOObjective:
 
     def produce_batch(self, context: StepContext, step: int, indices: torch.Tensor,
                       model: torch.nn.Module | None = None) -> Rollout:
-        """The rollout of this rank's prompts `indices` at optimizer step `step`, by `model` (the policy)."""
+        """The rollout of this rank's prompts `indices` at optimizer step `step` (counted from 1), by
+        `model` (the policy). With num_iterations > 1, as TRL: steps come in blocks of num_iterations; the
+        first of a block generates (the step reads the same `indices` through the block) and the others
+        train on that batch again, its generating policy's log-probabilities kept for the ratio. A run
+        resumed inside a block has lost its batch: it generates it again, from the block's first step's
+        places but under the resumed weights (as TRL does; snapshots fall on block boundaries, checked)."""
+        first = step - (step - 1) % self.steps_per_batch
+        if self.kept is not None and self.kept[0] == first:
+            return self.kept[1]
+        rollout = self._generated(context, first, indices, model)
+        self.kept = (first, rollout) if self.steps_per_batch > 1 else None
+        return rollout
+
+    def _generated(self, context: StepContext, step: int, indices: torch.Tensor,
+                   model: torch.nn.Module | None) -> Rollout:
         prompts = self.prompts.records(indices)
         completions = self.sampler.complete([prompt.ids for prompt in prompts], indices.tolist(), step)
         rollout = self._scored(prompts, completions, context.data_parallel_rank)
