@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-DEFAULT_CHUNK_TOKENS = 1024  # positions per chunk: 1,024 x 151,936 fp32 logits = 0.6 GB
+DEFAULT_CHUNK_TOKENS = 256  # positions per chunk: 256 x 151,936 fp32 logits = 156 MB
 
 
 def row_documents(prompt_lengths: torch.Tensor, prompt_width: int, width: int) -> torch.Tensor:
@@ -30,13 +30,16 @@ def row_documents(prompt_lengths: torch.Tensor, prompt_width: int, width: int) -
 
 
 def _chunk_logps(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
+    # At most two (chunk x vocabulary) tensors at once: the logits are dropped once the log-softmax
+    # (which its backward keeps, not its input) exists, and the entropy's product is made in place.
     logits = head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
     log_probabilities = F.log_softmax(logits, dim=-1)
+    del logits
     chosen = log_probabilities.gather(-1, targets[:, None]).squeeze(-1)
     with torch.no_grad():
-        entropy = -(log_probabilities.exp() * log_probabilities).sum(-1)
+        entropy = -log_probabilities.exp().mul_(log_probabilities).sum(-1)
     return chosen, entropy
 
 
