@@ -67,6 +67,13 @@ class KVCache:
     def layer(self, name: str) -> LayerCache:
         return self.layers.setdefault(name, LayerCache())
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` positions of every layer: drop positions fed only to round a
+        forward up (tensor parallelism's sequence sharding wants a multiple of its size)."""
+        for layer in self.layers.values():
+            if layer.keys is not None:
+                layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+
 
 class Packed(NamedTuple):
     """Several examples packed into each row (data.packing): which positions see which, and each

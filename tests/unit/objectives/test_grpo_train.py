@@ -1,7 +1,8 @@
 """`triax train` with data.task=grpo on a tiny Llama: TRL's figures in metrics.jsonl, a resume after
 SIGKILL equal bit for bit to the run that never stopped (a completion's randomness is its place, so
-no generator state needs keeping), two data-parallel processes equal to one, full fine-tuning with
-a frozen reference, and what GRPO cannot run refused in one line."""
+no generator state needs keeping), two data-parallel or tensor-parallel processes equal to one,
+num_iterations > 1 (and its resume), full fine-tuning with a frozen reference, and what GRPO
+cannot run refused in one line."""
 
 import json
 import os
@@ -113,21 +114,24 @@ def test_num_iterations_reuses_each_generated_batch_and_resumes_bitwise(tmp_path
     assert_bitwise_equal(final_weights(resumed), final_weights(whole))
 
 
-@pytest.mark.parametrize("layout", ["parallel.dp_replicate=2", "parallel.dp_shard=2"])
+@pytest.mark.parametrize("layout", ["parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2"])
 def test_two_data_parallel_processes_equal_one(tmp_path, setup, single, layout):
     """Each rank samples its own prompts' completions (the same as one process samples: their places
-    are the same), and the mean of the ranks' gradients is the one-process step's."""
+    are the same), and the mean of the ranks' gradients is the one-process step's; tensor-parallel
+    ranks sample and score the same prompts with half the heads and half the vocabulary each."""
     key, value = layout.split("=")
     run_dir = tmp_path / "run"
-    train(overrides(setup, run_dir, **{"trainer.save_every": 2, "trainer.batch_size": 1,
+    batch = 2 if key == "parallel.tp" else 1  # tensor-parallel ranks share their samples
+    train(overrides(setup, run_dir, **{"trainer.save_every": 2, "trainer.batch_size": batch,
                                        "parallel.dp_replicate": 1, key: value}), nproc=2, timeout=300)
-    assert_adam_close(final_weights(run_dir), final_weights(single), [LR] * STEPS)
     ours = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     theirs = [json.loads(line) for line in open(single / "metrics.jsonl")]
     for mine, other in zip(ours, theirs):
         if "loss" in other:
-            assert mine["completions/mean_length"] == other["completions/mean_length"]
+            assert mine["completions/mean_length"] == other["completions/mean_length"], (mine, other)
             assert mine["reward"] == other["reward"]
+            assert abs(mine["grad_norm"] - other["grad_norm"]) <= 1e-5, (mine, other)
+    assert_adam_close(final_weights(run_dir), final_weights(single), [LR] * STEPS)
 
 
 def test_full_fine_tuning_with_a_frozen_reference(tmp_path, setup):
@@ -145,7 +149,6 @@ def test_full_fine_tuning_with_a_frozen_reference(tmp_path, setup):
     ("grpo.loss_type", "ppo", "grpo.loss_type"),
     ("grpo.num_iterations", 3, "a multiple of num_iterations"),  # eval_every 4: a snapshot inside a block
     ("grpo.max_completion_length", 64, "leaves no room for a prompt"),
-    ("parallel.tp", 2, "tensor parallelism"),
 ])
 def test_what_grpo_cannot_run_is_one_line(tmp_path, setup, key, value, words):
     processes = 2 if key.startswith("parallel.") else 1

@@ -131,9 +131,6 @@ def check_grpo_run(config: Any, layout: Any) -> None:
         raise ConfigError(f"data.task=grpo does not run under pipeline or context parallelism (parallel.pp={layout.pp}, "
                           f"parallel.cp={layout.cp}): completions are sampled token by token with the whole model on "
                           "each rank; use dp_shard or dp_replicate")
-    if layout.tp > 1:
-        raise ConfigError(f"data.task=grpo does not run under tensor parallelism yet (parallel.tp={layout.tp}): "
-                          "sampling needs whole logits on each rank; use dp_shard or dp_replicate")
     if config.data.packing:
         raise ConfigError("data.packing=true does not apply to data.task=grpo: each row is one prompt and one "
                           "completion; use data.packing=false")

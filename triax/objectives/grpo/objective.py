@@ -72,6 +72,7 @@ class GRPOObjective:
         self.eval_prompts = 8  # held-out prompts sampled together (trainer.batch_size)
         # num_iterations > 1: the batch of the step that generated it, reused until its block of steps ends.
         self.steps_per_batch = config.num_iterations
+        self.multiple = 1  # positions per forward: a multiple of this (tensor-parallel ranks)
         self.kept: tuple[int, Rollout] | None = None  # (the step that generated it, the batch)
 
     # ---- the interface ------------------------------------------------------------------------------
@@ -124,7 +125,7 @@ class GRPOObjective:
         as logged: the step's sum over its micro-batches, so times grad_accum)."""
         with context.autocast():
             logps, entropies = completion_logps(model, batch.prompt_ids, batch.prompt_lengths, batch.completion_ids,
-                                                self.config.temperature, self.chunk_tokens)
+                                                self.config.temperature, self.chunk_tokens, self.multiple)
         mask = batch.completion_mask
         terms = token_terms(self.config, logps, batch.old_logps, batch.ref_logps, batch.advantages, mask)
         loss = reduce_loss(self.config, terms.token_loss, mask, context.grad_accum, batch.step_tokens,
@@ -240,7 +241,8 @@ class GRPOObjective:
     def _logps(self, context: StepContext, model: torch.nn.Module, rollout: Rollout, reference: bool) -> torch.Tensor:
         scoring_model = self.reference if reference and self.reference is not None else model
         switch = self.reference_context if reference and self.reference is None else contextlib.nullcontext
-        with switch(), context.autocast():
+        with switch(), context.loss_context(), context.autocast():  # loss_context: as the loss's forward
             logps, _ = completion_logps(scoring_model, rollout.prompt_ids, rollout.prompt_lengths,
-                                        rollout.completion_ids, self.config.temperature, self.chunk_tokens)
+                                        rollout.completion_ids, self.config.temperature, self.chunk_tokens,
+                                        self.multiple)
         return logps
