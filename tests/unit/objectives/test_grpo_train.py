@@ -142,6 +142,27 @@ def test_full_fine_tuning_with_a_frozen_reference(tmp_path, setup):
     assert records[0]["kl"] == 0 and records[1]["kl"] > 0  # the policy leaves its reference
 
 
+def test_tensor_parallel_full_fine_tuning_with_a_reference_equals_one_process(tmp_path, setup):
+    """Every weight trained, beta > 0: the frozen reference is sharded as the policy; TP x 2 logs the
+    one-process run's KL and gradient norms and ends with its weights."""
+    runs = {}
+    for name, extra, processes in (("one", {}, 1), ("tp", {"parallel.tp": 2}, 2)):
+        runs[name] = tmp_path / name
+        train(overrides(setup, runs[name], **{"model.lora.rank": 0, "grpo.beta": 0.1, "trainer.max_steps": 3,
+                                              "trainer.eval_every": 0, "trainer.grad_accum": 1, **extra}),
+              nproc=processes, timeout=300)
+    ours, theirs = ([json.loads(line) for line in open(runs[name] / "metrics.jsonl") if '"loss"' in line]
+                    for name in ("tp", "one"))
+    assert len(ours) == len(theirs) == 3 and theirs[-1]["kl"] > 0
+    for mine, other in zip(ours, theirs):
+        assert mine["reward"] == other["reward"]
+        assert abs(mine["kl"] - other["kl"]) <= 1e-6 and abs(mine["grad_norm"] - other["grad_norm"]) <= 1e-5
+    sharded, whole = final_weights(runs["tp"]), final_weights(runs["one"])
+    # tp pads the vocabulary to a multiple of its size: the padding's rows are not the model's
+    sharded = {name: tensor[:whole[name].shape[0]] if name in whole else tensor for name, tensor in sharded.items()}
+    assert_adam_close(sharded, whole, [LR] * 3)
+
+
 @pytest.mark.parametrize("key, value, words", [
     ("grpo.reward_funcs", "[]", "grpo.reward_funcs"),
     ("grpo.reward_funcs", "[nowhere.py:score]", "does not exist"),
