@@ -68,11 +68,13 @@ class KVCache:
         return self.layers.setdefault(name, LayerCache())
 
     def truncate(self, length: int) -> None:
-        """Keep the first `length` positions of every layer: drop positions fed only to round a
-        forward up (tensor parallelism's sequence sharding wants a multiple of its size)."""
+        """Forget the positions from `length` on in every layer: positions fed only to round a forward
+        up (tensor parallelism's sequence sharding wants a multiple of its size). A layer that keeps a
+        window of keys may have let those positions push real ones out of it: exact only without one."""
         for layer in self.layers.values():
             if layer.keys is not None:
-                layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+                kept = max(0, length - layer.dropped)
+                layer.keys, layer.values = layer.keys[:, :, :kept], layer.values[:, :, :kept]
 
 
 class Packed(NamedTuple):

@@ -58,6 +58,11 @@ def build(parts: RunParts) -> GRPOObjective:
     all_stopped = (lambda stopped_here: not any_rank(not stopped_here)) if together else None
     # Tensor parallelism shards every forward's positions over its ranks: a multiple of them per forward.
     multiple = config.parallel.tp
+    window = getattr(getattr(parts.model, "config", None), "sliding_window", None)
+    if multiple > 1 and window:
+        raise ConfigError(f"data.task=grpo under parallel.tp={multiple} with a sliding-window model (sliding_window="
+                          f"{window}): the positions sampling adds to fill the sequence shards would push real keys "
+                          "out of the window's cache; use dp_shard or dp_replicate")
     sampler = CachedSampler(parts.model, settings, config.trainer.seed, parts.device, parts.autocast, all_stopped,
                             max_across_ranks if together else None, multiple)
     tokenizer = data.vocab.tokenizer
