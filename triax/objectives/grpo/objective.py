@@ -70,10 +70,10 @@ class GRPOObjective:
         self.validation: PromptDataset | None = None  # held-out prompts for `evaluate`
         self.eval_limit = 0  # how many of them an evaluation takes (0: all; trainer.eval_batches' prompts)
         self.eval_prompts = 8  # held-out prompts sampled together (trainer.batch_size)
-        # num_iterations > 1: the batch of the step that generated it, reused until its block of steps ends.
-        self.steps_per_batch = config.num_iterations
+        self.steps_per_batch = config.num_iterations  # optimizer steps each generated batch trains (TRL's)
         self.multiple = 1  # positions per forward: a multiple of this (tensor-parallel ranks)
-        self.kept: tuple[int, Rollout] | None = None  # (the step that generated it, the batch)
+        # num_iterations > 1: (the step that generated it, the batch), reused until its block of steps ends
+        self.kept: tuple[int, Rollout] | None = None
 
     # ---- the interface ------------------------------------------------------------------------------
 
