@@ -94,7 +94,10 @@ class Trainer:
         model_config, created_run_dir = self._check_inputs(continued)
         self._join_job(created_run_dir)
         if config.trainer.preflight:
-            preflight(config, self.place, self.device, run_needs)
+            # model.init_from's checkpoint as the run opened it, not opened again for the doctor's sizes
+            preflight(config, self.place, self.device,
+                      lambda checked, world_size: run_needs(checked, world_size,
+                                                            self.init_source if checked.model.init_from else None))
         self._build_model(model_config)
         self._build_optimizer()
         self.stop_reason: str | None = None  # set when a signal stopped the run early

@@ -319,17 +319,19 @@ def test_each_weight_decay_rule_groups_the_parameters_it_names():
     assert decayed("all") == sorted(names.values())
 
 
-@pytest.mark.parametrize("option", ["trainer.continue_from", "model.init_from"])
-def test_a_run_opens_the_checkpoint_once(tmp_path, started, monkeypatch, option):
+@pytest.mark.parametrize("option, extra", [("trainer.continue_from", []), ("model.init_from", []),
+                                           ("model.init_from", ["trainer.preflight=true"])])
+def test_a_run_opens_the_checkpoint_once(tmp_path, started, monkeypatch, option, extra):
     """`triax train`: ckpt.pt is read whole once a run, continue_from's for the config's settings
-    (then its weights, AdamW state and notes come from that same reading), init_from's by the trainer."""
+    (then its weights, AdamW state and notes come from that same reading), init_from's by the trainer
+    (and the preflight's sizes come from that reading too)."""
     from triax.commands.train import main
     from triax.interop import formats
 
     opened, open_checkpoint = [], formats.open_checkpoint
     monkeypatch.setattr(formats, "open_checkpoint", lambda path: opened.append(path) or open_checkpoint(path))
     overrides = continue_overrides(tmp_path / "run", started, f"trainer.max_steps={STOP + 1}",
-                                   f"data.block_size={ARGS['block_size']}")
+                                   f"data.block_size={ARGS['block_size']}", *extra)
     assert main([f"{option}={started['out']}", *overrides[1:]]) == 0
     assert opened == [str(started["out"])]
 
