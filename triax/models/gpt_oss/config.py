@@ -16,6 +16,10 @@ ARCH = "gpt_oss"
 ARCHITECTURES = (ARCH,)
 MAX_EXPERTS = 2**14  # the released models route over 32 and 128
 ROPE_SCALINGS = ("none", "yarn")
+# The optional mechanisms (triax.models.config.MECHANISMS) this family computes: sinks, windows, the
+# clamped SwiGLU, YaRN's rotary scaling.
+HONOURS = frozenset({"attention_sinks", "sliding_window", "layer_types", "swiglu_limit", "swiglu_alpha",
+                     "rope_beta_fast", "rope_beta_slow", "rope_truncate", "rope_attention_factor"})
 
 # The published shapes (for `triax plan`; 201,088 tokens, YaRN x32 over a 4,096-token pre-training
 # context, a 128-token window on every other layer), and one small enough for a CPU.
