@@ -297,7 +297,9 @@ def architecture_fields(config: GPTConfig) -> dict:
 
 
 def refuse_experts(config: GPTConfig) -> None:
-    """For a family without experts: the mixture-of-experts fields must keep their defaults."""
+    """For a family whose experts are optional (DeepSeek-V3's, with num_experts=0): the routing fields
+    must keep their defaults. (A family that never has experts leaves them out of its
+    FamilySpec.honours, and GPTConfig refuses them for it.)"""
     if config.router_scoring != "softmax" or config.router_bias_update_rate:
         raise ConfigError(f"model.router_scoring / router_bias_update_rate with model.arch={config.arch}: they "
                           "route experts, which this architecture has none of; choose a model.arch with experts")
@@ -324,6 +326,12 @@ MECHANISMS = {
     "qk_rope_head_dim": _LATENT, "v_head_dim": _LATENT, "router_groups": "route experts within groups",
     "router_topk_groups": "route experts within groups", "routed_scaling_factor": "scale its routed experts' sum",
     "first_dense_layers": "have leading dense layers before its experts (model.first_dense_layers)",
+    **dict.fromkeys(("num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
+                     "router_aux_loss_coef", "router_z_loss_coef"), "route tokens to experts"),
+    "router_scoring": "choose how its router scores experts", "router_bias_update_rate": "balance its experts "
+    "with a bias on the router's scores", "shared_expert_intermediate_size": "have a shared expert",
+    "shared_expert_gate": "have a shared expert", "decoder_sparse_step": "interleave dense layers with its experts",
+    "mlp_only_layers": "interleave dense layers with its experts",
 }
 
 

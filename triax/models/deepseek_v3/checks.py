@@ -12,11 +12,13 @@ from triax.models.moe import config as experts_config
 # transformers' DeepseekV3Config defaults for the head widths.
 DEFAULT_WIDTHS = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64}
 # The optional mechanisms (triax.models.config.MECHANISMS) this family computes: latent attention,
-# group-limited routing, the routed scaling factor, leading dense layers, YaRN's rotary scaling (its
-# sinks, windows and clamped SwiGLU, which it has none of, are refused by GPTConfig for it).
+# group-limited routing, the routed scaling factor, leading dense layers, YaRN's rotary scaling, the
+# experts' fields (its sinks, windows and clamped SwiGLU, which it has none of, are refused by
+# GPTConfig for it).
 HONOURS = frozenset({"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                      "router_groups", "router_topk_groups", "routed_scaling_factor", "first_dense_layers",
                      "rope_beta_fast", "rope_beta_slow", "rope_truncate", "rope_attention_factor"})
+HONOURS |= experts_config.HONOURS
 # Widths of a latent or a head: bounded as head_dim and the MLP widths are.
 WIDTH_LIMIT = MAX_OPTIONAL_SIZES["intermediate_size"]
 

@@ -9,6 +9,7 @@ from triax.models.gpt_oss.config import ARCHITECTURES, HONOURS, PRESETS, check
 from triax.models.gpt_oss.model import BiasedMoE, ClampedExperts, GptOss, SinkAttention
 
 SPEC = FamilySpec(name="gpt_oss", architectures=ARCHITECTURES, model=GptOss, check=check, presets=PRESETS, hf=hf,
-                  tp_split_dims=parallel.TP_SPLIT_DIMS, lora_targets=parallel.LORA_TARGETS, peft_names=True, honours=HONOURS)
+                  tp_split_dims=parallel.TP_SPLIT_DIMS, lora_targets=parallel.LORA_TARGETS, peft_names=True,
+                  honours=HONOURS)
 
 __all__ = ["ARCHITECTURES", "BiasedMoE", "ClampedExperts", "GptOss", "PRESETS", "SPEC", "SinkAttention", "check"]
