@@ -315,7 +315,8 @@ def refuse_experts(config: GPTConfig) -> None:
 # The optional mechanisms: fields only the families listing them in FamilySpec.honours compute, each
 # with what it does (for the refusal, "<arch> does not ..."). Elsewhere a value away from the
 # field's default is refused: model.arch=llama model.attention_sinks=true would otherwise train a
-# plain Llama.
+# plain Llama. The router losses' weights are not among them: they are training choices
+# (TRAINING_FIELDS), given before model.init_from's checkpoint decides the architecture.
 _YARN = "scale its rotary positions with YaRN (model.rope_scaling=yarn)"
 _LATENT = "compute multi-head latent attention"
 MECHANISMS = {
@@ -326,8 +327,8 @@ MECHANISMS = {
     "qk_rope_head_dim": _LATENT, "v_head_dim": _LATENT, "router_groups": "route experts within groups",
     "router_topk_groups": "route experts within groups", "routed_scaling_factor": "scale its routed experts' sum",
     "first_dense_layers": "have leading dense layers before its experts (model.first_dense_layers)",
-    **dict.fromkeys(("num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
-                     "router_aux_loss_coef", "router_z_loss_coef"), "route tokens to experts"),
+    **dict.fromkeys(("num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob"),
+                    "route tokens to experts"),
     "router_scoring": "choose how its router scores experts", "router_bias_update_rate": "balance its experts "
     "with a bias on the router's scores", "shared_expert_intermediate_size": "have a shared expert",
     "shared_expert_gate": "have a shared expert", "decoder_sparse_step": "interleave dense layers with its experts",

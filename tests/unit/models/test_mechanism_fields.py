@@ -12,7 +12,7 @@ import pytest
 
 import triax.models.registry  # noqa: F401 (registers the families)
 from triax.errors import ConfigError
-from triax.models.config import MECHANISMS, PLAN_ONLY_PRESET_KEYS, GPTConfig, preset_fields
+from triax.models.config import MECHANISMS, PLAN_ONLY_PRESET_KEYS, TRAINING_FIELDS, GPTConfig, preset_fields
 from triax.models.family import ARCHITECTURES, FAMILIES, PRESETS
 from triax.runs.files import read_model_config
 
@@ -22,9 +22,8 @@ SET = {"attention_sinks": True, "sliding_window": 16, "layer_types": ["full_atte
        "rope_attention_factor": 1.2, "q_lora_rank": 8, "kv_lora_rank": 8, "qk_nope_head_dim": 16,
        "qk_rope_head_dim": 8, "v_head_dim": 16, "router_groups": 2, "router_topk_groups": 2,
        "routed_scaling_factor": 2.5, "first_dense_layers": 1, "num_experts": 4, "experts_per_token": 4,
-       "moe_intermediate_size": 32, "norm_topk_prob": True, "router_aux_loss_coef": 0.01, "router_z_loss_coef": 0.001,
-       "router_scoring": "sigmoid", "router_bias_update_rate": 0.001, "shared_expert_intermediate_size": 32,
-       "shared_expert_gate": True, "decoder_sparse_step": 2, "mlp_only_layers": [1]}
+       "moe_intermediate_size": 32, "norm_topk_prob": True, "router_scoring": "sigmoid",
+       "router_bias_update_rate": 0.001, "shared_expert_intermediate_size": 32, "shared_expert_gate": True, "decoder_sparse_step": 2, "mlp_only_layers": [1]}
 DEFAULTS = {field.name: field.default for field in fields(GPTConfig)}
 
 UNHONOURED = [(name, arch) for name in MECHANISMS for arch, spec in ARCHITECTURES.items() if name not in spec.honours]
@@ -36,6 +35,8 @@ def test_every_mechanism_has_a_value_here_and_a_family_that_computes_it():
     for spec in FAMILIES.values():
         assert spec.honours <= set(MECHANISMS), spec.name
     assert all(any(name in spec.honours for spec in FAMILIES.values()) for name in MECHANISMS)
+    # Training choices are given before model.init_from's checkpoint decides the architecture.
+    assert not set(MECHANISMS) & set(TRAINING_FIELDS)
 
 
 @pytest.mark.parametrize("name, arch", UNHONOURED, ids=[f"{name}-{arch}" for name, arch in UNHONOURED])

@@ -22,8 +22,7 @@ ROPE_SCALINGS = ("none", "yarn")
 # decoder_sparse_step for it; mlp_only_layers is checked here: its check writes [] for it).
 HONOURS = frozenset({"attention_sinks", "sliding_window", "layer_types", "swiglu_limit", "swiglu_alpha",
                      "rope_beta_fast", "rope_beta_slow", "rope_truncate", "rope_attention_factor", "num_experts",
-                     "experts_per_token", "moe_intermediate_size", "norm_topk_prob", "router_aux_loss_coef",
-                     "router_z_loss_coef", "mlp_only_layers"})
+                     "experts_per_token", "moe_intermediate_size", "norm_topk_prob", "mlp_only_layers"})
 
 # The published shapes (for `triax plan`; 201,088 tokens, YaRN x32 over a 4,096-token pre-training
 # context, a 128-token window on every other layer), and one small enough for a CPU.
