@@ -23,7 +23,8 @@ SET = {"attention_sinks": True, "sliding_window": 16, "layer_types": ["full_atte
        "qk_rope_head_dim": 8, "v_head_dim": 16, "router_groups": 2, "router_topk_groups": 2,
        "routed_scaling_factor": 2.5, "first_dense_layers": 1, "num_experts": 4, "experts_per_token": 4,
        "moe_intermediate_size": 32, "norm_topk_prob": True, "router_scoring": "sigmoid",
-       "router_bias_update_rate": 0.001, "shared_expert_intermediate_size": 32, "shared_expert_gate": True, "decoder_sparse_step": 2, "mlp_only_layers": [1]}
+       "router_bias_update_rate": 0.001, "shared_expert_intermediate_size": 32, "shared_expert_gate": True,
+       "decoder_sparse_step": 2, "mlp_only_layers": [1]}
 DEFAULTS = {field.name: field.default for field in fields(GPTConfig)}
 
 UNHONOURED = [(name, arch) for name in MECHANISMS for arch, spec in ARCHITECTURES.items() if name not in spec.honours]
