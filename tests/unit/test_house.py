@@ -157,7 +157,7 @@ def test_each_unit_test_folder_names_a_package():
 FAMILY_NAME_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("models/config.py", "gpt2"): "DEFAULT_ARCH: the architecture of a config that names none",
     ("parallel/mesh.py", "gpt2"): "validate_layout's default arch (the default model's): mesh imports no models",
-    ("train/trainer.py", "gpt2"): "the message naming GPT-2's tokenizer for a GPT-2 checkpoint",
+    ("train/resolve.py", "gpt2"): "the message naming GPT-2's tokenizer for a GPT-2 checkpoint",
     ("config/strict.py", "gpt2"): "the preset `gpt2` given as an example name in a message",
     ("commands/plan.py", "gpt2"): "the preset `gpt2`, the default of `triax plan --model`",
     ("bench/gpu_bench.py", "gpt2"): "the preset `gpt2` the benchmark's shape starts from",

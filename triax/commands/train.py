@@ -6,7 +6,7 @@ from triax.runtime.shared_decisions import barrier
 from triax.errors import TriaxError
 from triax.runtime.lost_peers import PeerLostError, lost_peer_message
 from triax.runtime.process_group import shutdown_distributed
-from triax.config import compose_config, describe_keys
+from triax.config import compose_run, describe_keys
 
 TRAIN_HELP = """usage: triax train [key=value ...] [model=PRESET] [+experiment=NAME]
 
@@ -34,11 +34,12 @@ def main(argv: list[str]) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(TRAIN_HELP + describe_keys())
         return 0
-    config = compose_config(argv)
+    # trainer.continue_from's run, opened once for its settings, is handed to the trainer.
+    config, continued = compose_run(argv)
     from triax.train.trainer import Trainer  # deferred: start-up time; a bad key or --help needs no trainer
 
     try:
-        trainer = Trainer(config)
+        trainer = Trainer(config, continued)
         trainer.fit()
         # Free the DDP model while the process group is still registered, so the group's teardown
         # below (which first lets gloo's threads finish their last works) is the last one.

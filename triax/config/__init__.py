@@ -9,8 +9,8 @@ it describes, composes and checks the config and imports none of them.
     from triax.config import TrainConfig, compose_config
 """
 
-from triax.config.compose import (absolute_paths, compose_config, continuation_overrides, describe_keys, from_dict,
-                                  to_dict)
+from triax.config.compose import (absolute_paths, compose_config, compose_run, continuation_overrides, describe_keys,
+                                  from_dict, to_dict)
 from triax.config.schema import (DERIVED_MODEL_FIELDS, DataConfig, DebugConfig, ModelConfig, OptimConfig,
                                  ParallelConfig, TrainConfig, TrainerConfig, asynchronous_snapshots,
                                  changed_from_preset, field_docs, final_lr, gpt_config, snapshot_every, snapshot_root,
@@ -20,4 +20,5 @@ from triax.config.validate import validate
 __all__ = ["TrainConfig", "ModelConfig", "DataConfig", "OptimConfig", "TrainerConfig", "ParallelConfig",
            "DebugConfig", "DERIVED_MODEL_FIELDS", "field_docs", "gpt_config", "final_lr", "snapshot_every",
            "asynchronous_snapshots", "snapshot_root", "total_steps", "changed_from_preset", "absolute_paths",
-           "compose_config", "continuation_overrides", "describe_keys", "from_dict", "to_dict", "validate"]
+           "compose_config", "compose_run", "continuation_overrides", "describe_keys", "from_dict", "to_dict",
+           "validate"]

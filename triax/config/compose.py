@@ -11,6 +11,7 @@ import os
 import re
 import textwrap
 import typing
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -20,6 +21,9 @@ from triax.runtime.place import detect_place
 from triax.config.schema import TrainConfig, field_docs
 from triax.config.strict import check_composed, check_overrides, quote_text_values, schema_keys, unknown_key_error
 from triax.config.validate import validate
+
+if TYPE_CHECKING:  # the type only: a run's configuration is composed before any checkpoint is read
+    from triax.interop.foreign_run import ForeignRun
 
 
 _registered = False
@@ -46,16 +50,22 @@ def _model_presets() -> list[str]:
 def compose_config(overrides: list[str] | None = None) -> TrainConfig:
     """Compose the bundled YAML with `key=value` overrides into a checked TrainConfig. With
     trainer.continue_from, the checkpoint's own settings come first and the overrides win."""
+    return compose_run(overrides)[0]
+
+
+def compose_run(overrides: list[str] | None = None) -> tuple[TrainConfig, ForeignRun | None]:
+    """compose_config's TrainConfig, and trainer.continue_from's run as it was opened for its
+    settings (None without one), for the trainer to continue without opening it again."""
     overrides = quote_text_values(list(overrides or []))
     config = _compose(overrides)
-    if config.trainer.continue_from:
-        config = _compose(continuation_overrides(config)[0] + overrides)
-    return config
+    if not config.trainer.continue_from:
+        return config, None
+    run = _open_continued(config)
+    return _compose(continuation_overrides(config, run)[0] + overrides), run
 
 
-def continuation_overrides(config: TrainConfig) -> tuple[list[str], list[str]]:
-    """(the `key=value` overrides that continue trainer.continue_from's run as the tool that began
-    it would, notes on what could not be carried over)."""
+def _open_continued(config: TrainConfig) -> ForeignRun:
+    """trainer.continue_from's run (triax/interop/formats.py), or one line saying why it is none."""
     path = config.trainer.continue_from
     if config.model.init_from:
         raise ConfigError(f"trainer.continue_from={path!r} and model.init_from={config.model.init_from!r} both name "
@@ -69,6 +79,14 @@ def continuation_overrides(config: TrainConfig) -> tuple[list[str], list[str]]:
                           "nor a transformers Trainer's checkpoint-N folder (with trainer_state.json); a triax run "
                           "continues by itself (same trainer.run_dir), and other checkpoints start a run with "
                           "model.init_from")
+    return run
+
+
+def continuation_overrides(config: TrainConfig, run: ForeignRun | None = None) -> tuple[list[str], list[str]]:
+    """(the `key=value` overrides that continue trainer.continue_from's run as the tool that began
+    it would, notes on what could not be carried over). `run`: that run, if it is open already."""
+    if run is None:
+        run = _open_continued(config)
     parallel = config.parallel
     # Whichever launcher started this process (torchrun, srun, mpirun) says how many there are.
     data_parallel = max(1, detect_place().world_size // max(1, parallel.tp * parallel.pp))

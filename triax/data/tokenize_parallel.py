@@ -4,7 +4,7 @@ in order; `--format megatron`: with each split's document index beside its token
 The main process reads the inputs in chunks that end at line ends (triax.data.tokenize_files) and
 decides, for each chunk, which split it goes to and whether it ends a document (an input file is
 one document). Only encoding, the expensive part, goes to the workers, and their results come back
-in the order the chunks were read (Pool.imap), so N workers write exactly the tokens one does: the
+in the order the chunks were read, so N workers write exactly the tokens one does: the
 chunks, and so the ids, do not depend on N. Workers are spawned (not forked: the parent's
 tokenizer thread pool does not survive a fork) and each encodes with one thread, so N workers use
 N cores.
@@ -18,6 +18,7 @@ token arrays as nanoGPT's layout, so the directory trains as either: `data.path=
 
 from __future__ import annotations
 
+import collections
 import multiprocessing
 import os
 from typing import Iterator
@@ -34,6 +35,9 @@ MEGATRON_DTYPES = {"uint16": 8, "int32": 4}
 # Longer lines are cut into pieces of at most this many characters, at the last space when there
 # is one. Ordinary text never has a line this long, so its ids are those of the whole text.
 LONGEST_PIECE = 4096
+# Chunks sent to each worker ahead of the one being written: enough that a worker never waits for
+# the next while the writer catches up, few enough that memory stays a few chunks a worker.
+IN_FLIGHT = 3
 
 
 def pieces(text: str) -> list[str]:
@@ -51,12 +55,12 @@ def pieces(text: str) -> list[str]:
 _worker_tokenizer = None  # a worker process's tokenizer, built once by _start_worker
 
 
-def _start_worker(tokenizer_json: str) -> None:
+def _start_worker(tokenizer_json: str, source: str = "tokenizer.json") -> None:
     global _worker_tokenizer
     os.environ["RAYON_NUM_THREADS"] = "1"  # one core per worker: N workers, N cores
     from triax.data.tokenizer import BPETokenizer  # deferred: after the thread setting its library reads
 
-    _worker_tokenizer = BPETokenizer(tokenizer_json)
+    _worker_tokenizer = BPETokenizer(tokenizer_json, source)  # its errors name the file, as one worker's do
 
 
 def encode_text(tokenizer: object, text: str, dtype: str) -> np.ndarray:
@@ -78,11 +82,18 @@ def encoded(tokenizer: object, texts: Iterator[str], dtype: str, workers: int) -
         for text in texts:
             yield encode_text(tokenizer, text, dtype)
         return
-    json_text = tokenizer.json_text
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_start_worker, initargs=(json_text,)) as pool:
-        # A few chunks in flight per worker: memory stays bounded whatever the input size.
-        yield from pool.imap(_encode_in_worker, ((text, dtype) for text in texts), chunksize=8)
+    with context.Pool(workers, initializer=_start_worker, initargs=(tokenizer.json_text, tokenizer.source)) as pool:
+        # Not Pool.imap: its feeder thread takes every task at once, so it would read the whole
+        # input into memory ahead of the writer. Here at most IN_FLIGHT chunks a worker are sent
+        # ahead, one chunk a task, and taken back in the order they were read.
+        window: collections.deque = collections.deque()
+        for text in texts:
+            window.append(pool.apply_async(_encode_in_worker, ((text, dtype),)))
+            if len(window) >= IN_FLIGHT * workers:
+                yield window.popleft().get()
+        while window:
+            yield window.popleft().get()
 
 
 def index_bytes(dtype: str, document_lengths: list[int]) -> bytes:

@@ -84,20 +84,23 @@ def readable(path: str, option: str):
                                     f"({error.strerror or error}); give a checkpoint this user can read") from None
 
 
-def open_foreign(path: str, model: object, codec_of: CodecOf) -> ForeignRun | None:
+def open_foreign(path: str, model: object, codec_of: CodecOf, opened: ForeignRun | None = None) -> ForeignRun | None:
     """The checked checkpoint at `path` another tool saved: nanoGPT's ckpt.pt (or the out_dir
     holding it), Meta's Llama folder, a torchtitan DCP step, a transformers Trainer's checkpoint-N
     or a transformers directory; None for anything else (a triax run, a path that is none of these).
     `model`: the run's model.* keys, for what a folder in Meta's layout does not record; `codec_of`:
-    the text codec of a tokenizer.json."""
+    the text codec of a tokenizer.json; `opened`: this path's run as `open_continuation` opened it
+    for the config's settings (trainer.continue_from), whose files are not read again."""
     kind = recognise(path)
     with readable(path, "model.init_from"):
         if kind == "nanogpt":  # read whole now (a pickle cannot be read by slices), before any process group
-            return NanoGPTRun(path, open_checkpoint(path))
+            return opened if isinstance(opened, NanoGPTRun) else NanoGPTRun(path, open_checkpoint(path))
         if kind == "meta":
             return open_meta_folder(path, model, codec_of)
         if kind == "torchtitan":
             return open_torchtitan(path, model, codec_of)
+        if kind == "hf" and isinstance(opened, TrainerRun):
+            return TrainerRun(path, HFDirectory(path, codec_of), opened)
         if kind == "hf":
             return TrainerRun(path, HFDirectory(path, codec_of)) if is_trainer_checkpoint(path) else \
                 HFDirectory(path, codec_of)

@@ -12,11 +12,11 @@ check), so a built config (and a run's model.json) always holds every value expl
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Optional
 
 from triax.errors import ConfigError
-from triax.models.family import ARCHITECTURES, PRESETS, spec_of
+from triax.models.family import ARCHITECTURES, PRESETS, FamilySpec, spec_of
 
 
 
@@ -256,6 +256,7 @@ class GPTConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1e3):
                 raise ConfigError(f"model.{name}={value!r} must be a number in [0, 1000) (0 turns it off)")
+        refuse_unhonoured(self, spec)  # before the check, which may fill the family's own mechanisms
         spec.check(self)  # the family's own fields and defaults
 
     @property
@@ -296,7 +297,9 @@ def architecture_fields(config: GPTConfig) -> dict:
 
 
 def refuse_experts(config: GPTConfig) -> None:
-    """For a family without experts: the mixture-of-experts fields must keep their defaults."""
+    """For a family whose experts are optional (DeepSeek-V3's, with num_experts=0): the routing fields
+    must keep their defaults. (A family that never has experts leaves them out of its
+    FamilySpec.honours, and GPTConfig refuses them for it.)"""
     if config.router_scoring != "softmax" or config.router_bias_update_rate:
         raise ConfigError(f"model.router_scoring / router_bias_update_rate with model.arch={config.arch}: they "
                           "route experts, which this architecture has none of; choose a model.arch with experts")
@@ -307,6 +310,46 @@ def refuse_experts(config: GPTConfig) -> None:
     if config.num_experts:
         raise ConfigError(f"model.num_experts={config.num_experts} with model.arch={config.arch}: this architecture "
                           "has no experts; set num_experts=0 or choose a model.arch with experts")
+
+
+# The optional mechanisms: fields only the families listing them in FamilySpec.honours compute, each
+# with what it does (for the refusal, "<arch> does not ..."). Elsewhere a value away from the
+# field's default is refused: model.arch=llama model.attention_sinks=true would otherwise train a
+# plain Llama. The router losses' weights are not among them: they are training choices
+# (TRAINING_FIELDS), given before model.init_from's checkpoint decides the architecture.
+_YARN = "scale its rotary positions with YaRN (model.rope_scaling=yarn)"
+_LATENT = "compute multi-head latent attention"
+MECHANISMS = {
+    "attention_sinks": "compute attention sinks", "sliding_window": "have sliding-window attention layers",
+    "layer_types": "have sliding-window attention layers", "swiglu_limit": "clamp its SwiGLU",
+    "swiglu_alpha": "clamp its SwiGLU", "rope_beta_fast": _YARN, "rope_beta_slow": _YARN, "rope_truncate": _YARN,
+    "rope_attention_factor": _YARN, "q_lora_rank": _LATENT, "kv_lora_rank": _LATENT, "qk_nope_head_dim": _LATENT,
+    "qk_rope_head_dim": _LATENT, "v_head_dim": _LATENT, "router_groups": "route experts within groups",
+    "router_topk_groups": "route experts within groups", "routed_scaling_factor": "scale its routed experts' sum",
+    "first_dense_layers": "have leading dense layers before its experts (model.first_dense_layers)",
+    **dict.fromkeys(("num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob"),
+                    "route tokens to experts"),
+    "router_scoring": "choose how its router scores experts", "router_bias_update_rate": "balance its experts "
+    "with a bias on the router's scores", "shared_expert_intermediate_size": "have a shared expert",
+    "shared_expert_gate": "have a shared expert", "decoder_sparse_step": "interleave dense layers with its experts",
+    "mlp_only_layers": "interleave dense layers with its experts",
+}
+
+
+def honouring(name: str) -> list[str]:
+    """The registered architectures whose family computes mechanism field `name`."""
+    return [arch for arch, spec in ARCHITECTURES.items() if name in spec.honours]
+
+
+def refuse_unhonoured(config: GPTConfig, spec: FamilySpec) -> None:
+    """One line for the first mechanism field set away from its default that `spec`'s family does not compute."""
+    defaults = {field.name: field.default for field in fields(GPTConfig) if field.default is not MISSING}
+    for name, mechanism in MECHANISMS.items():
+        value = getattr(config, name)
+        if name in spec.honours or value == defaults[name]:
+            continue
+        raise ConfigError(f"model.{name}={value!r} with model.arch={config.arch}: {config.arch} does not {mechanism}; "
+                          f"choose a model.arch that does ({', '.join(honouring(name)) or 'none is registered'})")
 
 
 def check_size(name: str, value: object, limit: int) -> None:

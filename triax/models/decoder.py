@@ -67,6 +67,15 @@ class KVCache:
     def layer(self, name: str) -> LayerCache:
         return self.layers.setdefault(name, LayerCache())
 
+    def truncate(self, length: int) -> None:
+        """Forget the positions from `length` on in every layer: positions fed only to round a forward
+        up (tensor parallelism's sequence sharding wants a multiple of its size). A layer that keeps a
+        window of keys may have let those positions push real ones out of it: exact only without one."""
+        for layer in self.layers.values():
+            if layer.keys is not None:
+                kept = max(0, length - layer.dropped)
+                layer.keys, layer.values = layer.keys[:, :, :kept], layer.values[:, :, :kept]
+
 
 class Packed(NamedTuple):
     """Several examples packed into each row (data.packing): which positions see which, and each

@@ -65,6 +65,11 @@ class FamilySpec:
     qkv_bias: Optional[Callable[[Any], bool]] = None
     """qkv_bias(config): biases on the query/key/value projections even without model.bias (Qwen2's)."""
 
+    honours: frozenset[str] = frozenset()
+    """The optional mechanisms' fields (triax.models.config.MECHANISMS: attention sinks, latent
+    attention, ...) this family computes; set away from its default, any other is refused in one line
+    before the family's check runs, instead of being silently ignored."""
+
 
 _SPECS: dict[str, FamilySpec] = {}  # model.arch -> its family
 _FAMILIES: dict[str, FamilySpec] = {}  # family name -> spec

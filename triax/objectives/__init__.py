@@ -95,6 +95,10 @@ class Objective(Protocol):
         """The objective's figures on held-out data (None: the token loss over the validation
         windows, which the trainer's evaluation scores)."""
 
+    # Optimizer steps one produced batch serves (a rollout trained on several times): the data advance after the
+    # last of them, and produce_batch is asked again, with the same samples, for each.
+    steps_per_batch: int
+
     # The few figures of its record a person watches, shown on the step line and the bar
     # (triax.tracking.line_fields): tuple[LineField, ...].
     line_fields: tuple

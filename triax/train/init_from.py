@@ -37,12 +37,13 @@ def tokenizer_codec(path: str) -> BPETokenizer:
     return codec
 
 
-def resolve(path: str, model: object = None) -> ForeignRun:
+def resolve(path: str, model: object = None, opened: ForeignRun | None = None) -> ForeignRun:
     """The checked checkpoint at `path`, whichever tool saved it (triax/interop/formats.py), or a
     triax run. `model`: the run's model.* keys, for what a folder in Meta's layout does not record
     (torchtitan's head counts, rotary settings and norm epsilon; the rope scaling factor of a
-    params.json without one)."""
-    source = open_foreign(path, model, tokenizer_codec)
+    params.json without one); `opened`: trainer.continue_from's run as the config's composition
+    opened it (not read again)."""
+    source = open_foreign(path, model, tokenizer_codec, opened)
     if source is not None:
         return source
     if not os.path.isdir(path):

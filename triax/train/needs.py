@@ -5,23 +5,31 @@ architecture. `triax doctor` and a run's `trainer.preflight` hand `run_needs` to
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from triax.config import TrainConfig
 from triax.doctor.needs import ModelSizes, RunNeeds, needs_of
 from triax.errors import TriaxError
 
-
-def run_needs(config: TrainConfig, world_size: int) -> RunNeeds:
-    """The run's needs; a TriaxError (the trainer's own words) when the config cannot run at all."""
-    return needs_of(config, world_size, model_sizes(config))
+if TYPE_CHECKING:  # the type only: the doctor's sizes read a checkpoint only when asked
+    from triax.interop.foreign_run import ForeignRun
 
 
-def model_sizes(config: TrainConfig) -> ModelSizes:
-    """The sizes the trainer would build the model with, from the data and model.init_from."""
+def run_needs(config: TrainConfig, world_size: int, source: ForeignRun | None = None) -> RunNeeds:
+    """The run's needs; a TriaxError (the trainer's own words) when the config cannot run at all.
+    `source`: model.init_from's checkpoint, if the run has it open already."""
+    return needs_of(config, world_size, model_sizes(config, source))
+
+
+def model_sizes(config: TrainConfig, source: ForeignRun | None = None) -> ModelSizes:
+    """The sizes the trainer would build the model with, from the data and model.init_from
+    (`source`: that checkpoint, if it is open already)."""
     from triax.train import init_from  # deferred: reads transformers' files only when asked
     from triax.train.data import build_data  # deferred: the data loaders import tokenizers lazily
 
     model = config.model
-    source = init_from.resolve(model.init_from, model) if model.init_from else None
+    if source is None and model.init_from:
+        source = init_from.resolve(model.init_from, model)
     data = build_data(config.data, source.codec if source else None)
     if source is None:
         return ModelSizes(data.vocab_size, data.block_size, model, data.block_size)

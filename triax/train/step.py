@@ -96,6 +96,7 @@ class TrainingStep:
         # What the loss is (triax.objectives), and the terms a model adds to any (a mixture of experts').
         self.objective, self.terms = objective, list(terms)
         self.counts_answers = objective_for(config.data.task).scores_answers
+        self.steps_per_batch = objective.steps_per_batch  # a produced batch may serve several steps
         self.context = StepContext(place.device, lambda: precision.autocast(place.device), self.forward,
                                    config.trainer.grad_accum, place.layout.dp, place.dp_rank, config.trainer.seed,
                                    place.world_size, self.loss_context, self.batch)
@@ -247,7 +248,8 @@ class TrainingStep:
             loss_sum = loss_sum * trainer.grad_accum
         grad_norm = self._optimizer_step(step)
         position.step += 1
-        position.sample_index += self.samples_per_step
+        if position.step % self.steps_per_batch == 0:  # an objective's batch may serve several steps
+            position.sample_index += self.samples_per_step
         if self.sample_log is not None:
             self.sample_log.record(position.step, position.epoch, consumed)
         self.finite.record(position.step, loss_sum, grad_norm)

@@ -26,7 +26,7 @@ from triax.data.mixture import sampler_for
 from triax.doctor.readiness import preflight
 from triax.errors import ConfigError, printable
 from triax.models import build_model
-from triax.models.config import DEFAULT_ARCH, GPTConfig
+from triax.models.config import GPTConfig
 from triax.models.lora import apply_lora, trainable_summary
 from triax.interop.peft.adapter import check_adapter, load_adapter
 from triax.parallel.ddp import unwrap
@@ -42,9 +42,9 @@ from triax.runtime.rendezvous import restart_count
 from triax.runtime.shared_decisions import any_rank, mean_across_ranks
 from triax.runtime.threads import apply_thread_choice
 from triax.tracking.throughput import Pace, peak_memory_mb, stated_peak_flops
-from triax.train import continuation, init_from
-from triax.train.batch_fit import fit_batch_size
-from triax.config.compose import absolute_paths, continuation_overrides
+from triax.interop.foreign_run import ForeignRun
+from triax.train import continuation, init_from, resolve
+from triax.config.compose import continuation_overrides
 from triax.train.console import Console
 from triax.train.data import build_data
 from triax.objectives import Objective, RunParts
@@ -87,12 +87,17 @@ class Trainer:
     `console` and `run_directory`.
     """
 
-    def __init__(self, config: TrainConfig):
-        self.config = config
-        model_config, created_run_dir = self._check_inputs()
+    def __init__(self, config: TrainConfig, continued: ForeignRun | None = None):
+        """`config`: the composed config, never edited (the run resolves its own copy: triax.train.resolve);
+        `continued`: trainer.continue_from's run as `compose_run` opened it, not opened again."""
+        self.config = config = resolve.working_copy(config)
+        model_config, created_run_dir = self._check_inputs(continued)
         self._join_job(created_run_dir)
         if config.trainer.preflight:
-            preflight(config, self.place, self.device, run_needs)
+            # model.init_from's checkpoint as the run opened it, not opened again for the doctor's sizes
+            preflight(config, self.place, self.device,
+                      lambda checked, world_size: run_needs(checked, world_size,
+                                                            self.init_source if checked.model.init_from else None))
         self._build_model(model_config)
         self._build_optimizer()
         self.stop_reason: str | None = None  # set when a signal stopped the run early
@@ -127,18 +132,18 @@ class Trainer:
 
     # ---- the checks of __init__, before any process group exists ---------------------------------
 
-    def _check_inputs(self) -> tuple[GPTConfig, bool]:
+    def _check_inputs(self, continued: ForeignRun | None) -> tuple[GPTConfig, bool]:
         """Everything about the input, before any process group exists; returns the model's config
         and whether the run directory was created here."""
         # Everything that can be wrong with the input is checked before the process group
         # exists, so a mistake is one message per rank, never a hang in a collective.
-        self._check_layout()
+        self._check_layout(continued)
         model_config = self._model_config()
         self._check_batch()
         created_run_dir = self._check_run_dir(model_config)
         return model_config, created_run_dir
 
-    def _check_layout(self) -> None:
+    def _check_layout(self, continued: ForeignRun | None) -> None:
         """This process's place and device, the data, and the layout they run in."""
         config, trainer, parallel = self.config, self.config.trainer, self.config.parallel
         self.place = detect_place()
@@ -147,7 +152,7 @@ class Trainer:
         self.threads = apply_thread_choice(self.place.local_world_size) if self.device.type == "cpu" else None
         self.precision = Precision(trainer.precision)
         self.precision.check_device(self.device)
-        self.init_source = self._init_source()
+        self.init_source = resolve.open_source(config, continued)
         self.changed_shape = changed_from_preset(config.model)  # before model.init_from replaces the shape
         self.data = build_data(config.data, self.init_source.codec if self.init_source else None, self.init_source,
                                config)
@@ -155,7 +160,8 @@ class Trainer:
                                      self.place.world_size, parallel.cp, parallel.ep)
         check_context_parallel(self.layout, self.data.block_size, parallel.compile)
         if self.init_source is not None:
-            self._take_architecture()
+            resolve.take_architecture(config, self.init_source, self.changed_shape, self.data, self.layout,
+                                      self.place.is_main)
         check_data_layout(config, self.layout)
         if objective_for(config.data.task).scores_answers:
             # Batches of answers cut to their longest row: to a multiple of tp (which splits the sequence).
@@ -198,8 +204,7 @@ class Trainer:
         """The samples of one step, which the training set must hold at least once."""
         trainer = self.config.trainer
         # A batch larger than the data is lowered to fit, with a line (triax.train.batch_fit: why).
-        trainer.batch_size, self.batch_note = fit_batch_size(trainer.batch_size, len(self.data.train),
-                                                             self.layout.dp, trainer.grad_accum)
+        self.batch_note = resolve.fit_batch(self.config, len(self.data.train), self.layout.dp)
         # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
         self.global_micro_batch = trainer.batch_size * self.layout.dp
         self.samples_per_step = self.global_micro_batch * trainer.grad_accum
@@ -226,7 +231,7 @@ class Trainer:
         created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
         # Checked as typed (the errors above name what the user wrote), kept absolute: config.yaml
         # then serves `triax eval`, `generate` and a resume from any directory.
-        absolute_paths(config)
+        resolve.absolute(config)
         self.snapshot_root = snapshot_root(config)
         return created_run_dir
 
@@ -274,6 +279,7 @@ class Trainer:
                          self.config.model.lora.init_from, self.config.model.lora, self._stored_name(),
                          n_layer=model_config.n_layer)
         self.objective = self._objective(model_config)
+        self.steps_per_epoch *= self.objective.steps_per_batch  # a produced batch may serve several steps
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
         # A different random stream per rank from here on, so dropout masks differ across ranks.
         seed_everything(trainer.seed + 1000 * self.rank)
@@ -346,52 +352,6 @@ class Trainer:
 
     # ---- set-up helpers ------------------------------------------------------------------------
 
-    def _init_source(self):
-        """model.init_from (or trainer.continue_from), resolved and checked before any process group exists."""
-        path = self.config.model.init_from or self.config.trainer.continue_from
-        if not path:
-            return None
-        source = init_from.resolve(path, self.config.model)
-        if self.config.trainer.continue_from:
-            continuation.check(source, self.config)
-        if source.codec is None and self.config.data.task == "char":
-            family = source.architecture.get("arch", DEFAULT_ARCH)
-            # A GPT-2 checkpoint's tokenizer is GPT-2's own (the tokenizer's name, not the family's).
-            tokenizer = ("GPT-2's tokenizer.json" if family == "gpt2" else
-                         f"the {family} model's own tokenizer.json (its tokenizer's save_pretrained writes it)")
-            raise ConfigError(f"model.init_from={path!r} has no tokenizer.json, so text cannot be encoded for it; "
-                              f"put {tokenizer} there, or train on token files (data.task=tokens)")
-        if source.is_triax_run and self.config.model.lora.rank:
-            # A LoRA run's snapshots hold only trainable tensors: a triax run's base would not load.
-            raise ConfigError(f"model.lora with model.init_from={path!r} (a triax run) is not supported; export the "
-                              "run with `triax export RUN OUT --format hf` and start from OUT")
-        return source
-
-    def _take_architecture(self) -> None:
-        """The checkpoint's shape replaces model.* (dropout stays this run's choice)."""
-        source, model = self.init_source, self.config.model
-        init_from.check_fits(source, self.data.vocab_size, self.data.block_size)
-        # The config is otherwise strict: a shape key given beside model.init_from is not dropped silently.
-        ignored = [key for key, value in self.changed_shape.items()
-                   if key in source.architecture and source.architecture[key] != value]
-        if ignored and self.place.is_main:
-            given = ", ".join(f"model.{key}={self.changed_shape[key]}" for key in ignored)
-            taken = ", ".join(f"{key}={source.architecture[key]}" for key in ignored)
-            print(f"triax: warning: {given} ignored: model.init_from={printable(source.path)!r} decides the model's "
-                  f"shape ({taken}); leave the shape keys out beside model.init_from", file=sys.stderr, flush=True)
-        for key, value in source.architecture.items():
-            if key not in ("vocab_size", "block_size"):  # the data's sizes, checked above
-                setattr(model, key, value)
-        if model.tie_embeddings and (self.layout.tp > 1 or self.layout.pp > 1):
-            # Tensor and pipeline parallelism need an untied head: it starts as a copy of the
-            # embedding (the same logits), and the two then train apart.
-            model.tie_embeddings = False
-            source.architecture = dict(source.architecture, tie_embeddings=False)
-            if self.place.is_main:
-                print(f"triax: warning: model.init_from={printable(source.path)!r} ties the head to the embedding; with tensor or pipeline "
-                      "parallelism they are untied (the head starts as a copy) and train separately",
-                      file=sys.stderr, flush=True)
-
     def _continue_run(self) -> None:
         """trainer.continue_from: the other tool's AdamW state, step and best val loss, on top of
         the weights init_from loaded; the schedule moves to that step (its settings came with the
@@ -400,7 +360,7 @@ class Trainer:
         model = self.raw_model if self.raw_model is not None else self.model
         # The notes first, while the checkpoint read for the config is still held: load() lets a
         # Trainer's go, and asking afterwards would read its whole optimizer.pt again.
-        _, notes = continuation_overrides(self.config)
+        _, notes = continuation_overrides(self.config, source)
         get_optimizer_state_dict(model, self.optimizer)  # creates AdamW's state, to be overwritten
         self.step, self.continued_best = continuation.load(source, model, self.optimizer, self.model_config,
                                                            self._stored_name())

@@ -22,6 +22,7 @@ from support.token_formats import write_megatron, write_shard
 pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
 
 LENGTHS = (7, 12, 9)  # three documents, one window of 27 inputs over all of them
+CP_LENGTHS = (7, 12, 10)  # 28 inputs: a multiple of 2 x cp = 4, as context parallelism cuts a window
 EOT = 0
 
 # fp32: the two implementations differ in summation order only, a few units of round-off (2^-24)
@@ -30,9 +31,9 @@ EOT = 0
 RELATIVE = 1e-5
 
 
-def documents(seed=0):
+def documents(seed=0, lengths=LENGTHS):
     rng = np.random.default_rng(seed)
-    return [np.concatenate([[EOT], rng.integers(1, VOCAB, length - 1)]) for length in LENGTHS]
+    return [np.concatenate([[EOT], rng.integers(1, VOCAB, length - 1)]) for length in lengths]
 
 
 def summed_loss(logits, targets):
@@ -41,17 +42,23 @@ def summed_loss(logits, targets):
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def checkpoint(tmp_path_factory):
+    """(a tiny transformers Llama's checkpoint directory, the transformers model)."""
     directory = tmp_path_factory.mktemp("llama")
-    reference = save_checkpoint(directory, "llama")
+    return directory, save_checkpoint(directory, "llama")
+
+
+@pytest.fixture(scope="module")
+def models(checkpoint):
+    directory, reference = checkpoint
     return reference, load_hf_model(str(directory), torch.device("cpu")).eval()
 
 
-def alone(reference):
+def alone(reference, lengths=LENGTHS):
     """Each document's summed loss, computed by transformers on the document by itself."""
     total = 0.0
     with torch.no_grad():
-        for document in documents():
+        for document in documents(lengths=lengths):
             ids = torch.from_numpy(document).long()[None]
             total += summed_loss(reference(ids).logits[:, :-1], ids[:, 1:])
     return total
@@ -77,6 +84,31 @@ def test_a_packed_window_equals_each_document_alone_in_transformers(tmp_path, mo
     expected = alone(reference)
     assert abs(packed - expected) <= RELATIVE * abs(expected)
     assert abs(unmasked - expected) > 100 * RELATIVE * abs(expected)
+
+
+@pytest.mark.multiprocess
+def test_under_context_parallelism_a_packed_window_still_equals_each_document_alone(tmp_path, checkpoint):
+    """The same window cut over 2 context-parallel ranks (each holds two of its four chunks and
+    attends with its rows of the whole window's mask): the ranks' losses add up to transformers'
+    for each document alone, and differ without the mask."""
+    import json
+    import os
+
+    from support import SUPPORT_DIR
+    from support.forked import launch
+
+    directory, reference = checkpoint
+    path = write_megatron(tmp_path / "docs", documents(lengths=CP_LENGTHS))
+    window = open_source(str(path), str(path), sum(CP_LENGTHS) - 1, VOCAB, None, 0.9).train
+    window.packing, window.score_document_starts = True, False
+    x, y = window.batch(torch.tensor([0]))
+    np.savez(tmp_path / "window.npz", x=x.numpy(), y=y.numpy(), documents=window.document_ids(torch.tensor([0])).numpy())
+    probe = os.path.join(SUPPORT_DIR, "document_cp_probe.py")
+    result = launch(2, [probe, str(directory), str(tmp_path / "window.npz")], timeout=240)
+    losses = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("PROBE "))[6:])
+    expected = alone(reference, CP_LENGTHS)
+    assert abs(losses["packed"] - expected) <= RELATIVE * abs(expected), (losses, expected)
+    assert abs(losses["unmasked"] - expected) > 100 * RELATIVE * abs(expected), (losses, expected)
 
 
 def test_document_numbers_follow_the_index_in_both_splits(tmp_path):

@@ -3,12 +3,15 @@ output directory is a Megatron dataset (its .idx read by triax, and by megatron-
 with a document per input file, as well as nanoGPT's layout."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from triax.commands.cli import main as triax_main
 from triax.data.megatron import IndexedDataset
+from triax.testing import quiet_env
 
 pytest.importorskip("tokenizers", reason="tokenizers is not installed (pip install 'triax[tokenize]')")
 
@@ -127,3 +130,64 @@ def test_a_bad_record_is_one_line_naming_the_file_and_line(tmp_path, capsys, mon
                        "content"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "bad.jsonl" in err and says in err, err
+
+
+@pytest.mark.multiprocess
+def test_workers_take_the_chunks_in_order_and_read_only_a_few_ahead(tmp_path, inputs):
+    """The writer gets each chunk's ids in reading order, and the input is read at most IN_FLIGHT
+    chunks a worker ahead of it: memory stays bounded whatever the input's size."""
+    from triax.data.tokenize_parallel import IN_FLIGHT, encoded
+    from triax.data.tokenizer import BPETokenizer
+
+    tokenizer = BPETokenizer(small_tokenizer(inputs))
+    read = []
+
+    def texts():
+        for number in range(40):
+            read.append(number)
+            yield f"chunk {number} " + " ".join(WORDS[number % len(WORDS):]) + "\n"
+
+    for number, ids in enumerate(encoded(tokenizer, texts(), "uint16", 2)):
+        assert len(read) <= number + 1 + 2 * IN_FLIGHT, (number, len(read))
+        assert tokenizer.decode(ids).startswith(f"chunk {number} ")
+    assert number == 39
+
+
+def small_tokenizer(inputs):
+    """The JSON of a 300-token BPE trained on one of the input files."""
+    import fsspec
+
+    from triax.data.tokenize_files import train_bpe
+
+    path = str(inputs / "part_7.txt")
+    return train_bpe([(fsspec.filesystem("file"), path, len(open(path).read()))], 300)
+
+
+def test_an_encoding_worker_imports_no_torch(tmp_path, inputs):
+    """Each worker imports only what encodes (not torch: a second and a few hundred MB a worker,
+    which made two workers slower than one)."""
+    (tmp_path / "tokenizer.json").write_text(small_tokenizer(inputs))
+    probe = ("import sys, triax.data.tokenize_parallel as p; p._start_worker(open(sys.argv[1]).read()); "
+             "print(sorted(name for name in sys.modules if name.split('.')[0] == 'torch'))")
+    result = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "tokenizer.json")], capture_output=True, text=True,
+                            env=quiet_env(), timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+@pytest.mark.multiprocess
+def test_a_tokenizer_failing_in_a_worker_is_the_one_line_one_worker_gives(tmp_path, inputs, capfd):
+    """A pre-tokenizer whose regex gives up (a panic of the Rust library) stops the command with the
+    same line, naming the tokenizer file, whether it failed here or in a worker (whose standard
+    error is this process's: nothing else reaches it)."""
+    tokenizer = json.loads(small_tokenizer(inputs))
+    tokenizer["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+b"}, "behavior": "Isolated",
+                                  "invert": False}
+    (tmp_path / "bad.json").write_text(json.dumps(tokenizer))
+    (tmp_path / "text.txt").write_text("fine words\n" * 50 + "a" * 60 + "c\n")
+    lines = []
+    for workers in ("1", "2"):
+        code = triax_main(["tokenize", str(tmp_path / "text.txt"), "--out", str(tmp_path / f"out{workers}"),
+                           "--tokenizer", str(tmp_path / "bad.json"), "--workers", workers])
+        lines.append(capfd.readouterr().err.strip())
+        assert code == 2 and len(lines[-1].splitlines()) == 1, lines[-1]
+    assert lines[0] == lines[1] and "bad.json' failed inside the tokenizers library" in lines[0], lines

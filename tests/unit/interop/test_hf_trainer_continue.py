@@ -365,3 +365,16 @@ def test_a_schedule_the_checkpoint_contradicts_is_refused_with_exit_2(tmp_path, 
     error = result.stderr.strip()
     assert "the Trainer's next learning rate (step 2) is 0.00666667" in error and "warmup_steps" in error
     assert len(error.splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_the_checkpoint_is_read_once_a_run(tmp_path, gpt2_run, monkeypatch):
+    """compose_run reads the Trainer's checkpoint-N for the config's settings; the trainer continues
+    from that reading (its AdamW state, step and notes) and does not open the folder again."""
+    from triax.config import compose_run
+    from triax.interop.hf_trainer import run as hf_trainer_run
+    from triax.train import Trainer
+
+    opened, open_checkpoint = [], hf_trainer_run.open_checkpoint
+    monkeypatch.setattr(hf_trainer_run, "open_checkpoint", lambda path: opened.append(path) or open_checkpoint(path))
+    trainer = Trainer(*compose_run(continue_overrides(tmp_path / "run", gpt2_run)))
+    assert trainer.step == STOP and opened == [str(gpt2_run["folder"])]

@@ -317,3 +317,40 @@ def test_each_weight_decay_rule_groups_the_parameters_it_names():
     assert decayed("matrices") == matrices and "pos_emb.weight" in matrices and "tok_emb.weight" in matrices
     assert decayed("linear") == [n for n in matrices if n != "pos_emb.weight"]  # the tied table as the head
     assert decayed("all") == sorted(names.values())
+
+
+@pytest.mark.parametrize("option, extra", [("trainer.continue_from", []), ("model.init_from", []),
+                                           ("model.init_from", ["trainer.preflight=true"])])
+def test_a_run_opens_the_checkpoint_once(tmp_path, started, monkeypatch, option, extra):
+    """`triax train`: ckpt.pt is read whole once a run, continue_from's for the config's settings
+    (then its weights, AdamW state and notes come from that same reading), init_from's by the trainer
+    (and the preflight's sizes come from that reading too)."""
+    from triax.commands.train import main
+    from triax.interop import formats
+
+    opened, open_checkpoint = [], formats.open_checkpoint
+    monkeypatch.setattr(formats, "open_checkpoint", lambda path: opened.append(path) or open_checkpoint(path))
+    overrides = continue_overrides(tmp_path / "run", started, f"trainer.max_steps={STOP + 1}",
+                                   f"data.block_size={ARGS['block_size']}", *extra)
+    assert main([f"{option}={started['out']}", *overrides[1:]]) == 0
+    assert opened == [str(started["out"])]
+
+
+def test_the_trainer_leaves_the_config_it_is_given_as_it_was(tmp_path, started, monkeypatch):
+    """The run resolves its own copy (triax.train.resolve): the checkpoint's architecture, the batch
+    lowered to the data, the paths made absolute; the caller's config is not edited."""
+    import copy
+
+    from triax.train import Trainer, compose_config
+
+    monkeypatch.chdir(tmp_path)
+    config = compose_config(["trainer.continue_from=out", "data.task=tokens", "data.path=data", "trainer.run_dir=run",
+                             "trainer.sample_tokens=0", "optim.fused=false", "trainer.batch_size=64",
+                             f"trainer.max_steps={STOP + 1}"])
+    given = copy.deepcopy(config)
+    trainer = Trainer(config)
+    trainer.fit()
+    assert config == given
+    resolved = trainer.config
+    assert resolved.trainer.batch_size == 2 and resolved.data.path == str(tmp_path / "data")
+    assert resolved.model.n_layer == ARGS["n_layer"] and resolved.model.n_embd == ARGS["n_embd"]

@@ -73,27 +73,30 @@ def triax_run(base, config, steps):
                           data_parallel_rank=0, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     history = []
-    for step in range(steps):
-        indices = torch.arange(step * PROMPTS, (step + 1) * PROMPTS)
-        rollout = objective.produce_batch(context, step, indices, model)
+    for step in range(steps):  # num_iterations > 1: each block of that many steps trains on its first's batch
+        block = step // config.num_iterations
+        indices = torch.arange(block * PROMPTS, (block + 1) * PROMPTS)
+        rollout = objective.produce_batch(context, step + 1, indices, model)
         loss, _ = objective.loss(context, model, rollout)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
         history.append({"loss": loss.item(), "grad_norm": norm.item(), "completions": rollout.completions,
-                        "prompt_ids": [prompt.ids for prompt in prompts.records(indices)], **rollout.figures,
+                        "prompt_ids": [prompt.ids for prompt in prompts.records(indices)],
                         **objective.take_figures()})
     return history, model
 
 
 def trl_run(base, root, history, steps, **options):
-    """TRL's GRPOTrainer on the prompts in file order, each step's completions triax's."""
+    """TRL's GRPOTrainer on the prompts in file order, each generation's completions triax's (TRL generates
+    on the first step of each block of num_iterations steps)."""
 
     def rollout_func(prompts, trainer):
         step = history[trainer.state.global_step]
+        block = trainer.state.global_step // options.get("num_iterations", 1)
         prompt_ids = [ids for ids in step["prompt_ids"] for _ in range(GENERATIONS)]
-        assert prompts == [record["prompt"] for record in records()[trainer.state.global_step * PROMPTS:][:PROMPTS]
+        assert prompts == [record["prompt"] for record in records()[block * PROMPTS:][:PROMPTS]
                            for _ in range(GENERATIONS)]
         return {"prompt_ids": prompt_ids, "completion_ids": step["completions"],
                 "logprobs": [[0.0] * len(ids) for ids in step["completions"]]}
@@ -117,7 +120,9 @@ def trl_run(base, root, history, steps, **options):
 @pytest.mark.parametrize("loss_type,beta,steps,extra", [
     ("dapo", 0.0, LONGEST, {}), ("grpo", 0.0, 4, {}), ("dapo", 0.05, 4, {}), ("grpo", 0.05, LONGEST, {}),
     ("dr_grpo", 0.0, 4, {"scale_rewards": "none"}), ("bnpo", 0.0, 4, {"scale_rewards": "batch"}),
-    ("grpo", 0.0, 4, {"importance_sampling_level": "sequence", "epsilon_high": 0.28})])
+    ("grpo", 0.0, 4, {"importance_sampling_level": "sequence", "epsilon_high": 0.28}),
+    # num_iterations > 1: the later steps of a block train on its batch again, the ratio moves off 1
+    ("dapo", 0.0, 9, {"num_iterations": 3}), ("grpo", 0.05, 6, {"num_iterations": 2, "epsilon": 0.05})])
 def test_grpo_equals_trl_grpo_trainer_step_by_step(base, tmp_path, loss_type, beta, steps, extra):
     options = dict(loss_type=loss_type, beta=beta, **extra)
     ours, model = triax_run(base, GRPOConfig(num_generations=GENERATIONS, max_completion_length=LENGTH,
@@ -127,8 +132,11 @@ def test_grpo_equals_trl_grpo_trainer_step_by_step(base, tmp_path, loss_type, be
     assert len(theirs) == steps
     for step, (mine, other) in enumerate(zip(ours, theirs)):
         tolerance = TOLERANCE if step < FIRST_STEPS else LATER_TOLERANCE
-        for name in ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length", "entropy",
-                     *(["kl"] if beta else [])):
+        # A step that reused its batch logs no rollout figures (as TRL: they are the generating step's).
+        names = ("loss", "grad_norm", "entropy", "clip_ratio/region_mean", *(["kl"] if beta else []),
+                 *(("reward", "reward_std", "completions/mean_length") if "reward" in other else ()))
+        assert ("reward" in mine) == ("reward" in other), step + 1
+        for name in names:
             assert abs(mine[name] - other[name]) <= tolerance, (step + 1, name, mine[name], other[name])
     assert all(record["grad_norm"] > 0.01 for record in ours)  # the updates were real
     ids = torch.tensor([ours[0]["prompt_ids"][0] + ours[0]["completions"][0]])

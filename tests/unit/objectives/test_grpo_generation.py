@@ -120,3 +120,29 @@ def test_ranks_agree_on_how_many_batches_they_sample():
     assert [c.ids for c in agreed.complete(PROMPTS[:2], [0, 1], 0)] == [c.ids for c in plain]
     hook.remove()
     assert len(forwards) == 3 * 4
+
+
+@pytest.mark.multiprocess
+def test_tensor_parallel_sampling_equals_one_process(tmp_path):
+    """Two ranks holding half the heads and half the vocabulary each (sequence-parallel norms: every
+    forward rounded up to an even number of positions) sample the completions one process samples."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from support.chat_files import write_chat_checkpoint
+    from triax.testing import quiet_env
+
+    write_chat_checkpoint(tmp_path / "base")
+    tests = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = quiet_env(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        filter(None, [os.getcwd(), tests, os.environ.get("PYTHONPATH")])))
+    worker = os.path.join(tests, "support", "workers", "grpo_tp_sampling.py")
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             worker, str(tmp_path / "base"),
+                             str(tmp_path / "out.json")], capture_output=True, text=True, env=env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sampled = json.load(open(tmp_path / "out.json"))
+    assert sampled["parallel"] == sampled["whole"]
+    assert len(sampled["whole"]) == 9 and sum(len(ids) for ids in sampled["whole"]) > 9 * 3

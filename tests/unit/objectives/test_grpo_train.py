@@ -1,7 +1,8 @@
 """`triax train` with data.task=grpo on a tiny Llama: TRL's figures in metrics.jsonl, a resume after
 SIGKILL equal bit for bit to the run that never stopped (a completion's randomness is its place, so
-no generator state needs keeping), two data-parallel processes equal to one, full fine-tuning with
-a frozen reference, and what GRPO cannot run refused in one line."""
+no generator state needs keeping), two data-parallel or tensor-parallel processes equal to one,
+num_iterations > 1 (and its resume), full fine-tuning with a frozen reference, and what GRPO
+cannot run refused in one line."""
 
 import json
 import os
@@ -95,21 +96,42 @@ def test_resume_after_sigkill_is_bitwise(tmp_path, setup, single):
     assert_bitwise_equal(final_weights(run_dir), final_weights(single))
 
 
-@pytest.mark.parametrize("layout", ["parallel.dp_replicate=2", "parallel.dp_shard=2"])
+def test_num_iterations_reuses_each_generated_batch_and_resumes_bitwise(tmp_path, setup):
+    """grpo.num_iterations=2: steps 1 and 3 generate (the completion log), 2 and 4 train on their batch
+    again; killed after the snapshot of step 2 and started again, the run ends where one that never
+    stopped ends."""
+    extra = {"grpo.num_iterations": 2, "trainer.save_every": 2}
+    whole = tmp_path / "whole"
+    train(overrides(setup, whole, **extra, **{"grpo.completion_log": whole / "completions"}), timeout=300)
+    lines = [json.loads(line) for line in open(whole / "completions.rank0")]
+    assert sorted({line["step"] for line in lines}) == [1, 3] and len(lines) == 2 * 2 * 2 * 4
+    steps = [json.loads(line) for line in open(whole / "metrics.jsonl") if '"loss"' in line]
+    assert ["reward" in record for record in steps] == [True, False, True, False]
+    assert all(record["grad_norm"] > 0 for record in steps)
+    resumed = tmp_path / "resumed"
+    kill_after_snapshot_and_resume([sys.executable, "-m", "triax", "train", *overrides(setup, resumed, **extra)],
+                                   resumed)
+    assert_bitwise_equal(final_weights(resumed), final_weights(whole))
+
+
+@pytest.mark.parametrize("layout", ["parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2"])
 def test_two_data_parallel_processes_equal_one(tmp_path, setup, single, layout):
     """Each rank samples its own prompts' completions (the same as one process samples: their places
-    are the same), and the mean of the ranks' gradients is the one-process step's."""
+    are the same), and the mean of the ranks' gradients is the one-process step's; tensor-parallel
+    ranks sample and score the same prompts with half the heads and half the vocabulary each."""
     key, value = layout.split("=")
     run_dir = tmp_path / "run"
-    train(overrides(setup, run_dir, **{"trainer.save_every": 2, "trainer.batch_size": 1,
+    batch = 2 if key == "parallel.tp" else 1  # tensor-parallel ranks share their samples
+    train(overrides(setup, run_dir, **{"trainer.save_every": 2, "trainer.batch_size": batch,
                                        "parallel.dp_replicate": 1, key: value}), nproc=2, timeout=300)
-    assert_adam_close(final_weights(run_dir), final_weights(single), [LR] * STEPS)
     ours = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     theirs = [json.loads(line) for line in open(single / "metrics.jsonl")]
     for mine, other in zip(ours, theirs):
         if "loss" in other:
-            assert mine["completions/mean_length"] == other["completions/mean_length"]
+            assert mine["completions/mean_length"] == other["completions/mean_length"], (mine, other)
             assert mine["reward"] == other["reward"]
+            assert abs(mine["grad_norm"] - other["grad_norm"]) <= 1e-5, (mine, other)
+    assert_adam_close(final_weights(run_dir), final_weights(single), [LR] * STEPS)
 
 
 def test_full_fine_tuning_with_a_frozen_reference(tmp_path, setup):
@@ -120,14 +142,34 @@ def test_full_fine_tuning_with_a_frozen_reference(tmp_path, setup):
     assert records[0]["kl"] == 0 and records[1]["kl"] > 0  # the policy leaves its reference
 
 
+def test_tensor_parallel_full_fine_tuning_with_a_reference_equals_one_process(tmp_path, setup):
+    """Every weight trained, beta > 0: the frozen reference is sharded as the policy; TP x 2 logs the
+    one-process run's KL and gradient norms and ends with its weights."""
+    runs = {}
+    for name, extra, processes in (("one", {}, 1), ("tp", {"parallel.tp": 2}, 2)):
+        runs[name] = tmp_path / name
+        train(overrides(setup, runs[name], **{"model.lora.rank": 0, "grpo.beta": 0.1, "trainer.max_steps": 3,
+                                              "trainer.eval_every": 0, "trainer.grad_accum": 1, **extra}),
+              nproc=processes, timeout=300)
+    ours, theirs = ([json.loads(line) for line in open(runs[name] / "metrics.jsonl") if '"loss"' in line]
+                    for name in ("tp", "one"))
+    assert len(ours) == len(theirs) == 3 and theirs[-1]["kl"] > 0
+    for mine, other in zip(ours, theirs):
+        assert mine["reward"] == other["reward"]
+        assert abs(mine["kl"] - other["kl"]) <= 1e-6 and abs(mine["grad_norm"] - other["grad_norm"]) <= 1e-5
+    sharded, whole = final_weights(runs["tp"]), final_weights(runs["one"])
+    # tp pads the vocabulary to a multiple of its size: the padding's rows are not the model's
+    sharded = {name: tensor[:whole[name].shape[0]] if name in whole else tensor for name, tensor in sharded.items()}
+    assert_adam_close(sharded, whole, [LR] * 3)
+
+
 @pytest.mark.parametrize("key, value, words", [
     ("grpo.reward_funcs", "[]", "grpo.reward_funcs"),
     ("grpo.reward_funcs", "[nowhere.py:score]", "does not exist"),
     ("grpo.num_generations", 1, "grpo.num_generations"),
     ("grpo.loss_type", "ppo", "grpo.loss_type"),
-    ("grpo.num_iterations", 2, "grpo.num_iterations"),
+    ("grpo.num_iterations", 3, "a multiple of num_iterations"),  # eval_every 4: a snapshot inside a block
     ("grpo.max_completion_length", 64, "leaves no room for a prompt"),
-    ("parallel.tp", 2, "tensor parallelism"),
 ])
 def test_what_grpo_cannot_run_is_one_line(tmp_path, setup, key, value, words):
     processes = 2 if key.startswith("parallel.") else 1

@@ -314,13 +314,14 @@ class TrainerRun(ForeignRun):
     """A Trainer's checkpoint-N as a run starts from it (its weights, read as any transformers
     directory's: `directory`) or continues it (the Trainer's state, scheduler and optimizer beside
     them, read on first use: once per process, then let go once loaded). Without `directory`, its
-    settings only (`overrides`), as the config is composed before the weights are opened."""
+    settings only (`overrides`), as the config is composed before the weights are opened; `opened`:
+    that run of the same checkpoint, whose files already read are not read again."""
 
     kind = "transformers"
     tool_name = "transformers Trainer's"
     can_continue = True
 
-    def __init__(self, path: str, directory: hf.HFDirectory | None = None):
+    def __init__(self, path: str, directory: hf.HFDirectory | None = None, opened: TrainerRun | None = None):
         if directory is None:
             super().__init__(path, {}, None)
         else:
@@ -328,6 +329,8 @@ class TrainerRun(ForeignRun):
                              directory.description)
         self.directory = directory
         self._checkpoint = None
+        if opened is not None:  # handed on: one holder of its files' contents, which load lets go
+            self._checkpoint, opened._checkpoint = opened._checkpoint, None
         self._continued = None  # (step, best) once the optimizer state is loaded and let go
 
     @property

@@ -4,7 +4,7 @@ layers. Its blocks (model.py, attention.py), fields (checks.py), presets (preset
 adapter (hf.py) and tensor-parallel plan (parallel.py)."""
 
 from triax.models.deepseek_v3 import hf, parallel
-from triax.models.deepseek_v3.checks import check
+from triax.models.deepseek_v3.checks import HONOURS, check
 from triax.models.deepseek_v3.model import DeepseekV3, RoutedMLP
 from triax.models.deepseek_v3.presets import PRESETS
 from triax.models.family import FamilySpec
@@ -13,6 +13,6 @@ ARCHITECTURES = ("deepseek_v3",)
 
 SPEC = FamilySpec(name="deepseek_v3", architectures=ARCHITECTURES, model=DeepseekV3, check=check, presets=PRESETS,
                   hf=hf, tp_plan=parallel.tp_plan, tp_split_dims=parallel.TP_SPLIT_DIMS,
-                  layer_widths=parallel.layer_widths)
+                  layer_widths=parallel.layer_widths, honours=HONOURS)
 
 __all__ = ["ARCHITECTURES", "DeepseekV3", "PRESETS", "RoutedMLP", "SPEC", "check"]

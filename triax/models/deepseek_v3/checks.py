@@ -11,6 +11,14 @@ from triax.models.moe import config as experts_config
 
 # transformers' DeepseekV3Config defaults for the head widths.
 DEFAULT_WIDTHS = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64}
+# The optional mechanisms (triax.models.config.MECHANISMS) this family computes: latent attention,
+# group-limited routing, the routed scaling factor, leading dense layers, YaRN's rotary scaling, the
+# experts' fields (its sinks, windows and clamped SwiGLU, which it has none of, are refused by
+# GPTConfig for it).
+HONOURS = frozenset({"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                     "router_groups", "router_topk_groups", "routed_scaling_factor", "first_dense_layers",
+                     "rope_beta_fast", "rope_beta_slow", "rope_truncate", "rope_attention_factor"})
+HONOURS |= experts_config.HONOURS
 # Widths of a latent or a head: bounded as head_dim and the MLP widths are.
 WIDTH_LIMIT = MAX_OPTIONAL_SIZES["intermediate_size"]
 
@@ -69,12 +77,6 @@ def _check_block(config: GPTConfig) -> None:
 
 
 def _check_mlp(config: GPTConfig) -> None:
-    other = {"attention_sinks": config.attention_sinks, "sliding_window": config.sliding_window,
-             "layer_types": config.layer_types, "swiglu_limit": config.swiglu_limit}
-    named = [name for name, value in other.items() if value]
-    if named:
-        raise ConfigError(f"model.{named[0]}={other[named[0]]!r} with model.arch=deepseek_v3, whose attention has no "
-                          "sinks or window and whose SwiGLU is not clamped; leave it unset")
     if config.bias:
         raise ConfigError("model.bias=true with model.arch=deepseek_v3, which has no biases; leave it unset")
     config.bias = False

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from triax.errors import ConfigError
-from triax.models.config import GPTConfig, refuse_experts
+from triax.models.config import GPTConfig
 
 # model.gelu -> F.gelu's `approximate` argument.
 GELU_FORMS = {"tanh": "tanh", "exact": "none"}
@@ -51,4 +51,3 @@ def check(config: GPTConfig) -> None:
     if config.qk_norm:
         raise ConfigError("model.qk_norm=true applies to the llama family's attention; use model.arch=qwen3")
     config.qk_norm = False
-    refuse_experts(config)

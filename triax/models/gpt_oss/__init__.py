@@ -5,10 +5,11 @@ and LoRA layers (parallel.py)."""
 
 from triax.models.family import FamilySpec
 from triax.models.gpt_oss import hf, parallel
-from triax.models.gpt_oss.config import ARCHITECTURES, PRESETS, check
+from triax.models.gpt_oss.config import ARCHITECTURES, HONOURS, PRESETS, check
 from triax.models.gpt_oss.model import BiasedMoE, ClampedExperts, GptOss, SinkAttention
 
 SPEC = FamilySpec(name="gpt_oss", architectures=ARCHITECTURES, model=GptOss, check=check, presets=PRESETS, hf=hf,
-                  tp_plan=parallel.tp_plan, tp_split_dims=parallel.TP_SPLIT_DIMS, lora_targets=parallel.LORA_TARGETS, peft_names=True)
+                  tp_plan=parallel.tp_plan, tp_split_dims=parallel.TP_SPLIT_DIMS, lora_targets=parallel.LORA_TARGETS,
+                  peft_names=True, honours=HONOURS)
 
 __all__ = ["ARCHITECTURES", "BiasedMoE", "ClampedExperts", "GptOss", "PRESETS", "SPEC", "SinkAttention", "check"]

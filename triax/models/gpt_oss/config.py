@@ -16,6 +16,13 @@ ARCH = "gpt_oss"
 ARCHITECTURES = (ARCH,)
 MAX_EXPERTS = 2**14  # the released models route over 32 and 128
 ROPE_SCALINGS = ("none", "yarn")
+# The optional mechanisms (triax.models.config.MECHANISMS) this family computes: sinks, windows, the
+# clamped SwiGLU, YaRN's rotary scaling, and experts in every layer, softmax-scored, without shared
+# ones (so GPTConfig refuses router_scoring, router_bias_update_rate, the shared expert's fields and
+# decoder_sparse_step for it; mlp_only_layers is checked here: its check writes [] for it).
+HONOURS = frozenset({"attention_sinks", "sliding_window", "layer_types", "swiglu_limit", "swiglu_alpha",
+                     "rope_beta_fast", "rope_beta_slow", "rope_truncate", "rope_attention_factor", "num_experts",
+                     "experts_per_token", "moe_intermediate_size", "norm_topk_prob", "mlp_only_layers"})
 
 # The published shapes (for `triax plan`; 201,088 tokens, YaRN x32 over a 4,096-token pre-training
 # context, a 128-token window on every other layer), and one small enough for a CPU.
@@ -104,13 +111,9 @@ def _check_experts(config: GPTConfig) -> None:
         raise ConfigError(f"model.swiglu_limit={config.swiglu_limit!r} must be a positive number (7.0 as released)")
     if not (isinstance(config.swiglu_alpha, (int, float)) and config.swiglu_alpha > 0):
         raise ConfigError(f"model.swiglu_alpha={config.swiglu_alpha!r} must be a positive number (1.702 as released)")
-    others = {"router_scoring": "softmax", "router_bias_update_rate": 0.0, "shared_expert_intermediate_size": 0,
-              "shared_expert_gate": False, "decoder_sparse_step": 1}
-    changed = [name for name, default in others.items() if getattr(config, name) != default]
-    if changed or config.mlp_only_layers:
-        name = changed[0] if changed else "mlp_only_layers"
-        raise ConfigError(f"model.{name}={getattr(config, name)!r} with model.arch={ARCH}: its every layer routes "
-                          "softmax-scored experts without shared ones; leave it unset")
+    if config.mlp_only_layers:
+        raise ConfigError(f"model.mlp_only_layers={config.mlp_only_layers!r} with model.arch={ARCH}: its every layer "
+                          "routes experts; leave it unset")
     config.mlp_only_layers = []
     for name in ("router_aux_loss_coef", "router_z_loss_coef"):
         value = getattr(config, name)

@@ -18,8 +18,6 @@ exchanges tokens as for any mixture (triax/models/experts.py).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,33 +28,17 @@ from triax.models.init import init_constant, init_normal
 from triax.models.experts import GroupedExperts, MoE, _local, grouped_linear
 from triax.models.llama import RotaryEmbedding, inverse_frequencies
 from triax.models.moe.model import Mixture
+from triax.models.rotary import mscale, yarn_inverse_frequencies
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
 def yarn_frequencies(config: GPTConfig) -> tuple[torch.Tensor, float]:
-    """(inverse frequencies, cos/sin gain) of YaRN (Peng et al. 2023): dimensions that turn fewer
-    than rope_beta_slow times over the original context are interpolated (divided by the factor),
-    those turning more than rope_beta_fast times kept, a linear ramp between (fp32, CPU)."""
-    dim, base, factor = config.head_dim, config.rope_theta, config.rope_factor
-    context = config.rope_original_context
-
-    def dimension_of(rotations: float) -> float:  # the dimension turning `rotations` times over the context
-        return dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = dimension_of(config.rope_beta_fast), dimension_of(config.rope_beta_slow)
-    if config.rope_truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    high = high + 0.001 if low == high else high  # a ramp of zero width would divide by zero
-    # On the CPU whatever the default device (a model built on the meta device still needs its tables).
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
-    extrapolated = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim)
-    inverse = (extrapolated / factor) * ramp + extrapolated * (1 - ramp)
+    """(inverse frequencies, cos/sin gain) of YaRN over a whole head (triax/models/rotary.py); the
+    gain is rope_attention_factor, unset = 0.1 ln(rope_factor) + 1."""
     gain = config.rope_attention_factor
-    if gain is None:
-        gain = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-    return inverse, float(gain)
+    gain = mscale(config.rope_factor) if gain is None else gain
+    return yarn_inverse_frequencies(config, config.head_dim), float(gain)
 
 
 class ScaledRotary(RotaryEmbedding):

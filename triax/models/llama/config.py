@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from triax.errors import ConfigError
-from triax.models.config import GPTConfig, refuse_experts
+from triax.models.config import GPTConfig
 
 # Rotary frequency scalings: none (the original RoPE), linear (positions divided by rope_factor),
 # llama3 (Llama 3.1's: low frequencies divided by rope_factor, high ones kept, smoothed between).
@@ -83,8 +83,7 @@ def check_rotary(config: GPTConfig) -> None:
 
 
 def check(config: GPTConfig) -> None:
-    """The llama family's fields: the block's, Qwen3's q/k norm default, no experts."""
+    """The llama family's fields: the block's, Qwen3's q/k norm default."""
     check_attention(config)
     if config.qk_norm is None:
         config.qk_norm = config.arch in QK_NORM_ARCHITECTURES
-    refuse_experts(config)

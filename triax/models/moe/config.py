@@ -10,6 +10,10 @@ from triax.models.llama.config import check_attention
 # The architectures this family builds (transformers' model_type).
 ARCHITECTURES = ("mixtral", "qwen3_moe")
 MAX_EXPERTS = 2**14  # published MoEs route over at most a few hundred experts
+# The optional mechanisms (triax.models.config.MECHANISMS) this family computes: the experts' fields.
+HONOURS = frozenset({"num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
+                     "router_scoring", "router_bias_update_rate", "shared_expert_intermediate_size",
+                     "shared_expert_gate", "decoder_sparse_step", "mlp_only_layers"})
 
 # CPU-sized, then the published shapes (Mixtral 8x7B, Qwen3-30B-A3B: 128 experts, 8 per token).
 PRESETS: dict[str, dict] = {

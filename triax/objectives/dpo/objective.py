@@ -37,6 +37,7 @@ class DPOObjective:
     # On the step line: what TRL's users watch, the share of pairs ranked right and the reward margin.
     line_fields = (LineField("rewards/accuracies", ".3f"), LineField("rewards/margins", ".4f"))
     produces_batches = False  # pairs are read from the data
+    steps_per_batch = 1  # each step reads its own batch
     mean_per_token = False  # a mean over pairs
     text_samples = True
 

@@ -56,13 +56,22 @@ def build(parts: RunParts) -> GRPOObjective:
     # Sharded weights: every rank takes part in every forward, so the loop runs until all ranks stopped.
     together = is_distributed()
     all_stopped = (lambda stopped_here: not any_rank(not stopped_here)) if together else None
+    # Tensor parallelism shards every forward's positions over its ranks: a multiple of them per forward.
+    multiple = config.parallel.tp
+    window = getattr(getattr(parts.model, "config", None), "sliding_window", None)
+    if multiple > 1 and window:
+        raise ConfigError(f"data.task=grpo under parallel.tp={multiple} with a sliding-window model (sliding_window="
+                          f"{window}): the positions sampling adds to fill the sequence shards would push real keys "
+                          "out of the window's cache; use dp_shard or dp_replicate")
     sampler = CachedSampler(parts.model, settings, config.trainer.seed, parts.device, parts.autocast, all_stopped,
-                            max_across_ranks if together else None)
+                            max_across_ranks if together else None, multiple)
     tokenizer = data.vocab.tokenizer
+    # The figures and token counts are over the data-parallel ranks: tensor-parallel peers (the mesh's
+    # innermost dimension, consecutive ranks) hold the same samples, so one of each group counts.
+    gather = gather_floats if multiple == 1 else (lambda values: gather_floats(values)[::multiple])
     objective = GRPOObjective(grpo, prompts, load_rewards(grpo.reward_funcs),
-                              lambda ids: tokenizer.decode(ids, skip_special_tokens=True), ends[0], sampler,
-                              gather_floats)
-    objective.validation = data.val
+                              lambda ids: tokenizer.decode(ids, skip_special_tokens=True), ends[0], sampler, gather)
+    objective.validation, objective.multiple = data.val, multiple
     trainer = config.trainer  # an evaluation's prompts: eval_batches of them per data-parallel rank (0: all)
     objective.eval_limit = trainer.eval_batches * trainer.batch_size * parts.data_parallel_size
     objective.eval_prompts = trainer.batch_size

@@ -131,15 +131,16 @@ def check_grpo_run(config: Any, layout: Any) -> None:
         raise ConfigError(f"data.task=grpo does not run under pipeline or context parallelism (parallel.pp={layout.pp}, "
                           f"parallel.cp={layout.cp}): completions are sampled token by token with the whole model on "
                           "each rank; use dp_shard or dp_replicate")
-    if layout.tp > 1:
-        raise ConfigError(f"data.task=grpo does not run under tensor parallelism yet (parallel.tp={layout.tp}): "
-                          "sampling needs whole logits on each rank; use dp_shard or dp_replicate")
     if config.data.packing:
         raise ConfigError("data.packing=true does not apply to data.task=grpo: each row is one prompt and one "
                           "completion; use data.packing=false")
-    if config.grpo.num_iterations > 1:
-        raise ConfigError(f"grpo.num_iterations={config.grpo.num_iterations}: `triax train` runs one update per "
-                          "generated batch so far; use grpo.num_iterations=1")
+    iterations, trainer = config.grpo.num_iterations, config.trainer
+    # A snapshot inside a block of num_iterations steps would resume without the block's generated batch.
+    every = trainer.save_every if trainer.save_every is not None else trainer.eval_every
+    if iterations > 1 and every and every % iterations:
+        key = "save_every" if trainer.save_every is not None else "eval_every (which save_every follows)"
+        raise ConfigError(f"trainer.{key}={every} with grpo.num_iterations={iterations}: a snapshot inside a "
+                          "generated batch's steps could not resume it; use a multiple of num_iterations")
     if config.grpo.beta and config.model.lora.rank and config.model.lora.init_from:
         raise ConfigError("grpo.beta > 0 with model.lora.init_from: the reference would be the adapters as read, "
                           "which GRPO does not keep yet; start new adapters or use grpo.beta=0")

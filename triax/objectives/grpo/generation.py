@@ -18,6 +18,13 @@ when `all_stopped` says every rank's rows have; such ranks also agree on how man
 they sample (`agree`: the most any rank has), a rank with fewer sampling its first batch again
 and dropping it, so that every rank makes the same forwards.
 
+Under tensor parallelism the decoder's sequence-parallel regions split every forward's positions
+over the ranks, so a forward must feed a multiple of their number (`multiple`): the prompt and
+each new token are fed with copies of their last token after them, whose keys and values are
+dropped from the cache again (causal attention: no real position sees them), and the
+vocabulary-sharded logits of the real position are gathered whole. The same logits as one
+process, up to the order of the sums.
+
 `Sampler` is the interface the objective calls: an inference engine can stand behind it later.
 """
 
@@ -30,6 +37,7 @@ from typing import Callable, ContextManager, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from triax.models.decoder import KVCache
 
@@ -98,8 +106,10 @@ class CachedSampler:
 
     def __init__(self, model: torch.nn.Module, settings: SamplingSettings, seed: int, device: torch.device,
                  autocast: Callable[[], ContextManager] = contextlib.nullcontext,
-                 all_stopped: Callable[[bool], bool] | None = None, agree: Callable[[int], int] | None = None):
+                 all_stopped: Callable[[bool], bool] | None = None, agree: Callable[[int], int] | None = None,
+                 multiple: int = 1):
         self.model, self.settings, self.seed, self.device = model, settings, seed, device
+        self.multiple = multiple  # positions per forward: a multiple of this (tensor-parallel ranks)
         self.autocast = autocast
         self.all_stopped = all_stopped or (lambda stopped_here: stopped_here)
         self.agree = agree or (lambda count: count)
@@ -123,6 +133,18 @@ class CachedSampler:
                     completions[index * generations + generation] = completion
         return completions
 
+    def _last_logits(self, new: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """(rows, vocabulary) logits of the last of the `new` positions, fed after the cached ones
+        (rounded up to a multiple of self.multiple positions, the extra ones dropped again)."""
+        length, extra = cache.length + new.size(1), -new.size(1) % self.multiple
+        if extra:
+            new = torch.cat([new, new[:, -1:].expand(-1, extra)], dim=1)
+        with self.autocast():
+            logits = self.model(new, cache)[:, new.size(1) - extra - 1, :]
+        if extra:
+            cache.truncate(length)
+        return logits.full_tensor() if isinstance(logits, DTensor) else logits
+
     def _sample(self, prompt_ids: torch.Tensor, seeds: list[int]) -> list[Completion]:
         settings = self.settings
         uniforms = place_uniforms(seeds, settings.max_completion_length).to(self.device)
@@ -132,8 +154,7 @@ class CachedSampler:
         lengths = torch.full((rows,), settings.max_completion_length, dtype=torch.long, device=self.device)
         new = ids
         for position in range(settings.max_completion_length):
-            with self.autocast():
-                logits = self.model(new, cache)[:, -1, :]
+            logits = self._last_logits(new, cache)
             token = draw(filtered_probabilities(logits, settings.temperature, settings.top_k, settings.top_p),
                          uniforms[:, position])
             ids = torch.cat([ids, token[:, None]], dim=1)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
-DEFAULT_CHUNK_TOKENS = 1024  # positions per chunk: 1,024 x 151,936 fp32 logits = 0.6 GB
+DEFAULT_CHUNK_TOKENS = 256  # positions per chunk: 256 x 151,936 fp32 logits = 156 MB
 
 
 def row_documents(prompt_lengths: torch.Tensor, prompt_width: int, width: int) -> torch.Tensor:
@@ -30,14 +31,23 @@ def row_documents(prompt_lengths: torch.Tensor, prompt_width: int, width: int) -
 
 
 def _chunk_logps(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
+    # At most two (chunk x vocabulary) tensors at once: the logits are dropped once the log-softmax
+    # (which its backward keeps, not its input) exists, and the entropy's product is made in place.
     logits = head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
     log_probabilities = F.log_softmax(logits, dim=-1)
-    chosen = log_probabilities.gather(-1, targets[:, None]).squeeze(-1)
+    del logits
+    if isinstance(log_probabilities, DTensor):
+        # Tensor parallelism's vocabulary-sharded logits: the chosen token's log-probability as the
+        # negative log-likelihood, which loss_parallel computes on each rank's columns (the caller
+        # runs the forward and the backward under it, as the step does its loss).
+        chosen = (-F.nll_loss(log_probabilities, targets, reduction="none")).full_tensor()
+    else:
+        chosen = log_probabilities.gather(-1, targets[:, None]).squeeze(-1)
     with torch.no_grad():
-        entropy = -(log_probabilities.exp() * log_probabilities).sum(-1)
-    return chosen, entropy
+        entropy = -log_probabilities.exp().mul_(log_probabilities).sum(-1)
+    return chosen, entropy.full_tensor() if isinstance(entropy, DTensor) else entropy
 
 
 def logps_of_hidden(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
@@ -63,10 +73,16 @@ def logps_of_hidden(head, hidden: torch.Tensor, targets: torch.Tensor, temperatu
 
 def completion_logps(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_lengths: torch.Tensor,
                      completion_ids: torch.Tensor, temperature: float = 1.0,
-                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probabilities, entropies), each (rows, completion length), of the completion tokens
     after their left-padded prompts, under `model` (a triax decoder) at `temperature` (TRL scores
-    the tempered distribution it sampled from)."""
+    the tempered distribution it sampled from). `multiple`: the rows are fed rounded up to a
+    multiple of this many positions (tensor parallelism's sequence sharding), the extra positions
+    after the completion (causal: nothing before them sees them) and left out of the result."""
+    width = completion_ids.size(1)
+    extra = -(prompt_ids.size(1) + width) % multiple
+    if extra:
+        completion_ids = torch.cat([completion_ids, completion_ids[:, -1:].expand(-1, extra)], dim=1)
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     if bool((prompt_lengths == prompt_ids.size(1)).all()):  # no padding: plain causal attention, its fast kernel
         hidden = model(ids, logits=False)
@@ -76,4 +92,5 @@ def completion_logps(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_le
     # last prompt position on.
     hidden = hidden[:, prompt_ids.size(1) - 1:-1]
     decoder = getattr(model, "module", model)  # DDP's wrapper holds the decoder as .module
-    return logps_of_hidden(decoder.output_logits, hidden, completion_ids, temperature, chunk_tokens)
+    logps, entropies = logps_of_hidden(decoder.output_logits, hidden, completion_ids, temperature, chunk_tokens)
+    return logps[:, :width], entropies[:, :width]

@@ -70,6 +70,10 @@ class GRPOObjective:
         self.validation: PromptDataset | None = None  # held-out prompts for `evaluate`
         self.eval_limit = 0  # how many of them an evaluation takes (0: all; trainer.eval_batches' prompts)
         self.eval_prompts = 8  # held-out prompts sampled together (trainer.batch_size)
+        self.steps_per_batch = config.num_iterations  # optimizer steps each generated batch trains (TRL's)
+        self.multiple = 1  # positions per forward: a multiple of this (tensor-parallel ranks)
+        # num_iterations > 1: (the step that generated it, the batch), reused until its block of steps ends
+        self.kept: tuple[int, Rollout] | None = None
 
     # ---- the interface ------------------------------------------------------------------------------
 
@@ -87,7 +91,21 @@ class GRPOObjective:
 
     def produce_batch(self, context: StepContext, step: int, indices: torch.Tensor,
                       model: torch.nn.Module | None = None) -> Rollout:
-        """The rollout of this rank's prompts `indices` at optimizer step `step`, by `model` (the policy)."""
+        """The rollout of this rank's prompts `indices` at optimizer step `step` (counted from 1), by
+        `model` (the policy). With num_iterations > 1, as TRL: steps come in blocks of num_iterations; the
+        first of a block generates (the step reads the same `indices` through the block) and the others
+        train on that batch again, its generating policy's log-probabilities kept for the ratio. A run
+        resumed inside a block has lost its batch: it generates it again, from the block's first step's
+        places but under the resumed weights (as TRL does; snapshots fall on block boundaries, checked)."""
+        first = step - (step - 1) % self.steps_per_batch
+        if self.kept is not None and self.kept[0] == first:
+            return self.kept[1]
+        rollout = self._generated(context, first, indices, model)
+        self.kept = (first, rollout) if self.steps_per_batch > 1 else None
+        return rollout
+
+    def _generated(self, context: StepContext, step: int, indices: torch.Tensor,
+                   model: torch.nn.Module | None) -> Rollout:
         prompts = self.prompts.records(indices)
         completions = self.sampler.complete([prompt.ids for prompt in prompts], indices.tolist(), step)
         rollout = self._scored(prompts, completions, context.data_parallel_rank)
@@ -107,7 +125,7 @@ class GRPOObjective:
         as logged: the step's sum over its micro-batches, so times grad_accum)."""
         with context.autocast():
             logps, entropies = completion_logps(model, batch.prompt_ids, batch.prompt_lengths, batch.completion_ids,
-                                                self.config.temperature, self.chunk_tokens)
+                                                self.config.temperature, self.chunk_tokens, self.multiple)
         mask = batch.completion_mask
         terms = token_terms(self.config, logps, batch.old_logps, batch.ref_logps, batch.advantages, mask)
         loss = reduce_loss(self.config, terms.token_loss, mask, context.grad_accum, batch.step_tokens,
@@ -223,7 +241,8 @@ class GRPOObjective:
     def _logps(self, context: StepContext, model: torch.nn.Module, rollout: Rollout, reference: bool) -> torch.Tensor:
         scoring_model = self.reference if reference and self.reference is not None else model
         switch = self.reference_context if reference and self.reference is None else contextlib.nullcontext
-        with switch(), context.autocast():
+        with switch(), context.loss_context(), context.autocast():  # loss_context: as the loss's forward
             logps, _ = completion_logps(scoring_model, rollout.prompt_ids, rollout.prompt_lengths,
-                                        rollout.completion_ids, self.config.temperature, self.chunk_tokens)
+                                        rollout.completion_ids, self.config.temperature, self.chunk_tokens,
+                                        self.multiple)
         return logps

@@ -22,6 +22,7 @@ class TokenLoss:
 
     line_fields = ()  # the loss alone, which every step line shows
     produces_batches = False
+    steps_per_batch = 1  # each step reads its own batch
     text_samples = True
 
     def __init__(self, token_loss: Callable, mean_per_token: bool):
