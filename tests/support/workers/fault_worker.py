@@ -26,27 +26,29 @@ def applies(name):
     return name in faults and faults[name].get("rank", rank) == rank
 
 
+# The hang and the slow first step happen inside a step's forward: after the step has said so to the
+# watchdog (TrainingStep.phase("forward", ...)), before the objective's loss runs.
 if applies("hang"):
-    original_loss = TrainingStep.loss
+    original_hang_phase = TrainingStep.phase
 
-    def hanging_loss(self, model, x, y):
-        if self.position.step + 1 == faults["hang"]["step"] and model is self.model:
+    def hanging_loss(self, name, step, micro=0):
+        original_hang_phase(self, name, step, micro)
+        if name == "forward" and step == faults["hang"]["step"]:
             with open(faults["hang"]["marker"], "w") as handle:  # when the hang began
                 handle.write(str(time.time()))
             time.sleep(600)
-        return original_loss(self, model, x, y)
 
-    TrainingStep.loss = hanging_loss
+    TrainingStep.phase = hanging_loss
 
 if applies("slow_first_step"):
-    original_first = TrainingStep.loss
+    original_slow_phase = TrainingStep.phase
 
-    def slow_first_loss(self, model, x, y):
-        if self.first_step:
+    def slow_first_phase(self, name, step, micro=0):
+        original_slow_phase(self, name, step, micro)
+        if name == "forward" and self.first_step and micro == 0:
             time.sleep(faults["slow_first_step"]["seconds"])
-        return original_first(self, model, x, y)
 
-    TrainingStep.loss = slow_first_loss
+    TrainingStep.phase = slow_first_phase
 
 if applies("slow_data"):
     original_batch = TrainingStep.batch
