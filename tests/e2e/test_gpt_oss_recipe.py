@@ -9,11 +9,10 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from support.gpt_oss_checkpoints import save_checkpoint
 from support.helpers import tiny_overrides, train
-from support.hf_scoring import model_mean_loss
+from support.fine_tune_recipe import Recipe, check_falls_as_transformers
 
 pytestmark = pytest.mark.multiprocess
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
@@ -25,6 +24,9 @@ LR, WARMUP, BETAS, WEIGHT_DECAY, CLIP = 3e-3, 3, (0.9, 0.95), 0.1, 1.0
 # experts), so they differ by fp32 round-off that 30 Adam steps carry forward; 1e-5 is the issue's
 # bound for the same weights.
 TOLERANCE = 1e-5
+# The same recipe as a plain loop over transformers' model (tests/support/fine_tune_recipe.py).
+LOOP = Recipe(block=BLOCK, batch=BATCH, steps=STEPS, every=EVERY, lr=LR, warmup=WARMUP, betas=BETAS,
+              weight_decay=WEIGHT_DECAY, clip=CLIP, aux=0.0)
 RECIPE = {"data.block_size": BLOCK, "trainer.batch_size": BATCH, "trainer.max_steps": STEPS,
           "trainer.eval_every": EVERY, "trainer.eval_batches": 0, "trainer.log_every": EVERY, "optim.lr": LR,
           "optim.min_lr": 0.0, "optim.warmup_steps": WARMUP, "optim.schedule": "cosine_hf",
@@ -47,50 +49,10 @@ def fine_tuned(tmp_path_factory, tiny_corpus):
     return root / "hf", run_dir, val, f"{log}.rank0"
 
 
-def corpus_ids(directory, corpus, train_split=0.9):
-    """(training ids, validation ids) as the trainer cuts the corpus: the checkpoint's tokenizer,
-    the leading 90% for training."""
-    from tokenizers import Tokenizer
-
-    ids = torch.tensor(Tokenizer.from_file(str(directory / "tokenizer.json")).encode(
-        open(corpus, encoding="utf-8").read(), add_special_tokens=False).ids)
-    split = int(len(ids) * train_split)
-    return ids[:split], ids[split:]
-
-
-def transformers_fine_tune(directory, train_ids, val_ids, sample_log):
-    """The recipe as a plain loop over transformers' GptOssForCausalLM: {step: validation loss}."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=1e-8, weight_decay=WEIGHT_DECAY)
-    schedule = transformers.get_cosine_schedule_with_warmup(optimizer, WARMUP, STEPS)
-    offsets = torch.arange(BLOCK + 1)
-    val = {0: model_mean_loss(model.eval(), val_ids, BLOCK)[0]}
-    model.train()
-    for line in open(sample_log):
-        step, _epoch, *starts = map(int, line.split())
-        windows = train_ids[torch.tensor(starts)[:, None] + offsets].long()
-        logits = model(windows[:, :-1]).logits
-        F.cross_entropy(logits.reshape(-1, logits.size(-1)), windows[:, 1:].reshape(-1)).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % EVERY == 0:
-            val[step] = model_mean_loss(model.eval(), val_ids, BLOCK)[0]
-            model.train()
-    return val
-
-
 def test_a_30_step_fine_tune_falls_as_transformers_same_recipe_does(fine_tuned, tiny_corpus):
     directory, _, ours, sample_log = fine_tuned
-    train_ids, val_ids = corpus_ids(directory, tiny_corpus)
-    theirs = transformers_fine_tune(directory, train_ids, val_ids, sample_log)
-    assert sorted(ours) == [10, 20, 30] and len(open(sample_log).readlines()) == STEPS
-    print("step, triax, transformers:", [(step, ours[step], theirs[step]) for step in ours])
-    for step in ours:
-        assert abs(ours[step] - theirs[step]) / theirs[step] <= TOLERANCE, (step, ours[step], theirs[step])
-    assert theirs[0] > theirs[10] > theirs[20] > theirs[30], theirs
-    assert ours[10] < theirs[0] and ours[10] > ours[20] > ours[30], ours
+    # Both fall: from the checkpoint's own loss, step after step.
+    check_falls_as_transformers(LOOP, directory, tiny_corpus, ours, sample_log, TOLERANCE)
 
 
 def test_the_same_30_steps_under_ep2_end_at_the_one_process_weights(fine_tuned, tmp_path, tiny_corpus):

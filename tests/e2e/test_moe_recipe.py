@@ -8,11 +8,10 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from support.forked import launch
 from support.helpers import tiny_overrides, train
-from support.hf_scoring import model_mean_loss
+from support.fine_tune_recipe import Recipe, check_falls_as_transformers
 from support.moe_checkpoints import save_checkpoint
 
 pytestmark = pytest.mark.multiprocess
@@ -27,6 +26,9 @@ LR, WARMUP, BETAS, WEIGHT_DECAY, CLIP, AUX = 3e-3, 3, (0.9, 0.95), 0.1, 1.0, 0.0
 # the router loss left out on one side moved them by 7e-5 to 8e-5, a 10% lower learning rate by 2e-2
 # to 4e-2 (both measured).
 TOLERANCE = 1e-5
+# The same recipe as a plain loop over transformers' model (tests/support/fine_tune_recipe.py).
+LOOP = Recipe(block=BLOCK, batch=BATCH, steps=STEPS, every=EVERY, lr=LR, warmup=WARMUP, betas=BETAS,
+              weight_decay=WEIGHT_DECAY, clip=CLIP, aux=AUX)
 
 
 @pytest.fixture(scope="module")
@@ -46,52 +48,10 @@ def fine_tuned(tmp_path_factory, tiny_corpus):
     return root / "hf", run_dir, val, f"{log}.rank0"
 
 
-def corpus_ids(directory, corpus, train_split=0.9):
-    """(training ids, validation ids) as the trainer cuts the corpus: the checkpoint's tokenizer,
-    the leading 90% for training."""
-    from tokenizers import Tokenizer
-
-    ids = torch.tensor(Tokenizer.from_file(str(directory / "tokenizer.json")).encode(
-        open(corpus, encoding="utf-8").read(), add_special_tokens=False).ids)
-    split = int(len(ids) * train_split)
-    return ids[:split], ids[split:]
-
-
-def transformers_fine_tune(directory, train_ids, val_ids, sample_log):
-    """The recipe as a plain loop over transformers' MixtralForCausalLM: {step: validation loss}."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=1e-8, weight_decay=WEIGHT_DECAY)
-    schedule = transformers.get_cosine_schedule_with_warmup(optimizer, WARMUP, STEPS)
-    offsets = torch.arange(BLOCK + 1)
-    val = {0: model_mean_loss(model.eval(), val_ids, BLOCK)[0]}
-    model.train()
-    for line in open(sample_log):
-        step, _epoch, *starts = map(int, line.split())
-        windows = train_ids[torch.tensor(starts)[:, None] + offsets].long()
-        out = model(windows[:, :-1], output_router_logits=True)
-        lm = F.cross_entropy(out.logits.reshape(-1, out.logits.size(-1)), windows[:, 1:].reshape(-1))
-        (lm + AUX * out.aux_loss).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % EVERY == 0:
-            val[step] = model_mean_loss(model.eval(), val_ids, BLOCK)[0]
-            model.train()
-    return val
-
-
 def test_a_30_step_fine_tune_falls_as_transformers_same_recipe_does(fine_tuned, tiny_corpus):
     directory, _, ours, sample_log = fine_tuned
-    train_ids, val_ids = corpus_ids(directory, tiny_corpus)
-    theirs = transformers_fine_tune(directory, train_ids, val_ids, sample_log)
-    assert sorted(ours) == [10, 20, 30] and len(open(sample_log).readlines()) == STEPS
-    print("step, triax, transformers:", [(step, ours[step], theirs[step]) for step in ours])
-    for step in ours:
-        assert abs(ours[step] - theirs[step]) / theirs[step] <= TOLERANCE, (step, ours[step], theirs[step])
     # Both fall: from the checkpoint's own loss, step after step.
-    assert theirs[0] > theirs[10] > theirs[20] > theirs[30], theirs
-    assert ours[10] < theirs[0] and ours[10] > ours[20] > ours[30], ours
+    check_falls_as_transformers(LOOP, directory, tiny_corpus, ours, sample_log, TOLERANCE)
 
 
 def test_triax_eval_of_the_run_is_its_own_validation_loss(fine_tuned):

@@ -183,12 +183,12 @@ def _with(directory, target, config_change=None, tensors_change=None):
 
 
 HOSTILE = {
-    "a rank as a string": (dict(config_change=lambda c: c.update(kv_lora_rank="16")), "kv_lora_rank='16' is not an"),
+    "a rank as a string": (dict(config_change=lambda c: c.update(kv_lora_rank="16")), "kv_lora_rank='16' is a JSON string; transformers takes an integer"),
     "rotary halves": (dict(config_change=lambda c: c.update(rope_interleave=False)), "rope_interleave=False"),
     "yarn of another mscale": (dict(config_change=lambda c: c.update(rope_parameters={**YARN, "mscale": 0.707})),
                                "rope_parameters.mscale=0.707"),
     "yarn's truncate as a string": (dict(config_change=lambda c: c.update(rope_parameters={**YARN, "truncate": "no"})),
-                                    "rope_parameters.truncate='no' is not true or false"),
+                                    "rope_parameters.truncate='no' is a JSON string; transformers takes true or false"),
     "longrope": (dict(config_change=lambda c: c.update(rope_parameters={"rope_type": "longrope", "factor": 4.0})),
                  "rope_type='longrope'"),
     "softmax routing": (dict(config_change=lambda c: c.update(scoring_func="softmax")), "scoring_func='softmax'"),
@@ -199,7 +199,7 @@ HOSTILE = {
                                    .fill_(float("nan"))), "e_score_correction_bias holds values that are not finite"),
     "an expert missing": (dict(tensors_change=lambda t: t.pop("model.layers.1.mlp.experts.7.up_proj.weight")),
                           "experts.7.up_proj.weight"),
-    "groups of null": (dict(config_change=lambda c: c.update(n_group=None)), "n_group=None is not an integer"),
+    "groups of null": (dict(config_change=lambda c: c.update(n_group=None)), "n_group=None is a JSON null; transformers takes an integer there"),
     "no group count: transformers' 8": (dict(config_change=lambda c: c.pop("n_group")), "router_groups=8 leaves"),
     "a latent of another width": (dict(config_change=lambda c: c.update(kv_lora_rank=12)), "kv_a_proj_with_mqa"),
 }

@@ -202,7 +202,7 @@ def test_a_damaged_mxfp4_checkpoint_is_one_line(case, tmp_path):
 
 
 HOSTILE_CONFIGS = {
-    "a clamp given as a string": (lambda c: c.__setitem__("swiglu_limit", "7"), "swiglu_limit='7' is not a finite"),
+    "a clamp given as a string": (lambda c: c.__setitem__("swiglu_limit", "7"), "swiglu_limit='7' is a JSON string; transformers takes a finite number"),
     "layer types of another length": (lambda c: c.__setitem__("layer_types", ["full_attention"]),
                                       "layer_types=['full_attention'] must name"),
     "an unknown layer type": (lambda c: c.__setitem__("layer_types", ["local"] * 3), "sliding_attention or full"),

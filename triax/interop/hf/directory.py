@@ -24,7 +24,7 @@ from triax.models.config import GPTConfig, architecture_fields
 from triax.models.family import FAMILIES
 from triax.interop.foreign_run import CodecOf, ForeignRun, StoredName, same_name
 from triax.interop.hf import block_fp8
-from triax.interop.hf.config_types import type_error
+from triax.models.json_kinds import type_error
 from triax.interop.hf.files import (DESCRIPTION_FILES, MAX_DESCRIPTION_BYTES, CheckpointError, HFWeights, check_source,
                                    copy_into, description_files, is_hf_directory, read_json, tokenizer_file)
 
@@ -42,7 +42,7 @@ def adapters() -> dict:
 
 def read_hf_config(directory: str, follow_links: bool = True) -> dict:
     """config.json, of a model_type triax builds, every field triax reads of the JSON type
-    transformers gives it (config_types.py)."""
+    transformers gives it (triax/models/json_kinds.py)."""
     path = os.path.join(directory, "config.json")
     config = read_json(directory, "config.json", "give a directory written by save_pretrained", follow_links)
     if not isinstance(config, dict):

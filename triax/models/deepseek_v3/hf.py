@@ -22,6 +22,7 @@ import torch
 from triax.models.build import parameter_shapes
 from triax.models.checkpoint_source import EXPERT_SLOT, CheckpointError, Source, StoredWeights
 from triax.models.config import GPTConfig
+from triax.models.json_kinds import first_type_error
 from triax.models.llama import hf as hf_llama
 from triax.models.moe import hf as hf_moe
 
@@ -29,7 +30,7 @@ MODEL_TYPES = ("deepseek_v3",)
 CLASSES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
 
 # The config.json fields only this model_type has, with their JSON kinds (the reader checks the shared
-# ones: triax/interop/hf/config_types.py); "?" also accepts null (only the query latent is optional:
+# ones: triax/models/json_kinds.py); "?" also accepts null (only the query latent is optional:
 # transformers' model fails on a null anywhere else).
 FIELDS = {"q_lora_rank": "int?", "kv_lora_rank": "int", "qk_nope_head_dim": "int", "qk_rope_head_dim": "int",
           "v_head_dim": "int", "n_routed_experts": "int", "n_shared_experts": "int", "n_group": "int",
@@ -56,28 +57,10 @@ CONFIG_NAMES = {**hf_llama.CONFIG_NAMES, "num_experts": "n_routed_experts", "exp
                 "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim"}
 
 
-# What each kind accepts, and how a message names it (as transformers' config classes check them).
-KINDS = {"int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-         "float": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
-                   and abs(v) != float("inf")),
-         "bool": ("true or false", lambda v: isinstance(v, bool)),
-         "str": ("a string", lambda v: isinstance(v, str))}
-
 
 def type_error(config: dict) -> str | None:
     """The first of this model_type's own fields of a JSON type transformers would refuse, or None."""
-    return _first_bad(config, FIELDS)
-
-
-def _first_bad(values: dict, kinds: dict, prefix: str = "") -> str | None:
-    for name, kind in kinds.items():
-        value = values.get(name)
-        if name not in values or (value is None and kind.endswith("?")):
-            continue
-        wanted, accepts = KINDS[kind.rstrip("?")]
-        if not accepts(value):
-            return f"{prefix}{name}={value!r} is not {wanted}, which transformers takes there"
-    return None
+    return first_type_error(config, FIELDS)
 
 
 def _refuse_unsupported(config: dict) -> None:
@@ -114,7 +97,7 @@ def _rope(config: dict) -> dict:
         if parameters.get(name, released) != released:
             raise CheckpointError(f"config.json: rope_parameters.{name}={parameters[name]!r}; triax computes YaRN "
                                   f"with {name}={released!r} only, as DeepSeek-V3 is released")
-    problem = _first_bad(parameters, YARN_FIELDS, "rope_parameters.")
+    problem = first_type_error(parameters, YARN_FIELDS, "rope_parameters.")
     if problem is not None:
         raise CheckpointError(f"config.json: {problem}")
     return {**theta, "rope_scaling": "yarn", "rope_factor": float(parameters["factor"]),
@@ -230,13 +213,4 @@ def hf_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor]):
     for layer in range(config.n_layer):
         if config.has_experts(layer):
             shapes[f"layers.{layer}.mlp.expert_bias"] = (config.num_experts,)
-    for name, shape in shapes.items():
-        if name == "lm_head.weight" and config.tie_embeddings:
-            continue
-        stored = stored_name(name)
-        if EXPERT_SLOT not in stored:
-            yield stored, (lambda name=name: source[name]), shape
-            continue
-        for expert in range(config.num_experts):
-            yield (stored.format(expert=expert), (lambda name=name, expert=expert: source[name][expert]),
-                   tuple(shape[1:]))
+    return hf_moe.expert_tensors(config, source, shapes, stored_name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from triax.errors import ConfigError
 from triax.models.config import MAX_OPTIONAL_SIZES, MAX_SIZES, GPTConfig, check_size
 from triax.models.gpt_oss.model import FULL, SLIDING
+from triax.models.llama.config import check_heads
 
 ARCH = "gpt_oss"
 ARCHITECTURES = (ARCH,)
@@ -45,17 +46,7 @@ def check(config: GPTConfig) -> None:
 
 
 def _check_attention(config: GPTConfig) -> None:
-    config.n_kv_head = config.n_head if config.n_kv_head is None else config.n_kv_head
-    if config.n_head % config.n_kv_head != 0:
-        raise ConfigError(f"model.n_kv_head={config.n_kv_head} does not divide model.n_head={config.n_head}; each "
-                          "key/value head serves a whole group of query heads: choose a divisor of n_head")
-    if config.head_dim is None:
-        if config.n_embd % config.n_head != 0:
-            raise ConfigError(f"model.n_embd={config.n_embd} is not divisible by model.n_head={config.n_head}; "
-                              "set model.head_dim")
-        config.head_dim = config.n_embd // config.n_head
-    if config.head_dim % 2:
-        raise ConfigError(f"model.head_dim={config.head_dim} is odd; rotary positions rotate pairs of values")
+    check_heads(config)  # the llama family's attention heads, with sinks and windows added below
     config.bias = True if config.bias is None else config.bias
     config.attention_sinks = True if config.attention_sinks is None else config.attention_sinks
     if config.gelu != "tanh" or config.qk_norm:

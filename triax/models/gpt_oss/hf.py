@@ -24,6 +24,7 @@ import torch
 
 from triax.models.checkpoint_source import CheckpointError, Source, StoredWeights
 from triax.models.config import GPTConfig
+from triax.models.json_kinds import first_type_error
 from triax.models.gpt_oss import mxfp4
 from triax.models.gpt_oss.model import FULL, SLIDING, GptOss
 
@@ -33,7 +34,7 @@ CLASSES = {"gpt_oss": "GptOssForCausalLM"}
 # computes its windows, so a run from the checkpoint keeps the checkpoint's whole context.
 
 # The JSON type of each config.json field this reader takes beyond the llama family's (which
-# config_types.py checks for every family), as transformers' GptOssConfig declares it.
+# triax/models/json_kinds.py checks for every family), as transformers' GptOssConfig declares it.
 FIELD_KINDS = {"swiglu_limit": "float", "swiglu_alpha": "float", "sliding_window": "int?",
                "num_local_experts": "int", "num_experts_per_tok": "int", "quantization_config": "dict?",
                "attention_bias": "bool", "layer_types": "list[str]?"}
@@ -51,25 +52,11 @@ CONFIG_NAMES = {"vocab_size": "vocab_size", "block_size": "max_position_embeddin
                 "rope_original_context": "original_max_position_embeddings"}
 
 
-# What each kind accepts (JSON's types as transformers 5's config classes check them: a bool is no
-# number, a string no bool).
-KINDS = {"int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-         "float": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-                   and math.isfinite(v)),
-         "bool": ("true or false", lambda v: isinstance(v, bool)),
-         "dict": ("an object", lambda v: isinstance(v, dict)),
-         "list[str]": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))}
-
 
 def _check_kinds(values: dict, kinds: dict, where: str) -> None:
-    for name, kind in kinds.items():
-        value = values.get(name)
-        if name not in values or (value is None and kind.endswith("?")):
-            continue
-        wanted, accepts = KINDS[kind.rstrip("?")]
-        if not accepts(value):
-            raise CheckpointError(f"config.json: {where}{name}={str(value)[:60]!r} is not {wanted}, as transformers "
-                                  "takes it")
+    problem = first_type_error(values, kinds, where)
+    if problem is not None:
+        raise CheckpointError(f"config.json: {problem}")
 
 
 def _rope(config: dict) -> dict:

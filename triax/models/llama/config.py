@@ -40,9 +40,10 @@ QKV_BIAS_ARCHITECTURES = ("qwen2",)
 QK_NORM_ARCHITECTURES = ("qwen3",)
 
 
-def check_attention(config: GPTConfig) -> None:
-    """The Llama block's fields (grouped-query attention, rotary positions, SwiGLU), unset ones given
-    Llama's values; shared with the families built on this block."""
+def check_heads(config: GPTConfig) -> None:
+    """Grouped-query attention's heads with rotary positions: n_kv_head divides n_head (unset: one
+    key/value head per query head), head_dim (unset: n_embd / n_head) even; shared with every family
+    whose attention is this one's."""
     config.n_kv_head = config.n_head if config.n_kv_head is None else config.n_kv_head
     if config.n_head % config.n_kv_head != 0:
         raise ConfigError(f"model.n_kv_head={config.n_kv_head} does not divide model.n_head={config.n_head}; each "
@@ -55,6 +56,12 @@ def check_attention(config: GPTConfig) -> None:
     if config.head_dim % 2:
         raise ConfigError(f"model.head_dim={config.head_dim} is odd; rotary positions rotate pairs of values, "
                           "so a head needs an even width")
+
+
+def check_attention(config: GPTConfig) -> None:
+    """The Llama block's fields (grouped-query attention, rotary positions, SwiGLU), unset ones given
+    Llama's values; shared with the families built on this block."""
+    check_heads(config)
     config.intermediate_size = config.intermediate_size or swiglu_width(config.n_embd)
     if config.bias is None:
         config.bias = False

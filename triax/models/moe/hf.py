@@ -10,7 +10,7 @@ expert (a missing, extra or misshapen expert is one line) and a slice reads only
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -180,10 +180,17 @@ def export_problem(config: GPTConfig) -> str | None:
 def hf_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor]):
     """(transformers name, a function returning that tensor from `source`, its shape): the
     llama family's tensors, each expert's three Linears cut from triax's batched weights."""
-    for name, shape in parameter_shapes(config).items():
+    return expert_tensors(config, source, parameter_shapes(config), lambda name: stored_name(name, config.arch))
+
+
+def expert_tensors(config: GPTConfig, source: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple],
+                   stored_name: Callable[[str], str]):
+    """hf_tensors of a family with batched experts: each of `shapes` under its transformers name
+    (`stored_name`), an expert tensor (EXPERT_SLOT in its name) cut into one tensor per expert."""
+    for name, shape in shapes.items():
         if name == "lm_head.weight" and config.tie_embeddings:
             continue
-        stored = stored_name(name, config.arch)
+        stored = stored_name(name)
         if EXPERT_SLOT not in stored:
             yield stored, (lambda name=name: source[name]), shape
             continue

@@ -1,5 +1,6 @@
 """The JSON type of every config.json field triax reads, checked as transformers' config classes
-check them (transformers 5 declares each field's type and refuses another: `"tie_word_embeddings":
+check them (a leaf of models/, so every family's Hugging Face adapter, models/<family>/hf.py, checks
+its own fields with the same kinds and the same message: `first_type_error`) (transformers 5 declares each field's type and refuses another: `"tie_word_embeddings":
 "false"` is a str, not a bool, and is an error there, where `bool("false")` would silently be
 true). A number must also be finite (`1e999` parses to infinity). The values' ranges are
 GPTConfig's to check, once the fields are taken (triax/models/config.py).
@@ -61,17 +62,19 @@ ROPE_FIELDS = {"rope_type": "str", "type": "str", "rope_theta": "float", "factor
 def type_error(config: dict) -> str | None:
     """The first field of `config` whose JSON type transformers would refuse, as a message (without
     the file's name), or None."""
-    problem = _first_bad(config, FIELDS, "")
+    problem = first_type_error(config, FIELDS)
     if problem is None:
         for name in ("rope_parameters", "rope_scaling"):
             parameters = config.get(name)
             # Per-layer-type parameters (a mapping of mappings) are refused by the family's reader.
             if isinstance(parameters, dict) and not any(isinstance(v, dict) for v in parameters.values()):
-                problem = problem or _first_bad(parameters, ROPE_FIELDS, f"{name}.")
+                problem = problem or first_type_error(parameters, ROPE_FIELDS, f"{name}.")
     return problem
 
 
-def _first_bad(values: dict, kinds: dict, prefix: str) -> str | None:
+def first_type_error(values: dict, kinds: dict, prefix: str = "") -> str | None:
+    """The first of `values`' fields named in `kinds` ({field: kind, "kind?" for one that may be
+    null}) of a JSON type transformers would refuse, as a message, or None."""
     for name, kind in kinds.items():
         if name not in values:
             continue
