@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     from triax.interop.exporters import EXPORTERS, OUTPUT_PLACES, ExportOptions
     from triax.runs.export import RunToExport  # deferred: as above
 
-    from triax.runs.reader import check_output_place  # deferred: as above
+    from triax.runs.output_place import check_output_place  # deferred: as above
 
     run = RunToExport(args.run_dir)  # one line if RUN is not a run directory, before the output is checked
     # Made or refused before any snapshot is read: a file (safetensors) or a new directory (the rest).

@@ -10,8 +10,8 @@ import argparse
 import os
 
 from triax.arguments import ArgumentParser, FormOption, plain_message
-from triax.data.chat import OVERLONG_RULES
 from triax.data.errors import DataError
+from triax.data.length_rules import OVERLONG_RULES, TRUNCATION_MODES
 from triax.data.tokenize_files import MIN_VOCAB_SIZE
 from triax.runtime.threads import apply_thread_choice
 
@@ -40,8 +40,6 @@ class _Parser(ArgumentParser):
 
 
 def parser() -> _Parser:
-    from triax.data.preference import TRUNCATION_MODES  # deferred: the chat template's sandbox, after --help
-
     parser = _Parser(prog=PROG,
                      description="train a byte-level BPE (or use a tokenizer.json) and write a token "
                                  "directory for `triax train data.task=tokens`; with --chat or --preference, "
@@ -127,7 +125,7 @@ def check_out(out: str) -> None:
     """--out (a local one: fsspec URLs are the store's to refuse) follows export's rule for an output
     place: made or refused before any input is read, never a run's snapshots, kept files or own
     files; and never a run directory itself, whose tokenizer.json the token files would replace."""
-    from triax.runs.reader import check_output_place  # deferred: the training room, after --help
+    from triax.runs.output_place import check_output_place  # deferred: after --help
 
     if "://" in out and not out.startswith("file://"):
         return

@@ -36,6 +36,7 @@ from triax.data.targets import IGNORE_INDEX
 from triax.data.chat_template import (BUILTIN_TEMPLATES, ChatTemplate, TemplateBoundError, TemplateError, special_tokens_of,
                                       template_of_config)
 from triax.data.errors import DataError, MissingDependency
+from triax.data.length_rules import OVERLONG_RULES
 from triax.errors import printable
 
 if TYPE_CHECKING:
@@ -59,7 +60,6 @@ PARQUET_BATCH_ROWS = 64
 MAX_PARQUET_BATCH_BYTES = PARQUET_BATCH_ROWS * MAX_LINE_BYTES // 4
 # Nesting of a record: a conversation needs 4 levels (record, list, message, text).
 MAX_DEPTH = 8
-OVERLONG_RULES = ("truncate", "drop")
 
 
 class RecordError(DataError):

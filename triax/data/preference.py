@@ -33,14 +33,13 @@ from triax.data.chat import (MAX_DEPTH, RecordError, _depth, _messages, _text, c
                              training_count)
 from triax.data.chat_template import TemplateError, special_tokens_of
 from triax.data.errors import DataError
+from triax.data.length_rules import TRUNCATION_MODES
 from triax.errors import printable
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from triax.data.chat_template import ChatTemplate
-
-TRUNCATION_MODES = ("keep_start", "keep_end")
 
 
 @dataclass

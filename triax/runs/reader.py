@@ -174,23 +174,5 @@ def check_not_in_run(output: str, run_dir: str, snapshot_root: str, option: str 
                          "write the export somewhere else")
 
 
-def check_output_place(option: str, output: str, directory: bool = True) -> None:
-    """The one rule for a command's output place, checked before anything expensive is read: it can
-    be made and written (safe_files.check_output_place), and it lies in no run's snapshots, kept
-    files or own files, whichever run directory (one holding model.json) it lies in."""
-    safe_files.check_output_place(option, output, directory)
-    place = os.path.realpath(output)
-    while True:
-        if safe_files.is_regular(os.path.join(place, "model.json")):
-            try:
-                root = configured_snapshot_root(place)
-            except TriaxError:  # a damaged config.yaml: the trainer's default place
-                root = os.path.join(place, "snapshots")
-            check_not_in_run(output, place, root, option)
-        if os.path.dirname(place) == place:
-            return
-        place = os.path.dirname(place)
-
-
 # Files of a run directory that `triax train` writes and generate/export/resume read.
 RUN_FILES = ("model.json", "vocab.json", "config.yaml", "metrics.jsonl")

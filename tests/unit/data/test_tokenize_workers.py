@@ -174,6 +174,17 @@ def test_an_encoding_worker_imports_no_torch(tmp_path, inputs):
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
 
 
+def test_the_command_imports_no_torch(tmp_path, inputs):
+    """`triax tokenize` of text imports no torch in its own process either: a second of start-up,
+    serial before any worker starts (the run reader, which needs it, only when --out lies in a run)."""
+    probe = ("import sys; from triax.commands.cli import main; code = main(sys.argv[1:]); "
+             "print(code, [name for name in sys.modules if name.split('.')[0] == 'torch'][:3])")
+    result = subprocess.run([sys.executable, "-c", probe, "tokenize", str(inputs / "part_0.txt"), "--out",
+                             str(tmp_path / "tokens"), "--vocab-size", "300"], capture_output=True, text=True,
+                            env=quiet_env(), timeout=120)
+    assert result.stdout.strip().splitlines()[-1:] == ["0 []"], result.stdout + result.stderr
+
+
 @pytest.mark.multiprocess
 def test_a_tokenizer_failing_in_a_worker_is_the_one_line_one_worker_gives(tmp_path, inputs, capfd):
     """A pre-tokenizer whose regex gives up (a panic of the Rust library) stops the command with the
