@@ -2,10 +2,10 @@
 
 Writes 8 text files of `--megabytes` each (the lines of this checkout's docs in a seeded order),
 trains a 4096-token BPE on the first, then runs `triax tokenize` over all 8 in turn, `--rounds`
-times each: one worker with one thread (RAYON_NUM_THREADS=1), one worker with a pool of `--cores`
-threads, and `--cores` workers. Prints each one's median wall and CPU seconds (CPU: the process
-and its workers, from the operating system's accounting) and checks that all wrote the same
-train.bin. The tokenizer's own rate is Hugging Face tokenizers' encode_batch on one thread in
+times each: `--workers 1` (one thread), the default (one process, the tokenizer's pool of `--cores`
+threads) and `--workers` `--cores` (that many processes of one thread). Prints each one's median
+wall and CPU seconds (CPU: the process and its workers, from the operating system's accounting)
+and checks that all wrote the same train.bin. The tokenizer's own rate is Hugging Face tokenizers' encode_batch on one thread in
 this process, over the same text, without reading or writing.
 
     python benchmarks/tokenize_workers.py                  # 8 x 3 MB, 3 rounds
@@ -93,19 +93,21 @@ def main() -> None:
         rate, seconds = own_rate(tokenizer, paths)
         print(f"the tokenizer alone, one thread: {rate:.2f} MB/s ({seconds:.1f} CPU s for "
               f"{FILES} x {args.megabytes:g} MB)")
-        variants = {"1 worker, 1 thread": ("1", "1"), f"1 worker, {args.cores} threads": ("1", str(args.cores)),
-                    f"{args.cores} workers": (str(args.cores), None)}
+        # (--workers, RAYON_NUM_THREADS): --workers 1 is one thread; without --workers, one process
+        # with the tokenizer's pool, here of --cores threads; --workers N, N processes of one thread.
+        variants = {"--workers 1": (["--workers", "1"], None),
+                    f"default, {args.cores} threads": ([], str(args.cores)),
+                    f"--workers {args.cores}": (["--workers", str(args.cores)], None)}
         times = {name: [] for name in variants}
         for _ in range(args.rounds):
             for name, (workers, threads) in variants.items():
-                out = os.path.join(scratch, name.replace(" ", "_").replace(",", ""))
+                out = os.path.join(scratch, name.replace(" ", "_").replace(",", "").replace("-", ""))
                 run_env = {**env, **({"RAYON_NUM_THREADS": threads} if threads else {})}
-                times[name].append(tokenize([*paths, "--out", out, "--tokenizer", tokenizer, "--workers", workers],
-                                            run_env))
+                times[name].append(tokenize([*paths, "--out", out, "--tokenizer", tokenizer, *workers], run_env))
         outputs = {open(path, "rb").read() for path in glob.glob(os.path.join(scratch, "*", "train.bin"))
                    if "bpe" not in path}
         assert len(outputs) == 1, "the variants wrote different tokens"
-    first = statistics.median(wall for wall, _ in times["1 worker, 1 thread"])
+    first = statistics.median(wall for wall, _ in times["--workers 1"])
     for name, runs in times.items():
         wall, cpu = statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
         print(f"{name:>20}: {wall:6.2f} s wall, {cpu:6.2f} CPU s, {FILES * args.megabytes / wall:5.2f} MB/s, "

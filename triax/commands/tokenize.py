@@ -13,7 +13,7 @@ from triax.arguments import ArgumentParser, FormOption, plain_message
 from triax.data.errors import DataError
 from triax.data.length_rules import OVERLONG_RULES, TRUNCATION_MODES
 from triax.data.tokenize_files import MIN_VOCAB_SIZE
-from triax.runtime.threads import apply_thread_choice
+from triax.runtime.threads import TOKENIZER_THREADS_ENV, apply_thread_choice
 
 PROG = "triax tokenize"
 MAX_WORKERS = 256  # processes; more is a typo, not a machine
@@ -23,7 +23,7 @@ TEXT_ONLY = {"vocab_size": "--vocab-size", "tokenizer": "--tokenizer", "workers"
 RECORDS_ONLY = {"val": "--val", "chat_template": "--chat-template"}
 CHAT_ONLY = {"block_size": "--block-size", "overlong": "--overlong"}
 PREFERENCE_ONLY = {"max_length": "--max-length", "truncation_mode": "--truncation-mode"}
-DEFAULTS = {"overlong": "truncate", "truncation_mode": "keep_start", "workers": 1, "format": "nanogpt",
+DEFAULTS = {"overlong": "truncate", "truncation_mode": "keep_start", "format": "nanogpt",
             "text_field": "text"}
 
 
@@ -53,7 +53,9 @@ def parser() -> _Parser:
     parser.add_argument("--val-fraction", type=float, default=0.1, help="tail of the inputs kept for validation")
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing --out")
     parser.add_argument("--workers", type=int, default=None,
-                        help="encode with this many processes (default 1); the same tokens whatever the number")
+                        help="use this many cores: N processes of one thread each (1: this process, one thread); "
+                             "the default is this process with its tokenizer's threads on the idle cores; the same "
+                             "tokens whatever the choice")
     parser.add_argument("--text-field", default=None,
                         help="the field of each .jsonl record that holds its text (default text); a record is a document")
     parser.add_argument("--format", choices=("nanogpt", "megatron"), default=None,
@@ -107,17 +109,21 @@ def main(argv: list[str]) -> int:
         return tokenize_chat(args)
     if args.preference is not None:
         return tokenize_preference(args)
-    apply_thread_choice(torch_threads=False)  # the tokenizer's pool: the cores idle now (triax.runtime.threads: why)
+    if args.workers is not None:
+        if not 1 <= args.workers <= MAX_WORKERS:
+            raise DataError(f"--workers must be 1 .. {MAX_WORKERS}, got {args.workers}")
+        # --workers N: N cores. The workers encode with one thread each; this process's pool (training
+        # a BPE, or encoding itself when N is 1) gets N, unless RAYON_NUM_THREADS says otherwise.
+        os.environ.setdefault(TOKENIZER_THREADS_ENV, str(args.workers))
+    apply_thread_choice(torch_threads=False)  # else the tokenizer's pool: the cores idle now (triax.runtime.threads: why)
     if not 0.0 < args.val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
     if args.vocab_size is not None and args.vocab_size < MIN_VOCAB_SIZE:
         raise DataError(f"--vocab-size must be at least {MIN_VOCAB_SIZE} (the byte alphabet), got {args.vocab_size}")
-    if not 1 <= args.workers <= MAX_WORKERS:
-        raise DataError(f"--workers must be 1 .. {MAX_WORKERS}, got {args.workers}")
     from triax.data.tokenize_files import tokenize_text  # deferred: as the other forms
 
     return tokenize_text(args.inputs, args.out, vocab_size=args.vocab_size, tokenizer_file=args.tokenizer,
-                         val_fraction=args.val_fraction, overwrite=args.overwrite, workers=args.workers,
+                         val_fraction=args.val_fraction, overwrite=args.overwrite, workers=args.workers or 1,
                          megatron=args.format == "megatron", text_field=args.text_field)
 
 
