@@ -67,6 +67,14 @@ class KVCache:
     def layer(self, name: str) -> LayerCache:
         return self.layers.setdefault(name, LayerCache())
 
+    def repeat_rows(self, times: int) -> None:
+        """Each row's keys and values `times` over, in place of it (several continuations of one
+        prefix: its positions computed once)."""
+        for layer in self.layers.values():
+            if layer.keys is not None:
+                layer.keys = layer.keys.repeat_interleave(times, dim=0)
+                layer.values = layer.values.repeat_interleave(times, dim=0)
+
     def truncate(self, length: int) -> None:
         """Forget the positions from `length` on in every layer: positions fed only to round a forward
         up (tensor parallelism's sequence sharding wants a multiple of its size). A layer that keeps a
@@ -115,6 +123,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: L
     `packed`: each position sees only its own example's earlier positions (or, under context
     parallelism, a triax.parallel.context_parallel.ContextSlice: this rank's part of the sequence)."""
     if packed is not None:
+        if cache is not None:  # a mask over the cached keys and the new ones (rows of several lengths)
+            k, v = cache.append(k, v)
         return packed.attend(q, k, v, dropout)
     seq, past = q.size(2), 0
     if cache is not None:
@@ -240,6 +250,11 @@ class Decoder(nn.Module):
 
     family = ""  # the GPTConfig.family this class builds
     learned_positions = False  # a table of position embeddings beside the token embedding
+    # Whether a forward's numbers are its attention mask's and positions' alone (an explicit `packed`
+    # may then be any pattern, over cached keys too, and a padding position changes no other one):
+    # true of dense blocks attending by decoder.causal_attention; not of windows counted in row
+    # places, of latent attention's own cache, nor of routers whose balance counts every position.
+    attends_by_mask = False
     # Set from outside by context parallelism (triax.parallel.context_parallel): each forward then
     # takes this rank's part of the sequence, and asks it for positions and attention.
     context = None
@@ -312,23 +327,28 @@ class Decoder(nn.Module):
                     init_constant(bias, 0.0)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None,
-                documents: torch.Tensor | None = None, logits: bool = True) -> torch.Tensor:
+                documents: torch.Tensor | None = None, logits: bool = True,
+                packed: Packed | None = None) -> torch.Tensor:
         """`cache`: positions already fed (their keys and values); `idx` then holds only the new
         tokens, which take the positions after them (generation, under torch.no_grad).
         `documents`: (batch, seq) example numbers of packed rows (triax.data.chat): each example
         attends only to itself and its positions start at 0. `logits=False`: the final hidden
         states instead (after the final norm), for a loss that runs `output_logits` on a few
-        positions at a time rather than holding every position's logits at once."""
-        if self.context is not None and cache is None:
+        positions at a time rather than holding every position's logits at once. `packed`: which
+        key each new position sees (over the cached ones too) and its position, given whole (only
+        where `attends_by_mask`): left-padded rows sampled together, or completions sharing their
+        prompt's positions; the positions, not the row's length, must fit the block."""
+        given = packed is not None
+        if not given and self.context is not None and cache is None:
             packed = self.context.slice(idx.size(1), documents, idx.device)
-        else:
-            packed = Packed.of(documents) if documents is not None else None
+        elif not given and documents is not None:
+            packed = Packed.of(documents)
         # A pipeline stage may lack the embeddings (it then takes hidden states instead of ids) or
         # the final norm and head (it then returns hidden states instead of logits).
         if self.tok_emb is not None:
             seq = idx.shape[1]
             past = cache.length if cache is not None else 0
-            if past + seq > self.config.block_size:
+            if past + seq > self.config.block_size and not given:
                 raise ValueError(f"sequence length {past + seq} exceeds block_size {self.config.block_size}")
             x = self.tok_emb(idx)
             if self.pos_emb is not None:

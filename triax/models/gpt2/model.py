@@ -31,6 +31,7 @@ class GPT(Decoder):
     See Decoder for the arguments (a pipeline stage's parts, the seed)."""
 
     family = "gpt2"
+    attends_by_mask = True
     learned_positions = True
 
     def make_block(self, config: GPTConfig, layer: int = 0) -> nn.Module:

@@ -118,6 +118,7 @@ class Llama(Decoder):
     See Decoder for the arguments (a pipeline stage's parts, the seed)."""
 
     family = "llama"
+    attends_by_mask = True
 
     def make_block(self, config: GPTConfig, layer: int = 0) -> nn.Module:
         if "rotary" not in self.__dict__:  # one table for all layers (built with the first)

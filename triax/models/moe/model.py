@@ -18,6 +18,7 @@ class Mixture(Llama):
     an MoE in the layers `config.has_experts` names, a dense SwiGLU in the others."""
 
     family = "moe"
+    attends_by_mask = False  # the router balances over every position fed, padding included
 
     def make_block(self, config: GPTConfig, layer: int = 0) -> nn.Module:
         if "rotary" not in self.__dict__:

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from triax.models.decoder import KVCache
+from triax.models.decoder import KVCache, Packed
 
 
 @dataclass
@@ -118,52 +118,94 @@ class CachedSampler:
     def complete(self, prompts: Sequence[list[int]], prompt_numbers: Sequence[int], step: int) -> list[Completion]:
         generations = self.settings.num_generations
         completions: list[Completion | None] = [None] * (len(prompts) * generations)
+        batches = self._batches(prompts)
+        for batch in range(self.agree(len(batches))):
+            indices = batches[min(batch, len(batches) - 1)]  # past this rank's own: its last again, dropped
+            seeds = [place_seed(self.seed, step, prompt_numbers[index], generation)
+                     for index in indices for generation in range(generations)]
+            sampled = self._sample([prompts[index] for index in indices], seeds)
+            if batch < len(batches):
+                for row, completion in enumerate(sampled):
+                    completions[indices[row // generations] * generations + row % generations] = completion
+        return completions
+
+    def _batches(self, prompts: Sequence[list[int]]) -> list[list[int]]:
+        """The prompts sampled together: all of them, left-padded, where the decoder attends by its mask
+        alone (one forward per token for the whole batch); otherwise those of one length at a time."""
+        if getattr(getattr(self.model, "module", self.model), "attends_by_mask", False):
+            return [list(range(len(prompts)))] if prompts else []
         by_length: dict[int, list[int]] = {}
         for index, prompt in enumerate(prompts):
             by_length.setdefault(len(prompt), []).append(index)
-        lengths = sorted(by_length)
-        for batch in range(self.agree(len(lengths))):
-            length = lengths[min(batch, len(lengths) - 1)]  # past this rank's own: its last again, dropped
-            rows = [(index, generation) for index in by_length[length] for generation in range(generations)]
-            seeds = [place_seed(self.seed, step, prompt_numbers[index], generation) for index, generation in rows]
-            ids = torch.tensor([prompts[index] for index, _ in rows], dtype=torch.long, device=self.device)
-            sampled = self._sample(ids, seeds)
-            if batch < len(lengths):
-                for (index, generation), completion in zip(rows, sampled):
-                    completions[index * generations + generation] = completion
-        return completions
+        return [by_length[length] for length in sorted(by_length)]
 
-    def _last_logits(self, new: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def _last_logits(self, new: torch.Tensor, cache: KVCache, valid: torch.Tensor | None = None,
+                     positions: torch.Tensor | None = None) -> torch.Tensor:
         """(rows, vocabulary) logits of the last of the `new` positions, fed after the cached ones
-        (rounded up to a multiple of self.multiple positions, the extra ones dropped again)."""
+        (rounded up to a multiple of self.multiple positions, the extra ones dropped again). `valid`:
+        (rows, at least every position fed) whether a position holds a token, not left padding, and
+        `positions` each new one's place in its row (None: no padding, plain causal attention)."""
         length, extra = cache.length + new.size(1), -new.size(1) % self.multiple
         if extra:
             new = torch.cat([new, new[:, -1:].expand(-1, extra)], dim=1)
+        packed = None
+        if valid is not None:
+            if extra:  # the copies take the last place again: dropped, they must only fit the block
+                positions = torch.cat([positions, positions[:, -1:].expand(-1, extra)], dim=1)
+            packed = padded_attention(valid[:, :length + extra], new.size(1), positions)
         with self.autocast():
-            logits = self.model(new, cache)[:, new.size(1) - extra - 1, :]
+            logits = self.model(new, cache, **({} if packed is None else {"packed": packed}))
+            logits = logits[:, new.size(1) - extra - 1, :]
         if extra:
             cache.truncate(length)
         return logits.full_tensor() if isinstance(logits, DTensor) else logits
 
-    def _sample(self, prompt_ids: torch.Tensor, seeds: list[int]) -> list[Completion]:
-        settings = self.settings
+    def _sample(self, prompts: list[list[int]], seeds: list[int]) -> list[Completion]:
+        """num_generations completions of each of `prompts` (rows prompt after prompt): each prompt's
+        positions computed once, its keys and values then repeated for its generations."""
+        settings, generations = self.settings, self.settings.num_generations
         uniforms = place_uniforms(seeds, settings.max_completion_length).to(self.device)
         stop = torch.tensor(sorted(set(settings.stop_ids)), dtype=torch.long, device=self.device)
-        rows, cache, ids = prompt_ids.size(0), KVCache(), prompt_ids
+        rows, cache, width = len(seeds), KVCache(), max(len(prompt) for prompt in prompts)
+        prompt_ids = torch.tensor([[prompt[0]] * (width - len(prompt)) + prompt for prompt in prompts],
+                                  dtype=torch.long, device=self.device)
+        valid = positions = None
+        if any(len(prompt) < width for prompt in prompts):  # left padding: masked, and positions from 0
+            lengths = torch.tensor([len(prompt) for prompt in prompts], device=self.device)
+            places = torch.arange(width, device=self.device)[None, :] - (width - lengths)[:, None]
+            valid = torch.cat([places >= 0, places.new_ones(len(prompts), settings.max_completion_length
+                                                            + self.multiple, dtype=torch.bool)], dim=1)
+            positions = places.clamp(min=0)
+        logits = self._last_logits(prompt_ids, cache, valid, positions).repeat_interleave(generations, dim=0)
+        cache.repeat_rows(generations)
+        if valid is not None:
+            valid = valid.repeat_interleave(generations, dim=0)
+            positions = lengths.repeat_interleave(generations)[:, None]
         stopped = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        lengths = torch.full((rows,), settings.max_completion_length, dtype=torch.long, device=self.device)
-        new = ids
+        ends_at = torch.full((rows,), settings.max_completion_length, dtype=torch.long, device=self.device)
+        tokens = []
         for position in range(settings.max_completion_length):
-            logits = self._last_logits(new, cache)
+            if position:
+                logits = self._last_logits(tokens[-1][:, None], cache, valid,
+                                           None if positions is None else positions + position - 1)
             token = draw(filtered_probabilities(logits, settings.temperature, settings.top_k, settings.top_p),
                          uniforms[:, position])
-            ids = torch.cat([ids, token[:, None]], dim=1)
-            new = token[:, None]
+            tokens.append(token)
             ends = torch.isin(token, stop) & ~stopped if stop.numel() else torch.zeros_like(stopped)
-            lengths = torch.where(ends, position + 1, lengths)
+            ends_at = torch.where(ends, position + 1, ends_at)
             stopped = stopped | ends
             if self.all_stopped(bool(stopped.all())):
                 break
-        completion_ids = ids[:, prompt_ids.size(1):].tolist()
+        completion_ids = torch.stack(tokens, dim=1).tolist()
         return [Completion(row_ids[:int(length)], not bool(done))
-                for row_ids, length, done in zip(completion_ids, lengths.tolist(), stopped.tolist())]
+                for row_ids, length, done in zip(completion_ids, ends_at.tolist(), stopped.tolist())]
+
+
+def padded_attention(valid: torch.Tensor, new: int, positions: torch.Tensor) -> Packed:
+    """What the last `new` of a row's positions see: the earlier and themselves, tokens only among
+    tokens (`valid`, rows x positions so far), padding only among padding (a padding query that saw
+    nothing would give NaN, which masked weights of 0 would still carry into the tokens' sums)."""
+    keys = valid.size(1)
+    causal = torch.ones(new, keys, dtype=torch.bool, device=valid.device).tril(diagonal=keys - new)
+    mask = (valid[:, keys - new:, None] == valid[:, None, :]) & causal
+    return Packed(mask[:, None], positions)
