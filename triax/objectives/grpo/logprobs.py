@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
+from triax.objectives.grpo.shared_prompts import prompt_runs, shared_prompts
+
 DEFAULT_CHUNK_TOKENS = 256  # positions per chunk: 256 x 151,936 fp32 logits = 156 MB
 
 
@@ -78,8 +80,18 @@ def completion_logps(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_le
     after their left-padded prompts, under `model` (a triax decoder) at `temperature` (TRL scores
     the tempered distribution it sampled from). `multiple`: the rows are fed rounded up to a
     multiple of this many positions (tensor parallelism's sequence sharding), the extra positions
-    after the completion (causal: nothing before them sees them) and left out of the result."""
+    after the completion (causal: nothing before them sees them) and left out of the result. Rows
+    that repeat a prompt (a group's generations, consecutive) feed it once where the decoder allows
+    (triax.objectives.grpo.shared_prompts)."""
     width = completion_ids.size(1)
+    decoder = getattr(model, "module", model)  # DDP's wrapper holds the decoder as .module
+    if getattr(decoder, "attends_by_mask", False) and multiple == 1:
+        starts = prompt_runs(prompt_ids, prompt_lengths, width, decoder.flops_per_token)
+        if len(starts) < prompt_ids.size(0):  # prompts repeat (a group's generations): each fed once
+            shared = shared_prompts(prompt_ids, prompt_lengths, completion_ids, starts, multiple)
+            hidden = model(shared.ids, packed=shared.packed, logits=False)
+            hidden = hidden.reshape(-1, hidden.size(-1))[shared.predictors]
+            return logps_of_hidden(decoder.output_logits, hidden, completion_ids, temperature, chunk_tokens)
     extra = -(prompt_ids.size(1) + width) % multiple
     if extra:
         completion_ids = torch.cat([completion_ids, completion_ids[:, -1:].expand(-1, extra)], dim=1)
@@ -91,6 +103,5 @@ def completion_logps(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_le
     # Position t's hidden state predicts token t + 1: the completion's tokens are predicted from the
     # last prompt position on.
     hidden = hidden[:, prompt_ids.size(1) - 1:-1]
-    decoder = getattr(model, "module", model)  # DDP's wrapper holds the decoder as .module
     logps, entropies = logps_of_hidden(decoder.output_logits, hidden, completion_ids, temperature, chunk_tokens)
     return logps[:, :width], entropies[:, :width]
