@@ -86,7 +86,8 @@ def completion_logps(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_le
     width = completion_ids.size(1)
     decoder = getattr(model, "module", model)  # DDP's wrapper holds the decoder as .module
     if getattr(decoder, "attends_by_mask", False) and multiple == 1:
-        starts = prompt_runs(prompt_ids, prompt_lengths, width, decoder.flops_per_token)
+        parameters = decoder.num_params()
+        starts = prompt_runs(prompt_ids, prompt_lengths, width, lambda seq: decoder.flops_per_token(seq, parameters))
         if len(starts) < prompt_ids.size(0):  # prompts repeat (a group's generations): each fed once
             shared = shared_prompts(prompt_ids, prompt_lengths, completion_ids, starts, multiple)
             hidden = model(shared.ids, packed=shared.packed, logits=False)

@@ -63,32 +63,31 @@ def shared_prompts(prompt_ids: torch.Tensor, prompt_lengths: torch.Tensor, compl
     """The groups' rows of left-padded `prompt_ids` and right-padded `completion_ids` (rows in runs
     beginning at `starts`), each group's row rounded up to a multiple of `multiple` positions."""
     rows, width = completion_ids.shape
-    ends = starts[1:] + [rows]
-    lengths = prompt_lengths.tolist()
-    needed = max(lengths[start] + (end - start) * width for start, end in zip(starts, ends))
+    device = completion_ids.device
+    first_rows = torch.tensor(starts, device=device)
+    counts = torch.diff(first_rows, append=torch.tensor([rows], device=device))
+    prompts = prompt_lengths.to(device)[first_rows]  # (groups,) each group's prompt length
+    needed = int((prompts + counts * width).max())
     length = needed + -needed % multiple
-    ids = torch.zeros(len(starts), length, dtype=torch.long)
-    segments = torch.full((len(starts), length), PADDING, dtype=torch.long)
-    positions = torch.zeros(len(starts), length, dtype=torch.long)
-    predictors = torch.empty(rows, width, dtype=torch.long)
-    steps = torch.arange(width)
-    prompts, completions = prompt_ids.cpu(), completion_ids.cpu()
-    for group, (start, end) in enumerate(zip(starts, ends)):
-        prompt = lengths[start]
-        ids[group, :prompt] = prompts[start, prompts.size(1) - prompt:]
-        segments[group, :prompt] = PROMPT
-        positions[group, :prompt] = torch.arange(prompt)
-        for generation, row in enumerate(range(start, end)):
-            first = prompt + generation * width
-            ids[group, first:first + width] = completions[row]
-            segments[group, first:first + width] = generation + 1
-            positions[group, first:first + width] = prompt + steps
-            # Token 0 is predicted by the prompt's last position, token t by the completion's t - 1.
-            predictors[row] = group * length + torch.where(steps == 0, prompt - 1, first + steps - 1)
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    place = torch.arange(length, device=device)[None, :]  # (1, length): a place in a group's row
+    in_prompt = place < prompts[:, None]
+    after = (place - prompts[:, None]).clamp(min=0)  # places after the prompt: completion, then step
+    generation, step = after // width, after % width
+    in_completion = ~in_prompt & (generation < counts[:, None])
+    row = (first_rows[:, None] + generation).clamp(max=rows - 1)
+    prompt_place = (prompt_ids.size(1) - prompts[:, None] + place).clamp(max=prompt_ids.size(1) - 1)
+    ids = torch.where(in_prompt, prompt_ids[first_rows[:, None], prompt_place],
+                      torch.where(in_completion, completion_ids[row, step], 0))
+    segments = torch.where(in_prompt, PROMPT, torch.where(in_completion, generation + 1, PADDING))
+    positions = torch.where(in_prompt, place, torch.where(in_completion, prompts[:, None] + step, 0))
+    # Row r's token 0 is predicted by its prompt's last place, its token t by its own t - 1.
+    group = torch.repeat_interleave(torch.arange(len(starts), device=device), counts)
+    start = prompts[group] + (torch.arange(rows, device=device) - first_rows[group]) * width
+    steps = torch.arange(width, device=device)[None, :]
+    predictors = group[:, None] * length + torch.where(steps == 0, prompts[group][:, None] - 1,
+                                                       start[:, None] + steps - 1)
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     query, key = segments[:, :, None], segments[:, None, :]
     # Padding sees padding (a query that saw nothing would give NaN): never a token, nor a token it.
     sees = (query == key) | ((key == PROMPT) & (query > PROMPT))
-    device = completion_ids.device
-    packed = Packed((sees & causal)[:, None].to(device), positions.to(device))
-    return SharedPrompts(ids.to(device), packed, predictors.to(device))
+    return SharedPrompts(ids, Packed((sees & causal)[:, None], positions), predictors)
