@@ -49,7 +49,7 @@ class ScaledRotary(RotaryEmbedding):
             self.inverse, self.gain = yarn_frequencies(config)
         else:
             self.inverse, self.gain = inverse_frequencies(config), 1.0
-        self._last = None
+        self._last = self._given = None
 
     def _angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, signed_sin = super()._angles(positions)

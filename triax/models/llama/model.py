@@ -53,6 +53,7 @@ class RotaryEmbedding:
         """`dim`: the values of a head that rotate, when not all of head_dim (latent attention's)."""
         self.inverse = inverse_frequencies(config, dim)
         self._last: tuple | None = None
+        self._given: tuple | None = None  # (positions, their tables) of the last forward given positions
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, past: int,
                  positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,12 +61,22 @@ class RotaryEmbedding:
         `positions` (batch, seq): each token's own position instead (packed examples); (seq,): the
         same positions for every row (a context-parallel rank's part of the sequence)."""
         if positions is not None:
-            cos, signed_sin = self._angles(positions.float())
+            cos, signed_sin = self.tables_of(positions)
             if positions.dim() == 2:
                 cos, signed_sin = cos[:, None], signed_sin[:, None]  # one table per row, for every head
         else:
             cos, signed_sin = self.tables(past, q.size(2), q.device)
         return rotate(q, cos, signed_sin), rotate(k, cos, signed_sin)
+
+    def tables_of(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables of given positions; every layer of a forward is given the same tensor, whose
+        tables are kept (the tensor with them: the same object is the same positions)."""
+        if torch.compiler.is_compiling():
+            return self._angles(positions.float())
+        mode = torch.is_inference_mode_enabled()  # inference tensors may not be saved for a backward
+        if self._given is None or self._given[0] is not positions or self._given[1] != mode:
+            self._given = (positions, mode, self._angles(positions.float()))
+        return self._given[2]
 
     def tables(self, past: int, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if torch.compiler.is_compiling():  # inside a compiled graph: computed there, fused, kept by nothing

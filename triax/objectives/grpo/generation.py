@@ -206,6 +206,8 @@ def padded_attention(valid: torch.Tensor, new: int, positions: torch.Tensor) -> 
     tokens (`valid`, rows x positions so far), padding only among padding (a padding query that saw
     nothing would give NaN, which masked weights of 0 would still carry into the tokens' sums)."""
     keys = valid.size(1)
+    if new == 1:  # one token fed after the rest (padding is fed only before): it sees every token
+        return Packed(valid[:, None, None, :], positions)
     causal = torch.ones(new, keys, dtype=torch.bool, device=valid.device).tril(diagonal=keys - new)
     mask = (valid[:, keys - new:, None] == valid[:, None, :]) & causal
     return Packed(mask[:, None], positions)
