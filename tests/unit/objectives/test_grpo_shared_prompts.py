@@ -66,3 +66,15 @@ def test_a_run_is_shared_only_where_that_costs_fewer_flops():
     assert groups_of_run(20, 16, 8, flops) == [8]  # short completions after a prompt: one row
     assert groups_of_run(20, 16, 24, flops) == [6, 6, 6, 6]  # more: rows cut where attention grows
     assert groups_of_run(100, 1024, 8, flops) == [1] * 8  # long completions: the rows apart
+
+
+@pytest.mark.parametrize("width", [1, 2])
+def test_completions_of_one_or_two_tokens(width):
+    """A completion's last token is not fed (it predicts nothing): one token long, only its prompt is."""
+    model = tiny_model("llama")
+    prompt, lengths, completion = grouped_batch()
+    completion = completion[:, :width]
+    together, _ = completion_logps(model, prompt, lengths, completion)
+    alone = [completion_logps(model, prompt[row:row + 1], lengths[row:row + 1], completion[row:row + 1])[0]
+             for row in range(prompt.size(0))]
+    torch.testing.assert_close(together, torch.cat(alone), **TOLERANCE)

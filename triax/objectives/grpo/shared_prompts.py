@@ -3,10 +3,11 @@
 A generated batch holds num_generations completions of each prompt, each row the prompt again: fed
 as rows, every prompt position is computed (and back-propagated) num_generations times, most of a
 step where prompts are longer than completions. Here each run of rows with one prompt becomes one
-row: the prompt's tokens, then each completion after it, every completion seeing the prompt and its
-own earlier tokens only, at the positions it has in its own row (the prompt's length on). The same
-attention and positions as the rows apart, so the same numbers up to the order of the sums; the
-prompt's positions receive the gradients of all its completions, added.
+row: the prompt's tokens, then each completion after it (but its last token, which predicts
+nothing), every completion seeing the prompt and its own earlier tokens only, at the positions it
+has in its own row (the prompt's length on). The same attention and positions as the rows apart,
+so the same numbers up to the order of the sums; the prompt's positions receive the gradients of
+all its completions, added.
 
 Only for decoders whose numbers are their mask's and positions' alone (Decoder.attends_by_mask).
 """
@@ -38,7 +39,7 @@ def prompt_runs(prompt_ids: torch.Tensor, prompt_lengths: torch.Tensor, completi
     runs = [0] + (torch.nonzero(differs).flatten() + 1).tolist()
     lengths, starts = prompt_lengths.tolist(), []
     for start, end in zip(runs, runs[1:] + [prompt_ids.size(0)]):
-        sizes = groups_of_run(lengths[start], completion_width, end - start, flops_per_token)
+        sizes = groups_of_run(lengths[start], completion_width - 1, end - start, flops_per_token)
         starts += [start + sum(sizes[:group]) for group in range(len(sizes))]
     return starts
 
@@ -63,17 +64,18 @@ def shared_prompts(prompt_ids: torch.Tensor, prompt_lengths: torch.Tensor, compl
     """The groups' rows of left-padded `prompt_ids` and right-padded `completion_ids` (rows in runs
     beginning at `starts`), each group's row rounded up to a multiple of `multiple` positions."""
     rows, width = completion_ids.shape
+    fed = width - 1  # a completion's last token predicts nothing: it is not fed
     device = completion_ids.device
     first_rows = torch.tensor(starts, device=device)
     counts = torch.diff(first_rows, append=torch.tensor([rows], device=device))
     prompts = prompt_lengths.to(device)[first_rows]  # (groups,) each group's prompt length
-    needed = int((prompts + counts * width).max())
+    needed = int((prompts + counts * fed).max())
     length = needed + -needed % multiple
     place = torch.arange(length, device=device)[None, :]  # (1, length): a place in a group's row
     in_prompt = place < prompts[:, None]
     after = (place - prompts[:, None]).clamp(min=0)  # places after the prompt: completion, then step
-    generation, step = after // width, after % width
-    in_completion = ~in_prompt & (generation < counts[:, None])
+    generation, step = after // max(fed, 1), after % max(fed, 1)
+    in_completion = ~in_prompt & (generation < counts[:, None]) & (fed > 0)
     row = (first_rows[:, None] + generation).clamp(max=rows - 1)
     prompt_place = (prompt_ids.size(1) - prompts[:, None] + place).clamp(max=prompt_ids.size(1) - 1)
     ids = torch.where(in_prompt, prompt_ids[first_rows[:, None], prompt_place],
@@ -82,7 +84,7 @@ def shared_prompts(prompt_ids: torch.Tensor, prompt_lengths: torch.Tensor, compl
     positions = torch.where(in_prompt, place, torch.where(in_completion, prompts[:, None] + step, 0))
     # Row r's token 0 is predicted by its prompt's last place, its token t by its own t - 1.
     group = torch.repeat_interleave(torch.arange(len(starts), device=device), counts)
-    start = prompts[group] + (torch.arange(rows, device=device) - first_rows[group]) * width
+    start = prompts[group] + (torch.arange(rows, device=device) - first_rows[group]) * fed
     steps = torch.arange(width, device=device)[None, :]
     predictors = group[:, None] * length + torch.where(steps == 0, prompts[group][:, None] - 1,
                                                        start[:, None] + steps - 1)
