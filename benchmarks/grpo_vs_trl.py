@@ -6,8 +6,9 @@ its --prompts (a sum in words, scored by exact match), 8 prompts a step with 8 c
 at most 16 tokens, temperature 1.0, the dapo loss, beta 0, AdamW (0.9, 0.999) at a constant rate
 without weight decay, clipping at 1.0, fp32, one thread each, every weight trained. The time is the
 loop's: the seconds of the steps after the first (triax's per-step `step_time_s`; TRL's own
-per-step `step_time`, which includes its generation). Runs alternate triax, TRL, each in a fresh process; the ratio printed is triax's median
-time over TRL's (below 1: triax is faster). The completions differ (each side samples its own).
+per-step `step_time`, which includes its generation). Runs alternate triax, TRL, each in a fresh
+process; the ratio printed is triax's median time over TRL's (below 1: triax is faster). The
+completions differ (each side samples its own).
 
     python benchmarks/grpo_vs_trl.py                        # 3 rounds of 20 steps
     python benchmarks/grpo_vs_trl.py --rounds 1 --steps 6   # a quick look
