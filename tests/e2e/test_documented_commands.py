@@ -127,6 +127,8 @@ NOT_RUN = {
     ('docs/performance.md', 'python benchmarks/dpo_vs_trl.py --rounds 3 --steps 60'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/dpo_vs_trl.py --quality --steps 60'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/grpo_vs_trl.py --rounds 3 --steps 20'): 'a quiet machine',
+    ('docs/performance.md', 'python benchmarks/grpo_reward_vs_trl.py'): 'a quiet machine',
+    ('docs/performance.md', 'python benchmarks/grpo_reward_vs_trl.py --seeds 10'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/grpo_memory.py'): 'a quiet machine',
     ('docs/performance.md', 'OMP_NUM_THREADS=1 python benchmarks/lora_vs_peft.py --rounds 3 --steps 100'): 'a quiet machine',
     ('docs/performance.md', 'OMP_NUM_THREADS=1 python benchmarks/moe_vs_transformers.py --rounds 3 --steps 20'): 'a quiet machine',
