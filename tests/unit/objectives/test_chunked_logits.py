@@ -4,20 +4,23 @@ targets, a padded vocabulary's masked rows and packed rows; no call of the outpu
 than a chunk's positions, forward or backward; and below the limit the whole path runs, bit for bit."""
 
 import contextlib
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from triax.config.schema import TrainConfig
 from triax.data.targets import IGNORE_INDEX
 from triax.models import build_model
 from triax.models.config import GPTConfig
-from triax.objectives import StepContext
+from triax.objectives import RunParts, StepContext
 from triax.objectives.chunked_logits import FP32_BYTES, chunk_positions
+from triax.objectives.dpo.build import build as build_dpo
 from triax.objectives.dpo.config import DPOConfig
 from triax.objectives.dpo.objective import DPOObjective
 from triax.objectives.reference import Reference
 from triax.objectives.tokens.loss import token_cross_entropy
-from triax.objectives.tokens.objective import TokenLoss
+from triax.objectives.tokens.objective import TokenLoss, build as build_token_loss
 from triax.train.step import TrainingStep
 
 VOCAB, PADDED, ROWS, LENGTH = 97, 104, 4, 8
@@ -168,3 +171,11 @@ def test_chunk_positions_fit_the_limit():
     wrapped = torch.nn.Module()
     wrapped.module = model  # DDP's wrapper holds the decoder as .module
     assert chunk_positions(wrapped, targets, limit_for(7, model)) == 7
+
+
+def test_the_runs_limit_reaches_both_objectives():
+    config = TrainConfig()
+    assert config.parallel.max_logits_mb == 256  # the default: docs/configuration.md
+    config.parallel.max_logits_mb = 3.5
+    parts = RunParts(config, SimpleNamespace(val=None), None, CPU, contextlib.nullcontext, 1, token_cross_entropy)
+    assert build_token_loss(parts).max_logits_mb == build_dpo(parts).max_logits_mb == 3.5
