@@ -24,7 +24,7 @@ runs keep the one matmul and the compiled loss, and their numbers bit for bit.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, ContextManager
 
 import torch
 import torch.nn.functional as F
@@ -121,3 +121,22 @@ def reduce_target_losses(losses: torch.Tensor, targets: torch.Tensor, reduction:
     F.cross_entropy's mean: NaN where none is)."""
     total = losses.sum()
     return total if reduction == "sum" else total / (targets != IGNORE_INDEX).sum()
+
+
+def bounded_cross_entropy(forward: Callable[..., torch.Tensor], model: torch.nn.Module, inputs: Any,
+                        targets: torch.Tensor, reduction: str, whole_loss: Callable, max_logits_mb: float,
+                        autocast: Callable[[], ContextManager]) -> torch.Tensor:
+    """The cross-entropy (`reduction`: mean or sum) of `targets` after `inputs` under `model`:
+    `whole_loss(logits, targets, reduction)` of the whole logits (`forward(model, inputs)`, under
+    `autocast`) where they fit in `max_logits_mb`, else a chunk of positions at a time from the final
+    hidden states (`forward(model, inputs, logits=False)`): the same fp32 losses, summed in another
+    order. The training step's token loss and its validation loss both take it."""
+    chunk = chunk_positions(model, targets, max_logits_mb)
+    if chunk >= targets.numel():
+        with autocast():
+            logits = forward(model, inputs)
+        return whole_loss(logits, targets, reduction)
+    with autocast():
+        hidden = forward(model, inputs, logits=False)
+        losses = target_losses(output_layer(model), hidden, targets, chunk)
+    return reduce_target_losses(losses, targets, reduction)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from triax.objectives import RunParts, StepContext
-from triax.objectives.chunked_logits import chunk_positions, output_layer, reduce_target_losses, target_losses
+from triax.objectives.chunked_logits import bounded_cross_entropy
 
 
 class TokenLoss:
@@ -50,18 +50,10 @@ class TokenLoss:
 
     def _cross_entropy(self, context: StepContext, model: torch.nn.Module, x: Any, y: torch.Tensor,
                        reduction: str) -> torch.Tensor:
-        """The targets' cross-entropy from the whole logits where they fit in max_logits_mb (the
-        compiled loss where the blocks are), else a chunk of positions at a time through the output
-        layer: the same fp32 losses, summed in another order (triax.objectives.chunked_logits)."""
-        chunk = chunk_positions(model, y, self.max_logits_mb)
-        if chunk >= y.numel():
-            with context.autocast():
-                logits = context.forward(model, x)
-            return self.token_loss(logits, y, reduction)
-        with context.autocast():
-            hidden = context.forward(model, x, logits=False)
-            losses = target_losses(output_layer(model), hidden, y, chunk)
-        return reduce_target_losses(losses, y, reduction)
+        """From the whole logits where they fit in max_logits_mb (the compiled loss where the blocks
+        are), else a chunk of positions at a time through the output layer (triax.objectives.chunked_logits)."""
+        return bounded_cross_entropy(context.forward, model, x, y, reduction, self.token_loss, self.max_logits_mb,
+                                   context.autocast)
 
     def take_figures(self) -> dict:
         return {}
