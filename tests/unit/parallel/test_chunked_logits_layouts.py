@@ -2,8 +2,8 @@
 micro-batch's logits) computes the same training run as one process holding the whole logits, in
 every layout that takes it: one process (eager and compiled), DDP, FSDP2 with activation
 checkpointing, tensor parallel (vocabulary-sharded logits under loss_parallel) and context
-parallel. The losses logged (training and validation, both in chunks) and the final weights agree. Kept cheap: a
-2-layer, 32-wide GPT, 3 steps, a global batch of 8."""
+parallel. The losses logged (training and validation, both in chunks) and the final weights agree.
+Kept cheap: a 2-layer, 32-wide GPT, 3 steps, a global batch of 8."""
 
 import json
 import os
