@@ -53,7 +53,7 @@ class TokenLoss:
         """From the whole logits where they fit in max_logits_mb (the compiled loss where the blocks
         are), else a chunk of positions at a time through the output layer (triax.objectives.chunked_logits)."""
         return bounded_cross_entropy(context.forward, model, x, y, reduction, self.token_loss, self.max_logits_mb,
-                                   context.autocast)
+                                     context.autocast)
 
     def take_figures(self) -> dict:
         return {}
