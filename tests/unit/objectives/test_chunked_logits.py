@@ -1,7 +1,8 @@
 """The token loss and DPO through the output layer in chunks of positions (parallel.max_logits_mb)
 equal their whole-logits path: the loss, the figures and every parameter's gradient, with ignored
 targets, a padded vocabulary's masked rows and packed rows; no call of the output layer sees more
-than a chunk's positions, forward or backward; and below the limit the whole path runs, bit for bit."""
+than a chunk's positions, forward or backward; under bf16 autocast they agree within a rounding;
+and below the limit the whole path runs, bit for bit."""
 
 import contextlib
 from types import SimpleNamespace
@@ -86,6 +87,27 @@ def test_the_token_loss_in_chunks_equals_the_whole(arch, padded, tied, chunk, pe
         torch.testing.assert_close(gradient, whole[2][name], **TOLERANCE, msg=name)
     if padded:  # the padding rows' logits are masked in every chunk: they never move
         assert not chunked[2]["lm_head.weight"][VOCAB:].any()
+
+
+def test_under_bf16_autocast_the_chunks_equal_the_whole_to_a_rounding():
+    """The output layer's matmul in bf16 either way, the loss in fp32 of the same bf16 logits: the
+    loss to fp32 round-off, the gradients (bf16 matmuls over fewer rows) within one bf16 rounding."""
+    model = tiny_model("llama")
+    batch = token_batch(seed=5)
+    autocast = StepContext(CPU, lambda: torch.autocast("cpu", dtype=torch.bfloat16), TrainingStep.forward,
+                           grad_accum=1, data_parallel_size=1, data_parallel_rank=0, seed=0)
+    results = []
+    for limit in (0.0, limit_for(7, model)):
+        model.zero_grad()
+        scaled, logged = TokenLoss(token_cross_entropy, False, limit).loss(autocast, model, (*batch, None))
+        scaled.backward()
+        results.append((logged.detach(), gradients(model)))
+    (whole, whole_gradients), (chunked, chunked_gradients) = results
+    assert chunked.dtype == torch.float32
+    torch.testing.assert_close(chunked, whole, **TOLERANCE)
+    for name, gradient in chunked_gradients.items():
+        scale = float(whole_gradients[name].abs().max())
+        torch.testing.assert_close(gradient, whole_gradients[name], rtol=2**-7, atol=2**-7 * scale, msg=name)
 
 
 def test_below_the_limit_the_whole_path_runs_bit_for_bit():
