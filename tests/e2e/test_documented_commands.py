@@ -130,6 +130,7 @@ NOT_RUN = {
     ('docs/performance.md', 'python benchmarks/grpo_reward_vs_trl.py'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/grpo_reward_vs_trl.py --seeds 10'): 'a quiet machine',
     ('docs/performance.md', 'python benchmarks/grpo_memory.py'): 'a quiet machine',
+    ('docs/performance.md', 'python benchmarks/sft_memory.py'): 'a quiet machine',
     ('docs/performance.md', 'OMP_NUM_THREADS=1 python benchmarks/lora_vs_peft.py --rounds 3 --steps 100'): 'a quiet machine',
     ('docs/performance.md', 'OMP_NUM_THREADS=1 python benchmarks/moe_vs_transformers.py --rounds 3 --steps 20'): 'a quiet machine',
     ('docs/performance.md', 'OMP_NUM_THREADS=1 python benchmarks/pipe_overlap.py --repeats 5'): 'a quiet machine',

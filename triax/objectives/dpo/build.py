@@ -25,7 +25,7 @@ def build(parts: RunParts) -> DPOObjective:
     """The objective of the run: its evaluation scores the plain policy over the validation pairs,
     trainer.eval_batches batches of trainer.batch_size pairs per data-parallel rank (0: all)."""
     config = parts.config
-    objective = DPOObjective(config.dpo)
+    objective = DPOObjective(config.dpo, config.parallel.max_logits_mb)
     objective.model, objective.validation = parts.model, parts.data.val
     objective.batch_size = config.trainer.batch_size
     objective.eval_limit = config.trainer.eval_batches * config.trainer.batch_size * parts.data_parallel_size
