@@ -37,6 +37,22 @@ DEFAULT_CHUNK_TOKENS = 256  # positions per chunk: 256 x 151,936 fp32 logits = 1
 FP32_BYTES = 4  # the loss's logits are fp32 whatever the compute dtype
 
 
+CPU_LOGITS_MB = 256.0  # the default limit on a CPU (see logits_limit_mb)
+
+
+def logits_limit_mb(configured: float | None, device: torch.device) -> float:
+    """parallel.max_logits_mb as the run applies it. Unset: 256 MB on a CPU, where the chunks cost
+    nothing measurable and save the gigabytes a large vocabulary's logits take; a quarter of the
+    device's memory on a GPU, where the whole logits' one matmul and compiled loss are the faster
+    path (GPT-2's measured micro-batch of 64 x 1,024 tokens is 13 GB of fp32 logits, whole on an
+    80 GB card) and the chunks are for what would not fit."""
+    if configured is not None:
+        return configured
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 4 / 2**20
+    return CPU_LOGITS_MB
+
+
 def output_layer(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """The decoder's output layer (final hidden states -> logits) of `model`, under DDP's wrapper or not."""
     return getattr(model, "module", model).output_logits

@@ -197,7 +197,18 @@ def test_chunk_positions_fit_the_limit():
 
 def test_the_runs_limit_reaches_both_objectives():
     config = TrainConfig()
-    assert config.parallel.max_logits_mb == 256  # the default: docs/configuration.md
-    config.parallel.max_logits_mb = 3.5
+    assert config.parallel.max_logits_mb is None  # unset: 256 MB on a CPU (docs/parallelism.md)
     parts = RunParts(config, SimpleNamespace(val=None), None, CPU, contextlib.nullcontext, 1, token_cross_entropy)
+    assert build_token_loss(parts).max_logits_mb == build_dpo(parts).max_logits_mb == 256
+    config.parallel.max_logits_mb = 3.5
     assert build_token_loss(parts).max_logits_mb == build_dpo(parts).max_logits_mb == 3.5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_unset_limit_is_a_quarter_of_its_memory():
+    from triax.objectives.chunked_logits import logits_limit_mb
+
+    device = torch.device("cuda")
+    assert logits_limit_mb(None, device) == torch.cuda.get_device_properties(device).total_memory / 4 / 2**20
+    assert logits_limit_mb(0.0, device) == 0.0

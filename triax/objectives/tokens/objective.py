@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from triax.objectives import RunParts, StepContext
-from triax.objectives.chunked_logits import bounded_cross_entropy
+from triax.objectives.chunked_logits import bounded_cross_entropy, logits_limit_mb
 
 
 class TokenLoss:
@@ -69,4 +69,4 @@ def build(parts: RunParts) -> TokenLoss:
     of tokens per row: their loss is a mean per token of the step."""
     data = parts.config.data
     varying = data.task == "chat" or (data.task == "tokens" and data.packing and not data.score_document_starts)
-    return TokenLoss(parts.token_loss, varying, parts.config.parallel.max_logits_mb)
+    return TokenLoss(parts.token_loss, varying, logits_limit_mb(parts.config.parallel.max_logits_mb, parts.device))
