@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, TYPE_CHECKING
+from typing import Callable, Mapping, TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -31,10 +31,10 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from triax.errors import ConfigError
-from triax.models.family import spec_of
+from triax.models.family import lora_layers, spec_of
 from triax.models.init import init_constant, init_normal, local_box
 # The settings and names, in a module of their own that the config reads without torch.distributed.
-from triax.models.lora_config import ROW_PARALLEL, TARGETS, LoRAConfig, is_adapter, target_keys
+from triax.models.lora_config import TARGETS, TRIAX_NAMES, LoRAConfig, is_adapter, target_keys
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -87,8 +87,8 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh: DeviceMesh | None 
     """Freeze every parameter of `model` (a Decoder or a pipeline stage of one, plain or after
     tensor parallelism) and add adapters to the target layers of each block, on the model's device
     (meta, before materialising). Returns the adapted layers' names."""
-    keys = target_keys(config.targets)
-    targets = spec_of(model.config.arch).lora_targets  # the family's: short name -> layer in a block
+    available = lora_layers(model.config)  # the family's: short name -> layer(s) in a block
+    keys = _family_keys(config.targets, available, model.config.arch)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     # Snapshots of this model hold its adapters alone (triax.checkpoint.snapshot): the frozen base
@@ -96,31 +96,57 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh: DeviceMesh | None 
     model.snapshot_trainable_only = True
     adapted = []
     for number, block in model.layers.items():
+        plan = spec_of(model.config.arch).tp_plan(block) if tp_mesh is not None else {}
         for key in keys:
-            owner, _, attribute = targets.get(key, TARGETS[key]).rpartition(".")
-            layer = getattr(getattr(block, owner), attribute, None) if key in targets else None
-            if layer is None:
-                raise ConfigError(f"model.lora.targets has {key!r} but this model's blocks have no {TARGETS[key]} "
-                                  "(GPT-2's MLP has no gate; a mixture of experts' routed MLP holds batched experts, "
-                                  "not these layers); choose among the layers it has")
+            path = available[key]
+            layer = _target_layer(block, path)
             weight = layer.weight
             device = weight.device if not hasattr(weight, "to_local") else weight.to_local().device
             with torch.device(device):
                 layer.lora_A = LoRAFactor(config.rank, layer.in_features)
                 layer.lora_B = LoRAFactor(layer.out_features, config.rank)
             if tp_mesh is not None:
-                _split_like_layer(layer, tp_mesh, row_parallel=key in ROW_PARALLEL)
+                _split_like_layer(layer, tp_mesh, row_parallel=_split_style(plan, path) == "rowwise")
             layer.lora_dropout = nn.Dropout(config.dropout) if config.dropout else nn.Identity()
             layer.lora_scaling = config.alpha / config.rank
             layer.register_forward_hook(_add_adapter)
-            adapted.append(f"layers.{number}.{TARGETS[key]}")
+            adapted.append(f"layers.{number}.{path}")
     return adapted
 
 
-def _split_like_layer(layer: nn.Linear, tp_mesh: DeviceMesh | None, row_parallel: bool) -> None:
-    a_placement, b_placement = (Shard(1), Replicate()) if row_parallel else (Replicate(), Shard(0))
-    for factor, placement in ((layer.lora_A, a_placement), (layer.lora_B, b_placement)):
-        factor.weight = nn.Parameter(distribute_tensor(factor.weight.data, tp_mesh, [placement]))
+def _family_keys(targets: object, available: Mapping[str, str], arch: str) -> list[str]:
+    """model.lora.targets' short names, each one a layer this family adapts."""
+    keys = target_keys(targets, available)
+    missing = [key for key in keys if key not in available]
+    if missing:
+        names = ", ".join(f"{key} ({TRIAX_NAMES[key]})" for key in TARGETS if key in available)
+        raise ConfigError(f"model.lora.targets has {missing[0]!r} ({TRIAX_NAMES[missing[0]]}), which LoRA on a "
+                          f"model.arch={arch} model does not adapt; choose among {names}, or all-linear")
+    return keys
+
+
+def _target_layer(block: nn.Module, path: str) -> nn.Linear:
+    """The linear layer at `path` in the block; one line if the block has none."""
+    try:
+        layer = block.get_submodule(path)
+    except AttributeError:
+        layer = None
+    if not isinstance(layer, nn.Linear):
+        raise ConfigError(f"model.lora.targets names {path} but this model's blocks have no {path} (GPT-2's MLP has "
+                          "no gate; a mixture of experts' routed MLP holds batched experts, not these layers); choose "
+                          "among the layers it has")
+    return layer
+
+
+def _split_style(plan: Mapping[str, str], path: str) -> str:
+    """How tensor parallelism splits the layer at `path`: its adapters follow a column- or a
+    row-parallel layer only (a layer every rank computes whole has no split for them to follow)."""
+    style = plan.get(path)
+    if style not in ("colwise", "rowwise"):
+        raise ConfigError(f"model.lora.targets adapts {path}, which tensor parallelism does not split by rows or "
+                          f"columns ({style or 'computed whole on every rank'}); LoRA under parallel.tp adapts the "
+                          "split layers only: drop that target or parallel.tp")
+    return style
 
 
 @torch.no_grad()

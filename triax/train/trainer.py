@@ -185,8 +185,7 @@ class Trainer:
                                    model_config, self._stored_name())
         if self.config.model.lora.rank and self.config.model.lora.init_from:
             load_adapter(self.raw_model if self.raw_model is not None else self.model,
-                         self.config.model.lora.init_from, self.config.model.lora, self._stored_name(),
-                         n_layer=model_config.n_layer)
+                         self.config.model.lora.init_from, self.config.model.lora, self._stored_name())
         self.objective = self._objective(model_config)
         self.steps_per_epoch *= self.objective.steps_per_batch  # a produced batch may serve several steps
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None

@@ -1,0 +1,123 @@
+"""LoRA on DeepSeek-V3 as PEFT computes it on transformers' DeepseekV3ForCausalLM: on a tiny random
+checkpoint saved by transformers, PEFT's adapters read into triax give the same loss and the same
+adapter gradients (fp32), with and without the query latent; a LoRA run's `--format peft` export
+loads in peft.PeftModel and scores as `triax eval` scores the run, its `--format hf --merge` export
+in AutoModelForCausalLM alike; a target the model lacks is one line."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from support.deepseek_checkpoints import VOCAB, save_checkpoint
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
+peft = pytest.importorskip("peft", reason="peft is not installed (pip install 'triax[test]')")
+
+BLOCK = 32
+# The layers LoRA adapts on the model, the attention's, as PEFT names them (PEFT's all-linear on it
+# adapts these and, as parameters, the routed experts and the router, which triax does not adapt).
+LATENT_TARGETS = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
+VARIANTS = {"query_latent": ({}, LATENT_TARGETS),
+            "no_query_latent": (dict(q_lora_rank=None), ["q_proj", *LATENT_TARGETS[2:]])}
+
+
+def peft_adapter(directory, target_modules, out):
+    """PEFT's adapters on the checkpoint, saved to `out`: A as PEFT draws it, B random (not zero, so
+    the adapters change the loss and A's gradients are not zero); the PeftModel."""
+    torch.manual_seed(3)
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(directory)).eval()
+    adapted = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=target_modules))
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)
+    adapted.save_pretrained(str(out))
+    return adapted
+
+
+def lm_loss(logits, ids):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("targets", ["all-linear", "named"])
+def test_triax_lora_equals_peft_loss_and_gradients(variant, targets, tmp_path):
+    """The same adapters (PEFT's, saved and read through model.lora.init_from's reader): the loss
+    within 1e-5 (relative) and every adapter's gradient within 1e-4 of its largest value: fp32 sums
+    over a few hundred terms in another order, far below the gradients' own size."""
+    from triax.interop.hf.whole_model import load_hf_model
+    from triax.interop.peft.adapter import load_adapter, peft_name
+    from triax.models.lora import LoRAConfig, apply_lora
+
+    fields, target_modules = VARIANTS[variant]
+    save_checkpoint(tmp_path / "base", **fields)
+    reference = peft_adapter(tmp_path / "base", target_modules, tmp_path / "adapter")
+    ours = load_hf_model(str(tmp_path / "base"), torch.device("cpu"))
+    lora = LoRAConfig(rank=4, alpha=8, targets=target_modules if targets == "named" else ["all-linear"])
+    adapted = apply_lora(ours, lora)
+    assert len(adapted) == 3 * len(target_modules)  # every layer has each of them
+    assert load_adapter(ours, str(tmp_path / "adapter"), lora, whole=True) > 0
+    ids = torch.randint(0, VOCAB, (4, BLOCK), generator=torch.Generator().manual_seed(1))
+    ours_loss = lm_loss(ours(ids), ids)
+    peft_loss = reference(ids, labels=ids).loss
+    assert abs(ours_loss.item() - peft_loss.item()) / peft_loss.item() <= 1e-5
+    ours_loss.backward()
+    peft_loss.backward()
+    peft_parameters = dict(reference.named_parameters())
+    compared = 0
+    for name, parameter in ours.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        theirs = peft_parameters[peft_name(name, "deepseek_v3").replace(".weight", ".default.weight")].grad
+        scale = theirs.abs().max().item()
+        assert scale > 0, name
+        torch.testing.assert_close(parameter.grad, theirs, rtol=0, atol=1e-4 * scale)
+        compared += 1
+    assert compared == 2 * len(adapted)
+
+
+@pytest.mark.parametrize("targets, words", [
+    (["k"], "'k' (k_proj), which LoRA on a model.arch=deepseek_v3 model does not adapt; choose among q_a (q_a_proj), "
+            "q_b (q_b_proj), kv_a (kv_a_proj_with_mqa), kv_b (kv_b_proj), o (o_proj), or all-linear"),
+    (["q_proj"], "'q' (q_proj), which LoRA on a model.arch=deepseek_v3 model does not adapt"),
+])
+def test_a_target_the_model_lacks_is_one_line(targets, words):
+    from triax.errors import ConfigError
+    from triax.models import GPTConfig, build_model
+    from triax.models.lora import LoRAConfig, apply_lora
+
+    with torch.device("meta"):
+        model = build_model(GPTConfig.from_preset("deepseek-v3-debug", vocab_size=64, block_size=16))
+    with pytest.raises(ConfigError) as caught:
+        apply_lora(model, LoRAConfig(rank=4, targets=targets))
+    assert "\n" not in str(caught.value) and words in str(caught.value), str(caught.value)
+
+
+def test_the_mlp_is_not_a_target():
+    """PEFT takes gate_proj, up_proj and down_proj on DeepseekV3ForCausalLM to mean the routed
+    experts' fused weights (target_parameters, which triax does not adapt), not the dense and shared
+    MLPs' layers: those targets are refused in one line, and all-linear adapts the attention alone."""
+    from triax.errors import ConfigError
+    from triax.models import GPTConfig, build_model
+    from triax.models.lora import LoRAConfig, apply_lora
+
+    config = GPTConfig.from_preset("deepseek-v3-debug", vocab_size=64, block_size=16)
+    with torch.device("meta"):
+        for target in ("gate", "up_proj", "down"):
+            with pytest.raises(ConfigError, match="which LoRA on a model.arch=deepseek_v3 model does not adapt"):
+                apply_lora(build_model(config), LoRAConfig(rank=4, targets=[target]))
+        adapted = apply_lora(build_model(config), LoRAConfig(rank=4, targets=["all-linear"]))
+    assert {name.split(".", 2)[2] for name in adapted} == {"attn.q_a_proj", "attn.q_b_proj",
+                                                          "attn.kv_a_proj_with_mqa", "attn.kv_b_proj", "attn.out_proj"}
+
+
+def test_peft_reads_gate_proj_as_the_experts():
+    """Why the MLPs are refused: PEFT rewrites a gate_proj/up_proj/down_proj target on this model into
+    the routed experts' parameters."""
+    from support.deepseek_checkpoints import hf_model
+
+    adapted = peft.get_peft_model(hf_model(), peft.LoraConfig(r=4, target_modules=["o_proj", "gate_proj", "up_proj", "down_proj"]))
+    config = adapted.peft_config["default"]
+    assert set(config.target_modules) == {"o_proj"} and "gate_up_proj" in set(config.target_parameters)
