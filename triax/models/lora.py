@@ -10,7 +10,8 @@ layer keeps its class, its own parameter names (checkpoints and init_from are un
 place in every parallel plan. Under tensor parallelism the adapters are split like their layer: a
 column-parallel layer (q, k, v, gate, up) gets a replicated A and a B split by output rows, so
 each rank adds the delta of the output columns it holds; a row-parallel layer (o, down) gets an A
-split by input columns and a replicated B, whose partial sums are reduced like the layer's own.
+split by input columns and a replicated B, whose partial sums are reduced like the layer's own;
+a layer every rank computes whole (latent attention's latents) gets both replicated.
 FSDP then shards them with the rest of their block.
 
 Initialisation as PEFT's: A Kaiming-uniform (uniform on +-1/sqrt(in), PEFT's `init_lora_weights=
@@ -74,9 +75,10 @@ def _add_adapter(module: nn.Linear, args: tuple, output: torch.Tensor):
     x = args[0]
     delta = F.linear(F.linear(module.lora_dropout(x), module.lora_A.weight), module.lora_B.weight)
     delta = delta * module.lora_scaling
-    if isinstance(delta, DTensor):
+    if isinstance(delta, DTensor) and not isinstance(output, DTensor):
         # Tensor parallel: the layer's own output is already a local tensor. A row-parallel
         # layer's delta is a partial sum: reduced and split along the sequence like the layer's.
+        # (A replicated layer's output stays a DTensor, and its delta with it.)
         if any(placement.is_partial() for placement in delta.placements):
             delta = delta.redistribute(delta.device_mesh, [Shard(1)])
         delta = delta.to_local()
@@ -106,7 +108,7 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh: DeviceMesh | None 
                 layer.lora_A = LoRAFactor(config.rank, layer.in_features)
                 layer.lora_B = LoRAFactor(layer.out_features, config.rank)
             if tp_mesh is not None:
-                _split_like_layer(layer, tp_mesh, row_parallel=_split_style(plan, path) == "rowwise")
+                _split_like_layer(layer, tp_mesh, _split_style(plan, path))
             layer.lora_dropout = nn.Dropout(config.dropout) if config.dropout else nn.Identity()
             layer.lora_scaling = config.alpha / config.rank
             layer.register_forward_hook(_add_adapter)
@@ -138,15 +140,28 @@ def _target_layer(block: nn.Module, path: str) -> nn.Linear:
     return layer
 
 
+# (A's placement, B's) under tensor parallelism, by the style of the layer they adapt: a column-parallel
+# layer's B split by output rows, a row-parallel layer's A by input columns, a replicated layer's
+# (latent attention's latents, computed whole on every rank as DTensors) both replicated, their
+# gradients summed over the ranks by DTensor as the layer's own are.
+PLACEMENTS = {"colwise": (Replicate(), Shard(0)), "rowwise": (Shard(1), Replicate()),
+              "replicate": (Replicate(), Replicate())}
+
+
 def _split_style(plan: Mapping[str, str], path: str) -> str:
-    """How tensor parallelism splits the layer at `path`: its adapters follow a column- or a
-    row-parallel layer only (a layer every rank computes whole has no split for them to follow)."""
+    """The tensor-parallel style of the layer at `path`, one the adapters can follow (PLACEMENTS)."""
     style = plan.get(path)
-    if style not in ("colwise", "rowwise"):
-        raise ConfigError(f"model.lora.targets adapts {path}, which tensor parallelism does not split by rows or "
-                          f"columns ({style or 'computed whole on every rank'}); LoRA under parallel.tp adapts the "
-                          "split layers only: drop that target or parallel.tp")
+    if style not in PLACEMENTS:
+        raise ConfigError(f"model.lora.targets adapts {path}, which tensor parallelism computes as "
+                          f"{style or 'a part of a module run whole on every rank'}; LoRA under parallel.tp adapts "
+                          "split or replicated layers only: drop that target or parallel.tp")
     return style
+
+
+def _split_like_layer(layer: nn.Linear, tp_mesh: DeviceMesh | None, style: str) -> None:
+    a_placement, b_placement = PLACEMENTS[style]
+    for factor, placement in ((layer.lora_A, a_placement), (layer.lora_B, b_placement)):
+        factor.weight = nn.Parameter(distribute_tensor(factor.weight.data, tp_mesh, [placement]))
 
 
 @torch.no_grad()

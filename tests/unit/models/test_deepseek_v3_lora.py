@@ -121,3 +121,67 @@ def test_peft_reads_gate_proj_as_the_experts():
     adapted = peft.get_peft_model(hf_model(), peft.LoraConfig(r=4, target_modules=["o_proj", "gate_proj", "up_proj", "down_proj"]))
     config = adapted.peft_config["default"]
     assert set(config.target_modules) == {"o_proj"} and "gate_up_proj" in set(config.target_parameters)
+
+
+@pytest.mark.multiprocess
+def test_a_lora_run_exports_to_peft_and_merged_scoring_as_triax_eval(tmp_path, tiny_corpus):
+    """3 steps of LoRA on the attention from the checkpoint: `--format peft` loads in
+    peft.PeftModel over transformers' DeepseekV3ForCausalLM, and `--format hf --merge` in
+    AutoModelForCausalLM, each scoring a token file as `triax eval` scores the run (fp32, 1e-5)."""
+    from support.forked import launch
+    from support.helpers import tiny_overrides, train
+    from support.hf_scoring import hf_mean_loss, model_mean_loss
+    from support.llama_checkpoints import train_tokenizer
+
+    checkpoint = tmp_path / "checkpoint"
+    save_checkpoint(checkpoint)
+    train_tokenizer(tiny_corpus, checkpoint / "tokenizer.json")
+    run_dir = tmp_path / "run"
+    train(tiny_overrides(run_dir, tiny_corpus, **{
+        "model.init_from": str(checkpoint), "data.block_size": BLOCK, "trainer.max_steps": 3, "trainer.batch_size": 4,
+        "optim.lr": 1e-2, "parallel.dp_replicate": 1, "model.lora.rank": 4, "model.lora.alpha": 8,
+        "model.lora.targets": "[all-linear]"}), timeout=300)
+    launch(1, ["-m", "triax", "export", str(run_dir), str(tmp_path / "adapter"), "--format", "peft"])
+    launch(1, ["-m", "triax", "export", str(run_dir), str(tmp_path / "merged"), "--format", "hf", "--merge"])
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert saved["target_modules"] == LATENT_TARGETS and saved["r"] == 4 and saved["lora_alpha"] == 8
+    ids = torch.randint(0, VOCAB, (300,), generator=torch.Generator().manual_seed(2))
+    ids.numpy().astype("uint16").tofile(tmp_path / "val.bin")
+    scored = json.loads(launch(1, ["-m", "triax", "eval", str(run_dir), "--tokens", str(tmp_path / "val.bin"),
+                                   "--block-size", str(BLOCK), "--json"]).stdout.strip().splitlines()[-1])
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint)).eval()
+    original, tokens = model_mean_loss(base, ids, BLOCK)
+    adapted, _ = model_mean_loss(peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval(), ids, BLOCK)
+    merged, _ = hf_mean_loss(str(tmp_path / "merged"), ids, BLOCK)
+    assert scored["tokens"] == tokens
+    assert abs(adapted - scored["loss"]) / scored["loss"] <= 1e-5, (adapted, scored)
+    assert abs(merged - scored["loss"]) / scored["loss"] <= 1e-5, (merged, scored)
+    assert abs(adapted - original) > 1e-4  # the adapters changed the model
+
+
+@pytest.mark.multiprocess
+def test_lora_under_tp_equals_one_process(tmp_path, tiny_corpus):
+    """3 steps of LoRA on every attention layer of a latent-attention model from one seed: under TP
+    x 2 the latents' adapters are replicated (their gradients summed over the ranks by DTensor, as
+    the latents' own), q_b's and kv_b's split with their heads, o's by its input; the losses and the
+    adapters equal one process's."""
+    from support.helpers import assert_adam_close, final_weights, run_config, tiny_overrides, train
+
+    def run(run_dir, nproc, **settings):
+        train(tiny_overrides(run_dir, tiny_corpus, **{
+            "model.arch": "deepseek_v3", "model.kv_lora_rank": 16, "model.q_lora_rank": 24,
+            "model.qk_nope_head_dim": 8, "model.qk_rope_head_dim": 4, "model.v_head_dim": 6, "model.n_head": 4,
+            "model.lora.rank": 4, "model.lora.alpha": 8, "model.lora.targets": "[all-linear]", "optim.lr": 1e-2,
+            "trainer.max_steps": 3, "trainer.batch_size": 4, "trainer.log_every": 1, "trainer.eval_every": 3,
+            "trainer.eval_batches": 0, "parallel.dp_replicate": 1, **settings}), nproc=nproc, timeout=300)
+        return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+    single = run(tmp_path / "single", 1)
+    parallel = run(tmp_path / "tp2", 2, **{"parallel.tp": 2})
+    for key in ("loss", "val_loss", "grad_norm"):
+        assert [r[key] for r in parallel if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
+    one = final_weights(tmp_path / "single")
+    assert sorted(one) == sorted(final_weights(tmp_path / "tp2"))
+    assert len(one) == 2 * 5 * 2  # 2 blocks, 5 adapted layers, A and B
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    assert_adam_close(final_weights(tmp_path / "tp2"), one, learning_rates)
