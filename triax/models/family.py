@@ -44,8 +44,9 @@ class FamilySpec:
     """The Hugging Face adapter (the family's hf.py): MODEL_TYPES, CONFIG_NAMES, architecture(config_dict)
     -> fields, sources(weights, model_config), hf_config(config), hf_tensors(config, source); optionally
     CLASSES (for messages), hf_name(name) (a parameter's transformers name, which PEFT's adapter
-    names follow; the llama block's when absent), wrap_weights, sliding_window, export_problem, and TRAINER_TYPES with
-    trainer_parameters and trainer_dropout (a transformers Trainer's checkpoint continued)."""
+    names follow; the llama block's when absent), wrap_weights, sliding_window, export_problem, and
+    TRAINER_TYPES with trainer_parameters and trainer_dropout (a transformers Trainer's checkpoint
+    continued)."""
 
     tp_plan: Optional[Callable[[Any], dict]] = None
     """tp_plan(block) -> one block's parallelize_module plan (names relative to the block)."""

@@ -119,7 +119,8 @@ def test_peft_reads_gate_proj_as_the_experts():
     the routed experts' parameters."""
     from support.deepseek_checkpoints import hf_model
 
-    adapted = peft.get_peft_model(hf_model(), peft.LoraConfig(r=4, target_modules=["o_proj", "gate_proj", "up_proj", "down_proj"]))
+    mlp = ["gate_proj", "up_proj", "down_proj"]
+    adapted = peft.get_peft_model(hf_model(), peft.LoraConfig(r=4, target_modules=["o_proj", *mlp]))
     config = adapted.peft_config["default"]
     assert set(config.target_modules) == {"o_proj"} and "gate_up_proj" in set(config.target_parameters)
 

@@ -3,9 +3,9 @@ what `peft.PeftModel.from_pretrained(base, DIRECTORY)` loads and `save_pretraine
 
 Tensor names are the transformers name of the adapted layer (its family's hf.hf_name) with
 `lora_A.weight` / `lora_B.weight` in place of its `weight`, under PEFT's `base_model.model.` prefix
-(llama family: `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`). `triax export --format peft`
-writes such a directory from a run's snapshot; `model.lora.init_from=DIR` reads one into the
-adapters of a freshly built model (this rank's slices only).
+(llama family: `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`). `triax export
+--format peft` writes such a directory from a run's snapshot; `model.lora.init_from=DIR` reads one
+into the adapters of a freshly built model (this rank's slices only).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def peft_name(name: str, arch: str | None = None) -> str:
     """PEFT's name of triax adapter parameter `name` (layers.0.attn.q_proj.lora_A.weight) in a
     model.arch=`arch` model (None: the llama block's names)."""
     layer, factor = name.split(ADAPTER_MARK, 1)  # "layers.0.attn.q_proj", "A.weight"
+    # The family's own transformers names (DeepSeek-V3's shared experts...); the llama block's by default.
     hf_name = getattr(spec_of(arch).hf, "hf_name", hf_llama.hf_name) if arch is not None else hf_llama.hf_name
     weight = hf_name(f"{layer}.weight")
     return f"{PEFT_PREFIX}{weight.removesuffix('.weight')}.lora_{factor}"
@@ -76,7 +77,8 @@ def write_adapter(tensors: dict[str, torch.Tensor], lora: LoRAConfig, base: str 
     """Write {triax adapter name: full tensor} of a model of `model_config` to `out_dir` in PEFT's
     format; returns the tensor count."""
     safe_files.make_directory(out_dir)
-    named = {peft_name(name, model_config.arch): tensor.detach().to(torch.float32).contiguous() for name, tensor in tensors.items()}
+    named = {peft_name(name, model_config.arch): tensor.detach().to(torch.float32).contiguous()
+             for name, tensor in tensors.items()}
     # triax_adapter marks the file as triax's export, which a later export may replace (PEFT ignores it).
     safe_files.write_atomic(os.path.join(out_dir, WEIGHTS_FILE), save(named, metadata={"format": "pt",
                                                                                       "triax_adapter": "1"}))
