@@ -187,3 +187,36 @@ def test_lora_under_tp_equals_one_process(tmp_path, tiny_corpus):
     assert len(one) == 2 * 5 * 2  # 2 blocks, 5 adapted layers, A and B
     learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
     assert_adam_close(final_weights(tmp_path / "tp2"), one, learning_rates)
+
+
+@pytest.mark.multiprocess
+def test_lora_under_fsdp_and_ep_equals_one_process(tmp_path, tiny_corpus):
+    """3 LoRA steps from the checkpoint under FSDP x 2 with EP x 2 (each rank holding half the frozen
+    experts, the adapters sharded with their blocks) equal one process accumulating the two halves."""
+    from support.helpers import assert_adam_close, final_weights, run_config, tiny_overrides, train
+    from support.llama_checkpoints import train_tokenizer
+
+    checkpoint = tmp_path / "checkpoint"
+    save_checkpoint(checkpoint)
+    train_tokenizer(tiny_corpus, checkpoint / "tokenizer.json")
+
+    def run(run_dir, nproc, **settings):
+        train(tiny_overrides(run_dir, tiny_corpus, **{
+            "model.init_from": str(checkpoint), "data.block_size": BLOCK, "trainer.max_steps": 3,
+            "trainer.batch_size": 4, "trainer.log_every": 1, "trainer.eval_every": 3, "trainer.eval_batches": 0,
+            "optim.lr": 1e-2, "parallel.dp_replicate": 1, "model.lora.rank": 4, "model.lora.alpha": 8,
+            "model.lora.targets": "[q_a,kv_b,o]", **settings}), nproc=nproc, timeout=300)
+        return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+    single = run(tmp_path / "single", 1, **{"trainer.grad_accum": 2})
+    sharded = run(tmp_path / "ep2", 2, **{"parallel.dp_shard": 2, "parallel.ep": 2})
+    for key in ("loss", "val_loss"):
+        assert [r[key] for r in sharded if key in r] == pytest.approx([r[key] for r in single if key in r], rel=1e-5)
+    one = final_weights(tmp_path / "single")
+    # 3 blocks, 3 adapted layers, A and B; besides them only the routed layers' correction biases
+    # (buffers the balancing update may move)
+    assert len([name for name in one if ".lora_" in name]) == 3 * 3 * 2
+    assert sorted(name for name in one if ".lora_" not in name) == ["layers.1.mlp.expert_bias",
+                                                                    "layers.2.mlp.expert_bias"]
+    learning_rates = [run_config(tmp_path / "single")["optim"]["lr"]] * 3
+    assert_adam_close(final_weights(tmp_path / "ep2"), one, learning_rates)
