@@ -35,7 +35,7 @@ from triax.errors import ConfigError
 from triax.models.family import lora_layers, spec_of
 from triax.models.init import init_constant, init_normal, local_box
 # The settings and names, in a module of their own that the config reads without torch.distributed.
-from triax.models.lora_config import TARGETS, TRIAX_NAMES, LoRAConfig, is_adapter, target_keys
+from triax.models.lora_config import LoRAConfig, is_adapter, model_target_keys
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -89,8 +89,8 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh: DeviceMesh | None 
     """Freeze every parameter of `model` (a Decoder or a pipeline stage of one, plain or after
     tensor parallelism) and add adapters to the target layers of each block, on the model's device
     (meta, before materialising). Returns the adapted layers' names."""
-    available = lora_layers(model.config)  # the family's: short name -> layer(s) in a block
-    keys = _family_keys(config.targets, available, model.config.arch)
+    available = lora_layers(model.config)  # the family's: short name -> layer in a block
+    keys = model_target_keys(config.targets, model.config)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     # Snapshots of this model hold its adapters alone (triax.checkpoint.snapshot): the frozen base
@@ -114,17 +114,6 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh: DeviceMesh | None 
             layer.register_forward_hook(_add_adapter)
             adapted.append(f"layers.{number}.{path}")
     return adapted
-
-
-def _family_keys(targets: object, available: Mapping[str, str], arch: str) -> list[str]:
-    """model.lora.targets' short names, each one a layer this family adapts."""
-    keys = target_keys(targets, available)
-    missing = [key for key in keys if key not in available]
-    if missing:
-        names = ", ".join(f"{key} ({TRIAX_NAMES[key]})" for key in TARGETS if key in available)
-        raise ConfigError(f"model.lora.targets has {missing[0]!r} ({TRIAX_NAMES[missing[0]]}), which LoRA on a "
-                          f"model.arch={arch} model does not adapt; choose among {names}, or all-linear")
-    return keys
 
 
 def _target_layer(block: nn.Module, path: str) -> nn.Linear:

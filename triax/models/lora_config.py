@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import List, Mapping, Optional
 
 from triax.errors import ConfigError
+from triax.models.family import lora_layers
 
 # model.lora.targets -> the linear layer inside a block (PEFT's module names are accepted too). Each
 # family says which of them its blocks have, and where (FamilySpec.lora_targets); the latent
@@ -63,6 +64,19 @@ def target_keys(targets: object, available: Mapping[str, object] = TARGETS) -> l
     if not keys:
         raise ConfigError("model.lora.targets is empty; name the layers to adapt, e.g. [q,v] or [all-linear]")
     return [key for key in TARGETS if key in keys]
+
+
+def model_target_keys(targets: object, model_config: object) -> list[str]:
+    """model.lora.targets' short names on a model of `model_config` (a GPTConfig), each one a layer
+    its family adapts (triax.models.family.lora_layers); one line for another."""
+    available = lora_layers(model_config)
+    keys = target_keys(targets, available)
+    missing = [key for key in keys if key not in available]
+    if missing:
+        names = ", ".join(f"{key} ({TRIAX_NAMES[key]})" for key in TARGETS if key in available)
+        raise ConfigError(f"model.lora.targets has {missing[0]!r} ({TRIAX_NAMES[missing[0]]}), which LoRA on a "
+                          f"model.arch={model_config.arch} model does not adapt; choose among {names}, or all-linear")
+    return keys
 
 
 def check_lora(config: LoRAConfig) -> None:

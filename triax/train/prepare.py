@@ -24,6 +24,7 @@ from triax.errors import ConfigError
 from triax.interop.foreign_run import ForeignRun
 from triax.interop.peft.adapter import check_adapter
 from triax.models.config import GPTConfig
+from triax.models.lora_config import model_target_keys
 from triax.objectives.registry import objective_for
 from triax.parallel.experts import check_layout as check_expert_layout
 from triax.parallel.mesh import (GPU_VOCAB_MULTIPLE, Layout, check_context_parallel, padded_vocab_size,
@@ -171,6 +172,8 @@ def _run_places(config: TrainConfig, model_config: GPTConfig) -> tuple[str, bool
     restarted = restart_count() > 0
     resume = trainer.resume or restarted
     check_snapshot_root(config, snapshot_root(config), resume)
+    if config.model.lora.rank:  # the targets this model's family adapts, before the run directory is written
+        model_target_keys(config.model.lora.targets, model_config)
     if config.model.lora.rank and config.model.lora.init_from:
         check_adapter(model_config, config.model.lora)  # before the run directory is written
     # Created only once every check above passed: a refused start leaves no empty run directory.

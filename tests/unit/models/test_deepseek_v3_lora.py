@@ -96,6 +96,14 @@ def test_a_target_the_model_lacks_is_one_line(targets, words):
     assert "\n" not in str(caught.value) and words in str(caught.value), str(caught.value)
 
 
+@pytest.mark.parametrize("target, words", [("k", "'k' (k_proj)"), ("gate_proj", "'gate' (gate_proj)")])
+def test_triax_train_refuses_such_a_target_in_one_line(target, words, sandbox):
+    """`triax train` refuses it before anything of the run is written (no run directory left)."""
+    sandbox.refused(["train", "model=deepseek-v3-debug", "model.lora.rank=4", f"model.lora.targets=[{target}]",
+                     "trainer.max_steps=1", f"trainer.run_dir={sandbox.work / 'run'}"], words,
+                    "model.arch=deepseek_v3 model does not adapt; choose among q_a (q_a_proj)")
+
+
 def test_the_mlp_is_not_a_target():
     """PEFT takes gate_proj, up_proj and down_proj on DeepseekV3ForCausalLM to mean the routed
     experts' fused weights (target_parameters, which triax does not adapt), not the dense and shared
