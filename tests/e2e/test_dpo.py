@@ -1,9 +1,10 @@
 """DPO (data.task=preference, dpo.*) side by side with TRL's DPOTrainer: the same tiny Llama, the
 same pairs in the same order (data.shuffle=false; TRL with a sequential sampler), LoRA of rank 8
 on q and v from the same initial adapter, beta 0.1, AdamW at a constant rate: the loss and rewards
-of every step within 1e-5 for the first steps and 1e-4 over 30, and `triax eval` equal to TRL's
-evaluate(); FSDP x 2 and TP x 2 end with the one-process adapters; a bitwise resume after SIGKILL;
-PEFT and merged exports; one line for what DPO cannot run."""
+of every step within 1e-5 for the first steps and 1e-4 over 30 (also with the logits taken through
+the output layer in chunks of positions), and `triax eval` equal to TRL's evaluate(); FSDP x 2 and
+TP x 2 (also in chunks) end with the one-process adapters; a bitwise resume after SIGKILL; PEFT and
+merged exports; one line for what DPO cannot run."""
 
 import json
 import warnings
@@ -112,6 +113,24 @@ def test_dpo_equals_trl_dpo_trainer_step_by_step(runs):
     assert late > 0.05 and sum(record["loss"] for record in ours[-5:]) / 5 < ours[0]["loss"] - 0.02, ours[-5:]
 
 
+# A micro-batch's fp32 logits are 8 x 64 x 301 (302 under TP) x 4 bytes = 0.62 MB: under this limit
+# both forwards take the output layer 43 positions at a time (triax.objectives.chunked_logits).
+CHUNKED = {"parallel.max_logits_mb": 0.05}
+
+
+def test_logits_in_chunks_equal_trl_dpo_trainer_step_by_step(setup, runs, tmp_path):
+    root, base, _, pairs, val = setup
+    train(triax_overrides(root, base, pairs, val, tmp_path / "run", **{"model.lora.init_from": root / "adapter"},
+                          **CHUNKED), timeout=400)
+    ours = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if '"loss"' in line]
+    theirs = runs[2]
+    assert len(ours) == len(theirs) == STEPS
+    for step, (mine, other) in enumerate(zip(ours, theirs)):
+        tolerance = 1e-5 if step < 5 else 1e-4
+        for name in METRICS:
+            assert abs(mine[name] - other[name]) <= tolerance, (step + 1, name, mine[name], other[name])
+
+
 def test_the_step_line_shows_reward_accuracy_and_margin(runs):
     _, ours, _, _, output = runs
     record = [record for record in ours if "loss" in record][-1]
@@ -162,6 +181,7 @@ def test_eval_reports_trl_metrics_on_a_validation_file(setup, runs):
 @pytest.mark.parametrize("layout, nproc, settings", [
     ("fsdp2", 2, {"parallel.dp_shard": 2, "trainer.batch_size": BATCH // 2}),
     ("tp2", 2, {"parallel.tp": 2}),
+    ("tp2_chunked", 2, {"parallel.tp": 2, **CHUNKED}),
 ])
 def test_layouts_end_with_the_one_process_adapters(setup, runs, tmp_path, layout, nproc, settings):
     """FSDP x 2 (two pairs a rank) and TP x 2 (adapters split like their layers) train the adapters

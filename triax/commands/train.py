@@ -1,4 +1,5 @@
-"""`triax train`: compose the configuration, run the Trainer, leave the process group cleanly."""
+"""`triax train`: compose the configuration, prepare the run, run the Trainer, leave the process group
+cleanly."""
 
 from __future__ import annotations
 
@@ -34,12 +35,15 @@ def main(argv: list[str]) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(TRAIN_HELP + describe_keys())
         return 0
-    # trainer.continue_from's run, opened once for its settings, is handed to the trainer.
+    # trainer.continue_from's run, opened once for its settings, is handed on to the run's preparation.
     config, continued = compose_run(argv)
+    from triax.train.prepare import prepare_run  # deferred: start-up time; a bad key or --help needs no data
     from triax.train.trainer import Trainer  # deferred: start-up time; a bad key or --help needs no trainer
 
     try:
-        trainer = Trainer(config, continued)
+        # Resolved before the Trainer (the checkpoint's architecture, the batch, the paths), which
+        # trains the prepared run as it is given.
+        trainer = Trainer(prepare_run(config, continued))
         trainer.fit()
         # Free the DDP model while the process group is still registered, so the group's teardown
         # below (which first lets gloo's threads finish their last works) is the last one.

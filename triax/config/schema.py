@@ -385,6 +385,12 @@ class ParallelConfig:
     compile: bool = False
     """torch.compile each transformer block, and the loss (its fp32 logits never written whole)."""
 
+    max_logits_mb: Optional[float] = None
+    """Most fp32 logits (MB: a micro-batch's positions x vocabulary x 4 bytes) the token loss (training
+    and validation) and the preference loss hold at once; larger logits are computed in chunks of
+    positions that fit, each recomputed in the backward (not under pp). 0 = no limit: the whole logits.
+    Unset: 256 on a CPU, a quarter of the device's memory on a GPU."""
+
     bucket_mb: float = 25.0
     """Gradient all-reduce bucket size in MB (DDP)."""
 

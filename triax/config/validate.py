@@ -210,6 +210,9 @@ def _check_parallel(parallel: ParallelConfig) -> None:
           parallel.activation_checkpointing, f"use one of {', '.join(ACTIVATION_CHECKPOINTING)}")
     _need(_finite(parallel.bucket_mb) and parallel.bucket_mb > 0, "parallel.bucket_mb", parallel.bucket_mb,
           "use a positive size in MB")
+    _need(parallel.max_logits_mb is None or (_finite(parallel.max_logits_mb) and parallel.max_logits_mb >= 0),
+          "parallel.max_logits_mb",
+          parallel.max_logits_mb, "use a size in MB such as 256, or 0 for no limit")
     check_compression(parallel.grad_compression, parallel.powersgd_rank)
 
 

@@ -358,3 +358,27 @@ def check_size(name: str, value: object, limit: int) -> None:
     if value > limit:
         raise ConfigError(f"model.{name}={value} is above triax's bound of {limit} ({SIZE_REASON}); "
                           "use a smaller value")
+
+
+def check_rotary(config: GPTConfig, scalings: tuple[str, ...]) -> None:
+    """The rotary fields, for a family whose rotary positions scale in one of `scalings` (none,
+    linear, llama3, yarn): one check for every family, each naming the scalings it computes."""
+    if config.rope_scaling not in scalings:
+        raise ConfigError(f"model.rope_scaling={config.rope_scaling!r} with model.arch={config.arch}: choose one of "
+                          f"{', '.join(scalings)}")
+    if not (config.rope_theta > 1 and config.rope_factor >= 1):
+        raise ConfigError(f"model.rope_theta={config.rope_theta} must be > 1 and model.rope_factor="
+                          f"{config.rope_factor} >= 1")
+    if config.rope_scaling == "llama3" and not (0 < config.rope_low_freq_factor < config.rope_high_freq_factor
+                                                and config.rope_original_context >= 1):
+        raise ConfigError(f"model.rope_low_freq_factor={config.rope_low_freq_factor} must be positive and below "
+                          f"model.rope_high_freq_factor={config.rope_high_freq_factor}, and "
+                          f"model.rope_original_context={config.rope_original_context} positive")
+    if config.rope_scaling == "yarn":
+        if not (0 < config.rope_beta_slow < config.rope_beta_fast and config.rope_original_context >= 1):
+            raise ConfigError(f"model.rope_beta_slow={config.rope_beta_slow} must be positive and below "
+                              f"model.rope_beta_fast={config.rope_beta_fast}, and model.rope_original_context="
+                              f"{config.rope_original_context} positive")
+        gain = config.rope_attention_factor
+        if gain is not None and not (isinstance(gain, (int, float)) and 0 < gain < 100):
+            raise ConfigError(f"model.rope_attention_factor={gain!r} must be a positive gain such as 1.35 (or unset)")

@@ -172,6 +172,8 @@ def update_expert_bias(model: nn.Module, rate: float, all_reduce: Callable | Non
             load = load.to(module.expert_bias.device, torch.float32)
             if all_reduce is not None:
                 all_reduce(load)
+            # Only the sign of each expert's distance from the mean counts: under activation
+            # checkpointing every forward of the layer runs twice, doubling every load alike.
             module.expert_bias += rate * torch.sign(load.mean() - load)
             module.step_load = None
 

@@ -43,8 +43,10 @@ class FamilySpec:
     hf: Any = None
     """The Hugging Face adapter (the family's hf.py): MODEL_TYPES, CONFIG_NAMES, architecture(config_dict)
     -> fields, sources(weights, model_config), hf_config(config), hf_tensors(config, source); optionally
-    CLASSES (for messages), wrap_weights, sliding_window, export_problem, and TRAINER_TYPES with
-    trainer_parameters and trainer_dropout (a transformers Trainer's checkpoint continued)."""
+    CLASSES (for messages), hf_name(name) (a parameter's transformers name, which PEFT's adapter
+    names follow; the llama block's when absent), wrap_weights, sliding_window, export_problem, and
+    TRAINER_TYPES with trainer_parameters and trainer_dropout (a transformers Trainer's checkpoint
+    continued)."""
 
     tp_plan: Optional[Callable[[Any], dict]] = None
     """tp_plan(block) -> one block's parallelize_module plan (names relative to the block)."""
@@ -52,8 +54,10 @@ class FamilySpec:
     tp_split_dims: Mapping[str, int] = field(default_factory=dict)
     """{parameter name ending: the dim tensor parallelism splits} (what `triax plan` counts per rank)."""
 
-    lora_targets: Mapping[str, str] = field(default_factory=dict)
-    """model.lora.targets' short names -> the linear layer inside a block ("q" -> "attn.q_proj")."""
+    lora_targets: Mapping[str, str] | Callable[[Any], Mapping[str, str]] = field(default_factory=dict)
+    """model.lora.targets' short names (triax.models.lora_config.TARGETS) -> the linear layer inside a
+    block ("q" -> "attn.q_proj"); or a function of the config giving them, where the layers a block
+    has depend on the model's fields (lora_layers)."""
 
     peft_names: bool = False
     """Whether PEFT names this family's adapters (so `triax export --format peft` can write them)."""
@@ -69,6 +73,12 @@ class FamilySpec:
     """The optional mechanisms' fields (triax.models.config.MECHANISMS: attention sinks, latent
     attention, ...) this family computes; set away from its default, any other is refused in one line
     before the family's check runs, instead of being silently ignored."""
+
+
+def lora_layers(config: Any) -> Mapping[str, str]:
+    """The LoRA targets a model of `config` has: short name -> its layer in a block."""
+    targets = spec_of(config.arch).lora_targets
+    return targets(config) if callable(targets) else targets
 
 
 _SPECS: dict[str, FamilySpec] = {}  # model.arch -> its family

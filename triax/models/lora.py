@@ -10,7 +10,8 @@ layer keeps its class, its own parameter names (checkpoints and init_from are un
 place in every parallel plan. Under tensor parallelism the adapters are split like their layer: a
 column-parallel layer (q, k, v, gate, up) gets a replicated A and a B split by output rows, so
 each rank adds the delta of the output columns it holds; a row-parallel layer (o, down) gets an A
-split by input columns and a replicated B, whose partial sums are reduced like the layer's own.
+split by input columns and a replicated B, whose partial sums are reduced like the layer's own;
+a layer every rank computes whole (latent attention's latents) gets both replicated.
 FSDP then shards them with the rest of their block.
 
 Initialisation as PEFT's: A Kaiming-uniform (uniform on +-1/sqrt(in), PEFT's `init_lora_weights=
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, TYPE_CHECKING
+from typing import Callable, Mapping, TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -31,10 +32,10 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from triax.errors import ConfigError
-from triax.models.family import spec_of
+from triax.models.family import lora_layers, spec_of
 from triax.models.init import init_constant, init_normal, local_box
 # The settings and names, in a module of their own that the config reads without torch.distributed.
-from triax.models.lora_config import ROW_PARALLEL, TARGETS, LoRAConfig, is_adapter, target_keys
+from triax.models.lora_config import LoRAConfig, is_adapter, model_target_keys
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -74,9 +75,10 @@ def _add_adapter(module: nn.Linear, args: tuple, output: torch.Tensor):
     x = args[0]
     delta = F.linear(F.linear(module.lora_dropout(x), module.lora_A.weight), module.lora_B.weight)
     delta = delta * module.lora_scaling
-    if isinstance(delta, DTensor):
+    if isinstance(delta, DTensor) and not isinstance(output, DTensor):
         # Tensor parallel: the layer's own output is already a local tensor. A row-parallel
         # layer's delta is a partial sum: reduced and split along the sequence like the layer's.
+        # (A replicated layer's output stays a DTensor, and its delta with it.)
         if any(placement.is_partial() for placement in delta.placements):
             delta = delta.redistribute(delta.device_mesh, [Shard(1)])
         delta = delta.to_local()
@@ -87,8 +89,8 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh: DeviceMesh | None 
     """Freeze every parameter of `model` (a Decoder or a pipeline stage of one, plain or after
     tensor parallelism) and add adapters to the target layers of each block, on the model's device
     (meta, before materialising). Returns the adapted layers' names."""
-    keys = target_keys(config.targets)
-    targets = spec_of(model.config.arch).lora_targets  # the family's: short name -> layer in a block
+    available = lora_layers(model.config)  # the family's: short name -> layer in a block
+    keys = model_target_keys(config.targets, model.config)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     # Snapshots of this model hold its adapters alone (triax.checkpoint.snapshot): the frozen base
@@ -96,29 +98,57 @@ def apply_lora(model: nn.Module, config: LoRAConfig, tp_mesh: DeviceMesh | None 
     model.snapshot_trainable_only = True
     adapted = []
     for number, block in model.layers.items():
+        plan = spec_of(model.config.arch).tp_plan(block) if tp_mesh is not None else {}
         for key in keys:
-            owner, _, attribute = targets.get(key, TARGETS[key]).rpartition(".")
-            layer = getattr(getattr(block, owner), attribute, None) if key in targets else None
-            if layer is None:
-                raise ConfigError(f"model.lora.targets has {key!r} but this model's blocks have no {TARGETS[key]} "
-                                  "(GPT-2's MLP has no gate; a mixture of experts' routed MLP holds batched experts, "
-                                  "not these layers); choose among the layers it has")
+            path = available[key]
+            layer = _target_layer(block, path)
             weight = layer.weight
             device = weight.device if not hasattr(weight, "to_local") else weight.to_local().device
             with torch.device(device):
                 layer.lora_A = LoRAFactor(config.rank, layer.in_features)
                 layer.lora_B = LoRAFactor(layer.out_features, config.rank)
             if tp_mesh is not None:
-                _split_like_layer(layer, tp_mesh, row_parallel=key in ROW_PARALLEL)
+                _split_like_layer(layer, tp_mesh, _split_style(plan, path))
             layer.lora_dropout = nn.Dropout(config.dropout) if config.dropout else nn.Identity()
             layer.lora_scaling = config.alpha / config.rank
             layer.register_forward_hook(_add_adapter)
-            adapted.append(f"layers.{number}.{TARGETS[key]}")
+            adapted.append(f"layers.{number}.{path}")
     return adapted
 
 
-def _split_like_layer(layer: nn.Linear, tp_mesh: DeviceMesh | None, row_parallel: bool) -> None:
-    a_placement, b_placement = (Shard(1), Replicate()) if row_parallel else (Replicate(), Shard(0))
+def _target_layer(block: nn.Module, path: str) -> nn.Linear:
+    """The linear layer at `path` in the block; one line if the block has none."""
+    try:
+        layer = block.get_submodule(path)
+    except AttributeError:
+        layer = None
+    if not isinstance(layer, nn.Linear):
+        raise ConfigError(f"model.lora.targets names {path} but this model's blocks have no {path} (GPT-2's MLP has "
+                          "no gate; a mixture of experts' routed MLP holds batched experts, not these layers); choose "
+                          "among the layers it has")
+    return layer
+
+
+# (A's placement, B's) under tensor parallelism, by the style of the layer they adapt: a column-parallel
+# layer's B split by output rows, a row-parallel layer's A by input columns, a replicated layer's
+# (latent attention's latents, computed whole on every rank as DTensors) both replicated, their
+# gradients summed over the ranks by DTensor as the layer's own are.
+PLACEMENTS = {"colwise": (Replicate(), Shard(0)), "rowwise": (Shard(1), Replicate()),
+              "replicate": (Replicate(), Replicate())}
+
+
+def _split_style(plan: Mapping[str, str], path: str) -> str:
+    """The tensor-parallel style of the layer at `path`, one the adapters can follow (PLACEMENTS)."""
+    style = plan.get(path)
+    if style not in PLACEMENTS:
+        raise ConfigError(f"model.lora.targets adapts {path}, which tensor parallelism computes as "
+                          f"{style or 'a part of a module run whole on every rank'}; LoRA under parallel.tp adapts "
+                          "split or replicated layers only: drop that target or parallel.tp")
+    return style
+
+
+def _split_like_layer(layer: nn.Linear, tp_mesh: DeviceMesh | None, style: str) -> None:
+    a_placement, b_placement = PLACEMENTS[style]
     for factor, placement in ((layer.lora_A, a_placement), (layer.lora_B, b_placement)):
         factor.weight = nn.Parameter(distribute_tensor(factor.weight.data, tp_mesh, [placement]))
 

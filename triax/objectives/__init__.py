@@ -32,7 +32,8 @@ class StepContext:
 
     device: torch.device
     autocast: Callable[[], ContextManager]  # the precision policy's autocast on this device
-    forward: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]  # model, ids -> logits
+    # (model, ids) -> logits; (model, ids, logits=False) -> the final hidden states (triax.objectives.chunked_logits)
+    forward: Callable[..., torch.Tensor]
     grad_accum: int  # micro-batches per optimizer step
     data_parallel_size: int  # ranks that hold different samples
     data_parallel_rank: int

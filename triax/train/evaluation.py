@@ -8,6 +8,7 @@ import torch
 from triax.data.addition import addition_accuracy
 from triax.data.targets import IGNORE_INDEX
 from triax.data.windows import evaluation_windows, rank_batches
+from triax.objectives.chunked_logits import bounded_cross_entropy, logits_limit_mb
 from triax.runtime.shared_decisions import gather_floats
 from triax.train.step import TrainingStep
 
@@ -61,10 +62,10 @@ class Evaluation:
             if steps.parallel_model.pipelined:
                 loss_sum += steps.pipeline_forward(x, y, train=False, reduction="sum").item()
                 continue
-            with steps.loss_context():
-                with steps.precision.autocast(steps.device):
-                    logits = steps.forward(steps.raw_model, x)
-                loss_sum += steps.token_loss(logits, y, reduction="sum").item()
+            with steps.loss_context():  # the logits whole, or in chunks where training takes them so
+                loss_sum += bounded_cross_entropy(steps.forward, steps.raw_model, x, y, "sum", steps.token_loss,
+                                                  logits_limit_mb(self.config.parallel.max_logits_mb, steps.device),
+                                                  lambda: steps.precision.autocast(steps.device)).item()
         return loss_sum, float(scored)
 
     def _per_source(self, names: list, totals: list[float]) -> dict:

@@ -1,8 +1,9 @@
 """The configuration a run trains with, resolved from the one it is given: the architecture from
 the checkpoint it starts from (model.init_from or trainer.continue_from), the batch fitted to the
-data, the local paths made absolute. The Trainer hands these steps its own copy of the config
-(`working_copy`) before any process group exists; the config it was given is never edited, and
-each checkpoint is opened once: trainer.continue_from's run as the composition opened it
+data, the local paths made absolute. triax.train.prepare's `prepare_run` runs these steps, in
+their order, on the run's own copy of the config (`working_copy`) before any process group exists
+and hands the result to the Trainer, which trains it as it is; the config given is never edited,
+and each checkpoint is opened once: trainer.continue_from's run as the composition opened it
 (config/compose.py's compose_run), handed on.
 """
 

@@ -157,11 +157,14 @@ class TrainingStep:
     # ---- forward and loss -----------------------------------------------------------------------
 
     @staticmethod
-    def forward(model: torch.nn.Module, x: torch.Tensor | tuple) -> torch.Tensor:
+    def forward(model: torch.nn.Module, x: torch.Tensor | tuple, logits: bool = True) -> torch.Tensor:
+        """The logits of `x`, or (`logits=False`) the final hidden states, for a loss that takes the
+        output layer a chunk of positions at a time (triax.objectives.chunked_logits)."""
+        extra = {} if logits else {"logits": False}  # the plain call where logits are asked: any model takes it
         if isinstance(x, tuple):  # packed rows: attention and positions confined to each example
             ids, documents = x
-            return model(ids, documents=documents)
-        return model(x)
+            return model(ids, documents=documents, **extra)
+        return model(x, **extra)
 
     def per_token_scale(self, scored: list[int] | None) -> float | None:
         """An objective whose rows score a varying number of tokens (chat's answers) has each step's

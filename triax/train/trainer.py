@@ -28,25 +28,17 @@ from triax.errors import ConfigError, printable
 from triax.models import build_model
 from triax.models.config import GPTConfig
 from triax.models.lora import apply_lora, trainable_summary
-from triax.interop.peft.adapter import check_adapter, load_adapter
+from triax.interop.peft.adapter import load_adapter
 from triax.parallel.ddp import unwrap
-from triax.parallel.experts import check_layout as check_expert_layout
-from triax.parallel.mesh import (GPU_VOCAB_MULTIPLE, build_mesh, check_context_parallel, padded_vocab_size,
-                                 resolve_layout, validate_layout)
+from triax.parallel.mesh import build_mesh
 from triax.parallel.parallelize import parallelize
 from triax.runtime.failure_agreement import raise_together
-from triax.runtime.host_memory import return_freed_memory_to_os
-from triax.runtime.place import detect_place, pick_device
-from triax.runtime.precision import Precision
-from triax.runtime.rendezvous import restart_count
 from triax.runtime.shared_decisions import any_rank, mean_across_ranks
-from triax.runtime.threads import apply_thread_choice
 from triax.tracking.throughput import Pace, peak_memory_mb, stated_peak_flops
 from triax.interop.foreign_run import ForeignRun
-from triax.train import continuation, init_from, resolve
+from triax.train import continuation, init_from
 from triax.config.compose import continuation_overrides
 from triax.train.console import Console
-from triax.train.data import build_data
 from triax.objectives import Objective, RunParts
 from triax.objectives.reference import reference_for
 from triax.objectives.registry import added_terms, objective_for
@@ -55,14 +47,13 @@ from triax.train.evaluation import Evaluation
 from triax.train.needs import run_needs
 from triax.train.optim import make_adamw, make_schedule, move_schedule
 from triax.train.preemption import StopRequest
-from triax.runs.directory import RunDirectory, check_writable_directory
+from triax.runs.directory import RunDirectory
 from triax.train.sample_log import SampleLog
-from triax.config.schema import (TrainConfig, asynchronous_snapshots, changed_from_preset, final_lr, gpt_config,
-                                 snapshot_every, snapshot_root, total_steps)
-from triax.train.snapshots import Snapshots, check_saved_vocabulary
-from triax.train.startup import check_device_memory, check_snapshot_root, join_job
+from triax.config.schema import TrainConfig, asynchronous_snapshots, final_lr, snapshot_every, total_steps
+from triax.train.snapshots import Snapshots
+from triax.train.prepare import PreparedRun, prepare_run
+from triax.train.startup import join_job
 from triax.train.step import Optimization, RankPlace, TrainingStep
-from triax.config.validate import check_data_layout
 
 
 def _held_by(component: str, name: str, doc: str) -> property:
@@ -75,8 +66,9 @@ def _held_by(component: str, name: str, doc: str) -> property:
 
 class Trainer:
     """One process's part of a `triax train` job. Every process of the job builds one from the same
-    checked config (`compose_config`); the constructor checks the layout, builds this rank's model
-    shards, data, optimizer and metrics, and resumes from the newest good snapshot when
+    checked config (`compose_config`), prepared before any process group (`prepare_run`: the data,
+    the layout and the resolved config); the constructor joins the job, builds this rank's model
+    shards, optimizer and metrics, and resumes from the newest good snapshot when
     `trainer.resume` is set. `fit()` then trains to `trainer.max_steps` / `max_epochs`:
 
         from triax.train import Trainer, compose_config
@@ -87,12 +79,22 @@ class Trainer:
     `console` and `run_directory`.
     """
 
-    def __init__(self, config: TrainConfig, continued: ForeignRun | None = None):
-        """`config`: the composed config, never edited (the run resolves its own copy: triax.train.resolve);
-        `continued`: trainer.continue_from's run as `compose_run` opened it, not opened again."""
-        self.config = config = resolve.working_copy(config)
-        model_config, created_run_dir = self._check_inputs(continued)
-        self._join_job(created_run_dir)
+    def __init__(self, run: PreparedRun | TrainConfig, continued: ForeignRun | None = None):
+        """`run`: what `prepare_run` (triax.train.prepare) resolved before any process group, trained
+        as it is. A TrainConfig, the Python API's `Trainer(compose_config([...]))`, is prepared here,
+        once (the config itself never edited), with `continued`: trainer.continue_from's run as
+        `compose_run` opened it, not opened again."""
+        if isinstance(run, TrainConfig):
+            # One call for the documented API and the benches, as before; `triax train` prepares
+            # first (triax.commands.train), so a PreparedRun is what every path trains.
+            run = prepare_run(run, continued)
+        elif continued is not None:
+            raise ConfigError("Trainer(prepared_run, continued): trainer.continue_from's run is given to "
+                              "prepare_run(config, continued), which the prepared run already holds; "
+                              "leave `continued` out")
+        self._take(run)
+        config, model_config = self.config, run.model_config
+        self._join_job(run.created_run_dir)
         if config.trainer.preflight:
             # model.init_from's checkpoint as the run opened it, not opened again for the doctor's sizes
             preflight(config, self.place, self.device,
@@ -102,7 +104,7 @@ class Trainer:
         self._build_optimizer()
         self.stop_reason: str | None = None  # set when a signal stopped the run early
         self.run_directory = RunDirectory(config, self.is_main)
-        self.logger = self.run_directory.open(self, created_run_dir, self.model_config, self.data, self.init_source)
+        self.logger = self.run_directory.open(self, run.created_run_dir, self.model_config, self.data, self.init_source)
         self.console = Console(config, self.steps, self.total_steps, self.flops_per_token,
                                stated_peak_flops(self.device, self.precision.compute_dtype, config.trainer.peak_flops),
                                self.watchdog, self._warn)
@@ -130,110 +132,17 @@ class Trainer:
                             "bytes_read: what this rank read of the snapshot it resumed from.")
     async_save = _held_by("snapshots", "asynchronous", "Whether snapshots are written in the background.")
 
-    # ---- the checks of __init__, before any process group exists ---------------------------------
+    # ---- the run as prepared, then the job ------------------------------------------------------
 
-    def _check_inputs(self, continued: ForeignRun | None) -> tuple[GPTConfig, bool]:
-        """Everything about the input, before any process group exists; returns the model's config
-        and whether the run directory was created here."""
-        # Everything that can be wrong with the input is checked before the process group
-        # exists, so a mistake is one message per rank, never a hang in a collective.
-        self._check_layout(continued)
-        model_config = self._model_config()
-        self._check_batch()
-        created_run_dir = self._check_run_dir(model_config)
-        return model_config, created_run_dir
-
-    def _check_layout(self, continued: ForeignRun | None) -> None:
-        """This process's place and device, the data, and the layout they run in."""
-        config, trainer, parallel = self.config, self.config.trainer, self.config.parallel
-        self.place = detect_place()
-        self.device = pick_device(trainer.device, self.place.local_rank)
-        # A CPU run computes with the cores idle at its start (triax.runtime.threads: why), unless OMP_NUM_THREADS says.
-        self.threads = apply_thread_choice(self.place.local_world_size) if self.device.type == "cpu" else None
-        self.precision = Precision(trainer.precision)
-        self.precision.check_device(self.device)
-        self.init_source = resolve.open_source(config, continued)
-        self.changed_shape = changed_from_preset(config.model)  # before model.init_from replaces the shape
-        self.data = build_data(config.data, self.init_source.codec if self.init_source else None, self.init_source,
-                               config)
-        self.layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp,
-                                     self.place.world_size, parallel.cp, parallel.ep)
-        check_context_parallel(self.layout, self.data.block_size, parallel.compile)
-        if self.init_source is not None:
-            resolve.take_architecture(config, self.init_source, self.changed_shape, self.data, self.layout,
-                                      self.place.is_main)
-        check_data_layout(config, self.layout)
-        if objective_for(config.data.task).scores_answers:
-            # Batches of answers cut to their longest row: to a multiple of tp (which splits the sequence).
-            self.data.train.multiple = self.data.val.multiple = self.layout.tp
-        validate_layout(self.layout, n_layer=config.model.n_layer, n_head=config.model.n_head,
-                        block_size=self.data.block_size, batch_size=trainer.batch_size,
-                        grad_accum=trainer.grad_accum, pp_schedule=parallel.pp_schedule,
-                        pp_microbatches=parallel.pp_microbatches, pp_balance=list(parallel.pp_balance),
-                        activation_checkpointing=parallel.activation_checkpointing,
-                        tie_embeddings=config.model.tie_embeddings, cpu_offload=parallel.cpu_offload,
-                        n_kv_head=config.model.n_kv_head, num_experts=config.model.num_experts,
-                        arch=config.model.arch)
-
-    def _model_config(self) -> GPTConfig:
-        """The model this layout builds (its vocabulary padded for it), checked against the memory."""
-        # Before the model exists: with FSDP, freed parameter and gradient buffers must go back to
-        # the OS rather than stay in glibc's heap, or each rank's memory stays at its step-time high
-        # (see the function). Off by default without sharding: a small model's many activation
-        # buffers would each cost fresh pages, for memory it does not need.
-        release = self.config.trainer.return_freed_memory
-        if release if release is not None else self.layout.dp_shard > 1:
-            return_freed_memory_to_os()
-        # A checkpoint to start from fixes the vocabulary and the context (the data may use less).
-        vocab_size, block_size = self.data.vocab_size, self.data.block_size
-        if self.init_source is not None:
-            vocab_size, block_size = (self.init_source.architecture[key] for key in ("vocab_size", "block_size"))
-        check_saved_vocabulary(self.config, vocab_size)
-        # This layout's own padding: a snapshot saved with another loads by its real rows.
-        padded_rows = padded_vocab_size(vocab_size, self.layout.tp,
-                                        GPU_VOCAB_MULTIPLE if self.device.type == "cuda" else 1)
-        model_config = gpt_config(self.config.model, vocab_size, block_size,
-                                  padded_rows if padded_rows != vocab_size else None)
-        # before any group forms
-        check_expert_layout(model_config, self.layout, self.config.parallel.activation_checkpointing)
-        check_device_memory(self.config, model_config, self.layout, self.device, self.place,
-                            self.data.block_size)
-        return model_config
-
-    def _check_batch(self) -> None:
-        """The samples of one step, which the training set must hold at least once."""
-        trainer = self.config.trainer
-        # A batch larger than the data is lowered to fit, with a line (triax.train.batch_fit: why).
-        self.batch_note = resolve.fit_batch(self.config, len(self.data.train), self.layout.dp)
-        # Tensor- and pipeline-parallel peers read the same samples: only data parallelism widens the batch.
-        self.global_micro_batch = trainer.batch_size * self.layout.dp
-        self.samples_per_step = self.global_micro_batch * trainer.grad_accum
-        self.steps_per_epoch = len(self.data.train) // self.samples_per_step
-        if self.steps_per_epoch == 0:
-            raise ConfigError(
-                f"one step needs {self.samples_per_step} samples (batch_size {trainer.batch_size} x "
-                f"{self.layout.dp} data-parallel ranks x grad_accum {trainer.grad_accum}) but the training "
-                f"set has {len(self.data.train)}; lower trainer.batch_size or grad_accum")
-
-    def _check_run_dir(self, model_config: GPTConfig) -> bool:
-        """Where the snapshots go, whether older ones may be resumed or replaced, and trainer.run_dir
-        itself (created last); returns whether it was created here."""
-        config, trainer = self.config, self.config.trainer
-        self.snapshot_root = snapshot_root(config)
-        # A restart by torchrun (--max-restarts) continues this job's own snapshots whatever
-        # trainer.resume says: with resume=false the first attempt refused or cleared older ones.
-        self.restarted = restart_count() > 0
-        self.resume = trainer.resume or self.restarted
-        check_snapshot_root(config, self.snapshot_root, self.resume)
-        if config.model.lora.rank and config.model.lora.init_from:
-            check_adapter(model_config, config.model.lora)  # before the run directory is written
-        # Created only once every check above passed: a refused start leaves no empty run directory.
-        created_run_dir = check_writable_directory(trainer.run_dir, "trainer.run_dir")
-        # Checked as typed (the errors above name what the user wrote), kept absolute: config.yaml
-        # then serves `triax eval`, `generate` and a resume from any directory.
-        resolve.absolute(config)
-        self.snapshot_root = snapshot_root(config)
-        return created_run_dir
+    def _take(self, run: PreparedRun) -> None:
+        """What prepare_run derived before any process group, under the Trainer's own names."""
+        self.config = run.config  # trained as it is: nothing below edits it
+        self.place, self.device, self.threads, self.precision = run.place, run.device, run.threads, run.precision
+        self.init_source, self.changed_shape, self.data, self.layout = (run.init_source, run.changed_shape,
+                                                                        run.data, run.layout)
+        self.batch_note, self.global_micro_batch = run.batch_note, run.global_micro_batch
+        self.samples_per_step, self.steps_per_epoch = run.samples_per_step, run.steps_per_epoch
+        self.snapshot_root, self.restarted, self.resume = run.snapshot_root, run.restarted, run.resume
 
     def _join_job(self, created_run_dir: bool) -> None:
         """The watchdog and the process group (triax.train.startup), and this rank's coordinates."""
@@ -276,8 +185,7 @@ class Trainer:
                                    model_config, self._stored_name())
         if self.config.model.lora.rank and self.config.model.lora.init_from:
             load_adapter(self.raw_model if self.raw_model is not None else self.model,
-                         self.config.model.lora.init_from, self.config.model.lora, self._stored_name(),
-                         n_layer=model_config.n_layer)
+                         self.config.model.lora.init_from, self.config.model.lora, self._stored_name())
         self.objective = self._objective(model_config)
         self.steps_per_epoch *= self.objective.steps_per_batch  # a produced batch may serve several steps
         self.pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None

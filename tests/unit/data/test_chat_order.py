@@ -1,7 +1,8 @@
 """The chat path made exact about what it reads and counts: data.shuffle=false reads the file in
 order, and such a run equals TRL's SFTTrainer fed the same order (same tiny Llama, same initial
-LoRA adapter, answer-only loss); data.batch_padding=true gives the losses of block padding; the
-logged loss_tokens are the answer tokens the run read."""
+LoRA adapter, answer-only loss), with the whole logits and through the output layer in chunks;
+data.batch_padding=true gives the losses of block padding; the logged loss_tokens are the answer
+tokens the run read."""
 
 import json
 import warnings
@@ -55,11 +56,10 @@ def records_of(run_dir):
     return [json.loads(line) for line in open(run_dir / "metrics.jsonl") if '"loss"' in line]
 
 
-def test_file_order_equals_trl_sft_trainer_fed_the_same_order(setup, tmp_path):
-    root, base, records, chat, val = setup
-    run_dir = tmp_path / "run"
-    train(overrides(root, base, chat, val, run_dir), timeout=400)
-    ours = records_of(run_dir)
+@pytest.fixture(scope="module")
+def trl_losses(setup, tmp_path_factory):
+    """TRL's SFTTrainer fed the records in file order, from the same adapter: its loss of each step."""
+    root, base, records, _, _ = setup
 
     class InOrder(trl.SFTTrainer):
         def _get_train_sampler(self, *args, **kwargs):
@@ -69,7 +69,7 @@ def test_file_order_equals_trl_sft_trainer_fed_the_same_order(setup, tmp_path):
                                            str(root / "adapter"), is_trainable=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = trl.SFTConfig(output_dir=str(tmp_path / "trl"), report_to=[], assistant_only_loss=True,
+        args = trl.SFTConfig(output_dir=str(tmp_path_factory.mktemp("trl")), report_to=[], assistant_only_loss=True,
                              per_device_train_batch_size=BATCH, max_steps=STEPS, learning_rate=LR,
                              lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
                              adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, logging_steps=1, save_strategy="no",
@@ -77,7 +77,20 @@ def test_file_order_equals_trl_sft_trainer_fed_the_same_order(setup, tmp_path):
         trainer = InOrder(model=model, args=args, train_dataset=datasets.Dataset.from_list(records),
                           processing_class=transformers.AutoTokenizer.from_pretrained(str(base)))
         trainer.train()
-    theirs = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+# A micro-batch's fp32 logits are 4 x 96 x 301 x 4 bytes = 0.44 MB: under this limit the loss takes the
+# output layer 43 positions at a time (triax.objectives.chunked_logits).
+CHUNKED = {"parallel.max_logits_mb": 0.05}
+
+
+@pytest.mark.parametrize("logits", ["whole", "chunked"])
+def test_file_order_equals_trl_sft_trainer_fed_the_same_order(setup, trl_losses, tmp_path, logits):
+    root, base, records, chat, val = setup
+    run_dir = tmp_path / "run"
+    train(overrides(root, base, chat, val, run_dir, **(CHUNKED if logits == "chunked" else {})), timeout=400)
+    ours, theirs = records_of(run_dir), trl_losses
     assert len(ours) == len(theirs) == STEPS
     for step, (mine, other) in enumerate(zip(ours, theirs)):
         assert abs(mine["loss"] - other) <= 1e-5, (step + 1, mine["loss"], other)

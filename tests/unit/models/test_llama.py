@@ -188,7 +188,7 @@ def test_a_checkpoint_whose_tensors_do_not_fit_its_config_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("fields,words", [
     (dict(n_kv_head=3), "n_kv_head=3 does not divide model.n_head=4"),
-    (dict(rope_scaling="yarn"), "rope_scaling='yarn' is unknown"),
+    (dict(rope_scaling="yarn"), "rope_scaling='yarn' with model.arch=llama: choose one of none, linear, llama3"),
     (dict(arch="qwen2", bias=True), "transformers' qwen2 has no such option"),
     (dict(arch="llama", gelu="exact"), "model.gelu='exact' applies to model.arch=gpt2"),
     (dict(arch="gpt2", n_kv_head=2), "model.arch=gpt2 has one key/value head per query head"),

@@ -530,6 +530,30 @@ def test_aux_free_balancing_under_fsdp_equals_one_process(tmp_path, tiny_corpus)
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_recomputed_activations_leave_the_bias_update_as_it_was(tmp_path, tiny_corpus, recompute):
+    """Activation checkpointing runs each block's forward again in the backward, routing the same
+    tokens again: the biases move as without it (bitwise) and the weights end the same."""
+    from support.helpers import final_weights
+
+    def run(run_dir, **settings):
+        train(["model=qwen3-moe-debug", *tiny_overrides(run_dir, tiny_corpus, **{
+            "trainer.max_steps": 3, "trainer.batch_size": 4, "trainer.grad_accum": 2, "parallel.dp_replicate": 1,
+            "model.router_scoring": "sigmoid", "model.router_bias_update_rate": 0.01, **settings})], timeout=300)
+        return final_weights(run_dir)
+
+    plain = run(tmp_path / "plain")
+    recomputed = run(tmp_path / recompute, **{"parallel.activation_checkpointing": recompute})
+    biases = [name for name in plain if name.endswith("expert_bias")]
+    assert biases and all(plain[name].abs().sum() > 0 for name in biases)
+    for name in plain:
+        if name in biases:
+            assert torch.equal(plain[name], recomputed[name]), name
+        else:  # the same arithmetic recomputed: equal up to the order the backward sums in
+            torch.testing.assert_close(recomputed[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.multiprocess
 def test_a_30_step_fine_tune_under_ep_ends_where_one_process_does(tmp_path, tiny_corpus, checkpoints):
     """30 steps from the Mixtral checkpoint, load-balancing loss on: EP x 2 ends with one process's
     weights (grad_accum 2: the same micro-batches), and the validation loss falls."""

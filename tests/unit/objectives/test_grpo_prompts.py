@@ -150,3 +150,45 @@ def test_a_conversational_prompt_without_a_template_is_one_line(checkpoint, tmp_
         load_prompt_datasets(path, None, 0.5, encoder, 96, 16)
     text = load_prompt_datasets(write(tmp_path / "t.jsonl", records(4, False)), None, 0.5, encoder, 96, 16)
     assert len(text.train) == 2
+
+
+def copy_checkpoint(checkpoint, tmp_path, generation_config):
+    import shutil
+
+    directory = tmp_path / f"copy{len(list(tmp_path.iterdir()))}"
+    shutil.copytree(checkpoint, directory)
+    (directory / "generation_config.json").unlink(missing_ok=True)
+    if generation_config is not None:
+        (directory / "generation_config.json").write_text(generation_config)
+    return directory
+
+
+@pytest.mark.parametrize("eos_token_id", [7, [7, 9]])
+def test_a_completion_also_ends_where_generation_config_says(checkpoint, tmp_path, eos_token_id):
+    """generation_config.json's eos_token_id (one id or several, as Llama 3 and Qwen2.5 instruct
+    checkpoints name them) ends a completion too, as transformers' generate ends TRL's; the
+    tokenizer's eos stays first (it pads the completions that ended)."""
+    from triax.objectives.grpo.build import stop_ids
+
+    plain = stop_ids(SimpleNamespace(encoder=encoder_of(copy_checkpoint(checkpoint, tmp_path, None))))
+    directory = copy_checkpoint(checkpoint, tmp_path, json.dumps({"eos_token_id": eos_token_id}))
+    ends = stop_ids(SimpleNamespace(encoder=encoder_of(directory)))
+    extra = sorted(set(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]) - set(plain))
+    assert extra and ends == plain + tuple(extra)
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"eos_token_id": "7"}', "eos_token_id=['7'] must be a token id"),
+    ('{"eos_token_id": -1}', "eos_token_id=[-1] must be a token id"),
+    ('{"eos_token_id": 10000000}', "eos_token_id=[10000000] must be a token id"),
+    ('{"eos_token_id": true}', "eos_token_id=[True] must be a token id"),
+    ('{"eos_token_id": [' + ", ".join(["1"] * 65) + ']}', "a list of at most 64"),
+    ('{"eos_token_id": ', "cannot read"),
+    ('[1, 2]', "cannot read"),
+])
+def test_a_generation_config_that_lies_is_one_line(checkpoint, tmp_path, text, words):
+    directory = copy_checkpoint(checkpoint, tmp_path, text)
+    with pytest.raises(DataError) as caught:
+        encoder_of(directory)
+    message = str(caught.value)
+    assert words in message and "generation_config.json" in message and "\n" not in message

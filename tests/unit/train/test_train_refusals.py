@@ -38,6 +38,8 @@ TRAIN_CASES = {
     "zero tp": (["parallel.tp=0"], ["parallel.tp=0"]),
     "unknown schedule": (["parallel.pp_schedule=zigzag"], ["parallel.pp_schedule"]),
     "zero bucket": (["parallel.bucket_mb=0"], ["parallel.bucket_mb"]),
+    "negative logits limit": (["parallel.max_logits_mb=-1"], ["parallel.max_logits_mb=-1.0", "0 for no limit"]),
+    "nan logits limit": (["parallel.max_logits_mb=nan"], ["parallel.max_logits_mb=nan"]),
     "empty run dir name": (["trainer.run_dir=''"], ["trainer.run_dir"]),
     # bytes that are not UTF-8, as a shell passes them (surrogate escapes): TensorBoard could not write them
     # a value of 120 kB echoed: the line keeps its start (the key) and its end (the advice)

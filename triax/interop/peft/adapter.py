@@ -1,11 +1,11 @@
 """LoRA adapters in PEFT's format: a directory with adapter_config.json and adapter_model.safetensors,
 what `peft.PeftModel.from_pretrained(base, DIRECTORY)` loads and `save_pretrained` writes.
 
-Tensor names are the transformers name of the adapted layer with `lora_A.weight` / `lora_B.weight`
-in place of its `weight`, under PEFT's `base_model.model.` prefix (llama family:
-`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`). `triax export --format peft`
-writes such a directory from a run's snapshot; `model.lora.init_from=DIR` reads one into the
-adapters of a freshly built model (this rank's slices only).
+Tensor names are the transformers name of the adapted layer (its family's hf.hf_name) with
+`lora_A.weight` / `lora_B.weight` in place of its `weight`, under PEFT's `base_model.model.` prefix
+(llama family: `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`). `triax export
+--format peft` writes such a directory from a run's snapshot; `model.lora.init_from=DIR` reads one
+into the adapters of a freshly built model (this rank's slices only).
 """
 
 from __future__ import annotations
@@ -23,20 +23,23 @@ from safetensors.torch import save
 from triax import safe_files
 from triax.arguments import written_by_triax_safetensors
 from triax.errors import ConfigError, printable
-from triax.models.llama.hf import hf_name
+from triax.models.llama import hf as hf_llama
 from triax.models.config import GPTConfig
+from triax.models.family import lora_layers, spec_of
 from triax.models.init import local_box
-from triax.models.lora_config import ADAPTER_MARK, PEFT_NAMES, TARGETS, LoRAConfig, target_keys
+from triax.models.lora_config import ADAPTER_MARK, TRIAX_NAMES, LoRAConfig, target_keys
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 FACTORS = ("lora_A", "lora_B")
-TRIAX_NAMES = {short: peft for peft, short in PEFT_NAMES.items()}  # q -> q_proj, o -> o_proj, ...
 
 
-def peft_name(name: str) -> str:
-    """PEFT's name of triax adapter parameter `name` (layers.0.attn.q_proj.lora_A.weight)."""
+def peft_name(name: str, arch: str | None = None) -> str:
+    """PEFT's name of triax adapter parameter `name` (layers.0.attn.q_proj.lora_A.weight) in a
+    model.arch=`arch` model (None: the llama block's names)."""
     layer, factor = name.split(ADAPTER_MARK, 1)  # "layers.0.attn.q_proj", "A.weight"
+    # The family's own transformers names (DeepSeek-V3's shared experts...); the llama block's by default.
+    hf_name = getattr(spec_of(arch).hf, "hf_name", hf_llama.hf_name) if arch is not None else hf_llama.hf_name
     weight = hf_name(f"{layer}.weight")
     return f"{PEFT_PREFIX}{weight.removesuffix('.weight')}.lora_{factor}"
 
@@ -53,23 +56,34 @@ def output_files() -> dict:
     return {WEIGHTS_FILE: weights, CONFIG_FILE: config}
 
 
-def adapter_config(lora: LoRAConfig, base: str | None) -> dict:
+def peft_modules(lora: LoRAConfig, model_config: GPTConfig | None) -> list[str]:
+    """PEFT's target_modules for model.lora.targets on a model of `model_config` (None: a model
+    whose family is unknown, whose all-linear names no layer)."""
+    available = lora_layers(model_config) if model_config is not None else {}
+    return [TRIAX_NAMES[key] for key in target_keys(lora.targets, available)]
+
+
+def adapter_config(lora: LoRAConfig, base: str | None, model_config: GPTConfig) -> dict:
     """adapter_config.json as PEFT writes it for a causal LM's LoRA adapter."""
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base,
             "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
-            "target_modules": [TRIAX_NAMES[key] for key in target_keys(lora.targets)],
+            "target_modules": peft_modules(lora, model_config),
             "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
             "modules_to_save": None, "use_rslora": False, "use_dora": False, "layers_to_transform": None}
 
 
-def write_adapter(tensors: dict[str, torch.Tensor], lora: LoRAConfig, base: str | None, out_dir: str) -> int:
-    """Write {triax adapter name: full tensor} to `out_dir` in PEFT's format; returns the tensor count."""
+def write_adapter(tensors: dict[str, torch.Tensor], lora: LoRAConfig, base: str | None, out_dir: str,
+                  model_config: GPTConfig) -> int:
+    """Write {triax adapter name: full tensor} of a model of `model_config` to `out_dir` in PEFT's
+    format; returns the tensor count."""
     safe_files.make_directory(out_dir)
-    named = {peft_name(name): tensor.detach().to(torch.float32).contiguous() for name, tensor in tensors.items()}
+    named = {peft_name(name, model_config.arch): tensor.detach().to(torch.float32).contiguous()
+             for name, tensor in tensors.items()}
     # triax_adapter marks the file as triax's export, which a later export may replace (PEFT ignores it).
     safe_files.write_atomic(os.path.join(out_dir, WEIGHTS_FILE), save(named, metadata={"format": "pt",
                                                                                       "triax_adapter": "1"}))
-    safe_files.write_atomic(os.path.join(out_dir, CONFIG_FILE), json.dumps(adapter_config(lora, base), indent=2))
+    safe_files.write_atomic(os.path.join(out_dir, CONFIG_FILE), json.dumps(adapter_config(lora, base, model_config),
+                                                                            indent=2))
     return len(named)
 
 
@@ -114,12 +128,12 @@ UNSUPPORTED = {
 }
 
 
-def check_matches(config: dict, lora: LoRAConfig, directory: str) -> None:
-    """The adapter's rank, alpha and layers are this run's model.lora, and nothing in it changes
-    what the adapter computes beyond what triax computes."""
+def check_matches(config: dict, lora: LoRAConfig, directory: str, model_config: GPTConfig | None = None) -> None:
+    """The adapter's rank, alpha and layers are this run's model.lora (on a model of `model_config`),
+    and nothing in it changes what the adapter computes beyond what triax computes."""
     targets = config.get("target_modules")
     targets = [targets] if isinstance(targets, str) else targets
-    wanted = [TRIAX_NAMES[key] for key in target_keys(lora.targets)]
+    wanted = peft_modules(lora, model_config)
     differences = []
     if config.get("r") != lora.rank:
         differences.append(f"r={config.get('r')!r} (model.lora.rank={lora.rank})")
@@ -144,10 +158,12 @@ def check_matches(config: dict, lora: LoRAConfig, directory: str) -> None:
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 
 
-def expected_names(lora: LoRAConfig, n_layer: int) -> set[str]:
-    """PEFT's names of every adapter tensor of an n_layer model with model.lora's targets."""
-    return {peft_name(f"layers.{number}.{TARGETS[key]}{ADAPTER_MARK}{factor}.weight")
-            for number in range(n_layer) for key in target_keys(lora.targets) for factor in "AB"}
+def model_config_of(model: torch.nn.Module) -> GPTConfig | None:
+    """The config of `model` (a Decoder, or a pipeline rank's stages of one); None for another module."""
+    for module in model.modules():
+        if isinstance(getattr(module, "config", None), GPTConfig):
+            return module.config
+    return None
 
 
 def _check_names(names: set[str], expected: set[str], path: str) -> None:
@@ -166,17 +182,20 @@ def check_adapter(model_config: GPTConfig, lora: LoRAConfig) -> None:
     with torch.device("meta"):
         model = build_model(model_config)
         apply_lora(model, lora)
-    load_adapter(model, lora.init_from, lora, n_layer=model_config.n_layer, copy=False)
+    load_adapter(model, lora.init_from, lora, whole=True, copy=False)
 
 
 @torch.no_grad()
 def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig,
                  stored_name: Callable[[str], str] = lambda name: name,
-                 n_layer: int | None = None, copy: bool = True) -> int:
+                 whole: bool = False, copy: bool = True) -> int:
     """Copy the adapter directory's tensors into this rank's part of `model`'s adapters; every tensor
     of the file checked against the model first (its name, shape, dtype and finite values).
-    `n_layer`: the whole model's blocks (a pipeline rank holds some of them only)."""
-    check_matches(read_adapter_config(directory), lora, directory)
+    `whole`: `model` is the whole model (a pipeline rank's holds some blocks only), every tensor of the
+    file one of its adapters (check_adapter checks so before a run starts)."""
+    model_config = model_config_of(model)
+    arch = model_config.arch if model_config is not None else None
+    check_matches(read_adapter_config(directory), lora, directory, model_config)
     path = adapter_file(directory, WEIGHTS_FILE)
     shown = os.path.join(directory, WEIGHTS_FILE)
     try:
@@ -189,12 +208,12 @@ def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig,
     try:
         with safe_open(path, framework="pt") as stored:
             names = set(stored.keys())
-            if n_layer is not None:
-                _check_names(names, expected_names(lora, n_layer), shown)
-            for parameter_name, parameter in model.named_parameters():
-                name = stored_name(parameter_name)
-                if ADAPTER_MARK in name:
-                    read += _load_one(stored, names, name, parameter, shown, copy)
+            adapters = [(stored_name(name), parameter) for name, parameter in model.named_parameters()
+                         if ADAPTER_MARK in stored_name(name)]
+            if whole:
+                _check_names(names, {peft_name(name, arch) for name, _ in adapters}, shown)
+            for name, parameter in adapters:
+                read += _load_one(stored, names, name, parameter, shown, arch, copy)
     except AdapterError:
         raise
     except Exception as error:  # safetensors' own errors: a damaged file
@@ -203,12 +222,13 @@ def load_adapter(model: torch.nn.Module, directory: str, lora: LoRAConfig,
     return read
 
 
-def _load_one(stored: object, names: set[str], name: str, parameter: torch.Tensor, path: str, copy: bool = True) -> int:
-    source = peft_name(name)
+def _load_one(stored: object, names: set[str], name: str, parameter: torch.Tensor, path: str, arch: str | None,
+              copy: bool = True) -> int:
+    source = peft_name(name, arch)
     if source not in names:  # PEFT keeps the adapter name in memory; some tools save it too
         source = source.replace(".weight", ".default.weight")
     if source not in names:
-        raise AdapterError(f"model.lora.init_from: {path} has no tensor {peft_name(name)!r} (for {name})")
+        raise AdapterError(f"model.lora.init_from: {path} has no tensor {peft_name(name, arch)!r} (for {name})")
     local, offset, full_shape = local_box(parameter)
     piece = stored.get_slice(source)
     stored_shape, dtype = tuple(piece.get_shape()), piece.get_dtype()

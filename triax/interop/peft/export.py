@@ -52,7 +52,7 @@ def write_run_adapters(reader: object, model_config: GPTConfig, out_dir: str) ->
     tensors = {name: source[name] for name in source.keys() if is_adapter(name)}
     if not tensors:
         raise TriaxError(f"snapshot {reader.snapshot} holds no LoRA adapter tensors")
-    return reader.snapshot, write_adapter(tensors, lora, base, out_dir), lora
+    return reader.snapshot, write_adapter(tensors, lora, base, out_dir, model_config), lora
 
 
 @torch.no_grad()

@@ -9,6 +9,8 @@ from triax.models.config import MAX_OPTIONAL_SIZES, GPTConfig, check_size, refus
 from triax.models.llama.config import check_attention
 from triax.models.moe import config as experts_config
 
+# The rotary scalings this family computes: the llama block's (its RotaryEmbedding) and YaRN (yarn.py).
+ROPE_SCALINGS = ("none", "linear", "llama3", "yarn")
 # transformers' DeepseekV3Config defaults for the head widths.
 DEFAULT_WIDTHS = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64}
 # The optional mechanisms (triax.models.config.MECHANISMS) this family computes: latent attention,
@@ -49,8 +51,7 @@ def check(config: GPTConfig) -> None:
                           "key and value (from the shared latent); leave n_kv_head unset")
     config.n_kv_head = config.n_head
     _check_mlp(config)
-    yarn = config.rope_scaling == "yarn"  # YaRN is this family's (yarn.py); the shared checks know the others
-    if yarn:
+    if config.rope_scaling == "yarn":  # as DeepSeek-V3 is released: the rotary gain is folded into the softmax
         if not (config.rope_factor > 1 and isinstance(config.rope_original_context, int)
                 and config.rope_original_context >= 1):
             raise ConfigError(f"model.rope_scaling=yarn needs model.rope_factor > 1 (got {config.rope_factor}) and "
@@ -60,19 +61,11 @@ def check(config: GPTConfig) -> None:
                               "DeepSeek-V3's is 1) and model.rope_beta_slow < rope_beta_fast, both positive, with "
                               "model.arch=deepseek_v3")
         config.rope_attention_factor = 1.0
-        config.rope_scaling = "none"
-    try:
-        _check_block(config)
-    finally:
-        config.rope_scaling = "yarn" if yarn else config.rope_scaling
-
-
-def _check_block(config: GPTConfig) -> None:
     if config.num_experts:  # the block's fields (as the widths above fill them) and the experts', as every MoE's
-        experts_config.check(config)
+        experts_config.check(config, ROPE_SCALINGS)
         _check_groups(config)
     else:  # latent attention with dense MLPs only
-        check_attention(config)
+        check_attention(config, ROPE_SCALINGS)
         refuse_experts(config)
 
 

@@ -146,6 +146,11 @@ def stored_name(name: str, prefix: str = "model.") -> str:
     return hf_llama.hf_name(name, prefix)
 
 
+def hf_name(name: str, prefix: str = "model.") -> str:
+    """transformers' name of triax parameter `name` (PEFT names an adapted layer's adapters after it)."""
+    return stored_name(name, prefix)
+
+
 def wrap_weights(weights: StoredWeights, model_config: GPTConfig) -> hf_moe.ExpertStack:
     return hf_moe.ExpertStack(weights, model_config.num_experts)
 

@@ -8,7 +8,7 @@ outputs kept as DTensors, so the gradients the ranks' heads give back are summed
 rotary key, shared by every head, becomes a plain tensor of this rank's heads at `rope_key`, its
 gradient this rank's part of the sum ("local_partial"). A dense MLP is split as Llama's; a routed one
 runs whole on every rank (triax/models/moe/parallel.py). Also the activation widths `triax plan`
-counts for a block."""
+counts for a block, and the layers LoRA adapts."""
 
 from __future__ import annotations
 
@@ -35,6 +35,16 @@ def tp_plan(block: nn.Module) -> dict[str, str]:
 
 
 TP_SPLIT_DIMS = {**block_parts.TP_SPLIT_DIMS, "gate_proj.weight": 0, "q_b_proj.weight": 0, "kv_b_proj.weight": 0}
+
+
+def lora_targets(config: GPTConfig) -> dict[str, str]:
+    """model.lora.targets' names -> the layer in a block: the query projection (q) or the query
+    latent's two (q_a, q_b), the key/value latent's two (kv_a, kv_b) and the output (o). Not the
+    MLPs: on transformers' DeepseekV3ForCausalLM, PEFT takes gate_proj, up_proj and down_proj to mean
+    the routed experts' fused weights (as they were named before transformers 5 batched them), so
+    an adapter on the dense or shared MLPs could not be loaded by PEFT as triax computes it."""
+    queries = {"q_a": "attn.q_a_proj", "q_b": "attn.q_b_proj"} if config.q_lora_rank else {"q": "attn.q_proj"}
+    return {**queries, "kv_a": "attn.kv_a_proj_with_mqa", "kv_b": "attn.kv_b_proj", "o": "attn.out_proj"}
 
 
 def layer_widths(config: GPTConfig) -> int:

@@ -9,7 +9,7 @@ window is set, the top-k weights renormalised (Mixtral's routing, which gpt-oss'
 from __future__ import annotations
 
 from triax.errors import ConfigError
-from triax.models.config import MAX_OPTIONAL_SIZES, MAX_SIZES, GPTConfig, check_size
+from triax.models.config import MAX_OPTIONAL_SIZES, MAX_SIZES, GPTConfig, check_rotary, check_size
 from triax.models.gpt_oss.model import FULL, SLIDING
 from triax.models.llama.config import check_heads
 
@@ -41,7 +41,7 @@ PRESETS: dict[str, dict] = {
 def check(config: GPTConfig) -> None:
     """Validates gpt-oss's fields and fills the unset ones (see the module's docstring)."""
     _check_attention(config)
-    _check_rotary(config)
+    check_rotary(config, ROPE_SCALINGS)
     _check_experts(config)
 
 
@@ -66,23 +66,6 @@ def _check_attention(config: GPTConfig) -> None:
     if window is None and SLIDING in config.layer_types:
         raise ConfigError(f"model.layer_types names {SLIDING} layers but model.sliding_window is unset; set the "
                           "window's length")
-
-
-def _check_rotary(config: GPTConfig) -> None:
-    if config.rope_scaling not in ROPE_SCALINGS:
-        raise ConfigError(f"model.rope_scaling={config.rope_scaling!r} with model.arch={ARCH}: choose one of "
-                          f"{', '.join(ROPE_SCALINGS)}")
-    if not (config.rope_theta > 1 and config.rope_factor >= 1):
-        raise ConfigError(f"model.rope_theta={config.rope_theta} must be > 1 and model.rope_factor="
-                          f"{config.rope_factor} >= 1")
-    if config.rope_scaling == "yarn":
-        if not (0 < config.rope_beta_slow < config.rope_beta_fast and config.rope_original_context >= 1):
-            raise ConfigError(f"model.rope_beta_slow={config.rope_beta_slow} must be positive and below "
-                              f"model.rope_beta_fast={config.rope_beta_fast}, and model.rope_original_context="
-                              f"{config.rope_original_context} positive")
-        gain = config.rope_attention_factor
-        if gain is not None and not (isinstance(gain, (int, float)) and 0 < gain < 100):
-            raise ConfigError(f"model.rope_attention_factor={gain!r} must be a positive gain such as 1.35 (or unset)")
 
 
 def _check_experts(config: GPTConfig) -> None:

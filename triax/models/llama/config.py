@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from triax.errors import ConfigError
-from triax.models.config import GPTConfig
+from triax.models.config import GPTConfig, check_rotary
 
 # Rotary frequency scalings: none (the original RoPE), linear (positions divided by rope_factor),
 # llama3 (Llama 3.1's: low frequencies divided by rope_factor, high ones kept, smoothed between).
@@ -58,9 +58,10 @@ def check_heads(config: GPTConfig) -> None:
                           "so a head needs an even width")
 
 
-def check_attention(config: GPTConfig) -> None:
+def check_attention(config: GPTConfig, scalings: tuple[str, ...] = ROPE_SCALINGS) -> None:
     """The Llama block's fields (grouped-query attention, rotary positions, SwiGLU), unset ones given
-    Llama's values; shared with the families built on this block."""
+    Llama's values; shared with the families built on this block, each naming the rotary scalings
+    it computes."""
     check_heads(config)
     config.intermediate_size = config.intermediate_size or swiglu_width(config.n_embd)
     if config.bias is None:
@@ -72,21 +73,7 @@ def check_attention(config: GPTConfig) -> None:
     if config.gelu != "tanh":
         raise ConfigError(f"model.gelu={config.gelu!r} applies to model.arch=gpt2; the llama family's MLP is SwiGLU "
                           "(SiLU), which has no choice of form")
-    check_rotary(config)
-
-
-def check_rotary(config: GPTConfig) -> None:
-    if config.rope_scaling not in ROPE_SCALINGS:
-        raise ConfigError(f"model.rope_scaling={config.rope_scaling!r} is unknown; choose one of "
-                          f"{', '.join(ROPE_SCALINGS)}")
-    if not (config.rope_theta > 1 and config.rope_factor >= 1):
-        raise ConfigError(f"model.rope_theta={config.rope_theta} must be > 1 and model.rope_factor="
-                          f"{config.rope_factor} >= 1")
-    if config.rope_scaling == "llama3" and not (0 < config.rope_low_freq_factor < config.rope_high_freq_factor
-                                                and config.rope_original_context >= 1):
-        raise ConfigError(f"model.rope_low_freq_factor={config.rope_low_freq_factor} must be positive and below "
-                          f"model.rope_high_freq_factor={config.rope_high_freq_factor}, and "
-                          f"model.rope_original_context={config.rope_original_context} positive")
+    check_rotary(config, scalings)
 
 
 def check(config: GPTConfig) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from triax.errors import ConfigError
 from triax.models.config import MAX_OPTIONAL_SIZES, MAX_SIZES, GPTConfig, check_size
-from triax.models.llama.config import check_attention
+from triax.models.llama.config import ROPE_SCALINGS, check_attention
 
 # The architectures this family builds (transformers' model_type).
 ARCHITECTURES = ("mixtral", "qwen3_moe")
@@ -29,9 +29,10 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def check(config: GPTConfig) -> None:
-    """The Llama block's fields, then the experts': sizes, routing, which layers have them."""
-    check_attention(config)
+def check(config: GPTConfig, scalings: tuple[str, ...] = ROPE_SCALINGS) -> None:
+    """The Llama block's fields (for a family whose rotary positions scale in one of `scalings`),
+    then the experts': sizes, routing, which layers have them."""
+    check_attention(config, scalings)
     if config.qk_norm is None:
         config.qk_norm = config.arch == "qwen3_moe"
     check_size("num_experts", config.num_experts, MAX_EXPERTS)

@@ -6,6 +6,7 @@ from typing import Any
 
 from triax.data.tokenizer import require_checkpoint_tokenizer
 from triax.objectives import RunParts
+from triax.objectives.chunked_logits import logits_limit_mb
 from triax.objectives.dpo.objective import DPOObjective
 
 
@@ -25,7 +26,7 @@ def build(parts: RunParts) -> DPOObjective:
     """The objective of the run: its evaluation scores the plain policy over the validation pairs,
     trainer.eval_batches batches of trainer.batch_size pairs per data-parallel rank (0: all)."""
     config = parts.config
-    objective = DPOObjective(config.dpo)
+    objective = DPOObjective(config.dpo, logits_limit_mb(config.parallel.max_logits_mb, parts.device))
     objective.model, objective.validation = parts.model, parts.data.val
     objective.batch_size = config.trainer.batch_size
     objective.eval_limit = config.trainer.eval_batches * config.trainer.batch_size * parts.data_parallel_size

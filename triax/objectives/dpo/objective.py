@@ -24,6 +24,7 @@ import torch
 
 from triax.data.targets import IGNORE_INDEX
 from triax.objectives import StepContext
+from triax.objectives.chunked_logits import chunk_positions, output_layer, target_losses
 from triax.objectives.dpo.config import DPOConfig, check_layout
 from triax.objectives.dpo.loss import METRICS, answer_logps, pair_losses
 from triax.objectives.reference import Reference
@@ -41,8 +42,10 @@ class DPOObjective:
     mean_per_token = False  # a mean over pairs
     text_samples = True
 
-    def __init__(self, config: DPOConfig):
+    def __init__(self, config: DPOConfig, max_logits_mb: float = 0.0):
         self.config = config
+        # parallel.max_logits_mb: larger logits go through the output layer in chunks (0: never)
+        self.max_logits_mb = max_logits_mb
         self.sums: torch.Tensor | None = None  # the metrics summed over pairs since the last log line
         self.pairs = 0
         self.reference = Reference()  # until the run gives its own (use_reference): the policy, adapters off
@@ -110,15 +113,24 @@ class DPOObjective:
     # ---- the pairs' terms -----------------------------------------------------------------------------
 
     def _pair_terms(self, context: StepContext, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
+        chunk = chunk_positions(model, y, self.max_logits_mb)  # the same for both models: one vocabulary
         with torch.no_grad(), self.reference.switched():
-            with context.autocast():
-                reference = context.forward(self.reference.module(model), x)
-            ref_logps = answer_logps(reference, y)
-            del reference
-        with context.autocast():
-            logits = context.forward(model, x)
+            ref_logps = self._answer_logps(context, self.reference.module(model), x, y, chunk)
         lengths = (y != IGNORE_INDEX).sum(dim=1)
-        return pair_losses(self.config, answer_logps(logits, y), ref_logps, lengths)
+        return pair_losses(self.config, self._answer_logps(context, model, x, y, chunk), ref_logps, lengths)
+
+    @staticmethod
+    def _answer_logps(context: StepContext, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      chunk: int) -> torch.Tensor:
+        """Each row's answer log-probability: from the whole logits where they fit in max_logits_mb,
+        else a chunk of positions at a time through the output layer (the same fp32 token losses,
+        triax.objectives.chunked_logits), so at most one chunk's logits exist."""
+        with context.autocast():
+            if chunk < y.numel():
+                hidden = context.forward(model, x, logits=False)
+                return -target_losses(output_layer(model), hidden, y, chunk).sum(dim=1)
+            logits = context.forward(model, x)
+        return answer_logps(logits, y)
 
     @torch.no_grad()
     def pair_terms_plain(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):

@@ -17,8 +17,8 @@ from triax.runtime.shared_decisions import any_rank, gather_floats, max_across_r
 
 
 def stop_ids(prompts: PromptDataset) -> tuple[int, ...]:
-    """The ids a completion ends at: the checkpoint's eos token, and ChatML's end of turn where the
-    chat template writes it (the end-of-turn and end-of-text of the issue's families)."""
+    """The ids a completion ends at: the checkpoint's eos token, ChatML's end of turn where the chat
+    template writes it, and the ids its generation_config.json ends at (as TRL's GRPOTrainer does)."""
     encoder = prompts.encoder
     names = [encoder.eos_token]
     if encoder.template is not None and "<|im_end|>" in encoder.template.source:
@@ -28,7 +28,8 @@ def stop_ids(prompts: PromptDataset) -> tuple[int, ...]:
     if not ids:
         raise ConfigError("data.task=grpo: the checkpoint names no eos token (tokenizer_config.json's eos_token), "
                           "so a completion could never end; give the checkpoint one")
-    return tuple(sorted(ids))
+    # The tokenizer's first: the first id pads the completions that ended.
+    return tuple(sorted(ids)) + tuple(sorted(set(encoder.generation_ends) - ids))
 
 
 def load_prompts(config: Any, codec: Any, source: Any, run: Any = None) -> tuple[Any, Any, str]:

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence, TYPE_CHECKING
 
 import numpy as np
 
+from triax import safe_files
 from triax.data.chat import (MAX_DEPTH, RecordError, _depth, _messages, _text, chat_template_for, read_records,
                              training_count)
 from triax.data.chat_template import TemplateError
@@ -69,11 +70,12 @@ class PromptEncoder:
     checkpoint has none, `no_template` says why, raised at the first conversational record)."""
 
     def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None, no_template: str | None = None,
-                 eos_token: str | None = None):
+                 eos_token: str | None = None, generation_ends: tuple[int, ...] = ()):
         self.tokenizer = tokenizer
         self.template = template
         self.no_template = no_template
         self.eos_token = eos_token  # where a completion ends (the checkpoint's eos token)
+        self.generation_ends = generation_ends  # and the ids generation_config.json ends at
 
     def encode(self, prompt: str | list[dict], where: str) -> list[int]:
         if isinstance(prompt, str):
@@ -168,9 +170,30 @@ def prompt_encoder_for(chat_template: str | None, description: dict[str, str], o
     text prompts)."""
     # The eos token as DPO's data reads it: the template's, else tokenizer_config.json's.
     eos_token = preference_encoder_for(chat_template, description, origin, tokenizer).eos_token
+    ends = generation_ends(description, tokenizer.get_vocab_size())
     try:
-        return PromptEncoder(tokenizer, chat_template_for(chat_template, description, origin), None, eos_token)
+        return PromptEncoder(tokenizer, chat_template_for(chat_template, description, origin), None, eos_token, ends)
     except TemplateError:
         raise  # a template that is there but hostile or broken is refused at once
     except DataError as error:
-        return PromptEncoder(tokenizer, None, str(error), eos_token)
+        return PromptEncoder(tokenizer, None, str(error), eos_token, ends)
+
+
+def generation_ends(description: dict[str, str], vocab_size: int) -> tuple[int, ...]:
+    """The ids generation_config.json's eos_token_id names (an id or a list of them), where
+    transformers' generate, and so TRL's GRPOTrainer, also ends a completion: Llama 3's instruct
+    models end a turn at <|eot_id|> and <|eom_id|> besides <|end_of_text|>, Qwen2.5's at
+    <|endoftext|> besides <|im_end|>. None of them without the file."""
+    path = description.get("generation_config.json")
+    if path is None:
+        return ()
+    try:
+        ids = safe_files.read_json(path).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as error:
+        raise DataError(f"cannot read {path} ({type(error).__name__}: {printable(str(error))[:200]}); "
+                        "fix or remove the checkpoint's generation_config.json") from None
+    ids = [] if ids is None else ids if isinstance(ids, list) else [ids]
+    if len(ids) > 64 or not all(type(i) is int and 0 <= i < vocab_size for i in ids):
+        raise DataError(f"{path}: eos_token_id={printable(repr(ids))[:200]} must be a token id below the vocabulary's "
+                        f"{vocab_size}, or a list of at most 64 of them; fix the checkpoint's generation_config.json")
+    return tuple(ids)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from triax.objectives import RunParts, StepContext
+from triax.objectives.chunked_logits import bounded_cross_entropy, logits_limit_mb
 
 
 class TokenLoss:
@@ -25,9 +26,11 @@ class TokenLoss:
     steps_per_batch = 1  # each step reads its own batch
     text_samples = True
 
-    def __init__(self, token_loss: Callable, mean_per_token: bool):
+    def __init__(self, token_loss: Callable, mean_per_token: bool, max_logits_mb: float = 0.0):
         self.token_loss = token_loss  # (logits, targets, reduction) -> loss: triax.objectives.tokens.loss
         self.mean_per_token = mean_per_token  # rows score varying numbers of tokens (see the module docstring)
+        # parallel.max_logits_mb: larger logits go through the output layer in chunks (0: never)
+        self.max_logits_mb = max_logits_mb
 
     def check(self, layout: Any) -> None:
         """Every layout runs the token loss."""
@@ -39,13 +42,18 @@ class TokenLoss:
         """`batch`: (inputs, targets, per_token): per_token None, the micro-batch's mean (divided by
         grad_accum); else its summed token losses times per_token, this rank's share of the step's mean."""
         x, y, per_token = batch
-        with context.autocast():
-            logits = context.forward(model, x)
         if per_token is None:
-            loss = self.token_loss(logits, y)
+            loss = self._cross_entropy(context, model, x, y, "mean")
             return loss / context.grad_accum, loss
-        loss = self.token_loss(logits, y, reduction="sum") * per_token
+        loss = self._cross_entropy(context, model, x, y, "sum") * per_token
         return loss, loss
+
+    def _cross_entropy(self, context: StepContext, model: torch.nn.Module, x: Any, y: torch.Tensor,
+                       reduction: str) -> torch.Tensor:
+        """From the whole logits where they fit in max_logits_mb (the compiled loss where the blocks
+        are), else a chunk of positions at a time through the output layer (triax.objectives.chunked_logits)."""
+        return bounded_cross_entropy(context.forward, model, x, y, reduction, self.token_loss, self.max_logits_mb,
+                                     context.autocast)
 
     def take_figures(self) -> dict:
         return {}
@@ -61,4 +69,4 @@ def build(parts: RunParts) -> TokenLoss:
     of tokens per row: their loss is a mean per token of the step."""
     data = parts.config.data
     varying = data.task == "chat" or (data.task == "tokens" and data.packing and not data.score_document_starts)
-    return TokenLoss(parts.token_loss, varying)
+    return TokenLoss(parts.token_loss, varying, logits_limit_mb(parts.config.parallel.max_logits_mb, parts.device))
