@@ -66,10 +66,11 @@ def _rope_problem(config: dict) -> str | None:
     if kind != "default":
         return (f"rope_scaling type={kind!r} (Phi-3's long-context LongRoPE) is a rotary scaling triax does not "
                 "implement; use the model's short-context (4k) variant")
-    partial = parameters.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        return (f"partial_rotary_factor={partial!r}: the checkpoint rotates only part of each head, triax "
-                "rotates every value of a head")
+    # Both places are read (transformers 5 reads rope_parameters', earlier versions the top-level one).
+    for partial in (config.get("partial_rotary_factor", 1.0), parameters.get("partial_rotary_factor", 1.0)):
+        if partial != 1.0:
+            return (f"partial_rotary_factor={partial!r}: the checkpoint rotates only part of each head, triax "
+                    "rotates every value of a head")
     return None
 
 
