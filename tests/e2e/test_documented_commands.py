@@ -116,6 +116,7 @@ NOT_RUN = {
     ('docs/moe.md', 'OMP_NUM_THREADS=1 python benchmarks/moe_vs_transformers.py --rounds 3 --steps 20'): 'a quiet machine',
     ('docs/moe.md', 'python benchmarks/moe_memory.py --steps 3'): 'a quiet machine',
     ('docs/gpt-oss.md', 'triax train model.init_from=path/to/gpt-oss-20b data.path=input.txt parallel.dp_shard=8 parallel.ep=8 trainer.run_dir=runs/gpt-oss-20b'): 'the released checkpoint (13 GB)',
+    ('docs/phi3.md', 'triax train model.init_from=path/to/phi-4 data.path=input.txt parallel.dp_shard=8 trainer.run_dir=runs/phi-4'): 'a Phi-3 or Phi-4 checkpoint',
     ('docs/data.md', 'OMP_NUM_THREADS=1 python benchmarks/document_masking.py'): 'a quiet machine',
     ('docs/data.md', 'OMP_NUM_THREADS=1 python benchmarks/document_masking.py --block 1024 --batch 2 --rounds 3'): 'a quiet machine',
     ('docs/data.md', 'python benchmarks/tokenize_workers.py'): 'a quiet machine',

@@ -5,10 +5,10 @@ triax.models.family. Registration order is the order of model.arch's choices and
 
 from __future__ import annotations
 
-from triax.models import deepseek_v3, gpt2, gpt_oss, llama, moe
+from triax.models import deepseek_v3, gpt2, gpt_oss, llama, moe, phi3
 from triax.models.family import FAMILIES, register
 
-for _family in (gpt2, llama, moe, gpt_oss, deepseek_v3):
+for _family in (gpt2, llama, moe, gpt_oss, deepseek_v3, phi3):
     register(_family.SPEC)
 
 __all__ = ["FAMILIES"]
