@@ -93,7 +93,7 @@ def evaluate(args: argparse.Namespace, place: Place, device: torch.device) -> in
     [loss, tokens] per dataset, the model's text codec)."""
     # The model readers (transformers' formats among them) take a second to import: `--help` and a
     # bad argument are answered without them.
-    from triax.eval.scoring import datasets, load_model, score  # deferred: start-up time
+    from triax.eval.scoring import datasets, load_model, score, scoring_logits_limit  # deferred: start-up time
 
     model, vocab, run_config = load_model(args.model, device)
     if run_config is not None and run_config.data.task == "preference" and not (args.tokens or args.text or
@@ -119,9 +119,9 @@ def evaluate(args: argparse.Namespace, place: Place, device: torch.device) -> in
     if place.rank == 0 and sys.stderr.isatty() and not args.json:
         batches = sum(-(-len(evaluation_windows(d)) // (args.batch_size * place.world_size)) for _, d in found)
         progress = tqdm(total=batches, unit="batch", leave=False, file=sys.stderr)
-    sums = []
+    sums, limit = [], scoring_logits_limit(run_config, device)
     for _, dataset in found:
-        sums += list(score(model, dataset, args.batch_size, place.rank, place.world_size, device, progress))
+        sums += list(score(model, dataset, args.batch_size, place.rank, place.world_size, device, progress, limit))
     if progress is not None:
         progress.close()
     return found, [sum(column) for column in zip(*gather_floats(sums))], vocab

@@ -14,6 +14,7 @@ from triax.data.tokenizer import BPETokenizer
 from triax.errors import TriaxError, printable
 from triax.interop.hf.whole_model import load_hf_model
 from triax.models.lora_config import is_adapter
+from triax.objectives.chunked_logits import logits_limit_mb
 from triax.interop.peft.adapter import load_adapter
 from triax.objectives.dpo.loss import METRICS
 from triax.objectives.dpo.objective import DPOObjective
@@ -30,8 +31,10 @@ def preference_encoder_of_run(run_dir: str, config):
 
 def _objective(model, config, device):
     """The DPO objective with the run's reference: model.lora.init_from's adapters if it had them,
-    model.init_from itself for a run without LoRA."""
-    objective, lora = DPOObjective(config.dpo), config.model.lora
+    model.init_from itself for a run without LoRA; the logits in chunks above the run's
+    parallel.max_logits_mb (unset: the default of `device`), as in training."""
+    objective = DPOObjective(config.dpo, logits_limit_mb(config.parallel.max_logits_mb, device))
+    lora = config.model.lora
     trained = None
     if lora.init_from:  # the reference's adapters are read in, kept, and the trained ones put back
         trained = {name: parameter.detach().clone() for name, parameter in model.named_parameters() if is_adapter(name)}

@@ -3,13 +3,16 @@ snapshot, or of a transformers directory (GPT-2, Llama, Qwen2, Mistral), and the
 token count over the whole of a split or of given token or text files.
 
 Every token counts once (triax.data.windows: non-overlapping windows of the block size, the
-leftover end scored by one last window). Under torchrun each rank scores its share of the windows
+leftover end scored by one last window). A batch whose whole fp32 logits would pass the limit
+(`scoring_logits_limit`) goes through the output layer in chunks of positions, as training's loss
+does (triax.objectives.chunked_logits); below it the whole logits, as before. Under torchrun each rank scores its share of the windows
 with a whole copy of the model, and the summed losses and token counts are added exactly.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from typing import TYPE_CHECKING
 
@@ -24,6 +27,7 @@ from triax.data.text import CharDataset
 from triax.data.tokenizer import BPETokenizer
 from triax.data.tokens import TokenDataset, TokenFile
 from triax.errors import TriaxError
+from triax.objectives.chunked_logits import bounded_cross_entropy, logits_limit_mb
 from triax.data.windows import evaluation_windows, mask_unscored, rank_batches
 from triax.interop.hf import directory as hf
 from triax.runs.chat_generate import chat_encoder
@@ -123,17 +127,35 @@ def run_splits(data: object, split: str) -> list[tuple[str, Dataset]]:
     return [(f"{split} split", data.val if split == "val" else data.train)]
 
 
+def scoring_logits_limit(run_config: TrainConfig | None, device: torch.device) -> float:
+    """The most fp32 logits (MB) a scored batch holds at once: a triax run's parallel.max_logits_mb,
+    unset (and for a transformers directory) the default of `device` (256 MB on a CPU, a quarter
+    of a GPU's memory)."""
+    return logits_limit_mb(run_config.parallel.max_logits_mb if run_config is not None else None, device)
+
+
+def _forward(model: torch.nn.Module, ids: torch.Tensor, logits: bool = True) -> torch.Tensor:
+    return model(ids, logits=logits)
+
+
+def _summed_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
+    # The whole logits' cross-entropy, in fp32 whatever the model's dtype.
+    logits = logits.float()
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                           reduction=reduction)
+
+
 @torch.no_grad()
 def score(model: torch.nn.Module, dataset: Dataset, batch_size: int, rank: int, ranks: int, device: torch.device,
-          progress: tqdm | None = None) -> tuple[float, int]:
-    """(summed loss, scored targets) of this rank's share of `dataset`."""
+          progress: tqdm | None = None, max_logits_mb: float = 0.0) -> tuple[float, int]:
+    """(summed loss, scored targets) of this rank's share of `dataset`; a batch's logits in chunks of
+    positions where they would pass `max_logits_mb` (0: never)."""
     total, count = 0.0, 0
     for starts, first_scored in rank_batches(evaluation_windows(dataset), batch_size, rank, ranks):
         x, y = dataset.batch(starts)
         y = mask_unscored(y, first_scored).to(device)
-        logits = model(x.to(device)).float()
-        total += F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), ignore_index=IGNORE_INDEX,
-                                 reduction="sum").item()
+        total += bounded_cross_entropy(_forward, model, x.to(device), y, "sum", _summed_loss, max_logits_mb,
+                                       contextlib.nullcontext).item()
         count += int((y != IGNORE_INDEX).sum())
         if progress is not None:  # batches done, the time left, and this rank's tokens per second
             progress.scored = getattr(progress, "scored", 0) + int((y != IGNORE_INDEX).sum())

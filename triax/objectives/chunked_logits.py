@@ -19,7 +19,9 @@ forward and the backward under it, as the step does its loss), replicated.
 Who chunks: GRPO always, 256 positions at a time (its completions' log-probabilities and
 entropies); the token loss and DPO where a micro-batch's whole logits would pass
 parallel.max_logits_mb, in chunks of that size (`chunk_positions`), and below it not at all: small
-runs keep the one matmul and the compiled loss, and their numbers bit for bit.
+runs keep the one matmul and the compiled loss, and their numbers bit for bit. `triax eval` takes
+the same decision for each batch it scores, and `triax plan` counts what it decides (the
+arithmetic: triax.objectives.logits_budget).
 """
 
 from __future__ import annotations
@@ -32,12 +34,10 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from triax.data.targets import IGNORE_INDEX
+# FP32_BYTES with the rest: what a caller of the chunks needs of their arithmetic, imported from here.
+from triax.objectives.logits_budget import CPU_LOGITS_MB, FP32_BYTES, gpu_logits_limit_mb, positions_per_chunk
 
 DEFAULT_CHUNK_TOKENS = 256  # positions per chunk: 256 x 151,936 fp32 logits = 156 MB
-FP32_BYTES = 4  # the loss's logits are fp32 whatever the compute dtype
-
-
-CPU_LOGITS_MB = 256.0  # the default limit on a CPU (see logits_limit_mb)
 
 
 def logits_limit_mb(configured: float | None, device: torch.device) -> float:
@@ -49,7 +49,7 @@ def logits_limit_mb(configured: float | None, device: torch.device) -> float:
     if configured is not None:
         return configured
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory / 4 / 2**20
+        return gpu_logits_limit_mb(torch.cuda.get_device_properties(device).total_memory)
     return CPU_LOGITS_MB
 
 
@@ -64,11 +64,7 @@ def chunk_positions(model: torch.nn.Module, targets: torch.Tensor, max_logits_mb
     position (the whole logits, the path of every small run) where they fit or `max_logits_mb` is 0,
     else as many as fit (at least one). The whole vocabulary counts, even where tensor parallelism
     shards it: every rank holding the micro-batch decides alike."""
-    positions = targets.numel()
-    if not max_logits_mb:
-        return positions
-    vocabulary = getattr(model, "module", model).config.vocab_rows
-    return max(1, min(positions, int(max_logits_mb * 2**20) // (vocabulary * FP32_BYTES)))
+    return positions_per_chunk(targets.numel(), getattr(model, "module", model).config.vocab_rows, max_logits_mb)
 
 
 def _in_chunks(function: Callable, head: Callable, hidden: torch.Tensor, targets: torch.Tensor,

@@ -20,11 +20,18 @@ Per-device memory, by formula (B = bytes per value of the parameter dtype: 4 fp3
   rotated keys and the values, k = n_kv_head x head size wide: 2k; the SwiGLU's gate, up,
   silu(gate) and product, I = intermediate_size wide: 4I); selective and full scale alike. Micro-batches
   alive on the first stage: m for gpipe, min(m, pp) for 1f1b-style
-  schedules. Plus the loss's peak on the last stage, LOSS_BYTES_PER_LOGIT·s·b·V/tp: in its backward
-  the fp32 log-probabilities and two fp32 gradients are alive beside the bf16 logits (and, with a
-  padded vocabulary, their masked copy); 16 bytes a logit matches the memory per sample measured on
-  an H200 within 5% (GPT-2 124M: 1.066 GiB estimated, 1.028 measured; a 125M Llama: 0.828 and
-  0.825). Compiled (parallel.compile) the loss keeps no fp32 copy and needs less: an overcount then.
+  schedules. Plus the loss's peak on the last stage, where a micro-batch's whole logits fit in
+  the limit M (parallel.max_logits_mb: 4·s·b·V ≤ M, V the padded vocabulary, or M = 0; always
+  under pipeline parallelism, whose loss takes the whole logits) LOSS_BYTES_PER_LOGIT·s·b·V/tp: in
+  its backward the fp32 log-probabilities and two fp32 gradients are alive beside the bf16 logits
+  (and, with a padded vocabulary, their masked copy); 16 bytes a logit matches the memory per
+  sample measured on an H200 within 5% (GPT-2 124M: 1.066 GiB estimated, 1.028 measured; a 125M
+  Llama: 0.828 and 0.825). Compiled (parallel.compile) the loss keeps no fp32 copy and needs less:
+  an overcount then. Above the limit the loss takes c = floor(M / 4V) positions at a time
+  (triax.objectives.chunked_logits; its arithmetic: logits_budget) and holds one chunk's logits,
+  their log-softmax and its gradient, CHUNK_BYTES_PER_LOGIT·c·V/tp = about 3·M/tp (three such
+  tensors, measured on a CPU: docs/performance.md), whatever the micro-batch. `triax plan` takes M as a GPU run leaves it
+  unset, a quarter of --memory-gb; the trainer's own check takes its run's.
 - context parallelism (cp > 1): each rank holds s/cp of every sequence, so the activation and
   loss terms above take s/cp; each layer also keeps the whole sequence's gathered keys and values
   for backward, 2·s·b·k·A/tp with k the key/value width (n_kv_head x head size). The cp ranks
@@ -71,6 +78,7 @@ from triax.errors import ConfigError
 from triax.models import build_model
 from triax.models.config import DEFAULT_ARCH, GPTConfig
 from triax.models.family import spec_of
+from triax.objectives.logits_budget import CHUNK_BYTES_PER_LOGIT, gpu_logits_limit_mb, positions_per_chunk
 from triax.parallel.stage_split import split_layers
 from triax.parallel.mesh import (MULTI_STAGE_SCHEDULES, Layout, check_context_parallel, num_stages,
                                  check_expert_parallel, padded_vocab_size)
@@ -219,7 +227,16 @@ def local_numel(name: str, full: tuple[int, ...], tp: int, dp_shard: int, ep: in
     return math.prod(local)
 
 
-LOSS_BYTES_PER_LOGIT = 16  # the eager loss's peak (module docstring)
+LOSS_BYTES_PER_LOGIT = 16  # the eager loss's peak with the whole logits (module docstring)
+
+
+def loss_bytes(positions: float, vocabulary: int, tp: int, max_logits_mb: float) -> float:
+    """The loss's peak on one device for a micro-batch of `positions` positions (module docstring):
+    the whole logits' where they fit in `max_logits_mb` (0: always), else one chunk's."""
+    chunk = positions_per_chunk(math.ceil(positions), vocabulary, max_logits_mb)
+    if chunk >= positions:
+        return LOSS_BYTES_PER_LOGIT * positions * vocabulary / tp
+    return CHUNK_BYTES_PER_LOGIT * chunk * vocabulary / tp
 
 
 def local_parameter_count(shape: ModelShape, layout: Layout, pp_schedule: str = "1f1b", stage: int = 0,
@@ -248,8 +265,9 @@ class Estimate:
 
 def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: str = "bf16",
              checkpointing: str = "none", pp_schedule: str = "1f1b", microbatches: int = 0,
-             tflops: float = 100.0, bandwidth_gbs: float = 100.0) -> Estimate:
-    """Per-device memory and step time of one layout; `batch_size` is per data-parallel rank."""
+             tflops: float = 100.0, bandwidth_gbs: float = 100.0, max_logits_mb: float = 0.0) -> Estimate:
+    """Per-device memory and step time of one layout; `batch_size` is per data-parallel rank;
+    `max_logits_mb`: parallel.max_logits_mb as the run applies it (0: the whole logits at any size)."""
     param_bytes = 2 if precision == "bf16-pure" else 4
     act_bytes = 4 if precision == "fp32" else 2
     gb = 1024 ** 3
@@ -266,7 +284,8 @@ def estimate(shape: ModelShape, layout: Layout, *, batch_size: int, precision: s
                  "full": s * b * h * act_bytes}[checkpointing]
     alive = m if (layout.pp == 1 or pp_schedule == "gpipe") else min(m, layout.pp)
     activations = alive * layers * per_layer + (per_layer_full if checkpointing == "full" else 0)
-    activations += LOSS_BYTES_PER_LOGIT * s * b * padded_vocab_size(shape.vocab_size, t) / t
+    activations += loss_bytes(s * b, padded_vocab_size(shape.vocab_size, t), t,
+                              max_logits_mb if layout.pp == 1 else 0.0)
     kv_width = (shape.n_kv_head or shape.n_head) * shape.config().head_dim / t
     gathered_kv = 2 * shape.block_size * b * kv_width * act_bytes if layout.cp > 1 else 0.0  # one layer's
     activations += layers * gathered_kv
@@ -397,6 +416,8 @@ def plan(shape: ModelShape, world: int, memory_gb: float, global_batch: int, cps
          **kwargs: Any) -> list[Estimate]:
     """The layouts that fit in `memory_gb` per device (each with the least checkpointing that
     makes it fit), fastest first, for `global_batch` sequences per step whatever the layout."""
+    # The logits' limit a GPU run leaves unset: a quarter of the device's memory.
+    kwargs.setdefault("max_logits_mb", gpu_logits_limit_mb(memory_gb * 2**30))
     fitting = []
     for layout in candidate_layouts(world, shape, cps):
         if global_batch % layout.dp:

@@ -12,6 +12,7 @@ import torch
 from triax import checkpoint, safe_files
 from triax.errors import ConfigError
 from triax.models.config import GPTConfig
+from triax.objectives.chunked_logits import logits_limit_mb
 from triax.parallel.mesh import Layout
 from triax.parallel.plan import ModelShape, check_memory
 from triax.runtime.host_memory import host_memory_bytes
@@ -41,7 +42,8 @@ def check_device_memory(config: TrainConfig, model_config: GPTConfig, layout: La
     shape = ModelShape.from_config(model_config, block_size=block_size)
     check_memory(shape, layout, memory / 2**30, where, batch_size=trainer.batch_size,
                  precision=trainer.precision, checkpointing=parallel.activation_checkpointing,
-                 pp_schedule=parallel.pp_schedule, microbatches=parallel.pp_microbatches)
+                 pp_schedule=parallel.pp_schedule, microbatches=parallel.pp_microbatches,
+                 max_logits_mb=logits_limit_mb(parallel.max_logits_mb, device))
 
 
 def check_snapshot_root(config: TrainConfig, root: str, resume: bool) -> None:

@@ -150,3 +150,34 @@ def test_the_memory_check_names_what_decides_the_larger_part():
                  batch_size=32, precision="fp32")
     tied = ModelShape(**PRESETS["gpt2"], vocab_size=50257, block_size=1024, tie_embeddings=True)
     assert ModelShape(**PRESETS["gpt2"], vocab_size=50257, block_size=1024).num_params() - tied.num_params() == 50257 * 768
+
+
+def test_plan_counts_a_chunk_of_the_logits_above_the_limit():
+    """Where a micro-batch's whole fp32 logits pass parallel.max_logits_mb the loss holds one
+    chunk's logits, softmax and gradient (3 x 4 bytes a logit of floor(limit / 4V) positions: at
+    most three times the limit), whatever the micro-batch; where they fit, and under pipeline
+    parallelism (whose loss takes the whole logits), 16 bytes a logit of the micro-batch, as before.
+    `triax plan` takes the limit a GPU run leaves unset, a quarter of --memory-gb."""
+    from triax.parallel.plan import loss_bytes
+
+    qwen = ModelShape(2, 2, 64, 151936, 1024)  # the logits dominate
+    vocabulary, limit = 151936, 256.0
+    chunk = int(limit * 2**20) // (vocabulary * 4)  # 441 positions
+    assert loss_bytes(4 * 1024, vocabulary, 1, limit) == 12 * chunk * vocabulary <= 3 * limit * 2**20
+    assert loss_bytes(4 * 1024, vocabulary, 2, limit) == 12 * chunk * vocabulary / 2  # each rank's columns
+    assert loss_bytes(4 * 1024, vocabulary, 1, 0.0) == 16 * 4 * 1024 * vocabulary  # no limit: the whole
+    assert loss_bytes(chunk, vocabulary, 1, limit) == 16 * chunk * vocabulary  # they fit: the whole
+    whole, chunked = ({batch: estimate(qwen, Layout(), batch_size=batch, precision="fp32", max_logits_mb=mb)
+                       for batch in (4, 8)} for mb in (0.0, limit))
+    layers_gb = {batch: whole[batch].activations_gb - 16 * batch * 1024 * vocabulary / 2**30 for batch in (4, 8)}
+    for batch in (4, 8):  # everything but the loss's term is the same
+        assert chunked[batch].activations_gb == pytest.approx(layers_gb[batch] + 12 * chunk * vocabulary / 2**30)
+    assert whole[8].activations_gb - whole[4].activations_gb > 9.0  # the whole logits grow with the batch
+    assert chunked[8].activations_gb - chunked[4].activations_gb == pytest.approx(layers_gb[8] - layers_gb[4])
+    assert chunked[4].total_gb < 2.0 < whole[4].total_gb
+    pipelined = [estimate(qwen, Layout(pp=2), batch_size=4, microbatches=2, max_logits_mb=mb) for mb in (0.0, limit)]
+    assert pipelined[0] == pipelined[1]
+    # triax plan on one 8 GiB device: a quarter of it, 2,048 MB, chunks a micro-batch of 8 x 1,024.
+    (planned,) = plan(qwen, 1, 8.0, 8)
+    assert planned == estimate(qwen, Layout(), batch_size=8, max_logits_mb=2048.0)
+    assert planned.activations_gb < estimate(qwen, Layout(), batch_size=8).activations_gb

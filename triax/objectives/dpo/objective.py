@@ -17,6 +17,7 @@ and logps/rejected, each a mean over the pairs since the last log line.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -134,7 +135,16 @@ class DPOObjective:
 
     @torch.no_grad()
     def pair_terms_plain(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
-        """Each pair's loss and metrics by a plain model on one process (`triax eval`)."""
+        """Each pair's loss and metrics by a plain model on one process (`triax eval`), the logits in
+        chunks where they would pass max_logits_mb, as the step takes them."""
+        plain = StepContext(x.device, contextlib.nullcontext, _plain_forward, grad_accum=1, data_parallel_size=1,
+                            data_parallel_rank=0, seed=0)
+        chunk = chunk_positions(model, y, self.max_logits_mb)
         with self.reference.switched():
-            ref_logps = answer_logps(self.reference.module(model)(x), y)
-        return pair_losses(self.config, answer_logps(model(x), y), ref_logps, (y != IGNORE_INDEX).sum(dim=1))
+            ref_logps = self._answer_logps(plain, self.reference.module(model), x, y, chunk)
+        return pair_losses(self.config, self._answer_logps(plain, model, x, y, chunk), ref_logps,
+                           (y != IGNORE_INDEX).sum(dim=1))
+
+
+def _plain_forward(model: torch.nn.Module, ids: torch.Tensor, logits: bool = True) -> torch.Tensor:
+    return model(ids, logits=logits)
