@@ -76,6 +76,21 @@ def test_the_cached_sampler_equals_sampling_without_a_cache():
         assert 2 not in completion.ids[:-1]  # stops at its first stop token, which it keeps
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen3_moe"])
+def test_the_output_layer_sees_one_position_a_row(arch):
+    """A prompt's positions go through the blocks, only its last through the output layer: at a
+    large vocabulary no prompt's logits are held (a cached step feeds one position anyway)."""
+    torch.manual_seed(0)
+    extra = dict(num_experts=4, experts_per_token=2) if arch == "qwen3_moe" else {}
+    model = build_model(GPTConfig(arch=arch, vocab_size=VOCAB, block_size=48, n_layer=2, n_head=2, n_embd=16,
+                                  **extra)).eval()
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, inputs, output: seen.append(tuple(inputs[0].shape[:-1])))
+    settings = SamplingSettings(num_generations=3, max_completion_length=6, stop_ids=(2,))
+    CachedSampler(model, settings, seed=7, device=torch.device("cpu")).complete(PROMPTS, [0, 1, 2, 3], 5)
+    assert seen and all(positions == 1 for _, positions in seen), seen
+
+
 def test_a_completion_depends_on_its_place_not_its_batch():
     model = tiny_model("gpt2")
     settings = SamplingSettings(num_generations=4, max_completion_length=10, stop_ids=(1, 2))

@@ -153,9 +153,13 @@ class CachedSampler:
             if extra:  # the copies take the last place again: dropped, they must only fit the block
                 positions = torch.cat([positions, positions[:, -1:].expand(-1, extra)], dim=1)
             packed = padded_attention(valid[:, :length + extra], new.size(1), positions)
+        last = new.size(1) - extra - 1
         with self.autocast():
-            logits = self.model(new, cache, **({} if packed is None else {"packed": packed}))
-            logits = logits[:, new.size(1) - extra - 1, :]
+            if self.multiple == 1:  # the head on the last position alone: a prompt's logits are never held
+                hidden = self.model(new, cache, logits=False, **({} if packed is None else {"packed": packed}))
+                logits = self.model.output_logits(hidden[:, last:last + 1])[:, 0]
+            else:  # positions sharded over tensor-parallel ranks: the head's output is sliced instead
+                logits = self.model(new, cache, **({} if packed is None else {"packed": packed}))[:, last, :]
         if extra:
             cache.truncate(length)
         return logits.full_tensor() if isinstance(logits, DTensor) else logits
