@@ -149,8 +149,9 @@ def completions(run_dir):
     return sorted(lines, key=lambda line: (line["step"], line["sample"], line["generation"]))
 
 
+# Four prompts a step: two on each data-parallel rank of FSDP x TP, so its rows too are of several prompts.
 FULL = {"model.lora.rank": 0, "grpo.beta": 0.1, "trainer.max_steps": 3, "trainer.eval_every": 0,
-        "trainer.grad_accum": 1}
+        "trainer.grad_accum": 1, "trainer.batch_size": 4}
 
 
 @pytest.fixture(scope="module")
@@ -168,10 +169,9 @@ def test_tensor_parallel_full_fine_tuning_with_a_reference_equals_one_process(tm
     inside FSDP x 2, samples the one-process run's completions, logs its KL and gradient norms and ends
     with its weights."""
     run_dir = tmp_path / "run"
-    batch = 2 // layout.get("parallel.dp_shard", 1)  # the one-process run's 2 prompts a step, over the dp ranks
-    train(overrides(setup, run_dir, **FULL, **layout, **{"trainer.batch_size": batch,
-                                                         "grpo.completion_log": run_dir / "completions"}),
-          nproc=processes, timeout=300)
+    batch = 4 // layout.get("parallel.dp_shard", 1)  # the one-process run's prompts, over the dp ranks
+    train(overrides(setup, run_dir, **{**FULL, "trainer.batch_size": batch}, **layout,
+                    **{"grpo.completion_log": run_dir / "completions"}), nproc=processes, timeout=300)
     assert completions(run_dir) == completions(full_single)  # each prompt logged once, by its data-parallel rank
     ours, theirs = ([json.loads(line) for line in open(run / "metrics.jsonl") if '"loss"' in line]
                     for run in (run_dir, full_single))
@@ -197,8 +197,8 @@ def test_fsdp_and_tensor_parallel_ranks_sample_completions_that_stop_early_as_on
     ends = list(range(2, vocabulary, 5))[:64]  # generation_config.json names at most 64
     (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": ends}))
     runs = {}
-    for name, extra, processes in (("one", {}, 1), ("2d", {"parallel.dp_shard": 2, "parallel.tp": 2,
-                                                          "trainer.batch_size": 1}, 4)):
+    for name, extra, processes in (("one", {"trainer.batch_size": 4}, 1),
+                                   ("2d", {"parallel.dp_shard": 2, "parallel.tp": 2, "trainer.batch_size": 2}, 4)):
         runs[name] = tmp_path / name
         train(overrides(setup, runs[name], **{"model.init_from": checkpoint, "trainer.max_steps": 2,
                                               "trainer.eval_every": 0, "trainer.grad_accum": 1,
