@@ -1,11 +1,12 @@
 """`triax train` with data.task=grpo on a tiny Llama: TRL's figures in metrics.jsonl, a resume after
 SIGKILL equal bit for bit to the run that never stopped (a completion's randomness is its place, so
-no generator state needs keeping), two data-parallel or tensor-parallel processes equal to one,
-num_iterations > 1 (and its resume), full fine-tuning with a frozen reference, and what GRPO
-cannot run refused in one line."""
+no generator state needs keeping), two data-parallel or tensor-parallel processes and four of
+FSDP x TP equal to one, num_iterations > 1 (and its resume), full fine-tuning with a frozen
+reference, and what GRPO cannot run refused in one line."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -142,25 +143,70 @@ def test_full_fine_tuning_with_a_frozen_reference(tmp_path, setup):
     assert records[0]["kl"] == 0 and records[1]["kl"] > 0  # the policy leaves its reference
 
 
-def test_tensor_parallel_full_fine_tuning_with_a_reference_equals_one_process(tmp_path, setup):
-    """Every weight trained, beta > 0: the frozen reference is sharded as the policy; TP x 2 logs the
-    one-process run's KL and gradient norms and ends with its weights."""
-    runs = {}
-    for name, extra, processes in (("one", {}, 1), ("tp", {"parallel.tp": 2}, 2)):
-        runs[name] = tmp_path / name
-        train(overrides(setup, runs[name], **{"model.lora.rank": 0, "grpo.beta": 0.1, "trainer.max_steps": 3,
-                                              "trainer.eval_every": 0, "trainer.grad_accum": 1, **extra}),
-              nproc=processes, timeout=300)
-    ours, theirs = ([json.loads(line) for line in open(runs[name] / "metrics.jsonl") if '"loss"' in line]
-                    for name in ("tp", "one"))
+def completions(run_dir):
+    """Every rank's completion log, in (step, prompt, generation) order."""
+    lines = [json.loads(line) for path in sorted(run_dir.glob("completions.rank*")) for line in open(path)]
+    return sorted(lines, key=lambda line: (line["step"], line["sample"], line["generation"]))
+
+
+# Four prompts a step: two on each data-parallel rank of FSDP x TP, so its rows too are of several prompts.
+FULL = {"model.lora.rank": 0, "grpo.beta": 0.1, "trainer.max_steps": 3, "trainer.eval_every": 0,
+        "trainer.grad_accum": 1, "trainer.batch_size": 4}
+
+
+@pytest.fixture(scope="module")
+def full_single(tmp_path_factory, setup):
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    train(overrides(setup, run_dir, **FULL, **{"grpo.completion_log": run_dir / "completions"}), timeout=300)
+    return run_dir
+
+
+@pytest.mark.parametrize("layout, processes", [({"parallel.tp": 2}, 2),
+                                               ({"parallel.dp_shard": 2, "parallel.tp": 2}, 4)])
+def test_tensor_parallel_full_fine_tuning_with_a_reference_equals_one_process(tmp_path, setup, full_single, layout,
+                                                                              processes):
+    """Every weight trained, beta > 0: the frozen reference is sharded as the policy; TP x 2, alone or
+    inside FSDP x 2, samples the one-process run's completions, logs its KL and gradient norms and ends
+    with its weights."""
+    run_dir = tmp_path / "run"
+    batch = 4 // layout.get("parallel.dp_shard", 1)  # the one-process run's prompts, over the dp ranks
+    train(overrides(setup, run_dir, **{**FULL, "trainer.batch_size": batch}, **layout,
+                    **{"grpo.completion_log": run_dir / "completions"}), nproc=processes, timeout=300)
+    assert completions(run_dir) == completions(full_single)  # each prompt logged once, by its data-parallel rank
+    ours, theirs = ([json.loads(line) for line in open(run / "metrics.jsonl") if '"loss"' in line]
+                    for run in (run_dir, full_single))
     assert len(ours) == len(theirs) == 3 and theirs[-1]["kl"] > 0
     for mine, other in zip(ours, theirs):
         assert mine["reward"] == other["reward"]
         assert abs(mine["kl"] - other["kl"]) <= 1e-6 and abs(mine["grad_norm"] - other["grad_norm"]) <= 1e-5
-    sharded, whole = final_weights(runs["tp"]), final_weights(runs["one"])
+    sharded, whole = final_weights(run_dir), final_weights(full_single)
     # tp pads the vocabulary to a multiple of its size: the padding's rows are not the model's
     sharded = {name: tensor[:whole[name].shape[0]] if name in whole else tensor for name, tensor in sharded.items()}
     assert_adam_close(sharded, whole, [LR] * 3)
+
+
+def test_fsdp_and_tensor_parallel_ranks_sample_completions_that_stop_early_as_one_process(tmp_path, setup):
+    """A copy of the checkpoint whose generation_config.json ends a completion at every fifth id:
+    completions stop at different lengths, so under dp_shard=2 x tp=2 a rank whose completions all
+    ended keeps feeding its peers' forwards until every rank's did, and logs what one process samples.
+    (The weights: the test above; here a few elements whose gradient is as small as Adam's eps would
+    step by round-off, in any multi-process layout.)"""
+    checkpoint = setup / "stopping"
+    shutil.copytree(setup / "base", checkpoint, dirs_exist_ok=True)
+    vocabulary = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
+    ends = list(range(2, vocabulary, 5))[:64]  # generation_config.json names at most 64
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": ends}))
+    runs = {}
+    for name, extra, processes in (("one", {"trainer.batch_size": 4}, 1),
+                                   ("2d", {"parallel.dp_shard": 2, "parallel.tp": 2, "trainer.batch_size": 2}, 4)):
+        runs[name] = tmp_path / name
+        train(overrides(setup, runs[name], **{"model.init_from": checkpoint, "trainer.max_steps": 2,
+                                              "trainer.eval_every": 0, "trainer.grad_accum": 1,
+                                              "grpo.completion_log": runs[name] / "completions", **extra}),
+              nproc=processes, timeout=300)
+    ours = completions(runs["2d"])
+    assert len({len(line["completion_ids"]) for line in ours}) > 2  # some stopped early, at different lengths
+    assert ours == completions(runs["one"])
 
 
 @pytest.mark.parametrize("key, value, words", [

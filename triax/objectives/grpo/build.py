@@ -3,7 +3,10 @@ configuration, data and model."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+import torch.distributed as dist
 
 from triax.data.tokenizer import BPETokenizer
 from triax.errors import ConfigError
@@ -70,6 +73,8 @@ def build(parts: RunParts) -> GRPOObjective:
     # The figures and token counts are over the data-parallel ranks: tensor-parallel peers (the mesh's
     # innermost dimension, consecutive ranks) hold the same samples, so one of each group counts.
     gather = gather_floats if multiple == 1 else (lambda values: gather_floats(values)[::multiple])
+    if together and dist.get_rank() % multiple:  # and the first of each group alone logs their completions
+        grpo = dataclasses.replace(grpo, completion_log=None)
     objective = GRPOObjective(grpo, prompts, load_rewards(grpo.reward_funcs),
                               lambda ids: tokenizer.decode(ids, skip_special_tokens=True), ends[0], sampler, gather)
     objective.validation, objective.multiple = data.val, multiple
