@@ -5,7 +5,7 @@ pre-activations reach; and the same weights with the experts in MXFP4, as the re
 
 import torch
 
-from support.llama_checkpoints import SHAPE, train_tokenizer
+from support.llama_checkpoints import SHAPE, saved
 
 WINDOW = 4
 YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -30,11 +30,7 @@ def hf_model(**options):
 
 def save_checkpoint(directory, corpus=None, **options):
     """save_pretrained's directory (config.json, model.safetensors) plus tokenizer.json."""
-    model = hf_model(**options)
-    model.save_pretrained(directory)
-    if corpus is not None:
-        train_tokenizer(corpus, directory / "tokenizer.json")
-    return model
+    return saved(hf_model(**options), directory, corpus)
 
 
 def random_mxfp4(shape, generator):

@@ -7,6 +7,7 @@ round-off, and Adam turns round-off into steps: `assert_same_training` compares 
 derived from the dtype, the number of steps and the learning rate (see `adam_tolerance`).
 """
 
+import json
 import os
 
 import numpy as np
@@ -178,3 +179,15 @@ def kill_after_snapshot_and_resume(command, run_dir, step=2, timeout=300):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming from" in result.stdout
     return result.stdout
+
+
+def eval_token_stream(directory, ids, block_size, tmp_path, capsys):
+    """`triax eval DIRECTORY --tokens FILE --block-size N --json` of `ids` (written as uint16 tokens),
+    in this process: its JSON result."""
+    from triax.commands.cli import main
+
+    path = tmp_path / "val.bin"
+    ids.numpy().astype("uint16").tofile(path)
+    capsys.readouterr()
+    assert main(["eval", str(directory), "--tokens", str(path), "--block-size", str(block_size), "--json"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -53,3 +53,14 @@ def model_mean_loss(model, ids, block_size, tail=True, batch_size=64):
                                                    reduction="sum").item()
         count += int((y != -100).sum())
     return total / count, count
+
+
+def tokenizer_validation_ids(directory, corpus, count=2000):
+    """The last `count` ids of `corpus` encoded by the checkpoint `directory`'s tokenizer.json (no
+    special tokens added): a validation stream the checkpoint's own tokenizer makes."""
+    from tokenizers import Tokenizer
+
+    with open(corpus, encoding="utf-8") as handle:
+        text = handle.read()
+    return torch.tensor(Tokenizer.from_file(str(directory / "tokenizer.json")).encode(
+        text, add_special_tokens=False).ids[-count:])

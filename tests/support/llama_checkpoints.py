@@ -43,8 +43,12 @@ def train_tokenizer(corpus, path, special_tokens=()):
 
 
 def save_checkpoint(directory, model_type, corpus=None, **options):
-    """save_pretrained's directory (config.json, model.safetensors) plus tokenizer.json."""
-    model = hf_model(model_type, **options)
+    return saved(hf_model(model_type, **options), directory, corpus)
+
+
+def saved(model, directory, corpus=None):
+    """`model` written as save_pretrained writes it (config.json, model.safetensors), plus a
+    tokenizer.json trained on `corpus` when given; returns the model."""
     model.save_pretrained(directory)
     if corpus is not None:
         train_tokenizer(corpus, directory / "tokenizer.json")

@@ -3,7 +3,7 @@ downloaded), with a byte-level BPE tokenizer trained on the test corpus beside e
 
 import torch
 
-from support.llama_checkpoints import SHAPE, train_tokenizer
+from support.llama_checkpoints import SHAPE, saved
 
 # Three layers, so Qwen3-MoE's dense layer (mlp_only_layers) sits between two routed ones; 4
 # experts, 2 per token; heads of 8 values (transformers' Qwen3 would default to 128).
@@ -34,8 +34,4 @@ def hf_model(model_type, **options):
 
 def save_checkpoint(directory, model_type, corpus=None, **options):
     """save_pretrained's directory (config.json, model.safetensors) plus tokenizer.json."""
-    model = hf_model(model_type, **options)
-    model.save_pretrained(directory)
-    if corpus is not None:
-        train_tokenizer(corpus, directory / "tokenizer.json")
-    return model
+    return saved(hf_model(model_type, **options), directory, corpus)

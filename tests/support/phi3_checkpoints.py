@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from support.llama_checkpoints import SHAPE, train_tokenizer
+from support.llama_checkpoints import SHAPE, saved
 
 # pad/bos/eos ids inside the 301-token vocabulary (Phi3Config's defaults, 32000, lie past it).
 OPTIONS = dict(rope_theta=5000.0, pad_token_id=None, bos_token_id=None, eos_token_id=None)
@@ -27,11 +27,7 @@ def hf_model(**options):
 
 def save_checkpoint(directory, corpus=None, **options):
     """save_pretrained's directory (config.json, model.safetensors) plus tokenizer.json."""
-    model = hf_model(**options)
-    model.save_pretrained(directory)
-    if corpus is not None:
-        train_tokenizer(corpus, directory / "tokenizer.json")
-    return model
+    return saved(hf_model(**options), directory, corpus)
 
 
 def copy_checkpoint(source, target, change_tensors=None, change_config=None):

@@ -50,16 +50,12 @@ def test_lm_loss_equals_transformers_and_the_window_matters(checkpoint):
 
 
 def test_triax_eval_of_the_checkpoint_scores_as_transformers(checkpoint, tmp_path, capsys):
+    from support.helpers import eval_token_stream
     from support.hf_scoring import model_mean_loss
-    from triax.commands.cli import main
 
     directory, reference = checkpoint
     ids = torch.randint(0, VOCAB, (300,), generator=torch.Generator().manual_seed(2))
-    path = tmp_path / "val.bin"
-    ids.numpy().astype("uint16").tofile(path)
-    capsys.readouterr()
-    assert main(["eval", str(directory), "--tokens", str(path), "--block-size", str(BLOCK), "--json"]) == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    result = eval_token_stream(directory, ids, BLOCK, tmp_path, capsys)
     expected, tokens = model_mean_loss(reference, ids, BLOCK)
     assert result["tokens"] == tokens == len(ids) - 1
     assert abs(result["loss"] - expected) / expected <= 1e-5, (result["loss"], expected)

@@ -11,6 +11,7 @@ import torch
 from support.forked import launch
 from support.gpt_oss_checkpoints import save_checkpoint
 from support.helpers import tiny_overrides, train
+from support.hf_scoring import tokenizer_validation_ids
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
 pytestmark = pytest.mark.multiprocess
@@ -23,14 +24,6 @@ def checkpoint(tmp_path_factory, tiny_corpus):
     directory = tmp_path_factory.mktemp("gpt_oss")
     save_checkpoint(directory, tiny_corpus)
     return directory
-
-
-def validation_ids(directory, corpus):
-    from tokenizers import Tokenizer
-
-    text = open(corpus, encoding="utf-8").read()
-    return torch.tensor(Tokenizer.from_file(str(directory / "tokenizer.json")).encode(
-        text, add_special_tokens=False).ids[-2000:])
 
 
 def test_a_run_from_the_checkpoint_evaluates_and_exports_as_transformers_scores(checkpoint, tmp_path, tiny_corpus):
@@ -50,7 +43,7 @@ def test_a_run_from_the_checkpoint_evaluates_and_exports_as_transformers_scores(
     launch(1, ["-m", "triax", "export", str(run_dir), str(tmp_path / "hf"), "--format", "hf"])
     config = json.load(open(tmp_path / "hf" / "config.json"))
     assert config["model_type"] == "gpt_oss" and config["sliding_window"] == 4
-    ids = validation_ids(checkpoint, tiny_corpus)
+    ids = tokenizer_validation_ids(checkpoint, tiny_corpus)
     original, _ = hf_mean_loss(str(checkpoint), ids, BLOCK)
     exported, _ = hf_mean_loss(str(tmp_path / "hf"), ids, BLOCK)
     assert abs(exported - original) / original <= 1e-5, (exported, original)

@@ -11,6 +11,7 @@ import torch
 
 from support.forked import launch
 from support.helpers import tiny_overrides, train
+from support.hf_scoring import tokenizer_validation_ids
 from support.phi3_checkpoints import save_checkpoint
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'triax[test]')")
@@ -24,14 +25,6 @@ def checkpoint(tmp_path_factory, tiny_corpus):
     directory = tmp_path_factory.mktemp("phi3")
     save_checkpoint(directory, tiny_corpus)
     return directory
-
-
-def validation_ids(directory, corpus):
-    from tokenizers import Tokenizer
-
-    text = open(corpus, encoding="utf-8").read()
-    return torch.tensor(Tokenizer.from_file(str(directory / "tokenizer.json")).encode(
-        text, add_special_tokens=False).ids[-2000:])
 
 
 def run(run_dir, corpus, checkpoint, nproc=1, **settings):
@@ -59,7 +52,7 @@ def test_a_run_from_the_checkpoint_evaluates_and_exports_as_transformers_scores(
     with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as exported, \
             safe_open(str(checkpoint / "model.safetensors"), "pt") as original:
         assert set(exported.keys()) == set(original.keys())  # qkv_proj and gate_up_proj, as transformers names them
-    ids = validation_ids(checkpoint, tiny_corpus)
+    ids = tokenizer_validation_ids(checkpoint, tiny_corpus)
     expected, _ = hf_mean_loss(str(checkpoint), ids, BLOCK)
     got, _ = hf_mean_loss(str(tmp_path / "hf"), ids, BLOCK)
     assert abs(got - expected) / expected <= 1e-5, (got, expected)
