@@ -27,8 +27,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCABULARY, LENGTH = 151_936, 1024
 
-STEP_SCRIPT = r"""
-import contextlib, json, resource, sys, time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from grpo_memory import MEMORY  # noqa: E402  (resident_mib, peak_mib: how both benchmarks measure)
+
+STEP_SCRIPT = MEMORY + r"""
+import contextlib, json, sys, time
 import torch
 from triax.data.targets import IGNORE_INDEX
 from triax.models import build_model
@@ -37,11 +40,6 @@ from triax.objectives import StepContext
 from triax.objectives.tokens.loss import token_cross_entropy
 from triax.objectives.tokens.objective import TokenLoss
 from triax.train.step import TrainingStep
-
-def resident_mib():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
 
 max_logits_mb, rows, length, vocabulary = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(1)
@@ -63,8 +61,7 @@ scaled, loss = objective.loss(context, model, (x, y, None))
 scaled.backward()
 optimizer.step()
 seconds = time.perf_counter() - started
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"before_mib": before, "peak_mib": peak, "loss": float(loss), "seconds": seconds}))
+print(json.dumps({"before_mib": before, "peak_mib": peak_mib(), "loss": float(loss), "seconds": seconds}))
 """
 
 
@@ -78,12 +75,12 @@ def step(max_logits_mb: float, rows: int) -> dict:
 
 
 def main() -> None:
-    from triax.config.schema import ParallelConfig
+    from triax.objectives.logits_budget import CPU_LOGITS_MB  # the unset limit of a CPU run
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=4, help="rows of 1,024 tokens in the micro-batch")
     args = parser.parse_args()
-    results = {"whole": step(0.0, args.rows), "chunked": step(ParallelConfig().max_logits_mb, args.rows)}
+    results = {"whole": step(0.0, args.rows), "chunked": step(CPU_LOGITS_MB, args.rows)}
     for name, figures in results.items():
         print(f"{name}: peak {figures['peak_mib']:,.0f} MiB ({figures['peak_mib'] - figures['before_mib']:,.0f} MiB "
               f"above the {figures['before_mib']:,.0f} MiB before the step), loss {figures['loss']:.6f}, "

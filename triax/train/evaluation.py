@@ -56,6 +56,7 @@ class Evaluation:
         steps, trainer, layout = self.steps, self.config.trainer, self.steps.layout
         plan = evaluation_windows(val, limit)
         loss_sum, scored = 0.0, 0
+        max_logits_mb = logits_limit_mb(self.config.parallel.max_logits_mb, steps.device)  # as training's loss
         for starts, first_scored in rank_batches(plan, trainer.batch_size, steps.dp_rank, layout.dp):
             x, y = steps.batch(val, starts, first_scored=first_scored)
             scored += int((y != IGNORE_INDEX).sum())
@@ -64,8 +65,7 @@ class Evaluation:
                 continue
             with steps.loss_context():  # the logits whole, or in chunks where training takes them so
                 loss_sum += bounded_cross_entropy(steps.forward, steps.raw_model, x, y, "sum", steps.token_loss,
-                                                  logits_limit_mb(self.config.parallel.max_logits_mb, steps.device),
-                                                  lambda: steps.precision.autocast(steps.device)).item()
+                                                  max_logits_mb, lambda: steps.precision.autocast(steps.device)).item()
         return loss_sum, float(scored)
 
     def _per_source(self, names: list, totals: list[float]) -> dict:

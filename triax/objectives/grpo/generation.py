@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from triax.models.decoder import KVCache, Packed
+from triax.objectives.chunked_logits import output_layer
 
 
 @dataclass
@@ -157,7 +158,7 @@ class CachedSampler:
         with self.autocast():
             if self.multiple == 1:  # the head on the last position alone: a prompt's logits are never held
                 hidden = self.model(new, cache, logits=False, **({} if packed is None else {"packed": packed}))
-                logits = self.model.output_logits(hidden[:, last:last + 1])[:, 0]
+                logits = output_layer(self.model)(hidden[:, last:last + 1])[:, 0]
             else:  # positions sharded over tensor-parallel ranks: the head's output is sliced instead
                 logits = self.model(new, cache, **({} if packed is None else {"packed": packed}))[:, last, :]
         if extra:
