@@ -16,6 +16,7 @@ torchrun; tests that compare what the trainer computes in one layout with anothe
 from __future__ import annotations
 
 import atexit
+import glob
 import json
 import os
 import runpy
@@ -241,5 +242,19 @@ def launch(nproc: int, argv: list[str], timeout: float = 300, env: dict[str, str
     returncode = next((code for code in exits if code not in (None, 0)), 0)
     if check and returncode != 0:
         raise AssertionError(f"{description} failed, exit codes {exits}\n"
-                             f"--- stdout ---\n{stdout[-4000:]}\n--- stderr ---\n{stderr[-4000:]}")
+                             f"--- stdout ---\n{stdout[-4000:]}\n--- stderr ---\n{stderr[-4000:]}"
+                             f"{_hang_reports(argv, cwd)}")
     return subprocess.CompletedProcess(description, returncode, stdout, stderr)
+
+
+def _hang_reports(argv, cwd):
+    """The watchdog's reports in the job's run directory (where it stopped, the stacks of every
+    rank's threads), so that a failure in CI can be read from its output alone."""
+    run_dirs = [arg.split("=", 1)[1] for arg in argv if arg.startswith("trainer.run_dir=")]
+    text = ""
+    for run_dir in run_dirs:
+        run_dir = os.path.join(cwd or os.getcwd(), run_dir)
+        for report in sorted(glob.glob(os.path.join(run_dir, "hang-*", "rank*.txt"))):
+            with open(report, errors="replace") as handle:
+                text += f"\n--- {report} ---\n{handle.read()[:6000]}"
+    return text

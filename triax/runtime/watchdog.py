@@ -23,6 +23,13 @@ Slow phases (start-up, the first step with its compilation and lazy set-up, eval
 snapshots) get `slow_timeout_s`; every other phase gets the larger of `timeout_s` and 3x the
 longest that phase has taken on this rank so far, so a model whose steps are legitimately long
 does not raise false alarms.
+
+Time in which the process was stopped as a whole does not count: a job suspended by Slurm
+(`scontrol suspend`), stopped with Ctrl-Z or SIGSTOP, or on a paused virtual machine resumes where
+it was, it has not hung. The watchdog's two threads wake several times a heartbeat interval; when
+neither has run for PAUSE_INTERVALS intervals, the gap is taken as a pause and left out of every
+age and silence this rank measures (its phase, its peers' last heartbeats, its last contact with
+the store). A rank stopped alone still goes silent for its peers, and they stop the job.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from triax.runtime.timeouts import slow_phase_timeout
 # EX_TEMPFAIL: a temporary failure; torchrun's restart is the retry.
 HANG_EXIT_CODE = 75
 LEARNED_FACTOR = 3  # a phase may take this many times its longest duration seen so far
+PAUSE_INTERVALS = 3  # neither watchdog thread ran for this many heartbeat intervals: the process was stopped
 
 # Order of the phases within one step, to find the rank that is furthest behind.
 STEP_PHASES = {"data": 0, "forward": 1, "backward": 2, "pipeline schedule": 2, "optimizer": 3,
@@ -88,12 +96,14 @@ class Watchdog:
         self.interval_s = heartbeat_interval(timeout_s)
         self.host = host or socket.gethostname()
         self._store, self._address = store, address
-        # (phase, step, micro, entered at (monotonic), slow): replaced whole, read by the thread.
-        self._current = ("startup", 0, 0, time.monotonic(), True)
+        # The watchdog's clock: monotonic time less the pauses seen (_note_pause).
+        self._paused_s, self._awake_at, self._clock_lock = 0.0, time.monotonic(), threading.Lock()
+        # (phase, step, micro, entered at (the watchdog's clock), slow): replaced whole, read by the thread.
+        self._current = ("startup", 0, 0, self._now(), True)
         self._history: collections.deque = collections.deque(maxlen=24)
         self._longest: dict[str, float] = {}
         self._beat = 0
-        self._last_contact = time.monotonic()
+        self._last_contact = self._now()
         self._peers: dict[int, dict] = {}
         self._last_change: dict[int, float] = {}
         self._stopping = threading.Event()
@@ -105,7 +115,7 @@ class Watchdog:
     def phase(self, name: str, step: int, micro: int = 0, slow: bool = False) -> None:
         """Record that this rank now does `name` (of step `step`, micro-batch `micro`). `slow`
         gives the phase the slow allowance (e.g. the first step, which compiles)."""
-        now = time.monotonic()
+        now = self._now()
         previous, old_step, _, entered, was_slow = self._current
         duration = now - entered
         self._history.append((previous, old_step, round(duration, 4)))
@@ -129,6 +139,7 @@ class Watchdog:
         self._store = self._open_store(self._store, _generation)
         self._write_heartbeat()
         self._wait_for_every_rank()
+        self._awake_at = time.monotonic()  # waiting for the others was not a pause
         for target in (self._beat_loop, self._contact_loop):
             thread = threading.Thread(target=target, name=f"triax-watchdog-{target.__name__}", daemon=True)
             thread.start()
@@ -139,7 +150,7 @@ class Watchdog:
         """Stop watching; peers see this rank as finished, not silent."""
         if self._stopping.is_set():
             return
-        self._current = ("finish", self._current[1], 0, time.monotonic(), True)
+        self._current = ("finish", self._current[1], 0, self._now(), True)
         self._stopping.set()
         for thread in self._threads:
             thread.join(timeout=2 * self.interval_s + 1)
@@ -174,14 +185,14 @@ class Watchdog:
         allowance = self.slow_timeout_s if slow else max(self.timeout_s,
                                                          LEARNED_FACTOR * self._longest.get(name, 0.0))
         return {"beat": self._beat, "host": self.host, "pid": os.getpid(), "phase": name, "step": step,
-                "micro": micro, "age": round(time.monotonic() - entered, 3), "allowance": allowance,
+                "micro": micro, "age": round(self._now() - entered, 3), "allowance": allowance,
                 "finished": finished}
 
     def _write_heartbeat(self, finished: bool = False) -> dict:
         self._beat += 1
         heartbeat = self._heartbeat(finished)
         self._store.set(f"heartbeat/{self.rank}", json.dumps(heartbeat))
-        self._last_contact = time.monotonic()
+        self._last_contact = self._now()
         return heartbeat
 
     def _wait_for_every_rank(self) -> None:
@@ -198,7 +209,7 @@ class Watchdog:
                     f"{self.slow_timeout_s:g} s (arrived: {where}); check that process's output and "
                     f"host (it may have crashed or be stuck before training started)")
             time.sleep(min(0.1, self.interval_s))
-        now = time.monotonic()
+        now = self._now()
         for rank, value in enumerate(self._read(keys)):
             self._peers[rank] = json.loads(value)
             self._last_change[rank] = now
@@ -206,11 +217,26 @@ class Watchdog:
     def _read(self, keys: list[str]) -> list[bytes]:
         return self._store.multi_get(keys) if len(keys) > 1 else [self._store.get(keys[0])]
 
+    # ---- the watchdog's clock --------------------------------------------------------------
+
+    def _now(self) -> float:
+        return time.monotonic() - self._paused_s
+
+    def _note_pause(self) -> None:
+        """Called by each watchdog thread as it wakes: a gap since either last woke that is longer
+        than PAUSE_INTERVALS intervals was a pause of the whole process, and leaves the clock."""
+        with self._clock_lock:
+            awake = time.monotonic()
+            gap, self._awake_at = awake - self._awake_at, awake
+            if gap > PAUSE_INTERVALS * self.interval_s:
+                self._paused_s += gap - self.interval_s
+
     # ---- the watchdog's threads -----------------------------------------------------------
 
     def _beat_loop(self) -> None:
         keys = [f"heartbeat/{rank}" for rank in range(self.world_size)]
         while not self._stopping.wait(self.interval_s):
+            self._note_pause()
             try:
                 mine = self._write_heartbeat()
                 if self._store.check(["verdict"]):
@@ -219,7 +245,7 @@ class Watchdog:
                 values = self._read(keys)
             except Exception:
                 continue  # the contact loop decides when missing the store is a failure
-            now = time.monotonic()
+            now = self._now()
             for rank, value in enumerate(values):
                 heartbeat = mine if rank == self.rank else json.loads(value)
                 if self._peers.get(rank, {}).get("beat") != heartbeat["beat"]:
@@ -238,7 +264,8 @@ class Watchdog:
 
     def _contact_loop(self) -> None:
         while not self._stopping.wait(self.interval_s / 2):
-            silent_for = time.monotonic() - self._last_contact
+            self._note_pause()
+            silent_for = self._now() - self._last_contact
             if silent_for > self.timeout_s:
                 host, port = self._address or ("the process group's store", "")
                 name, step = self._current[0], self._current[1]
@@ -316,7 +343,7 @@ class Watchdog:
     def _write_report(self, report_dir: str, verdict: dict) -> None:
         os.makedirs(report_dir, exist_ok=True)
         name, step, micro, entered, _ = self._current
-        now = time.monotonic()
+        now = self._now()
         lines = [f"triax watchdog report: rank {self.rank} of {self.world_size} on {self.host} (pid {os.getpid()})",
                  f"verdict (by rank {verdict.get('author')}): {verdict['message']}",
                  f"written at {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",

@@ -8,13 +8,14 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
 
 from support.helpers import tiny_overrides
 from triax.runtime.stragglers import StragglerCheck
-from triax.testing import run, torchrun_command
+from triax.testing import quiet_env, run, torchrun_command
 from triax.runtime.timeouts import ENV_COLLECTIVE_TIMEOUT, TimeoutValueError, collective_timeout
 from triax.runtime.watchdog import HANG_EXIT_CODE, Watchdog, heartbeat_interval
 from support import REPO_DIR, WORKERS_DIR
@@ -153,6 +154,32 @@ def test_phase_allowance_learns_from_slow_phases_and_gives_slow_phases_more():
     assert heartbeat_interval(120) == 5 and heartbeat_interval(6) == 1
 
 
+def test_a_pause_of_the_whole_process_leaves_the_watchdogs_clock(monkeypatch):
+    """Neither watchdog thread ran for 3 intervals or more: the process was stopped (Ctrl-Z, Slurm's
+    suspend, a paused VM), and the gap counts neither in the phase's age nor in its peers' silence.
+    Shorter gaps (a thread scheduled late) are time that passed."""
+    clock = [1000.0]
+    monkeypatch.setattr("triax.runtime.watchdog.time.monotonic", lambda: clock[0])
+    watchdog = Watchdog("unused", 12.0, rank=0, world_size=2)  # a heartbeat every 2 s
+    watchdog.phase("forward", 5)
+    watchdog._last_change = {0: watchdog._now(), 1: watchdog._now()}
+    clock[0] += 5.0  # 2.5 intervals without a wake: late, not paused
+    watchdog._note_pause()
+    assert watchdog._heartbeat()["age"] == 5.0
+    clock[0] += 200.0  # stopped for 200 s, then both threads wake
+    watchdog._note_pause()
+    watchdog._note_pause()
+    assert watchdog._heartbeat()["age"] == 5.0 + 2.0  # one interval of the gap is counted
+    peers = [beat(5, "forward", 7.0, allowance=12.0), beat(5, "forward", 7.0, allowance=12.0)]
+    watchdog._peers = dict(enumerate(peers))
+    assert watchdog._judge(watchdog._now()) is None
+    for _ in range(6):  # then time passes again as it should, the threads waking every second
+        clock[0] += 1.5
+        watchdog._note_pause()
+    assert watchdog._heartbeat()["age"] == 16.0
+    assert watchdog._judge(watchdog._now())["kind"] == "silent"  # no beat from rank 1 for 16 s
+
+
 def test_straggler_check_needs_persistence_and_names_the_cause():
     check = StragglerCheck(margin=0.25, intervals=3)
     data, forward = [0.001, 0.001, 0.030, 0.001], [0.01, 0.01, 0.01, 0.01]
@@ -214,6 +241,61 @@ def test_slow_snapshots_and_a_slow_first_step_are_not_hangs(tmp_path, tiny_corpu
     assert result.returncode == 0, output[-3000:]
     assert not [name for name in os.listdir(tmp_path / "run") if name.startswith("hang-")]
     assert "stuck" not in output and "stopped responding" not in output
+
+
+def descendants(pid):
+    """The process ids below `pid`, from /proc."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+@pytest.mark.multiprocess
+def test_a_job_stopped_and_continued_as_a_whole_is_not_a_hang(tmp_path, tiny_corpus):
+    """Slurm's suspend and resume (SIGSTOP and SIGCONT to every process of the job): torchrun and both
+    ranks are stopped for 8 s, with a 3 s timeout, in the middle of training; continued, the job
+    trains on to its last step without an alarm."""
+    faults = {"slow_data": {"seconds": 0.05}}
+    values = {"trainer.collective_timeout": 3, "trainer.log_every": 1, "trainer.max_steps": 80}
+    command = torchrun_command(2, [WORKER, json.dumps(faults), *tiny_overrides(tmp_path / "run", tiny_corpus,
+                                                                                **values)])
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=quiet_env(),
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 10):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0][-3000:]
+            time.sleep(0.05)
+        # torchrun starts each rank in a session of its own: the job is the agent and its descendants.
+        processes = [job.pid, *descendants(job.pid)]
+        assert len(processes) >= 3, processes
+        for pid in processes:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(8)
+        stopped_at = len(metrics.read_text().splitlines())
+        for pid in processes:
+            os.kill(pid, signal.SIGCONT)
+        output = job.communicate(timeout=180)[0]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 0, output[-3000:]
+    assert stopped_at < 80 and len(metrics.read_text().splitlines()) >= 80
+    assert not [name for name in os.listdir(tmp_path / "run") if name.startswith("hang-")]
+    assert "stuck" not in output and "stopped responding" not in output and "lost contact" not in output
 
 
 @pytest.mark.multiprocess
