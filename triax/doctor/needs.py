@@ -42,8 +42,9 @@ class RunNeeds:
     snapshot_dir: str
 
 
-def needs_of(config: TrainConfig, world_size: int, sizes: ModelSizes) -> RunNeeds:
-    """The run's needs, from its config and the model's sizes."""
+def needs_of(config: TrainConfig, world_size: int, sizes: ModelSizes, max_logits_mb: float = 0.0) -> RunNeeds:
+    """The run's needs, from its config and the model's sizes; `max_logits_mb`: the limit on the
+    loss's logits as the run applies it on its device (0: whole logits at any size)."""
     trainer, parallel = config.trainer, config.parallel
     layout = resolve_layout(parallel.dp_replicate, parallel.dp_shard, parallel.tp, parallel.pp, world_size, parallel.cp,
                             parallel.ep)
@@ -53,7 +54,7 @@ def needs_of(config: TrainConfig, world_size: int, sizes: ModelSizes) -> RunNeed
     shape = ModelShape.from_config(model_config, block_size=sizes.data_block_size)
     per_device = estimate(shape, layout, batch_size=trainer.batch_size, precision=trainer.precision,
                           checkpointing=parallel.activation_checkpointing, pp_schedule=parallel.pp_schedule,
-                          microbatches=parallel.pp_microbatches)
+                          microbatches=parallel.pp_microbatches, max_logits_mb=max_logits_mb)
     whole = estimate(shape, Layout(), batch_size=1, precision=trainer.precision)
     snapshot_bytes = int((whole.params_gb + whole.optimizer_gb) * 2**30)
     kept = (trainer.keep_last or 1) + 1

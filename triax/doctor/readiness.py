@@ -39,7 +39,7 @@ SAME_EVERYWHERE = ("python", "torch", "triax", "cuda", "nccl")
 
 # What a run needs (RunNeeds) from its config and process count: the trainer's pieces find the model's
 # sizes (triax.train.needs.run_needs), so the caller hands that function in.
-NeedsOf = Callable[[TrainConfig, int], RunNeeds]
+NeedsOf = Callable[..., RunNeeds]  # (config, world size, device=) -> the run's needs (triax.train.needs.run_needs)
 
 
 def preflight(config: TrainConfig, place: Place, device: torch.device, run_needs: NeedsOf) -> None:
@@ -115,7 +115,7 @@ class Doctor:
         trainer = config.trainer
         needs = None
         try:
-            needs = self.run_needs(config, self.place.world_size)
+            needs = self.run_needs(config, self.place.world_size, device=self.device)
             checks.append(Check("run", OK, f"{needs.shape.num_params() / 1e6:.1f}M parameters "
                                 f"({config.model.name}), {needs.layout.describe()}, {trainer.precision}, "
                                 f"batch {trainer.batch_size} x {needs.shape.block_size}", section="config"))

@@ -98,8 +98,8 @@ class Trainer:
         if config.trainer.preflight:
             # model.init_from's checkpoint as the run opened it, not opened again for the doctor's sizes
             preflight(config, self.place, self.device,
-                      lambda checked, world_size: run_needs(checked, world_size,
-                                                            self.init_source if checked.model.init_from else None))
+                      lambda checked, world_size, device: run_needs(
+                          checked, world_size, self.init_source if checked.model.init_from else None, device))
         self._build_model(model_config)
         self._build_optimizer()
         self.stop_reason: str | None = None  # set when a signal stopped the run early

@@ -7,6 +7,7 @@ import os
 import subprocess
 
 import pytest
+import torch
 
 from triax.commands import doctor as doctor_command
 from triax.doctor import network, report, storage
@@ -273,9 +274,42 @@ def test_a_malformed_arrival_record_is_read_as_unknown(payload):
     assert set(record) == {"host", "address"} and all(isinstance(v, str) and len(v) <= 256 for v in record.values())
 
 
-def test_a_gpu_run_counts_what_it_keeps_in_host_memory(tmp_path):
-    import torch
+def test_the_memory_estimate_counts_the_logits_the_run_keeps(tmp_path):
+    """A 151,936-token vocabulary, 8 x 4,096 positions: the whole fp32 logits alone are 18.5 GiB, but the
+    loss computes them in chunks under parallel.max_logits_mb (unset: 256 MB on a CPU), and the
+    doctor's estimate is of that run; max_logits_mb=0 (no limit) counts the whole."""
+    from triax.doctor.needs import ModelSizes, needs_of
+    from triax.objectives.chunked_logits import logits_limit_mb
+    from triax.parallel.plan import loss_bytes
 
+    def activations(*overrides, device=None):
+        config = compose_config([f"trainer.run_dir={tmp_path}", "trainer.batch_size=8", "model.n_layer=2",
+                                 "model.n_head=4", "model.n_embd=256", *overrides])
+        sizes = ModelSizes(151936, 4096, config.model, 4096)
+        limit = logits_limit_mb(config.parallel.max_logits_mb, device or torch.device("cpu"))
+        return needs_of(config, 1, sizes, limit).per_device.activations_gb * 2**30
+
+    whole, chunked = activations("parallel.max_logits_mb=0"), activations()
+    positions = 8 * 4096
+    assert whole - chunked == pytest.approx(loss_bytes(positions, 151936, 1, 0) - loss_bytes(positions, 151936, 1, 256))
+    assert whole - chunked > 18 * 2**30
+    assert activations("parallel.max_logits_mb=64") < chunked  # a smaller limit, smaller chunks
+
+
+def test_run_needs_applies_the_runs_logits_limit(tmp_path, monkeypatch):
+    """run_needs hands the doctor's estimate the limit the run applies on its device."""
+    from triax.objectives.logits_budget import CPU_LOGITS_MB
+
+    seen = []
+    monkeypatch.setattr("triax.train.needs.needs_of", lambda config, world, sizes, limit: seen.append(limit))
+    config = compose_config([f"trainer.run_dir={tmp_path}"])
+    run_needs(config, 1)
+    config.parallel.max_logits_mb = 32.0
+    run_needs(config, 1, device=torch.device("cpu"))
+    assert seen == [CPU_LOGITS_MB, 32.0]
+
+
+def test_a_gpu_run_counts_what_it_keeps_in_host_memory(tmp_path):
     from triax.doctor.system import host_bytes_per_gpu_process
 
     config = compose_config([f"trainer.run_dir={tmp_path}"])
