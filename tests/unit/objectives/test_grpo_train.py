@@ -5,6 +5,7 @@ FSDP x TP equal to one, num_iterations > 1 (and its resume), full fine-tuning wi
 reference, and what GRPO cannot run refused in one line."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -115,16 +116,20 @@ def test_num_iterations_reuses_each_generated_batch_and_resumes_bitwise(tmp_path
     assert_bitwise_equal(final_weights(resumed), final_weights(whole))
 
 
-@pytest.mark.parametrize("layout", ["parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2"])
+@pytest.mark.parametrize("layout", ["parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2",
+                                    "parallel.dp_replicate=2 parallel.tp=2"])
 def test_two_data_parallel_processes_equal_one(tmp_path, setup, single, layout):
     """Each rank samples its own prompts' completions (the same as one process samples: their places
     are the same), and the mean of the ranks' gradients is the one-process step's; tensor-parallel
-    ranks sample and score the same prompts with half the heads and half the vocabulary each."""
-    key, value = layout.split("=")
+    ranks sample and score the same prompts with half the heads and half the vocabulary each (alone,
+    or inside two replicas: four processes)."""
+    sizes = {"parallel.dp_replicate": 1, **{key: int(value) for key, value in
+                                           (item.split("=") for item in layout.split())}}
     run_dir = tmp_path / "run"
-    batch = 2 if key == "parallel.tp" else 1  # tensor-parallel ranks share their samples
-    train(overrides(setup, run_dir, **{"trainer.save_every": 2, "trainer.batch_size": batch,
-                                       "parallel.dp_replicate": 1, key: value}), nproc=2, timeout=300)
+    # The one-process run's two prompts a micro-batch, over the data-parallel ranks (tensor-parallel ones share theirs).
+    batch = 2 // (sizes["parallel.dp_replicate"] * sizes.get("parallel.dp_shard", 1))
+    train(overrides(setup, run_dir, **{"trainer.save_every": 2, "trainer.batch_size": batch, **sizes}),
+          nproc=math.prod(sizes.values()), timeout=300)
     ours = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     theirs = [json.loads(line) for line in open(single / "metrics.jsonl")]
     for mine, other in zip(ours, theirs):
