@@ -12,7 +12,6 @@ import torch
 from triax.config import TrainConfig
 from triax.doctor.needs import ModelSizes, RunNeeds, needs_of
 from triax.errors import TriaxError
-from triax.objectives.chunked_logits import logits_limit_mb
 
 if TYPE_CHECKING:  # the type only: the doctor's sizes read a checkpoint only when asked
     from triax.interop.foreign_run import ForeignRun
@@ -23,6 +22,9 @@ def run_needs(config: TrainConfig, world_size: int, source: ForeignRun | None = 
     """The run's needs; a TriaxError (the trainer's own words) when the config cannot run at all.
     `source`: model.init_from's checkpoint, if the run has it open already; `device`: where the run
     computes (None: a CPU), which decides the loss's logits limit when parallel.max_logits_mb is unset."""
+    # deferred: the objectives import torch.distributed's tensor package, which `triax doctor --help` must not
+    from triax.objectives.chunked_logits import logits_limit_mb
+
     limit = logits_limit_mb(config.parallel.max_logits_mb, device if device is not None else torch.device("cpu"))
     return needs_of(config, world_size, model_sizes(config, source), limit)
 

@@ -18,9 +18,10 @@ pytestmark = [pytest.mark.multiprocess,
                                  reason=f"simulated network unavailable: {unavailable_reason()}")]
 
 # The network section alone, quickly: the machine's own checks are tests/unit/doctor/test_doctor.py's.
-# A second per measurement: at 0.3 s a link of 50 Mbit/s carried two transfers, and on a loaded
-# machine one late transfer took the figure 22% under the rate.
-FAST = ["--skip", "system", "--skip", "compile", "--skip", "memory", "--sizes", "1", "--seconds", "1",
+# Three seconds per measurement: a link's 4 MiB all-reduce takes 0.67 s at 50 Mbit/s, so a second
+# held one of them, and a stall of about 0.2 s in it (the length of one TCP retransmission timeout)
+# put that figure 22% under the rate (4.86 MB/s, twice). Spread over four, such a stall is 8%.
+FAST = ["--skip", "system", "--skip", "compile", "--skip", "memory", "--sizes", "1", "--seconds", "3",
         "--store-timeout", "40"]
 # Bandwidth through tc's token bucket, carrying TCP/IP headers (about 3% of a 1500-byte frame)
 # and gloo's own framing: the bound, 20% of the rate tc set.
