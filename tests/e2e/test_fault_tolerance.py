@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from support.helpers import assert_bitwise_equal, assert_same_training, final_weights, tiny_overrides, train
+from support.helpers import (assert_bitwise_equal, assert_same_training, final_weights, tiny_overrides, train,
+                             worker_pids)
 from triax import checkpoint
 from triax.testing import quiet_env, run_torchrun, torchrun_command
 from triax.config import compose_config
@@ -74,25 +75,6 @@ def stop_job(process):
     except ProcessLookupError:
         pass
     process.wait()
-
-
-def worker_pids(launcher_pid):
-    """{rank: pid} of torchrun's worker processes (its children that carry a RANK variable)."""
-    workers = {}
-    for task in os.listdir(f"/proc/{launcher_pid}/task"):
-        try:
-            children = open(f"/proc/{launcher_pid}/task/{task}/children").read().split()
-        except OSError:
-            continue
-        for pid in map(int, children):
-            try:
-                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            for item in environ:
-                if item.startswith(b"RANK="):
-                    workers[int(item[5:])] = pid
-    return workers
 
 
 def last_step(log_prefix):

@@ -191,3 +191,22 @@ def eval_token_stream(directory, ids, block_size, tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(directory), "--tokens", str(path), "--block-size", str(block_size), "--json"]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def worker_pids(launcher_pid):
+    """{rank: pid} of torchrun's worker processes (its children that carry a RANK variable)."""
+    workers = {}
+    for task in os.listdir(f"/proc/{launcher_pid}/task"):
+        try:
+            children = open(f"/proc/{launcher_pid}/task/{task}/children").read().split()
+        except OSError:
+            continue
+        for pid in map(int, children):
+            try:
+                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            for item in environ:
+                if item.startswith(b"RANK="):
+                    workers[int(item[5:])] = pid
+    return workers

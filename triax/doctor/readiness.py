@@ -16,7 +16,7 @@ import os
 import socket
 import time
 from dataclasses import asdict
-from typing import Callable, TYPE_CHECKING
+from typing import Callable, Protocol, TYPE_CHECKING
 
 from triax.runtime.shared_decisions import all_gather_bytes, barrier, broadcast_int
 from triax.doctor import network, report, storage, system
@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 SAME_EVERYWHERE = ("python", "torch", "triax", "cuda", "nccl")
 
 
-# What a run needs (RunNeeds) from its config and process count: the trainer's pieces find the model's
+# What a run needs (RunNeeds) from its config, process count and device: the trainer's pieces find the model's
 # sizes (triax.train.needs.run_needs), so the caller hands that function in.
-NeedsOf = Callable[..., RunNeeds]  # (config, world size, device=) -> the run's needs (triax.train.needs.run_needs)
+class NeedsOf(Protocol):
+    def __call__(self, config: TrainConfig, world_size: int, *, device: torch.device) -> RunNeeds: ...
 
 
 def preflight(config: TrainConfig, place: Place, device: torch.device, run_needs: NeedsOf) -> None:

@@ -22,7 +22,7 @@ def run_needs(config: TrainConfig, world_size: int, source: ForeignRun | None = 
     """The run's needs; a TriaxError (the trainer's own words) when the config cannot run at all.
     `source`: model.init_from's checkpoint, if the run has it open already; `device`: where the run
     computes (None: a CPU), which decides the loss's logits limit when parallel.max_logits_mb is unset."""
-    # deferred: the objectives import torch.distributed's tensor package, which `triax doctor --help` must not
+    # deferred: the objectives import torch.distributed's tensor package, which `triax doctor --help` must not load
     from triax.objectives.chunked_logits import logits_limit_mb
 
     limit = logits_limit_mb(config.parallel.max_logits_mb, device if device is not None else torch.device("cpu"))

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from support.helpers import tiny_overrides
+from support.helpers import tiny_overrides, worker_pids
 from triax.runtime.stragglers import StragglerCheck
 from triax.testing import quiet_env, run, torchrun_command
 from triax.runtime.timeouts import ENV_COLLECTIVE_TIMEOUT, TimeoutValueError, collective_timeout
@@ -243,24 +243,6 @@ def test_slow_snapshots_and_a_slow_first_step_are_not_hangs(tmp_path, tiny_corpu
     assert "stuck" not in output and "stopped responding" not in output
 
 
-def descendants(pid):
-    """The process ids below `pid`, from /proc."""
-    children = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found, queue = [], [pid]
-    while queue:
-        for child in children.get(queue.pop(), []):
-            found.append(child)
-            queue.append(child)
-    return found
-
-
 @pytest.mark.multiprocess
 def test_a_job_stopped_and_continued_as_a_whole_is_not_a_hang(tmp_path, tiny_corpus):
     """Slurm's suspend and resume (SIGSTOP and SIGCONT to every process of the job): torchrun and both
@@ -278,8 +260,8 @@ def test_a_job_stopped_and_continued_as_a_whole_is_not_a_hang(tmp_path, tiny_cor
         while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 10):
             assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0][-3000:]
             time.sleep(0.05)
-        # torchrun starts each rank in a session of its own: the job is the agent and its descendants.
-        processes = [job.pid, *descendants(job.pid)]
+        # torchrun starts each rank in a session of its own: the job is the agent and its workers.
+        processes = [job.pid, *worker_pids(job.pid).values()]
         assert len(processes) >= 3, processes
         for pid in processes:
             os.kill(pid, signal.SIGSTOP)
